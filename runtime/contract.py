@@ -1,0 +1,90 @@
+"""File names, format version and the graphs' inputs/outputs, declared once as plain data."""
+from __future__ import annotations
+
+from .spec import ModelSpec
+
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = (1,)
+
+ENCODER_FILE = "encoder.onnx"
+DECODER_STEP_FILE = "decoder_step.onnx"
+MANIFEST_FILE = "manifest.json"
+
+CHECKPOINT_SPEC_FILE = "spec.json"
+CHECKPOINT_WEIGHTS_FILE = "weights.pt"
+CHECKPOINT_HISTORY_FILE = "history.json"
+CHECKPOINT_STATE_FILE = "train_state.pt"
+CHECKPOINT_PLOT_FILE = "loss.png"
+
+BATCH = "batch"
+SOURCE_LEN = "source_len"
+DYNAMIC_DIMS = (BATCH, SOURCE_LEN)
+
+# Dims are symbolic names (str) or fixed sizes (int).
+Dims = list[str | int]
+
+
+def encoder_inputs(spec: ModelSpec) -> dict[str, Dims]:
+    """Encoder graph inputs: source points and the validity mask (True = real point)."""
+    return {
+        "source": [BATCH, SOURCE_LEN, spec.n_features],
+        "source_mask": [BATCH, 1, SOURCE_LEN],
+    }
+
+
+def encoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
+    """Encoder graph outputs: what the first decoder step needs, keys projected once here."""
+    out: dict[str, Dims] = {
+        "hidden": [1, BATCH, spec.hidden_dim],
+        "decoder_input": [BATCH, 1, spec.n_features],
+    }
+    out.update(attention_states(spec))
+    return out
+
+
+def attention_states(spec: ModelSpec) -> dict[str, Dims]:
+    """Encoder states the attention reads at every step (empty without attention)."""
+    if spec.attention == "dot":
+        return {
+            "proj_keys": [BATCH, SOURCE_LEN, spec.hidden_dim],
+            "values": [BATCH, SOURCE_LEN, spec.hidden_dim],
+        }
+    if spec.attention == "multihead":
+        return {
+            "proj_keys": [BATCH, spec.n_heads, SOURCE_LEN, spec.hidden_dim],
+            "values": [BATCH, spec.n_heads, SOURCE_LEN, spec.hidden_dim],
+        }
+    return {}
+
+
+def decoder_inputs(spec: ModelSpec) -> dict[str, Dims]:
+    """Decoder-step graph inputs."""
+    out: dict[str, Dims] = {
+        "decoder_input": [BATCH, 1, spec.n_features],
+        "hidden": [1, BATCH, spec.hidden_dim],
+    }
+    if spec.has_attention:
+        out.update(attention_states(spec))
+        out["source_mask"] = [BATCH, 1, SOURCE_LEN]
+    return out
+
+
+def decoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
+    """Decoder-step graph outputs; attention weights are per head for multi-head models."""
+    out: dict[str, Dims] = {
+        "output": [BATCH, 1, spec.n_features],
+        "hidden_out": [1, BATCH, spec.hidden_dim],
+    }
+    if spec.attention == "dot":
+        out["alphas"] = [BATCH, 1, SOURCE_LEN]
+    elif spec.attention == "multihead":
+        out["alphas"] = [BATCH, spec.n_heads, 1, SOURCE_LEN]
+    return out
+
+
+def graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
+    """Both graphs' declared inputs and outputs, keyed by file name."""
+    return {
+        ENCODER_FILE: {"inputs": encoder_inputs(spec), "outputs": encoder_outputs(spec)},
+        DECODER_STEP_FILE: {"inputs": decoder_inputs(spec), "outputs": decoder_outputs(spec)},
+    }
