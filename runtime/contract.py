@@ -88,3 +88,8 @@ def graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
         ENCODER_FILE: {"inputs": encoder_inputs(spec), "outputs": encoder_outputs(spec)},
         DECODER_STEP_FILE: {"inputs": decoder_inputs(spec), "outputs": decoder_outputs(spec)},
     }
+
+# Keys of each graph's metadata_props (shown by Netron; the runtime checks the export id).
+EXPORT_ID_KEY = "seq2onnx.export_id"
+SPEC_KEY = "seq2onnx.spec"
+GRAPH_KEY = "seq2onnx.graph"

@@ -1,0 +1,112 @@
+"""Write the two ONNX graphs with declared names and symbolic dims, and check them."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from runtime.contract import (
+    DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, GRAPH_KEY, SPEC_KEY, Dims, graph_io,
+)
+from runtime.spec import ModelSpec
+from training.models import EncoderDecoder
+
+from .errors import ExportError
+from .wrappers import DecoderStepGraph, EncoderGraph
+
+DEFAULT_OPSET = 17
+MIN_OPSET, MAX_OPSET = 14, 20
+# Examples of batch >= 2 and length >= 2, so no exporter can mistake a dim for a constant.
+EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN = 3, 5
+
+DOCS = {
+    ENCODER_FILE: "seq2onnx encoder: run once per request. source (batch, source_len, F) and source_mask "
+    "(batch, 1, source_len; True = real point) -> decoder's first input and hidden state, and the "
+    "attention's projected keys and values.",
+    DECODER_STEP_FILE: "seq2onnx decoder step: run once per output point, feeding output/hidden_out back "
+    "as decoder_input/hidden.",
+}
+
+
+def dynamic_axes(io: dict[str, Dims]) -> dict[str, dict[int, str]]:
+    """Exporter form of the declared dims: {name: {axis: symbolic name}}."""
+    return {name: {i: d for i, d in enumerate(dims) if isinstance(d, str)} for name, dims in io.items()}
+
+
+def example_inputs(model: EncoderDecoder, spec: ModelSpec) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Example arguments for both graphs, with the encoder's outputs feeding the step."""
+    gen = torch.Generator().manual_seed(0)
+    source = torch.randn(EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN, spec.n_features, generator=gen)
+    mask = torch.ones(EXAMPLE_BATCH, 1, EXAMPLE_SOURCE_LEN, dtype=torch.bool)
+    encoder = EncoderGraph(model, spec)
+    with torch.no_grad():
+        states = dict(zip(encoder.output_names, encoder(source, mask)))
+    states["source_mask"] = mask
+    io = graph_io(spec)
+    for name, dims in io[ENCODER_FILE]["outputs"].items():
+        shape = [{"batch": EXAMPLE_BATCH, "source_len": EXAMPLE_SOURCE_LEN}.get(d, d) for d in dims]
+        if list(states[name].shape) != shape:
+            raise ExportError(f"encoder output {name!r}: expected example shape {shape}, got {list(states[name].shape)}")
+    step_args = tuple(states[name] for name in io[DECODER_STEP_FILE]["inputs"])
+    return (source, mask), step_args
+
+
+def export_graphs(model: EncoderDecoder, spec: ModelSpec, out_dir: Path, opset: int, export_id: str) -> None:
+    """Export encoder.onnx and decoder_step.onnx into out_dir, then fix up and check them."""
+    model.eval()
+    enc_args, step_args = example_inputs(model, spec)
+    modules = {ENCODER_FILE: (EncoderGraph(model, spec), enc_args), DECODER_STEP_FILE: (DecoderStepGraph(model, spec), step_args)}
+    for file_name, io in graph_io(spec).items():
+        module, args = modules[file_name]
+        path = out_dir / file_name
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer warnings about python ints; dims are checked below
+            torch.onnx.export(
+                module, args, str(path), input_names=list(io["inputs"]), output_names=list(io["outputs"]),
+                dynamic_axes={**dynamic_axes(io["inputs"]), **dynamic_axes(io["outputs"])},
+                opset_version=opset, dynamo=False, do_constant_folding=True,
+            )
+        finish_graph(path, io, spec, export_id, file_name)
+
+
+def finish_graph(path: Path, io: dict[str, dict[str, Dims]], spec: ModelSpec, export_id: str, file_name: str) -> None:
+    """Set declared shapes and metadata, then assert symbolic dims and run the full checker."""
+    model = onnx.load(str(path))
+    for value in [*model.graph.input, *model.graph.output]:
+        declared = {**io["inputs"], **io["outputs"]}[value.name]
+        set_dims(value, declared, file_name)
+    model.doc_string = DOCS[file_name]
+    model.graph.doc_string = DOCS[file_name]
+    for key, val in {SPEC_KEY: json.dumps(spec.to_dict(), sort_keys=True), EXPORT_ID_KEY: export_id, GRAPH_KEY: file_name}.items():
+        model.metadata_props.add(key=key, value=val)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    assert_symbolic(onnx.load(str(path)), io, file_name)
+
+
+def set_dims(value: onnx.ValueInfoProto, declared: Dims, file_name: str) -> None:
+    """Replace exporter-generated dim names with the declared ones; a fixed batch/length is an error."""
+    dims = value.type.tensor_type.shape.dim
+    if len(dims) != len(declared):
+        raise ExportError(f"{file_name}: {value.name!r} has rank {len(dims)}, declared {declared}")
+    for dim, want in zip(dims, declared):
+        if isinstance(want, str) and dim.HasField("dim_value"):
+            raise ExportError(f"{file_name}: {value.name!r} dim {want!r} was fixed to {dim.dim_value} by the exporter")
+        if isinstance(want, int) and dim.HasField("dim_value") and dim.dim_value != want:
+            raise ExportError(f"{file_name}: {value.name!r} has a dim of {dim.dim_value}, declared {want}")
+        if isinstance(want, str):
+            dim.dim_param = want
+        else:
+            dim.dim_value = want
+
+
+def assert_symbolic(model: onnx.ModelProto, io: dict[str, dict[str, Dims]], file_name: str) -> None:
+    """Every batch/source_len dim of every saved input and output is symbolic with its declared name."""
+    declared = {**io["inputs"], **io["outputs"]}
+    for value in [*model.graph.input, *model.graph.output]:
+        got = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        if got != declared[value.name] or any(d in DYNAMIC_DIMS and isinstance(g, int) for d, g in zip(declared[value.name], got)):
+            raise ExportError(f"{file_name}: {value.name!r} saved with dims {got}, declared {declared[value.name]}")

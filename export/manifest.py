@@ -1,0 +1,51 @@
+"""Write manifest.json: format version, spec, graphs with hashes and I/O, opset, producers, parity."""
+from __future__ import annotations
+
+import json
+import platform
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from runtime.contract import FORMAT_VERSION, MANIFEST_FILE, graph_io
+from runtime.manifest import sha256_file
+from runtime.spec import ModelSpec
+
+
+def producer_versions() -> dict[str, str]:
+    """Versions of everything that shaped the graphs."""
+    out = {"python": platform.python_version()}
+    for dist in ("seq2onnx", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "numpy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def build_manifest(model_dir: Path, spec: ModelSpec, export_id: str, opset: int,
+                   parity: dict[str, Any] | None, source: str) -> dict[str, Any]:
+    """The manifest for the graphs now in model_dir."""
+    graphs = {
+        name: {"file": name, "sha256": sha256_file(model_dir / name), **io}
+        for name, io in graph_io(spec).items()
+    }
+    return {
+        "format_version": FORMAT_VERSION,
+        "export_id": export_id,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "spec": spec.to_dict(),
+        "graphs": graphs,
+        "opset": opset,
+        "producer": producer_versions(),
+        "parity": parity,
+    }
+
+
+def write_manifest(model_dir: Path, manifest: dict[str, Any]) -> Path:
+    """Write manifest.json (indent 2, sorted keys)."""
+    path = model_dir / MANIFEST_FILE
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
