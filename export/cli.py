@@ -1,0 +1,90 @@
+"""`seq2onnx export` and `seq2onnx verify`. Importable without torch: heavy imports are in the bodies."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from runtime.cli import require_torch
+from runtime.errors import Seq2OnnxError
+
+DEFAULT_ATOL = 1e-5  # same value as export.parity.DEFAULT_ATOL, which needs torch to import
+DEFAULT_OPSET = 17
+
+
+@click.command("export")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the export to.")
+@click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
+@click.option("--atol", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_ATOL, show_default=True,
+              help="Largest absolute difference allowed between onnxruntime and PyTorch.")
+@click.option("--force", is_flag=True, help="Replace an existing export at --out.")
+def export_command(checkpoint: Path, out: Path, opset: int, atol: float, force: bool) -> None:
+    """Export CHECKPOINT to ONNX graphs + manifest, checked for parity before anything is written."""
+    require_torch()
+    from .api import export_model
+    from .graphs import MAX_OPSET, MIN_OPSET
+    from .parity import format_table
+
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="--opset")
+    click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
+    try:
+        path = export_model(checkpoint, out, opset=opset, atol=atol, force=force, progress=True,
+                            on_parity=lambda rows: click.echo(format_table(rows, atol)))
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {path}")
+
+
+@click.command("verify")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--atol", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_ATOL, show_default=True,
+              help="Largest absolute difference allowed.")
+@click.option("--data", "data", default=None,
+              help="Also compare on this data: 'squares' or PATH.npz (default: the checkpoint's training data).")
+def verify_command(checkpoint: Path, model_dir: Path, atol: float, data: str | None) -> None:
+    """Compare PyTorch (CHECKPOINT) and onnxruntime (MODEL_DIR) across batches and lengths."""
+    require_torch()
+    from runtime.model import Seq2Seq
+
+    from .api import load_source
+    from .parity import format_table, matrix_cases, run_parity
+
+    try:
+        model, spec, _ = load_source(checkpoint)
+        runtime = Seq2Seq.load(model_dir, provider="cpu")
+    except (Seq2OnnxError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if runtime.spec != spec:
+        raise click.ClickException(f"{model_dir} was exported from a model with spec {runtime.spec}, "
+                                   f"but {checkpoint} holds {spec}; they cannot be compared")
+    cases = matrix_cases(spec.n_features) + dataset_cases(checkpoint, data, spec.target_len)
+    rows = run_parity(model, runtime, cases, atol, progress=True)
+    click.echo(format_table(rows, atol))
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed atol={atol:g}")
+    click.echo(f"all {len(rows)} checks within atol={atol:g}")
+
+
+def dataset_cases(checkpoint: Path, data: str | None, target_len: int) -> list:
+    """Parity cases from real data: --data if given, else the data the checkpoint was trained on."""
+    from training.checkpoint import read_data_description
+    from training.data import DataError, load_dataset, reload_dataset
+
+    from .parity import data_cases
+
+    try:
+        if data is not None:
+            train, test = load_dataset(data)
+        else:
+            description = read_data_description(checkpoint)
+            if description is None:
+                return []
+            train, test = reload_dataset(description)
+    except (DataError, OSError) as exc:
+        click.echo(f"note: training data not available, random inputs only ({exc})", err=True)
+        return []
+    return data_cases("train", train.source, target_len) + data_cases("test", test.source, target_len)

@@ -1,0 +1,86 @@
+"""Shared fixtures: tiny seeded models of each attention kind, exported once per session."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+KINDS = {"none": 1, "dot": 1, "multihead": 3}
+HIDDEN = 5
+
+
+def cuda_really_works() -> bool:
+    """True only when a session asked for CUDA reports it in get_providers()."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+    except Exception:
+        return False
+    return "CUDAExecutionProvider" in session.get_providers()
+
+
+DEVICES = ["cpu"] + (["cuda"] if cuda_really_works() else [])
+
+
+@dataclass
+class Exported:
+    """A seeded model, its spec and the directory it was exported to."""
+
+    kind: str
+    model: object
+    spec: object
+    path: Path
+
+
+def make_model(kind: str, seed: int = 0):
+    """A small seeded model of the given attention kind."""
+    import torch
+
+    from runtime.spec import ModelSpec
+    from training.build import build_model
+
+    torch.manual_seed(seed)
+    spec = ModelSpec(n_features=2, hidden_dim=HIDDEN, attention=kind, n_heads=KINDS[kind])
+    return build_model(spec).eval(), spec
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory) -> dict[str, Exported]:
+    """One export per attention kind, shared by the whole session."""
+    from export.api import export_model
+
+    root = tmp_path_factory.mktemp("exports")
+    out = {}
+    for kind in KINDS:
+        model, spec = make_model(kind)
+        out[kind] = Exported(kind, model, spec, export_model(model, root / kind))
+    return out
+
+
+@pytest.fixture(params=list(KINDS))
+def exported(request, exports) -> Exported:
+    """Each export in turn."""
+    return exports[request.param]
+
+
+def source_batch(n: int, length: int, seed: int = 1, features: int = 2) -> np.ndarray:
+    """Deterministic float32 sources (N, L, F)."""
+    return np.random.default_rng(seed).normal(size=(n, length, features)).astype(np.float32)
+
+
+@pytest.fixture
+def python() -> str:
+    """The interpreter running the tests (so subprocesses see the same install)."""
+    return sys.executable

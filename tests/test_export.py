@@ -1,0 +1,180 @@
+"""Export: graph contract, parity matrix, manifest, atomic and non-overwriting writes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from conftest import DEVICES, make_model, source_batch
+from onnx.reference import ReferenceEvaluator
+
+from export.api import export_model
+from export.errors import DestinationExistsError, ParityError
+from export.parity import BATCH_SIZES, DEFAULT_ATOL, SOURCE_LENS, TARGET_LENS
+from runtime import Seq2Seq
+from runtime.contract import DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, MANIFEST_FILE, SPEC_KEY, graph_io
+from runtime.decode import greedy_decode
+from runtime.manifest import sha256_file
+from training.decode import reference_decode
+
+# Parity between two float32 implementations of the same graph.
+ATOL = 1e-5
+RTOL = 1e-4
+
+
+def manifest_of(exported) -> dict:
+    return json.loads((exported.path / MANIFEST_FILE).read_text())
+
+
+def test_parity_report_covers_the_whole_matrix(exported):
+    parity = manifest_of(exported)["parity"]
+    assert parity["passed"] and parity["atol"] == DEFAULT_ATOL
+    shapes = {(r["batch"], r["source_len"], r["target_len"]) for r in parity["cases"]}
+    assert shapes == {(b, s, t) for b in BATCH_SIZES for s in SOURCE_LENS for t in TARGET_LENS}
+    assert any(r["case"].startswith("padded") for r in parity["cases"])
+    expected_outputs = {"outputs"} | ({"attention"} if exported.spec.has_attention else set())
+    assert set(parity["summary"]) == expected_outputs
+    for worst in parity["summary"].values():
+        assert worst["max_abs"] <= DEFAULT_ATOL
+
+
+def test_manifest_contract(exported):
+    text = (exported.path / MANIFEST_FILE).read_text()
+    manifest = json.loads(text)
+    assert text == json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    assert manifest["format_version"] == 1 and manifest["opset"] == 17
+    assert manifest["spec"] == exported.spec.to_dict()
+    assert {"torch", "onnx", "onnxruntime"} <= set(manifest["producer"])
+    for name, io in graph_io(exported.spec).items():
+        entry = manifest["graphs"][name]
+        assert entry["sha256"] == sha256_file(exported.path / name)
+        assert entry["inputs"] == io["inputs"] and entry["outputs"] == io["outputs"]
+
+
+def test_graphs_have_symbolic_dims_and_pass_the_checker(exported):
+    for name, io in graph_io(exported.spec).items():
+        model = onnx.load(str(exported.path / name))
+        onnx.checker.check_model(model, full_check=True)
+        declared = {**io["inputs"], **io["outputs"]}
+        values = [*model.graph.input, *model.graph.output]
+        assert sorted(v.name for v in values) == sorted(declared)
+        for value in values:
+            dims = value.type.tensor_type.shape.dim
+            for dim, want in zip(dims, declared[value.name]):
+                if want in DYNAMIC_DIMS:
+                    assert not dim.HasField("dim_value") and dim.dim_param == want, (name, value.name)
+                else:
+                    assert dim.dim_value == want
+        meta = {p.key: p.value for p in model.metadata_props}
+        assert json.loads(meta[SPEC_KEY]) == exported.spec.to_dict()
+        assert meta[EXPORT_ID_KEY] == manifest_of(exported)["export_id"]
+        assert model.doc_string
+
+
+def test_step_graph_has_attention_io_only_with_attention(exported):
+    inputs = {i.name for i in onnx.load(str(exported.path / DECODER_STEP_FILE)).graph.input}
+    assert ("proj_keys" in inputs) == exported.spec.has_attention
+    assert ("source_mask" in inputs) == exported.spec.has_attention
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch,source_len,target_len", [(1, 1, 1), (3, 7, 20), (64, 2, 2)])
+def test_runtime_matches_pytorch(exported, device, batch, source_len, target_len):
+    runtime = Seq2Seq.load(exported.path, provider=device)
+    source = source_batch(batch, source_len, seed=batch + source_len)
+    out, alphas = runtime.predict(source, target_len, return_attention=True)
+    ref, ref_alphas = reference_decode(exported.model, torch.from_numpy(source), target_len)
+    np.testing.assert_allclose(out, ref.numpy(), atol=ATOL, rtol=RTOL)
+    if exported.spec.has_attention:
+        np.testing.assert_allclose(alphas, ref_alphas.numpy(), atol=ATOL, rtol=RTOL)
+    else:
+        assert alphas is None
+
+
+def test_reference_evaluator_agrees(exported):
+    """onnx's own reference implementation, an independent reading of the same graphs."""
+    evaluators = {name: ReferenceEvaluator(str(exported.path / name)) for name in (ENCODER_FILE, DECODER_STEP_FILE)}
+    io = graph_io(exported.spec)
+
+    def runner(name):
+        outputs = list(io[name]["outputs"])
+        return lambda feed: dict(zip(outputs, evaluators[name].run(None, feed)))
+
+    source = source_batch(3, 4, seed=5)
+    mask = np.ones((3, 1, 4), dtype=bool)
+    mask[1, 0, 3:] = False
+    mask[2, 0, 1:] = False
+    got, got_alphas = greedy_decode(runner(ENCODER_FILE), runner(DECODER_STEP_FILE),
+                                    list(io[DECODER_STEP_FILE]["inputs"]), source, mask, 6)
+    ort_out, ort_alphas = Seq2Seq.load(exported.path).predict(source, 6, mask, return_attention=True)
+    ref, ref_alphas = reference_decode(exported.model, torch.from_numpy(source), 6, torch.from_numpy(mask))
+    np.testing.assert_allclose(got, ort_out, atol=ATOL, rtol=RTOL)
+    np.testing.assert_allclose(got, ref.numpy(), atol=ATOL, rtol=RTOL)
+    if exported.spec.has_attention:
+        np.testing.assert_allclose(got_alphas, ort_alphas, atol=ATOL, rtol=RTOL)
+        np.testing.assert_allclose(got_alphas, ref_alphas.numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_batch_invariance_and_padding(exported):
+    runtime = Seq2Seq.load(exported.path)
+    source = source_batch(5, 4, seed=9)
+    batched, batched_alphas = runtime.predict(source, 5, return_attention=True)
+    for i in range(len(source)):
+        alone = runtime.predict(source[i : i + 1], 5)
+        np.testing.assert_allclose(alone[0], batched[i], atol=ATOL, rtol=RTOL)
+    # Item 0 padded with garbage to length 7 and masked: same prediction as unpadded.
+    padded = np.concatenate([source, np.full((5, 3, 2), 50.0, np.float32)], axis=1)  # (5, 7, 2)
+    mask = np.zeros((5, 1, 7), dtype=bool)
+    mask[:, :, :4] = True
+    out, alphas = runtime.predict(padded, 5, mask, return_attention=True)
+    np.testing.assert_allclose(out, batched, atol=ATOL, rtol=RTOL)
+    if exported.spec.has_attention:
+        np.testing.assert_allclose(alphas[..., :4], batched_alphas, atol=ATOL, rtol=RTOL)
+        assert np.all(alphas[..., 4:] < 1e-8)
+
+
+def test_parity_failure_lists_every_failure_and_writes_nothing(tmp_path):
+    model, _ = make_model("dot", seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)  # larger weights: float32 rounding differences well above 1e-12
+    out = tmp_path / "model"
+    with pytest.raises(ParityError) as info:
+        export_model(model, out, atol=1e-12)
+    message = str(info.value)
+    assert "outputs" in message and "attention" in message and "max_abs=" in message
+    assert message.count("\n") >= 2  # one line per failing check
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_existing_export_is_kept_without_force_and_replaced_with_it(tmp_path):
+    model, _ = make_model("none", seed=4)
+    out = export_model(model, tmp_path / "m")
+    before = (out / MANIFEST_FILE).read_bytes()
+    with pytest.raises(DestinationExistsError, match="--force"):
+        export_model(model, out)
+    assert (out / MANIFEST_FILE).read_bytes() == before
+    export_model(model, out, force=True)
+    assert json.loads((out / MANIFEST_FILE).read_text())["export_id"] != json.loads(before)["export_id"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp or backup dirs left
+
+
+def test_force_never_replaces_a_directory_that_is_not_an_export(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    model, _ = make_model("none")
+    with pytest.raises(DestinationExistsError, match="not a seq2onnx export"):
+        export_model(model, precious, force=True)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_export_leaves_the_callers_model_untouched(tmp_path):
+    model, _ = make_model("dot", seed=6)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_model(model, tmp_path / "m")
+    assert model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
