@@ -12,7 +12,7 @@ from training.models import DecoderAttn, EncoderDecoder
 
 
 class EncoderGraph(nn.Module):
-    """source (N, L, F), source_mask (N, 1, L) -> hidden, decoder_input[, proj_keys, values]."""
+    """source (N, L, F), source_mask (N, 1, L) -> hidden, decoder_input[, keys_t, values]."""
 
     def __init__(self, model: EncoderDecoder, spec: ModelSpec) -> None:
         super().__init__()
@@ -25,7 +25,7 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderStepGraph(nn.Module):
-    """One decoder step: decoder_input, hidden[, proj_keys, values, source_mask] -> output, hidden_out[, alphas]."""
+    """One decoder step: decoder_input, hidden[, keys_t, values, source_mask] -> output, hidden_out[, alphas]."""
 
     def __init__(self, model: EncoderDecoder, spec: ModelSpec) -> None:
         super().__init__()
@@ -37,6 +37,6 @@ class DecoderStepGraph(nn.Module):
         feed = dict(zip(self.input_names, inputs))
         if isinstance(self.decoder, DecoderAttn):
             return self.decoder.step(
-                feed["decoder_input"], feed["hidden"], feed["proj_keys"], feed["values"], feed["source_mask"]
+                feed["decoder_input"], feed["hidden"], feed["keys_t"], feed["values"], feed["source_mask"]
             )
         return self.decoder.step(feed["decoder_input"], feed["hidden"])

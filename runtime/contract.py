@@ -44,14 +44,15 @@ def encoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
 
 def attention_states(spec: ModelSpec) -> dict[str, Dims]:
     """Encoder states the attention reads at every step (empty without attention)."""
+    # keys_t: the projected keys, transposed once here so that no step transposes them.
     if spec.attention == "dot":
         return {
-            "proj_keys": [BATCH, SOURCE_LEN, spec.hidden_dim],
+            "keys_t": [BATCH, spec.hidden_dim, SOURCE_LEN],
             "values": [BATCH, SOURCE_LEN, spec.hidden_dim],
         }
     if spec.attention == "multihead":
         return {
-            "proj_keys": [BATCH, spec.n_heads, SOURCE_LEN, spec.hidden_dim],
+            "keys_t": [BATCH, spec.n_heads, spec.hidden_dim, SOURCE_LEN],
             "values": [BATCH, spec.n_heads, SOURCE_LEN, spec.hidden_dim],
         }
     return {}

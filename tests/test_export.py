@@ -75,7 +75,7 @@ def test_graphs_have_symbolic_dims_and_pass_the_checker(exported):
 
 def test_step_graph_has_attention_io_only_with_attention(exported):
     inputs = {i.name for i in onnx.load(str(exported.path / DECODER_STEP_FILE)).graph.input}
-    assert ("proj_keys" in inputs) == exported.spec.has_attention
+    assert ("keys_t" in inputs) == exported.spec.has_attention
     assert ("source_mask" in inputs) == exported.spec.has_attention
 
 

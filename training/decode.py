@@ -31,7 +31,8 @@ def encode(model: EncoderDecoder, source: torch.Tensor, source_mask: torch.Tenso
         "decoder_input": pick(source, last),  # (N, 1, F)
     }
     if isinstance(model.decoder, DecoderAttn):
-        states["proj_keys"], states["values"] = model.decoder.attn.project_keys(hidden_seq)
+        proj_keys, states["values"] = model.decoder.attn.project_keys(hidden_seq)
+        states["keys_t"] = proj_keys.transpose(-1, -2)  # (N, [heads,] H, L): steps never transpose
     return states
 
 
@@ -51,7 +52,7 @@ def reference_decode(
     outputs, alphas = [], []
     for _ in range(target_len):
         if isinstance(model.decoder, DecoderAttn):
-            x, hidden, a = model.decoder.step(x, hidden, states["proj_keys"], states["values"], mask)
+            x, hidden, a = model.decoder.step(x, hidden, states["keys_t"], states["values"], mask)
             alphas.append(a)
         else:
             x, hidden = model.decoder.step(x, hidden)

@@ -81,30 +81,36 @@ class Attention(nn.Module):
         self.keys = keys
         self.proj_keys, self.values = self.project_keys(keys)
 
-    def scores(self, query: torch.Tensor, proj_keys: torch.Tensor) -> torch.Tensor:
-        """Scaled dot products: (N, 1, D) x (N, L, H) -> (N, 1, L)."""
+    def scores(self, query: torch.Tensor, keys_t: torch.Tensor) -> torch.Tensor:
+        """Scaled dot products against transposed projected keys: (N, 1, D) x (N, H, L) -> (N, 1, L)."""
         proj_query = self.linear_query(query)  # (N, 1, H)
-        return torch.bmm(proj_query, proj_keys.permute(0, 2, 1)) / math.sqrt(self.d_k)
+        return torch.matmul(proj_query, keys_t) / math.sqrt(self.d_k)
 
     def score_function(self, query: torch.Tensor) -> torch.Tensor:
         """Book API: scores against the stored keys (N, 1, L)."""
-        return self.scores(query, self.proj_keys)
+        return self.scores(query, self.proj_keys.transpose(-1, -2))
 
     def attend(
-        self, query: torch.Tensor, proj_keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
+        self, query: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stateless attention: -> context (N, 1, H), alphas (N, 1, L); mask == 0 is ignored."""
-        scores = self.scores(query, proj_keys)  # (N, 1, L)
-        if mask is not None:
-            scores = scores.masked_fill(mask == 0, MASK_FILL)
-        alphas = F.softmax(scores, dim=-1)  # (N, 1, L)
-        return torch.bmm(alphas, values), alphas  # (N, 1, H)
+        """Stateless attention over keys_t (N, H, L) -> context (N, 1, H), alphas (N, 1, L); mask == 0 is ignored.
+
+        keys_t is the projected keys already transposed, so a decoder step does no transpose."""
+        return weigh(self.scores(query, keys_t), values, mask, self.d_k)
 
     def forward(self, query: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Book API: context vector (N, 1, H) for the stored keys; keeps `alphas`."""
-        context, alphas = self.attend(query, self.proj_keys, self.values, mask)
+        context, alphas = self.attend(query, self.proj_keys.transpose(-1, -2), self.values, mask)
         self.alphas = alphas.detach()
         return context
+
+
+def weigh(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, d_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax of scores (..., 1, L) and the weighted sum of values (..., L, H)."""
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, MASK_FILL)
+    alphas = F.softmax(scores, dim=-1)  # (..., 1, L)
+    return torch.matmul(alphas, values), alphas  # (..., 1, H)
 
 
 class MultiHeadAttention(nn.Module):
@@ -138,14 +144,17 @@ class MultiHeadAttention(nn.Module):
         return torch.stack([k for k, _ in pairs], dim=1), torch.stack([v for _, v in pairs], dim=1)
 
     def attend(
-        self, query: torch.Tensor, proj_keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
+        self, query: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stateless: -> context (N, 1, D), alphas (N, heads, 1, L)."""
-        results = [
-            attn.attend(query, proj_keys[:, i], values[:, i], mask) for i, attn in enumerate(self.attn_heads)
-        ]
-        context = self.output_function([c for c, _ in results])
-        return context, torch.stack([a for _, a in results], dim=1)  # (N, heads, 1, L)
+        """Stateless, all heads in one batched product: keys_t (N, heads, H, L), values (N, heads, L, H)
+        -> context (N, 1, D), alphas (N, heads, 1, L)."""
+        n_heads, d_k = len(self.attn_heads), self.attn_heads[0].d_k
+        proj_query = torch.stack([attn.linear_query(query) for attn in self.attn_heads], dim=1)  # (N, heads, 1, H)
+        scores = torch.matmul(proj_query, keys_t) / math.sqrt(d_k)  # (N, heads, 1, L)
+        head_mask = None if mask is None else mask.unsqueeze(1)  # (N, 1, 1, L)
+        context, alphas = weigh(scores, values, head_mask, d_k)  # (N, heads, 1, H)
+        concatenated = context.transpose(1, 2).reshape(-1, 1, n_heads * context.shape[-1])  # (N, 1, heads*H)
+        return self.linear_out(concatenated), alphas
 
     def forward(self, query: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Book API: combined context (N, 1, D) over the stored keys."""
@@ -182,14 +191,14 @@ class DecoderAttn(nn.Module):
         self,
         x: torch.Tensor,
         hidden: torch.Tensor,
-        proj_keys: torch.Tensor,
+        keys_t: torch.Tensor,
         values: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Stateless step -> next point (N, 1, F), hidden (1, N, H), alphas."""
+        """Stateless step over transposed projected keys -> next point (N, 1, F), hidden (1, N, H), alphas."""
         rnn_out, hidden = self.basic_rnn(x, hidden)  # (N, 1, H)
         query = rnn_out[:, -1:]  # (N, 1, H)
-        context, alphas = self.attn.attend(query, proj_keys, values, mask)
+        context, alphas = self.attn.attend(query, keys_t, values, mask)
         return self.readout(context, query), hidden, alphas
 
     def forward(self, X: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
