@@ -44,3 +44,7 @@ def require_torch(extra: str = "train") -> None:
             f"this command needs PyTorch, which is not installed; install the '{extra}' extra: "
             f"pip install 'seq2onnx[cpu,{extra}]'"
         ) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,20 @@ from .errors import Seq2OnnxError
 from .sessions import PROVIDERS
 
 
+class InputFileError(click.ClickException):
+    """The --input file cannot be read as sources (one line, no usage text)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"--input: {message}")
+
+
+class OutputFileError(click.ClickException):
+    """The --output file name or content is not usable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"--output: {message}")
+
+
 def read_input(path: str) -> tuple[Any, Any]:
     """(source, source_mask or None) from .npy, .npz (key 'source'), JSON, or '-' (JSON on stdin)."""
     if path == "-":
@@ -24,13 +38,13 @@ def read_input(path: str) -> tuple[Any, Any]:
         if suffix == ".npz":
             with np.load(path, allow_pickle=False) as data:
                 if "source" not in data:
-                    raise click.BadParameter(f"{path} has keys {sorted(data)}; expected 'source'", param_hint="--input")
+                    raise InputFileError(f"{path} has keys {sorted(data)}; expected 'source'")
                 return data["source"], data["source_mask"] if "source_mask" in data else None
         if suffix == ".json":
             return parse_json(Path(path).read_text(encoding="utf-8"), path)
     except (OSError, ValueError) as exc:
-        raise click.BadParameter(f"{path} could not be read ({exc})", param_hint="--input") from None
-    raise click.BadParameter(f"{path}: expected a .npy, .npz or .json file, or '-' for JSON on stdin", param_hint="--input")
+        raise InputFileError(f"{path} could not be read ({exc})") from None
+    raise InputFileError(f"{path}: expected a .npy, .npz or .json file, or '-' for JSON on stdin")
 
 
 def parse_json(text: str, where: str) -> tuple[Any, Any]:
@@ -38,12 +52,24 @@ def parse_json(text: str, where: str) -> tuple[Any, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"{where}: not valid JSON ({exc})", param_hint="--input") from None
+        raise InputFileError(f"{where}: not valid JSON ({exc})") from None
     if isinstance(data, dict):
         if "source" not in data:
-            raise click.BadParameter(f"{where}: JSON object needs a 'source' key, got {sorted(data)}", param_hint="--input")
+            raise InputFileError(f"{where}: JSON object needs a 'source' key, got {sorted(data)}")
         return data["source"], data.get("source_mask")
     return data, None
+
+
+OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
+
+
+def check_output_name(path: str, attention: bool) -> None:
+    """Refuse an unusable --output before any work is done."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise OutputFileError(f"{path}: expected a file name ending in {', '.join(OUTPUT_SUFFIXES)}")
+    if suffix == ".npy" and attention:
+        raise OutputFileError("a .npy file holds one array; use .json or .npz with --attention")
 
 
 def write_output(path: str, outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> None:
@@ -52,13 +78,9 @@ def write_output(path: str, outputs: np.ndarray, attention: np.ndarray | None, p
     if suffix == ".json":
         Path(path).write_text(json.dumps(as_json(outputs, attention, providers)) + "\n", encoding="utf-8")
     elif suffix == ".npy":
-        if attention is not None:
-            raise click.BadParameter("a .npy file holds one array; use .json or .npz with --attention", param_hint="--output")
         np.save(path, outputs)
-    elif suffix == ".npz":
-        np.savez(path, outputs=outputs, **({} if attention is None else {"attention": attention}))
     else:
-        raise click.BadParameter(f"{path}: expected a .json, .npy or .npz file name", param_hint="--output")
+        np.savez(path, outputs=outputs, **({} if attention is None else {"attention": attention}))
 
 
 def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> dict[str, Any]:
@@ -88,6 +110,8 @@ def infer(model_dir: Path, input_path: str, target_len: int | None, provider: st
     """Decode the sources in --input with the exported model in MODEL_DIR."""
     from .model import Seq2Seq
 
+    if output_path:
+        check_output_name(output_path, attention)
     source, mask = read_input(input_path)
     try:
         model = Seq2Seq.load(model_dir, provider=provider, threads=threads)

@@ -1,0 +1,141 @@
+"""CLI: --help everywhere, and train -> export -> infer -> verify through real subprocesses."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from runtime import __version__
+from runtime.cli import LAZY_COMMANDS, main
+
+# Runs the CLI in a child interpreter where `import torch` fails, as on a runtime-only install.
+NO_TORCH = "import sys; sys.modules['torch'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; main()"
+
+
+def cli(*args, stdin=None, no_torch=False, timeout=600):
+    """Run `seq2onnx ARGS` in a subprocess of this interpreter."""
+    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "runtime.cli"]
+    return subprocess.run([*prefix, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(result, *fragments):
+    """Non-zero exit, one short message naming the problem, no traceback."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", sorted(LAZY_COMMANDS))
+def test_every_command_has_help(command):
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage: " in result.output and command in result.output
+
+
+def test_version_and_group_help():
+    runner = CliRunner()
+    assert __version__ in runner.invoke(main, ["--version"]).output
+    listing = runner.invoke(main, ["--help"]).output
+    assert all(name in listing for name in LAZY_COMMANDS)
+
+
+def test_without_torch_train_names_the_extra_and_help_still_works():
+    assert_user_error(cli("train", "--epochs", "1", no_torch=True), "needs PyTorch", "seq2onnx[cpu,train]")
+    assert cli("--help", no_torch=True).returncode == 0
+    assert cli("train", "--help", no_torch=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """train (few epochs) -> export, through the real CLI."""
+    root = tmp_path_factory.mktemp("cli")
+    ckpt, model = root / "ckpt", root / "model"
+    trained = cli("train", "--epochs", "3", "--hidden-dim", "4", "--out", ckpt, "--quiet")
+    assert trained.returncode == 0, trained.stderr
+    assert "test MSE" in trained.stdout
+    exported = cli("export", ckpt, "--out", model)
+    assert exported.returncode == 0, exported.stderr
+    assert "max_abs" in exported.stdout and "wrote" in exported.stdout
+    return root, ckpt, model
+
+
+def test_export_refuses_to_overwrite_without_force(pipeline):
+    root, ckpt, model = pipeline
+    before = (model / "manifest.json").read_text()
+    assert_user_error(cli("export", ckpt, "--out", model), "already exists", "--force")
+    assert (model / "manifest.json").read_text() == before
+
+
+def test_infer_from_files_and_stdin_without_torch(pipeline):
+    root, _, model = pipeline
+    source = np.random.default_rng(0).normal(size=(3, 2, 2)).astype(np.float32)
+    np.save(root / "src.npy", source)
+    np.savez(root / "src.npz", source=source)
+    from_npy = cli("infer", model, "--input", root / "src.npy", "--attention", no_torch=True)
+    assert from_npy.returncode == 0, from_npy.stderr
+    doc = json.loads(from_npy.stdout)
+    assert np.asarray(doc["outputs"]).shape == (3, 2, 2) and np.asarray(doc["attention"]).shape == (3, 2, 2)
+    from_npz = json.loads(cli("infer", model, "--input", root / "src.npz", no_torch=True).stdout)
+    from_stdin = json.loads(cli("infer", model, "--input", "-", stdin=json.dumps(source.tolist()), no_torch=True).stdout)
+    np.testing.assert_array_equal(from_npz["outputs"], doc["outputs"])
+    np.testing.assert_array_equal(from_stdin["outputs"], doc["outputs"])
+    assert "attention" not in from_npz
+
+
+def test_infer_writes_npy_and_plot(pipeline):
+    root, _, model = pipeline
+    np.save(root / "one.npy", np.array([[[-1.0, -1.0], [-1.0, 1.0]]], np.float32))
+    result = cli("infer", model, "--input", root / "one.npy", "--target-len", "5",
+                 "--output", root / "out.npy", "--plot", root / "plot.png")
+    assert result.returncode == 0, result.stderr
+    assert np.load(root / "out.npy").shape == (1, 5, 2)
+    assert (root / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("payload,fragments", [
+    ("[[[1.0, 2.0, 3.0]]]", ["source: expected shape (batch, source_len, 2)"]),
+    ("[[[1.0, NaN]]]", ["NaN or Inf"]),
+    ("not json", ["--input", "not valid JSON"]),
+    ('{"points": []}', ["'source' key"]),
+])
+def test_infer_bad_input_is_one_line_and_non_zero(pipeline, payload, fragments):
+    _, _, model = pipeline
+    result = cli("infer", model, "--input", "-", stdin=payload, no_torch=True)
+    assert_user_error(result, *fragments)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_infer_bad_target_len_and_missing_model(pipeline, tmp_path):
+    _, _, model = pipeline
+    assert_user_error(cli("infer", model, "--input", "-", "--target-len", "0", stdin="[[[0.0, 0.0]]]"), "target_len")
+    assert_user_error(cli("infer", tmp_path / "nope", "--input", "-", stdin="[[[0.0, 0.0]]]"), "no manifest")
+
+
+def test_infer_refuses_a_bad_output_name_before_work(pipeline, tmp_path):
+    _, _, model = pipeline
+    assert_user_error(cli("infer", model, "--input", "-", "--output", tmp_path / "out.csv", stdin="[[[0.0, 0.0]]]"),
+                      "--output", ".json, .npy, .npz")
+    assert_user_error(cli("infer", model, "--input", "-", "--attention", "--output", tmp_path / "o.npy",
+                          stdin="[[[0.0, 0.0]]]"), "use .json or .npz")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_passes_and_fails_on_tolerance(pipeline):
+    _, ckpt, model = pipeline
+    ok = cli("verify", ckpt, model)
+    assert ok.returncode == 0, ok.stderr
+    assert "train [0:" in ok.stdout and "all " in ok.stdout  # the checkpoint's training data was used
+    strict = cli("verify", ckpt, model, "--atol", "1e-30")
+    assert_user_error(strict, "exceed atol=1e-30")
+
+
+def test_verify_refuses_a_mismatched_pair(pipeline, tmp_path):
+    root, ckpt, model = pipeline
+    other = tmp_path / "other"
+    assert cli("train", "--epochs", "1", "--attention", "none", "--out", other, "--quiet").returncode == 0
+    assert_user_error(cli("verify", other, model), "cannot be compared")
