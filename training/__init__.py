@@ -1,17 +1,20 @@
 """PyTorch side of seq2onnx: the book's models, squares data, trainer and checkpoints."""
-from .build import build_model, spec_from_model
-from .decode import encode, reference_decode
-from .models import (
-    Attention,
-    Decoder,
-    DecoderAttn,
-    Encoder,
-    EncoderDecoder,
-    EncoderDecoderAttn,
-    MultiHeadAttention,
-)
+from __future__ import annotations
 
-__all__ = [
-    "Attention", "Decoder", "DecoderAttn", "Encoder", "EncoderDecoder", "EncoderDecoderAttn",
-    "MultiHeadAttention", "build_model", "spec_from_model", "encode", "reference_decode",
-]
+import importlib
+from typing import Any
+
+# Resolved on first use, so that `training.cli` (and `seq2onnx --help`) import without torch.
+_EXPORTS = {
+    "Attention": ".models", "Decoder": ".models", "DecoderAttn": ".models", "Encoder": ".models",
+    "EncoderDecoder": ".models", "EncoderDecoderAttn": ".models", "MultiHeadAttention": ".models",
+    "build_model": ".build", "spec_from_model": ".build", "encode": ".decode", "reference_decode": ".decode",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module 'training' has no attribute {name!r}")
