@@ -1,0 +1,181 @@
+"""A small, deterministic trainer: Adam + MSE, teacher forcing in training, greedy validation.
+
+Determinism: the seed fixes the model's initial weights (global torch RNG, as in the book), the
+teacher-forcing coin flips (the model draws them from the global RNG) and the shuffling (its own
+generator). `state_dict()` captures all of it after an epoch, so a resumed run repeats an
+uninterrupted one exactly.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from runtime.spec import ModelSpec
+
+from .build import build_model
+from .data import SeqData
+from .models import EncoderDecoder
+
+STATE_FORMAT_VERSION = 1
+EVAL_CHUNK = 4096  # validation rows per forward pass; only bounds memory, results do not depend on it much
+
+History = dict[str, list[float]]
+
+
+class ConfigError(ValueError):
+    """A training configuration or a saved training state does not fit this run."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; the defaults are the book's."""
+
+    epochs: int = 100
+    batch_size: int = 16
+    lr: float = 0.01
+    teacher_forcing: float = 0.5
+    seed: int = 23
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"train config {name!r} must be a positive int, got {value!r}")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ConfigError(f"train config 'lr' must be a positive number, got {self.lr!r}")
+        if not (isinstance(self.teacher_forcing, (int, float)) and 0.0 <= self.teacher_forcing <= 1.0):
+            raise ConfigError(f"train config 'teacher_forcing' must be in [0, 1], got {self.teacher_forcing!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"train config 'seed' must be an int, got {self.seed!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, the inverse of `from_dict`."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "TrainConfig":
+        """Rebuild a config, refusing unknown or missing fields by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) != known:
+            given = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(f"train config must be an object with fields {sorted(known)}, got {given}")
+        return cls(**data)
+
+
+def spec_for_data(data: SeqData, hidden_dim: int = 2, attention: str = "dot", n_heads: int = 1) -> ModelSpec:
+    """A spec whose features and lengths come from the data."""
+    return ModelSpec(n_features=data.n_features, hidden_dim=hidden_dim, attention=attention, n_heads=n_heads,
+                     input_len=data.input_len, target_len=data.target_len)
+
+
+def _check_fits(spec: ModelSpec, data: SeqData, role: str) -> None:
+    shape = (spec.input_len, spec.target_len, spec.n_features)
+    given = (data.input_len, data.target_len, data.n_features)
+    if shape != given:
+        raise ConfigError(f"{role} data {data.origin} has (source_len, target_len, features) = {given}, "
+                          f"but the model spec expects {shape}; build the spec with spec_for_data(data)")
+
+
+@torch.no_grad()
+def evaluate(model: EncoderDecoder, data: SeqData) -> float:
+    """Mean squared error of greedy predictions (eval mode, source only) over all of `data`."""
+    model.eval()
+    source, target = torch.from_numpy(data.source), torch.from_numpy(data.target)
+    total = 0.0
+    for start in range(0, data.n, EVAL_CHUNK):
+        pred = model(source[start:start + EVAL_CHUNK])  # (n, Lt, F)
+        total += F.mse_loss(pred, target[start:start + EVAL_CHUNK], reduction="sum").item()
+    return total / data.target.size
+
+
+class Trainer:
+    """Trains one model on `train`, validating on `val` after every epoch."""
+
+    def __init__(self, spec: ModelSpec, config: TrainConfig, train: SeqData, val: SeqData) -> None:
+        _check_fits(spec, train, "training")
+        _check_fits(spec, val, "validation")
+        self.spec, self.config, self.train_data, self.val_data = spec, config, train, val
+        torch.manual_seed(config.seed)
+        self.model = build_model(spec, teacher_forcing_prob=config.teacher_forcing)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.epoch = 0
+        self.history: History = {"train": [], "val": []}
+        # The training model reads source and target as one sequence and splits it itself.
+        self._full = torch.from_numpy(np.concatenate([train.source, train.target], axis=1))  # (N, Ls+Lt, F)
+        self._target = torch.from_numpy(train.target)  # (N, Lt, F)
+
+    def train_epoch(self) -> float:
+        """One shuffled pass in train mode; returns the mean training loss."""
+        self.model.train()
+        order = torch.randperm(self.train_data.n, generator=self.generator)
+        total = 0.0
+        for start in range(0, self.train_data.n, self.config.batch_size):
+            index = order[start:start + self.config.batch_size]
+            loss = F.mse_loss(self.model(self._full[index]), self._target[index])
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            total += loss.item() * len(index)
+        return total / self.train_data.n
+
+    def fit(self, on_epoch_end: Callable[["Trainer"], None] | None = None, progress: bool = True) -> History:
+        """Train from the current epoch up to `config.epochs`, calling `on_epoch_end` after each."""
+        bar = tqdm(range(self.epoch, self.config.epochs), initial=self.epoch, total=self.config.epochs,
+                   desc="train", unit="epoch", disable=not progress)
+        for _ in bar:
+            train_loss = self.train_epoch()
+            val_loss = evaluate(self.model, self.val_data)
+            self.epoch += 1
+            self.history["train"].append(train_loss)
+            self.history["val"].append(val_loss)
+            bar.set_postfix(train=f"{train_loss:.4f}", val=f"{val_loss:.4f}")
+            if on_epoch_end is not None:
+                on_epoch_end(self)
+        bar.close()
+        self.model.eval()
+        return self.history
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after the current epoch (a copy, safe to keep)."""
+        return copy.deepcopy({
+            "format_version": STATE_FORMAT_VERSION,
+            "epoch": self.epoch,
+            "spec": self.spec.to_dict(),
+            "config": self.config.to_dict(),
+            "history": self.history,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "shuffle_rng": self.generator.get_state(),
+        })
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved state; its spec and config must match this run's (`epochs` may grow)."""
+        if state.get("format_version") != STATE_FORMAT_VERSION:
+            raise ConfigError(f"training state format_version {state.get('format_version')!r} is not understood; "
+                              f"this version reads {STATE_FORMAT_VERSION}")
+        if state["spec"] != self.spec.to_dict():
+            raise ConfigError(f"training state was saved for spec {state['spec']}, this run has "
+                              f"{self.spec.to_dict()}; resume with the original model options")
+        saved = {k: v for k, v in state["config"].items() if k != "epochs"}
+        ours = {k: v for k, v in self.config.to_dict().items() if k != "epochs"}
+        if saved != ours:
+            raise ConfigError(f"training state was saved with config {saved}, this run has {ours}; "
+                              "resume with the original training options")
+        if state["epoch"] > self.config.epochs:
+            raise ConfigError(f"training state is at epoch {state['epoch']}, past this run's epochs="
+                              f"{self.config.epochs}; pass epochs >= {state['epoch']}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.generator.set_state(state["shuffle_rng"])
+        self.epoch = int(state["epoch"])
+        self.history = {k: list(v) for k, v in state["history"].items()}
