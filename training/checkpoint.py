@@ -1,0 +1,246 @@
+"""Checkpoint directories: written whole or not at all, read back with `weights_only=True`.
+
+Layout of a finished checkpoint `<out>/`:
+    spec.json       {"format_version", "spec": ModelSpec dict, "train": TrainConfig dict, "data": description}
+    weights.pt      the model's state_dict
+    history.json    {"train": [...], "val": [...]}, one mean MSE per epoch
+    loss.png        both curves
+    train_state.pt  optimizer, RNG states and epoch, so `--resume --epochs M` can extend the run
+While a run is in progress its state lives in the sibling `<out>.partial/train_state.pt`, replaced
+atomically after every saved epoch; `--resume` continues from it, and it is removed once `<out>` exists.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.contract import (
+    CHECKPOINT_HISTORY_FILE,
+    CHECKPOINT_PLOT_FILE,
+    CHECKPOINT_SPEC_FILE,
+    CHECKPOINT_STATE_FILE,
+    CHECKPOINT_WEIGHTS_FILE,
+)
+from runtime.spec import ModelSpec, SpecError
+
+from .build import build_model
+from .models import EncoderDecoder
+from .trainer import ConfigError, History, TrainConfig
+
+CHECKPOINT_FORMAT_VERSION = 1
+PARTIAL_SUFFIX = ".partial"
+STATE_KEYS = ("format_version", "epoch", "spec", "config", "history", "model", "optimizer",
+              "torch_rng", "shuffle_rng", "data")
+
+
+class CheckpointError(OSError):
+    """A checkpoint directory or training-state file is missing, incomplete or unreadable."""
+
+
+class CheckpointExistsError(CheckpointError, FileExistsError):
+    """The destination checkpoint already exists and replacing it was not asked for."""
+
+
+def partial_dir(out: str | Path) -> Path:
+    """Where an in-progress run keeps its training state: `<out>.partial`."""
+    out = Path(out)
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+def find_resume_state(out: str | Path) -> Path | None:
+    """The state to resume `out` from: an interrupted run's first, else a finished checkpoint's, else None."""
+    for candidate in (partial_dir(out) / CHECKPOINT_STATE_FILE, Path(out) / CHECKPOINT_STATE_FILE):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def clear_partial(out: str | Path) -> None:
+    """Remove `<out>.partial`: its state file and our temp leftovers; anything else in it is left alone."""
+    partial = partial_dir(out)
+    if not partial.is_dir():
+        return
+    for leftover in [partial / CHECKPOINT_STATE_FILE, *partial.glob(f".{CHECKPOINT_STATE_FILE}.*.tmp")]:
+        leftover.unlink(missing_ok=True)
+    try:
+        partial.rmdir()
+    except OSError:
+        pass  # holds files we did not write; leave them to the user
+
+
+def refuse_existing(out: str | Path) -> None:
+    """Raise CheckpointExistsError if `out` exists."""
+    if Path(out).exists():
+        raise CheckpointExistsError(f"checkpoint {str(out)!r} already exists; pass --force to replace it "
+                                    "(or choose another --out)")
+
+
+def _sibling(path: Path, suffix: str) -> Path:
+    """A fresh hidden name beside `path` (same filesystem, so renames are atomic)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{suffix}")
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def plot_history(history: History, path: Path) -> None:
+    """Draw training and validation loss per epoch into a PNG (Agg canvas, no pyplot state)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    epochs = range(1, len(history["train"]) + 1)
+    ax.plot(epochs, history["train"], label="training")
+    ax.plot(epochs, history["val"], label="validation")
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("MSE")
+    ax.legend()
+    fig.savefig(path, dpi=100)
+
+
+def save_train_state(path: str | Path, state: dict[str, Any], data: dict[str, Any]) -> None:
+    """Atomically write a trainer's `state_dict()` plus the data description to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(path, ".tmp")
+    try:
+        with open(tmp, "xb") as f:
+            torch.save({**state, "data": data}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_train_state(path: str | Path) -> dict[str, Any]:
+    """Read a training-state file written by `save_train_state` (tensors only, `weights_only=True`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"training state {str(path)!r} does not exist; run without --resume to start afresh")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        raise CheckpointError(f"training state {str(path)!r} cannot be read ({err}); "
+                              "delete it and start afresh") from err
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"training state {str(path)!r} lacks {missing}; it was not written by seq2onnx train")
+    return state
+
+
+def save_checkpoint(
+    out: str | Path,
+    model: EncoderDecoder,
+    spec: ModelSpec,
+    config: TrainConfig,
+    history: History,
+    data: dict[str, Any],
+    train_state: dict[str, Any] | None = None,
+    force: bool = False,
+) -> Path:
+    """Write a checkpoint directory via a temporary sibling and a rename; returns its path."""
+    out = Path(out)
+    if not force:
+        refuse_existing(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(out, ".tmp")
+    tmp.mkdir()  # unlike mkdtemp, honours the umask, so the published directory gets normal permissions
+    try:
+        torch.save(model.state_dict(), tmp / CHECKPOINT_WEIGHTS_FILE)
+        if train_state is not None:
+            torch.save({**train_state, "data": data}, tmp / CHECKPOINT_STATE_FILE)
+        _write_json(tmp / CHECKPOINT_HISTORY_FILE, history)
+        plot_history(history, tmp / CHECKPOINT_PLOT_FILE)
+        meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "spec": spec.to_dict(),
+                "train": config.to_dict(), "data": data}
+        _write_json(tmp / CHECKPOINT_SPEC_FILE, meta)
+        _publish(tmp, out, force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Move a finished temp dir to `out`; an old `out` is moved aside first and removed only afterwards."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    if not force:
+        refuse_existing(out)
+    old = _sibling(out, ".old")
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} is missing; the directory is not a complete "
+                              "seq2onnx checkpoint (train one with: seq2onnx train --out DIR)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is not readable JSON ({err}); retrain or restore it") \
+            from err
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """spec.json of a checkpoint: format_version, spec, train config and data description."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist; "
+                              "train one with: seq2onnx train --out DIR")
+    meta_file = path / CHECKPOINT_SPEC_FILE
+    meta = _read_json(meta_file)
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != CHECKPOINT_FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint file {str(meta_file)!r} has format_version {version!r}; "
+                              f"this version reads {CHECKPOINT_FORMAT_VERSION}")
+    return meta
+
+
+def read_data_description(path: str | Path) -> dict[str, Any] | None:
+    """The description of the data a checkpoint was trained on (see `training.data.describe_dataset`)."""
+    data = read_meta(path).get("data")
+    return data if isinstance(data, dict) else None
+
+
+def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder, ModelSpec, History]:
+    """Rebuild the trained model (eval mode), its spec and loss history from a checkpoint directory."""
+    path = Path(path)
+    meta = read_meta(path)
+    meta_file = path / CHECKPOINT_SPEC_FILE
+    try:
+        spec = ModelSpec.from_dict(meta.get("spec"))
+        config = TrainConfig.from_dict(meta.get("train"))
+    except (SpecError, ConfigError) as err:
+        raise CheckpointError(f"checkpoint file {str(meta_file)!r} is invalid: {err}") from err
+    history = _read_json(path / CHECKPOINT_HISTORY_FILE)
+    weights_file = path / CHECKPOINT_WEIGHTS_FILE
+    if not weights_file.is_file():
+        raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
+    try:
+        weights = torch.load(weights_file, map_location="cpu", weights_only=True)
+        with torch.random.fork_rng(devices=[]):  # building draws initial weights; keep the caller's RNG intact
+            model = build_model(spec, teacher_forcing_prob=config.teacher_forcing)
+        model.load_state_dict(weights)
+    except Exception as err:  # unpickling and shape mismatches raise several types
+        raise CheckpointError(f"checkpoint file {str(weights_file)!r} does not hold weights for spec "
+                              f"{spec.to_dict()} ({err}); retrain or restore it") from err
+    return model.eval(), spec, history
