@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -472,6 +474,27 @@ def test_cli_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
     assert mse == pytest.approx(history["val"][-1], abs=1e-5)
     assert "epoch" in proc.stderr  # the progress bar
     assert not partial_dir(out).exists()
+
+
+def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    out = tmp_path / "ck"
+    state = partial_dir(out) / CHECKPOINT_STATE_FILE
+    proc = subprocess.Popen([*cli_command(), "train", "--quiet", "--epochs", "100000", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "rerun with --resume to continue" in stderr and "Traceback" not in stderr
+    assert not out.exists()
+    epochs = str(load_train_state(state)["epoch"] + 2)
+    assert run_cli("--resume", "--epochs", epochs, "--out", str(out)).exit_code == 0
+    assert run_cli("--epochs", epochs, "--out", str(tmp_path / "straight")).exit_code == 0
+    resumed, straight = load_checkpoint(out), load_checkpoint(tmp_path / "straight")
+    assert resumed[2] == straight[2]
+    assert_same_weights(resumed[0].state_dict(), straight[0].state_dict())
 
 
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:
