@@ -57,7 +57,7 @@ def step_sessions(model: EncoderDecoder, spec: ModelSpec, out: Path, n: int, len
     rng = np.random.default_rng(0)
     source = rng.normal(size=(n, length, spec.n_features)).astype(np.float32)
     mask = np.ones((n, 1, length), dtype=bool)
-    states = runtime._run_encoder({"source": source, "source_mask": mask})
+    states = runtime.run_encoder({"source": source, "source_mask": mask})
     fast_feed = {k: states[k] for k in ("decoder_input", "hidden", "keys_t", "values")} | {"source_mask": mask}
     with torch.no_grad():
         hidden_seq = model.encoder(torch.from_numpy(source)).numpy()

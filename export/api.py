@@ -14,7 +14,7 @@ from training.models import EncoderDecoder
 from .atomic import staged_directory
 from .graphs import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, export_graphs
 from .manifest import build_manifest, write_manifest
-from .parity import DEFAULT_ATOL, Row, matrix_cases, raise_on_failure, report, run_parity
+from .parity import Row, Tolerance, matrix_cases, raise_on_failure, report, run_parity
 
 
 def load_source(source: str | Path | EncoderDecoder) -> tuple[EncoderDecoder, ModelSpec, str]:
@@ -29,14 +29,12 @@ def load_source(source: str | Path | EncoderDecoder) -> tuple[EncoderDecoder, Mo
 
 def export_model(
     source: str | Path | EncoderDecoder, out: str | Path, *, opset: int = DEFAULT_OPSET,
-    atol: float = DEFAULT_ATOL, force: bool = False, progress: bool = False,
+    tol: Tolerance = Tolerance(), force: bool = False, progress: bool = False,
     on_parity: Callable[[list[Row]], None] | None = None,
 ) -> Path:
     """Export, check parity over the shape matrix, and only then move the result into `out`."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset: expected {MIN_OPSET}..{MAX_OPSET}, got {opset}")
-    if not atol > 0:
-        raise ValueError(f"atol: expected a positive tolerance, got {atol}")
     model, spec, described = load_source(source)
     out = Path(out)
     export_id = uuid.uuid4().hex
@@ -44,9 +42,10 @@ def export_model(
         export_graphs(model, spec, staging, opset, export_id)
         write_manifest(staging, build_manifest(staging, spec, export_id, opset, None, described))
         runtime = Seq2Seq.load(staging, provider="cpu")
-        rows = run_parity(model, runtime, matrix_cases(spec.n_features), atol, progress=progress)
+        rows = run_parity(model, runtime, matrix_cases(spec.n_features), tol, progress=progress)
         if on_parity is not None:
             on_parity(rows)
-        raise_on_failure(rows, atol)
-        write_manifest(staging, build_manifest(staging, spec, export_id, opset, report(rows, atol), described))
+        raise_on_failure(rows, tol)
+        parity = report(rows, tol)
+        write_manifest(staging, build_manifest(staging, spec, export_id, opset, parity, described))
     return out

@@ -2,13 +2,33 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import click
 
 from runtime.cli import require_torch
 from runtime.errors import Seq2OnnxError
 
-DEFAULT_ATOL = 1e-5  # same value as export.parity.DEFAULT_ATOL, which needs torch to import
+# Same values as export.parity's constants, which need torch to import (a test keeps them equal).
+DEFAULT_ATOL = 1e-5
+DEFAULT_RTOL = 1e-4
+DEFAULT_DRIFT_ATOL = 1e-3
+
+
+def tolerance_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--atol, --rtol and --drift-atol, shared by export and verify."""
+    options = [
+        click.option("--atol", type=click.FloatRange(min=0), default=DEFAULT_ATOL, show_default=True,
+                     help="Absolute tolerance for every graph output, given identical inputs."),
+        click.option("--rtol", type=click.FloatRange(min=0), default=DEFAULT_RTOL, show_default=True,
+                     help="Relative tolerance: an element passes when |ort - torch| <= atol + rtol * |torch|."),
+        click.option("--drift-atol", type=click.FloatRange(min=0), default=DEFAULT_DRIFT_ATOL, show_default=True,
+                     help="Absolute tolerance for the free-running greedy decode, where float32 rounding is fed "
+                          "back step after step."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 DEFAULT_OPSET = 17
 
 
@@ -16,22 +36,23 @@ DEFAULT_OPSET = 17
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the export to.")
 @click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
-@click.option("--atol", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_ATOL, show_default=True,
-              help="Largest absolute difference allowed between onnxruntime and PyTorch.")
+@tolerance_options
 @click.option("--force", is_flag=True, help="Replace an existing export at --out.")
-def export_command(checkpoint: Path, out: Path, opset: int, atol: float, force: bool) -> None:
+def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: float, drift_atol: float,
+                   force: bool) -> None:
     """Export CHECKPOINT to ONNX graphs + manifest, checked for parity before anything is written."""
     require_torch()
     from .api import export_model
     from .graphs import MAX_OPSET, MIN_OPSET
-    from .parity import format_table
+    from .parity import Tolerance, format_table
 
+    tol = Tolerance(atol, rtol, drift_atol)
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="--opset")
     click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
     try:
-        path = export_model(checkpoint, out, opset=opset, atol=atol, force=force, progress=True,
-                            on_parity=lambda rows: click.echo(format_table(rows, atol)))
+        path = export_model(checkpoint, out, opset=opset, tol=tol, force=force, progress=True,
+                            on_parity=lambda rows: click.echo(format_table(rows, tol)))
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {path}")
@@ -40,18 +61,19 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, force: 
 @click.command("verify")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--atol", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_ATOL, show_default=True,
-              help="Largest absolute difference allowed.")
+@tolerance_options
 @click.option("--data", "data", default=None,
               help="Also compare on this data: 'squares' or PATH.npz (default: the checkpoint's training data).")
-def verify_command(checkpoint: Path, model_dir: Path, atol: float, data: str | None) -> None:
+def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, drift_atol: float,
+                   data: str | None) -> None:
     """Compare PyTorch (CHECKPOINT) and onnxruntime (MODEL_DIR) across batches and lengths."""
     require_torch()
     from runtime.model import Seq2Seq
 
     from .api import load_source
-    from .parity import format_table, matrix_cases, run_parity
+    from .parity import Tolerance, format_table, matrix_cases, run_parity
 
+    tol = Tolerance(atol, rtol, drift_atol)
     try:
         model, spec, _ = load_source(checkpoint)
         runtime = Seq2Seq.load(model_dir, provider="cpu")
@@ -61,12 +83,12 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, data: str | N
         raise click.ClickException(f"{model_dir} was exported from a model with spec {runtime.spec}, "
                                    f"but {checkpoint} holds {spec}; they cannot be compared")
     cases = matrix_cases(spec.n_features) + dataset_cases(checkpoint, data, spec.target_len)
-    rows = run_parity(model, runtime, cases, atol, progress=True)
-    click.echo(format_table(rows, atol))
+    rows = run_parity(model, runtime, cases, tol, progress=True)
+    click.echo(format_table(rows, tol))
     failed = [r for r in rows if not r.ok]
     if failed:
-        raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed atol={atol:g}")
-    click.echo(f"all {len(rows)} checks within atol={atol:g}")
+        raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed {tol}")
+    click.echo(f"all {len(rows)} checks within {tol}")
 
 
 def dataset_cases(checkpoint: Path, data: str | None, target_len: int) -> list:

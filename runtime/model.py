@@ -24,7 +24,7 @@ class Seq2Seq:
         self._encoder = sessions[ENCODER_FILE]
         self._step = sessions[DECODER_STEP_FILE]
         self._encoder_outputs = list(manifest.graphs[ENCODER_FILE]["outputs"])
-        self._step_inputs = list(manifest.graphs[DECODER_STEP_FILE]["inputs"])
+        self.step_inputs = list(manifest.graphs[DECODER_STEP_FILE]["inputs"])
         self._step_outputs = list(manifest.graphs[DECODER_STEP_FILE]["outputs"])
 
     @classmethod
@@ -62,13 +62,15 @@ class Seq2Seq:
         if src.shape[0] == 0:
             outputs, attention = self._empty(src, steps)
         else:
-            outputs, attention = greedy_decode(self._run_encoder, self._run_step, self._step_inputs, src, mask, steps)
+            outputs, attention = greedy_decode(self.run_encoder, self.run_step, self.step_inputs, src, mask, steps)
         return (outputs, attention) if return_attention else outputs
 
-    def _run_encoder(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_encoder(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Graph-level access for parity tools: the encoder graph on a checked-by-caller feed."""
         return dict(zip(self._encoder_outputs, self._encoder.run(self._encoder_outputs, feed)))
 
-    def _run_step(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_step(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Graph-level access for parity tools: one decoder step on a checked-by-caller feed."""
         return dict(zip(self._step_outputs, self._step.run(self._step_outputs, feed)))
 
     def _empty(self, src: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray | None]:

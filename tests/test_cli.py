@@ -130,7 +130,7 @@ def test_verify_passes_and_fails_on_tolerance(pipeline):
     ok = cli("verify", ckpt, model)
     assert ok.returncode == 0, ok.stderr
     assert "train [0:" in ok.stdout and "all " in ok.stdout  # the checkpoint's training data was used
-    strict = cli("verify", ckpt, model, "--atol", "1e-30")
+    strict = cli("verify", ckpt, model, "--atol", "1e-30", "--rtol", "0")
     assert_user_error(strict, "exceed atol=1e-30")
 
 

@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 
 from export.api import export_model
 from export.errors import DestinationExistsError, ParityError
-from export.parity import BATCH_SIZES, DEFAULT_ATOL, SOURCE_LENS, TARGET_LENS
+from export.parity import BATCH_SIZES, DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL, SOURCE_LENS, TARGET_LENS, Tolerance
 from runtime import Seq2Seq
 from runtime.contract import DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, MANIFEST_FILE, SPEC_KEY, graph_io
 from runtime.decode import greedy_decode
@@ -30,14 +30,24 @@ def manifest_of(exported) -> dict:
 
 def test_parity_report_covers_the_whole_matrix(exported):
     parity = manifest_of(exported)["parity"]
-    assert parity["passed"] and parity["atol"] == DEFAULT_ATOL
+    assert parity["passed"]
+    assert (parity["atol"], parity["rtol"], parity["drift_atol"]) == (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_DRIFT_ATOL)
     shapes = {(r["batch"], r["source_len"], r["target_len"]) for r in parity["cases"]}
     assert shapes == {(b, s, t) for b in BATCH_SIZES for s in SOURCE_LENS for t in TARGET_LENS}
     assert any(r["case"].startswith("padded") for r in parity["cases"])
-    expected_outputs = {"outputs"} | ({"attention"} if exported.spec.has_attention else set())
-    assert set(parity["summary"]) == expected_outputs
-    for worst in parity["summary"].values():
-        assert worst["max_abs"] <= DEFAULT_ATOL
+    io = graph_io(exported.spec)
+    expected = {f"encoder.{k}" for k in io[ENCODER_FILE]["outputs"]}
+    expected |= {f"step.{k}" for k in io[DECODER_STEP_FILE]["outputs"]} | {"decode.outputs"}
+    expected |= {"decode.attention"} if exported.spec.has_attention else set()
+    assert set(parity["summary"]) == expected
+    for output, worst in parity["summary"].items():
+        assert worst["max_abs"] <= DEFAULT_ATOL, output  # untrained models stay tight even free-running
+
+
+def test_cli_defaults_equal_the_parity_constants():
+    import export.cli as cli
+
+    assert (cli.DEFAULT_ATOL, cli.DEFAULT_RTOL, cli.DEFAULT_DRIFT_ATOL) == (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_DRIFT_ATOL)
 
 
 def test_manifest_contract(exported):
@@ -142,11 +152,22 @@ def test_parity_failure_lists_every_failure_and_writes_nothing(tmp_path):
             p.mul_(4.0)  # larger weights: float32 rounding differences well above 1e-12
     out = tmp_path / "model"
     with pytest.raises(ParityError) as info:
-        export_model(model, out, atol=1e-12)
+        export_model(model, out, tol=Tolerance(atol=1e-12, rtol=0, drift_atol=1e-12))
     message = str(info.value)
-    assert "outputs" in message and "attention" in message and "max_abs=" in message
-    assert message.count("\n") >= 2  # one line per failing check
+    for output in ("step.output", "step.hidden_out", "step.alphas", "decode.outputs", "decode.attention"):
+        assert output in message
+    assert "max_abs=" in message and message.count("\n") >= 5  # one line per failing check
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_graph_failure_is_caught_even_when_the_decode_tolerance_is_loose(tmp_path):
+    model, _ = make_model("multihead", seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    with pytest.raises(ParityError, match="step.output") as info:
+        export_model(model, tmp_path / "m", tol=Tolerance(atol=1e-12, rtol=0, drift_atol=1.0))
+    assert "decode.outputs" not in str(info.value)
 
 
 def test_existing_export_is_kept_without_force_and_replaced_with_it(tmp_path):

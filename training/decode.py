@@ -41,6 +41,15 @@ def full_mask(source: torch.Tensor) -> torch.Tensor:
     return torch.ones(source.shape[0], 1, source.shape[1], dtype=torch.bool, device=source.device)
 
 
+def decode_step(
+    model: EncoderDecoder, states: dict[str, torch.Tensor], x: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One decoder step -> next point (N, 1, F), hidden (1, N, H), alphas or None."""
+    if isinstance(model.decoder, DecoderAttn):
+        return model.decoder.step(x, hidden, states["keys_t"], states["values"], mask)
+    return (*model.decoder.step(x, hidden), None)
+
+
 @torch.no_grad()
 def reference_decode(
     model: EncoderDecoder, source: torch.Tensor, target_len: int, source_mask: torch.Tensor | None = None
@@ -51,12 +60,10 @@ def reference_decode(
     x, hidden = states["decoder_input"], states["hidden"]
     outputs, alphas = [], []
     for _ in range(target_len):
-        if isinstance(model.decoder, DecoderAttn):
-            x, hidden, a = model.decoder.step(x, hidden, states["keys_t"], states["values"], mask)
-            alphas.append(a)
-        else:
-            x, hidden = model.decoder.step(x, hidden)
+        x, hidden, a = decode_step(model, states, x, hidden, mask)
         outputs.append(x)
+        if a is not None:
+            alphas.append(a)
     if not alphas:
         return torch.cat(outputs, dim=1), None
     return torch.cat(outputs, dim=1), torch.cat(alphas, dim=-2)  # (N, Lt, F), (N, [heads,] Lt, Ls)
