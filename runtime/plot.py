@@ -32,6 +32,8 @@ def plot_predictions(source: np.ndarray, outputs: np.ndarray, alphas: np.ndarray
         if alphas is not None:
             weights = alphas[i] if alphas.ndim == 3 else alphas[i].mean(axis=0)  # (Lt, Ls)
             im = axes[1][i].imshow(weights, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+            axes[1][i].set_xticks(range(weights.shape[1]))
+            axes[1][i].set_yticks(range(weights.shape[0]))
             axes[1][i].set_xlabel("source position")
             axes[1][i].set_ylabel("target step")
             axes[1][i].set_title("attention" + (" (mean of heads)" if alphas.ndim == 4 else ""))

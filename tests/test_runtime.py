@@ -227,3 +227,20 @@ def test_runtime_never_imports_torch(exports, python):
     result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "LEAKED []" in result.stdout
+
+
+def test_shipped_squares_model_completes_the_square():
+    """The quickstart's model: intact, and it predicts the two corners that close each square."""
+    from pathlib import Path
+
+    model = Seq2Seq.load(Path(__file__).resolve().parents[1] / "artifacts" / "squares", provider="cpu")
+    corners = np.array([[-1, -1], [-1, 1], [1, 1], [1, -1]], np.float32)
+    sources, targets = [], []
+    for start in range(4):
+        for step in (1, -1):  # clockwise and counter-clockwise
+            square = corners[[(start + step * i) % 4 for i in range(4)]]
+            sources.append(square[:2])
+            targets.append(square[2:])
+    out, alphas = model.predict(np.stack(sources), return_attention=True)
+    np.testing.assert_allclose(out, np.stack(targets), atol=0.25)  # test MSE is 0.011: about 0.1 per coordinate
+    assert alphas.shape == (8, 2, 2)
