@@ -112,6 +112,10 @@ def infer(model_dir: Path, input_path: str, target_len: int | None, provider: st
 
     if output_path:
         check_output_name(output_path, attention)
+    if plot_path:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
     source, mask = read_input(input_path)
     try:
         model = Seq2Seq.load(model_dir, provider=provider, threads=threads)

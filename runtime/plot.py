@@ -6,17 +6,24 @@ import numpy as np
 MAX_ITEMS = 4
 
 
-def plot_predictions(source: np.ndarray, outputs: np.ndarray, alphas: np.ndarray | None, path: str) -> None:
-    """Draw up to MAX_ITEMS items: source and predicted points, and attention heatmaps if any."""
+def require_matplotlib() -> None:
+    """Fail early, naming the extra, when matplotlib is not installed."""
     import click
 
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         raise click.ClickException("--plot needs matplotlib: pip install 'seq2onnx[plot]'") from None
+
+
+def plot_predictions(source: np.ndarray, outputs: np.ndarray, alphas: np.ndarray | None, path: str) -> None:
+    """Draw up to MAX_ITEMS items: source and predicted points, and attention heatmaps if any."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     items = min(MAX_ITEMS, len(source))
     rows = 2 if alphas is not None else 1
     fig, axes = plt.subplots(rows, max(items, 1), figsize=(3.2 * max(items, 1), 3.2 * rows), squeeze=False)

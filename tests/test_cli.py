@@ -97,6 +97,15 @@ def test_infer_writes_npy_and_plot(pipeline):
     assert (root / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_without_matplotlib_names_the_extra_before_any_work(pipeline, tmp_path):
+    _, _, model = pipeline
+    code = NO_TORCH.replace("sys.modules['torch'] = None", "sys.modules['torch'] = sys.modules['matplotlib'] = None")
+    result = subprocess.run([sys.executable, "-c", code, "infer", str(model), "--input", "-", "--plot",
+                             str(tmp_path / "p.png")], input="[[[0.0, 0.0]]]", capture_output=True, text=True)
+    assert_user_error(result, "--plot needs matplotlib", "seq2onnx[plot]")
+    assert result.stdout == "" and not (tmp_path / "p.png").exists()
+
+
 @pytest.mark.parametrize("payload,fragments", [
     ("[[[1.0, 2.0, 3.0]]]", ["source: expected shape (batch, source_len, 2)"]),
     ("[[[1.0, NaN]]]", ["NaN or Inf"]),
