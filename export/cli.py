@@ -32,6 +32,14 @@ def tolerance_options(command: Callable[..., Any]) -> Callable[..., Any]:
 DEFAULT_OPSET = 17
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors that describe a user's input (a bad checkpoint, export or spec), shown without a traceback."""
+    from runtime.spec import SpecError
+    from training.checkpoint import CheckpointError
+
+    return Seq2OnnxError, CheckpointError, SpecError
+
+
 @click.command("export")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the export to.")
@@ -53,7 +61,7 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
     try:
         path = export_model(checkpoint, out, opset=opset, tol=tol, force=force, progress=True,
                             on_parity=lambda rows: click.echo(format_table(rows, tol)))
-    except Seq2OnnxError as exc:
+    except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {path}")
 
@@ -77,7 +85,7 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
     try:
         model, spec, _ = load_source(checkpoint)
         runtime = Seq2Seq.load(model_dir, provider="cpu")
-    except (Seq2OnnxError, OSError, ValueError) as exc:
+    except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     if runtime.spec != spec:
         raise click.ClickException(f"{model_dir} was exported from a model with spec {runtime.spec}, "

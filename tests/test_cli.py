@@ -64,6 +64,14 @@ def pipeline(tmp_path_factory):
     return root, ckpt, model
 
 
+def test_export_and_verify_of_a_directory_that_is_not_a_checkpoint(pipeline, tmp_path):
+    _, _, model = pipeline
+    (tmp_path / "empty").mkdir()
+    assert_user_error(cli("export", tmp_path / "empty", "--out", tmp_path / "m"), "spec.json", "is missing")
+    assert_user_error(cli("verify", tmp_path / "empty", model), "spec.json", "is missing")
+    assert not (tmp_path / "m").exists()
+
+
 def test_export_refuses_to_overwrite_without_force(pipeline):
     root, ckpt, model = pipeline
     before = (model / "manifest.json").read_text()
