@@ -9,7 +9,7 @@ import onnx
 import torch
 
 from runtime.contract import (
-    DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, GRAPH_KEY, SPEC_KEY, Dims, graph_io,
+    BATCH, DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, GRAPH_KEY, SOURCE_LEN, SPEC_KEY, Dims, graph_io,
 )
 from runtime.spec import ModelSpec
 from training.models import EncoderDecoder
@@ -47,7 +47,7 @@ def example_inputs(model: EncoderDecoder, spec: ModelSpec) -> tuple[tuple[torch.
     states["source_mask"] = mask
     io = graph_io(spec)
     for name, dims in io[ENCODER_FILE]["outputs"].items():
-        shape = [{"batch": EXAMPLE_BATCH, "source_len": EXAMPLE_SOURCE_LEN}.get(d, d) for d in dims]
+        shape = [{BATCH: EXAMPLE_BATCH, SOURCE_LEN: EXAMPLE_SOURCE_LEN}.get(d, d) for d in dims]
         if list(states[name].shape) != shape:
             raise ExportError(f"encoder output {name!r}: expected example shape {shape}, got {list(states[name].shape)}")
     step_args = tuple(states[name] for name in io[DECODER_STEP_FILE]["inputs"])
