@@ -8,10 +8,11 @@ from typing import Callable
 
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
+from training.atomic import staged_directory
 from training.build import spec_from_model
 from training.models import EncoderDecoder
 
-from .atomic import staged_directory
+from .atomic import check_destination
 from .graphs import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, export_graphs
 from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, matrix_cases, raise_on_failure, report, run_parity
@@ -38,14 +39,14 @@ def export_model(
     model, spec, described = load_source(source)
     out = Path(out)
     export_id = uuid.uuid4().hex
-    with staged_directory(out, force) as staging:
+    with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:
         export_graphs(model, spec, staging, opset, export_id)
-        write_manifest(staging, build_manifest(staging, spec, export_id, opset, None, described))
+        manifest = build_manifest(staging, spec, export_id, opset, None, described)
+        write_manifest(staging, manifest)  # the runtime loads the staged copy for the parity run
         runtime = Seq2Seq.load(staging, provider="cpu")
         rows = run_parity(model, runtime, matrix_cases(spec.n_features), tol, progress=progress)
         if on_parity is not None:
             on_parity(rows)
         raise_on_failure(rows, tol)
-        parity = report(rows, tol)
-        write_manifest(staging, build_manifest(staging, spec, export_id, opset, parity, described))
+        write_manifest(staging, {**manifest, "parity": report(rows, tol)})
     return out

@@ -182,6 +182,24 @@ def test_existing_export_is_kept_without_force_and_replaced_with_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp or backup dirs left
 
 
+def test_published_directories_are_readable_by_others(tmp_path):
+    """Exports and checkpoints get the umask's permissions, not a private temp dir's 0700."""
+    import os
+    import stat
+
+    from training.checkpoint import save_checkpoint
+    from training.trainer import TrainConfig
+
+    model, spec = make_model("none", seed=5)
+    (tmp_path / "plain").mkdir()
+    expected = stat.S_IMODE(os.stat(tmp_path / "plain").st_mode)
+    exported = export_model(model, tmp_path / "export")
+    checkpoint = save_checkpoint(tmp_path / "ckpt", model, spec, TrainConfig(), {"train": [1.0], "val": [1.0]},
+                                 {"name": "squares"})
+    for published in (exported, checkpoint):
+        assert stat.S_IMODE(os.stat(published).st_mode) == expected, published
+
+
 def test_force_never_replaces_a_directory_that_is_not_an_export(tmp_path):
     precious = tmp_path / "precious"
     precious.mkdir()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from runtime.contract import (
 )
 from runtime.spec import ModelSpec, SpecError
 
+from .atomic import sibling, staged_directory
 from .build import build_model
 from .models import EncoderDecoder
 from .trainer import ConfigError, History, TrainConfig
@@ -81,11 +80,6 @@ def refuse_existing(out: str | Path) -> None:
                                     "(or choose another --out)")
 
 
-def _sibling(path: Path, suffix: str) -> Path:
-    """A fresh hidden name beside `path` (same filesystem, so renames are atomic)."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{suffix}")
-
-
 def _write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
@@ -112,7 +106,7 @@ def save_train_state(path: str | Path, state: dict[str, Any], data: dict[str, An
     """Atomically write a trainer's `state_dict()` plus the data description to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(path, ".tmp")
+    tmp = sibling(path, ".tmp")
     try:
         with open(tmp, "xb") as f:
             torch.save({**state, "data": data}, f)
@@ -150,12 +144,7 @@ def save_checkpoint(
 ) -> Path:
     """Write a checkpoint directory via a temporary sibling and a rename; returns its path."""
     out = Path(out)
-    if not force:
-        refuse_existing(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(out, ".tmp")
-    tmp.mkdir()  # unlike mkdtemp, honours the umask, so the published directory gets normal permissions
-    try:
+    with staged_directory(out, lambda existing: None if force else refuse_existing(existing)) as tmp:
         torch.save(model.state_dict(), tmp / CHECKPOINT_WEIGHTS_FILE)
         if train_state is not None:
             torch.save({**train_state, "data": data}, tmp / CHECKPOINT_STATE_FILE)
@@ -164,28 +153,7 @@ def save_checkpoint(
         meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "spec": spec.to_dict(),
                 "train": config.to_dict(), "data": data}
         _write_json(tmp / CHECKPOINT_SPEC_FILE, meta)
-        _publish(tmp, out, force)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
-
-
-def _publish(tmp: Path, out: Path, force: bool) -> None:
-    """Move a finished temp dir to `out`; an old `out` is moved aside first and removed only afterwards."""
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    if not force:
-        refuse_existing(out)
-    old = _sibling(out, ".old")
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _read_json(path: Path) -> Any:
