@@ -13,9 +13,10 @@ from click.core import ParameterSource
 from runtime.cli import require_torch
 from runtime.spec import ATTENTION_KINDS
 
+from .data import SQUARES
+
 DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"
 MULTIHEAD_DEFAULT_HEADS = 2
-SQUARES = "squares"
 # Options that define a run. On --resume they default to the saved values; given again, they must match.
 RUN_OPTIONS = ("data", "attention", "heads", "hidden_dim", "epochs", "batch_size", "lr", "teacher_forcing", "seed")
 

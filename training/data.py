@@ -1,13 +1,14 @@
 """Sequence data: the book's noisy squares, and user data from .npz files."""
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from runtime.manifest import sha256_file
 
 CORNERS = np.array([[-1, -1], [-1, 1], [1, 1], [1, -1]], dtype=np.float32)  # clockwise
 SQUARES = "squares"
@@ -159,15 +160,6 @@ def load_dataset(name_or_path: str | Path) -> tuple[SeqData, SeqData]:
         raise DataError(f"data {str(name_or_path)!r} is neither 'squares' nor an .npz file; "
                         "pass 'squares' or a path ending in .npz")
     return holdout_split(load_npz(path))
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def describe_dataset(name_or_path: str | Path, train: SeqData, test: SeqData) -> dict[str, Any]:
