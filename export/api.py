@@ -10,6 +10,7 @@ from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
 from training.atomic import staged_directory
 from training.build import spec_from_model
+from training.destination import normalized
 from training.models import EncoderDecoder
 
 from .atomic import check_destination
@@ -36,8 +37,9 @@ def export_model(
     """Export, check parity over the shape matrix, and only then move the result into `out`."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset: expected {MIN_OPSET}..{MAX_OPSET}, got {opset}")
+    out = normalized(out)
+    check_destination(out, force)  # before any work; checked again just before publishing
     model, spec, described = load_source(source)
-    out = Path(out)
     export_id = uuid.uuid4().hex
     with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:
         export_graphs(model, spec, staging, opset, export_id)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from runtime.errors import Seq2OnnxError
+from training.destination import DestinationError
 
 
 class ExportError(Seq2OnnxError, RuntimeError):
@@ -12,5 +13,5 @@ class ParityError(Seq2OnnxError, AssertionError):
     """onnxruntime and PyTorch disagree beyond the tolerance; nothing was written."""
 
 
-class DestinationExistsError(Seq2OnnxError, FileExistsError):
-    """The output directory already holds something and `force` was not given."""
+# The output directory holds something that may not be replaced (see training.destination).
+DestinationExistsError = DestinationError

@@ -29,21 +29,20 @@ from runtime.spec import ModelSpec, SpecError
 
 from .atomic import sibling, staged_directory
 from .build import build_model
+from .destination import check_destination
 from .models import EncoderDecoder
 from .trainer import ConfigError, History, TrainConfig
 
 CHECKPOINT_FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
+CHECKPOINT_FILES = frozenset({CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, CHECKPOINT_HISTORY_FILE,
+                              CHECKPOINT_STATE_FILE, CHECKPOINT_PLOT_FILE})
 STATE_KEYS = ("format_version", "epoch", "spec", "config", "history", "model", "optimizer",
               "torch_rng", "shuffle_rng", "data")
 
 
 class CheckpointError(OSError):
     """A checkpoint directory or training-state file is missing, incomplete or unreadable."""
-
-
-class CheckpointExistsError(CheckpointError, FileExistsError):
-    """The destination checkpoint already exists and replacing it was not asked for."""
 
 
 def partial_dir(out: str | Path) -> Path:
@@ -73,11 +72,9 @@ def clear_partial(out: str | Path) -> None:
         pass  # holds files we did not write; leave them to the user
 
 
-def refuse_existing(out: str | Path) -> None:
-    """Raise CheckpointExistsError if `out` exists."""
-    if Path(out).exists():
-        raise CheckpointExistsError(f"checkpoint {str(out)!r} already exists; pass --force to replace it "
-                                    "(or choose another --out)")
+def check_checkpoint_destination(out: str | Path, force: bool) -> None:
+    """Refuse protected paths and anything but an earlier checkpoint (that one only with force)."""
+    check_destination(out, force, kind="checkpoint", marker=CHECKPOINT_SPEC_FILE, owned=CHECKPOINT_FILES)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -121,11 +118,7 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"training state {str(path)!r} does not exist; run without --resume to start afresh")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for truncated or foreign files
-        raise CheckpointError(f"training state {str(path)!r} cannot be read ({err}); "
-                              "delete it and start afresh") from err
+    state = _torch_load(path, "training state", "delete it and start afresh without --resume")
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise CheckpointError(f"training state {str(path)!r} lacks {missing}; it was not written by seq2onnx train")
@@ -144,7 +137,7 @@ def save_checkpoint(
 ) -> Path:
     """Write a checkpoint directory via a temporary sibling and a rename; returns its path."""
     out = Path(out)
-    with staged_directory(out, lambda existing: None if force else refuse_existing(existing)) as tmp:
+    with staged_directory(out, lambda existing: check_checkpoint_destination(existing, force)) as tmp:
         torch.save(model.state_dict(), tmp / CHECKPOINT_WEIGHTS_FILE)
         if train_state is not None:
             torch.save({**train_state, "data": data}, tmp / CHECKPOINT_STATE_FILE)
@@ -203,12 +196,40 @@ def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder, ModelSpec, Histor
     weights_file = path / CHECKPOINT_WEIGHTS_FILE
     if not weights_file.is_file():
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
-    try:
-        weights = torch.load(weights_file, map_location="cpu", weights_only=True)
-        with torch.random.fork_rng(devices=[]):  # building draws initial weights; keep the caller's RNG intact
-            model = build_model(spec, teacher_forcing_prob=config.teacher_forcing)
-        model.load_state_dict(weights)
-    except Exception as err:  # unpickling and shape mismatches raise several types
-        raise CheckpointError(f"checkpoint file {str(weights_file)!r} does not hold weights for spec "
-                              f"{spec.to_dict()} ({err}); retrain or restore it") from err
+    weights = _torch_load(weights_file, "checkpoint file", "retrain or restore it")
+    with torch.random.fork_rng(devices=[]):  # building draws initial weights; keep the caller's RNG intact
+        model = build_model(spec, teacher_forcing_prob=config.teacher_forcing)
+    _check_weights_fit(model.state_dict(), weights, weights_file, meta_file)
+    model.load_state_dict(weights)
     return model.eval(), spec, history
+
+
+def _torch_load(path: Path, what: str, fix: str) -> Any:
+    """torch.load with weights_only=True; any failure is one line (torch's own is many, and unsafe advice)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zips, foreign pickles, random bytes: torch raises several types
+        raise CheckpointError(f"{what} {str(path)!r} cannot be read as PyTorch tensors ({type(err).__name__}: "
+                              f"truncated, corrupted, or not written by seq2onnx); {fix}") from None
+
+
+def _shape(value: Any) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _check_weights_fit(expected: dict[str, Any], weights: Any, weights_file: Path, spec_file: Path) -> None:
+    """The saved tensors must be exactly the ones the spec builds: same names, same shapes."""
+    where = f"checkpoint file {str(weights_file)!r}"
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"{where} holds a {type(weights).__name__}, expected a state_dict of tensors; "
+                              "retrain or restore it")
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    if missing or extra:
+        raise CheckpointError(f"{where} does not match {str(spec_file)!r}: tensors missing {missing[:3]}, "
+                              f"unexpected {extra[:3]}; restore the spec.json it was saved with, or retrain")
+    for name, tensor in expected.items():
+        if not isinstance(weights[name], torch.Tensor) or weights[name].shape != tensor.shape:
+            raise CheckpointError(f"{where} does not match {str(spec_file)!r}: tensor {name!r} is "
+                                  f"{_shape(weights[name])} in the weights, the spec builds {_shape(tensor)}; "
+                                  "restore the spec.json it was saved with, or retrain")

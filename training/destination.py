@@ -1,0 +1,78 @@
+"""What a writer may replace: only its own kind of artifact, never a directory that holds anything else.
+
+Checkpoints (`train --out`) and exports (`export --out`) share these rules:
+- never `/`, the home directory, the current directory or any directory that contains it;
+- an empty directory, or none at all, is free to use;
+- an existing artifact of the same kind is replaced only with `force`, and only when every entry in it is
+  a file that seq2onnx writes there (a user's own file inside it would be lost, so it is refused too);
+- anything else is refused even with `force`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from runtime.errors import Seq2OnnxError
+
+# How many foreign entries a message lists before it says "...".
+LISTED_ENTRIES = 5
+
+
+class DestinationError(Seq2OnnxError, FileExistsError):
+    """The output path cannot be written: it is protected, holds someone else's files, or exists without force."""
+
+
+def normalized(out: str | Path) -> Path:
+    """An absolute path with `.` and `..` folded, so `--out .` has a name and a parent."""
+    return Path(os.path.abspath(os.fspath(out)))
+
+
+def protected_reason(out: Path) -> str | None:
+    """Why `out` must never be written (root, home, cwd or one of its parents), or None."""
+    target = out.resolve()
+    if target == Path(target.anchor):
+        return "it is the filesystem root"
+    if target == Path.home().resolve():
+        return "it is your home directory"
+    cwd = Path.cwd().resolve()
+    if target == cwd:
+        return "it is the current directory"
+    if target in cwd.parents:
+        return "it contains the current directory"
+    return None
+
+
+def _listed(names: list[str]) -> str:
+    shown = names[:LISTED_ENTRIES]
+    return str(shown)[:-1] + (", ...]" if len(names) > LISTED_ENTRIES else "]")
+
+
+def check_destination(out: str | Path, force: bool, kind: str, marker: str, owned: frozenset[str]) -> None:
+    """Raise DestinationError unless writing the `kind` artifact to `out` loses nothing of the user's.
+
+    `marker` is the file that identifies an artifact of this kind; `owned` every name seq2onnx writes in it."""
+    out = normalized(out)
+    article = "an" if kind[0] in "aeiou" else "a"
+    reason = protected_reason(out)
+    if reason is not None:
+        raise DestinationError(f"{out}: refusing to write {article} {kind} there ({reason}); choose a new directory "
+                               "for --out, e.g. --out runs/NAME")
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise DestinationError(f"{out}: exists and is not a directory; refusing to replace it, even with --force; "
+                               "choose another --out")
+    entries = sorted(entry.name for entry in out.iterdir())
+    if not entries:
+        return  # an empty directory holds nothing to lose
+    if marker not in entries:
+        raise DestinationError(f"{out}: exists and is not a seq2onnx {kind} (no {marker}; it holds "
+                               f"{_listed(entries)}); refusing to replace it, even with --force; choose another --out")
+    foreign = [name for name in entries if name not in owned]
+    if foreign:
+        raise DestinationError(f"{out}: is a seq2onnx {kind} but also holds files seq2onnx did not write "
+                               f"({_listed(foreign)}); refusing to replace it, even with --force; move them out "
+                               "or choose another --out")
+    if not force:
+        raise DestinationError(f"{out}: {article} seq2onnx {kind} already exists there; pass --force to replace it, "
+                               "or choose another --out")
