@@ -25,9 +25,9 @@ from runtime.contract import (
     CHECKPOINT_WEIGHTS_FILE,
 )
 from runtime.spec import ModelSpec
+from training.destination import DestinationError
 from training.checkpoint import (
     CheckpointError,
-    CheckpointExistsError,
     load_checkpoint,
     load_train_state,
     partial_dir,
@@ -157,10 +157,19 @@ BAD_NPZ = {
     "F mismatch": ({"source": np.zeros((4, 2, 2)), "target": np.zeros((4, 2, 3))}, "same number of features"),
     "NaN": ({"source": np.full((4, 2, 2), np.nan), "target": np.zeros((4, 2, 2))}, "NaN or Inf"),
     "Inf": ({"source": np.zeros((4, 2, 2)), "target": np.full((4, 2, 2), np.inf)}, "NaN or Inf"),
-    "float32 overflow": ({"source": np.full((4, 2, 2), 1e300), "target": np.zeros((4, 2, 2))}, "too large"),
+    "float32 overflow": ({"source": np.full((4, 2, 2), 1e300), "target": np.zeros((4, 2, 2))},
+                         "beyond the float32 range"),
     "empty": ({"source": np.zeros((0, 2, 2)), "target": np.zeros((0, 2, 2))}, "empty"),
-    "int dtype": ({"source": np.zeros((4, 2, 2), dtype=np.int64), "target": np.zeros((4, 2, 2))}, "floats"),
+    "bool dtype": ({"source": np.zeros((4, 2, 2), dtype=bool), "target": np.zeros((4, 2, 2))}, "numbers"),
+    "str dtype": ({"source": np.full((4, 2, 2), "1"), "target": np.zeros((4, 2, 2))}, "numbers"),
 }
+
+
+def test_integer_npz_arrays_are_numbers(tmp_path: Path) -> None:
+    ints = np.arange(40).reshape(10, 2, 2)
+    path = write_npz(tmp_path / "ints.npz", source=ints, target=-ints.astype(np.uint8).astype(np.int16))
+    train, test = load_dataset(path)
+    assert train.source.dtype == np.float32 and train.n + test.n == 10
 
 
 @pytest.mark.parametrize("case", list(BAD_NPZ))
@@ -310,7 +319,7 @@ def test_existing_checkpoint_is_not_replaced_without_force(tmp_path: Path, train
     out = save(trained, tmp_path / "ck")
     before = snapshot(out)
     other = fit(trained.spec, TrainConfig(epochs=1, seed=1), small_data())
-    with pytest.raises(CheckpointExistsError, match="pass --force to replace it") as err:
+    with pytest.raises(DestinationError, match="pass --force to replace it") as err:
         save(other, out)
     assert str(out) in str(err.value) and isinstance(err.value, FileExistsError)
     assert snapshot(out) == before
@@ -454,7 +463,9 @@ def test_cli_option_mistakes(tmp_path: Path, args: list[str], message: str) -> N
 def test_cli_refuses_a_bad_npz(tmp_path: Path) -> None:
     bad = write_npz(tmp_path / "bad.npz", source=np.zeros((4, 2, 2)))
     result = CliRunner().invoke(main, ["train", "--quiet", "--data", str(bad), "--out", str(tmp_path / "ck")])
-    assert result.exit_code == 2 and "missing arrays ['target']" in result.output
+    # The file exists, so this is bad data (exit 1, one line), not bad usage (exit 2 with a usage block).
+    assert result.exit_code == 1 and "missing arrays ['target']" in result.output
+    assert "Usage:" not in result.output
 
 
 def cli_command() -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from runtime.cli import require_torch
+from runtime.cli import Interrupted, require_torch
 from runtime.spec import ATTENTION_KINDS
 
 from .data import SQUARES
@@ -19,12 +19,6 @@ DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"
 MULTIHEAD_DEFAULT_HEADS = 2
 # Options that define a run. On --resume they default to the saved values; given again, they must match.
 RUN_OPTIONS = ("data", "attention", "heads", "hidden_dim", "epochs", "batch_size", "lr", "teacher_forcing", "seed")
-
-
-class Interrupted(click.ClickException):
-    """Ctrl-C during training: report where the saved state is."""
-
-    exit_code = 130
 
 
 def _given(ctx: click.Context, name: str) -> bool:
@@ -38,6 +32,17 @@ def _flag(name: str) -> str:
 def _data_key(data: str) -> str:
     """'squares' or the resolved path, so two spellings of one file compare equal."""
     return data if data == SQUARES else str(Path(data).resolve())
+
+
+def check_data_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--data names 'squares' or an existing .npz file (a wrong name is a usage error, exit 2)."""
+    if value is None or value == SQUARES:
+        return value
+    if not value.endswith(".npz"):
+        raise click.BadParameter(f"expected 'squares' or a path ending in .npz, got {value!r}")
+    if not Path(value).is_file():
+        raise click.BadParameter(f"file {value!r} does not exist; expected 'squares' or an existing .npz file")
+    return value
 
 
 def default_out(data: str, attention: str) -> Path:
@@ -78,7 +83,7 @@ def merge_saved(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any])
 
 
 @click.command("train")
-@click.option("--data", default=SQUARES, show_default=True,
+@click.option("--data", default=SQUARES, show_default=True, callback=check_data_option,
               help="'squares' (the book's noisy squares: 256 train, 128 test) or a path to an .npz with float "
                    "arrays source (N, Ls, F) and target (N, Lt, F); 20% of an .npz is held out as test set.")
 @click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True)
@@ -107,30 +112,34 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
           **opts: Any) -> None:
     """Train a seq2seq model (GRU encoder-decoder, optional attention) and write a checkpoint directory."""
     require_torch("train")
+    from runtime.errors import Seq2OnnxError
     from runtime.spec import SpecError
 
     from .checkpoint import CheckpointError
     from .data import DataError
+    from .destination import normalized
     from .trainer import ConfigError
 
+    out = normalized(out if out is not None else default_out(opts["data"], opts["attention"]))
     try:
         _run(ctx, opts, out, save_every, resume, force, quiet)
-    except DataError as err:
-        raise click.BadParameter(str(err), ctx=ctx, param_hint="'--data'") from None
-    except (CheckpointError, ConfigError, SpecError) as err:
+    except DataError as err:  # the file exists (checked above) but its content is unusable: exit 1, no usage
+        raise click.ClickException(f"--data: {err}") from None
+    except (CheckpointError, ConfigError, SpecError, Seq2OnnxError) as err:
         raise click.ClickException(str(err)) from None
 
 
-def _run(ctx: click.Context, opts: dict[str, Any], out: Path | None, save_every: int, resume: bool, force: bool,
+def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, resume: bool, force: bool,
          quiet: bool) -> None:
     from runtime.contract import CHECKPOINT_STATE_FILE
 
-    from .checkpoint import (clear_partial, find_resume_state, load_train_state, partial_dir, refuse_existing,
-                             save_checkpoint, save_train_state)
+    from .checkpoint import (check_checkpoint_destination, clear_partial, find_resume_state, load_train_state,
+                             partial_dir, save_checkpoint, save_train_state)
     from .data import describe_dataset, load_dataset, reload_dataset
     from .trainer import Trainer, TrainConfig, evaluate, spec_for_data
 
-    out = out if out is not None else default_out(opts["data"], opts["attention"])
+    # Before any work: where the result goes must be writable without losing anything of the user's.
+    check_checkpoint_destination(out, force=force or resume)
     partial, state = partial_dir(out), None
     if resume:
         state_file = find_resume_state(out)
@@ -144,7 +153,6 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path | None, save_every:
         description = state["data"]
     else:
         if not force:
-            refuse_existing(out)
             if (partial / CHECKPOINT_STATE_FILE).exists():
                 raise click.ClickException(f"an interrupted run is saved in {str(partial)!r}; pass --resume to "
                                            "continue it or --force to discard it and start over")

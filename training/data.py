@@ -90,8 +90,8 @@ class SeqData:
 def _checked(array: Any, key: str, origin: str) -> np.ndarray:
     """Validate one (N, L, F) float array and return it as contiguous float32."""
     array = np.asarray(array)
-    if not np.issubdtype(array.dtype, np.floating):
-        raise DataError(f"{origin}: array {key!r} must hold floats, got dtype {array.dtype}; "
+    if array.dtype.kind not in "fiu":  # integers are numbers too (JSON and CSV writers drop the ".0")
+        raise DataError(f"{origin}: array {key!r} must hold numbers (float or int), got dtype {array.dtype}; "
                         f"convert it, e.g. {key}.astype('float32')")
     if array.ndim != 3:
         raise DataError(f"{origin}: array {key!r} must have rank 3 (N, L, F), got shape {array.shape}; "
@@ -99,13 +99,16 @@ def _checked(array: Any, key: str, origin: str) -> np.ndarray:
     if 0 in array.shape:
         raise DataError(f"{origin}: array {key!r} is empty (shape {array.shape}); "
                         "it needs at least one sequence of at least one point")
-    with np.errstate(over="ignore"):  # values beyond float32 become Inf and are reported just below
-        array = np.ascontiguousarray(array, dtype=np.float32)
     if not np.isfinite(array).all():
         bad = int(np.size(array) - np.isfinite(array).sum())
-        raise DataError(f"{origin}: array {key!r} has {bad} NaN or Inf values (or values too large for float32); "
-                        "drop or fill those sequences")
-    return array
+        raise DataError(f"{origin}: array {key!r} has {bad} NaN or Inf values; drop or fill those sequences")
+    with np.errstate(over="ignore"):  # values beyond float32 become Inf and are reported just below
+        cast = np.ascontiguousarray(array, dtype=np.float32)
+    if not np.isfinite(cast).all():
+        first = array[~np.isfinite(cast)].flat[0]
+        raise DataError(f"{origin}: array {key!r} has values beyond the float32 range (+-3.4e38), e.g. {first:g}; "
+                        "rescale the data")
+    return cast
 
 
 def load_npz(path: str | Path) -> SeqData:
