@@ -1,4 +1,13 @@
-"""`seq2onnx` command line. Commands that need torch live in `training`/`export` and load lazily."""
+"""`seq2onnx` command line. Commands that need torch live in `training`/`export` and load lazily.
+
+Exit codes, the same for every command:
+    0    success
+    1    the inputs were understood but cannot be used: bad data or model content, a failed check,
+         a destination that would lose the user's files, an unavailable provider
+    2    usage: an unknown option, a malformed or out-of-range value, a named file that does not exist,
+         options that contradict each other (click prints the usage line)
+    130  interrupted (Ctrl-C); nothing half-written is left behind
+"""
 from __future__ import annotations
 
 import importlib
@@ -6,6 +15,15 @@ import importlib
 import click
 
 from . import __version__
+
+EXIT_INTERRUPTED = 130
+
+
+class Interrupted(click.ClickException):
+    """Ctrl-C: exit 130 with one line saying what was kept."""
+
+    exit_code = EXIT_INTERRUPTED
+
 
 # Loaded only when used, so `infer` and `--help` work on an install without torch.
 LAZY_COMMANDS = {
@@ -27,6 +45,15 @@ class LazyGroup(click.Group):
             return None
         module_name, attr = LAZY_COMMANDS[name]
         return getattr(importlib.import_module(module_name), attr)
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the subcommand; Ctrl-C anywhere is exit 130 (click's own `Abort` would exit 1)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            name = ctx.invoked_subcommand or "seq2onnx"
+            raise Interrupted(f"{name}: interrupted; nothing was written (outputs are published whole "
+                              "or not at all)") from None
 
 
 @click.group(cls=LazyGroup)
