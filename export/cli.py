@@ -8,6 +8,7 @@ import click
 
 from runtime.cli import require_torch
 from runtime.errors import Seq2OnnxError
+from training.cli import check_data_option
 
 # Same values as export.parity's constants, which need torch to import (a test keeps them equal).
 DEFAULT_ATOL = 1e-5
@@ -50,15 +51,19 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
                    force: bool) -> None:
     """Export CHECKPOINT to ONNX graphs + manifest, checked for parity before anything is written."""
     require_torch()
+    from training.destination import normalized
+
     from .api import export_model
+    from .atomic import check_destination
     from .graphs import MAX_OPSET, MIN_OPSET
     from .parity import Tolerance, format_table
 
     tol = Tolerance(atol, rtol, drift_atol)
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="--opset")
-    click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
     try:
+        check_destination(normalized(out), force)  # a refused --out is said before any work
+        click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
         path = export_model(checkpoint, out, opset=opset, tol=tol, force=force, progress=True,
                             on_parity=lambda rows: click.echo(format_table(rows, tol)))
     except user_errors() as exc:
@@ -70,8 +75,9 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @tolerance_options
-@click.option("--data", "data", default=None,
-              help="Also compare on this data: 'squares' or PATH.npz (default: the checkpoint's training data).")
+@click.option("--data", "data", default=None, callback=check_data_option,
+              help="Also compare on this data: 'squares' or PATH.npz (default: the checkpoint's training data, "
+                   "when it can still be found).")
 def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, drift_atol: float,
                    data: str | None) -> None:
     """Compare PyTorch (CHECKPOINT) and onnxruntime (MODEL_DIR) across batches and lengths."""
@@ -90,7 +96,7 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
     if runtime.spec != spec:
         raise click.ClickException(f"{model_dir} was exported from a model with spec {runtime.spec}, "
                                    f"but {checkpoint} holds {spec}; they cannot be compared")
-    cases = matrix_cases(spec.n_features) + dataset_cases(checkpoint, data, spec.target_len)
+    cases = matrix_cases(spec.n_features) + dataset_cases(checkpoint, data, spec)
     rows = run_parity(model, runtime, cases, tol, progress=True)
     click.echo(format_table(rows, tol))
     failed = [r for r in rows if not r.ok]
@@ -99,22 +105,29 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
     click.echo(f"all {len(rows)} checks within {tol}")
 
 
-def dataset_cases(checkpoint: Path, data: str | None, target_len: int) -> list:
-    """Parity cases from real data: --data if given, else the data the checkpoint was trained on."""
+def dataset_cases(checkpoint: Path, data: str | None, spec: Any) -> list:
+    """Parity cases from real data: --data (read, or the command fails), else the checkpoint's own data if found."""
     from training.checkpoint import read_data_description
     from training.data import DataError, load_dataset, reload_dataset
 
     from .parity import data_cases
 
-    try:
-        if data is not None:
+    if data is not None:
+        try:
             train, test = load_dataset(data)
-        else:
-            description = read_data_description(checkpoint)
-            if description is None:
-                return []
+        except DataError as exc:
+            raise click.ClickException(f"--data: {exc}") from None
+        if train.n_features != spec.n_features:
+            raise click.ClickException(f"--data: {data} has {train.n_features} features per point, the model "
+                                       f"expects {spec.n_features}; pass data the checkpoint was trained on")
+    else:
+        description = read_data_description(checkpoint)
+        if description is None:
+            return []
+        try:
             train, test = reload_dataset(description)
-    except (DataError, OSError) as exc:
-        click.echo(f"note: training data not available, random inputs only ({exc})", err=True)
-        return []
-    return data_cases("train", train.source, target_len) + data_cases("test", test.source, target_len)
+        except (DataError, OSError) as exc:  # moved or edited since training: say so, compare on random inputs
+            click.echo(f"note: the checkpoint's training data is not available, random inputs only ({exc}); "
+                       "pass --data to compare on real data", err=True)
+            return []
+    return data_cases("train", train.source, spec.target_len) + data_cases("test", test.source, spec.target_len)
