@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import uuid
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 import numpy as np
 
 from .errors import Seq2OnnxError
+from .inputs import MAX_TARGET_LEN
 from .sessions import PROVIDERS
 
 
@@ -20,67 +24,155 @@ class InputFileError(click.ClickException):
         super().__init__(f"--input: {message}")
 
 
-class OutputFileError(click.ClickException):
-    """The --output file name or content is not usable."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"--output: {message}")
+# JSON has no size or depth limit of its own; these keep a hostile or mistaken input from exhausting memory.
+MAX_JSON_BYTES = 64 << 20
+JSON_KEYS = ("source", "source_mask")
+NPY_MAGIC = b"\x93NUMPY"
 
 
 def read_input(path: str) -> tuple[Any, Any]:
     """(source, source_mask or None) from .npy, .npz (key 'source'), JSON, or '-' (JSON on stdin)."""
     if path == "-":
-        return parse_json(sys.stdin.read(), "stdin")
+        return parse_json(_read_bounded(sys.stdin.buffer, "stdin"), "stdin")
     suffix = Path(path).suffix.lower()
+    if suffix not in (".npy", ".npz", ".json"):
+        raise InputFileError(f"{path}: expected a .npy, .npz or .json file, or '-' for JSON on stdin")
     try:
-        if suffix == ".npy":
-            return np.load(path, allow_pickle=False), None
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as data:
-                if "source" not in data:
-                    raise InputFileError(f"{path} has keys {sorted(data)}; expected 'source'")
-                return data["source"], data["source_mask"] if "source_mask" in data else None
-        if suffix == ".json":
-            return parse_json(Path(path).read_text(encoding="utf-8"), path)
-    except (OSError, ValueError) as exc:
-        raise InputFileError(f"{path} could not be read ({exc})") from None
-    raise InputFileError(f"{path}: expected a .npy, .npz or .json file, or '-' for JSON on stdin")
+        with open(path, "rb") as f:
+            if suffix == ".json":
+                return parse_json(_read_bounded(f, path), path)
+            if suffix == ".npy":
+                return _read_npy(f, path), None
+            return _read_npz(f, path)
+    except OSError as exc:
+        raise InputFileError(f"{path} could not be read ({exc.strerror or exc})") from None
 
 
-def parse_json(text: str, where: str) -> tuple[Any, Any]:
-    """JSON: nested lists (N, L, F), or {"source": ..., "source_mask": ...}."""
+def _read_bounded(stream: Any, where: str) -> bytes:
+    data = stream.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:
+        raise InputFileError(f"{where}: JSON input is larger than {MAX_JSON_BYTES >> 20} MiB; "
+                             "pass large batches as .npy or .npz, or split them")
+    return data
+
+
+def _read_npy(f: Any, path: str) -> np.ndarray:
+    if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
+        raise InputFileError(f"{path}: not a NumPy .npy file (no .npy header); write it with numpy.save, "
+                             "or pass the data as .json")
+    f.seek(0)
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        return np.load(f, allow_pickle=False)
+    except ValueError as exc:
+        raise InputFileError(f"{path}: {_numpy_problem(exc)}") from None
+
+
+def _read_npz(f: Any, path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    if not zipfile.is_zipfile(f):
+        raise InputFileError(f"{path}: not a NumPy .npz archive (not a zip file); write it with numpy.savez")
+    f.seek(0)
+    try:
+        with np.load(f, allow_pickle=False) as data:
+            unknown = sorted(set(data.files) - set(JSON_KEYS))
+            if "source" not in data.files or unknown:
+                raise InputFileError(f"{path} has arrays {sorted(data.files)}; expected 'source' and optionally "
+                                     "'source_mask', nothing else")
+            return data["source"], data["source_mask"] if "source_mask" in data.files else None
+    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputFileError(f"{path}: {_numpy_problem(exc)}") from None
+
+
+def _numpy_problem(exc: Exception) -> str:
+    """numpy's refusal of pickled objects suggests allow_pickle=True (unsafe); say what it means instead."""
+    if "pickle" in str(exc):
+        return "holds Python objects (pickled data), which are never loaded; save a plain numeric array"
+    return f"cannot be read as NumPy arrays ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+
+def parse_json(data: bytes, where: str) -> tuple[Any, Any]:
+    """JSON: nested lists (N, L, F), or {"source": ..., "source_mask": ...} and no other keys."""
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputFileError(f"{where}: not valid JSON ({exc})") from None
-    if isinstance(data, dict):
-        if "source" not in data:
-            raise InputFileError(f"{where}: JSON object needs a 'source' key, got {sorted(data)}")
-        return data["source"], data.get("source_mask")
-    return data, None
+    except RecursionError:
+        raise InputFileError(f"{where}: JSON nested too deeply; expected nested lists (N, L, F)") from None
+    if isinstance(doc, dict):
+        unknown = sorted(set(doc) - set(JSON_KEYS))
+        if "source" not in doc or unknown:
+            raise InputFileError(f"{where}: JSON object has keys {sorted(doc)}; understood keys are "
+                                 f"{list(JSON_KEYS)}, 'source' required (options such as --target-len are "
+                                 "command-line flags)")
+        return doc["source"], doc.get("source_mask")
+    return doc, None
 
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
+PLOT_SUFFIXES = (".png",)
 
 
-def check_output_name(path: str, attention: bool) -> None:
-    """Refuse an unusable --output before any work is done."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in OUTPUT_SUFFIXES:
-        raise OutputFileError(f"{path}: expected a file name ending in {', '.join(OUTPUT_SUFFIXES)}")
-    if suffix == ".npy" and attention:
-        raise OutputFileError("a .npy file holds one array; use .json or .npz with --attention")
+def check_output_path(path: str, option: str, suffixes: tuple[str, ...], force: bool) -> None:
+    """Before any work: a known suffix, an existing directory to write into, and no file replaced unless forced."""
+    target = Path(path)
+    if target.suffix.lower() not in suffixes:
+        raise click.BadParameter(f"{path}: expected a file name ending in {', '.join(suffixes)}", param_hint=option)
+    parent = target.parent
+    if not parent.is_dir():
+        raise click.BadParameter(f"{path}: directory {str(parent)!r} does not exist; create it first",
+                                 param_hint=option)
+    if not os.access(parent, os.W_OK):
+        raise click.BadParameter(f"{path}: directory {str(parent)!r} is not writable", param_hint=option)
+    if os.path.lexists(target) and (target.is_dir() or not force):
+        what = "a directory" if target.is_dir() else "a file"
+        raise click.BadParameter(f"{path}: {what} already exists there; "
+                                 + ("choose a file name" if target.is_dir() else "pass --force to replace it"),
+                                 param_hint=option)
+
+
+def check_outputs(input_path: str, output_path: str | None, plot_path: str | None, attention: bool,
+                  force: bool) -> None:
+    """Refuse unusable --output / --plot paths before any decoding."""
+    if output_path:
+        check_output_path(output_path, "'--output'", OUTPUT_SUFFIXES, force)
+        if Path(output_path).suffix.lower() == ".npy" and attention:
+            raise click.BadParameter("a .npy file holds one array; use .json or .npz with --attention",
+                                     param_hint="'--output'")
+    if plot_path:
+        check_output_path(plot_path, "'--plot'", PLOT_SUFFIXES, force)
+        from .plot import require_matplotlib
+
+        require_matplotlib()
+    named = [p for p in (output_path, plot_path) if p]
+    resolved = [Path(p).resolve() for p in named]
+    if len(set(resolved)) < len(resolved):
+        raise click.BadParameter(f"--output and --plot both name {named[0]}; give them different files")
+    if input_path != "-" and Path(input_path).resolve() in resolved:
+        raise click.BadParameter(f"{input_path} is the --input file; write results to another file")
+
+
+def write_atomically(path: str, write: Callable[[Any], None]) -> None:
+    """Write through a temporary sibling and rename, so a failure never leaves half a file."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_output(path: str, outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> None:
     """Write results as .json, .npy (outputs only) or .npz."""
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
-        Path(path).write_text(json.dumps(as_json(outputs, attention, providers)) + "\n", encoding="utf-8")
+        text = json.dumps(as_json(outputs, attention, providers)) + "\n"
+        write_atomically(path, lambda f: f.write(text.encode("utf-8")))
     elif suffix == ".npy":
-        np.save(path, outputs)
+        write_atomically(path, lambda f: np.save(f, outputs))
     else:
-        np.savez(path, outputs=outputs, **({} if attention is None else {"attention": attention}))
+        arrays = {"outputs": outputs, **({} if attention is None else {"attention": attention})}
+        write_atomically(path, lambda f: np.savez(f, **arrays))
 
 
 def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> dict[str, Any]:
@@ -91,31 +183,41 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
     return doc
 
 
+def check_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
+    if value is None:
+        return None
+    from .sessions import max_threads
+
+    if not 1 <= value <= max_threads():
+        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this process may use; more threads "
+                                 f"only contend for them), got {value}")
+    return value
+
+
 @click.command()
-@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--input", "input_path", required=True, type=click.Path(allow_dash=True, dir_okay=False),
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--input", "input_path", required=True, type=click.Path(exists=True, allow_dash=True, dir_okay=False),
               help="Sources: .npy (N, L, F), .npz with 'source' [and 'source_mask'], .json nested lists or "
                    "{'source': ..., 'source_mask': ...}; '-' reads JSON from stdin.")
-@click.option("--target-len", type=int, default=None, help="Points to decode (default: the model's target_len).")
+@click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+              help="Points to decode (default: the model's target_len).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider; 'cuda' fails clearly where CUDA cannot run.")
 @click.option("--attention", is_flag=True, help="Also return the attention weights.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
               help="Write results to FILE.json, FILE.npy or FILE.npz instead of stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Draw sources, predictions and attention to FILE.png (needs matplotlib).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="onnxruntime intra-op threads.")
+              help="Draw the first items' sources, predictions and attention to FILE.png (needs matplotlib).")
+@click.option("--threads", type=int, default=None, callback=check_threads,
+              help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
+@click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
 def infer(model_dir: Path, input_path: str, target_len: int | None, provider: str, attention: bool,
-          output_path: str | None, plot_path: str | None, threads: int | None) -> None:
+          output_path: str | None, plot_path: str | None, threads: int | None, force: bool) -> None:
     """Decode the sources in --input with the exported model in MODEL_DIR."""
     from .model import Seq2Seq
 
-    if output_path:
-        check_output_name(output_path, attention)
-    if plot_path:
-        from .plot import require_matplotlib
-
-        require_matplotlib()
+    check_outputs(input_path, output_path, plot_path, attention, force)
     source, mask = read_input(input_path)
     try:
         model = Seq2Seq.load(model_dir, provider=provider, threads=threads)
@@ -123,9 +225,11 @@ def infer(model_dir: Path, input_path: str, target_len: int | None, provider: st
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     if plot_path:
-        from .plot import plot_predictions
+        from .plot import plot_predictions, shown_items
 
-        plot_predictions(np.asarray(source, dtype=np.float32), outputs, alphas, plot_path)
+        points = np.asarray(source, dtype=np.float32)  # already checked by predict
+        write_atomically(plot_path, lambda f: plot_predictions(points, outputs, alphas, f))
+        click.echo(f"wrote {plot_path} (items {shown_items(len(outputs))} of {len(outputs)})", err=True)
     kept = alphas if attention else None
     if output_path:
         write_output(output_path, outputs, kept, model.providers)

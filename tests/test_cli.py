@@ -118,7 +118,7 @@ def test_plot_without_matplotlib_names_the_extra_before_any_work(pipeline, tmp_p
     ("[[[1.0, 2.0, 3.0]]]", ["source: expected shape (batch, source_len, 2)"]),
     ("[[[1.0, NaN]]]", ["NaN or Inf"]),
     ("not json", ["--input", "not valid JSON"]),
-    ('{"points": []}', ["'source' key"]),
+    ('{"points": []}', ["understood keys are ['source', 'source_mask']"]),
 ])
 def test_infer_bad_input_is_one_line_and_non_zero(pipeline, payload, fragments):
     _, _, model = pipeline
@@ -129,8 +129,9 @@ def test_infer_bad_input_is_one_line_and_non_zero(pipeline, payload, fragments):
 
 def test_infer_bad_target_len_and_missing_model(pipeline, tmp_path):
     _, _, model = pipeline
-    assert_user_error(cli("infer", model, "--input", "-", "--target-len", "0", stdin="[[[0.0, 0.0]]]"), "target_len")
-    assert_user_error(cli("infer", tmp_path / "nope", "--input", "-", stdin="[[[0.0, 0.0]]]"), "no manifest")
+    assert_user_error(cli("infer", model, "--input", "-", "--target-len", "0", stdin="[[[0.0, 0.0]]]"),
+                      "--target-len", "0 is not in the range 1<=x<=10000")
+    assert_user_error(cli("infer", tmp_path / "nope", "--input", "-", stdin="[[[0.0, 0.0]]]"), "does not exist")
 
 
 def test_infer_refuses_a_bad_output_name_before_work(pipeline, tmp_path):
