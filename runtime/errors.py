@@ -20,3 +20,20 @@ class InputError(Seq2OnnxError, ValueError):
 
 class ProviderError(Seq2OnnxError, RuntimeError):
     """The requested execution provider cannot run on this machine or install."""
+
+
+BRIEF_CHARS = 200  # longest repr of a caller's value quoted in a message: a long path fits, a big array does not
+
+
+def one_line(text: object) -> str:
+    """Text (a numpy repr, an onnxruntime error) folded onto one line."""
+    return " ".join(line.strip() for line in str(text).splitlines())
+
+
+def brief(value: object) -> str:
+    """A one-line repr of a caller's value, cut to BRIEF_CHARS, for error messages."""
+    try:
+        text = one_line(repr(value))
+    except Exception:  # a caller's object whose __repr__ fails still gets named
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 3] + "..."

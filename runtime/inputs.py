@@ -7,25 +7,39 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, brief, one_line
 from .spec import ModelSpec
 
 MAX_TARGET_LEN = 10_000
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger finite values become inf in float32
+FLOAT32_RANGE = f"±{FLOAT32_MAX:.1e}".replace("e+", "e")  # '±3.4e38'
+NUMBER_KINDS = "fiu"  # float, signed and unsigned int: JSON has no int/float distinction, all are cast to float32
+MASK_VALUES = (0, 1)
 
 
 def _describe(arr: np.ndarray) -> str:
     return f"shape {tuple(arr.shape)} dtype {arr.dtype}"
 
 
+def _as_array(value: Any, name: str, expected: str) -> np.ndarray:
+    """np.asarray, with ragged or too-deeply-nested lists (and numbers numpy cannot hold) as InputError."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise InputError(
+            f"{name}: expected {expected}; got {brief(value)}, which numpy cannot turn into an array "
+            f"({one_line(exc)}); pass nested lists of equal lengths or a numpy array"
+        ) from None
+
+
 def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     """Return source as a C-contiguous float32 (N, L, F) array, or raise InputError."""
-    try:
-        arr = np.asarray(source)
-    except (ValueError, TypeError) as exc:  # ragged nested lists
-        raise InputError(f"source: expected a numeric array of shape (N, L, {spec.n_features}); {exc}") from None
-    if arr.dtype.kind != "f":
+    arr = _as_array(source, "source", f"a numeric array of shape (N, L, {spec.n_features})")
+    if arr.dtype.kind not in NUMBER_KINDS:
+        hint = " (mixed types, or integers beyond int64)" if arr.dtype.kind == "O" else ""
         raise InputError(
-            f"source: expected floating-point values (float32, or float64/float16 which are cast), got {_describe(arr)}"
+            f"source: expected floating-point or integer values (cast to float32), got {_describe(arr)}{hint}; "
+            "pass numbers, not bool, complex, text, dates or objects"
         )
     if arr.ndim != 3 or arr.shape[2] != spec.n_features:
         raise InputError(
@@ -34,12 +48,26 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
         )
     if arr.shape[1] < 1:
         raise InputError(f"source: expected source_len >= 1, got {_describe(arr)}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        item = int(np.argwhere(~finite)[0][0])
-        raise InputError(f"source: expected finite values, got NaN or Inf (first in batch item {item})")
-    return arr
+    with np.errstate(over="ignore"):  # overflow is reported below, by value and batch item
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    _check_finite(arr, out)
+    return out
+
+
+def _check_finite(given: np.ndarray, cast: np.ndarray) -> None:
+    """Refuse NaN/Inf, and finite values that overflow float32, naming the first one's batch item."""
+    bad = ~np.isfinite(cast)
+    if not bad.any():
+        return
+    index = tuple(np.argwhere(bad)[0])
+    value, item = given[index], int(index[0])
+    if np.isfinite(value):
+        shown = f"{float(value):g}" if np.isfinite(float(value)) else str(value)  # longdouble beyond float64
+        raise InputError(
+            f"source: value {shown} in batch item {item} exceeds the float32 range "
+            f"({FLOAT32_RANGE}) the model computes in; scale the data into range"
+        )
+    raise InputError(f"source: expected finite values, got NaN or Inf (first in batch item {item})")
 
 
 def check_target_len(target_len: Any, spec: ModelSpec) -> int:
@@ -47,29 +75,49 @@ def check_target_len(target_len: Any, spec: ModelSpec) -> int:
     if target_len is None:
         return spec.target_len
     if isinstance(target_len, bool) or not isinstance(target_len, numbers.Integral):
-        raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}], got {target_len!r}")
+        raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}] or None, got {brief(target_len)}")
     if not 1 <= int(target_len) <= MAX_TARGET_LEN:
         raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}], got {int(target_len)}")
     return int(target_len)
 
 
 def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
-    """Return a bool (N, 1, L) mask: all True when None; (N, L) is accepted too."""
+    """Return a bool (N, 1, L) mask: all True when None; (N, L) and 0/1 ints or floats are accepted too."""
     n, length = source.shape[:2]
     if source_mask is None:
         return np.ones((n, 1, length), dtype=bool)
-    mask = np.asarray(source_mask)
-    if mask.dtype != bool and mask.dtype.kind not in "iu":
-        raise InputError(f"source_mask: expected bool or 0/1 integers, got {_describe(mask)}")
+    mask = _as_array(source_mask, "source_mask", f"a bool or 0/1 array of shape ({n}, 1, {length})")
+    if mask.dtype != bool and mask.dtype.kind not in NUMBER_KINDS:
+        raise InputError(f"source_mask: expected bool or 0/1 numbers, got {_describe(mask)}; pass True/False or 1/0")
     if mask.shape == (n, length):
         mask = mask[:, None, :]  # (N, 1, L)
     if mask.shape != (n, 1, length):
         raise InputError(f"source_mask: expected shape ({n}, 1, {length}) to match source, got {_describe(mask)}")
     if mask.dtype != bool:
-        if not np.isin(mask, (0, 1)).all():
-            raise InputError("source_mask: expected only 0 and 1 values, got others")
+        valid = np.isin(mask, MASK_VALUES)
+        if not valid.all():
+            index = tuple(np.argwhere(~valid)[0])
+            raise InputError(
+                f"source_mask: expected only 0 and 1 values, got {brief(mask[index].item())} in item {int(index[0])}; "
+                "use 1 for a real point and 0 for padding"
+            )
         mask = mask.astype(bool)
     empty = ~mask.any(axis=-1).ravel()
     if n and empty.any():
-        raise InputError(f"source_mask: every item needs at least one valid position; item {int(np.argmax(empty))} has none")
+        raise InputError(
+            f"source_mask: every item needs at least one valid position; item {int(np.argmax(empty))} has none"
+        )
     return np.ascontiguousarray(mask)
+
+
+def check_outputs(source: np.ndarray, outputs: np.ndarray, attention: np.ndarray | None) -> None:
+    """Finite inputs can still overflow inside the model (e.g. 1e30 everywhere): refuse rather than return NaN."""
+    bad = np.zeros(len(outputs), dtype=bool)  # (N,)
+    for arr in (outputs, attention) if attention is not None else (outputs,):
+        bad |= ~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)  # (N,)
+    if bad.any():
+        item = int(np.argmax(bad))
+        raise InputError(
+            f"source: batch item {item} (largest |value| {float(np.abs(source[item]).max()):.3g}) made the model's "
+            "outputs overflow to NaN/Inf; the values are far outside the range it was trained on, scale them down"
+        )

@@ -1,17 +1,18 @@
 """`Seq2Seq`: a loaded, checked, thread-safe exported model with one `predict` call."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY
+from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, SPEC_KEY
 from .decode import greedy_decode
-from .errors import IntegrityError, InputError
-from .inputs import check_mask, check_source, check_target_len
+from .errors import IntegrityError, InputError, brief, one_line
+from .inputs import check_mask, check_outputs, check_source, check_target_len
 from .manifest import Manifest, read_manifest
-from .sessions import open_session, read_graph, session_io
+from .sessions import check_threads, open_session, read_graph, requested_providers, session_io
 from .spec import ModelSpec
 
 
@@ -29,16 +30,16 @@ class Seq2Seq:
 
     @classmethod
     def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None) -> "Seq2Seq":
-        """Load an export directory, verifying version, hashes, graph I/O and export id."""
-        path = Path(path)
+        """Load an export directory, verifying version, hashes, graph I/O, spec and export id."""
+        threads = check_threads(threads)  # arguments first: nothing is read for a call that cannot succeed
+        requested_providers(provider)
+        path = _model_dir(path)
         manifest = read_manifest(path)
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise InputError(f"threads: expected a positive int or None, got {threads!r}")
         sessions = {}
         for name, entry in manifest.graphs.items():
             data = read_graph(path, name, entry["sha256"])
             session = open_session(data, provider, threads, str(path / name))
-            _check_session(session, entry, manifest.export_id, path / name)
+            _check_session(session, entry, manifest, path / name)
             sessions[name] = session
         return cls(manifest, sessions, path)
 
@@ -63,15 +64,16 @@ class Seq2Seq:
             outputs, attention = self._empty(src, steps)
         else:
             outputs, attention = greedy_decode(self.run_encoder, self.run_step, self.step_inputs, src, mask, steps)
+            check_outputs(src, outputs, attention)
         return (outputs, attention) if return_attention else outputs
 
     def run_encoder(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Graph-level access for parity tools: the encoder graph on a checked-by-caller feed."""
-        return dict(zip(self._encoder_outputs, self._encoder.run(self._encoder_outputs, feed)))
+        return dict(zip(self._encoder_outputs, _run(self._encoder, self._encoder_outputs, feed, ENCODER_FILE)))
 
     def run_step(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Graph-level access for parity tools: one decoder step on a checked-by-caller feed."""
-        return dict(zip(self._step_outputs, self._step.run(self._step_outputs, feed)))
+        return dict(zip(self._step_outputs, _run(self._step, self._step_outputs, feed, DECODER_STEP_FILE)))
 
     def _empty(self, src: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Batch 0: the right shapes, nothing run."""
@@ -85,16 +87,57 @@ class Seq2Seq:
         return f"Seq2Seq(path={str(self.path)!r}, attention={self.spec.attention!r}, providers={self.providers})"
 
 
+def _model_dir(path: Any) -> Path:
+    """The caller's model directory as a Path; anything that cannot name one is an InputError."""
+    try:
+        model_dir = Path(path)
+    except TypeError:
+        model_dir = None
+    if model_dir is None or "\0" in str(model_dir):
+        raise InputError(f"path: expected a str or os.PathLike naming a model directory, got {brief(path)}")
+    return model_dir
 
-def _check_session(session: Any, entry: dict[str, Any], export_id: str, where: Path) -> None:
-    """The graph's I/O must be the manifest's, and it must carry this export's id."""
+
+def _run(session: Any, outputs: list[str], feed: dict[str, np.ndarray], name: str) -> list[np.ndarray]:
+    """session.run, with onnxruntime's untyped failures (memory for a huge batch, a bad hand-made feed) typed."""
+    try:
+        return session.run(outputs, feed)
+    except Exception as exc:
+        shapes = {k: tuple(getattr(v, "shape", ())) for k, v in feed.items()}
+        raise InputError(f"{name}: onnxruntime could not run on inputs of shapes {brief(shapes)} ({one_line(exc)}); "
+                         "pass a smaller batch or shorter sources") from None
+
+
+def _check_session(session: Any, entry: dict[str, Any], manifest: Manifest, where: Path) -> None:
+    """The graph's I/O must be the manifest's, and it must carry this export's id and spec."""
     actual = session_io(session)
     declared = {"inputs": entry["inputs"], "outputs": entry["outputs"]}
     if actual != declared:
         raise IntegrityError(f"{where}: graph inputs/outputs {actual} do not match the manifest's {declared}")
-    graph_id = session.get_modelmeta().custom_metadata_map.get(EXPORT_ID_KEY)
-    if graph_id != export_id:
+    metadata = session.get_modelmeta().custom_metadata_map
+    graph_id = metadata.get(EXPORT_ID_KEY)
+    if graph_id != manifest.export_id:
         raise IntegrityError(
-            f"{where}: graph belongs to export {graph_id!r}, the manifest to {export_id!r}; "
+            f"{where}: graph belongs to export {brief(graph_id)}, the manifest to {manifest.export_id!r}; "
             "the directory mixes files from different exports, re-export the model"
+        )
+    _check_graph_spec(metadata.get(SPEC_KEY), manifest, where)
+
+
+def _check_graph_spec(text: str | None, manifest: Manifest, where: Path) -> None:
+    """The spec the graph was exported with must be the manifest's (target_len, say, changes no I/O)."""
+    try:
+        graph_spec = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        graph_spec = None
+    if not isinstance(graph_spec, dict):
+        raise IntegrityError(f"{where}: graph metadata has no readable {SPEC_KEY!r}; re-export the model")
+    spec = manifest.spec.to_dict()
+    differ = sorted(k for k in spec.keys() | graph_spec.keys()  # a value or its JSON type: 1 is not 1.0 or true
+                    if type(graph_spec.get(k)) is not type(spec.get(k)) or graph_spec.get(k) != spec.get(k))
+    if differ:
+        pairs = ", ".join(f"{k}: graph {brief(graph_spec.get(k))}, manifest {brief(spec.get(k))}" for k in differ)
+        raise IntegrityError(
+            f"{where}: the manifest's spec differs from the one the graph was exported with ({pairs}); "
+            "manifest.json was edited, restore it or re-export the model"
         )

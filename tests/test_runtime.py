@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
 from runtime.errors import IntegrityError, InputError, ManifestError, ProviderError
 from runtime.inputs import MAX_TARGET_LEN
 from runtime.manifest import sha256_file
+from runtime.sessions import max_threads
 
 
 @pytest.fixture
@@ -28,6 +30,13 @@ def copy_of(tmp_path, exports):
 @pytest.fixture(scope="module")
 def dot(exports):
     return Seq2Seq.load(exports["dot"].path, provider="cpu")
+
+
+def nested(value, depth):
+    """value wrapped in `depth` more lists."""
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def edit_manifest(path, **changes):
@@ -81,7 +90,38 @@ def test_malformed_manifest_is_a_manifest_error(copy_of):
 def test_manifest_spec_that_disagrees_with_the_graphs_is_refused(copy_of):
     manifest = json.loads((copy_of / MANIFEST_FILE).read_text())
     edit_manifest(copy_of, spec={**manifest["spec"], "hidden_dim": 7})
-    with pytest.raises(ManifestError, match="does not match the spec"):
+    with pytest.raises(ManifestError, match=r"encoder.onnx output 'hidden': manifest declares \[1, 'batch', 5\], "
+                                            r"the spec \(hidden_dim=7\) implies \[1, 'batch', 7\]; .* re-export"):
+        Seq2Seq.load(copy_of)
+
+
+def test_manifest_spec_edit_that_keeps_the_graph_io_is_refused(copy_of):
+    """target_len changes no graph input or output: only the spec in the graphs' metadata can catch it."""
+    manifest = json.loads((copy_of / MANIFEST_FILE).read_text())
+    edit_manifest(copy_of, spec={**manifest["spec"], "target_len": 5})
+    with pytest.raises(IntegrityError, match=r"spec differs .* \(target_len: graph 2, manifest 5\)"):
+        Seq2Seq.load(copy_of)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("sha256", 12, r"'sha256'\] must be 64 lowercase hex digits, got 12"),
+    ("inputs", ["source"], r"encoder.onnx inputs: manifest declares \['source'\]"),
+    ("inputs", {"source": ["batch", "source_len", 2.0], "source_mask": ["batch", 1, "source_len"]},
+     r"input 'source': manifest declares \['batch', 'source_len', 2.0\]"),
+    ("file", None, r"'file'\] is None, which is not a string"),
+])
+def test_mistyped_graph_entries_are_manifest_errors(copy_of, field, value, match):
+    manifest = json.loads((copy_of / MANIFEST_FILE).read_text())
+    manifest["graphs"][ENCODER_FILE][field] = value
+    (copy_of / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=match):
+        Seq2Seq.load(copy_of)
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1", [1], {"v": 1}])
+def test_format_version_must_be_the_int_itself(copy_of, version):
+    edit_manifest(copy_of, format_version=version)
+    with pytest.raises(ManifestError, match="format_version .* is not understood"):
         Seq2Seq.load(copy_of)
 
 
@@ -117,22 +157,99 @@ def test_auto_reports_the_providers_it_got(exports):
     assert model.spec == exports["dot"].spec
 
 
+# ---- load arguments -----------------------------------------------------------------------
+
+def test_max_threads_is_the_usable_cpu_count():
+    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert max_threads() == expected >= 1
+
+
+def test_threads_up_to_the_cpu_count_load(exports):
+    model = Seq2Seq.load(exports["dot"].path, provider="cpu", threads=max_threads())
+    assert model.predict(source_batch(1, 2)).shape == (1, 2, 2)
+
+
+def test_threads_beyond_the_cpu_count_are_refused_before_reading_anything(tmp_path):
+    too_many = max_threads() + 1
+    message = rf"threads: {too_many} is more than the {max_threads()} CPUs .* oversubscribes"
+    with pytest.raises(InputError, match=message):
+        Seq2Seq.load(tmp_path / "no-such-model", threads=too_many)  # not a ManifestError: nothing was read
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_thread_counts_are_refused(exports, bad):
+    with pytest.raises(InputError, match="threads: expected a positive int or None"):
+        Seq2Seq.load(exports["dot"].path, threads=bad)
+
+
+@pytest.mark.parametrize("bad", [3, None, b"artifacts/squares", ["model"], "model\0dir"])
+def test_a_path_that_is_not_a_path_is_an_input_error(bad):
+    with pytest.raises(InputError, match="path: expected a str or os.PathLike"):
+        Seq2Seq.load(bad)
+
+
 # ---- inputs -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad,match", [
     (np.zeros((3, 2), np.float32), r"source: expected shape \(batch, source_len, 2\).*source\[None\]"),
     (np.zeros((1, 2, 3), np.float32), r"source: expected shape .* got shape \(1, 2, 3\)"),
     (np.zeros((1, 0, 2), np.float32), r"source_len >= 1"),
-    (np.zeros((1, 2, 2), np.int64), r"source: expected floating-point .* int64"),
     (np.array([[[1.0, "a"]]], dtype=object), r"source: expected floating-point .* object"),
-    (np.array([[["1", "2"]]]), r"source: expected floating-point"),
-    ([[[1.0, 2.0], [3.0]]], r"source: expected a numeric array"),
+    (np.array([[["1", "2"]]]), r"source: expected floating-point or integer .* dtype <U1"),
+    (np.ones((1, 2, 2), bool), r"source: expected floating-point or integer .* dtype bool"),
+    (np.ones((1, 2, 2), complex), r"dtype complex128"),
+    (np.zeros((1, 2, 2), "datetime64[s]"), r"dtype datetime64\[s\]"),
+    ([[[10**30, 1]]], r"dtype object \(mixed types, or integers beyond int64\)"),
+    ([[[1.0, 2.0], [3.0]]], r"source: expected a numeric array .* numpy cannot turn into an array"),
+    (nested([[1.0, 2.0]], 70), r"source: expected a numeric array .* numpy cannot turn into an array"),
     (np.array([[[0.0, 1.0]], [[np.nan, 0.0]]], np.float32), r"NaN or Inf \(first in batch item 1\)"),
     (np.array([[[np.inf, 1.0]]]), r"NaN or Inf"),
+    ([[[0.0, 0.0]], [[0.0, 1e40]]], r"value 1e\+40 in batch item 1 exceeds the float32 range \(±3.4e38\)"),
+    (np.array([[[-1e39, 0.0]]]), r"value -1e\+39 in batch item 0 exceeds the float32 range"),
 ])
 def test_bad_sources_are_refused_by_name(dot, bad, match):
-    with pytest.raises(InputError, match=match):
+    """Each message names source, what was expected and what was given, on one line."""
+    with pytest.raises(InputError, match=match) as info:
         dot.predict(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_integer_sources_decode_exactly_like_floats(dot):
+    """JSON has no int/float distinction: [[[-1,-1],[-1,1]]] is the same request as its float spelling."""
+    expected = dot.predict([[[-1.0, -1.0], [-1.0, 1.0]]])
+    np.testing.assert_array_equal(dot.predict([[[-1, -1], [-1, 1]]]), expected)
+    for dtype in (np.int8, np.int32, np.int64):
+        np.testing.assert_array_equal(dot.predict(np.array([[[-1, -1], [-1, 1]]], dtype)), expected)
+    np.testing.assert_array_equal(dot.predict(np.array([[[0, 3], [2, 1]]], np.uint8)),
+                                  dot.predict([[[0.0, 3.0], [2.0, 1.0]]]))
+
+
+def test_outputs_that_overflow_inside_the_model_are_an_input_error(exports):
+    """A model whose step overflows (large weights, extreme inputs) raises rather than returning NaN."""
+    model = Seq2Seq.load(exports["dot"].path, provider="cpu")
+    step = model.run_step
+
+    def overflowing(feed):
+        result = step(feed)
+        result["output"][1] = np.nan  # item 1 overflowed
+        return result
+
+    model.run_step = overflowing
+    message = r"batch item 1 \(largest \|value\| 3e\+38\) made the model's outputs overflow"
+    with pytest.raises(InputError, match=message):
+        model.predict(np.array([[[0.0, 1.0]], [[3e38, 1.0]]]))
+
+
+def test_graph_level_calls_turn_onnxruntime_failures_into_input_errors(dot):
+    """run_encoder/run_step are fed by parity tools, unchecked: onnxruntime's own errors still come back typed."""
+    feed = {"source": np.zeros((1, 2, 3), np.float32), "source_mask": np.ones((1, 1, 2), bool)}  # 3 features, not 2
+    with pytest.raises(InputError, match=r"encoder.onnx: onnxruntime could not run on inputs of shapes .*\(1, 2, 3\)"):
+        dot.run_encoder(feed)
+
+
+def test_float32_extremes_are_accepted(dot):
+    out = dot.predict(np.array([[[3.4e38, -3.4e38], [1e-45, 0.0]]]))
+    assert out.dtype == np.float32 and np.isfinite(out).all()
 
 
 @pytest.mark.parametrize("bad", [0, -1, MAX_TARGET_LEN + 1, 2.5, True, "3"])
@@ -143,8 +260,12 @@ def test_bad_target_len_is_refused(dot, bad):
 
 @pytest.mark.parametrize("mask,match", [
     (np.ones((2, 1, 3), bool), r"source_mask: expected shape \(2, 1, 2\)"),
-    (np.ones((2, 1, 2), np.float32), r"source_mask: expected bool or 0/1 integers"),
+    (np.full((2, 1, 2), 0.5, np.float32), r"source_mask: expected only 0 and 1 values, got 0.5 in item 0"),
+    (np.array([[[1.0, np.nan]], [[1.0, 1.0]]]), r"got nan in item 0"),
+    (np.full((2, 1, 2), "1"), r"source_mask: expected bool or 0/1 numbers, got shape \(2, 1, 2\) dtype <U1"),
+    (np.full((2, 1, 2), 1 + 0j), r"source_mask: expected bool or 0/1 numbers, .* complex128"),
     (np.full((2, 1, 2), 2, np.int64), r"only 0 and 1"),
+    ([[1, 1], [1]], r"source_mask: expected a bool or 0/1 array .* numpy cannot turn into an array"),
     (np.array([[[1, 1]], [[0, 0]]]), r"item 1 has none"),
 ])
 def test_bad_masks_are_refused(dot, mask, match):
@@ -152,12 +273,15 @@ def test_bad_masks_are_refused(dot, mask, match):
         dot.predict(source_batch(2, 2), source_mask=mask)
 
 
-def test_int_mask_and_2d_mask_equal_bool_mask(dot):
+def test_int_float_and_2d_masks_equal_bool_mask(dot):
     source = source_batch(2, 3)
     mask = np.array([[[1, 1, 0]], [[1, 1, 1]]])
     expected = dot.predict(source, source_mask=mask.astype(bool))
     np.testing.assert_array_equal(dot.predict(source, source_mask=mask), expected)
     np.testing.assert_array_equal(dot.predict(source, source_mask=mask[:, 0]), expected)
+    np.testing.assert_array_equal(dot.predict(source, source_mask=mask.astype(np.float32)), expected)
+    np.testing.assert_array_equal(dot.predict(source, source_mask=mask.tolist()), expected)
+    np.testing.assert_array_equal(dot.predict(source, source_mask=(mask * 1.0).tolist()), expected)  # JSON 1.0
 
 
 def test_float64_and_non_contiguous_sources_are_accepted(dot):
