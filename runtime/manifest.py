@@ -3,13 +3,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .contract import MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, graph_io
-from .errors import ManifestError
+from .errors import ManifestError, Seq2OnnxError, brief
 from .spec import ModelSpec, SpecError
+
+MAX_MANIFEST_BYTES = 16 << 20  # 16 MiB: ours are a few KiB, parity report included; more is not a manifest
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# O_NOFOLLOW: a link swapped in after the lstat check still fails; O_NONBLOCK: opening a FIFO cannot hang.
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -36,36 +44,149 @@ class Manifest:
     raw: dict[str, Any]
 
 
-def read_manifest(model_dir: Path) -> Manifest:
-    """Load `model_dir/manifest.json`, refusing unknown versions and malformed content."""
-    path = Path(model_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise ManifestError(f"{path}: no manifest found; expected a directory written by `seq2onnx export`")
+def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError], missing: str) -> bytes:
+    """A regular file's bytes, at most max_bytes; a link, FIFO, device, directory or larger file raises `error`."""
+    if path.is_symlink():
+        raise error(f"{path}: is a symbolic link; a model's files must be regular files inside its directory, "
+                    "copy the real file in place of the link")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+        fd = os.open(path, OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        raise error(f"{path}: {missing}") from None
+    except (OSError, ValueError) as exc:  # permissions, a link raced in (ELOOP), a NUL byte in the path
+        raise error(f"{path}: cannot be opened ({exc}); check the path and its permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{path}: is not a regular file (mode {stat.filemode(mode)}); "
+                        "a model's files must be regular files, re-export the model")
+        data = _read_at_most(fd, max_bytes + 1, path, error)  # never more: the file may be huge, or growing
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise error(f"{path}: larger than the {max_bytes}-byte limit; this is not a file seq2onnx wrote, "
+                    "re-export the model")
+    return data
+
+
+def _read_at_most(fd: int, limit: int, path: Path, error: type[Seq2OnnxError]) -> bytes:
+    """Up to `limit` bytes from an open file; an I/O error raises `error`."""
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc}); check the disk and re-export the model") from None
+
+
+def read_manifest(model_dir: Path) -> Manifest:
+    """Load `model_dir/manifest.json`, refusing unknown versions and malformed content (every field read is checked)."""
+    path = Path(model_dir) / MANIFEST_FILE
+    raw = _load_json(path)
     version = raw.get("format_version")
-    if version not in SUPPORTED_FORMAT_VERSIONS:
+    if isinstance(version, bool) or not isinstance(version, int) or version not in SUPPORTED_FORMAT_VERSIONS:
         raise ManifestError(
-            f"{path}: format_version {version!r} is not understood by this runtime; "
+            f"{path}: format_version {brief(version)} is not understood by this runtime; "
             f"understood versions: {list(SUPPORTED_FORMAT_VERSIONS)} (upgrade seq2onnx or re-export the model)"
         )
     try:
         spec = ModelSpec.from_dict(raw.get("spec"))
     except SpecError as exc:
-        raise ManifestError(f"{path}: {exc}") from None
-    graphs, export_id = raw.get("graphs"), raw.get("export_id")
+        raise ManifestError(f"{path}: {exc}; re-export the model") from None
+    graphs = _read_graphs(path, raw.get("graphs"), spec)
+    export_id = raw.get("export_id")
+    if not isinstance(export_id, str) or not export_id:
+        raise ManifestError(
+            f"{path}: 'export_id' must be a non-empty string, got {brief(export_id)}; re-export the model"
+        )
+    return Manifest(spec=spec, graphs=graphs, export_id=export_id, raw=raw)
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    """The manifest's top-level JSON object."""
+    data = read_regular_file(path, MAX_MANIFEST_BYTES, ManifestError,
+                             "no manifest found; expected a directory written by `seq2onnx export`")
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, or an int of more than 4300 digits
+        raise ManifestError(f"{path}: not valid JSON ({exc}); re-export the model") from None
+    except RecursionError:
+        raise ManifestError(f"{path}: not a manifest (JSON nested too deeply to read); re-export the model") from None
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path}: expected a JSON object, got {type(raw).__name__}; re-export the model")
+    return raw
+
+
+def _read_graphs(path: Path, graphs: Any, spec: ModelSpec) -> dict[str, dict[str, Any]]:
+    """Check each graph entry against what the spec implies; return them rebuilt from checked values."""
     expected = graph_io(spec)
     if not isinstance(graphs, dict) or sorted(graphs) != sorted(expected):
         got = sorted(graphs) if isinstance(graphs, dict) else graphs
-        raise ManifestError(f"{path}: 'graphs' must list {sorted(expected)}, got {got!r}")
-    for name, entry in graphs.items():
-        declared = {"inputs": entry.get("inputs"), "outputs": entry.get("outputs")} if isinstance(entry, dict) else None
-        if declared != expected[name] or not isinstance(entry.get("sha256"), str):
-            raise ManifestError(f"{path}: entry for {name!r} does not match the spec's graph I/O or lacks a sha256")
-    if not isinstance(export_id, str) or not export_id:
-        raise ManifestError(f"{path}: 'export_id' must be a non-empty string, got {export_id!r}")
-    return Manifest(spec=spec, graphs=graphs, export_id=export_id, raw=raw)
+        raise ManifestError(f"{path}: 'graphs' must list {sorted(expected)}, got {brief(got)}; re-export the model")
+    out = {}
+    for name, io in expected.items():
+        entry = graphs[name]
+        if not isinstance(entry, dict):
+            raise ManifestError(
+                f"{path}: graphs[{name!r}] must be a JSON object, got {brief(entry)}; re-export the model"
+            )
+        _check_file(path, name, entry.get("file"))
+        sha = entry.get("sha256")
+        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
+            raise ManifestError(f"{path}: graphs[{name!r}]['sha256'] must be 64 lowercase hex digits, "
+                                f"got {brief(sha)}; re-export the model")
+        for kind in ("inputs", "outputs"):
+            _check_io(path, name, kind, entry.get(kind), io[kind], spec)
+        out[name] = {"file": name, "sha256": sha, **io}
+    return out
+
+
+def _check_file(path: Path, name: str, file: Any) -> None:
+    """An entry's file must be its graph's own plain name: nothing outside the model directory is ever read."""
+    if isinstance(file, str) and file == name:
+        return
+    if not isinstance(file, str):
+        reason = "is not a string"
+    elif os.path.isabs(file) or file.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", file):
+        reason = "is an absolute path"
+    elif ".." in file:
+        reason = "contains '..'"
+    elif "/" in file or "\\" in file:
+        reason = "contains a path separator"
+    else:
+        reason = "differs from the graph's name"
+    raise ManifestError(
+        f"{path}: graphs[{name!r}]['file'] is {brief(file)}, which {reason}; expected {name!r}, a plain file name "
+        "inside the model directory (files elsewhere are never read); re-export the model"
+    )
+
+
+def _check_io(path: Path, graph: str, kind: str, declared: Any, implied: dict[str, list[Any]], spec: ModelSpec) -> None:
+    """Declared input/output names and dims must be exactly those the spec implies (types too: 1, not true or 1.0)."""
+    if not isinstance(declared, dict) or sorted(declared) != sorted(implied):
+        got = sorted(declared) if isinstance(declared, dict) else declared
+        raise ManifestError(
+            f"{path}: {graph} {kind}: manifest declares {brief(got)}, the spec implies {sorted(implied)}; "
+            "the spec or the entry was edited, re-export the model"
+        )
+    for io_name, dims in implied.items():
+        given = declared[io_name]
+        if not _same_dims(given, dims):
+            raise ManifestError(
+                f"{path}: {graph} {kind[:-1]} {io_name!r}: manifest declares {brief(given)}, the spec"
+                f"{_fields_behind(spec, dims, given)} implies {dims}; the spec or the entry was edited, "
+                "re-export the model"
+            )
+
+
+def _same_dims(given: Any, dims: list[Any]) -> bool:
+    """Equal lists with equal element types (JSON true == 1 == 1.0 in Python; not here)."""
+    return isinstance(given, list) and len(given) == len(dims) and all(
+        type(g) is type(d) and g == d for g, d in zip(given, dims))
+
+
+def _fields_behind(spec: ModelSpec, dims: list[Any], given: Any) -> str:
+    """' (hidden_dim=6)': the spec fields whose values are the implied sizes the manifest got wrong."""
+    given = given if isinstance(given, list) and len(given) == len(dims) else [None] * len(dims)
+    wrong = {d for d, g in zip(dims, given) if isinstance(d, int) and not (type(g) is int and g == d)}
+    fields = [f"{k}={v}" for k, v in spec.to_dict().items() if type(v) is int and v in wrong]
+    return f" ({', '.join(fields)})" if fields else ""

@@ -1,23 +1,66 @@
-"""onnxruntime sessions: provider choice that tells the truth, and graph I/O checks."""
+"""onnxruntime sessions: thread bounds, provider choice that tells the truth, and graph files read safely."""
 from __future__ import annotations
 
+import numbers
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import onnxruntime as ort
 
-from .errors import IntegrityError, ProviderError
-from .manifest import sha256_bytes
+from .errors import IntegrityError, InputError, ProviderError, brief, one_line
+from .manifest import read_regular_file, sha256_bytes
 
 PROVIDERS = ("auto", "cpu", "cuda")
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+MAX_GRAPH_BYTES = (2 << 30) - 1  # protobuf cannot parse a larger message; larger models need external data
+
+# External data: onnxruntime 1.31, given a graph as bytes, resolves a tensor's external-data location against the
+# process's current directory and reads it (it refuses only absolute paths and '..'), so a graph could pull in any
+# file beside the service. No session option forbids external data, so read_graph scans the protobuf itself and
+# refuses any tensor that is not stored inline. Field numbers from onnx.proto, for every message on a path from
+# ModelProto to a TensorProto (subgraphs of If/Loop, Constant values, functions and sparse tensors included).
+SUBMESSAGES: dict[str, dict[int, str]] = {
+    "model": {7: "graph", 20: "training_info", 25: "function"},
+    "training_info": {1: "graph", 2: "graph"},
+    "function": {7: "node", 11: "attribute"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse_tensor"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse_tensor", 23: "sparse_tensor"},
+    "sparse_tensor": {1: "tensor", 2: "tensor"},
+}
+TENSOR_NAME, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION, EXTERNAL = 8, 13, 14, 1
+MAX_NESTING = 100  # protobuf's own default recursion limit
+VARINT, LENGTH_DELIMITED, FIXED64, FIXED32 = 0, 2, 1, 5
+
+
+def max_threads() -> int:
+    """CPUs this process may run on: the most intra-op threads that do not oversubscribe the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_threads(threads: Any) -> int | None:
+    """None (onnxruntime decides) or a thread count between 1 and max_threads()."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
+        raise InputError(f"threads: expected a positive int or None, got {brief(threads)}")
+    threads = int(threads)
+    if threads > max_threads():
+        raise InputError(
+            f"threads: {threads} is more than the {max_threads()} CPUs this process may use; more intra-op threads "
+            f"than CPUs oversubscribes them and slows every call; pass at most {max_threads()}, or None"
+        )
+    return threads
 
 
 def requested_providers(provider: str) -> list[str]:
     """Translate 'auto' | 'cpu' | 'cuda' into an onnxruntime provider list."""
     if provider not in PROVIDERS:
-        raise ProviderError(f"provider: expected one of {PROVIDERS}, got {provider!r}")
+        raise ProviderError(f"provider: expected one of {PROVIDERS}, got {brief(provider)}")
     available = ort.get_available_providers()
     if provider == "cpu":
         return [CPU]
@@ -30,19 +73,98 @@ def requested_providers(provider: str) -> list[str]:
 
 
 def read_graph(model_dir: Path, file_name: str, expected_sha: str) -> bytes:
-    """Read a graph's bytes and check them against the manifest's sha256 before any parsing."""
+    """Read a graph's bytes, check them against the manifest's sha256, and refuse external data."""
     path = Path(model_dir) / file_name
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise IntegrityError(f"{path}: graph file listed in the manifest is missing; re-export the model") from None
+    if not path.is_symlink() and path.resolve().parent != Path(model_dir).resolve():  # links: refused below, by name
+        raise IntegrityError(f"{path}: resolves outside the model directory {model_dir}; re-export the model")
+    data = read_regular_file(path, MAX_GRAPH_BYTES, IntegrityError,
+                             "graph file listed in the manifest is missing; re-export the model")
     actual = sha256_bytes(data)
     if actual != expected_sha:
         raise IntegrityError(
             f"{path}: sha256 {actual[:16]}... does not match the manifest's {expected_sha[:16]}...; "
             "the file was altered or truncated, re-export the model"
         )
+    try:
+        external = external_tensor(data)
+    except ValueError as exc:
+        raise IntegrityError(f"{path}: not a valid ONNX protobuf ({exc}); re-export the model") from None
+    if external is not None:
+        raise IntegrityError(
+            f"{path}: {external} keeps its data in an external file; seq2onnx graphs store every tensor inline "
+            "and no file outside the graph is read, re-export the model"
+        )
     return data
+
+
+def external_tensor(data: bytes) -> str | None:
+    """Describe the first tensor in a serialized ModelProto whose data is external, or None when all are inline."""
+    stack = [("model", 0, len(data), 0)]  # (message kind, start, end, depth)
+    while stack:
+        kind, start, end, depth = stack.pop()
+        if kind == "tensor":
+            found = _external_in_tensor(data, start, end)
+            if found is not None:
+                return found
+            continue
+        if depth >= MAX_NESTING:
+            raise ValueError(f"messages nested deeper than {MAX_NESTING}")
+        children = SUBMESSAGES[kind]
+        for number, wire, first, stop in _fields(data, start, end):
+            if wire == LENGTH_DELIMITED and number in children:
+                stack.append((children[number], first, stop, depth + 1))
+    return None
+
+
+def _external_in_tensor(data: bytes, start: int, end: int) -> str | None:
+    """'tensor NAME (location LOC)' when a TensorProto has data_location EXTERNAL or external_data entries."""
+    name, location, external = "", None, False
+    for number, wire, first, stop in _fields(data, start, end):
+        if number == TENSOR_NAME and wire == LENGTH_DELIMITED:
+            name = data[first:stop].decode("utf-8", "replace")
+        elif number == TENSOR_EXTERNAL_DATA and wire == LENGTH_DELIMITED:
+            external = True
+            entry = {n: data[a:b].decode("utf-8", "replace")
+                     for n, w, a, b in _fields(data, first, stop) if w == LENGTH_DELIMITED}
+            location = entry.get(2) if entry.get(1) == "location" else location  # StringStringEntryProto key=1, value=2
+        elif number == TENSOR_DATA_LOCATION and wire == VARINT and first == EXTERNAL:
+            external = True
+    return f"tensor {brief(name)} (location {brief(location)})" if external else None
+
+
+def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, value or payload start, payload end) for each field of data[start:end]."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(data, pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == VARINT:
+            value, pos = _varint(data, pos, end)
+            yield number, wire, value, pos
+            continue
+        if wire == LENGTH_DELIMITED:
+            length, pos = _varint(data, pos, end)
+            first, pos = pos, pos + length
+        elif wire in (FIXED64, FIXED32):
+            first, pos = pos, pos + (8 if wire == FIXED64 else 4)
+        else:
+            raise ValueError(f"unsupported wire type {wire} before byte {pos}")
+        if pos > end:
+            raise ValueError(f"field {number} runs past the end of its message at byte {end}")
+        if wire == LENGTH_DELIMITED:
+            yield number, wire, first, pos
+
+
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode a base-128 varint at pos -> (value, next position)."""
+    value = shift = 0
+    while pos < end and shift < 70:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value, pos
+    raise ValueError(f"truncated or overlong varint before byte {end}")
 
 
 def open_session(data: bytes, provider: str, threads: int | None, name: str) -> ort.InferenceSession:
@@ -56,8 +178,12 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str) -> 
         session = ort.InferenceSession(data, sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own untyped errors
         if CUDA in providers:
-            raise ProviderError(f"{name}: onnxruntime could not start a session with {providers} ({exc})") from None
-        raise IntegrityError(f"{name}: onnxruntime could not load the graph ({exc})") from None
+            raise ProviderError(
+                f"{name}: onnxruntime could not start a session with {providers} ({one_line(exc)})"
+            ) from None
+        raise IntegrityError(
+            f"{name}: onnxruntime could not load the graph ({one_line(exc)}); re-export the model"
+        ) from None
     if provider == "cuda" and CUDA not in session.get_providers():
         raise ProviderError(
             f"provider 'cuda': onnxruntime-gpu is installed but CUDA could not start (no NVIDIA GPU, driver, "
