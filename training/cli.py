@@ -115,14 +115,17 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     from runtime.errors import Seq2OnnxError
     from runtime.spec import SpecError
 
-    from .checkpoint import CheckpointError
+    from .atomic import exclusive
+    from .checkpoint import CheckpointError, check_checkpoint_destination
     from .data import DataError
     from .destination import normalized
     from .trainer import ConfigError
 
     out = normalized(out if out is not None else default_out(opts["data"], opts["attention"]))
     try:
-        _run(ctx, opts, out, save_every, resume, force, quiet)
+        check_checkpoint_destination(out, force=force or resume)  # protected paths: refused before any lock file
+        with exclusive(out):  # one writer per --out for the whole run, its .partial state included
+            _run(ctx, opts, out, save_every, resume, force, quiet)
     except DataError as err:  # the file exists (checked above) but its content is unusable: exit 1, no usage
         raise click.ClickException(f"--data: {err}") from None
     except (CheckpointError, ConfigError, SpecError, Seq2OnnxError) as err:
