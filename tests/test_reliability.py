@@ -1,0 +1,433 @@
+"""The reliability table: bad inputs and faults across every CLI command and the Python API.
+
+Each row runs for real (a subprocess for the CLI) and asserts the exit code or exception type, a message that
+names the input and what was wrong, no traceback, and that nothing was lost: every directory involved hashes
+the same before and after. Exit codes follow the one scheme of `runtime.cli` (1 data/model, 2 usage).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_MODEL = ROOT / "artifacts" / "squares"
+SHIPPED_CHECKPOINT = ROOT / "artifacts" / "squares-checkpoint"
+USAGE, BAD_INPUT = 2, 1
+SQUARE = [[[-1, -1], [-1, 1]]]  # JSON integers: the shipped model's own example, without ".0"
+
+
+# ---- workspace: what every case may touch -------------------------------------------------------------------
+
+# The cases' HOME: onnxruntime writes a telemetry id under ~/.cache on import, which is not ours to judge.
+HOME = "home"
+
+
+def tree_hash(path: Path) -> dict[str, str]:
+    """{relative path: sha256 or 'dir'} of everything under `path` but the cases' HOME."""
+    out = {}
+    for item in sorted(path.rglob("*")):
+        rel = str(item.relative_to(path))
+        if rel.split(os.sep)[0] == HOME:
+            continue
+        out[rel] = "dir" if item.is_dir() else hashlib.sha256(item.read_bytes()).hexdigest()
+    return out
+
+
+def write(path: Path, data: str | bytes) -> None:
+    """Write text or bytes."""
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def npz(path: Path, **arrays: Any) -> None:
+    """Write an .npz with these arrays."""
+    np.savez(path, **arrays)
+
+
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    """Load, change in place and rewrite a JSON file."""
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _hidden_dim_3(meta: dict) -> None:
+    meta["spec"]["hidden_dim"] = 3
+
+
+def _format_99(meta: dict) -> None:
+    meta["format_version"] = 99
+
+
+def setup_workspace(case_dir: Path) -> None:
+    """Every case sees the same files: user data, a checkpoint, an export, and bad inputs of every kind."""
+    shutil.copytree(SHIPPED_MODEL, case_dir / "model")
+    shutil.copytree(SHIPPED_CHECKPOINT, case_dir / "ckpt", ignore=shutil.ignore_patterns("train_state.pt"))
+    (case_dir / "userdata").mkdir()
+    write(case_dir / "userdata" / "notes.txt", "the user's own notes\n")
+    shutil.copytree(case_dir / "ckpt", case_dir / "ckpt_plus")
+    write(case_dir / "ckpt_plus" / "extra.txt", "mine\n")
+    shutil.copytree(case_dir / "model", case_dir / "model_plus")
+    write(case_dir / "model_plus" / "README.txt", "mine\n")
+    write(case_dir / "afile", "a file, not a directory\n")
+    (case_dir / "emptydir").mkdir()
+    np.save(case_dir / "points.npy", np.zeros((2, 2, 2), dtype=np.float32))
+    write(case_dir / "results.json", "{}\n")
+    write(case_dir / "text.npy", "0.1 0.2\n")
+    np.save(case_dir / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    npz(case_dir / "nosource.npz", points=np.zeros((1, 2, 2)))
+    write(case_dir / "text.npz", "not a zip\n")
+    write(case_dir / "data.csv", "1,2\n")
+    write(case_dir / "points.txt", "[[[0, 0]]]\n")
+    npz(case_dir / "notarget.npz", source=np.zeros((4, 2, 2)))
+    npz(case_dir / "nan.npz", source=np.full((4, 2, 2), np.nan), target=np.zeros((4, 2, 2)))
+    npz(case_dir / "huge.npz", source=np.full((4, 2, 2), 1e300), target=np.zeros((4, 2, 2)))
+    npz(case_dir / "bools.npz", source=np.zeros((4, 2, 2), bool), target=np.zeros((4, 2, 2), bool))
+    npz(case_dir / "featmix.npz", source=np.zeros((4, 2, 3)), target=np.zeros((4, 2, 2)))
+    npz(case_dir / "threefeat.npz", source=np.zeros((10, 2, 3)), target=np.zeros((10, 2, 3)))
+    for name, change in (("badweights", None), ("garbage", None), ("edited", _hidden_dim_3),
+                         ("nojson", None), ("future", _format_99)):
+        shutil.copytree(case_dir / "ckpt", case_dir / name)
+        if change is not None:
+            edit_json(case_dir / name / "spec.json", change)
+    weights = (case_dir / "ckpt" / "weights.pt").read_bytes()
+    write(case_dir / "badweights" / "weights.pt", weights[: len(weights) // 2])
+    write(case_dir / "garbage" / "weights.pt", os.urandom(2048))
+    write(case_dir / "nojson" / "spec.json", "{not json")
+    shutil.copytree(case_dir / "model", case_dir / "oldformat")
+    edit_json(case_dir / "oldformat" / "manifest.json", _format_99)
+    shutil.copytree(case_dir / "model", case_dir / "tampered")
+    with open(case_dir / "tampered" / "encoder.onnx", "ab") as f:
+        f.write(b"\0")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The workspace, built once; each case gets its own copy."""
+    path = tmp_path_factory.mktemp("reliability") / "template"
+    path.mkdir()
+    setup_workspace(path)
+    return path
+
+
+@pytest.fixture
+def workspace(template: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the workspace inside a parent directory of its own (some cases aim at `..`)."""
+    case_dir = tmp_path / "work"
+    shutil.copytree(template, case_dir)
+    (tmp_path / HOME).mkdir()
+    return case_dir
+
+
+# ---- the CLI table ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """One command line, run in the workspace, that must be refused."""
+
+    args: tuple[str, ...]
+    code: int
+    fragments: tuple[str, ...]
+    stdin: str | None = None
+
+
+def case(*args: str, code: int, says: tuple[str, ...], stdin: str | None = None) -> Case:
+    """A row of the table."""
+    return Case(tuple(args), code, says, stdin)
+
+
+INFER = ("infer", "model")
+STDIN_SQUARE = json.dumps(SQUARE)
+
+CLI_CASES: dict[str, Case] = {
+    # train: where the checkpoint goes
+    "train --out .": case("train", "--out", ".", code=BAD_INPUT, says=("/work", "current directory")),
+    "train --out .. --force": case("train", "--out", "..", "--force", code=BAD_INPUT,
+                                   says=("contains the current directory",)),
+    "train --out / --force": case("train", "--out", "/", "--force", code=BAD_INPUT, says=("filesystem root",)),
+    "train --out $HOME --force": case("train", "--out", "{home}", "--force", code=BAD_INPUT,
+                                      says=("home directory",)),
+    "train --out userdir --force": case("train", "--out", "userdata", "--force", code=BAD_INPUT,
+                                        says=("userdata", "not a seq2onnx checkpoint", "notes.txt", "even with --force")),
+    "train --out userdir": case("train", "--out", "userdata", code=BAD_INPUT,
+                                says=("userdata", "not a seq2onnx checkpoint")),
+    "train --out ckpt+userfile --force": case("train", "--out", "ckpt_plus", "--force", code=BAD_INPUT,
+                                              says=("ckpt_plus", "did not write", "extra.txt")),
+    "train --out existing ckpt": case("train", "--out", "ckpt", code=BAD_INPUT,
+                                      says=("ckpt", "already exists", "--force")),
+    "train --out a file --force": case("train", "--out", "afile", "--force", code=USAGE,
+                                       says=("--out", "afile", "is a file")),
+    "train --out an export --force": case("train", "--out", "model", "--force", code=BAD_INPUT,
+                                          says=("model", "not a seq2onnx checkpoint", "manifest.json")),
+    # train: data
+    "train --data missing.npz": case("train", "--data", "missing.npz", code=USAGE,
+                                     says=("--data", "missing.npz", "does not exist")),
+    "train --data .csv": case("train", "--data", "data.csv", code=USAGE, says=("--data", "data.csv", ".npz")),
+    "train --data not a zip": case("train", "--data", "text.npz", "--out", "o", code=BAD_INPUT,
+                                   says=("--data", "text.npz", "not an .npz")),
+    "train --data no target": case("train", "--data", "notarget.npz", "--out", "o", code=BAD_INPUT,
+                                   says=("notarget.npz", "missing arrays ['target']", "found ['source']")),
+    "train --data NaN": case("train", "--data", "nan.npz", "--out", "o", code=BAD_INPUT,
+                             says=("nan.npz", "'source'", "NaN or Inf")),
+    "train --data 1e300": case("train", "--data", "huge.npz", "--out", "o", code=BAD_INPUT,
+                               says=("huge.npz", "float32 range", "1e+300")),
+    "train --data bool": case("train", "--data", "bools.npz", "--out", "o", code=BAD_INPUT,
+                              says=("bools.npz", "numbers", "dtype bool")),
+    "train --data feature mismatch": case("train", "--data", "featmix.npz", "--out", "o", code=BAD_INPUT,
+                                          says=("featmix.npz", "same number of features", "3 and 2")),
+    # train: options
+    "train --epochs 0": case("train", "--epochs", "0", code=USAGE, says=("--epochs", "0", ">=1")),
+    "train --lr -1": case("train", "--lr", "-1", code=USAGE, says=("--lr", "-1")),
+    "train --attention foo": case("train", "--attention", "foo", code=USAGE, says=("--attention", "'foo'", "dot")),
+    "train --heads 3 dot": case("train", "--heads", "3", "--out", "o", code=USAGE,
+                                says=("--heads", "3 heads", "multihead")),
+    "train --teacher-forcing 2": case("train", "--teacher-forcing", "2", code=USAGE,
+                                      says=("--teacher-forcing", "2", "0<=x<=1")),
+    "train --resume nothing": case("train", "--resume", "--out", "o", code=USAGE,
+                                   says=("--resume", "nothing to resume", "train_state.pt")),
+    # export
+    "export missing ckpt": case("export", "nope", "--out", "m", code=USAGE, says=("CHECKPOINT", "nope", "does not exist")),
+    "export not a ckpt": case("export", "userdata", "--out", "m", code=BAD_INPUT, says=("userdata", "spec.json", "missing")),
+    "export truncated weights": case("export", "badweights", "--out", "m", code=BAD_INPUT,
+                                     says=("badweights/weights.pt", "cannot be read", "retrain or restore")),
+    "export garbage weights": case("export", "garbage", "--out", "m", code=BAD_INPUT,
+                                   says=("garbage/weights.pt", "cannot be read", "truncated, corrupted")),
+    "export spec edited": case("export", "edited", "--out", "m", code=BAD_INPUT,
+                               says=("edited/weights.pt", "edited/spec.json", "tensor", "the spec builds")),
+    "export spec not JSON": case("export", "nojson", "--out", "m", code=BAD_INPUT,
+                                 says=("nojson/spec.json", "not readable JSON")),
+    "export spec future version": case("export", "future", "--out", "m", code=BAD_INPUT,
+                                       says=("future/spec.json", "format_version 99", "reads 1")),
+    "export --out .": case("export", "ckpt", "--out", ".", code=BAD_INPUT, says=("current directory",)),
+    "export --out userdir --force": case("export", "ckpt", "--out", "userdata", "--force", code=BAD_INPUT,
+                                         says=("userdata", "not a seq2onnx export", "notes.txt")),
+    "export --out export+userfile --force": case("export", "ckpt", "--out", "model_plus", "--force", code=BAD_INPUT,
+                                                 says=("model_plus", "did not write", "README.txt")),
+    "export --out existing": case("export", "ckpt", "--out", "model", code=BAD_INPUT,
+                                  says=("model", "already exists", "--force")),
+    "export --out a checkpoint --force": case("export", "ckpt", "--out", "ckpt", "--force", code=BAD_INPUT,
+                                              says=("ckpt", "not a seq2onnx export", "spec.json")),
+    "export --opset 3": case("export", "ckpt", "--out", "m", "--opset", "3", code=USAGE, says=("--opset", "14..20", "3")),
+    "export --atol -1": case("export", "ckpt", "--out", "m", "--atol", "-1", code=USAGE, says=("--atol", "-1")),
+    # verify
+    "verify --data missing": case("verify", "ckpt", "model", "--data", "missing.npz", code=USAGE,
+                                  says=("--data", "missing.npz", "does not exist")),
+    "verify --data wrong features": case("verify", "ckpt", "model", "--data", "threefeat.npz", code=BAD_INPUT,
+                                         says=("--data", "threefeat.npz", "3 features", "expects 2")),
+    "verify --data not a zip": case("verify", "ckpt", "model", "--data", "text.npz", code=BAD_INPUT,
+                                    says=("--data", "text.npz", "not an .npz")),
+    "verify missing model": case("verify", "ckpt", "nope", code=USAGE, says=("MODEL_DIR", "nope", "does not exist")),
+    "verify model not an export": case("verify", "ckpt", "userdata", code=BAD_INPUT, says=("userdata", "no manifest")),
+    # infer: the flag that took the machine down, and outputs checked before work
+    "infer --threads 10000": case(*INFER, "--input", "points.npy", "--threads", "10000", code=USAGE,
+                                  says=("--threads", "10000", "expected 1..")),
+    "infer --threads 0": case(*INFER, "--input", "points.npy", "--threads", "0", code=USAGE,
+                              says=("--threads", "got 0")),
+    "infer --output nodir/": case(*INFER, "--input", "points.npy", "--output", "nodir/o.json", code=USAGE,
+                                  says=("--output", "nodir", "does not exist")),
+    "infer --plot nodir/": case(*INFER, "--input", "points.npy", "--plot", "nodir/p.png", code=USAGE,
+                                says=("--plot", "nodir", "does not exist")),
+    "infer --output existing": case(*INFER, "--input", "points.npy", "--output", "results.json", code=USAGE,
+                                    says=("--output", "results.json", "already exists", "--force")),
+    "infer --output a dir": case(*INFER, "--input", "points.npy", "--output", "emptydir", code=USAGE,
+                                 says=("--output", "emptydir")),
+    "infer --output .csv": case(*INFER, "--input", "points.npy", "--output", "o.csv", code=USAGE,
+                                says=("--output", "o.csv", ".json, .npy, .npz")),
+    "infer --plot .jpg": case(*INFER, "--input", "points.npy", "--plot", "p.jpg", code=USAGE,
+                              says=("--plot", "p.jpg", ".png")),
+    "infer --output = --input": case(*INFER, "--input", "points.npy", "--output", "points.npy", "--force",
+                                     code=USAGE, says=("points.npy", "is the --input file")),
+    "infer --output = --plot": case(*INFER, "--input", "points.npy", "--output", "x.png", "--plot", "x.png",
+                                    code=USAGE, says=("--output", "x.png")),
+    "infer --target-len 0": case(*INFER, "--input", "points.npy", "--target-len", "0", code=USAGE,
+                                 says=("--target-len", "0", "1<=x<=10000")),
+    "infer --provider tpu": case(*INFER, "--input", "points.npy", "--provider", "tpu", code=USAGE,
+                                 says=("--provider", "'tpu'", "cuda")),
+    "infer missing model": case("infer", "nope", "--input", "points.npy", code=USAGE, says=("MODEL_DIR", "nope")),
+    "infer model not an export": case("infer", "userdata", "--input", "points.npy", code=BAD_INPUT,
+                                      says=("userdata", "no manifest")),
+    "infer model future format": case("infer", "oldformat", "--input", "points.npy", code=BAD_INPUT,
+                                      says=("format_version 99", "understood versions: [1]")),
+    "infer model tampered": case("infer", "tampered", "--input", "points.npy", code=BAD_INPUT,
+                                 says=("encoder.onnx", "sha256", "re-export")),
+    # infer: inputs
+    "infer --input missing": case(*INFER, "--input", "nope.json", code=USAGE, says=("--input", "nope.json", "does not exist")),
+    "infer --input .txt": case(*INFER, "--input", "points.txt", code=BAD_INPUT, says=("points.txt", ".npy, .npz or .json")),
+    "infer --input text as .npy": case(*INFER, "--input", "text.npy", code=BAD_INPUT,
+                                       says=("text.npy", "not a NumPy .npy file")),
+    "infer --input pickled .npy": case(*INFER, "--input", "objects.npy", code=BAD_INPUT,
+                                       says=("objects.npy", "pickled", "never loaded")),
+    "infer --input .npz no source": case(*INFER, "--input", "nosource.npz", code=BAD_INPUT,
+                                         says=("nosource.npz", "['points']", "expected 'source'")),
+    "infer --input text as .npz": case(*INFER, "--input", "text.npz", code=BAD_INPUT, says=("text.npz", "not a zip")),
+    "infer JSON unknown key": case(*INFER, "--input", "-", code=BAD_INPUT,
+                                   stdin=json.dumps({"source": SQUARE, "target_len": 5}),
+                                   says=("stdin", "'target_len'", "understood keys are ['source', 'source_mask']")),
+    "infer JSON 1e40": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[1e40, 0], [0, 0]]]",
+                            says=("source", "float32 range", "1e+40")),
+    "infer JSON NaN": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[NaN, 0], [0, 0]]]",
+                           says=("source", "NaN")),
+    "infer JSON bools": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[true, false], [true, true]]]",
+                             says=("source", "bool")),
+    "infer JSON strings": case(*INFER, "--input", "-", code=BAD_INPUT, stdin='[[["1", "2"]]]', says=("source", "<U1")),
+    "infer JSON ragged": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[1, 2], [3]]]", says=("source",)),
+    "infer JSON no batch axis": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[1, 2], [3, 4]]",
+                                     says=("source", "(batch, source_len, 2)", "source[None]")),
+    "infer JSON deeply nested": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[" * 100_000 + "]" * 100_000,
+                                     says=("stdin", "nested too deeply")),
+    "infer JSON not JSON": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="source=1", says=("stdin", "not valid JSON")),
+    "infer JSON mask values": case(*INFER, "--input", "-", code=BAD_INPUT,
+                                   stdin=json.dumps({"source": SQUARE, "source_mask": [[2, 1]]}),
+                                   says=("source_mask", "0 and 1")),
+    "infer JSON mask all padding": case(*INFER, "--input", "-", code=BAD_INPUT,
+                                        stdin=json.dumps({"source": SQUARE, "source_mask": [[0, 0]]}),
+                                        says=("source_mask", "item 0 has none")),
+}
+
+
+def run_cli(case_dir: Path, case: Case) -> subprocess.CompletedProcess:
+    """`seq2onnx ARGS` in a subprocess whose cwd is the workspace and whose HOME is beside it."""
+    home = case_dir.parent / HOME
+    args = [a.replace("{home}", str(home)) for a in case.args]
+    env = {**os.environ, "HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], cwd=case_dir, env=env, input=case.stdin,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_cli_refuses(workspace: Path, name: str) -> None:
+    case = CLI_CASES[name]
+    before = tree_hash(workspace.parent)
+    result = run_cli(workspace, case)
+    assert result.returncode == case.code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.stderr
+    for fragment in case.fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+    if case.code == BAD_INPUT:  # a bad file is not a usage mistake: one line, no usage block
+        assert result.stderr.strip() == errors[0] or "Usage:" not in result.stderr, result.stderr
+    assert "weights_only=False" not in result.stderr
+    assert tree_hash(workspace.parent) == before, "a refused command changed files"
+
+
+def test_json_integers_decode_like_floats(workspace: Path) -> None:
+    ints = run_cli(workspace, case(*INFER, "--input", "-", code=0, says=(), stdin=STDIN_SQUARE))
+    floats = run_cli(workspace, case(*INFER, "--input", "-", code=0, says=(), stdin="[[[-1.0, -1.0], [-1.0, 1.0]]]"))
+    assert ints.returncode == 0, ints.stderr
+    assert json.loads(ints.stdout)["outputs"] == json.loads(floats.stdout)["outputs"]
+
+
+def test_enormous_json_input_is_refused_unread(workspace: Path) -> None:
+    from runtime.infer_cli import MAX_JSON_BYTES
+
+    big = workspace / "big.json"
+    with open(big, "wb") as f:
+        f.write(b"[" + b" " * MAX_JSON_BYTES + b"]")
+    result = run_cli(workspace, case(*INFER, "--input", "big.json", code=BAD_INPUT, says=()))
+    assert result.returncode == BAD_INPUT and "larger than 64 MiB" in result.stderr, result.stderr
+
+
+def test_output_written_whole_and_replaced_only_with_force(workspace: Path) -> None:
+    args = (*INFER, "--input", "points.npy", "--output", "results.json", "--force")
+    result = run_cli(workspace, case(*args, code=0, says=()))
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads((workspace / "results.json").read_text())["outputs"]) == 2
+    assert not [p.name for p in workspace.iterdir() if p.name.endswith(".tmp")]
+
+
+# ---- the Python API table -----------------------------------------------------------------------------------
+
+def _load(case_dir: Path, **kwargs: Any) -> Any:
+    from runtime.model import Seq2Seq
+
+    return Seq2Seq.load(case_dir / kwargs.pop("model", "model"), **kwargs)
+
+
+def _predict(source: Any, **kwargs: Any) -> Callable[[Path], Any]:
+    return lambda d: _load(d).predict(source, **kwargs)
+
+
+def _export(out: str, force: bool = False) -> Callable[[Path], Any]:
+    def run(case_dir: Path) -> Any:
+        from export.api import export_model
+
+        os.chdir(case_dir)
+        return export_model(case_dir / "ckpt", out, force=force)
+    return run
+
+
+def _load_checkpoint(name: str) -> Callable[[Path], Any]:
+    def run(case_dir: Path) -> Any:
+        from training.checkpoint import load_checkpoint
+
+        return load_checkpoint(case_dir / name)
+    return run
+
+
+def _errors() -> dict[str, type]:
+    from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
+    from training.checkpoint import CheckpointError
+    from training.data import DataError
+    from training.destination import DestinationError
+
+    return {"input": InputError, "integrity": IntegrityError, "manifest": ManifestError, "provider": ProviderError,
+            "checkpoint": CheckpointError, "data": DataError, "destination": DestinationError}
+
+
+def _load_dataset(name: str) -> Callable[[Path], Any]:
+    def run(case_dir: Path) -> Any:
+        from training.data import load_dataset
+
+        return load_dataset(case_dir / name)
+    return run
+
+
+API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
+    "load threads=10000": (lambda d: _load(d, threads=10_000), "input", ("threads", "10000")),
+    "load threads=0": (lambda d: _load(d, threads=0), "input", ("threads", "0")),
+    "load threads='2'": (lambda d: _load(d, threads="2"), "input", ("threads", "'2'")),
+    "load provider='tpu'": (lambda d: _load(d, provider="tpu"), "provider", ("provider", "'tpu'")),
+    "load not an export": (lambda d: _load(d, model="userdata"), "manifest", ("userdata", "no manifest")),
+    "load tampered graph": (lambda d: _load(d, model="tampered"), "integrity", ("encoder.onnx", "sha256")),
+    "predict bools": (_predict(np.ones((1, 2, 2), bool)), "input", ("source", "bool")),
+    "predict strings": (_predict([[["a", "b"]]]), "input", ("source", "<U1")),
+    "predict complex": (_predict(np.ones((1, 2, 2), complex)), "input", ("source", "complex")),
+    "predict 1e40": (_predict(np.full((1, 2, 2), 1e40)), "input", ("source", "float32 range")),
+    "predict Inf": (_predict(np.full((1, 2, 2), np.inf)), "input", ("source", "NaN or Inf")),
+    "predict rank 2": (_predict(np.zeros((2, 2))), "input", ("source", "source[None]")),
+    "predict source_len 0": (_predict(np.zeros((1, 0, 2))), "input", ("source", "source_len >= 1")),
+    "predict target_len 0": (_predict(np.zeros((1, 2, 2)), target_len=0), "input", ("target_len", "got 0")),
+    "predict target_len 2.5": (_predict(np.zeros((1, 2, 2)), target_len=2.5), "input", ("target_len", "2.5")),
+    "predict mask shape": (_predict(np.zeros((1, 2, 2)), source_mask=np.ones((1, 3), bool)), "input",
+                           ("source_mask", "(1, 1, 2)", "(1, 3)")),
+    "predict mask 0.5": (_predict(np.zeros((1, 2, 2)), source_mask=[[0.5, 1.0]]), "input", ("source_mask",)),
+    "export_model to cwd": (_export("."), "destination", ("current directory",)),
+    "export_model over user dir": (_export("userdata", force=True), "destination", ("not a seq2onnx export",)),
+    "load_checkpoint truncated": (_load_checkpoint("badweights"), "checkpoint", ("weights.pt", "cannot be read")),
+    "load_checkpoint spec edited": (_load_checkpoint("edited"), "checkpoint", ("tensor", "the spec builds")),
+    "load_dataset .csv": (_load_dataset("data.csv"), "data", ("data.csv", ".npz")),
+}
+
+
+@pytest.mark.parametrize("name", list(API_CASES))
+def test_api_refuses(workspace: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    call, error, fragments = API_CASES[name]
+    monkeypatch.chdir(workspace)  # export cases aim at the cwd; restored afterwards
+    before = tree_hash(workspace.parent)
+    with pytest.raises(_errors()[error]) as info:
+        call(workspace)
+    message = str(info.value)
+    assert "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert tree_hash(workspace.parent) == before
