@@ -431,3 +431,22 @@ def test_api_refuses(workspace: Path, name: str, monkeypatch: pytest.MonkeyPatch
     for fragment in fragments:
         assert fragment in message, (fragment, message)
     assert tree_hash(workspace.parent) == before
+
+
+# ---- Ctrl-C: exit 130 in every command, nothing half-written ---------------------------------------------------
+
+def test_ctrl_c_during_export_exits_130_and_writes_nothing(workspace: Path) -> None:
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "export", "ckpt", "--out", "fresh"], cwd=workspace,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".fresh.") and p.name.endswith(".tmp") for p in workspace.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "export ended before its staging appeared"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)  # mid-export: graphs are being written or parity is running
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "export: interrupted" in stderr, stderr
+    assert sorted(p.name for p in workspace.iterdir() if "fresh" in p.name) == []
