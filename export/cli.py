@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import click
 
-from runtime.cli import require_torch
+from runtime.cli import FiniteFloatRange, require_torch
 from runtime.errors import Seq2OnnxError
 from training.cli import check_data_option
 
@@ -19,11 +19,11 @@ DEFAULT_DRIFT_ATOL = 1e-3
 def tolerance_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--atol, --rtol and --drift-atol, shared by export and verify."""
     options = [
-        click.option("--atol", type=click.FloatRange(min=0), default=DEFAULT_ATOL, show_default=True,
+        click.option("--atol", type=FiniteFloatRange(min=0), default=DEFAULT_ATOL, show_default=True,
                      help="Absolute tolerance for every graph output, given identical inputs."),
-        click.option("--rtol", type=click.FloatRange(min=0), default=DEFAULT_RTOL, show_default=True,
+        click.option("--rtol", type=FiniteFloatRange(min=0), default=DEFAULT_RTOL, show_default=True,
                      help="Relative tolerance: an element passes when |ort - torch| <= atol + rtol * |torch|."),
-        click.option("--drift-atol", type=click.FloatRange(min=0), default=DEFAULT_DRIFT_ATOL, show_default=True,
+        click.option("--drift-atol", type=FiniteFloatRange(min=0), default=DEFAULT_DRIFT_ATOL, show_default=True,
                      help="Absolute tolerance for the free-running greedy decode, where float32 rounding is fed "
                           "back step after step."),
     ]
@@ -43,7 +43,8 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 @click.command("export")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the export to.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory to write the export to (a new one, or an earlier export with --force).")
 @click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
 @tolerance_options
 @click.option("--force", is_flag=True, help="Replace an existing export at --out.")
@@ -61,6 +62,10 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
     tol = Tolerance(atol, rtol, drift_atol)
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="--opset")
+    if normalized(out).resolve().is_relative_to(checkpoint.resolve()):
+        raise click.BadParameter(f"{out} is CHECKPOINT {checkpoint} or inside it; an export there would make the "
+                                 "checkpoint hold files seq2onnx training does not write, choose a directory beside it",
+                                 param_hint="'--out'")
     try:
         check_destination(normalized(out), force)  # a refused --out is said before any work
         click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
@@ -101,7 +106,9 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
     click.echo(format_table(rows, tol))
     failed = [r for r in rows if not r.ok]
     if failed:
-        raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed {tol}")
+        source = runtime.manifest.raw.get("source")
+        raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} says it was "
+                                   f"exported from {source!r}: if that is not {checkpoint}, the two are not a pair")
     click.echo(f"all {len(rows)} checks within {tol}")
 
 
@@ -126,8 +133,9 @@ def dataset_cases(checkpoint: Path, data: str | None, spec: Any) -> list:
             return []
         try:
             train, test = reload_dataset(description)
-        except (DataError, OSError) as exc:  # moved or edited since training: say so, compare on random inputs
-            click.echo(f"note: the checkpoint's training data is not available, random inputs only ({exc}); "
-                       "pass --data to compare on real data", err=True)
+        except (DataError, OSError):  # moved or edited since training: say so, compare on random inputs
+            named = description.get("path", description.get("name"))
+            click.echo(f"note: the checkpoint's training data {named!r} is missing or changed since training; "
+                       "comparing on random inputs only (pass --data to compare on real data)", err=True)
             return []
     return data_cases("train", train.source, spec.target_len) + data_cases("test", test.source, spec.target_len)

@@ -12,6 +12,7 @@ then one typed error lists every failure.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
@@ -148,8 +149,9 @@ class Tolerance:
 
     def __post_init__(self) -> None:
         for name in ("atol", "rtol", "drift_atol"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: expected a tolerance >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: expected a finite tolerance >= 0, got {value!r}")
 
     def __str__(self) -> str:
         return f"atol={self.atol:g} (graphs), drift_atol={self.drift_atol:g} (decode), rtol={self.rtol:g}"

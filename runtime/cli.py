@@ -11,6 +11,8 @@ Exit codes, the same for every command:
 from __future__ import annotations
 
 import importlib
+import math
+from typing import Any
 
 import click
 
@@ -23,6 +25,16 @@ class Interrupted(click.ClickException):
     """Ctrl-C: exit 130 with one line saying what was kept."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and +-inf, which pass every range comparison."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"expected a finite number, got {value!r}", param, ctx)
+        return number
 
 
 # Loaded only when used, so `infer` and `--help` work on an install without torch.
@@ -69,7 +81,7 @@ def require_torch(extra: str = "train") -> None:
     except ImportError:
         raise click.ClickException(
             f"this command needs PyTorch, which is not installed; install the '{extra}' extra: "
-            f"pip install 'seq2onnx[cpu,{extra}]'"
+            f"pip install -e '.[cpu,{extra}]' in a seq2onnx checkout"
         ) from None
 
 

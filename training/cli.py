@@ -10,13 +10,14 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from runtime.cli import Interrupted, require_torch
+from runtime.cli import FiniteFloatRange, Interrupted, require_torch
 from runtime.spec import ATTENTION_KINDS
 
 from .data import SQUARES
 
 DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"
 MULTIHEAD_DEFAULT_HEADS = 2
+MAX_LR = 1.0  # Adam steps are about lr in size; beyond 1 every weight is thrown around and the run diverges
 # Options that define a run. On --resume they default to the saved values; given again, they must match.
 RUN_OPTIONS = ("data", "attention", "heads", "hidden_dim", "epochs", "batch_size", "lr", "teacher_forcing", "seed")
 
@@ -93,9 +94,9 @@ def merge_saved(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any])
 @click.option("--epochs", type=click.IntRange(min=1), default=100, show_default=True,
               help="Total epochs; with --resume, the epoch to continue to.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.01, show_default=True,
+@click.option("--lr", type=FiniteFloatRange(min=0, max=MAX_LR, min_open=True), default=0.01, show_default=True,
               help="Adam learning rate.")
-@click.option("--teacher-forcing", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+@click.option("--teacher-forcing", type=FiniteFloatRange(0.0, 1.0), default=0.5, show_default=True,
               help="Probability of feeding the true point to the next decoder step while training.")
 @click.option("--seed", type=int, default=23, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -112,6 +113,9 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
           **opts: Any) -> None:
     """Train a seq2seq model (GRU encoder-decoder, optional attention) and write a checkpoint directory."""
     require_torch("train")
+    if resume and force:
+        raise click.BadParameter("--resume continues a run and --force discards it; give one of them",
+                                 ctx=ctx, param_hint="'--resume' / '--force'")
     from runtime.errors import Seq2OnnxError
     from runtime.spec import SpecError
 
@@ -152,6 +156,9 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
                                      ctx=ctx, param_hint="'--resume'")
         state = load_train_state(state_file)
         opts = merge_saved(ctx, opts, state)
+        if state["epoch"] > opts["epochs"]:
+            raise click.BadParameter(f"the saved state is at epoch {state['epoch']}, past --epochs {opts['epochs']}; "
+                                     f"pass --epochs {state['epoch']} or more", ctx=ctx, param_hint="'--epochs'")
         train_set, test_set = reload_dataset(state["data"])
         description = state["data"]
     else:

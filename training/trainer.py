@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,6 +34,10 @@ class ConfigError(ValueError):
     """A training configuration or a saved training state does not fit this run."""
 
 
+class DivergedError(ConfigError):
+    """The loss became NaN or Inf: the weights are ruined, so nothing of that epoch is kept."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation settings; the defaults are the book's."""
@@ -48,8 +53,8 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"train config {name!r} must be a positive int, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ConfigError(f"train config 'lr' must be a positive number, got {self.lr!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"train config 'lr' must be a finite positive number, got {self.lr!r}")
         if not (isinstance(self.teacher_forcing, (int, float)) and 0.0 <= self.teacher_forcing <= 1.0):
             raise ConfigError(f"train config 'teacher_forcing' must be in [0, 1], got {self.teacher_forcing!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -133,6 +138,11 @@ class Trainer:
         for _ in bar:
             train_loss = self.train_epoch()
             val_loss = evaluate(self.model, self.val_data)
+            if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
+                bar.close()
+                raise DivergedError(f"training diverged in epoch {self.epoch + 1} (training loss {train_loss:g}, "
+                                    f"validation loss {val_loss:g}); this epoch was not saved; lower the learning "
+                                    f"rate (lr={self.config.lr:g}) and start again")
             self.epoch += 1
             self.history["train"].append(train_loss)
             self.history["val"].append(val_loss)
