@@ -89,10 +89,35 @@ def _numpy_problem(exc: Exception) -> str:
     return f"cannot be read as NumPy arrays ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
 
+class JsonRefused(ValueError):
+    """Valid JSON that json.loads would quietly bend (a repeated key, an infinite number)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a key given twice is refused (json.loads would keep the last one silently)."""
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise JsonRefused(f"JSON object gives the key(s) {twice} more than once; give each once")
+    return dict(pairs)
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number; one beyond float64 (1e400) would silently become inf."""
+    value = float(text)
+    if not np.isfinite(value):
+        raise JsonRefused(f"JSON number {text} is beyond the float32 range (+-3.4e38); scale the data")
+    return value
+
+
 def parse_json(data: bytes, where: str) -> tuple[Any, Any]:
     """JSON: nested lists (N, L, F), or {"source": ..., "source_mask": ...} and no other keys."""
+    if not data.strip():
+        raise InputFileError(f"{where}: is empty; expected JSON nested lists (N, L, F) or an object with 'source'")
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, object_pairs_hook=_unique_keys, parse_float=_finite_float)
+    except JsonRefused as exc:
+        raise InputFileError(f"{where}: {exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputFileError(f"{where}: not valid JSON ({exc})") from None
     except RecursionError:
@@ -122,11 +147,12 @@ def check_output_path(path: str, option: str, suffixes: tuple[str, ...], force: 
                                  param_hint=option)
     if not os.access(parent, os.W_OK):
         raise click.BadParameter(f"{path}: directory {str(parent)!r} is not writable", param_hint=option)
-    if os.path.lexists(target) and (target.is_dir() or not force):
-        what = "a directory" if target.is_dir() else "a file"
-        raise click.BadParameter(f"{path}: {what} already exists there; "
-                                 + ("choose a file name" if target.is_dir() else "pass --force to replace it"),
-                                 param_hint=option)
+    if target.is_dir():
+        raise click.BadParameter(f"{path}: is a directory; expected a file name", param_hint=option)
+    if os.path.lexists(target) and not force:  # like train/export --out: a refused destination is exit 1
+        name = option.strip("'")
+        raise click.ClickException(f"{name}: {path}: a file already exists there; pass --force to replace it, "
+                                   "or choose another name")
 
 
 def check_outputs(input_path: str, output_path: str | None, plot_path: str | None, attention: bool,
@@ -224,7 +250,9 @@ def infer(model_dir: Path, input_path: str, target_len: int | None, provider: st
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
-    if plot_path:
+    if plot_path and len(outputs) == 0:
+        click.echo(f"note: the input holds no items, so nothing was drawn and {plot_path} was not written", err=True)
+    elif plot_path:
         from .plot import plot_predictions, shown_items
 
         points = np.asarray(source, dtype=np.float32)  # already checked by predict

@@ -32,9 +32,23 @@ def _as_array(value: Any, name: str, expected: str) -> np.ndarray:
         ) from None
 
 
+def _holds_bool(value: Any) -> bool:
+    """Whether nested lists hold a bool among numbers (numpy would quietly read True as 1.0)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (bool, np.bool_)):
+            return True
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
 def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     """Return source as a C-contiguous float32 (N, L, F) array, or raise InputError."""
     arr = _as_array(source, "source", f"a numeric array of shape (N, L, {spec.n_features})")
+    if arr.dtype.kind in NUMBER_KINDS and isinstance(source, (list, tuple)) and _holds_bool(source):
+        raise InputError("source: expected numbers, got true/false among them; pass 1.0/0.0 if that is meant")
     if arr.dtype.kind not in NUMBER_KINDS:
         hint = " (mixed types, or integers beyond int64)" if arr.dtype.kind == "O" else ""
         raise InputError(
