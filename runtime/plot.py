@@ -16,7 +16,8 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise click.ClickException("--plot needs matplotlib: pip install 'seq2onnx[plot]'") from None
+        raise click.ClickException("--plot needs matplotlib: install the 'plot' extra, pip install -e '.[plot]' "
+                                   "in a seq2onnx checkout") from None
 
 
 def shown_items(n: int) -> str:

@@ -67,7 +67,8 @@ def requested_providers(provider: str) -> list[str]:
     if provider == "cuda" and CUDA not in available:
         raise ProviderError(
             f"provider 'cuda': this onnxruntime build ({ort.__version__}, providers {available}) has no CUDA "
-            "support; install seq2onnx[gpu] (onnxruntime-gpu) instead of seq2onnx[cpu], or pass provider 'cpu'"
+            "support; install the 'gpu' extra (onnxruntime-gpu) instead of 'cpu': pip uninstall onnxruntime && "
+            "pip install -e '.[gpu]' in a seq2onnx checkout; or pass provider 'cpu'"
         )
     return [CUDA, CPU] if CUDA in available else [CPU]
 

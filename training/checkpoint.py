@@ -213,6 +213,10 @@ def _torch_load(path: Path, what: str, fix: str) -> Any:
                               f"truncated, corrupted, or not written by seq2onnx); {fix}") from None
 
 
+def _first(names: list[str]) -> str:
+    return f" (first {names[0]!r})" if names else ""
+
+
 def _shape(value: Any) -> str:
     return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
 
@@ -226,8 +230,9 @@ def _check_weights_fit(expected: dict[str, Any], weights: Any, weights_file: Pat
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
     if missing or extra:
-        raise CheckpointError(f"{where} does not match {str(spec_file)!r}: tensors missing {missing[:3]}, "
-                              f"unexpected {extra[:3]}; restore the spec.json it was saved with, or retrain")
+        raise CheckpointError(f"{where} does not match {str(spec_file)!r}: the spec builds {len(missing)} tensor(s) "
+                              f"the weights lack{_first(missing)} and the weights hold {len(extra)} it does not "
+                              f"build{_first(extra)}; restore the spec.json it was saved with, or retrain")
     for name, tensor in expected.items():
         if not isinstance(weights[name], torch.Tensor) or weights[name].shape != tensor.shape:
             raise CheckpointError(f"{where} does not match {str(spec_file)!r}: tensor {name!r} is "

@@ -53,10 +53,11 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
     `marker` is the file that identifies an artifact of this kind; `owned` every name seq2onnx writes in it."""
     out = normalized(out)
     article = "an" if kind[0] in "aeiou" else "a"
+    example = {"checkpoint": "runs/NAME", "export": "models/NAME"}.get(kind, "NEW_DIR")
     reason = protected_reason(out)
     if reason is not None:
         raise DestinationError(f"{out}: refusing to write {article} {kind} there ({reason}); choose a new directory "
-                               "for --out, e.g. --out runs/NAME")
+                               f"for --out, e.g. --out {example}")
     if not os.path.lexists(out):
         return
     if out.is_symlink() or not out.is_dir():
@@ -74,5 +75,5 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
                                f"({_listed(foreign)}); refusing to replace it, even with --force; move them out "
                                "or choose another --out")
     if not force:
-        raise DestinationError(f"{out}: {article} seq2onnx {kind} already exists there; pass --force to replace it, "
-                               "or choose another --out")
+        raise DestinationError(f"{out}: a seq2onnx {kind} already exists there; pass --force (force=True in "
+                               "Python) to replace it, or choose another --out")
