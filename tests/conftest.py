@@ -1,9 +1,12 @@
 """Shared fixtures: tiny seeded models of each attention kind, exported once per session."""
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import onnxruntime as ort
@@ -84,3 +87,24 @@ def source_batch(n: int, length: int, seed: int = 1, features: int = 2) -> np.nd
 def python() -> str:
     """The interpreter running the tests (so subprocesses see the same install)."""
     return sys.executable
+
+
+def _default_sigint() -> None:
+    import signal
+
+    # A shell that starts jobs in the background ignores SIGINT for them, and children inherit that;
+    # the tests send SIGINT on purpose, so the child gets the default handler back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def child_process(args: list[str], **kwargs: object) -> Iterator[subprocess.Popen]:
+    """Popen that receives SIGINT whatever the test runner inherited, and is killed if the test leaves it running."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint, **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from conftest import child_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_MODEL = ROOT / "artifacts" / "squares"
@@ -93,6 +94,7 @@ def setup_workspace(case_dir: Path) -> None:
     npz(case_dir / "huge.npz", source=np.full((4, 2, 2), 1e300), target=np.zeros((4, 2, 2)))
     npz(case_dir / "bools.npz", source=np.zeros((4, 2, 2), bool), target=np.zeros((4, 2, 2), bool))
     npz(case_dir / "featmix.npz", source=np.zeros((4, 2, 3)), target=np.zeros((4, 2, 2)))
+    npz(case_dir / "diverge.npz", source=np.full((10, 2, 2), 1e20), target=np.full((10, 2, 2), -1e20))
     npz(case_dir / "threefeat.npz", source=np.zeros((10, 2, 3)), target=np.zeros((10, 2, 3)))
     for name, change in (("badweights", None), ("garbage", None), ("edited", _hidden_dim_3),
                          ("nojson", None), ("future", _format_99)):
@@ -190,6 +192,15 @@ CLI_CASES: dict[str, Case] = {
     "train --attention foo": case("train", "--attention", "foo", code=USAGE, says=("--attention", "'foo'", "dot")),
     "train --heads 3 dot": case("train", "--heads", "3", "--out", "o", code=USAGE,
                                 says=("--heads", "3 heads", "multihead")),
+    "train --lr inf": case("train", "--lr", "inf", code=USAGE, says=("--lr", "inf", "0<x<=1.0")),
+    "train --lr 1e38": case("train", "--lr", "1e38", code=USAGE, says=("--lr", "1e+38", "0<x<=1.0")),
+    "train --lr nan": case("train", "--lr", "nan", code=USAGE, says=("--lr", "finite", "'nan'")),
+    "train --teacher-forcing nan": case("train", "--teacher-forcing", "nan", code=USAGE,
+                                        says=("--teacher-forcing", "finite", "'nan'")),
+    "train --resume --force": case("train", "--resume", "--force", "--out", "ckpt", code=USAGE,
+                                   says=("--resume", "--force", "give one of them")),
+    "train diverging data": case("train", "--data", "diverge.npz", "--out", "o", "--epochs", "3", code=BAD_INPUT,
+                                 says=("training diverged in epoch 1", "inf", "lower the learning rate")),
     "train --teacher-forcing 2": case("train", "--teacher-forcing", "2", code=USAGE,
                                       says=("--teacher-forcing", "2", "0<=x<=1")),
     "train --resume nothing": case("train", "--resume", "--out", "o", code=USAGE,
@@ -214,9 +225,18 @@ CLI_CASES: dict[str, Case] = {
                                                  says=("model_plus", "did not write", "README.txt")),
     "export --out existing": case("export", "ckpt", "--out", "model", code=BAD_INPUT,
                                   says=("model", "already exists", "--force")),
-    "export --out a checkpoint --force": case("export", "ckpt", "--out", "ckpt", "--force", code=BAD_INPUT,
-                                              says=("ckpt", "not a seq2onnx export", "spec.json")),
+    "export --out its own checkpoint --force": case("export", "ckpt", "--out", "ckpt", "--force", code=USAGE,
+                                                    says=("--out", "ckpt is CHECKPOINT", "or inside it")),
+    "export --out inside the checkpoint": case("export", "ckpt", "--out", "ckpt/onnx", code=USAGE,
+                                               says=("--out", "ckpt/onnx", "or inside it")),
+    "export --out another checkpoint --force": case("export", "ckpt", "--out", "edited", "--force", code=BAD_INPUT,
+                                                    says=("edited", "not a seq2onnx export", "spec.json")),
+    "export --out a file": case("export", "ckpt", "--out", "afile", code=USAGE, says=("--out", "afile", "is a file")),
     "export --opset 3": case("export", "ckpt", "--out", "m", "--opset", "3", code=USAGE, says=("--opset", "14..20", "3")),
+    "export --atol nan": case("export", "ckpt", "--out", "m", "--atol", "nan", code=USAGE,
+                              says=("--atol", "finite", "'nan'")),
+    "verify --drift-atol inf": case("verify", "ckpt", "model", "--drift-atol", "inf", code=USAGE,
+                                    says=("--drift-atol", "finite", "'inf'")),
     "export --atol -1": case("export", "ckpt", "--out", "m", "--atol", "-1", code=USAGE, says=("--atol", "-1")),
     # verify
     "verify --data missing": case("verify", "ckpt", "model", "--data", "missing.npz", code=USAGE,
@@ -236,7 +256,7 @@ CLI_CASES: dict[str, Case] = {
                                   says=("--output", "nodir", "does not exist")),
     "infer --plot nodir/": case(*INFER, "--input", "points.npy", "--plot", "nodir/p.png", code=USAGE,
                                 says=("--plot", "nodir", "does not exist")),
-    "infer --output existing": case(*INFER, "--input", "points.npy", "--output", "results.json", code=USAGE,
+    "infer --output existing": case(*INFER, "--input", "points.npy", "--output", "results.json", code=BAD_INPUT,
                                     says=("--output", "results.json", "already exists", "--force")),
     "infer --output a dir": case(*INFER, "--input", "points.npy", "--output", "emptydir", code=USAGE,
                                  says=("--output", "emptydir")),
@@ -272,6 +292,14 @@ CLI_CASES: dict[str, Case] = {
     "infer JSON unknown key": case(*INFER, "--input", "-", code=BAD_INPUT,
                                    stdin=json.dumps({"source": SQUARE, "target_len": 5}),
                                    says=("stdin", "'target_len'", "understood keys are ['source', 'source_mask']")),
+    "infer JSON true among numbers": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[true, 0.5], [1, 1]]]",
+                                          says=("source", "true/false among them")),
+    "infer JSON repeated key": case(*INFER, "--input", "-", code=BAD_INPUT,
+                                    stdin='{"source": [[[1, 2]]], "source": [[[3, 4]]]}',
+                                    says=("stdin", "['source'] more than once")),
+    "infer JSON 1e400": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[1e400, 0], [0, 0]]]",
+                             says=("stdin", "1e400", "float32 range")),
+    "infer empty stdin": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="", says=("stdin", "is empty")),
     "infer JSON 1e40": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[1e40, 0], [0, 0]]]",
                             says=("source", "float32 range", "1e+40")),
     "infer JSON NaN": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[NaN, 0], [0, 0]]]",
@@ -401,6 +429,7 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "load tampered graph": (lambda d: _load(d, model="tampered"), "integrity", ("encoder.onnx", "sha256")),
     "predict bools": (_predict(np.ones((1, 2, 2), bool)), "input", ("source", "bool")),
     "predict strings": (_predict([[["a", "b"]]]), "input", ("source", "<U1")),
+    "predict true among numbers": (_predict([[[True, 0.5], [1, 1]]]), "input", ("source", "true/false")),
     "predict complex": (_predict(np.ones((1, 2, 2), complex)), "input", ("source", "complex")),
     "predict 1e40": (_predict(np.full((1, 2, 2), 1e40)), "input", ("source", "float32 range")),
     "predict Inf": (_predict(np.full((1, 2, 2), np.inf)), "input", ("source", "NaN or Inf")),
@@ -439,14 +468,14 @@ def test_ctrl_c_during_export_exits_130_and_writes_nothing(workspace: Path) -> N
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "export", "ckpt", "--out", "fresh"], cwd=workspace,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not any(p.name.startswith(".fresh.") and p.name.endswith(".tmp") for p in workspace.iterdir()):
-        assert proc.poll() is None and time.monotonic() < deadline, "export ended before its staging appeared"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)  # mid-export: graphs are being written or parity is running
-    _, stderr = proc.communicate(timeout=120)
+    with child_process([sys.executable, "-m", "runtime.cli", "export", "ckpt", "--out", "fresh"],
+                       cwd=workspace) as proc:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(".fresh.") and p.name.endswith(".tmp") for p in workspace.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "export ended before its staging appeared"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)  # mid-export: graphs are being written or parity is running
+        _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "export: interrupted" in stderr, stderr
     assert sorted(p.name for p in workspace.iterdir() if "fresh" in p.name) == []

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import child_process
 import torch
 from click.testing import CliRunner, Result
 
@@ -319,7 +320,7 @@ def test_existing_checkpoint_is_not_replaced_without_force(tmp_path: Path, train
     out = save(trained, tmp_path / "ck")
     before = snapshot(out)
     other = fit(trained.spec, TrainConfig(epochs=1, seed=1), small_data())
-    with pytest.raises(DestinationError, match="pass --force to replace it") as err:
+    with pytest.raises(DestinationError, match=r"pass --force \(force=True in Python\) to replace it") as err:
         save(other, out)
     assert str(out) in str(err.value) and isinstance(err.value, FileExistsError)
     assert snapshot(out) == before
@@ -430,7 +431,7 @@ def test_cli_refuses_to_overwrite_and_checks_resume_options(tmp_path: Path) -> N
     assert run_cli("--epochs", "1", "--out", str(out)).exit_code == 0
     before = snapshot(out)
     result = CliRunner().invoke(main, ["train", "--quiet", "--epochs", "1", "--out", str(out)])
-    assert result.exit_code == 1 and "pass --force to replace it" in result.output
+    assert result.exit_code == 1 and "pass --force (force=True in Python) to replace it" in result.output
     assert snapshot(out) == before
     result = CliRunner().invoke(main, ["train", "--quiet", "--resume", "--lr", "0.02", "--epochs", "2",
                                        "--out", str(out)])
@@ -447,6 +448,16 @@ def test_cli_refuses_to_overwrite_and_checks_resume_options(tmp_path: Path) -> N
     assert result.exit_code == 1 and "pass --resume to continue it or --force" in result.output
     result = CliRunner().invoke(main, ["train", "--quiet", "--force", "--epochs", "1", "--out", str(fresh)])
     assert result.exit_code == 0 and fresh.is_dir() and not partial_dir(fresh).exists()
+
+
+def test_resume_to_fewer_epochs_than_saved_is_a_usage_error(tmp_path: Path) -> None:
+    done, interrupted = tmp_path / "done", tmp_path / "interrupted"
+    assert run_cli("--epochs", "2", "--out", str(done)).exit_code == 0
+    save_train_state(partial_dir(interrupted) / CHECKPOINT_STATE_FILE,
+                     load_train_state(done / CHECKPOINT_STATE_FILE), read_data_description(done))
+    result = CliRunner().invoke(main, ["train", "--quiet", "--resume", "--epochs", "1", "--out", str(interrupted)])
+    assert result.exit_code == 2 and "at epoch 2, past --epochs 1" in result.output, result.output
+    assert not interrupted.exists()
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -490,13 +501,13 @@ def test_cli_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
 def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     out = tmp_path / "ck"
     state = partial_dir(out) / CHECKPOINT_STATE_FILE
-    proc = subprocess.Popen([*cli_command(), "train", "--quiet", "--epochs", "100000", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    deadline = time.monotonic() + 120
-    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    with child_process([*cli_command(), "train", "--quiet", "--epochs", "100000", "--out", str(out)],
+                       cwd=tmp_path) as proc:
+        deadline = time.monotonic() + 120
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "rerun with --resume to continue" in stderr and "Traceback" not in stderr
     assert not out.exists()
