@@ -20,7 +20,6 @@ def cuda_really_works() -> bool:
     """True only when a session asked for CUDA reports it in get_providers()."""
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return False
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
