@@ -5,8 +5,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-ATTENTION_KINDS = ("none", "dot", "multihead")
-CELLS = ("gru",)
+ATTENTION_KINDS = ("none", "dot", "additive", "multihead")
+CELLS = ("gru", "lstm")
+KINDS = ("points", "tokens")
+# What the points pipeline (the book's models) supports; token models take the whole range.
+POINTS_ATTENTION = ("none", "dot", "multihead")
+TOKEN_ATTENTION = ("none", "dot", "additive")
+SPECIAL_TOKENS = 4  # pad, bos, eos, unk: a token vocabulary holds at least these
+# Fields added after the first format: absent in older spec.json / manifest.json files, which load with these values.
+ADDED_FIELDS = ("kind", "layers", "bidirectional", "embedding_dim", "source_vocab_size", "target_vocab_size",
+                "tie_embeddings")
 
 
 class SpecError(ValueError):
@@ -24,18 +32,52 @@ class ModelSpec:
     cell: str = "gru"
     input_len: int = 2
     target_len: int = 2
+    kind: str = "points"
+    layers: int = 1
+    bidirectional: bool = False
+    embedding_dim: int = 0  # token models only
+    source_vocab_size: int = 0  # token models only
+    target_vocab_size: int = 0  # token models only
+    tie_embeddings: bool = False  # token models: the output projection reuses the target embedding
 
     def __post_init__(self) -> None:
-        for name in ("n_features", "hidden_dim", "n_heads", "input_len", "target_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"spec field {name!r} must be a positive int, got {value!r}")
-        if self.attention not in ATTENTION_KINDS:
-            raise SpecError(f"spec field 'attention' must be one of {ATTENTION_KINDS}, got {self.attention!r}")
-        if self.cell not in CELLS:
-            raise SpecError(f"spec field 'cell' must be one of {CELLS}, got {self.cell!r}")
+        for name in ("n_features", "hidden_dim", "n_heads", "input_len", "target_len", "layers"):
+            _require_int(name, getattr(self, name), minimum=1)
+        for name in ("embedding_dim", "source_vocab_size", "target_vocab_size"):
+            _require_int(name, getattr(self, name), minimum=0)
+        for name in ("bidirectional", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"spec field {name!r} must be true or false, got {getattr(self, name)!r}")
+        for name, allowed in (("kind", KINDS), ("attention", ATTENTION_KINDS), ("cell", CELLS)):
+            if getattr(self, name) not in allowed:
+                raise SpecError(f"spec field {name!r} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.attention != "multihead" and self.n_heads != 1:
             raise SpecError(f"spec field 'n_heads' must be 1 unless attention is 'multihead', got {self.n_heads}")
+        (self._check_tokens if self.kind == "tokens" else self._check_points)()
+
+    def _check_points(self) -> None:
+        """The book's point models: one GRU layer each way, no embeddings."""
+        plain = dict(cell="gru", layers=1, bidirectional=False, embedding_dim=0, source_vocab_size=0,
+                     target_vocab_size=0, tie_embeddings=False)
+        wrong = {k: getattr(self, k) for k, v in plain.items() if getattr(self, k) != v}
+        if wrong or self.attention not in POINTS_ATTENTION:
+            wrong.update({} if self.attention in POINTS_ATTENTION else {"attention": self.attention})
+            raise SpecError(f"spec fields {wrong} are for token models (kind 'tokens'); point models take "
+                            f"{plain} and attention in {POINTS_ATTENTION}")
+
+    def _check_tokens(self) -> None:
+        """Token models need embeddings and vocabularies holding at least the special tokens."""
+        _require_int("embedding_dim", self.embedding_dim, minimum=1)
+        if self.attention not in TOKEN_ATTENTION:
+            raise SpecError(f"spec field 'attention' of a token model must be one of {TOKEN_ATTENTION}, got "
+                            f"{self.attention!r} (multi-head attention is not built for token models yet)")
+        for name in ("source_vocab_size", "target_vocab_size"):
+            _require_int(name, getattr(self, name), minimum=SPECIAL_TOKENS + 1)
+
+    @property
+    def directions(self) -> int:
+        """2 for a bidirectional encoder, else 1."""
+        return 2 if self.bidirectional else 1
 
     @property
     def has_attention(self) -> bool:
@@ -43,8 +85,10 @@ class ModelSpec:
         return self.attention != "none"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form, the inverse of `from_dict`."""
-        return dataclasses.asdict(self)
+        """Plain-JSON form, the inverse of `from_dict`; added fields at their defaults are left out, so point
+        models write exactly what older readers expect."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ADDED_FIELDS or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, data: Any) -> "ModelSpec":
@@ -55,7 +99,12 @@ class ModelSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecError(f"model spec has unknown fields {unknown}; known fields are {sorted(known)}")
-        missing = sorted(known - set(data))
+        missing = sorted(known - set(data) - set(ADDED_FIELDS))
         if missing:
             raise SpecError(f"model spec is missing fields {missing}")
         return cls(**data)
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"spec field {name!r} must be an int >= {minimum}, got {value!r}")

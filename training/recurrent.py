@@ -1,0 +1,174 @@
+"""Recurrent token models: embeddings, a GRU/LSTM encoder (layers, optionally bidirectional) and an attention decoder.
+
+Padding: sources are right-padded with PAD_ID and come with their lengths; the encoder packs them
+(`pack_padded_sequence`), which the legacy ONNX exporter turns into the native GRU/LSTM op with `sequence_lens`
+(measured: <= 1.8e-7 from PyTorch for GRU/LSTM, 1-2 layers, uni/bidirectional, with symbolic batch and length).
+
+Bridge rule (bidirectional encoders): the decoder's initial state for layer l is
+    h_l = tanh(W_h [h_l(forward); h_l(backward)] + b_h)      and, for LSTM,  c_l = W_c [c_l(fw); c_l(bw)] + b_c
+(cell states are unbounded, so no squashing). Unidirectional encoders hand their final states over unchanged.
+
+Attention over the encoder memory m (N, L, D), D = directions * hidden, with the decoder's top hidden state q:
+    dot:       score = q . (W_k m)                         (keys projected once, in the encoder)
+    additive:  score = v . tanh(W_q q + W_k m)             (Bahdanau; W_k m projected once, in the encoder)
+padded positions get -inf before the softmax; the context is sum(alpha * m).
+The step's output is log_softmax(W_o [h_top; context]) (or, with tied embeddings, of P [h_top; context] . E^T).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from runtime.spec import ModelSpec
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+RNN_CLASSES = {"gru": nn.GRU, "lstm": nn.LSTM}
+# (layers, N, H) hidden, and for LSTM the (layers, N, H) cell state; GRU carries None.
+State = tuple[torch.Tensor, torch.Tensor | None]
+
+
+class TokenEncoder(nn.Module):
+    """Embeds source ids and runs a packed GRU/LSTM; returns memory (N, L, D) and the decoder's initial state."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embedding = nn.Embedding(spec.source_vocab_size, spec.embedding_dim, padding_idx=PAD_ID)
+        self.rnn = RNN_CLASSES[spec.cell](spec.embedding_dim, spec.hidden_dim, num_layers=spec.layers,
+                                          bidirectional=spec.bidirectional, batch_first=True)
+        both = 2 * spec.hidden_dim
+        self.bridge_h = nn.Linear(both, spec.hidden_dim) if spec.bidirectional else None
+        self.bridge_c = nn.Linear(both, spec.hidden_dim) if spec.bidirectional and spec.cell == "lstm" else None
+
+    def forward(self, source: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """source (N, L) int64 right-padded, lengths (N,) -> memory (N, L, D), (h, c) each (layers, N, H)."""
+        packed = pack_padded_sequence(self.embedding(source), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, final = self.rnn(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=source.shape[1])  # (N, L, D)
+        h, c = final if isinstance(final, tuple) else (final, None)  # (layers * dirs, N, H)
+        return memory, (self._bridge(h, self.bridge_h, torch.tanh), self._bridge(c, self.bridge_c, None))
+
+    def _bridge(self, state: torch.Tensor | None, linear: nn.Linear | None, squash: object) -> torch.Tensor | None:
+        if state is None or linear is None:
+            return state
+        n = state.shape[1]
+        pairs = state.view(self.spec.layers, 2, n, self.spec.hidden_dim)  # (layers, dirs, N, H)
+        joined = torch.cat([pairs[:, 0], pairs[:, 1]], dim=-1)  # (layers, N, 2H)
+        return squash(linear(joined)) if squash is not None else linear(joined)
+
+
+class TokenAttention(nn.Module):
+    """Dot or additive attention; `project_keys` runs once per source, `forward` once per step."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.kind = spec.attention
+        memory_dim = spec.directions * spec.hidden_dim
+        self.key = nn.Linear(memory_dim, spec.hidden_dim, bias=self.kind == "additive")
+        if self.kind == "additive":
+            self.query = nn.Linear(spec.hidden_dim, spec.hidden_dim, bias=False)
+            self.v = nn.Linear(spec.hidden_dim, 1, bias=False)
+
+    def project_keys(self, memory: torch.Tensor) -> torch.Tensor:
+        """memory (N, L, D) -> keys (N, L, H)."""
+        return self.key(memory)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, memory: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (N, H), keys (N, L, H), memory (N, L, D), mask (N, L) bool -> context (N, D), alphas (N, L)."""
+        if self.kind == "additive":
+            scores = self.v(torch.tanh(self.query(query)[:, None, :] + keys)).squeeze(-1)  # (N, L)
+        else:
+            scores = torch.bmm(keys, query[:, :, None]).squeeze(-1)  # (N, L)
+        alphas = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)  # (N, L)
+        return torch.bmm(alphas[:, None, :], memory).squeeze(1), alphas  # (N, D), (N, L)
+
+
+class TokenDecoder(nn.Module):
+    """One step at a time: embed the previous token, advance the GRU/LSTM, attend, project to log-probs."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embedding = nn.Embedding(spec.target_vocab_size, spec.embedding_dim, padding_idx=PAD_ID)
+        self.rnn = RNN_CLASSES[spec.cell](spec.embedding_dim, spec.hidden_dim, num_layers=spec.layers,
+                                          batch_first=True)
+        self.attention = TokenAttention(spec) if spec.has_attention else None
+        features = spec.hidden_dim + (spec.directions * spec.hidden_dim if spec.has_attention else 0)
+        if spec.tie_embeddings:
+            self.pre_output = nn.Linear(features, spec.embedding_dim)
+        else:
+            self.output = nn.Linear(features, spec.target_vocab_size)
+
+    def step(self, previous: torch.Tensor, state: State, keys: torch.Tensor | None, memory: torch.Tensor | None,
+             mask: torch.Tensor | None) -> tuple[torch.Tensor, State, torch.Tensor | None]:
+        """previous (N,) ids, state (layers, N, H) x2 -> log_probs (N, V), new state, alphas (N, L) or None."""
+        h, c = state
+        out, final = self.rnn(self.embedding(previous)[:, None, :], h if c is None else (h, c))  # (N, 1, H)
+        h, c = final if isinstance(final, tuple) else (final, None)
+        features, alphas = out[:, 0], None  # (N, H)
+        if self.attention is not None:
+            context, alphas = self.attention(features, keys, memory, mask)
+            features = torch.cat([features, context], dim=-1)  # (N, H + D)
+        return F.log_softmax(self._logits(features), dim=-1), (h, c), alphas
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        if self.spec.tie_embeddings:
+            return self.pre_output(features) @ self.embedding.weight.T  # (N, V)
+        return self.output(features)  # (N, V)
+
+
+class TokenSeq2Seq(nn.Module):
+    """Encoder + decoder; `forward` is teacher-forced and returns log-probs for every target position."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        if spec.kind != "tokens":
+            raise ValueError(f"TokenSeq2Seq needs a spec of kind 'tokens', got {spec.kind!r}")
+        self.spec = spec
+        self.encoder = TokenEncoder(spec)
+        self.decoder = TokenDecoder(spec)
+
+    def encode(self, source: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        """Everything the decoder steps read: initial state, memory, projected keys, mask (N, L)."""
+        memory, (h, c) = self.encoder(source, lengths)
+        mask = torch.arange(source.shape[1], device=source.device)[None, :] < lengths[:, None]  # (N, L)
+        keys = self.decoder.attention.project_keys(memory) if self.decoder.attention is not None else None
+        return {"hidden": h, "cell": c, "memory": memory, "keys": keys, "mask": mask}
+
+    def forward(self, source: torch.Tensor, lengths: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: target_in (N, T) starts with BOS -> log_probs (N, T, V) for target_in shifted by one."""
+        enc = self.encode(source, lengths)
+        state: State = (enc["hidden"], enc["cell"])
+        steps = []
+        for t in range(target_in.shape[1]):
+            log_probs, state, _ = self.decoder.step(target_in[:, t], state, enc["keys"], enc["memory"], enc["mask"])
+            steps.append(log_probs)
+        return torch.stack(steps, dim=1)  # (N, T, V)
+
+    @torch.no_grad()
+    def greedy(self, source: torch.Tensor, lengths: torch.Tensor, max_len: int) -> list[list[int]]:
+        """The PyTorch reference greedy decode: token ids per input, without BOS and EOS."""
+        enc = self.encode(source, lengths)
+        state: State = (enc["hidden"], enc["cell"])
+        previous = torch.full((source.shape[0],), BOS_ID, dtype=torch.long)
+        out: list[list[int]] = [[] for _ in range(source.shape[0])]
+        done = torch.zeros(source.shape[0], dtype=torch.bool)
+        for _ in range(max_len):
+            log_probs, state, _ = self.decoder.step(previous, state, enc["keys"], enc["memory"], enc["mask"])
+            previous = log_probs.argmax(dim=-1)
+            for i in torch.nonzero(~done & (previous != EOS_ID)).flatten().tolist():
+                out[i].append(int(previous[i]))
+            done |= previous == EOS_ID
+            if bool(done.all()):
+                break
+        return out
+
+
+def sequence_loss(log_probs: torch.Tensor, target_out: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over real (non-PAD) target tokens; log_probs (N, T, V), target_out (N, T)."""
+    # cross_entropy re-normalises its input; log-probs are already normalised, so this is plain NLL (+ smoothing).
+    return F.cross_entropy(log_probs.flatten(0, 1), target_out.flatten(), ignore_index=PAD_ID,
+                           label_smoothing=label_smoothing)
