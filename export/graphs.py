@@ -12,15 +12,21 @@ from runtime.contract import (
     BATCH, DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, GRAPH_KEY, SOURCE_LEN, SPEC_KEY, Dims, graph_io,
 )
 from runtime.spec import ModelSpec
+from runtime.spec import SPECIAL_TOKENS
 from training.models import EncoderDecoder
+from training.recurrent import BOS_ID, TokenSeq2Seq
 
 from .errors import ExportError
+from .token_wrappers import TokenEncoderGraph, TokenStepGraph
 from .wrappers import DecoderStepGraph, EncoderGraph
+
+Model = EncoderDecoder | TokenSeq2Seq
 
 DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 14, 20
 # Examples of batch >= 2 and length >= 2, so no exporter can mistake a dim for a constant.
 EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN = 3, 5
+EXAMPLE_LENGTHS = (5, 2, 4)  # token models: right-padded rows of unequal length
 
 DOCS = {
     ENCODER_FILE: "seq2onnx encoder: run once per request. source (batch, source_len, F) and source_mask "
@@ -29,6 +35,13 @@ DOCS = {
     DECODER_STEP_FILE: "seq2onnx decoder step: run once per output point, feeding output/hidden_out back "
     "as decoder_input/hidden.",
 }
+TOKEN_DOCS = {
+    ENCODER_FILE: "seq2onnx token encoder: run once per request. source_ids (batch, source_len; right-padded with 0) "
+    "and source_lengths (batch) -> the decoder's initial hidden[/cell] state, and the attention's memory, projected "
+    "keys and source_mask.",
+    DECODER_STEP_FILE: "seq2onnx token decoder step: run once per output token. previous_tokens (batch; 1 = bos at "
+    "the first step) and the state -> log_probs (batch, vocab); feed hidden_out[/cell_out] back as hidden[/cell].",
+}
 
 
 def dynamic_axes(io: dict[str, Dims]) -> dict[str, dict[int, str]]:
@@ -36,29 +49,42 @@ def dynamic_axes(io: dict[str, Dims]) -> dict[str, dict[int, str]]:
     return {name: {i: d for i, d in enumerate(dims) if isinstance(d, str)} for name, dims in io.items()}
 
 
-def example_inputs(model: EncoderDecoder, spec: ModelSpec) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Example arguments for both graphs, with the encoder's outputs feeding the step."""
-    gen = torch.Generator().manual_seed(0)
-    source = torch.randn(EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN, spec.n_features, generator=gen)
-    mask = torch.ones(EXAMPLE_BATCH, 1, EXAMPLE_SOURCE_LEN, dtype=torch.bool)
-    encoder = EncoderGraph(model, spec)
+def graph_modules(model: Model, spec: ModelSpec) -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
+    """Each graph's export module and example arguments, the encoder's outputs feeding the step."""
+    if spec.kind == "tokens":
+        encoder, step = TokenEncoderGraph(model, spec), TokenStepGraph(model, spec)
+        gen = torch.Generator().manual_seed(0)
+        enc_args = (torch.randint(SPECIAL_TOKENS, spec.source_vocab_size, (EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN),
+                                  generator=gen),
+                    torch.tensor(EXAMPLE_LENGTHS))  # unequal lengths: the packed path is what gets traced
+        extra = {"previous_tokens": torch.full((EXAMPLE_BATCH,), BOS_ID)}
+    else:
+        encoder, step = EncoderGraph(model, spec), DecoderStepGraph(model, spec)
+        gen = torch.Generator().manual_seed(0)
+        mask = torch.ones(EXAMPLE_BATCH, 1, EXAMPLE_SOURCE_LEN, dtype=torch.bool)
+        enc_args = (torch.randn(EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN, spec.n_features, generator=gen), mask)
+        extra = {"source_mask": mask}
     with torch.no_grad():
-        states = dict(zip(encoder.output_names, encoder(source, mask)))
-    states["source_mask"] = mask
+        states = dict(zip(encoder.output_names, encoder(*enc_args)))
     io = graph_io(spec)
-    for name, dims in io[ENCODER_FILE]["outputs"].items():
+    check_example_shapes(io[ENCODER_FILE]["outputs"], states)
+    states.update(extra)
+    step_args = tuple(states[name] for name in io[DECODER_STEP_FILE]["inputs"])
+    return {ENCODER_FILE: (encoder, enc_args), DECODER_STEP_FILE: (step, step_args)}
+
+
+def check_example_shapes(declared: dict[str, Dims], states: dict[str, torch.Tensor]) -> None:
+    """The encoder's example outputs have the declared shapes (symbolic dims at the example sizes)."""
+    for name, dims in declared.items():
         shape = [{BATCH: EXAMPLE_BATCH, SOURCE_LEN: EXAMPLE_SOURCE_LEN}.get(d, d) for d in dims]
         if list(states[name].shape) != shape:
             raise ExportError(f"encoder output {name!r}: expected example shape {shape}, got {list(states[name].shape)}")
-    step_args = tuple(states[name] for name in io[DECODER_STEP_FILE]["inputs"])
-    return (source, mask), step_args
 
 
-def export_graphs(model: EncoderDecoder, spec: ModelSpec, out_dir: Path, opset: int, export_id: str) -> None:
+def export_graphs(model: Model, spec: ModelSpec, out_dir: Path, opset: int, export_id: str) -> None:
     """Export encoder.onnx and decoder_step.onnx into out_dir, then fix up and check them."""
     model.eval()
-    enc_args, step_args = example_inputs(model, spec)
-    modules = {ENCODER_FILE: (EncoderGraph(model, spec), enc_args), DECODER_STEP_FILE: (DecoderStepGraph(model, spec), step_args)}
+    modules = graph_modules(model, spec)
     for file_name, io in graph_io(spec).items():
         module, args = modules[file_name]
         path = out_dir / file_name
@@ -78,8 +104,9 @@ def finish_graph(path: Path, io: dict[str, dict[str, Dims]], spec: ModelSpec, ex
     for value in [*model.graph.input, *model.graph.output]:
         declared = {**io["inputs"], **io["outputs"]}[value.name]
         set_dims(value, declared, file_name)
-    model.doc_string = DOCS[file_name]
-    model.graph.doc_string = DOCS[file_name]
+    docs = TOKEN_DOCS if spec.kind == "tokens" else DOCS
+    model.doc_string = docs[file_name]
+    model.graph.doc_string = docs[file_name]
     for key, val in {SPEC_KEY: json.dumps(spec.to_dict(), sort_keys=True), EXPORT_ID_KEY: export_id, GRAPH_KEY: file_name}.items():
         model.metadata_props.add(key=key, value=val)
     onnx.checker.check_model(model, full_check=True)

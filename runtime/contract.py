@@ -83,8 +83,55 @@ def decoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
     return out
 
 
+def token_encoder_inputs(spec: ModelSpec) -> dict[str, Dims]:
+    """Token encoder inputs: right-padded source ids and each row's length."""
+    return {"source_ids": [BATCH, SOURCE_LEN], "source_lengths": [BATCH]}
+
+
+def token_decoder_state(spec: ModelSpec) -> dict[str, Dims]:
+    """What every token decoder step reads besides the previous token: recurrent state and attention memory."""
+    out: dict[str, Dims] = {"hidden": [spec.layers, BATCH, spec.hidden_dim]}
+    if spec.cell == "lstm":
+        out["cell"] = [spec.layers, BATCH, spec.hidden_dim]
+    if spec.has_attention:
+        out["keys"] = [BATCH, SOURCE_LEN, spec.hidden_dim]
+        out["memory"] = [BATCH, SOURCE_LEN, spec.directions * spec.hidden_dim]
+        out["source_mask"] = [BATCH, SOURCE_LEN]
+    return out
+
+
+def token_decoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
+    """Token step outputs: log-probabilities, the advanced recurrent state, attention weights."""
+    out: dict[str, Dims] = {"log_probs": [BATCH, spec.target_vocab_size],
+                            "hidden_out": [spec.layers, BATCH, spec.hidden_dim]}
+    if spec.cell == "lstm":
+        out["cell_out"] = [spec.layers, BATCH, spec.hidden_dim]
+    if spec.has_attention:
+        out["alphas"] = [BATCH, SOURCE_LEN]
+    return out
+
+
+# Step outputs fed back as the next step's inputs (token models).
+FEEDBACK = {"hidden_out": "hidden", "cell_out": "cell"}
+
+
+def state_batch_axes(spec: ModelSpec) -> dict[str, int]:
+    """The batch axis of every decoder state entry, so beam search can reorder any model's state by index."""
+    return {name: dims.index(BATCH) for name, dims in token_decoder_state(spec).items()}
+
+
 def graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
     """Both graphs' declared inputs and outputs, keyed by file name."""
+    if spec.kind == "tokens":
+        state = token_decoder_state(spec)
+        # memory is an encoder output even without attention: the graph then keeps the recurrent op's sequence
+        # output (the exporter fails on a bidirectional LSTM whose sequence output is unused).
+        encoder_out = {**state, "memory": [BATCH, SOURCE_LEN, spec.directions * spec.hidden_dim]}
+        return {
+            ENCODER_FILE: {"inputs": token_encoder_inputs(spec), "outputs": encoder_out},
+            DECODER_STEP_FILE: {"inputs": {"previous_tokens": [BATCH], **state},
+                                "outputs": token_decoder_outputs(spec)},
+        }
     return {
         ENCODER_FILE: {"inputs": encoder_inputs(spec), "outputs": encoder_outputs(spec)},
         DECODER_STEP_FILE: {"inputs": decoder_inputs(spec), "outputs": decoder_outputs(spec)},

@@ -1,0 +1,42 @@
+"""Export modules for token models, with flat tensor arguments named by the contract. They reuse the model's own
+`encode` and `decoder.step`, so the graphs compute exactly what the PyTorch reference decode does."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from runtime.contract import ENCODER_FILE, graph_io, token_decoder_outputs, token_decoder_state
+from runtime.spec import ModelSpec
+from training.recurrent import TokenSeq2Seq
+
+
+class TokenEncoderGraph(nn.Module):
+    """source_ids (N, L) int64, source_lengths (N,) int64 -> hidden[, cell], memory[, keys, source_mask]."""
+
+    def __init__(self, model: TokenSeq2Seq, spec: ModelSpec) -> None:
+        super().__init__()
+        self.model = model
+        self.output_names = list(graph_io(spec)[ENCODER_FILE]["outputs"])
+
+    def forward(self, source_ids: torch.Tensor, source_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        states = self.model.encode(source_ids, source_lengths)
+        states["source_mask"] = states.pop("mask")
+        return tuple(states[name] for name in self.output_names)
+
+
+class TokenStepGraph(nn.Module):
+    """One step: previous_tokens (N,) and the state -> log_probs (N, V), hidden_out[, cell_out][, alphas]."""
+
+    def __init__(self, model: TokenSeq2Seq, spec: ModelSpec) -> None:
+        super().__init__()
+        self.decoder = model.decoder
+        self.input_names = ["previous_tokens", *token_decoder_state(spec)]
+        self.output_names = list(token_decoder_outputs(spec))
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feed = dict(zip(self.input_names, inputs))
+        log_probs, (hidden, cell), alphas = self.decoder.step(
+            feed["previous_tokens"], (feed["hidden"], feed.get("cell")), feed.get("keys"), feed.get("memory"),
+            feed.get("source_mask"))
+        produced = {"log_probs": log_probs, "hidden_out": hidden, "cell_out": cell, "alphas": alphas}
+        return tuple(produced[name] for name in self.output_names)
