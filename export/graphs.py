@@ -12,7 +12,7 @@ from runtime.contract import (
     BATCH, DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, GRAPH_KEY, SOURCE_LEN, SPEC_KEY, Dims, graph_io,
 )
 from runtime.spec import ModelSpec
-from runtime.spec import SPECIAL_TOKENS
+from runtime.spec import N_SPECIAL_TOKENS
 from training.models import EncoderDecoder
 from training.recurrent import BOS_ID, TokenSeq2Seq
 
@@ -54,7 +54,7 @@ def graph_modules(model: Model, spec: ModelSpec) -> dict[str, tuple[torch.nn.Mod
     if spec.kind == "tokens":
         encoder, step = TokenEncoderGraph(model, spec), TokenStepGraph(model, spec)
         gen = torch.Generator().manual_seed(0)
-        enc_args = (torch.randint(SPECIAL_TOKENS, spec.source_vocab_size, (EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN),
+        enc_args = (torch.randint(N_SPECIAL_TOKENS, spec.source_vocab_size, (EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN),
                                   generator=gen),
                     torch.tensor(EXAMPLE_LENGTHS))  # unequal lengths: the packed path is what gets traced
         extra = {"previous_tokens": torch.full((EXAMPLE_BATCH,), BOS_ID)}

@@ -11,7 +11,7 @@ KINDS = ("points", "tokens")
 # What the points pipeline (the book's models) supports; token models take the whole range.
 POINTS_ATTENTION = ("none", "dot", "multihead")
 TOKEN_ATTENTION = ("none", "dot", "additive")
-SPECIAL_TOKENS = 4  # pad, bos, eos, unk: a token vocabulary holds at least these
+N_SPECIAL_TOKENS = 4  # pad, bos, eos, unk: a token vocabulary holds at least these
 # Fields added after the first format: absent in older spec.json / manifest.json files, which load with these values.
 ADDED_FIELDS = ("kind", "layers", "bidirectional", "embedding_dim", "source_vocab_size", "target_vocab_size",
                 "tie_embeddings")
@@ -72,7 +72,7 @@ class ModelSpec:
             raise SpecError(f"spec field 'attention' of a token model must be one of {TOKEN_ATTENTION}, got "
                             f"{self.attention!r} (multi-head attention is not built for token models yet)")
         for name in ("source_vocab_size", "target_vocab_size"):
-            _require_int(name, getattr(self, name), minimum=SPECIAL_TOKENS + 1)
+            _require_int(name, getattr(self, name), minimum=N_SPECIAL_TOKENS + 1)
 
     @property
     def directions(self) -> int:

@@ -22,8 +22,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from runtime.spec import ModelSpec
-
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+from runtime.vocab import BOS as BOS_ID
+from runtime.vocab import EOS as EOS_ID
+from runtime.vocab import PAD as PAD_ID
 RNN_CLASSES = {"gru": nn.GRU, "lstm": nn.LSTM}
 # (layers, N, H) hidden, and for LSTM the (layers, N, H) cell state; GRU carries None.
 State = tuple[torch.Tensor, torch.Tensor | None]

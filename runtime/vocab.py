@@ -1,0 +1,308 @@
+"""Vocabularies of token models: text <-> ids in one JSON file (stdlib + numpy; `tokenizers` only for subword)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import Seq2OnnxError, brief
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3  # fixed ids: every vocabulary starts with these four
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # in id order
+TOKENIZER_KINDS = ("char", "whitespace", "subword")
+JOINERS = {"char": "", "whitespace": " "}  # how `decode` glues tokens back into text
+ID_DTYPE = np.int64
+VOCAB_FORMAT_VERSION = 1
+SUPPORTED_VOCAB_VERSIONS = (1,)
+VOCAB_KEYS = ("format_version", "tokenizer", "tokens")  # plus "tokenizer_json" for subword, only there
+MAX_VOCAB_FILE_BYTES = 64 << 20  # a large BPE tokenizer JSON is a few MiB; more is not a vocabulary
+SUBWORD_EXTRA = "text"  # the pyproject extra that installs `tokenizers`
+
+
+class VocabError(Seq2OnnxError, ValueError):
+    """A vocabulary (built, loaded or rebuilt from a dict) is malformed, or an id is out of range."""
+
+
+class TokenizerUnavailableError(Seq2OnnxError, ImportError):
+    """A subword vocabulary needs the `tokenizers` package, which is not installed."""
+
+
+def _import_tokenizer_class() -> Any:
+    """`tokenizers.Tokenizer`, imported only when a subword vocabulary is used."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as err:
+        raise TokenizerUnavailableError(
+            "tokenizer kind 'subword' needs the 'tokenizers' package, which is not installed; "
+            f"install the '{SUBWORD_EXTRA}' extra: pip install -e '.[{SUBWORD_EXTRA}]' in a seq2onnx checkout "
+            "(or pip install tokenizers)") from err
+    return Tokenizer
+
+
+def _parse_tokenizer(text: str) -> Any:
+    """A `tokenizers.Tokenizer` from its JSON text, refusing text it cannot read."""
+    tokenizer_class = _import_tokenizer_class()
+    try:
+        return tokenizer_class.from_str(text)
+    except Exception as err:  # tokenizers raises its own Exception subclasses for bad JSON
+        raise VocabError(f"tokenizer JSON cannot be read by the tokenizers package ({err}); "
+                         "save it with Tokenizer.save(path)") from err
+
+
+def _tokens_of(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's tokens in id order; ids must be 0..n-1 with the four specials first."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)  # {token: id}
+    by_id = sorted(vocab.items(), key=lambda item: item[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise VocabError(f"tokenizer ids must be 0..{len(by_id) - 1} without gaps; got {len(by_id)} tokens "
+                         f"with ids from {by_id[0][1] if by_id else None} to {by_id[-1][1] if by_id else None}")
+    tokens = tuple(t for t, _ in by_id)
+    if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+        raise VocabError(f"a subword tokenizer must hold the specials {list(SPECIAL_TOKENS)} at ids 0..3, "
+                         f"got {list(tokens[:len(SPECIAL_TOKENS)])}; train it with "
+                         f"special_tokens={list(SPECIAL_TOKENS)} (in that order) as the trainer's first tokens")
+    return tokens
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Tokens (specials at ids 0..3, then the rest) and the tokenizer kind that splits text into them."""
+
+    tokens: tuple[str, ...]
+    tokenizer: str = "char"
+    tokenizer_json: str | None = None  # subword only: the Hugging Face tokenizer, so one file holds everything
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _subword: list[Any] = field(init=False, repr=False, compare=False)  # the loaded Tokenizer, once used
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZER_KINDS:
+            raise VocabError(f"vocabulary 'tokenizer' must be one of {TOKENIZER_KINDS}, got {brief(self.tokenizer)}")
+        if isinstance(self.tokens, str) or not isinstance(self.tokens, Sequence):
+            raise VocabError(f"vocabulary 'tokens' must be a list of strings, got {type(self.tokens).__name__}")
+        tokens = tuple(self.tokens)
+        object.__setattr__(self, "tokens", tokens)
+        if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+            raise VocabError(f"vocabulary 'tokens' must start with the specials {list(SPECIAL_TOKENS)} "
+                             f"(ids {PAD}..{UNK}), got {brief(list(tokens[:len(SPECIAL_TOKENS)]))}")
+        self._check_regular(tokens[len(SPECIAL_TOKENS):])
+        if (self.tokenizer == "subword") != isinstance(self.tokenizer_json, str):
+            raise VocabError(f"vocabulary 'tokenizer_json' must be the tokenizer's JSON text when tokenizer is "
+                             f"'subword' and absent otherwise; got tokenizer {self.tokenizer!r} and "
+                             f"tokenizer_json of type {type(self.tokenizer_json).__name__}")
+        regular = {t: i for i, t in enumerate(tokens) if i >= len(SPECIAL_TOKENS)}  # text never yields specials
+        object.__setattr__(self, "_index", regular)
+        object.__setattr__(self, "_subword", [])
+
+    def _check_regular(self, regular: tuple[str, ...]) -> None:
+        """Every non-special token is a unique, non-empty string fitting the tokenizer kind."""
+        bad = [t for t in regular if not isinstance(t, str) or not t]
+        if bad:
+            raise VocabError(f"vocabulary tokens must be non-empty strings, got {brief(bad[:5])}")
+        duplicates = sorted(t for t, c in Counter(regular).items() if c > 1 or t in SPECIAL_TOKENS)
+        if duplicates:
+            raise VocabError(f"vocabulary tokens must be unique (the specials included), "
+                             f"got repeated {brief(duplicates[:5])}")
+        if self.tokenizer == "char" and any(len(t) != 1 for t in regular):
+            raise VocabError(f"a 'char' vocabulary holds single characters, got "
+                             f"{brief([t for t in regular if len(t) != 1][:5])}")
+        if self.tokenizer == "whitespace" and any(t.split() != [t] for t in regular):
+            raise VocabError(f"a 'whitespace' vocabulary holds tokens without whitespace, got "
+                             f"{brief([t for t in regular if t.split() != [t]][:5])}")
+
+    # -- building ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, texts: Iterable[str], kind: str, min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
+        """Tokens seen at least `min_freq` times, most frequent first (ties by token), at most `max_size` in all."""
+        if kind == "subword":
+            raise VocabError("a 'subword' vocabulary comes from a trained tokenizer, not from build(); "
+                             "use Vocabulary.from_tokenizer_file(path) or from_tokenizer_json(text)")
+        if kind not in JOINERS:
+            raise VocabError(f"vocabulary kind must be one of {TOKENIZER_KINDS}, got {brief(kind)}")
+        if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
+            raise VocabError(f"min_freq must be an int >= 1, got {brief(min_freq)}")
+        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
+                                     or max_size < len(SPECIAL_TOKENS)):
+            raise VocabError(f"max_size counts the {len(SPECIAL_TOKENS)} specials too, so it must be None or an "
+                             f"int >= {len(SPECIAL_TOKENS)}, got {brief(max_size)}")
+        if isinstance(texts, str):
+            raise VocabError(f"texts must be an iterable of strings, got one string {brief(texts)}; wrap it in a list")
+        counts: Counter[str] = Counter()
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise VocabError(f"texts[{i}] must be a string, got {type(text).__name__}: {brief(text)}")
+            counts.update(_split(text, kind))
+        kept = sorted((t for t, c in counts.items() if c >= min_freq and t not in SPECIAL_TOKENS),
+                      key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            kept = kept[: max_size - len(SPECIAL_TOKENS)]
+        return cls(SPECIAL_TOKENS + tuple(kept), kind)
+
+    @classmethod
+    def from_tokenizer_json(cls, text: str) -> Vocabulary:
+        """A subword vocabulary holding a Hugging Face `tokenizers` JSON (specials <pad> <s> </s> <unk> at 0..3)."""
+        if not isinstance(text, str):
+            raise VocabError(f"tokenizer JSON must be text, got {type(text).__name__}")
+        return cls(_tokens_of(_parse_tokenizer(text)), "subword", text)
+
+    @classmethod
+    def from_tokenizer_file(cls, path: str | Path) -> Vocabulary:
+        """`from_tokenizer_json` on the file a `Tokenizer.save(path)` wrote."""
+        return cls.from_tokenizer_json(_read_text(Path(path), "tokenizer file"))
+
+    # -- text <-> ids ----------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def _tokenizer_object(self) -> Any:
+        """The loaded subword tokenizer; checked once against `tokens` (a racing second load is harmless)."""
+        if not self._subword:
+            tokenizer = _parse_tokenizer(self.tokenizer_json or "")
+            if _tokens_of(tokenizer) != self.tokens:
+                raise VocabError("vocabulary 'tokens' do not match its tokenizer_json's vocabulary; "
+                                 "rebuild it with Vocabulary.from_tokenizer_json")
+            self._subword.append(tokenizer)
+        return self._subword[0]
+
+    def tokenize(self, text: str) -> list[str]:
+        """Split text into tokens: characters, whitespace-separated words, or the tokenizer's pieces."""
+        _check_text(text)
+        if self.tokenizer == "subword":
+            return list(self._tokenizer_object().encode(text, add_special_tokens=False).tokens)
+        return _split(text, self.tokenizer)
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = True) -> list[int]:
+        """Token ids of text; unknown tokens, and specials written in the text, become UNK."""
+        _check_text(text)
+        if self.tokenizer == "subword":
+            raw = self._tokenizer_object().encode(text, add_special_tokens=False).ids
+            ids = [UNK if i < len(SPECIAL_TOKENS) else i for i in raw]
+        else:
+            ids = [self._index.get(t, UNK) for t in _split(text, self.tokenizer)]
+        return [BOS] * add_bos + ids + [EOS] * add_eos
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ids up to the first EOS; PAD, BOS and UNK are skipped."""
+        array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
+        if array.ndim != 1:
+            raise VocabError(f"ids must be one sequence (1-D), got shape {array.shape}; decode rows one at a time")
+        kept: list[int] = []
+        for position, i in enumerate(array.tolist()):
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.tokens):
+                raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
+            if i == EOS:
+                break
+            if i >= len(SPECIAL_TOKENS):
+                kept.append(i)
+        if self.tokenizer == "subword":
+            return str(self._tokenizer_object().decode(kept, skip_special_tokens=True))
+        return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
+
+    def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
+                     add_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Ids (N, L) int64 right-padded with PAD, and each row's length (N,) int64."""
+        if isinstance(texts, str):
+            raise VocabError(f"texts must be a list of strings, got one string {brief(texts)}; wrap it in a list")
+        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
+        lengths = np.array([len(r) for r in rows], dtype=ID_DTYPE)  # (N,)
+        ids = np.full((len(rows), int(lengths.max(initial=0))), PAD, dtype=ID_DTYPE)  # (N, L)
+        for row, r in zip(ids, rows):
+            row[: len(r)] = r
+        return ids, lengths
+
+    # -- storage ---------------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, the inverse of `from_dict`."""
+        data: dict[str, Any] = {"format_version": VOCAB_FORMAT_VERSION, "tokenizer": self.tokenizer,
+                                "tokens": list(self.tokens)}
+        if self.tokenizer_json is not None:
+            data["tokenizer_json"] = self.tokenizer_json
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Vocabulary:
+        """Rebuild a vocabulary, refusing unknown or missing keys and unknown format versions."""
+        if not isinstance(data, dict):
+            raise VocabError(f"vocabulary must be a JSON object, got {type(data).__name__}")
+        expected = set(VOCAB_KEYS) | ({"tokenizer_json"} if data.get("tokenizer") == "subword" else set())
+        unknown, missing = sorted(set(data) - expected), sorted(expected - set(data))
+        if unknown or missing:
+            raise VocabError(f"vocabulary keys must be {sorted(expected)}; unknown {unknown}, missing {missing}")
+        version = data["format_version"]
+        if type(version) is not int or version not in SUPPORTED_VOCAB_VERSIONS:
+            raise VocabError(f"vocabulary format_version {brief(version)} is not understood; "
+                             f"this seq2onnx reads versions {list(SUPPORTED_VOCAB_VERSIONS)}")
+        if not isinstance(data["tokens"], list):
+            raise VocabError(f"vocabulary 'tokens' must be a list, got {type(data['tokens']).__name__}")
+        return cls(tuple(data["tokens"]), data["tokenizer"], data.get("tokenizer_json"))
+
+    def canonical_json(self) -> str:
+        """The one text `sha256` hashes: sorted keys, no spaces, UTF-8 kept as is."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    @property
+    def sha256(self) -> str:
+        """Hex sha256 of the canonical JSON; equal vocabularies hash equal on every run and machine."""
+        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON (indent 2, sorted keys) whole or not at all: a temporary file beside it, then a rename."""
+        path = Path(path)
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        """Read a vocabulary `save` wrote."""
+        text = _read_text(Path(path), "vocabulary file")
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise VocabError(f"vocabulary file {str(path)!r} is not valid JSON ({err})") from err
+        try:
+            return cls.from_dict(data)
+        except VocabError as err:
+            raise VocabError(f"vocabulary file {str(path)!r}: {err}") from err
+
+
+def _split(text: str, kind: str) -> list[str]:
+    """Characters ('char') or whitespace-separated words ('whitespace')."""
+    return list(text) if kind == "char" else text.split()
+
+
+def _check_text(text: Any) -> None:
+    if not isinstance(text, str):
+        raise VocabError(f"text must be a string, got {type(text).__name__}: {brief(text)}")
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A UTF-8 file of at most MAX_VOCAB_FILE_BYTES, or a VocabError naming it."""
+    if not path.is_file():
+        raise VocabError(f"{what} {str(path)!r} does not exist or is not a file")
+    if path.stat().st_size > MAX_VOCAB_FILE_BYTES:
+        raise VocabError(f"{what} {str(path)!r} is {path.stat().st_size} bytes, over the "
+                         f"{MAX_VOCAB_FILE_BYTES} byte limit; it is not a vocabulary")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise VocabError(f"{what} {str(path)!r} is not UTF-8 (byte {err.start}: {data[err.start:err.start + 1]!r})"
+                         ) from err

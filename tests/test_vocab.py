@@ -1,0 +1,219 @@
+"""Vocabulary: building, text <-> ids, padding, strict storage, hashing, and the optional subword tokenizer."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.errors import Seq2OnnxError
+from runtime.vocab import (BOS, EOS, PAD, SPECIAL_TOKENS, UNK, TokenizerUnavailableError, Vocabulary, VocabError)
+
+TEXTS = ["one is one", "two is two", "three is three"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def words() -> Vocabulary:
+    return Vocabulary.build(TEXTS, "whitespace")
+
+
+def test_specials_have_fixed_ids(words: Vocabulary) -> None:
+    assert (PAD, BOS, EOS, UNK) == (0, 1, 2, 3)
+    assert words.tokens[:4] == SPECIAL_TOKENS == ("<pad>", "<s>", "</s>", "<unk>")
+    assert issubclass(VocabError, Seq2OnnxError) and issubclass(VocabError, ValueError)
+
+
+def test_build_orders_by_frequency_then_token(words: Vocabulary) -> None:
+    assert words.tokens[4:] == ("is", "one", "three", "two")  # "is" 3 times; the rest twice, alphabetical
+    chars = Vocabulary.build(["abba", "cab"], "char")
+    assert chars.tokens[4:] == ("a", "b", "c")  # a: 3, b: 3, c: 1
+
+
+def test_build_is_deterministic_whatever_the_text_order() -> None:
+    assert Vocabulary.build(TEXTS, "whitespace") == Vocabulary.build(TEXTS[::-1], "whitespace")
+
+
+def test_min_freq_and_max_size() -> None:
+    texts = ["a a a b b c"]
+    assert Vocabulary.build(texts, "whitespace", min_freq=2).tokens[4:] == ("a", "b")
+    assert Vocabulary.build(texts, "whitespace", max_size=5).tokens[4:] == ("a",)  # max_size counts the specials
+    assert len(Vocabulary.build(texts, "whitespace", max_size=4)) == 4
+    for bad in ({"min_freq": 0}, {"min_freq": 1.5}, {"max_size": 3}, {"max_size": True}):
+        with pytest.raises(VocabError):
+            Vocabulary.build(texts, "whitespace", **bad)
+
+
+def test_build_refuses_bad_input() -> None:
+    with pytest.raises(VocabError, match="one string"):
+        Vocabulary.build("one is one", "whitespace")
+    with pytest.raises(VocabError, match=r"texts\[1\] must be a string"):
+        Vocabulary.build(["a", 3], "char")
+    with pytest.raises(VocabError, match="must be one of"):
+        Vocabulary.build(TEXTS, "bytes")
+    with pytest.raises(VocabError, match="from_tokenizer"):
+        Vocabulary.build(TEXTS, "subword")
+
+
+@pytest.mark.parametrize("kind, text", [("char", "321 cab"), ("whitespace", "two is one")])
+def test_encode_decode_round_trip(kind: str, text: str) -> None:
+    vocab = Vocabulary.build([text, "abc 123"], kind)
+    ids = vocab.encode(text, add_bos=True)
+    assert ids[0] == BOS and ids[-1] == EOS and UNK not in ids
+    assert vocab.decode(ids) == text
+    assert vocab.encode(text, add_eos=False) == ids[1:-1]
+
+
+def test_unknown_tokens_and_written_specials_become_unk(words: Vocabulary) -> None:
+    assert words.encode("one is four") == [words.tokens.index("one"), words.tokens.index("is"), UNK, EOS]
+    assert words.encode("<s> </s> <pad> <unk>", add_eos=False) == [UNK] * 4  # text never yields control ids
+    assert words.decode(words.encode("one is four")) == "one is"  # decode skips UNK
+
+
+def test_decode_stops_at_eos_and_skips_specials(words: Vocabulary) -> None:
+    one, two = words.tokens.index("one"), words.tokens.index("two")
+    assert words.decode([BOS, one, PAD, UNK, two, EOS, one, one]) == "one two"
+    assert words.decode(np.array([one, EOS], dtype=np.int64)) == "one"
+    assert words.decode([]) == ""
+
+
+@pytest.mark.parametrize("ids", [[99], [-1], [1.0], [True], [[4, 5]]])
+def test_decode_refuses_bad_ids(words: Vocabulary, ids: list) -> None:
+    with pytest.raises(VocabError):
+        words.decode(ids)
+
+
+def test_encode_batch_pads_and_reports_lengths(words: Vocabulary) -> None:
+    ids, lengths = words.encode_batch(["one", "two is two", ""], add_bos=True)
+    assert ids.dtype == np.int64 and lengths.dtype == np.int64
+    assert ids.shape == (3, 5) and lengths.tolist() == [3, 5, 2]
+    for row, n, text in zip(ids, lengths, ["one", "two is two", ""]):
+        assert row[:n].tolist() == words.encode(text, add_bos=True)
+        assert (row[n:] == PAD).all()
+    empty, no_lengths = words.encode_batch([])
+    assert empty.shape == (0, 0) and no_lengths.shape == (0,)
+    with pytest.raises(VocabError, match="one string"):
+        words.encode_batch("one")
+
+
+@pytest.mark.parametrize("tokens, kind, match", [
+    (("a", "b"), "char", "start with the specials"),
+    (SPECIAL_TOKENS + ("a", "a"), "char", "unique"),
+    (SPECIAL_TOKENS + ("<s>",), "whitespace", "unique"),
+    (SPECIAL_TOKENS + ("ab",), "char", "single characters"),
+    (SPECIAL_TOKENS + ("a b",), "whitespace", "without whitespace"),
+    (SPECIAL_TOKENS + ("",), "whitespace", "non-empty"),
+    (SPECIAL_TOKENS, "bpe", "must be one of"),
+])
+def test_constructor_refuses_malformed_vocabularies(tokens: tuple, kind: str, match: str) -> None:
+    with pytest.raises(VocabError, match=match):
+        Vocabulary(tokens, kind)
+
+
+def test_dict_round_trip_and_strict_keys(words: Vocabulary) -> None:
+    data = words.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert Vocabulary.from_dict(data) == words
+    with pytest.raises(VocabError, match=r"unknown \['extra'\]"):
+        Vocabulary.from_dict({**data, "extra": 1})
+    with pytest.raises(VocabError, match=r"missing \['tokens'\]"):
+        Vocabulary.from_dict({k: v for k, v in data.items() if k != "tokens"})
+    with pytest.raises(VocabError, match=r"unknown \['tokenizer_json'\]"):
+        Vocabulary.from_dict({**data, "tokenizer_json": "{}"})
+    for version in (99, 1.0, "1", True):
+        with pytest.raises(VocabError, match="reads versions"):
+            Vocabulary.from_dict({**data, "format_version": version})
+    with pytest.raises(VocabError, match="JSON object"):
+        Vocabulary.from_dict([data])
+
+
+def test_save_load(words: Vocabulary, tmp_path: Path) -> None:
+    path = tmp_path / "vocab.json"
+    words.save(path)
+    text = path.read_text(encoding="utf-8")
+    assert text == json.dumps(words.to_dict(), indent=2, sort_keys=True) + "\n"
+    assert Vocabulary.load(path) == words
+    assert [p.name for p in tmp_path.iterdir()] == ["vocab.json"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"{not json", "not valid JSON"), (b"\xff\xfe", "not UTF-8"), (b'{"tokens": []}', "missing"),
+])
+def test_load_refuses_bad_files(tmp_path: Path, content: bytes, match: str) -> None:
+    path = tmp_path / "vocab.json"
+    path.write_bytes(content)
+    with pytest.raises(VocabError, match=match):
+        Vocabulary.load(path)
+    with pytest.raises(VocabError, match="does not exist"):
+        Vocabulary.load(tmp_path / "missing.json")
+
+
+def test_sha256_is_stable_across_processes_and_follows_content(words: Vocabulary) -> None:
+    code = ("import sys; from runtime.vocab import Vocabulary; "
+            f"vocab = Vocabulary.build({TEXTS!r}, 'whitespace'); vocab.decode(vocab.encode('one is one')); "
+            "print(vocab.sha256, [m for m in ('torch', 'tokenizers', 'training') if m in sys.modules])")
+    other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345", "PATH": ""})  # another hash seed: sets are not in it
+    assert other.stdout.split(maxsplit=1) == [words.sha256, "[]\n"]  # and the runtime side imported no torch
+    assert len(words.sha256) == 64
+    assert Vocabulary.build(TEXTS + ["four"], "whitespace").sha256 != words.sha256
+    assert Vocabulary.build(TEXTS, "char").sha256 != words.sha256
+
+
+def test_subword_without_tokenizers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # makes `import tokenizers` fail
+    with pytest.raises(TokenizerUnavailableError, match=r"pip install -e '\.\[text\]'"):
+        Vocabulary.from_tokenizer_json("{}")
+    vocab = Vocabulary(SPECIAL_TOKENS + ("a",), "subword", "{}")  # known sizes need no import ...
+    assert len(vocab) == 5
+    with pytest.raises(ImportError):  # ... encoding does
+        vocab.encode("a")
+
+
+# -- subword, with a tokenizer trained here when the `tokenizers` package is installed ------------------------------
+
+
+def _trained_tokenizer(specials: list[str]) -> str:
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    trainer = tokenizers.trainers.WordLevelTrainer(special_tokens=specials)
+    tokenizer.train_from_iterator(TEXTS, trainer)
+    return tokenizer.to_str()
+
+
+def test_subword_round_trip_and_storage(tmp_path: Path) -> None:
+    text = _trained_tokenizer(list(SPECIAL_TOKENS))
+    file = tmp_path / "tokenizer.json"
+    file.write_text(text, encoding="utf-8")
+    vocab = Vocabulary.from_tokenizer_file(file)
+    assert vocab.tokenizer == "subword" and vocab.tokens[:4] == SPECIAL_TOKENS
+    assert set(vocab.tokens[4:]) == {"one", "two", "three", "is"}
+    ids = vocab.encode("two is three", add_bos=True)
+    assert ids[0] == BOS and ids[-1] == EOS and UNK not in ids
+    assert vocab.tokenize("two is three") == ["two", "is", "three"]
+    assert vocab.decode(ids) == "two is three"
+    assert vocab.encode("one is <s> five", add_eos=False)[2:] == [UNK, UNK]
+    batch, lengths = vocab.encode_batch(["one", "two is two"])
+    assert batch.tolist() == [vocab.encode("one") + [PAD, PAD], vocab.encode("two is two")]
+    assert lengths.tolist() == [2, 4]
+    vocab.save(tmp_path / "vocab.json")  # one file holds the tokenizer too
+    again = Vocabulary.load(tmp_path / "vocab.json")
+    assert again == vocab and again.sha256 == vocab.sha256 and again.encode("two is three") == ids[1:]
+
+
+def test_subword_refuses_tokenizers_without_the_specials() -> None:
+    with pytest.raises(VocabError, match="at ids 0..3"):
+        Vocabulary.from_tokenizer_json(_trained_tokenizer(["[PAD]", "[UNK]"]))
+    with pytest.raises(VocabError, match="cannot be read"):
+        Vocabulary.from_tokenizer_json("{not a tokenizer")
+
+
+def test_subword_tokens_must_match_the_tokenizer() -> None:
+    vocab = Vocabulary.from_tokenizer_json(_trained_tokenizer(list(SPECIAL_TOKENS)))
+    forged = Vocabulary.from_dict({**vocab.to_dict(), "tokens": list(SPECIAL_TOKENS) + ["x"]})
+    with pytest.raises(VocabError, match="do not match"):
+        forged.encode("one")
