@@ -100,3 +100,44 @@ def test_state_batch_axes_name_every_state_entry(exported):
     axes = state_batch_axes(spec)
     assert set(axes) == set(graph_io(spec)[DECODER_STEP_FILE]["inputs"]) - {"previous_tokens"}
     assert axes["hidden"] == 1 and all(axes[k] == 0 for k in ("keys", "memory", "source_mask") if k in axes)
+
+
+# ---- decoding through the graphs: the same strategies drive PyTorch and onnxruntime -----------------------------
+
+def runtime_steps(exported):
+    """The exported graphs as a TokenSteps."""
+    from runtime.token_steps import TokenSteps
+
+    _, spec, sessions, _ = exported
+    return TokenSteps(spec, sessions[ENCODER_FILE], sessions[DECODER_STEP_FILE])
+
+
+@pytest.mark.parametrize(("n", "length"), [(1, 4), (5, 6)])
+def test_greedy_tokens_equal_the_pytorch_reference(exported, n, length):
+    from runtime.search import greedy_search
+    from training.recurrent import EOS_ID
+
+    model, spec, _, _ = exported
+    ids, lengths = batch(n, length, seed=7 + n)
+    steps = runtime_steps(exported)
+    got = greedy_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, n, BOS_ID, EOS_ID, 8)
+    reference = model.greedy(torch.from_numpy(ids), torch.from_numpy(lengths), max_len=8)
+    assert [h.tokens for h in got] == reference
+
+
+@pytest.mark.parametrize(("n", "length"), [(1, 4), (4, 6)])
+def test_beam_tokens_and_scores_equal_pytorch_driven_by_the_same_search(exported, n, length):
+    from runtime.search import beam_search
+    from training.recurrent import EOS_ID, torch_steps
+
+    model, spec, _, _ = exported
+    ids, lengths = batch(n, length, seed=11 + n)
+    steps = runtime_steps(exported)
+    options = dict(batch_size=n, bos_id=BOS_ID, eos_id=EOS_ID, beam_size=4, num_hypotheses=3,
+                   max_decoding_length=7)
+    got = beam_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, **options)
+    state, step = torch_steps(model, ids, lengths)
+    want = beam_search(step, state, state_batch_axes(spec), **options)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+    np.testing.assert_allclose([[h.score for h in hyps] for hyps in got],
+                               [[h.score for h in hyps] for hyps in want], atol=1e-4)

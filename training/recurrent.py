@@ -16,11 +16,16 @@ The step's output is log_softmax(W_o [h_top; context]) (or, with tied embeddings
 """
 from __future__ import annotations
 
+from typing import Callable
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from runtime.contract import token_decoder_state
+from runtime.search.step import StepResult
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS as BOS_ID
 from runtime.vocab import EOS as EOS_ID
@@ -166,6 +171,26 @@ class TokenSeq2Seq(nn.Module):
             if bool(done.all()):
                 break
         return out
+
+
+def torch_steps(model: TokenSeq2Seq, source: np.ndarray, lengths: np.ndarray) -> tuple[dict, Callable]:
+    """The PyTorch reference as (state, step function) for `runtime.search`: the same strategies then drive
+    PyTorch and onnxruntime, so any difference between them is the graphs'."""
+    with torch.no_grad():
+        enc = model.encode(torch.from_numpy(source), torch.from_numpy(lengths))
+    enc["source_mask"] = enc.pop("mask")
+    state = {name: enc[name].numpy() for name in token_decoder_state(model.spec)}  # exactly what a step reads
+
+    def step(tokens: np.ndarray, state: dict) -> StepResult:
+        t = {k: torch.from_numpy(v) for k, v in state.items()}
+        with torch.no_grad():
+            log_probs, (h, c), alphas = model.decoder.step(torch.from_numpy(tokens.astype(np.int64)),
+                                                           (t["hidden"], t.get("cell")), t.get("keys"),
+                                                           t.get("memory"), t.get("source_mask"))
+        new = {**state, "hidden": h.numpy(), **({"cell": c.numpy()} if c is not None else {})}
+        return StepResult(log_probs.numpy(), new, None if alphas is None else alphas.numpy())
+
+    return state, step
 
 
 def sequence_loss(log_probs: torch.Tensor, target_out: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
