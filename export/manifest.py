@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from runtime.contract import FORMAT_VERSION, MANIFEST_FILE, graph_io
+from runtime.contract import FORMAT_VERSION, MANIFEST_FILE, VOCAB_FILES, graph_io
 from runtime.manifest import sha256_file
 from runtime.spec import ModelSpec
 
@@ -26,12 +26,15 @@ def producer_versions() -> dict[str, str]:
 
 def build_manifest(model_dir: Path, spec: ModelSpec, export_id: str, opset: int,
                    parity: dict[str, Any] | None, source: str) -> dict[str, Any]:
-    """The manifest for the graphs now in model_dir."""
+    """The manifest for the graphs (and, for token models, the vocabularies) now in model_dir."""
     graphs = {
         name: {"file": name, "sha256": sha256_file(model_dir / name), **io}
         for name, io in graph_io(spec).items()
     }
+    vocabularies = {} if spec.kind != "tokens" else {
+        side: {"file": name, "sha256": sha256_file(model_dir / name)} for side, name in VOCAB_FILES.items()}
     return {
+        **({"vocabularies": vocabularies} if vocabularies else {}),
         "format_version": FORMAT_VERSION,
         "export_id": export_id,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -9,6 +9,8 @@ SUPPORTED_FORMAT_VERSIONS = (1,)
 ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"
 MANIFEST_FILE = "manifest.json"
+# Token models ship their vocabularies beside the graphs, hashed in the manifest like the graphs.
+VOCAB_FILES = {"source": "source_vocab.json", "target": "target_vocab.json"}
 
 CHECKPOINT_SPEC_FILE = "spec.json"
 CHECKPOINT_WEIGHTS_FILE = "weights.pt"

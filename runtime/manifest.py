@@ -1,6 +1,7 @@
 """Read and check manifest.json; hash graph files. The writer lives in `export.manifest`."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, graph_io
+from .contract import MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, VOCAB_FILES, graph_io
 from .errors import ManifestError, Seq2OnnxError, brief
 from .spec import ModelSpec, SpecError
 
@@ -42,6 +43,7 @@ class Manifest:
     graphs: dict[str, dict[str, Any]]
     export_id: str
     raw: dict[str, Any]
+    vocabularies: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)  # token models: side -> entry
 
 
 def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError], missing: str) -> bytes:
@@ -98,7 +100,29 @@ def read_manifest(model_dir: Path) -> Manifest:
         raise ManifestError(
             f"{path}: 'export_id' must be a non-empty string, got {brief(export_id)}; re-export the model"
         )
-    return Manifest(spec=spec, graphs=graphs, export_id=export_id, raw=raw)
+    vocabularies = _read_vocabularies(path, raw.get("vocabularies"), spec)
+    return Manifest(spec=spec, graphs=graphs, export_id=export_id, raw=raw, vocabularies=vocabularies)
+
+
+def _read_vocabularies(path: Path, entries: Any, spec: ModelSpec) -> dict[str, dict[str, str]]:
+    """Token models list each side's vocabulary file and sha256; point models list none."""
+    if spec.kind != "tokens":
+        return {}
+    if not isinstance(entries, dict) or sorted(entries) != sorted(VOCAB_FILES):
+        raise ManifestError(f"{path}: 'vocabularies' must list {sorted(VOCAB_FILES)} for a token model, "
+                            f"got {brief(entries)}; re-export the model")
+    out = {}
+    for side, name in VOCAB_FILES.items():
+        entry = entries[side]
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{path}: vocabularies[{side!r}] must be a JSON object, got {brief(entry)}")
+        _check_file(path, name, entry.get("file"))
+        sha = entry.get("sha256")
+        if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
+            raise ManifestError(f"{path}: vocabularies[{side!r}]['sha256'] must be 64 lowercase hex digits, "
+                                f"got {brief(sha)}; re-export the model")
+        out[side] = {"file": name, "sha256": sha}
+    return out
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -155,7 +179,7 @@ def _check_file(path: Path, name: str, file: Any) -> None:
     else:
         reason = "differs from the graph's name"
     raise ManifestError(
-        f"{path}: graphs[{name!r}]['file'] is {brief(file)}, which {reason}; expected {name!r}, a plain file name "
+        f"{path}: the entry for {name!r} names file {brief(file)}, which {reason}; expected {name!r}, a plain file name "
         "inside the model directory (files elsewhere are never read); re-export the model"
     )
 

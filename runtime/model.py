@@ -14,14 +14,19 @@ from .inputs import check_mask, check_outputs, check_source, check_target_len
 from .manifest import Manifest, read_manifest
 from .sessions import check_threads, open_session, read_graph, requested_providers, session_io
 from .spec import ModelSpec
+from .token_steps import TokenSteps
+from .translate import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 
 
 class Seq2Seq:
-    """An exported encoder + decoder-step pair. Load once, call `predict` from any thread."""
+    """An exported encoder + decoder-step pair. Load once, then from any thread call `predict` (point models)
+    or `translate_batch` (token models)."""
 
-    def __init__(self, manifest: Manifest, sessions: dict[str, Any], path: Path) -> None:
+    def __init__(self, manifest: Manifest, sessions: dict[str, Any], path: Path,
+                 vocabularies: dict[str, Any] | None = None) -> None:
         self.manifest = manifest
         self.path = path
+        self.vocabularies = vocabularies or {}
         self._encoder = sessions[ENCODER_FILE]
         self._step = sessions[DECODER_STEP_FILE]
         self._encoder_outputs = list(manifest.graphs[ENCODER_FILE]["outputs"])
@@ -41,7 +46,7 @@ class Seq2Seq:
             session = open_session(data, provider, threads, str(path / name))
             _check_session(session, entry, manifest, path / name)
             sessions[name] = session
-        return cls(manifest, sessions, path)
+        return cls(manifest, sessions, path, load_vocabularies(path, manifest) if manifest.vocabularies else None)
 
     @property
     def spec(self) -> ModelSpec:
@@ -57,6 +62,8 @@ class Seq2Seq:
         self, source: Any, target_len: int | None = None, source_mask: Any = None, return_attention: bool = False
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray | None]:
         """Decode (N, Ls, F) sources -> (N, Lt, F) points [and attention (N, [heads,] Lt, Ls)]."""
+        if self.spec.kind != "points":
+            raise InputError(f"source: {self.path} is a token model, which takes texts; call translate_batch(texts)")
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
@@ -66,6 +73,16 @@ class Seq2Seq:
             outputs, attention = greedy_decode(self.run_encoder, self.run_step, self.step_inputs, src, mask, steps)
             check_outputs(src, outputs, attention)
         return (outputs, attention) if return_attention else outputs
+
+    def translate_batch(self, texts: Any, **options: Any) -> list[list[Translation]]:
+        """Texts -> n-best Translations per text; options as in `runtime.translate` (CTranslate2's names)."""
+        if self.spec.kind != "tokens":
+            raise InputError(f"texts: {self.path} is a point model, which takes numeric sources; call predict(source)")
+        unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
+        if unknown:
+            raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
+        steps = TokenSteps(self.spec, self._encoder, self._step)
+        return translate(steps, self.vocabularies, texts, self.spec.target_len, **options)
 
     def run_encoder(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Graph-level access for parity tools: the encoder graph on a checked-by-caller feed."""

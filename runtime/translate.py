@@ -1,0 +1,108 @@
+"""Token models behind `Seq2Seq.translate_batch`: texts in, n-best translations out (greedy, beam or sampling).
+
+Options follow CTranslate2's `translate_batch`: `beam_size` (1 = greedy), `num_hypotheses`, `length_penalty`
+(score = sum of log-probs / length ** length_penalty, length counting the eos), `max_decoding_length`,
+`min_decoding_length`, `sampling_topk` (1 = no sampling, 0 = the whole distribution), `sampling_topp`,
+`sampling_temperature`, `seed`, `return_attention`. Sampling needs `beam_size` 1.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .contract import VOCAB_FILES
+from .errors import IntegrityError, InputError, brief
+from .manifest import Manifest, read_regular_file, sha256_bytes
+from .search import beam_search, greedy_search, sample
+from .token_steps import TokenSteps
+from .vocab import BOS, EOS, Vocabulary, VocabError
+
+MAX_SOURCE_TOKENS = 1024  # longer inputs are refused: attention memory grows with them, and no model here saw them
+MAX_VOCAB_BYTES = 64 << 20
+TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
+                     "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One hypothesis: its text, target tokens and ids (no bos/eos), score, summed log-prob, attention (len, Ls)."""
+
+    text: str
+    tokens: list[str]
+    ids: list[int]
+    score: float
+    log_prob: float
+    attention: np.ndarray | None = None
+
+
+def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabulary]:
+    """Each side's vocabulary, read within bounds and checked against the manifest's sha256."""
+    out = {}
+    for side, entry in manifest.vocabularies.items():
+        path = model_dir / VOCAB_FILES[side]
+        data = read_regular_file(path, MAX_VOCAB_BYTES, IntegrityError, "vocabulary listed in the manifest is "
+                                 "missing; re-export the model")
+        if sha256_bytes(data) != entry["sha256"]:
+            raise IntegrityError(f"{path}: sha256 does not match the manifest's; the file was altered, re-export "
+                                 "the model")
+        try:
+            out[side] = Vocabulary.from_dict(json.loads(data.decode("utf-8")))
+        except (ValueError, VocabError, RecursionError) as exc:
+            raise IntegrityError(f"{path}: not a seq2onnx vocabulary ({exc}); re-export the model") from None
+    return out
+
+
+def check_texts(texts: Any) -> list[str]:
+    """A list of non-empty strings."""
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+        raise InputError(f"texts: expected a list of strings, got {brief(texts)}; wrap one text as [text]")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f"texts[{i}]: expected a non-empty string, got {brief(text)}")
+    return list(texts)
+
+
+def encode_sources(texts: list[str], vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids (N, L) and lengths (N,), refusing over-long inputs by index."""
+    ids, lengths = vocab.encode_batch(texts, add_bos=False, add_eos=True)
+    too_long = np.flatnonzero(lengths > MAX_SOURCE_TOKENS)
+    if too_long.size:
+        i = int(too_long[0])
+        raise InputError(f"texts[{i}]: {int(lengths[i])} tokens, more than the {MAX_SOURCE_TOKENS} allowed; "
+                         "split the text")
+    return ids, lengths
+
+
+def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any, default_length: int,
+              beam_size: int = 1, num_hypotheses: int = 1, length_penalty: float = 1.0,
+              max_decoding_length: int | None = None, min_decoding_length: int = 0, sampling_topk: int = 1,
+              sampling_topp: float = 1.0, sampling_temperature: float = 1.0, seed: int | None = None,
+              return_attention: bool = False) -> list[list[Translation]]:
+    """Encode the texts once, decode with the chosen strategy, and turn ids back into text."""
+    texts = check_texts(texts)
+    if not texts:
+        return []
+    ids, lengths = encode_sources(texts, vocabularies["source"])
+    state = steps.encode(ids, lengths)
+    common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, min_decoding_length=min_decoding_length,
+                  max_decoding_length=default_length if max_decoding_length is None else max_decoding_length,
+                  return_attention=return_attention)
+    sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
+    if sampling and beam_size != 1:
+        raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
+                         "options for beam search")
+    if beam_size != 1 or num_hypotheses != 1:
+        found = beam_search(steps.step, state, steps.batch_axes, beam_size=beam_size, num_hypotheses=num_hypotheses,
+                            length_penalty=length_penalty, **common)
+    elif sampling:
+        found = [[h] for h in sample(steps.step, state, steps.batch_axes, sampling_temperature=sampling_temperature,
+                                     sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, **common)]
+    else:
+        found = [[h] for h in greedy_search(steps.step, state, steps.batch_axes, **common)]
+    target = vocabularies["target"]
+    return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
+                         h.log_prob, h.attention) for h in hyps] for hyps in found]
