@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import signal
 from typing import Any
 
 import click
@@ -22,9 +23,15 @@ EXIT_INTERRUPTED = 130
 
 
 class Interrupted(click.ClickException):
-    """Ctrl-C: exit 130 with one line saying what was kept."""
+    """Ctrl-C: exit 130 with one line saying what was kept. Further Ctrl-Cs are ignored from here on: cleanup
+    is short, and a signal arriving while the interpreter shuts down (its handlers already reset) would kill
+    the process with -SIGINT instead of exiting 130."""
 
     exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, message: str) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        super().__init__(message)
 
 
 class FiniteFloatRange(click.FloatRange):
