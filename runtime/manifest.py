@@ -116,7 +116,7 @@ def _read_vocabularies(path: Path, entries: Any, spec: ModelSpec) -> dict[str, d
         entry = entries[side]
         if not isinstance(entry, dict):
             raise ManifestError(f"{path}: vocabularies[{side!r}] must be a JSON object, got {brief(entry)}")
-        _check_file(path, name, entry.get("file"))
+        _check_file(path, name, entry.get("file"), f"vocabularies[{side!r}]")
         sha = entry.get("sha256")
         if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
             raise ManifestError(f"{path}: vocabularies[{side!r}]['sha256'] must be 64 lowercase hex digits, "
@@ -153,7 +153,7 @@ def _read_graphs(path: Path, graphs: Any, spec: ModelSpec) -> dict[str, dict[str
             raise ManifestError(
                 f"{path}: graphs[{name!r}] must be a JSON object, got {brief(entry)}; re-export the model"
             )
-        _check_file(path, name, entry.get("file"))
+        _check_file(path, name, entry.get("file"), f"graphs[{name!r}]")
         sha = entry.get("sha256")
         if not isinstance(sha, str) or not SHA256_HEX.fullmatch(sha):
             raise ManifestError(f"{path}: graphs[{name!r}]['sha256'] must be 64 lowercase hex digits, "
@@ -164,7 +164,7 @@ def _read_graphs(path: Path, graphs: Any, spec: ModelSpec) -> dict[str, dict[str
     return out
 
 
-def _check_file(path: Path, name: str, file: Any) -> None:
+def _check_file(path: Path, name: str, file: Any, where: str) -> None:
     """An entry's file must be its graph's own plain name: nothing outside the model directory is ever read."""
     if isinstance(file, str) and file == name:
         return
@@ -179,7 +179,7 @@ def _check_file(path: Path, name: str, file: Any) -> None:
     else:
         reason = "differs from the graph's name"
     raise ManifestError(
-        f"{path}: the entry for {name!r} names file {brief(file)}, which {reason}; expected {name!r}, a plain file name "
+        f"{path}: {where}['file'] is {brief(file)}, which {reason}; expected {name!r}, a plain file name "
         "inside the model directory (files elsewhere are never read); re-export the model"
     )
 
