@@ -1,0 +1,320 @@
+"""The trainer of token models: padded batches (optionally bucketed by length), Adam, teacher forcing or scheduled
+sampling, grad clipping, label smoothing, and greedy exact/token accuracy on the validation set after every epoch.
+
+Encoding rules (the runtime must feed sources the same way):
+  source      vocab.encode(text): its tokens, then EOS (Vocabulary's default); with `reverse_source` the text's
+              tokens are reversed and EOS stays last (Sutskever et al. 2014); lengths count EOS
+  target_in   BOS + target tokens          target_out   target tokens + EOS
+Every tensor is right-padded with PAD, to the longest row of its own batch.
+
+Determinism as in `training.trainer`: the seed fixes the initial weights (global torch RNG, seeded just before the
+model is built) and the trainer's own generator, which draws the batches and the scheduled-sampling coins, so nothing
+run between construction and `fit` changes the result; `state_dict()` after an epoch holds all of it.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from tqdm import tqdm
+
+from runtime.spec import ModelSpec
+from runtime.vocab import BOS, EOS, PAD, Vocabulary
+
+from .recurrent import TokenSeq2Seq, sequence_loss
+from .text_data import TextPairs
+from .trainer import ConfigError, DivergedError
+
+TOKEN_STATE_FORMAT_VERSION = 1
+MAX_LR = 1.0  # as `seq2onnx train --lr`: Adam steps beyond this only wreck the weights
+BUCKET_BATCHES = 50  # a bucket sorts this many batches' worth of shuffled pairs by source length
+EVAL_CHUNK = 1024  # validation rows per greedy decode; bounds memory only
+MAX_LEN_MARGIN = 5  # greedy may run this many steps past the longest reference target (EOS included)
+
+History = dict[str, list[float]]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class TokenTrainConfig:
+    """Optimisation settings of token models; the defaults train `reverse` to >= 99% exact (see
+    benchmarks/token_train_bench.py). With many more epochs, raise lr_decay towards 1 (e.g. 0.8 ** (12 / epochs))."""
+
+    epochs: int = 12
+    batch_size: int = 64
+    lr: float = 3e-3
+    lr_decay: float = 0.8  # epoch e (0-based) trains at lr * lr_decay**e; 1 keeps it constant
+    seed: int = 23
+    clip: float = 1.0  # max global grad norm; 0 turns clipping off
+    label_smoothing: float = 0.0
+    teacher_forcing: float = 1.0  # probability of feeding the true previous token; < 1 is scheduled sampling
+    reverse_source: bool = False
+    bucket: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"token train config {name!r} must be a positive int, got {value!r}")
+        if not (_is_number(self.lr) and 0 < self.lr <= MAX_LR):
+            raise ConfigError(f"token train config 'lr' must be a number in (0, {MAX_LR:g}], got {self.lr!r}")
+        if not (_is_number(self.lr_decay) and 0 < self.lr_decay <= 1):
+            raise ConfigError(f"token train config 'lr_decay' must be a number in (0, 1], got {self.lr_decay!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"token train config 'seed' must be an int, got {self.seed!r}")
+        if not (_is_number(self.clip) and self.clip >= 0):
+            raise ConfigError(f"token train config 'clip' must be a finite number >= 0 (0: off), got {self.clip!r}")
+        if not (_is_number(self.label_smoothing) and 0 <= self.label_smoothing < 1):
+            raise ConfigError(f"token train config 'label_smoothing' must be in [0, 1), got {self.label_smoothing!r}")
+        if not (_is_number(self.teacher_forcing) and 0 <= self.teacher_forcing <= 1):
+            raise ConfigError(f"token train config 'teacher_forcing' must be in [0, 1], got {self.teacher_forcing!r}")
+        for name in ("reverse_source", "bucket"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"token train config {name!r} must be true or false, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, the inverse of `from_dict`."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TokenTrainConfig:
+        """Rebuild a config, refusing unknown or missing fields by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) != known:
+            given = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(f"token train config must be an object with fields {sorted(known)}, got {given}")
+        return cls(**data)
+
+
+# -- batches -----------------------------------------------------------------------------------------------------
+
+
+def encode_sources(texts: tuple[str, ...], vocab: Vocabulary, reverse: bool = False) -> list[list[int]]:
+    """Source ids: tokens then EOS; `reverse` reverses the tokens only (EOS stays last)."""
+    rows = [vocab.encode(t, add_eos=False) for t in texts]
+    return [(r[::-1] if reverse else r) + [EOS] for r in rows]
+
+
+def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids (N, L) int64 and lengths (N,) int64."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)  # (N,)
+    ids = torch.full((len(rows), int(lengths.max())), PAD, dtype=torch.long)  # (N, L)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+    return ids, lengths
+
+
+class TokenBatch(NamedTuple):
+    """One padded batch: source (N, Ls), lengths (N,), target_in and target_out (N, Lt)."""
+
+    source: torch.Tensor
+    lengths: torch.Tensor
+    target_in: torch.Tensor
+    target_out: torch.Tensor
+
+
+class TokenBatcher:
+    """Pairs encoded once; batches are index tensors, padded to their own longest row on `batch(index)`."""
+
+    def __init__(self, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
+                 reverse_source: bool = False) -> None:
+        self.source, self.lengths = _padded(encode_sources(pairs.sources, source_vocab, reverse_source))  # (N, Ls)
+        targets = [target_vocab.encode(t, add_eos=False) for t in pairs.targets]
+        self.target_in, self.target_lengths = _padded([[BOS] + t for t in targets])  # (N, Lt)
+        self.target_out, _ = _padded([t + [EOS] for t in targets])  # (N, Lt)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batch(self, index: torch.Tensor) -> TokenBatch:
+        """The rows at `index`, cut to the longest source and target among them."""
+        ls, lt = int(self.lengths[index].max()), int(self.target_lengths[index].max())
+        return TokenBatch(self.source[index, :ls], self.lengths[index], self.target_in[index, :lt],
+                          self.target_out[index, :lt])
+
+    def epoch_batches(self, batch_size: int, generator: torch.Generator, bucket: bool) -> list[torch.Tensor]:
+        """Shuffled batches of row indices; `bucket` sorts chunks of BUCKET_BATCHES batches by source length
+        (stable, so ties keep the shuffle) and then shuffles the batch order, all drawn from `generator`."""
+        order = torch.randperm(len(self), generator=generator)  # (N,)
+        if not bucket:
+            return list(order.split(batch_size))
+        batches: list[torch.Tensor] = []
+        for chunk in order.split(batch_size * BUCKET_BATCHES):
+            by_length = torch.sort(self.lengths[chunk], stable=True).indices
+            batches.extend(chunk[by_length].split(batch_size))
+        return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+# -- evaluation and spec ------------------------------------------------------------------------------------------
+
+
+def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary, hidden_dim: int = 128,
+                  embedding_dim: int = 32, cell: str = "gru", layers: int = 1, bidirectional: bool = True,
+                  attention: str = "dot", tie_embeddings: bool = False) -> ModelSpec:
+    """A token spec sized by the vocabularies; input_len / target_len are the longest source and target in tokens,
+    EOS included (what the encoder reads and the decoder emits)."""
+    input_len = max(len(s) for s in encode_sources(train.sources, source_vocab))
+    target_len = max(len(target_vocab.encode(t)) for t in train.targets)
+    return ModelSpec(kind="tokens", hidden_dim=hidden_dim, embedding_dim=embedding_dim, cell=cell, layers=layers,
+                     bidirectional=bidirectional, attention=attention, tie_embeddings=tie_embeddings,
+                     source_vocab_size=len(source_vocab), target_vocab_size=len(target_vocab),
+                     input_len=input_len, target_len=target_len)
+
+
+@torch.no_grad()
+def evaluate_tokens(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
+                    reverse_source: bool = False) -> tuple[float, float]:
+    """Greedy decoding (eval mode) -> (exact-sequence accuracy, token accuracy). A sequence is exact when every token
+    and the EOS after them match; token accuracy compares position by position over target + EOS."""
+    model.eval()
+    data = TokenBatcher(pairs, source_vocab, target_vocab, reverse_source)
+    max_len = int(data.target_lengths.max()) + MAX_LEN_MARGIN  # target_lengths count BOS, i.e. tokens + EOS
+    exact = correct = total = 0
+    for index in torch.arange(len(data)).split(EVAL_CHUNK):
+        batch = data.batch(index)
+        decoded = model.greedy(batch.source, batch.lengths, max_len)
+        for row, out in zip(batch.target_out.tolist(), decoded):
+            reference = row[:row.index(EOS) + 1]
+            predicted = out + [EOS] if len(out) < max_len else out  # shorter than max_len: greedy stopped at EOS
+            exact += predicted == reference
+            correct += sum(p == r for p, r in zip(predicted, reference))
+            total += len(reference)
+    return exact / len(data), correct / total
+
+
+def sampled_forward(model: TokenSeq2Seq, batch: TokenBatch, teacher_forcing: float,
+                    generator: torch.Generator) -> torch.Tensor:
+    """Scheduled sampling: each row, each step, feeds the true previous token with probability `teacher_forcing`,
+    else the model's own argmax (coins drawn from `generator`) -> log_probs (N, T, V)."""
+    enc = model.encode(batch.source, batch.lengths)
+    state = (enc["hidden"], enc["cell"])
+    previous = batch.target_in[:, 0]  # (N,) BOS
+    steps = []
+    for t in range(batch.target_in.shape[1]):
+        log_probs, state, _ = model.decoder.step(previous, state, enc["keys"], enc["memory"], enc["mask"])
+        steps.append(log_probs)
+        if t + 1 < batch.target_in.shape[1]:
+            true = torch.rand(previous.shape[0], generator=generator) < teacher_forcing  # (N,)
+            previous = torch.where(true, batch.target_in[:, t + 1], log_probs.argmax(dim=-1))
+    return torch.stack(steps, dim=1)  # (N, T, V)
+
+
+# -- the trainer --------------------------------------------------------------------------------------------------
+
+
+class TokenTrainer:
+    """Trains a TokenSeq2Seq on `train`, validating greedy accuracy on `val` after every epoch."""
+
+    def __init__(self, spec: ModelSpec, config: TokenTrainConfig, train: TextPairs, val: TextPairs,
+                 source_vocab: Vocabulary, target_vocab: Vocabulary) -> None:
+        sizes = (spec.kind, spec.source_vocab_size, spec.target_vocab_size)
+        if sizes != ("tokens", len(source_vocab), len(target_vocab)):
+            raise ConfigError(f"model spec (kind, source_vocab_size, target_vocab_size) = {sizes} does not fit the "
+                              f"vocabularies of {len(source_vocab)} and {len(target_vocab)} tokens; build it with "
+                              "spec_for_text(train, source_vocab, target_vocab)")
+        self.spec, self.config, self.val_data = spec, config, val
+        self.source_vocab, self.target_vocab = source_vocab, target_vocab
+        torch.manual_seed(config.seed)
+        self.model = TokenSeq2Seq(spec)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.epoch = 0
+        self.history: History = {"train_loss": [], "val_exact": [], "val_token": []}
+        self.batcher = TokenBatcher(train, source_vocab, target_vocab, config.reverse_source)
+
+    def train_epoch(self) -> float:
+        """One shuffled pass in train mode; returns the mean loss per target token (PAD excluded)."""
+        self.model.train()
+        for group in self.optimizer.param_groups:  # a function of the epoch alone, so resuming needs no extra state
+            group["lr"] = self.config.lr * self.config.lr_decay ** self.epoch
+        total, tokens = 0.0, 0
+        for index in self.batcher.epoch_batches(self.config.batch_size, self.generator, self.config.bucket):
+            batch = self.batcher.batch(index)
+            if self.config.teacher_forcing >= 1.0:
+                log_probs = self.model(batch.source, batch.lengths, batch.target_in)  # (N, T, V)
+            else:
+                log_probs = sampled_forward(self.model, batch, self.config.teacher_forcing, self.generator)
+            loss = sequence_loss(log_probs, batch.target_out, self.config.label_smoothing)
+            value = loss.item()
+            if not math.isfinite(value):  # checked per batch: NaN weights would only waste the rest of the epoch
+                raise DivergedError(f"training diverged in epoch {self.epoch + 1} (batch loss {value:g}); "
+                                    f"this epoch was not saved; lower the learning rate (lr={self.config.lr:g}) "
+                                    "or clip gradients, and start again")
+            self.optimizer.zero_grad()
+            loss.backward()
+            if self.config.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
+            self.optimizer.step()
+            n = int((batch.target_out != PAD).sum())
+            total, tokens = total + value * n, tokens + n
+        return total / tokens
+
+    def fit(self, on_epoch_end: Callable[[TokenTrainer], None] | None = None, progress: bool = True) -> History:
+        """Train from the current epoch up to `config.epochs`, calling `on_epoch_end` after each."""
+        bar = tqdm(range(self.epoch, self.config.epochs), initial=self.epoch, total=self.config.epochs,
+                   desc="train", unit="epoch", disable=not progress)
+        try:
+            for _ in bar:
+                loss = self.train_epoch()
+                exact, token = evaluate_tokens(self.model, self.val_data, self.source_vocab, self.target_vocab,
+                                               self.config.reverse_source)
+                self.epoch += 1
+                for key, value in (("train_loss", loss), ("val_exact", exact), ("val_token", token)):
+                    self.history[key].append(value)
+                bar.set_postfix(loss=f"{loss:.4f}", exact=f"{exact:.3f}", token=f"{token:.3f}")
+                if on_epoch_end is not None:
+                    on_epoch_end(self)
+        finally:
+            bar.close()
+        self.model.eval()
+        return self.history
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after the current epoch (a copy, safe to keep)."""
+        return copy.deepcopy({
+            "format_version": TOKEN_STATE_FORMAT_VERSION,
+            "epoch": self.epoch,
+            "spec": self.spec.to_dict(),
+            "config": self.config.to_dict(),
+            "vocab_sha256": {"source": self.source_vocab.sha256, "target": self.target_vocab.sha256},
+            "history": self.history,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "shuffle_rng": self.generator.get_state(),
+        })
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved state; spec, config and vocabularies must match this run's (`epochs` may grow)."""
+        if state.get("format_version") != TOKEN_STATE_FORMAT_VERSION:
+            raise ConfigError(f"token training state format_version {state.get('format_version')!r} is not "
+                              f"understood; this version reads {TOKEN_STATE_FORMAT_VERSION}")
+        if state["spec"] != self.spec.to_dict():
+            raise ConfigError(f"training state was saved for spec {state['spec']}, this run has "
+                              f"{self.spec.to_dict()}; resume with the original model options")
+        saved = {k: v for k, v in state["config"].items() if k != "epochs"}
+        ours = {k: v for k, v in self.config.to_dict().items() if k != "epochs"}
+        if saved != ours:
+            raise ConfigError(f"training state was saved with config {saved}, this run has {ours}; "
+                              "resume with the original training options")
+        vocab = {"source": self.source_vocab.sha256, "target": self.target_vocab.sha256}
+        if state["vocab_sha256"] != vocab:
+            raise ConfigError(f"training state was saved with vocabularies {state['vocab_sha256']} (sha256), this "
+                              f"run has {vocab}; resume with the original vocabularies")
+        if state["epoch"] > self.config.epochs:
+            raise ConfigError(f"training state is at epoch {state['epoch']}, past this run's epochs="
+                              f"{self.config.epochs}; pass epochs >= {state['epoch']}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.generator.set_state(state["shuffle_rng"])
+        self.epoch = int(state["epoch"])
+        self.history = {k: list(v) for k, v in state["history"].items()}
