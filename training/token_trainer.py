@@ -13,7 +13,6 @@ run between construction and `fit` changes the result; `state_dict()` after an e
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
 from .recurrent import TokenSeq2Seq, sequence_loss
 from .text_data import TextPairs
-from .trainer import ConfigError, DivergedError
+from .trainer import ConfigError, DivergedError, resumable_state, restore_state
 
 TOKEN_STATE_FORMAT_VERSION = 1
 MAX_LR = 1.0  # as `seq2onnx train --lr`: Adam steps beyond this only wreck the weights
@@ -277,44 +276,14 @@ class TokenTrainer:
         self.model.eval()
         return self.history
 
+    def _vocab_sha256(self) -> dict[str, str]:
+        return {"source": self.source_vocab.sha256, "target": self.target_vocab.sha256}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue after the current epoch (a copy, safe to keep)."""
-        return copy.deepcopy({
-            "format_version": TOKEN_STATE_FORMAT_VERSION,
-            "epoch": self.epoch,
-            "spec": self.spec.to_dict(),
-            "config": self.config.to_dict(),
-            "vocab_sha256": {"source": self.source_vocab.sha256, "target": self.target_vocab.sha256},
-            "history": self.history,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "shuffle_rng": self.generator.get_state(),
-        })
+        return resumable_state(self, TOKEN_STATE_FORMAT_VERSION, vocab_sha256=self._vocab_sha256())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state; spec, config and vocabularies must match this run's (`epochs` may grow)."""
-        if state.get("format_version") != TOKEN_STATE_FORMAT_VERSION:
-            raise ConfigError(f"token training state format_version {state.get('format_version')!r} is not "
-                              f"understood; this version reads {TOKEN_STATE_FORMAT_VERSION}")
-        if state["spec"] != self.spec.to_dict():
-            raise ConfigError(f"training state was saved for spec {state['spec']}, this run has "
-                              f"{self.spec.to_dict()}; resume with the original model options")
-        saved = {k: v for k, v in state["config"].items() if k != "epochs"}
-        ours = {k: v for k, v in self.config.to_dict().items() if k != "epochs"}
-        if saved != ours:
-            raise ConfigError(f"training state was saved with config {saved}, this run has {ours}; "
-                              "resume with the original training options")
-        vocab = {"source": self.source_vocab.sha256, "target": self.target_vocab.sha256}
-        if state["vocab_sha256"] != vocab:
-            raise ConfigError(f"training state was saved with vocabularies {state['vocab_sha256']} (sha256), this "
-                              f"run has {vocab}; resume with the original vocabularies")
-        if state["epoch"] > self.config.epochs:
-            raise ConfigError(f"training state is at epoch {state['epoch']}, past this run's epochs="
-                              f"{self.config.epochs}; pass epochs >= {state['epoch']}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        self.generator.set_state(state["shuffle_rng"])
-        self.epoch = int(state["epoch"])
-        self.history = {k: list(v) for k, v in state["history"].items()}
+        restore_state(self, state, TOKEN_STATE_FORMAT_VERSION,
+                      must_match={"vocab_sha256": (self._vocab_sha256(), "vocabularies")})

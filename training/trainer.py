@@ -155,37 +155,55 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue after the current epoch (a copy, safe to keep)."""
-        return copy.deepcopy({
-            "format_version": STATE_FORMAT_VERSION,
-            "epoch": self.epoch,
-            "spec": self.spec.to_dict(),
-            "config": self.config.to_dict(),
-            "history": self.history,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "shuffle_rng": self.generator.get_state(),
-        })
+        return resumable_state(self, STATE_FORMAT_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state; its spec and config must match this run's (`epochs` may grow)."""
-        if state.get("format_version") != STATE_FORMAT_VERSION:
-            raise ConfigError(f"training state format_version {state.get('format_version')!r} is not understood; "
-                              f"this version reads {STATE_FORMAT_VERSION}")
-        if state["spec"] != self.spec.to_dict():
-            raise ConfigError(f"training state was saved for spec {state['spec']}, this run has "
-                              f"{self.spec.to_dict()}; resume with the original model options")
-        saved = {k: v for k, v in state["config"].items() if k != "epochs"}
-        ours = {k: v for k, v in self.config.to_dict().items() if k != "epochs"}
-        if saved != ours:
-            raise ConfigError(f"training state was saved with config {saved}, this run has {ours}; "
-                              "resume with the original training options")
-        if state["epoch"] > self.config.epochs:
-            raise ConfigError(f"training state is at epoch {state['epoch']}, past this run's epochs="
-                              f"{self.config.epochs}; pass epochs >= {state['epoch']}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        self.generator.set_state(state["shuffle_rng"])
-        self.epoch = int(state["epoch"])
-        self.history = {k: list(v) for k, v in state["history"].items()}
+        restore_state(self, state, STATE_FORMAT_VERSION)
+
+
+def resumable_state(trainer: Any, version: int, **extra: Any) -> dict[str, Any]:
+    """A trainer's state after its current epoch (a deep copy): weights, optimizer, RNGs, history, spec, config;
+    `extra` entries must match again on resume (e.g. the token trainer's vocabulary hashes)."""
+    return copy.deepcopy({
+        "format_version": version,
+        "epoch": trainer.epoch,
+        "spec": trainer.spec.to_dict(),
+        "config": trainer.config.to_dict(),
+        "history": trainer.history,
+        "model": trainer.model.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "shuffle_rng": trainer.generator.get_state(),
+        **extra,
+    })
+
+
+def restore_state(trainer: Any, state: dict[str, Any], version: int,
+                  must_match: dict[str, tuple[Any, str]] | None = None) -> None:
+    """Continue `trainer` from `resumable_state`'s output; spec, config (but `epochs`) and each
+    `must_match[key] = (value, what it is)` must equal the saved ones."""
+    if state.get("format_version") != version:
+        raise ConfigError(f"training state format_version {state.get('format_version')!r} is not understood; "
+                          f"this version reads {version}")
+    if state["spec"] != trainer.spec.to_dict():
+        raise ConfigError(f"training state was saved for spec {state['spec']}, this run has "
+                          f"{trainer.spec.to_dict()}; resume with the original model options")
+    saved = {k: v for k, v in state["config"].items() if k != "epochs"}
+    ours = {k: v for k, v in trainer.config.to_dict().items() if k != "epochs"}
+    if saved != ours:
+        raise ConfigError(f"training state was saved with config {saved}, this run has {ours}; "
+                          "resume with the original training options")
+    for key, (value, what) in (must_match or {}).items():
+        if state.get(key) != value:
+            raise ConfigError(f"training state was saved with {what} {state.get(key)} ({key}), this run has "
+                              f"{value}; resume with the original {what}")
+    if state["epoch"] > trainer.config.epochs:
+        raise ConfigError(f"training state is at epoch {state['epoch']}, past this run's epochs="
+                          f"{trainer.config.epochs}; pass epochs >= {state['epoch']}")
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    trainer.generator.set_state(state["shuffle_rng"])
+    trainer.epoch = int(state["epoch"])
+    trainer.history = {k: list(v) for k, v in state["history"].items()}
