@@ -11,7 +11,7 @@ import numpy as np
 from runtime.contract import state_batch_axes
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
-from runtime.token_steps import TokenSteps
+from runtime.token_steps import TokenSteps  # the type of runtime.token_steps
 from runtime.vocab import BOS, EOS, PAD
 from training.recurrent import TokenSeq2Seq, torch_steps
 
@@ -34,7 +34,7 @@ def token_batch(spec_vocab: int, n: int, length: int, seed: int) -> tuple[np.nda
 def run_token_parity(model: TokenSeq2Seq, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
     """Every check of every case, measured before judging."""
     spec = model.spec
-    steps = TokenSteps(spec, runtime._encoder, runtime._step)
+    steps = runtime.token_steps
     rows = []
     for i, (n, length) in enumerate(TOKEN_CASES):
         ids, lengths = token_batch(spec.source_vocab_size, n, length, seed=i)

@@ -27,6 +27,8 @@ class Seq2Seq:
         self.manifest = manifest
         self.path = path
         self.vocabularies = vocabularies or {}
+        self._token_steps = (TokenSteps(manifest.spec, sessions[ENCODER_FILE], sessions[DECODER_STEP_FILE])
+                             if manifest.spec.kind == "tokens" else None)
         self._encoder = sessions[ENCODER_FILE]
         self._step = sessions[DECODER_STEP_FILE]
         self._encoder_outputs = list(manifest.graphs[ENCODER_FILE]["outputs"])
@@ -81,8 +83,12 @@ class Seq2Seq:
         unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
         if unknown:
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
-        steps = TokenSteps(self.spec, self._encoder, self._step)
-        return translate(steps, self.vocabularies, texts, self.spec.target_len, **options)
+        return translate(self._token_steps, self.vocabularies, texts, self.spec.target_len, **options)
+
+    @property
+    def token_steps(self) -> TokenSteps | None:
+        """Graph-level access for parity tools: a token model's encode/step functions (None for point models)."""
+        return self._token_steps
 
     def run_encoder(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Graph-level access for parity tools: the encoder graph on a checked-by-caller feed."""
