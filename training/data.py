@@ -4,7 +4,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -180,9 +180,15 @@ def reload_dataset(description: dict[str, Any]) -> tuple[SeqData, SeqData]:
     source = SQUARES if description.get("name") == SQUARES else description.get("path")
     if not isinstance(source, str):
         raise DataError(f"data description {description!r} names neither 'squares' nor a file path")
-    train, test = load_dataset(source)
-    now = describe_dataset(source, train, test)
+    return reload_unchanged(source, description, load_dataset, describe_dataset)
+
+
+def reload_unchanged(source: Any, description: dict[str, Any], load: Callable[[Any], tuple[Any, Any]],
+                     describe: Callable[[Any, Any, Any], dict[str, Any]]) -> tuple[Any, Any]:
+    """(train, test) from `load(source)`, refused when their description differs from the saved one."""
+    train, test = load(source)
+    now = describe(source, train, test)
     if now != description:
         raise DataError(f"data {source!r} changed since the run started (saved {description}, now {now}); "
-                        "restore the original file or start a new run without --resume")
+                        "restore the original files or start a new run without --resume")
     return train, test

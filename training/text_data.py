@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from runtime.manifest import sha256_file
-from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError
+from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError, reload_unchanged
 
 MAX_LINE_CHARS = 1000  # per file line (TSV: both sides and the tab), and per source or target
 MAX_TEXT_FILE_BYTES = 1 << 30  # 1 GiB: files are read whole
@@ -338,9 +338,4 @@ def reload_text_dataset(description: dict[str, Any]) -> tuple[TextPairs, TextPai
                    PARALLEL: (description.get("source_path"), description.get("target_path"))}.get(name, name)
     if not isinstance(source, str) and not (isinstance(source, tuple) and all(isinstance(p, str) for p in source)):
         raise DataError(f"text data description {description!r} names neither a built-in data set nor its files")
-    train, test = load_text_dataset(source)
-    now = describe_text_dataset(source, train, test)
-    if now != description:
-        raise DataError(f"text data {source!r} changed since the run started (saved {description}, now {now}); "
-                        "restore the original files or start a new run without --resume")
-    return train, test
+    return reload_unchanged(source, description, load_text_dataset, describe_text_dataset)
