@@ -54,9 +54,9 @@ def bench(epochs: int, threads: int, hidden: int, embedding: int, cell: str, att
     kind = TOKENIZER_OF[REVERSE]
     source_vocab, target_vocab = Vocabulary.build(train.sources, kind), Vocabulary.build(train.targets, kind)
     spec = spec_for_text(train, source_vocab, target_vocab, hidden_dim=hidden, embedding_dim=embedding, cell=cell,
-                         bidirectional=bidirectional, attention=attention)
+                         bidirectional=bidirectional, attention=attention, reverse_source=reverse_source)
     config = TokenTrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, lr_decay=lr_decay, seed=seed, clip=clip,
-                              teacher_forcing=teacher_forcing, reverse_source=reverse_source, bucket=bucket)
+                              teacher_forcing=teacher_forcing, bucket=bucket)
     click.echo(f"reverse: {len(train)} train / {len(test)} test pairs; torch {torch.__version__}, "
                f"{torch.get_num_threads()} threads")
     click.echo(f"spec {spec.to_dict()}")
@@ -75,7 +75,7 @@ def bench(epochs: int, threads: int, hidden: int, embedding: int, cell: str, att
     trainer = TokenTrainer(spec, config, train, test, source_vocab, target_vocab)
     trainer.fit(report, progress=False)
     wall = time.perf_counter() - start
-    exact, token = evaluate_tokens(trainer.model, test, source_vocab, target_vocab, reverse_source)
+    exact, token = evaluate_tokens(trainer.model, test, source_vocab, target_vocab)
     click.echo(f"wall time {wall:.1f} s for {epochs} epochs (validation included)")
     click.echo(f"held-out greedy: exact {exact:.4f}, token accuracy {token:.4f} on {len(test)} sequences")
     if reached:

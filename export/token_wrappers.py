@@ -11,7 +11,7 @@ from training.recurrent import TokenSeq2Seq
 
 
 class TokenEncoderGraph(nn.Module):
-    """source_ids (N, L) int64, source_lengths (N,) int64 -> hidden[, cell], memory[, keys, source_mask]."""
+    """source_ids (N, L) int64, source_lengths (N,) int64 -> hidden[, cell], memory[, keys, values, source_mask]."""
 
     def __init__(self, model: TokenSeq2Seq, spec: ModelSpec) -> None:
         super().__init__()
@@ -20,7 +20,6 @@ class TokenEncoderGraph(nn.Module):
 
     def forward(self, source_ids: torch.Tensor, source_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
         states = self.model.encode(source_ids, source_lengths)
-        states["source_mask"] = states.pop("mask")
         return tuple(states[name] for name in self.output_names)
 
 
@@ -35,8 +34,7 @@ class TokenStepGraph(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         feed = dict(zip(self.input_names, inputs))
-        log_probs, (hidden, cell), alphas = self.decoder.step(
-            feed["previous_tokens"], (feed["hidden"], feed.get("cell")), feed.get("keys"), feed.get("memory"),
-            feed.get("source_mask"))
+        log_probs, (hidden, cell), alphas = self.decoder.step(feed["previous_tokens"],
+                                                              (feed["hidden"], feed.get("cell")), feed)
         produced = {"log_probs": log_probs, "hidden_out": hidden, "cell_out": cell, "alphas": alphas}
         return tuple(produced[name] for name in self.output_names)

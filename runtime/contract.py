@@ -95,9 +95,13 @@ def token_decoder_state(spec: ModelSpec) -> dict[str, Dims]:
     out: dict[str, Dims] = {"hidden": [spec.layers, BATCH, spec.hidden_dim]}
     if spec.cell == "lstm":
         out["cell"] = [spec.layers, BATCH, spec.hidden_dim]
-    if spec.has_attention:
+    if spec.attention == "multihead":  # per-head keys and values, projected once in the encoder
+        out["keys"] = [BATCH, spec.n_heads, SOURCE_LEN, spec.head_dim]
+        out["values"] = [BATCH, spec.n_heads, SOURCE_LEN, spec.head_dim]
+    elif spec.has_attention:
         out["keys"] = [BATCH, SOURCE_LEN, spec.hidden_dim]
         out["memory"] = [BATCH, SOURCE_LEN, spec.directions * spec.hidden_dim]
+    if spec.has_attention:
         out["source_mask"] = [BATCH, SOURCE_LEN]
     return out
 
@@ -108,7 +112,7 @@ def token_decoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
                             "hidden_out": [spec.layers, BATCH, spec.hidden_dim]}
     if spec.cell == "lstm":
         out["cell_out"] = [spec.layers, BATCH, spec.hidden_dim]
-    if spec.has_attention:
+    if spec.has_attention:  # multi-head models: the mean over heads
         out["alphas"] = [BATCH, SOURCE_LEN]
     return out
 

@@ -10,11 +10,11 @@ CELLS = ("gru", "lstm")
 KINDS = ("points", "tokens")
 # What the points pipeline (the book's models) supports; token models take the whole range.
 POINTS_ATTENTION = ("none", "dot", "multihead")
-TOKEN_ATTENTION = ("none", "dot", "additive")
+TOKEN_ATTENTION = ("none", "dot", "additive", "multihead")
 N_SPECIAL_TOKENS = 4  # pad, bos, eos, unk: a token vocabulary holds at least these
 # Fields added after the first format: absent in older spec.json / manifest.json files, which load with these values.
 ADDED_FIELDS = ("kind", "layers", "bidirectional", "embedding_dim", "source_vocab_size", "target_vocab_size",
-                "tie_embeddings")
+                "tie_embeddings", "reverse_source")
 
 
 class SpecError(ValueError):
@@ -39,13 +39,14 @@ class ModelSpec:
     source_vocab_size: int = 0  # token models only
     target_vocab_size: int = 0  # token models only
     tie_embeddings: bool = False  # token models: the output projection reuses the target embedding
+    reverse_source: bool = False  # token models: source tokens are fed in reverse order (EOS stays last)
 
     def __post_init__(self) -> None:
         for name in ("n_features", "hidden_dim", "n_heads", "input_len", "target_len", "layers"):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("embedding_dim", "source_vocab_size", "target_vocab_size"):
             _require_int(name, getattr(self, name), minimum=0)
-        for name in ("bidirectional", "tie_embeddings"):
+        for name in ("bidirectional", "tie_embeddings", "reverse_source"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"spec field {name!r} must be true or false, got {getattr(self, name)!r}")
         for name, allowed in (("kind", KINDS), ("attention", ATTENTION_KINDS), ("cell", CELLS)):
@@ -58,7 +59,7 @@ class ModelSpec:
     def _check_points(self) -> None:
         """The book's point models: one GRU layer each way, no embeddings."""
         plain = dict(cell="gru", layers=1, bidirectional=False, embedding_dim=0, source_vocab_size=0,
-                     target_vocab_size=0, tie_embeddings=False)
+                     target_vocab_size=0, tie_embeddings=False, reverse_source=False)
         wrong = {k: getattr(self, k) for k, v in plain.items() if getattr(self, k) != v}
         if wrong or self.attention not in POINTS_ATTENTION:
             wrong.update({} if self.attention in POINTS_ATTENTION else {"attention": self.attention})
@@ -70,7 +71,10 @@ class ModelSpec:
         _require_int("embedding_dim", self.embedding_dim, minimum=1)
         if self.attention not in TOKEN_ATTENTION:
             raise SpecError(f"spec field 'attention' of a token model must be one of {TOKEN_ATTENTION}, got "
-                            f"{self.attention!r} (multi-head attention is not built for token models yet)")
+                            f"{self.attention!r}")
+        if self.hidden_dim % self.n_heads:
+            raise SpecError(f"spec field 'hidden_dim' ({self.hidden_dim}) must be a multiple of 'n_heads' "
+                            f"({self.n_heads}): each head attends in hidden_dim / n_heads dimensions")
         for name in ("source_vocab_size", "target_vocab_size"):
             _require_int(name, getattr(self, name), minimum=N_SPECIAL_TOKENS + 1)
 
@@ -78,6 +82,11 @@ class ModelSpec:
     def directions(self) -> int:
         """2 for a bidirectional encoder, else 1."""
         return 2 if self.bidirectional else 1
+
+    @property
+    def head_dim(self) -> int:
+        """Dimensions per attention head of a multi-head token model (hidden_dim / n_heads)."""
+        return self.hidden_dim // self.n_heads
 
     @property
     def has_attention(self) -> bool:

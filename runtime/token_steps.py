@@ -21,6 +21,7 @@ class TokenSteps:
 
     def __init__(self, spec: ModelSpec, encoder: Any, step: Any) -> None:
         io = graph_io(spec)
+        self.spec = spec
         self._encoder, self._step = encoder, step
         self._encoder_outputs = list(io[ENCODER_FILE]["outputs"])
         self._step_outputs = list(io[DECODER_STEP_FILE]["outputs"])

@@ -66,9 +66,10 @@ def check_texts(texts: Any) -> list[str]:
     return list(texts)
 
 
-def encode_sources(texts: list[str], vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded ids (N, L) and lengths (N,), refusing over-long inputs by index."""
-    ids, lengths = vocab.encode_batch(texts, add_bos=False, add_eos=True)
+def encode_sources(texts: list[str], vocab: Vocabulary, reverse: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids (N, L) and lengths (N,) as the trainer fed them (tokens, reversed when the model was trained
+    on reversed sources, then EOS), refusing over-long inputs by index."""
+    ids, lengths = vocab.encode_batch(texts, add_bos=False, add_eos=True, reverse=reverse)
     too_long = np.flatnonzero(lengths > MAX_SOURCE_TOKENS)
     if too_long.size:
         i = int(too_long[0])
@@ -86,7 +87,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     texts = check_texts(texts)
     if not texts:
         return []
-    ids, lengths = encode_sources(texts, vocabularies["source"])
+    ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec.reverse_source)
     state = steps.encode(ids, lengths)
     common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, min_decoding_length=min_decoding_length,
                   max_decoding_length=default_length if max_decoding_length is None else max_decoding_length,

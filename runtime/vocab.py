@@ -208,12 +208,14 @@ class Vocabulary:
             return str(self._tokenizer_object().decode(kept, skip_special_tokens=True))
         return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
 
-    def encode_batch(self, texts: Sequence[str], add_bos: bool = False,
-                     add_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Ids (N, L) int64 right-padded with PAD, and each row's length (N,) int64."""
+    def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,
+                     reverse: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Ids (N, L) int64 right-padded with PAD, and each row's length (N,) int64; `reverse` reverses each text's
+        tokens (BOS and EOS stay where they are)."""
         if isinstance(texts, str):
             raise VocabError(f"texts must be a list of strings, got one string {brief(texts)}; wrap it in a list")
-        rows = [self.encode(t, add_bos=add_bos, add_eos=add_eos) for t in texts]
+        rows = [self.encode(t, add_bos=False, add_eos=False) for t in texts]
+        rows = [[BOS] * add_bos + (r[::-1] if reverse else r) + [EOS] * add_eos for r in rows]
         lengths = np.array([len(r) for r in rows], dtype=ID_DTYPE)  # (N,)
         ids = np.full((len(rows), int(lengths.max(initial=0))), PAD, dtype=ID_DTYPE)  # (N, L)
         for row, r in zip(ids, rows):

@@ -15,10 +15,10 @@ COMBOS = list(itertools.product(("gru", "lstm"), (1, 2), (False, True), ("none",
 
 
 def token_spec(cell: str = "gru", layers: int = 1, bidirectional: bool = False, attention: str = "dot",
-               tie: bool = False) -> ModelSpec:
+               tie: bool = False, n_heads: int = 1) -> ModelSpec:
     """A tiny token spec."""
     return ModelSpec(kind="tokens", cell=cell, layers=layers, bidirectional=bidirectional, attention=attention,
-                     hidden_dim=HIDDEN, embedding_dim=EMBED, source_vocab_size=VOCAB, target_vocab_size=VOCAB,
+                     n_heads=n_heads, hidden_dim=HIDDEN, embedding_dim=EMBED, source_vocab_size=VOCAB, target_vocab_size=VOCAB,
                      tie_embeddings=tie)
 
 
@@ -62,14 +62,37 @@ def test_attention_ignores_padding_and_additive_matches_its_formula():
     ids, lengths = padded(ROWS)
     enc = model.encode(ids, lengths)
     query = torch.randn(3, HIDDEN)
-    context, alphas = attention(query, enc["keys"], enc["memory"], enc["mask"])
-    assert torch.all(alphas[~enc["mask"]] == 0)
+    context, alphas = attention(query, enc)
+    assert torch.all(alphas[~enc["source_mask"]] == 0)
     torch.testing.assert_close(alphas.sum(-1), torch.ones(3))
     keys = enc["memory"] @ attention.key.weight.T + attention.key.bias  # W_k m + b, (N, L, H)
     scores = (torch.tanh(query[:, None, :] @ attention.query.weight.T + keys) @ attention.v.weight.T).squeeze(-1)
-    expected = torch.softmax(scores.masked_fill(~enc["mask"], float("-inf")), dim=-1)
+    expected = torch.softmax(scores.masked_fill(~enc["source_mask"], float("-inf")), dim=-1)
     torch.testing.assert_close(alphas, expected)
     torch.testing.assert_close(context, (expected[:, :, None] * enc["memory"]).sum(1))
+
+
+def test_multihead_attention_matches_its_formula_head_by_head():
+    model = model_for(token_spec(attention="multihead", n_heads=2))
+    attention = model.decoder.attention
+    ids, lengths = padded(ROWS)
+    enc = model.encode(ids, lengths)
+    query = torch.randn(3, HIDDEN)
+    context, alphas = attention(query, enc)
+    d_k = HIDDEN // 2
+    heads, weights = [], []
+    for h in range(2):  # each head on its own slice of the projections, scaled by sqrt(d_k)
+        part = slice(h * d_k, (h + 1) * d_k)
+        q = (query @ attention.query.weight.T + attention.query.bias)[:, part]  # (N, d_k)
+        k = (enc["memory"] @ attention.key.weight.T + attention.key.bias)[:, :, part]  # (N, L, d_k)
+        v = (enc["memory"] @ attention.value.weight.T + attention.value.bias)[:, :, part]  # (N, L, d_k)
+        scores = (k @ q[:, :, None]).squeeze(-1) / d_k ** 0.5  # (N, L)
+        a = torch.softmax(scores.masked_fill(~enc["source_mask"], float("-inf")), dim=-1)
+        heads.append((a[:, :, None] * v).sum(1))
+        weights.append(a)
+    torch.testing.assert_close(context, torch.cat(heads, -1) @ attention.out.weight.T + attention.out.bias)
+    torch.testing.assert_close(alphas, torch.stack(weights).mean(0))
+    assert torch.all(alphas[~enc["source_mask"]] == 0)
 
 
 def test_tied_embeddings_share_the_target_embedding():
@@ -136,7 +159,8 @@ def test_spec_grows_by_fields_with_defaults():
     ({"kind": "tokens"}, "'embedding_dim' must be an int >= 1"),
     ({"kind": "tokens", "embedding_dim": 4, "source_vocab_size": 4, "target_vocab_size": 9}, "'source_vocab_size'"),
     ({"kind": "tokens", "embedding_dim": 4, "source_vocab_size": 9, "target_vocab_size": 9, "attention": "multihead",
-      "n_heads": 2}, "not built for token models yet"),
+      "n_heads": 3, "hidden_dim": 8}, "must be a multiple of 'n_heads'"),
+    ({"reverse_source": True}, "are for token models"),
     ({"kind": "words"}, "'kind' must be one of"),
     ({"bidirectional": 1}, "true or false"),
 ])

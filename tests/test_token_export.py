@@ -18,16 +18,16 @@ from training.recurrent import BOS_ID, PAD_ID, TokenSeq2Seq
 
 ATOL = 1e-5
 VOCAB = 11
-ATTENTION_CYCLE = ("dot", "additive", "none")
+ATTENTION_CYCLE = ("dot", "additive", "none", "multihead")
 # Every cell x layers x direction, each with one attention kind, cycling so every kind is covered by both cells.
-COMBOS = [(cell, layers, bi, ATTENTION_CYCLE[i % 3])
+COMBOS = [(cell, layers, bi, ATTENTION_CYCLE[i % len(ATTENTION_CYCLE)])
           for i, (cell, layers, bi) in enumerate(itertools.product(("gru", "lstm"), (1, 2), (False, True)))]
 
 
 def spec_for(cell: str, layers: int, bidirectional: bool, attention: str) -> ModelSpec:
     """A tiny token spec."""
     return ModelSpec(kind="tokens", cell=cell, layers=layers, bidirectional=bidirectional, attention=attention,
-                     hidden_dim=6, embedding_dim=5, source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+                     n_heads=2 if attention == "multihead" else 1, hidden_dim=6, embedding_dim=5, source_vocab_size=VOCAB, target_vocab_size=VOCAB)
 
 
 def batch(n: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,12 +72,12 @@ def test_onnxruntime_equals_pytorch_step_by_step(exported, n, length):
         None, {"source_ids": ids, "source_lengths": lengths})))
     with torch.no_grad():
         ref = model.encode(torch.from_numpy(ids), torch.from_numpy(lengths))
-    ref["source_mask"] = ref.pop("mask")
     valid = np.arange(length)[None, :] < lengths[:, None]  # (N, L): memory at padding is not compared
     for name, value in state.items():
         expected = ref[name].numpy()
-        if name in ("memory", "keys"):
-            value, expected = value * valid[..., None], expected * valid[..., None]
+        if name in ("memory", "keys", "values"):  # (N, L, D) or per head (N, heads, L, d_k)
+            where = valid[..., None] if value.ndim == 3 else valid[:, None, :, None]
+            value, expected = value * where, expected * where
         np.testing.assert_allclose(value, expected, atol=ATOL, err_msg=name)
     torch_state = (ref["hidden"], ref["cell"])
     previous = np.full(n, BOS_ID, dtype=np.int64)
@@ -86,8 +86,7 @@ def test_onnxruntime_equals_pytorch_step_by_step(exported, n, length):
         outputs = dict(zip(io[DECODER_STEP_FILE]["outputs"], sessions[DECODER_STEP_FILE].run(
             None, {"previous_tokens": previous, **feed})))
         with torch.no_grad():
-            log_probs, torch_state, alphas = model.decoder.step(torch.from_numpy(previous), torch_state,
-                                                                ref["keys"], ref["memory"], ref["source_mask"])
+            log_probs, torch_state, alphas = model.decoder.step(torch.from_numpy(previous), torch_state, ref)
         np.testing.assert_allclose(outputs["log_probs"], log_probs.numpy(), atol=ATOL)
         if alphas is not None:
             np.testing.assert_allclose(outputs["alphas"], alphas.numpy(), atol=ATOL)

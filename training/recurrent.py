@@ -11,12 +11,15 @@ Bridge rule (bidirectional encoders): the decoder's initial state for layer l is
 Attention over the encoder memory m (N, L, D), D = directions * hidden, with the decoder's top hidden state q:
     dot:       score = q . (W_k m)                         (keys projected once, in the encoder)
     additive:  score = v . tanh(W_q q + W_k m)             (Bahdanau; W_k m projected once, in the encoder)
-padded positions get -inf before the softmax; the context is sum(alpha * m).
+    multihead: score_h = (W_q q)_h . (W_k m)_h / sqrt(d_k) per head, context W_o [sum(alpha_h (W_v m)_h)]_h
+padded positions get -inf before the softmax; the context is sum(alpha * m) (multihead: as above).
 The step's output is log_softmax(W_o [h_top; context]) (or, with tied embeddings, of P [h_top; context] . E^T).
 """
 from __future__ import annotations
 
 from typing import Callable
+
+import math
 
 import numpy as np
 import torch
@@ -66,30 +69,76 @@ class TokenEncoder(nn.Module):
 
 
 class TokenAttention(nn.Module):
-    """Dot or additive attention; `project_keys` runs once per source, `forward` once per step."""
+    """Dot or additive attention; `project` runs once per source, `forward` once per step."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.kind = spec.attention
-        memory_dim = spec.directions * spec.hidden_dim
-        self.key = nn.Linear(memory_dim, spec.hidden_dim, bias=self.kind == "additive")
+        self.key = nn.Linear(spec.directions * spec.hidden_dim, spec.hidden_dim, bias=self.kind == "additive")
         if self.kind == "additive":
             self.query = nn.Linear(spec.hidden_dim, spec.hidden_dim, bias=False)
             self.v = nn.Linear(spec.hidden_dim, 1, bias=False)
 
-    def project_keys(self, memory: torch.Tensor) -> torch.Tensor:
-        """memory (N, L, D) -> keys (N, L, H)."""
-        return self.key(memory)
+    def project(self, memory: torch.Tensor) -> dict[str, torch.Tensor]:
+        """memory (N, L, D) -> keys (N, L, H), and the memory itself as values."""
+        return {"keys": self.key(memory), "memory": memory}
 
-    def forward(self, query: torch.Tensor, keys: torch.Tensor, memory: torch.Tensor,
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """query (N, H), keys (N, L, H), memory (N, L, D), mask (N, L) bool -> context (N, D), alphas (N, L)."""
+    def forward(self, query: torch.Tensor, states: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (N, H), keys (N, L, H), memory (N, L, D), source_mask (N, L) -> context (N, D), alphas (N, L)."""
+        keys = states["keys"]
         if self.kind == "additive":
             scores = self.v(torch.tanh(self.query(query)[:, None, :] + keys)).squeeze(-1)  # (N, L)
         else:
             scores = torch.bmm(keys, query[:, :, None]).squeeze(-1)  # (N, L)
-        alphas = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)  # (N, L)
-        return torch.bmm(alphas[:, None, :], memory).squeeze(1), alphas  # (N, D), (N, L)
+        alphas = torch.softmax(scores.masked_fill(~states["source_mask"], float("-inf")), dim=-1)  # (N, L)
+        return torch.bmm(alphas[:, None, :], states["memory"]).squeeze(1), alphas  # (N, D), (N, L)
+
+
+class MultiHeadTokenAttention(nn.Module):
+    """Multi-head attention: each of `n_heads` heads scores (W_q q)_h . (W_k m)_h / sqrt(d_k) over its own
+    d_k = hidden_dim / n_heads dims; the heads' contexts are concatenated and projected (W_o). Keys and values are
+    projected once per source. The attention returned is the mean of the heads' weights."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.heads, self.d_k = spec.n_heads, spec.head_dim
+        memory_dim = spec.directions * spec.hidden_dim
+        self.query = nn.Linear(spec.hidden_dim, spec.hidden_dim)
+        self.key = nn.Linear(memory_dim, spec.hidden_dim)
+        self.value = nn.Linear(memory_dim, spec.hidden_dim)
+        self.out = nn.Linear(spec.hidden_dim, spec.hidden_dim)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        n, length = x.shape[0], x.shape[1]
+        return x.view(n, length, self.heads, self.d_k).transpose(1, 2)  # (N, heads, L, d_k)
+
+    def project(self, memory: torch.Tensor) -> dict[str, torch.Tensor]:
+        """memory (N, L, D) -> per-head keys and values, each (N, heads, L, d_k)."""
+        return {"keys": self._split(self.key(memory)), "values": self._split(self.value(memory))}
+
+    def forward(self, query: torch.Tensor, states: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (N, H), keys/values (N, heads, L, d_k), source_mask (N, L) -> context (N, H), alphas (N, L)."""
+        q = self.query(query).view(-1, self.heads, 1, self.d_k)  # (N, heads, 1, d_k)
+        scores = torch.matmul(q, states["keys"].transpose(2, 3)) / math.sqrt(self.d_k)  # (N, heads, 1, L)
+        masked = scores.masked_fill(~states["source_mask"][:, None, None, :], float("-inf"))
+        alphas = torch.softmax(masked, dim=-1)  # (N, heads, 1, L)
+        context = torch.matmul(alphas, states["values"])  # (N, heads, 1, d_k)
+        joined = context.squeeze(2).flatten(1)  # (N, H)
+        return self.out(joined), alphas.squeeze(2).mean(dim=1)  # (N, H), (N, L)
+
+
+def build_attention(spec: ModelSpec) -> nn.Module | None:
+    """The attention module a spec asks for (None without attention)."""
+    if spec.attention == "multihead":
+        return MultiHeadTokenAttention(spec)
+    return TokenAttention(spec) if spec.has_attention else None
+
+
+def context_dim(spec: ModelSpec) -> int:
+    """Width of the attention context concatenated to the decoder's output."""
+    if spec.attention == "multihead":
+        return spec.hidden_dim
+    return spec.directions * spec.hidden_dim if spec.has_attention else 0
 
 
 class TokenDecoder(nn.Module):
@@ -101,22 +150,23 @@ class TokenDecoder(nn.Module):
         self.embedding = nn.Embedding(spec.target_vocab_size, spec.embedding_dim, padding_idx=PAD_ID)
         self.rnn = RNN_CLASSES[spec.cell](spec.embedding_dim, spec.hidden_dim, num_layers=spec.layers,
                                           batch_first=True)
-        self.attention = TokenAttention(spec) if spec.has_attention else None
-        features = spec.hidden_dim + (spec.directions * spec.hidden_dim if spec.has_attention else 0)
+        self.attention = build_attention(spec)
+        features = spec.hidden_dim + context_dim(spec)
         if spec.tie_embeddings:
             self.pre_output = nn.Linear(features, spec.embedding_dim)
         else:
             self.output = nn.Linear(features, spec.target_vocab_size)
 
-    def step(self, previous: torch.Tensor, state: State, keys: torch.Tensor | None, memory: torch.Tensor | None,
-             mask: torch.Tensor | None) -> tuple[torch.Tensor, State, torch.Tensor | None]:
-        """previous (N,) ids, state (layers, N, H) x2 -> log_probs (N, V), new state, alphas (N, L) or None."""
+    def step(self, previous: torch.Tensor, state: State,
+             attend: dict[str, torch.Tensor]) -> tuple[torch.Tensor, State, torch.Tensor | None]:
+        """previous (N,) ids, state (layers, N, H) x2, and what attention reads (the contract's names: keys,
+        memory or values, source_mask) -> log_probs (N, V), new state, alphas (N, L) or None."""
         h, c = state
         out, final = self.rnn(self.embedding(previous)[:, None, :], h if c is None else (h, c))  # (N, 1, H)
         h, c = final if isinstance(final, tuple) else (final, None)
         features, alphas = out[:, 0], None  # (N, H)
         if self.attention is not None:
-            context, alphas = self.attention(features, keys, memory, mask)
+            context, alphas = self.attention(features, attend)
             features = torch.cat([features, context], dim=-1)  # (N, H + D)
         return F.log_softmax(self._logits(features), dim=-1), (h, c), alphas
 
@@ -138,11 +188,14 @@ class TokenSeq2Seq(nn.Module):
         self.decoder = TokenDecoder(spec)
 
     def encode(self, source: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor | None]:
-        """Everything the decoder steps read: initial state, memory, projected keys, mask (N, L)."""
+        """Everything the decoder steps read, by the contract's names: hidden, cell (None for GRU), memory,
+        source_mask (N, L), and the attention's projections (keys, values)."""
         memory, (h, c) = self.encoder(source, lengths)
         mask = torch.arange(source.shape[1], device=source.device)[None, :] < lengths[:, None]  # (N, L)
-        keys = self.decoder.attention.project_keys(memory) if self.decoder.attention is not None else None
-        return {"hidden": h, "cell": c, "memory": memory, "keys": keys, "mask": mask}
+        out = {"hidden": h, "cell": c, "memory": memory, "source_mask": mask}
+        if self.decoder.attention is not None:
+            out.update(self.decoder.attention.project(memory))
+        return out
 
     def forward(self, source: torch.Tensor, lengths: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: target_in (N, T) starts with BOS -> log_probs (N, T, V) for target_in shifted by one."""
@@ -150,7 +203,7 @@ class TokenSeq2Seq(nn.Module):
         state: State = (enc["hidden"], enc["cell"])
         steps = []
         for t in range(target_in.shape[1]):
-            log_probs, state, _ = self.decoder.step(target_in[:, t], state, enc["keys"], enc["memory"], enc["mask"])
+            log_probs, state, _ = self.decoder.step(target_in[:, t], state, enc)
             steps.append(log_probs)
         return torch.stack(steps, dim=1)  # (N, T, V)
 
@@ -163,7 +216,7 @@ class TokenSeq2Seq(nn.Module):
         out: list[list[int]] = [[] for _ in range(source.shape[0])]
         done = torch.zeros(source.shape[0], dtype=torch.bool)
         for _ in range(max_len):
-            log_probs, state, _ = self.decoder.step(previous, state, enc["keys"], enc["memory"], enc["mask"])
+            log_probs, state, _ = self.decoder.step(previous, state, enc)
             previous = log_probs.argmax(dim=-1)
             for i in torch.nonzero(~done & (previous != EOS_ID)).flatten().tolist():
                 out[i].append(int(previous[i]))
@@ -178,15 +231,13 @@ def torch_steps(model: TokenSeq2Seq, source: np.ndarray, lengths: np.ndarray) ->
     PyTorch and onnxruntime, so any difference between them is the graphs'."""
     with torch.no_grad():
         enc = model.encode(torch.from_numpy(source), torch.from_numpy(lengths))
-    enc["source_mask"] = enc.pop("mask")
     state = {name: enc[name].numpy() for name in token_decoder_state(model.spec)}  # exactly what a step reads
 
     def step(tokens: np.ndarray, state: dict) -> StepResult:
         t = {k: torch.from_numpy(v) for k, v in state.items()}
         with torch.no_grad():
             log_probs, (h, c), alphas = model.decoder.step(torch.from_numpy(tokens.astype(np.int64)),
-                                                           (t["hidden"], t.get("cell")), t.get("keys"),
-                                                           t.get("memory"), t.get("source_mask"))
+                                                           (t["hidden"], t.get("cell")), t)
         new = {**state, "hidden": h.numpy(), **({"cell": c.numpy()} if c is not None else {})}
         return StepResult(log_probs.numpy(), new, None if alphas is None else alphas.numpy())
 

@@ -2,8 +2,9 @@
 sampling, grad clipping, label smoothing, and greedy exact/token accuracy on the validation set after every epoch.
 
 Encoding rules (the runtime must feed sources the same way):
-  source      vocab.encode(text): its tokens, then EOS (Vocabulary's default); with `reverse_source` the text's
-              tokens are reversed and EOS stays last (Sutskever et al. 2014); lengths count EOS
+  source      vocab.encode(text): its tokens, then EOS (Vocabulary's default); with the spec's `reverse_source` the
+              text's tokens are reversed and EOS stays last (Sutskever et al. 2014); lengths count EOS. The runtime
+              encodes with the same rule (`Vocabulary.encode_batch(reverse=spec.reverse_source)`).
   target_in   BOS + target tokens          target_out   target tokens + EOS
 Every tensor is right-padded with PAD, to the longest row of its own batch.
 
@@ -55,7 +56,6 @@ class TokenTrainConfig:
     clip: float = 1.0  # max global grad norm; 0 turns clipping off
     label_smoothing: float = 0.0
     teacher_forcing: float = 1.0  # probability of feeding the true previous token; < 1 is scheduled sampling
-    reverse_source: bool = False
     bucket: bool = True
 
     def __post_init__(self) -> None:
@@ -75,9 +75,8 @@ class TokenTrainConfig:
             raise ConfigError(f"token train config 'label_smoothing' must be in [0, 1), got {self.label_smoothing!r}")
         if not (_is_number(self.teacher_forcing) and 0 <= self.teacher_forcing <= 1):
             raise ConfigError(f"token train config 'teacher_forcing' must be in [0, 1], got {self.teacher_forcing!r}")
-        for name in ("reverse_source", "bucket"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"token train config {name!r} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.bucket, bool):
+            raise ConfigError(f"token train config 'bucket' must be true or false, got {self.bucket!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form, the inverse of `from_dict`."""
@@ -97,9 +96,9 @@ class TokenTrainConfig:
 
 
 def encode_sources(texts: tuple[str, ...], vocab: Vocabulary, reverse: bool = False) -> list[list[int]]:
-    """Source ids: tokens then EOS; `reverse` reverses the tokens only (EOS stays last)."""
-    rows = [vocab.encode(t, add_eos=False) for t in texts]
-    return [(r[::-1] if reverse else r) + [EOS] for r in rows]
+    """Source ids: tokens then EOS; `reverse` reverses the tokens only (EOS stays last), as the runtime does."""
+    ids, lengths = vocab.encode_batch(list(texts), add_eos=True, reverse=reverse)
+    return [row[:n].tolist() for row, n in zip(ids, lengths)]
 
 
 def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,24 +156,26 @@ class TokenBatcher:
 
 def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary, hidden_dim: int = 128,
                   embedding_dim: int = 32, cell: str = "gru", layers: int = 1, bidirectional: bool = True,
-                  attention: str = "dot", tie_embeddings: bool = False) -> ModelSpec:
+                  attention: str = "dot", tie_embeddings: bool = False, n_heads: int = 1,
+                  reverse_source: bool = False) -> ModelSpec:
     """A token spec sized by the vocabularies; input_len / target_len are the longest source and target in tokens,
     EOS included (what the encoder reads and the decoder emits)."""
     input_len = max(len(s) for s in encode_sources(train.sources, source_vocab))
     target_len = max(len(target_vocab.encode(t)) for t in train.targets)
     return ModelSpec(kind="tokens", hidden_dim=hidden_dim, embedding_dim=embedding_dim, cell=cell, layers=layers,
                      bidirectional=bidirectional, attention=attention, tie_embeddings=tie_embeddings,
+                     n_heads=n_heads, reverse_source=reverse_source,
                      source_vocab_size=len(source_vocab), target_vocab_size=len(target_vocab),
                      input_len=input_len, target_len=target_len)
 
 
 @torch.no_grad()
-def evaluate_tokens(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
-                    reverse_source: bool = False) -> tuple[float, float]:
+def evaluate_tokens(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabulary,
+                    target_vocab: Vocabulary) -> tuple[float, float]:
     """Greedy decoding (eval mode) -> (exact-sequence accuracy, token accuracy). A sequence is exact when every token
     and the EOS after them match; token accuracy compares position by position over target + EOS."""
     model.eval()
-    data = TokenBatcher(pairs, source_vocab, target_vocab, reverse_source)
+    data = TokenBatcher(pairs, source_vocab, target_vocab, model.spec.reverse_source)
     max_len = int(data.target_lengths.max()) + MAX_LEN_MARGIN  # target_lengths count BOS, i.e. tokens + EOS
     exact = correct = total = 0
     for index in torch.arange(len(data)).split(EVAL_CHUNK):
@@ -198,7 +199,7 @@ def sampled_forward(model: TokenSeq2Seq, batch: TokenBatch, teacher_forcing: flo
     previous = batch.target_in[:, 0]  # (N,) BOS
     steps = []
     for t in range(batch.target_in.shape[1]):
-        log_probs, state, _ = model.decoder.step(previous, state, enc["keys"], enc["memory"], enc["mask"])
+        log_probs, state, _ = model.decoder.step(previous, state, enc)
         steps.append(log_probs)
         if t + 1 < batch.target_in.shape[1]:
             true = torch.rand(previous.shape[0], generator=generator) < teacher_forcing  # (N,)
@@ -227,7 +228,7 @@ class TokenTrainer:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.epoch = 0
         self.history: History = {"train_loss": [], "val_exact": [], "val_token": []}
-        self.batcher = TokenBatcher(train, source_vocab, target_vocab, config.reverse_source)
+        self.batcher = TokenBatcher(train, source_vocab, target_vocab, spec.reverse_source)
 
     def train_epoch(self) -> float:
         """One shuffled pass in train mode; returns the mean loss per target token (PAD excluded)."""
@@ -263,8 +264,7 @@ class TokenTrainer:
         try:
             for _ in bar:
                 loss = self.train_epoch()
-                exact, token = evaluate_tokens(self.model, self.val_data, self.source_vocab, self.target_vocab,
-                                               self.config.reverse_source)
+                exact, token = evaluate_tokens(self.model, self.val_data, self.source_vocab, self.target_vocab)
                 self.epoch += 1
                 for key, value in (("train_loss", loss), ("val_exact", exact), ("val_token", token)):
                     self.history[key].append(value)
