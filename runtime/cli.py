@@ -50,6 +50,7 @@ LAZY_COMMANDS = {
     "export": ("export.cli", "export_command"),
     "verify": ("export.cli", "verify_command"),
     "infer": ("runtime.infer_cli", "infer"),
+    "eval": ("training.eval_cli", "eval_command"),
 }
 
 

@@ -1,0 +1,159 @@
+"""`seq2onnx eval` through real subprocesses, on a toy-translation model trained to 100% and exported once."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from export.api import export_model
+from runtime.cli import main
+from runtime.model import Seq2Seq
+from runtime.vocab import EOS, Vocabulary
+from training.text_data import (
+    ACCURACY_TARGETS,
+    TOKENIZER_OF,
+    TOY_TRANSLATION,
+    load_text_dataset,
+)
+from training.token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
+
+SQUARES = Path(__file__).resolve().parents[1] / "artifacts" / "squares"
+# Runs the CLI where `import torch` fails, as on a runtime-only install: eval must not need it.
+NO_TORCH = "import sys; sys.modules['torch'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; main()"
+# Full-batch Adam at a constant 1e-2 reaches 9/9 exact after epoch 10 (measured); 20 leaves a margin. About 1 s.
+TOY_CONFIG = TokenTrainConfig(epochs=20, batch_size=9, lr=1e-2, lr_decay=1.0)
+
+
+def cli(*args: object, no_torch: bool = False) -> subprocess.CompletedProcess:
+    """Run `seq2onnx eval ARGS` in a subprocess of this interpreter."""
+    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "runtime.cli"]
+    return subprocess.run([*prefix, "eval", *map(str, args)], capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest.fixture(scope="module")
+def toy_model(tmp_path_factory) -> Path:
+    """A GRU + dot-attention model (hidden 32) trained on toy-translation and exported."""
+    torch.set_num_threads(1)  # the 100% above was measured at one thread; other counts round differently
+    train, test = load_text_dataset(TOY_TRANSLATION)
+    kind = TOKENIZER_OF[TOY_TRANSLATION]
+    source, target = Vocabulary.build(train.sources, kind), Vocabulary.build(train.targets, kind)
+    trainer = TokenTrainer(spec_for_text(train, source, target, hidden_dim=32), TOY_CONFIG, train, test, source,
+                           target)
+    history = trainer.fit(progress=False)
+    assert history["val_exact"][-1] == 1.0, history
+    return export_model(trainer.model, tmp_path_factory.mktemp("eval") / "toy", vocabularies=(source, target))
+
+
+def test_eval_help():
+    result = CliRunner().invoke(main, ["eval", "--help"])
+    assert result.exit_code == 0, result.output
+    assert all(option in result.output for option in ("--data", "--beam", "--min-exact", "--json", "--split"))
+
+
+def test_eval_prints_the_figures_and_the_target_without_torch(toy_model):
+    result = cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "3", no_torch=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "test split: 9 sequences" in lines[1]
+    assert lines[2].startswith("greedy  exact 1.0000 (9/9)  token 1.0000") and "seq/s" in lines[2]
+    assert lines[3].startswith("beam 3  exact 1.0000 (9/9)")
+    assert "never worse than greedy (greedy right, beam wrong: 0;" in lines[4]
+    assert lines[5] == f"target  greedy exact >= {ACCURACY_TARGETS[TOY_TRANSLATION]:g} for toy-translation: met"
+    assert "warning" not in result.stderr
+
+
+def test_eval_json_matches_translate_batch(toy_model):
+    result = cli(toy_model, "--data", TOY_TRANSLATION, "--json", "--limit", "7", "--quiet")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["sequences"] == 7 and report["split"] == "test" and report["warnings"] == []
+    _, test = load_text_dataset(TOY_TRANSLATION)
+    model = Seq2Seq.load(toy_model, provider="cpu")
+    max_len = report["max_decoding_length"]
+    found = model.translate_batch(list(test.sources[:7]), max_decoding_length=max_len)
+    references = [model.vocabularies["target"].encode(t, add_eos=False) for t in test.targets[:7]]
+    exact = sum(h[0].ids == r and len(h[0].ids) < max_len for h, r in zip(found, references))
+    assert report["greedy"]["exact_count"] == exact
+    assert report["greedy"]["exact"] == exact / 7
+    assert report["beam"]["beam_size"] == 5 and report["beam"]["lost"] == 0 and report["beam"]["never_worse"]
+    assert report["greedy"]["sequences_per_s"] > 0 and report["beam"]["sequences_per_s"] > 0
+
+
+def test_min_exact_above_the_accuracy_exits_1_after_printing(toy_model):
+    result = cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "0", "--min-exact", "1.01", "--quiet")
+    assert result.returncode == 1
+    assert "greedy  exact 1.0000" in result.stdout
+    assert "Error: greedy exact accuracy 1.0000 is below --min-exact 1.01" in result.stderr
+    assert cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "0", "--min-exact", "1", "--quiet").returncode == 0
+
+
+def test_beam_0_skips_beam(toy_model):
+    text = cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "0", "--quiet")
+    assert text.returncode == 0, text.stderr
+    assert "beam    skipped (--beam 0)" in text.stdout and "beam vs greedy" not in text.stdout
+    report = json.loads(cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "0", "--json", "--quiet").stdout)
+    assert report["beam"] is None
+
+
+def test_mismatched_data_warns_about_unknown_tokens(toy_model):
+    result = cli(toy_model, "--data", "reverse", "--limit", "5", "--beam", "0", "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "warning: 100% of the source tokens are not in the model's source vocabulary" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["unknown_fraction"]["source"] == 1.0 and report["greedy"]["exact"] == 0.0
+    assert report["target"] == {"exact": ACCURACY_TARGETS["reverse"], "met": False}
+
+
+def test_user_file_data_and_train_split(toy_model, tmp_path):
+    sources, targets = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    sources.write_text("one is one\ntwo is two\nthree is three\nfour is four\nfive is five\n")
+    targets.write_text("1 la 1\n2 la 2\n3 la 3\n4 la 4\n5 la 5\n")
+    result = cli(toy_model, "--data", f"{sources},{targets}", "--split", "train", "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["sequences"] == 4 and report["greedy"]["exact"] == 1.0 and report["target"] is None
+
+
+def test_a_point_model_is_refused(toy_model):
+    result = cli(SQUARES, "--data", TOY_TRANSLATION)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        (f"Error: {SQUARES} is a point model (kind 'points'), which takes numeric sources; eval scores token "
+         "models on text data (use `seq2onnx infer` for point models)")]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--data", "no-such-set"], "'no-such-set' is neither a built-in data set"),
+    (["--data", "missing.tsv"], "file 'missing.tsv' does not exist"),
+    (["--data", TOY_TRANSLATION, "--threads", "0"], "expected 1.."),
+    (["--data", TOY_TRANSLATION, "--length-penalty", "inf"], "expected a finite number"),
+    (["--data", TOY_TRANSLATION, "--split", "val"], "'val' is not one of"),
+])
+def test_usage_errors_exit_2(toy_model, args, fragment):
+    result = cli(toy_model, *args)
+    assert result.returncode == 2, result.stderr
+    assert fragment in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_data_content_exits_1(toy_model, tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("one is one\t1 la 1\nno tab here\n")
+    result = cli(toy_model, "--data", bad)
+    assert result.returncode == 1
+    assert "--data:" in result.stderr and "line 2 has 0 tabs" in result.stderr
+
+
+def test_eos_is_what_ends_an_exact_hypothesis():
+    from training.eval_cli import score
+
+    # The reference [5, 6]: a hypothesis cut off at the limit with the same ids is not exact, one that stopped is.
+    stopped, cut_off = score([[5, 6]], [[5, 6]], max_len=3), score([[5, 6]], [[5, 6]], max_len=2)
+    assert (stopped["exact"], stopped["token"]) == (1.0, 1.0)
+    assert (cut_off["exact"], cut_off["token"]) == (0.0, 2 / 3)
+    assert score([[5, 7, 6]], [[5, 6]], max_len=9)["token"] == 1 / 3 and EOS not in (5, 6, 7)
