@@ -76,12 +76,30 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
     click.echo(f"wrote {path}")
 
 
+def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--data names point data ('squares', PATH.npz) or text data (a built-in, PATH.tsv, SRC,TGT); which one fits
+    is checked once the model's kind is known. A named file that does not exist is a usage error."""
+    from training.text_data import BUILTIN_LOADERS, PAIR_SEPARATOR
+
+    if value is None or value in BUILTIN_LOADERS or value == "squares":
+        return value
+    if value.endswith(".npz"):
+        return check_data_option(ctx, param, value)
+    paths = value.split(PAIR_SEPARATOR) if PAIR_SEPARATOR in value and not Path(value).is_file() else [value]
+    missing = [p for p in paths if not Path(p.strip()).is_file()]
+    if missing:
+        raise click.BadParameter(f"file {missing[0]!r} does not exist; expected 'squares', PATH.npz, a text data "
+                                 f"set {sorted(BUILTIN_LOADERS)}, PATH.tsv or SRC_PATH,TGT_PATH")
+    return value
+
+
 @click.command("verify")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @tolerance_options
-@click.option("--data", "data", default=None, callback=check_data_option,
-              help="Also compare on this data: 'squares' or PATH.npz (default: the checkpoint's training data, "
+@click.option("--data", "data", default=None, callback=check_verify_data,
+              help="Also compare on this data: 'squares' or PATH.npz for point models; reverse, toy-translation, "
+                   "lookup, dates, PATH.tsv or SRC,TGT for token models (default: the checkpoint's training data, "
                    "when it can still be found).")
 def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, drift_atol: float,
                    data: str | None) -> None:
@@ -101,8 +119,11 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
     if runtime.spec != spec:
         raise click.ClickException(f"{model_dir} was exported from a model with spec {runtime.spec}, "
                                    f"but {checkpoint} holds {spec}; they cannot be compared")
-    cases = matrix_cases(spec.n_features) + dataset_cases(checkpoint, data, spec)
-    rows = run_parity(model, runtime, cases, tol, progress=True)
+    if spec.kind == "tokens":
+        rows = token_rows(checkpoint, data, model, runtime, tol)
+    else:
+        rows = run_parity(model, runtime, matrix_cases(spec.n_features) + dataset_cases(checkpoint, data, spec),
+                          tol, progress=True)
     click.echo(format_table(rows, tol))
     failed = [r for r in rows if not r.ok]
     if failed:
@@ -110,6 +131,33 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
         raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} says it was "
                                    f"exported from {source!r}: if that is not {checkpoint}, the two are not a pair")
     click.echo(f"all {len(rows)} checks within {tol}")
+
+
+def token_rows(checkpoint: Path, data: str | None, model: Any, runtime: Any, tol: Any) -> list:
+    """Token models: the random-id matrix, then real texts (--data, else the checkpoint's own data if found):
+    step log-probs within tolerance, greedy and beam ids identical, over batch sizes and padded lengths."""
+    from training.checkpoint import read_data_description
+    from training.data import DataError
+    from training.text_data import load_text_dataset, reload_text_dataset
+
+    from .token_parity import run_token_data_parity, run_token_parity
+
+    rows = run_token_parity(model, runtime, tol)
+    if data is not None and (data == "squares" or data.endswith(".npz")):
+        raise click.BadParameter(f"{data!r} is point data; {checkpoint} is a token model: pass a text data set",
+                                 param_hint="'--data'")
+    try:
+        train, test = load_text_dataset(data) if data is not None else reload_text_dataset(
+            read_data_description(checkpoint) or {})
+    except DataError as exc:
+        if data is not None:
+            raise click.ClickException(f"--data: {exc}") from None
+        click.echo(f"note: the checkpoint's training data cannot be reloaded ({exc}); comparing on random ids "
+                   "only (pass --data to compare on real texts)", err=True)
+        return rows
+    for name, pairs in (("test", test), ("train", train)):
+        rows += run_token_data_parity(model, runtime, list(pairs.sources), name, tol)
+    return rows
 
 
 def dataset_cases(checkpoint: Path, data: str | None, spec: Any) -> list:
@@ -120,6 +168,9 @@ def dataset_cases(checkpoint: Path, data: str | None, spec: Any) -> list:
     from .parity import data_cases
 
     if data is not None:
+        if not (data == "squares" or data.endswith(".npz")):
+            raise click.BadParameter(f"{data!r} is text data; {checkpoint} is a point model: pass 'squares' or "
+                                     "PATH.npz", param_hint="'--data'")
         try:
             train, test = load_dataset(data)
         except DataError as exc:

@@ -18,8 +18,10 @@ from training.recurrent import TokenSeq2Seq, torch_steps
 from .parity import Row, Tolerance
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
+DATA_BATCHES = (1, 8, 64)  # real texts: consecutive chunks of these sizes, each padded to its longest row
 PARITY_STEPS = 12
 PARITY_BEAM = 3
+DATA_STEP_MARGIN = 2  # real texts decode up to the longest training target (EOS included) plus this
 
 
 def token_batch(spec_vocab: int, n: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -44,6 +46,24 @@ def run_token_parity(model: TokenSeq2Seq, runtime: Seq2Seq, tol: Tolerance) -> l
     return rows
 
 
+def run_token_data_parity(model: TokenSeq2Seq, runtime: Seq2Seq, texts: list[str], name: str,
+                          tol: Tolerance) -> list[Row]:
+    """The same checks on real texts, encoded as the runtime encodes them, in batches of DATA_BATCHES sizes."""
+    vocab = runtime.vocabularies["source"]
+    max_len = model.spec.target_len + DATA_STEP_MARGIN
+    rows, start = [], 0
+    for n in DATA_BATCHES:
+        chunk = texts[start:start + n]
+        start += n
+        if not chunk:
+            break
+        ids, lengths = vocab.encode_batch(chunk, add_eos=True, reverse=model.spec.reverse_source)
+        case = f"{name} b{len(chunk)} s{ids.shape[1]}"
+        rows.append(_graph_row(case, runtime.token_steps, model, ids, lengths, tol))
+        rows.extend(_decode_rows(case, runtime.token_steps, model, ids, lengths, max_len))
+    return rows
+
+
 def _graph_row(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndarray, lengths: np.ndarray,
                tol: Tolerance) -> Row:
     """Step log-probs, both sides fed PyTorch's greedy choices, worst absolute and relative difference."""
@@ -62,11 +82,11 @@ def _graph_row(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndarra
     return Row(case, len(ids), ids.shape[1], PARITY_STEPS, "graph", "step.log_probs", worst_abs, worst_rel, ok)
 
 
-def _decode_rows(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndarray,
-                 lengths: np.ndarray) -> list[Row]:
+def _decode_rows(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndarray, lengths: np.ndarray,
+                 max_len: int = PARITY_STEPS) -> list[Row]:
     """Greedy and beam ids through the runtime vs the same searches driven by PyTorch (differing sequences)."""
     axes = state_batch_axes(model.spec)
-    common = dict(batch_size=len(ids), bos_id=BOS, eos_id=EOS, max_decoding_length=PARITY_STEPS)
+    common = dict(batch_size=len(ids), bos_id=BOS, eos_id=EOS, max_decoding_length=max_len)
     rows = []
     for name, search, extra in (("greedy.ids", greedy_search, {}),
                                 ("beam.ids", beam_search, {"beam_size": PARITY_BEAM, "num_hypotheses": PARITY_BEAM})):
@@ -74,7 +94,7 @@ def _decode_rows(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndar
         state, step = torch_steps(model, ids, lengths)
         want = search(step, state, axes, **common, **extra)
         differing = sum(_ids(a) != _ids(b) for a, b in zip(got, want))
-        rows.append(Row(case, len(ids), ids.shape[1], PARITY_STEPS, "decode", name, float(differing), 0.0,
+        rows.append(Row(case, len(ids), ids.shape[1], max_len, "decode", name, float(differing), 0.0,
                         differing == 0))
     return rows
 
