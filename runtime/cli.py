@@ -43,6 +43,12 @@ class FiniteFloatRange(click.FloatRange):
             self.fail(f"expected a finite number, got {value!r}", param, ctx)
         return number
 
+    def _describe_range(self) -> str:
+        # click renders an unbounded range as 'x<=None'; say what is accepted instead
+        if self.min is None and self.max is None:
+            return "finite"
+        return super()._describe_range()
+
 
 # Loaded only when used, so `infer` and `--help` work on an install without torch.
 LAZY_COMMANDS = {
