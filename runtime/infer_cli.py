@@ -1,4 +1,7 @@
-"""`seq2onnx infer`: decode sources from a file or stdin with an exported model (no torch needed)."""
+"""`seq2onnx infer`: decode sources from a file or stdin with an exported model (no torch needed).
+
+Point models read numeric sources (.npy, .npz, JSON) and print one JSON document; token models read text
+(--text, or one input per line) and print JSON lines, see `runtime.token_infer`."""
 from __future__ import annotations
 
 import json
@@ -15,6 +18,8 @@ import numpy as np
 from .errors import Seq2OnnxError
 from .inputs import MAX_TARGET_LEN
 from .sessions import PROVIDERS
+from .token_infer import (TOKEN_OUTPUT_SUFFIXES, TokenRun, check_token_usage, decoding_options, model_kind,
+                          read_items, refuse_token_options, token_options)
 
 
 class InputFileError(click.ClickException):
@@ -156,10 +161,10 @@ def check_output_path(path: str, option: str, suffixes: tuple[str, ...], force: 
 
 
 def check_outputs(input_path: str, output_path: str | None, plot_path: str | None, attention: bool,
-                  force: bool) -> None:
+                  force: bool, suffixes: tuple[str, ...] = OUTPUT_SUFFIXES) -> None:
     """Refuse unusable --output / --plot paths before any decoding."""
     if output_path:
-        check_output_path(output_path, "'--output'", OUTPUT_SUFFIXES, force)
+        check_output_path(output_path, "'--output'", suffixes, force)
         if Path(output_path).suffix.lower() == ".npy" and attention:
             raise click.BadParameter("a .npy file holds one array; use .json or .npz with --attention",
                                      param_hint="'--output'")
@@ -223,26 +228,39 @@ def check_threads(ctx: click.Context, param: click.Parameter, value: int | None)
 
 @click.command()
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--input", "input_path", required=True, type=click.Path(exists=True, allow_dash=True, dir_okay=False),
-              help="Sources: .npy (N, L, F), .npz with 'source' [and 'source_mask'], .json nested lists or "
-                   "{'source': ..., 'source_mask': ...}; '-' reads JSON from stdin.")
+@click.option("--input", "input_path", type=click.Path(exists=True, allow_dash=True, dir_okay=False),
+              help="Point models: .npy (N, L, F), .npz with 'source' [and 'source_mask'], .json nested lists or "
+                   "{'source': ..., 'source_mask': ...}; '-' reads JSON from stdin. Token models: UTF-8 text, one "
+                   "input per line (blank lines skipped); '-' reads the lines from stdin.")
+@click.option("--text", "texts", multiple=True, help="Token models: one input text (repeatable), instead of --input.")
 @click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
               help="Points to decode (default: the model's target_len).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider; 'cuda' fails clearly where CUDA cannot run.")
 @click.option("--attention", is_flag=True, help="Also return the attention weights.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
-              help="Write results to FILE.json, FILE.npy or FILE.npz instead of stdout.")
+              help="Write results to FILE.json, FILE.npy or FILE.npz (token models: FILE.jsonl) instead of stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Draw the first items' sources, predictions and attention to FILE.png (needs matplotlib).")
+              help="Draw the first items' attention (point models: and points) to FILE.png (needs matplotlib).")
 @click.option("--threads", type=int, default=None, callback=check_threads,
               help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
-def infer(model_dir: Path, input_path: str, target_len: int | None, provider: str, attention: bool,
-          output_path: str | None, plot_path: str | None, threads: int | None, force: bool) -> None:
-    """Decode the sources in --input with the exported model in MODEL_DIR."""
+@token_options
+def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], target_len: int | None, provider: str,
+          attention: bool, output_path: str | None, plot_path: str | None, threads: int | None, force: bool,
+          **decoding: Any) -> None:
+    """Decode the sources in --input (token models: or the --text values) with the exported model in MODEL_DIR.
+
+    Token models print one JSON line per input: {"index", "source", "hypotheses": [{"text", "tokens", "score",
+    "log_prob"[, "attention"]}, ...][, "source_tokens"]}; "index" counts inputs from 0 (line number - 1)."""
     from .model import Seq2Seq
 
+    if model_kind(model_dir, texts) == "tokens":
+        return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path, threads,
+                             force, decoding)
+    refuse_token_options(click.get_current_context(), model_dir)
+    if input_path is None:
+        raise click.UsageError("Missing option '--input'.")
     check_outputs(input_path, output_path, plot_path, attention, force)
     source, mask = read_input(input_path)
     try:
@@ -264,3 +282,38 @@ def infer(model_dir: Path, input_path: str, target_len: int | None, provider: st
         click.echo(f"wrote {output_path}", err=True)
     else:
         click.echo(json.dumps(as_json(outputs, kept, model.providers)))
+
+
+def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,
+                  output_path: str | None, plot_path: str | None, threads: int | None, force: bool,
+                  decoding: dict[str, Any]) -> None:
+    """Token models: texts in, one JSON line per input out (stdout, or --output written whole)."""
+    from .model import Seq2Seq
+
+    ctx = click.get_current_context()
+    check_token_usage(ctx, model_dir, input_path, texts)
+    options = decoding_options(ctx, decoding)
+    check_outputs(input_path or "-", output_path, plot_path, attention, force, TOKEN_OUTPUT_SUFFIXES)
+    try:
+        model = Seq2Seq.load(model_dir, provider=provider, threads=threads)
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    run = TokenRun(model, options, decoding["batch_size"], attention, plot_path is not None)
+    run.check(model_dir)
+    lines = (json.dumps(doc) + "\n" for doc in run.records(read_items(input_path, texts), output_path is not None))
+    if output_path:
+        write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines))
+        click.echo(f"wrote {output_path} ({run.decoded} inputs)", err=True)
+    else:
+        for line in lines:
+            click.echo(line, nl=False)
+    if run.skipped:
+        click.echo(run.skipped_note(), err=True)
+    if plot_path and not run.shown:
+        click.echo(f"note: there were no inputs, so nothing was drawn and {plot_path} was not written", err=True)
+    elif plot_path:
+        from .plot import plot_heatmaps
+
+        title = f"attention of the best hypothesis: the first {len(run.shown)} of {run.decoded} inputs"
+        write_atomically(plot_path, lambda f: plot_heatmaps(run.heatmaps(), title, f))
+        click.echo(f"wrote {plot_path}", err=True)

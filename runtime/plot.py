@@ -1,12 +1,18 @@
-"""PNG of sources, predicted points and attention (matplotlib is optional for the runtime)."""
+"""PNG of sources, predicted points and attention, or of token attention maps (matplotlib is optional)."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import IO
 
 import numpy as np
 
 MAX_ITEMS = 4
 MARGIN = 0.15  # fraction of the span added around the points
+CELL_INCHES = 0.28  # one token's width or height on a heatmap
+MAX_WIDTH_INCHES, MAX_MAP_HEIGHT_INCHES = 26.0, 12.0
+TICK_FONT, MIN_TICK_FONT, FULL_SIZE_TICKS = 9.0, 5.0, 40  # past 40 labels on an axis the font shrinks
+MAX_TICKS = 80  # past this many labels on an axis only every k-th is written
 
 
 def require_matplotlib() -> None:
@@ -75,4 +81,58 @@ def plot_predictions(source: np.ndarray, outputs: np.ndarray, alphas: np.ndarray
     fig.suptitle(f"items {shown_items(len(source))} of {len(source)}; s = source position, t = target step, "
                  "in order along the lines")
     fig.tight_layout()
+    fig.savefig(f, format="png", dpi=100)
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    """One attention map: weights (rows, columns), a label per row and per column, axis names and a title."""
+
+    weights: np.ndarray
+    row_labels: list[str]
+    column_labels: list[str]
+    row_name: str
+    column_name: str
+    title: str
+
+
+def _label_axis(ax: object, axis: str, labels: list[str]) -> None:
+    """Token labels that stay legible: the font shrinks past FULL_SIZE_TICKS, every k-th past MAX_TICKS."""
+    step = math.ceil(len(labels) / MAX_TICKS)
+    size = max(MIN_TICK_FONT, TICK_FONT * min(1.0, FULL_SIZE_TICKS / max(len(labels), 1)))
+    ticks = list(range(0, len(labels), step))
+    words = axis == "x" and max((len(label) for label in labels), default=0) > 2  # upright words would overlap
+    getattr(ax, f"set_{axis}ticks")(ticks)
+    getattr(ax, f"set_{axis}ticklabels")([labels[i] for i in ticks], fontsize=size, rotation=90 if words else 0)
+
+
+def _draw_map(fig: object, ax: object, item: Heatmap) -> None:
+    if item.weights.shape[0] == 0:  # an output that is empty has no rows to draw
+        ax.text(0.5, 0.5, "no output tokens: the model emitted </s> first", ha="center", va="center")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    else:
+        top = max(float(item.weights.max()), 1e-6)  # long sources spread attention thin: scale to what is there
+        im = ax.imshow(item.weights, vmin=0, vmax=top, cmap="viridis", aspect="auto", interpolation="nearest")
+        _label_axis(ax, "x", item.column_labels)
+        _label_axis(ax, "y", item.row_labels)
+        fig.colorbar(im, ax=ax, label="attention weight", fraction=0.04, pad=0.02)
+    ax.set_xlabel(item.column_name, fontsize="small")
+    ax.set_ylabel(item.row_name, fontsize="small")
+    ax.set_title(item.title, fontsize="medium", loc="left")
+
+
+def plot_heatmaps(maps: list[Heatmap], title: str, f: IO[bytes]) -> None:
+    """Draw attention maps one above the other, each sized to its token counts, as PNG into `f`."""
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    widest = max(len(m.column_labels) for m in maps)
+    width = min(MAX_WIDTH_INCHES, max(6.0, CELL_INCHES * widest + 3.0))
+    heights = [min(MAX_MAP_HEIGHT_INCHES, max(2.6, CELL_INCHES * len(m.row_labels) + 2.4)) for m in maps]
+    fig = Figure(figsize=(width, sum(heights) + 0.4), layout="constrained")
+    axes = fig.subplots(len(maps), 1, squeeze=False, gridspec_kw={"height_ratios": heights})
+    for ax, item in zip(axes[:, 0], maps):
+        _draw_map(fig, ax, item)
+    fig.suptitle(title)
     fig.savefig(f, format="png", dpi=100)

@@ -1,0 +1,301 @@
+"""Token models in `seq2onnx infer`: numbered text inputs, decoding options, JSON lines and attention maps.
+
+Inputs are numbered from 0 in the order given (the n-th --text, or line n + 1 of --input); blank lines of --input
+are skipped but keep their number, so output "index" i always answers line i + 1. Messages name places 1-based
+('--input notes.txt line 3', '--text #2'), as editors count lines.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable, Iterator
+
+import click
+import numpy as np
+from click.core import ParameterSource
+
+from .cli import FiniteFloatRange
+from .errors import Seq2OnnxError
+from .inputs import MAX_TARGET_LEN
+from .manifest import read_manifest
+from .plot import MAX_ITEMS, Heatmap
+from .translate import MAX_SOURCE_TOKENS, Translation
+from .vocab import EOS_TOKEN, UNK, Vocabulary
+
+TOKEN_OUTPUT_SUFFIXES = (".jsonl",)
+POINT_SUFFIXES = (".npy", ".npz", ".json")  # what point models read; a token model reads text lines
+MAX_LINE_BYTES = 1 << 20  # one input line, read no further; MAX_SOURCE_TOKENS refuses far shorter lines anyway
+MAX_BEAM, MAX_BATCH = 256, 4096  # rows = batch * beam; beyond these a decode only exhausts memory
+DEFAULT_BATCH_SIZE = 32
+ATTENTION_DECIMALS = 6  # float32 weights printed in full would triple the JSON for no information
+UTF8_BOM = b"\xef\xbb\xbf"
+SAMPLING = ("top_k", "top_p", "temperature", "seed")
+TOKEN_ONLY = ("texts", "beam", "n_best", "max_len", "min_len", "length_penalty", "sample", *SAMPLING, "batch_size")
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A float option that also refuses nan and +-inf."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"expected a finite number, got {value!r}")
+    return value
+
+
+def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the token models' decoding options (CTranslate2's translate_batch options under CLI names)."""
+    options = [
+        click.option("--beam", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True,
+                     help="Token models: beam size (1 = greedy)."),
+        click.option("--n-best", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True,
+                     help="Token models: hypotheses per input, best first (at most --beam)."),
+        click.option("--max-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+                     help="Token models: most output tokens (default: the model's target_len)."),
+        click.option("--min-len", type=click.IntRange(0, MAX_TARGET_LEN), default=0, show_default=True,
+                     help="Token models: fewest output tokens before </s> may end an output."),
+        click.option("--length-penalty", type=float, default=None, callback=_finite,
+                     help="Token models, with --beam > 1: score = log-prob / length ** penalty (default 1)."),
+        click.option("--sample", is_flag=True, help="Token models: draw each token at random instead of searching."),
+        click.option("--top-k", type=click.IntRange(0), default=None,
+                     help="With --sample: draw among the k likeliest tokens (default 0: all)."),
+        click.option("--top-p", type=FiniteFloatRange(0, 1, min_open=True), default=None,
+                     help="With --sample: draw among the likeliest tokens holding this much probability (default 1)."),
+        click.option("--temperature", type=FiniteFloatRange(0, min_open=True), default=None,
+                     help="With --sample: > 1 flattens, < 1 sharpens the distribution (default 1)."),
+        click.option("--seed", type=click.IntRange(0), default=None,
+                     help="With --sample: the same seed and --batch-size repeat the same draws."),
+        click.option("--batch-size", type=click.IntRange(1, MAX_BATCH), default=DEFAULT_BATCH_SIZE,
+                     show_default=True, help="Token models: inputs decoded together; bounds memory on big files."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def model_kind(model_dir: Path, texts: tuple[str, ...]) -> str:
+    """'points' or 'tokens' from the manifest; if it cannot be read, what the arguments ask for (loading says why)."""
+    try:
+        return read_manifest(model_dir).spec.kind
+    except (Seq2OnnxError, OSError):
+        return "tokens" if texts else "points"
+
+
+def _given(ctx: click.Context, names: Iterable[str]) -> list[str]:
+    """The options among `names` that the user gave, as they are spelled on the command line."""
+    params = {p.name: p for p in ctx.command.params}
+    return [params[n].opts[0] for n in names if ctx.get_parameter_source(n) is not ParameterSource.DEFAULT]
+
+
+def refuse_token_options(ctx: click.Context, model_dir: Path) -> None:
+    """A point model given --text or decoding options: a usage error naming them."""
+    given = _given(ctx, TOKEN_ONLY)
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: {model_dir} is a point model, which reads numeric sources "
+                               "from --input (.npy, .npz, .json, or '-' for JSON) and decodes --target-len points; "
+                               "these options are for token models")
+
+
+def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | None, texts: tuple[str, ...]) -> None:
+    """Usage errors of a token model's command line, before any work."""
+    if _given(ctx, ["target_len"]):
+        raise click.UsageError(f"--target-len: {model_dir} is a token model, whose outputs end at </s>; "
+                               "bound their length with --max-len")
+    if (input_path is None) == (not texts):
+        raise click.UsageError(f"{model_dir} is a token model: give its inputs either with --text TEXT (repeatable) "
+                               "or with --input FILE ('-' for stdin), one text per line; not both")
+    if input_path is not None and Path(input_path).suffix.lower() in POINT_SUFFIXES:
+        raise click.UsageError(f"--input: {input_path}: {model_dir} is a token model, which reads UTF-8 text, one "
+                               "input per line; pass a text file, '-' for lines on stdin, or --text")
+    blank = [i + 1 for i, text in enumerate(texts) if not text.strip()]
+    if blank:
+        raise click.UsageError(f"--text #{blank[0]} is blank; give each --text some text")
+
+
+def decoding_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """translate_batch's keyword arguments from the CLI's, refusing combinations that would mean nothing."""
+    sampling = _given(ctx, SAMPLING)
+    if sampling and not values["sample"]:
+        raise click.UsageError(f"{', '.join(sampling)} set how --sample draws tokens; add --sample, or drop them")
+    if values["sample"] and values["beam"] > 1:
+        raise click.UsageError(f"--sample draws one output per input and cannot search a beam; drop --beam "
+                               f"{values['beam']} or --sample")
+    if values["n_best"] > values["beam"]:
+        raise click.UsageError(f"--n-best {values['n_best']} is more than --beam {values['beam']}: a beam of N "
+                               f"keeps N hypotheses; raise --beam to at least {values['n_best']}")
+    if values["length_penalty"] is not None and values["beam"] == 1:
+        raise click.UsageError("--length-penalty ranks the hypotheses of beam search; add --beam N (N > 1)")
+    pick = values["sample"]
+    return dict(beam_size=values["beam"], num_hypotheses=values["n_best"],
+                length_penalty=1.0 if values["length_penalty"] is None else values["length_penalty"],
+                max_decoding_length=values["max_len"], min_decoding_length=values["min_len"],
+                sampling_topk=(0 if values["top_k"] is None else values["top_k"]) if pick else 1,
+                sampling_topp=1.0 if values["top_p"] is None else values["top_p"],
+                sampling_temperature=1.0 if values["temperature"] is None else values["temperature"],
+                seed=values["seed"])
+
+
+@dataclass(frozen=True)
+class Item:
+    """One input: its 0-based index, its text, and its place for messages ('--input f.txt line 3')."""
+
+    index: int
+    text: str
+    where: str
+
+
+def read_items(input_path: str | None, texts: tuple[str, ...]) -> Iterator[Item]:
+    """The --text values, or the lines of --input ('-': stdin), one at a time."""
+    if input_path is None:
+        yield from (Item(i, text, f"--text #{i + 1}") for i, text in enumerate(texts))
+    elif input_path == "-":
+        yield from _lines(sys.stdin.buffer, "--input - (stdin)")
+    else:
+        try:
+            with open(input_path, "rb") as stream:
+                yield from _lines(stream, f"--input {input_path}")
+        except OSError as exc:
+            raise click.ClickException(f"--input: {input_path} could not be read ({exc.strerror or exc})") from None
+
+
+def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
+    """UTF-8 lines without their line ends (and without a BOM), each at most MAX_LINE_BYTES."""
+    for i in count():
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        where = f"{name} line {i + 1}"
+        if len(raw) > MAX_LINE_BYTES:
+            raise click.ClickException(f"{where} is longer than {MAX_LINE_BYTES >> 20} MiB; one input per line")
+        raw = raw[len(UTF8_BOM):] if i == 0 and raw.startswith(UTF8_BOM) else raw
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+                                       "save the file as UTF-8") from None
+        yield Item(i, text.removesuffix("\n").removesuffix("\r"), where)
+
+
+def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[Item]) -> Iterator[list[Item]]:
+    """Lists of up to `size` items; blank ones go to `skipped`, over-long ones are refused by place."""
+    batch: list[Item] = []
+    for item in items:
+        if not item.text.strip():
+            skipped.append(item)
+            continue
+        n = len(vocab.encode(item.text, add_eos=True))
+        if n > MAX_SOURCE_TOKENS:
+            raise click.ClickException(f"{item.where}: {n} tokens with the closing </s>, more than the "
+                                       f"{MAX_SOURCE_TOKENS} a model reads; split it")
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def source_columns(vocab: Vocabulary, text: str, reverse: bool) -> list[str]:
+    """The source tokens in the order the model read them (reversed if it was trained so), </s> last."""
+    tokens = vocab.tokenize(text)
+    return (tokens[::-1] if reverse else tokens) + [EOS_TOKEN]
+
+
+def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> dict[str, Any]:
+    """One JSON line; with `columns` (the attention's column labels) each hypothesis carries its attention."""
+    out = []
+    for h in hyps:
+        doc = {"text": h.text, "tokens": h.tokens, "score": h.score, "log_prob": h.log_prob}
+        if columns is not None:  # (len, Ls) of the padded batch: keep this input's own columns only
+            doc["attention"] = np.round(h.attention[:, :len(columns)].astype(np.float64), ATTENTION_DECIMALS).tolist()
+        out.append(doc)
+    doc = {"index": item.index, "source": item.text, "hypotheses": out}
+    return doc if columns is None else {**doc, "source_tokens": columns}
+
+
+def heatmap(item: Item, best: Translation, vocab: Vocabulary, reverse: bool, max_len: int) -> Heatmap:
+    """The best hypothesis's attention with columns in reading order, labelled by tokens (* = read as <unk>)."""
+    tokens = vocab.tokenize(item.text)
+    ids = vocab.encode(item.text, add_eos=False)
+    labels = [t + "*" * (i == UNK) for t, i in zip(tokens, ids)] + [EOS_TOKEN]
+    order = (list(range(len(tokens)))[::-1] if reverse else list(range(len(tokens)))) + [len(tokens)]
+    weights = best.attention[:, order]  # (Lt, Ls): column j is labels[j]
+    read = "reading order; the model read the tokens reversed" if reverse else "the order the model read them"
+    unknown = "; * = unknown to the model, read as <unk>" if UNK in ids else ""
+    stop = "ended by </s>" if len(best.tokens) < max_len else f"stopped at {max_len} tokens"
+    title = f"input {item.index}: {_short(item.text)}\n-> {_short(best.text)}  (score {best.score:.3f}; {stop})"
+    return Heatmap(weights, list(best.tokens), labels, "output token", f"source token ({read}){unknown}", title)
+
+
+def batch_seed(seed: int | None, number: int) -> int | None:
+    """Batch `number`'s sampling seed, mixed from --seed and the number: batches draw independently of each other,
+    yet a run repeats with the same --seed and --batch-size. None stays None (fresh entropy)."""
+    return None if seed is None else int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _with_last(iterable: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """Each element and whether it is the last (one element read ahead)."""
+    iterator = iter(iterable)
+    previous = next(iterator, _with_last)
+    while previous is not _with_last:
+        following = next(iterator, _with_last)
+        yield previous, following is _with_last
+        previous = following
+
+
+class TokenRun:
+    """Decode inputs batch by batch with fixed options; keeps the skipped lines and the first results to plot."""
+
+    def __init__(self, model: Any, options: dict[str, Any], batch_size: int, attention: bool, plot: bool) -> None:
+        self.model, self.options, self.batch_size = model, options, batch_size
+        self.attention, self.plot = attention, plot
+        self.vocab: Vocabulary = model.vocabularies["source"]
+        self.max_len = options["max_decoding_length"] or model.spec.target_len
+        self.skipped: list[Item] = []
+        self.shown: list[tuple[Item, Translation]] = []
+        self.decoded = 0
+
+    def check(self, model_dir: Path) -> None:
+        """Refuse what this model cannot do: attention it does not have, a --min-len beyond the length bound."""
+        if self.options["min_decoding_length"] > self.max_len:
+            raise click.UsageError(f"--min-len {self.options['min_decoding_length']} is more than the output bound "
+                                   f"{self.max_len} (--max-len, default the model's target_len); lower it")
+        wanted = [flag for flag, on in (("--attention", self.attention), ("--plot", self.plot)) if on]
+        if wanted and not self.model.spec.has_attention:
+            raise click.ClickException(f"{', '.join(wanted)}: {model_dir} has no attention (its spec says attention "
+                                       "'none'), so there are no weights to return or draw; drop "
+                                       f"{' and '.join(wanted)}")
+
+    def records(self, items: Iterable[Item], progress: bool) -> Iterator[dict[str, Any]]:
+        """One JSON-ready record per non-blank input, in input order."""
+        reverse = self.model.spec.reverse_source
+        for number, (batch, last) in enumerate(_with_last(batches(items, self.batch_size, self.vocab, self.skipped))):
+            want = self.attention or (self.plot and len(self.shown) < MAX_ITEMS)
+            options = {**self.options, "seed": batch_seed(self.options["seed"], number), "return_attention": want}
+            try:
+                found = self.model.translate_batch([i.text for i in batch], **options)
+            except Seq2OnnxError as exc:
+                raise click.ClickException(f"{batch[0].where} to {batch[-1].where}: {exc}") from None
+            for item, hyps in zip(batch, found):
+                if self.plot and len(self.shown) < MAX_ITEMS:
+                    self.shown.append((item, hyps[0]))
+                columns = source_columns(self.vocab, item.text, reverse) if self.attention else None
+                yield record(item, hyps, columns)
+            self.decoded += len(batch)
+            if progress and not (number == 0 and last):
+                click.echo(f"infer: {self.decoded} inputs decoded (to {batch[-1].where})", err=True)
+
+    def heatmaps(self) -> list[Heatmap]:
+        """The attention maps of the first inputs' best hypotheses."""
+        reverse = self.model.spec.reverse_source
+        return [heatmap(item, best, self.vocab, reverse, self.max_len) for item, best in self.shown]
+
+    def skipped_note(self) -> str:
+        """A line naming the blank lines that were skipped."""
+        shown = ", ".join(str(i.index + 1) for i in self.skipped[:5]) + (", ..." if len(self.skipped) > 5 else "")
+        return (f"note: skipped {len(self.skipped)} blank line(s) (line {shown}); each output's \"index\" is its "
+                "line number - 1")
