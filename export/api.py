@@ -52,6 +52,24 @@ def check_vocabularies(spec: ModelSpec, vocabularies: tuple[Vocabulary, Vocabula
                           f"target_vocab_size) = {(spec.source_vocab_size, spec.target_vocab_size)}")
 
 
+def source_vocabularies(source: str | Path | EncoderDecoder | TokenSeq2Seq, spec: ModelSpec,
+                        given: tuple[Vocabulary, Vocabulary] | None) -> tuple[Vocabulary, Vocabulary] | None:
+    """The vocabularies to ship: a token checkpoint's own (a `given` pair must then be the same, by sha256), else
+    `given`, checked against the spec."""
+    from_checkpoint = spec.kind == "tokens" and not isinstance(source, (EncoderDecoder, TokenSeq2Seq))
+    if given is not None or not from_checkpoint:
+        check_vocabularies(spec, given)
+    if not from_checkpoint:
+        return given
+    from training.checkpoint import load_checkpoint_vocabularies
+
+    saved = load_checkpoint_vocabularies(Path(source))
+    if given is not None and [v.sha256 for v in given] != [v.sha256 for v in saved]:
+        raise ExportError(f"vocabularies: the given (source, target) differ from the ones saved in checkpoint "
+                          f"{str(source)!r}; drop the argument to export the checkpoint's own")
+    return saved
+
+
 def export_model(
     source: str | Path | EncoderDecoder | TokenSeq2Seq, out: str | Path, *, opset: int = DEFAULT_OPSET,
     tol: Tolerance = Tolerance(), force: bool = False, progress: bool = False,
@@ -60,13 +78,14 @@ def export_model(
 ) -> Path:
     """Export, check parity over the shape matrix, and only then move the result into `out`.
 
-    Token models need their (source, target) `vocabularies`; they are shipped and hashed beside the graphs."""
+    Token models ship their (source, target) vocabularies, hashed beside the graphs: a checkpoint's own (an explicit
+    `vocabularies` must equal them), or, for a model object, the `vocabularies` given."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset: expected {MIN_OPSET}..{MAX_OPSET}, got {opset}")
     out = normalized(out)
     check_destination(out, force)  # before any work; checked again just before publishing
     model, spec, described = load_source(source)
-    check_vocabularies(spec, vocabularies)
+    vocabularies = source_vocabularies(source, spec, vocabularies)
     export_id = uuid.uuid4().hex
     with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:
         export_graphs(model, spec, staging, opset, export_id)

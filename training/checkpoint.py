@@ -4,8 +4,11 @@ Layout of a finished checkpoint `<out>/`:
     spec.json       {"format_version", "spec": ModelSpec dict, "train": TrainConfig dict, "data": description}
     weights.pt      the model's state_dict
     history.json    {"train": [...], "val": [...]}, one mean MSE per epoch
-    loss.png        both curves
+    loss.png        both curves (token models: training loss and validation exact / token accuracy)
     train_state.pt  optimizer, RNG states and epoch, so `--resume --epochs M` can extend the run
+Token models add `source_vocab.json` and `target_vocab.json` (runtime.contract.VOCAB_FILES); their spec.json holds
+a TokenTrainConfig under "train" and a `describe_text_dataset` description under "data", and their history.json
+{"train_loss", "val_exact", "val_token"} per epoch.
 While a run is in progress its state lives in the sibling `<out>.partial/train_state.pt`, replaced
 atomically after every saved epoch; `--resume` continues from it, and it is removed once `<out>` exists.
 """
@@ -24,19 +27,26 @@ from runtime.contract import (
     CHECKPOINT_SPEC_FILE,
     CHECKPOINT_STATE_FILE,
     CHECKPOINT_WEIGHTS_FILE,
+    VOCAB_FILES,
 )
 from runtime.spec import ModelSpec, SpecError
+from runtime.vocab import Vocabulary, VocabError
 
 from .atomic import sibling, staged_directory
 from .build import build_model
 from .destination import check_destination
 from .models import EncoderDecoder
+from .plots import plot_history
+from .recurrent import TokenSeq2Seq
+from .token_trainer import TokenTrainConfig
 from .trainer import ConfigError, History, TrainConfig
 
 CHECKPOINT_FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
+# What a point checkpoint holds; a token checkpoint adds its two vocabularies. Either may be replaced with --force.
 CHECKPOINT_FILES = frozenset({CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, CHECKPOINT_HISTORY_FILE,
                               CHECKPOINT_STATE_FILE, CHECKPOINT_PLOT_FILE})
+TOKEN_CHECKPOINT_FILES = CHECKPOINT_FILES | frozenset(VOCAB_FILES.values())
 STATE_KEYS = ("format_version", "epoch", "spec", "config", "history", "model", "optimizer",
               "torch_rng", "shuffle_rng", "data")
 
@@ -74,29 +84,13 @@ def clear_partial(out: str | Path) -> None:
 
 def check_checkpoint_destination(out: str | Path, force: bool) -> None:
     """Refuse protected paths and anything but an earlier checkpoint (that one only with force)."""
-    check_destination(out, force, kind="checkpoint", marker=CHECKPOINT_SPEC_FILE, owned=CHECKPOINT_FILES)
+    check_destination(out, force, kind="checkpoint", marker=CHECKPOINT_SPEC_FILE, owned=TOKEN_CHECKPOINT_FILES)
 
 
 def _write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
-
-
-def plot_history(history: History, path: Path) -> None:
-    """Draw training and validation loss per epoch into a PNG (Agg canvas, no pyplot state)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4))
-    ax = fig.add_subplot()
-    epochs = range(1, len(history["train"]) + 1)
-    ax.plot(epochs, history["train"], label="training")
-    ax.plot(epochs, history["val"], label="validation")
-    ax.set_yscale("log")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("MSE")
-    ax.legend()
-    fig.savefig(path, dpi=100)
 
 
 def save_train_state(path: str | Path, state: dict[str, Any], data: dict[str, Any]) -> None:
@@ -127,18 +121,22 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
 
 def save_checkpoint(
     out: str | Path,
-    model: EncoderDecoder,
+    model: EncoderDecoder | TokenSeq2Seq,
     spec: ModelSpec,
-    config: TrainConfig,
+    config: TrainConfig | TokenTrainConfig,
     history: History,
     data: dict[str, Any],
     train_state: dict[str, Any] | None = None,
     force: bool = False,
+    vocabularies: tuple[Vocabulary, Vocabulary] | None = None,
 ) -> Path:
-    """Write a checkpoint directory via a temporary sibling and a rename; returns its path."""
+    """Write a checkpoint directory via a temporary sibling and a rename; returns its path. Token models pass
+    their (source, target) `vocabularies`, saved beside the weights."""
     out = Path(out)
     with staged_directory(out, lambda existing: check_checkpoint_destination(existing, force)) as tmp:
         torch.save(model.state_dict(), tmp / CHECKPOINT_WEIGHTS_FILE)
+        for side, vocab in zip(VOCAB_FILES, vocabularies or ()):
+            vocab.save(tmp / VOCAB_FILES[side])
         if train_state is not None:
             torch.save({**train_state, "data": data}, tmp / CHECKPOINT_STATE_FILE)
         _write_json(tmp / CHECKPOINT_HISTORY_FILE, history)
@@ -182,26 +180,56 @@ def read_data_description(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder, ModelSpec, History]:
-    """Rebuild the trained model (eval mode), its spec and loss history from a checkpoint directory."""
-    path = Path(path)
+def _read_spec(path: Path) -> tuple[ModelSpec, TrainConfig | TokenTrainConfig]:
+    """The spec and train config of a checkpoint's spec.json, checked."""
     meta = read_meta(path)
-    meta_file = path / CHECKPOINT_SPEC_FILE
     try:
         spec = ModelSpec.from_dict(meta.get("spec"))
-        config = TrainConfig.from_dict(meta.get("train"))
+        config_class = TokenTrainConfig if spec.kind == "tokens" else TrainConfig
+        return spec, config_class.from_dict(meta.get("train"))
     except (SpecError, ConfigError) as err:
-        raise CheckpointError(f"checkpoint file {str(meta_file)!r} is invalid: {err}") from err
+        raise CheckpointError(f"checkpoint file {str(path / CHECKPOINT_SPEC_FILE)!r} is invalid: {err}") from err
+
+
+def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenSeq2Seq, ModelSpec, History]:
+    """Rebuild the trained model (eval mode), its spec and loss history from a checkpoint directory."""
+    path = Path(path)
+    spec, config = _read_spec(path)
     history = _read_json(path / CHECKPOINT_HISTORY_FILE)
     weights_file = path / CHECKPOINT_WEIGHTS_FILE
     if not weights_file.is_file():
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
     weights = _torch_load(weights_file, "checkpoint file", "retrain or restore it")
     with torch.random.fork_rng(devices=[]):  # building draws initial weights; keep the caller's RNG intact
-        model = build_model(spec, teacher_forcing_prob=config.teacher_forcing)
-    _check_weights_fit(model.state_dict(), weights, weights_file, meta_file)
+        model = (TokenSeq2Seq(spec) if spec.kind == "tokens"
+                 else build_model(spec, teacher_forcing_prob=config.teacher_forcing))
+    _check_weights_fit(model.state_dict(), weights, weights_file, path / CHECKPOINT_SPEC_FILE)
     model.load_state_dict(weights)
     return model.eval(), spec, history
+
+
+def load_checkpoint_vocabularies(path: str | Path) -> tuple[Vocabulary, Vocabulary]:
+    """The (source, target) vocabularies of a token checkpoint, each sized as its spec says."""
+    path = Path(path)
+    spec, _ = _read_spec(path)
+    if spec.kind != "tokens":
+        raise CheckpointError(f"checkpoint {str(path)!r} holds a point model, which has no vocabularies; "
+                              "pass a checkpoint trained on text data")
+    found = []
+    for side, size in zip(VOCAB_FILES, (spec.source_vocab_size, spec.target_vocab_size)):
+        file = path / VOCAB_FILES[side]
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file {str(file)!r} is missing; a token checkpoint keeps its {side} "
+                                  "vocabulary there; restore it or retrain")
+        try:
+            vocab = Vocabulary.load(file)
+        except VocabError as err:
+            raise CheckpointError(f"{err}; restore it or retrain") from None  # the message names the file
+        if len(vocab) != size:
+            raise CheckpointError(f"checkpoint file {str(file)!r} holds {len(vocab)} tokens, but the spec's "
+                                  f"{side}_vocab_size is {size}; restore the file it was saved with, or retrain")
+        found.append(vocab)
+    return found[0], found[1]
 
 
 def _torch_load(path: Path, what: str, fix: str) -> Any:

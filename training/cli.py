@@ -1,6 +1,7 @@
-"""`seq2onnx train`: train on noisy squares or an .npz and write a checkpoint directory.
+"""`seq2onnx train`: train a point model (squares, .npz) or a token model (built-in or user text) and write a
+checkpoint directory. The data decides the kind; both share the destination rules, lock, resume and Ctrl-C handling.
 
-Only click and the stdlib are imported at module level, so `--help` works without torch.
+Only click, numpy and the stdlib are imported at module level, so `--help` works without torch.
 """
 from __future__ import annotations
 
@@ -8,97 +9,99 @@ from pathlib import Path
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from runtime.cli import FiniteFloatRange, Interrupted, require_torch
-from runtime.spec import ATTENTION_KINDS
+from runtime.spec import ATTENTION_KINDS, CELLS
 
+from .cli_common import (NPZ_SUFFIX, POINTS, TOKENS, Job, data_kind, default_out, prepare_options,
+                         saved_point_options)
 from .data import SQUARES
+from .text_data import BUILTIN_LOADERS
+from .token_cli import check_text_data, check_tokenizer_option, saved_token_options, token_job
 
-DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"
-MULTIHEAD_DEFAULT_HEADS = 2
 MAX_LR = 1.0  # Adam steps are about lr in size; beyond 1 every weight is thrown around and the run diverges
-# Options that define a run. On --resume they default to the saved values; given again, they must match.
-RUN_OPTIONS = ("data", "attention", "heads", "hidden_dim", "epochs", "batch_size", "lr", "teacher_forcing", "seed")
-
-
-def _given(ctx: click.Context, name: str) -> bool:
-    return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
-
-
-def _flag(name: str) -> str:
-    return "'--" + name.replace("_", "-") + "'"
-
-
-def _data_key(data: str) -> str:
-    """'squares' or the resolved path, so two spellings of one file compare equal."""
-    return data if data == SQUARES else str(Path(data).resolve())
+MAX_WIDTH = 4096  # hidden and embedding sizes: beyond this a model no longer fits the memory of a training machine
+MAX_LAYERS = 8
+MAX_HEADS = 64
+TEXT_SETS = ", ".join(BUILTIN_LOADERS)
 
 
 def check_data_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--data names 'squares' or an existing .npz file (a wrong name is a usage error, exit 2)."""
     if value is None or value == SQUARES:
         return value
-    if not value.endswith(".npz"):
+    if not value.endswith(NPZ_SUFFIX):
         raise click.BadParameter(f"expected 'squares' or a path ending in .npz, got {value!r}")
     if not Path(value).is_file():
         raise click.BadParameter(f"file {value!r} does not exist; expected 'squares' or an existing .npz file")
     return value
 
 
-def default_out(data: str, attention: str) -> Path:
-    """artifacts/checkpoints/<data name>-<attention>."""
-    name = SQUARES if data == SQUARES else Path(data).stem
-    return DEFAULT_OUT_ROOT / f"{name}-{attention}"
+def check_train_data_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """train's --data: point data (squares, PATH.npz) or text data (a built-in, PATH.tsv, SRC_PATH,TGT_PATH)."""
+    if value is None or data_kind(value) == POINTS:
+        return check_data_option(ctx, param, value)
+    return check_text_data(value)
 
 
-def resolve_heads(ctx: click.Context, opts: dict[str, Any]) -> int:
-    """Heads default to 2 with multihead attention and must be 1 otherwise."""
-    if opts["heads"] is None:
-        return MULTIHEAD_DEFAULT_HEADS if opts["attention"] == "multihead" else 1
-    if opts["heads"] > 1 and opts["attention"] != "multihead":
-        raise click.BadParameter(f"{opts['heads']} heads need --attention multihead, "
-                                 f"got --attention {opts['attention']}; drop --heads or use multihead",
-                                 ctx=ctx, param_hint="'--heads'")
-    return opts["heads"]
+def _saved_options(kind: str, state: dict[str, Any]) -> dict[str, Any]:
+    return saved_token_options(state) if kind == TOKENS else saved_point_options(state)
 
 
-def merge_saved(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-    """Options for a resumed run: the saved ones, with --epochs (and only it) free to change."""
-    spec, config, data = state["spec"], state["config"], state["data"]
-    saved = {"data": data.get("path", SQUARES), "attention": spec["attention"], "heads": spec["n_heads"],
-             "hidden_dim": spec["hidden_dim"], **config}
-    merged = dict(saved)
-    for name in RUN_OPTIONS:
-        if not _given(ctx, name):
-            continue
-        mine, theirs = opts[name], saved[name]
-        if name == "data":
-            mine, theirs = _data_key(mine), _data_key(theirs)
-        if name != "epochs" and mine != theirs:
-            raise click.BadParameter(f"the run being resumed used {saved[name]!r}, given {opts[name]!r}; "
-                                     "leave the option out to keep the saved value, or start a new run "
-                                     "without --resume", ctx=ctx, param_hint=_flag(name))
-        merged[name] = opts[name]
-    return merged
+def _kind_defaults(points: Any, tokens: Any) -> str:
+    return f"[default: {points} for points, {tokens} for tokens]"
 
 
 @click.command("train")
-@click.option("--data", default=SQUARES, show_default=True, callback=check_data_option,
-              help="'squares' (the book's noisy squares: 256 train, 128 test) or a path to an .npz with float "
-                   "arrays source (N, Ls, F) and target (N, Lt, F); 20% of an .npz is held out as test set.")
-@click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True)
-@click.option("--heads", type=click.IntRange(min=1), default=None,
-              help="Attention heads; multihead only.  [default: 2 for multihead, else 1]")
-@click.option("--hidden-dim", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--epochs", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Total epochs; with --resume, the epoch to continue to.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--lr", type=FiniteFloatRange(min=0, max=MAX_LR, min_open=True), default=0.01, show_default=True,
-              help="Adam learning rate.")
-@click.option("--teacher-forcing", type=FiniteFloatRange(0.0, 1.0), default=0.5, show_default=True,
-              help="Probability of feeding the true point to the next decoder step while training.")
+@click.option("--data", default=SQUARES, show_default=True, callback=check_train_data_option,
+              help="Point models: 'squares' (the book's noisy squares) or PATH.npz with float arrays source (N, Ls, "
+                   f"F) and target (N, Lt, F). Token models: {TEXT_SETS}, PATH.tsv (source<TAB>target lines) or "
+                   "SRC_PATH,TGT_PATH (line-aligned files). 20% of a user file is held out as test set.")
+@click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True,
+              help="additive: token models only.")
+@click.option("--heads", type=click.IntRange(1, MAX_HEADS), default=None,
+              help="Attention heads; multihead only (token models: must divide --hidden-dim).  "
+                   "[default: 2 for multihead, else 1]")
+@click.option("--hidden-dim", type=click.IntRange(1, MAX_WIDTH), default=None, help=_kind_defaults(2, 128))
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help=f"Total epochs; with --resume, the epoch to continue to.  {_kind_defaults(100, 12)}")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help=_kind_defaults(16, 64))
+@click.option("--lr", type=FiniteFloatRange(min=0, max=MAX_LR, min_open=True), default=None,
+              help=f"Adam learning rate.  {_kind_defaults(0.01, 0.003)}")
+@click.option("--teacher-forcing", type=FiniteFloatRange(0.0, 1.0), default=None,
+              help="Probability of feeding the true previous point / token to the next decoder step while training "
+                   f"(token models: < 1 is scheduled sampling).  {_kind_defaults(0.5, 1.0)}")
 @click.option("--seed", type=int, default=23, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
+# -- token models only --
+@click.option("--cell", type=click.Choice(CELLS), default=None, help="Token models: recurrent cell.  [default: gru]")
+@click.option("--layers", type=click.IntRange(1, MAX_LAYERS), default=None,
+              help="Token models: recurrent layers of encoder and decoder.  [default: 1]")
+@click.option("--bidirectional/--no-bidirectional", default=None,
+              help="Token models: a bidirectional encoder.  [default: bidirectional]")
+@click.option("--embedding-dim", type=click.IntRange(1, MAX_WIDTH), default=None,
+              help="Token models: embedding size.  [default: 32]")
+@click.option("--tie-embeddings", is_flag=True, default=None,
+              help="Token models: the output projection reuses the target embedding.")
+@click.option("--reverse-source", is_flag=True, default=None,
+              help="Token models: feed source tokens in reverse order (EOS stays last).")
+@click.option("--clip", type=FiniteFloatRange(min=0), default=None,
+              help="Token models: max global gradient norm, 0 for none.  [default: 1.0]")
+@click.option("--label-smoothing", type=FiniteFloatRange(0.0, 1.0, max_open=True), default=None,
+              help="Token models: label smoothing of the loss.  [default: 0.0]")
+@click.option("--lr-decay", type=FiniteFloatRange(0.0, 1.0, min_open=True), default=None,
+              help="Token models: epoch e trains at lr * lr_decay**e.  [default: 0.8]")
+@click.option("--bucket/--no-bucket", default=None,
+              help="Token models: batch sources of similar length together.  [default: bucket]")
+@click.option("--tokenizer", default=None, callback=check_tokenizer_option,
+              help="Token models: 'char', 'whitespace', or a Hugging Face tokenizers PATH.json used for both sides.  "
+                   "[default: the built-in set's kind; whitespace for user files]")
+@click.option("--min-freq", type=click.IntRange(min=1), default=None,
+              help="Token models: keep tokens seen at least this often in training.  [default: 1]")
+@click.option("--max-vocab", type=click.IntRange(min=5), default=None,
+              help="Token models: at most this many tokens per side, the 4 specials included.  [default: no limit]")
+@click.option("--eval-beam", type=click.IntRange(min=0), default=None,
+              help="Token models: beam size of the final held-out accuracy (PyTorch); 0 skips it.  [default: 5]")
+# -- the run --
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Checkpoint directory.  [default: artifacts/checkpoints/<data>-<attention>]")
 @click.option("--save-every", type=click.IntRange(min=1), default=1, show_default=True,
@@ -111,11 +114,14 @@ def merge_saved(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any])
 @click.pass_context
 def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, force: bool, quiet: bool,
           **opts: Any) -> None:
-    """Train a seq2seq model (GRU encoder-decoder, optional attention) and write a checkpoint directory."""
-    require_torch("train")
+    """Train a seq2seq model and write a checkpoint directory: a GRU encoder-decoder on points (squares, .npz), or
+    an embedding GRU/LSTM encoder-decoder on text (built-in sets, .tsv, parallel files)."""
     if resume and force:
         raise click.BadParameter("--resume continues a run and --force discards it; give one of them",
                                  ctx=ctx, param_hint="'--resume' / '--force'")
+    if not resume:  # usage mistakes first, before torch loads; a resumed run's options are checked once it is read
+        opts = prepare_options(ctx, opts, data_kind(opts["data"]), None)
+    require_torch("train")
     from runtime.errors import Seq2OnnxError
     from runtime.spec import SpecError
 
@@ -136,18 +142,34 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         raise click.ClickException(str(err)) from None
 
 
+def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None) -> Job:
+    """Load (or reload) point data and build spec, config and trainer."""
+    from .data import describe_dataset, load_dataset, reload_dataset
+    from .trainer import Trainer, TrainConfig, evaluate, spec_for_data
+
+    if state is None:
+        train_set, test_set = load_dataset(opts["data"])
+        description = describe_dataset(opts["data"], train_set, test_set)
+    else:
+        train_set, test_set = reload_dataset(state["data"])
+        description = state["data"]
+    spec = spec_for_data(train_set, opts["hidden_dim"], opts["attention"], opts["heads"])
+    config = TrainConfig(epochs=opts["epochs"], batch_size=opts["batch_size"], lr=opts["lr"],
+                         teacher_forcing=opts["teacher_forcing"], seed=opts["seed"])
+    trainer = Trainer(spec, config, train_set, test_set)
+    return Job(trainer, description, lambda: click.echo(f"test MSE: {evaluate(trainer.model, test_set):.5f}"))
+
+
 def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, resume: bool, force: bool,
          quiet: bool) -> None:
     from runtime.contract import CHECKPOINT_STATE_FILE
 
     from .checkpoint import (check_checkpoint_destination, clear_partial, find_resume_state, load_train_state,
-                             partial_dir, save_checkpoint, save_train_state)
-    from .data import describe_dataset, load_dataset, reload_dataset
-    from .trainer import Trainer, TrainConfig, evaluate, spec_for_data
+                             partial_dir, save_checkpoint)
 
     # Before any work: where the result goes must be writable without losing anything of the user's.
     check_checkpoint_destination(out, force=force or resume)
-    partial, state = partial_dir(out), None
+    partial, state, state_file = partial_dir(out), None, None
     if resume:
         state_file = find_resume_state(out)
         if state_file is None:
@@ -155,44 +177,44 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
                                      f"{out / CHECKPOINT_STATE_FILE} exists; run without --resume to start",
                                      ctx=ctx, param_hint="'--resume'")
         state = load_train_state(state_file)
-        opts = merge_saved(ctx, opts, state)
+        kind = TOKENS if state["spec"].get("kind") == TOKENS else POINTS
+        opts = prepare_options(ctx, opts, kind, _saved_options(kind, state))
         if state["epoch"] > opts["epochs"]:
             raise click.BadParameter(f"the saved state is at epoch {state['epoch']}, past --epochs {opts['epochs']}; "
                                      f"pass --epochs {state['epoch']} or more", ctx=ctx, param_hint="'--epochs'")
-        train_set, test_set = reload_dataset(state["data"])
-        description = state["data"]
     else:
-        if not force:
-            if (partial / CHECKPOINT_STATE_FILE).exists():
-                raise click.ClickException(f"an interrupted run is saved in {str(partial)!r}; pass --resume to "
-                                           "continue it or --force to discard it and start over")
+        kind = data_kind(opts["data"])
+        if not force and (partial / CHECKPOINT_STATE_FILE).exists():
+            raise click.ClickException(f"an interrupted run is saved in {str(partial)!r}; pass --resume to "
+                                       "continue it or --force to discard it and start over")
         clear_partial(out)
-        train_set, test_set = load_dataset(opts["data"])
-        description = describe_dataset(opts["data"], train_set, test_set)
 
-    spec = spec_for_data(train_set, opts["hidden_dim"], opts["attention"], resolve_heads(ctx, opts))
-    config = TrainConfig(epochs=opts["epochs"], batch_size=opts["batch_size"], lr=opts["lr"],
-                         teacher_forcing=opts["teacher_forcing"], seed=opts["seed"])
-    trainer = Trainer(spec, config, train_set, test_set)
+    job = (token_job if kind == TOKENS else point_job)(ctx, opts, state)
+    trainer = job.trainer
     if state is not None:
         trainer.load_state_dict(state)
-        if state_file.parent != partial and trainer.epoch >= config.epochs:
+        if state_file.parent != partial and trainer.epoch >= trainer.config.epochs:
             raise click.BadParameter(f"{str(out)!r} is already trained for {trainer.epoch} epochs; pass a larger "
                                      "--epochs to continue it", ctx=ctx, param_hint="'--epochs'")
-
-    def save_state(t: Trainer) -> None:
-        if t.epoch % save_every == 0 or t.epoch == t.config.epochs:
-            save_train_state(partial / CHECKPOINT_STATE_FILE, t.state_dict(), description)
-
-    try:
-        trainer.fit(save_state, progress=not quiet)
-    except KeyboardInterrupt:
-        saved = partial / CHECKPOINT_STATE_FILE
-        hint = (f"the last saved state is in {str(saved)!r}; rerun with --resume to continue" if saved.exists()
-                else "no state was saved yet; rerun to start again")
-        raise Interrupted(f"interrupted during epoch {trainer.epoch + 1}; {hint}") from None
-    save_checkpoint(out, trainer.model, spec, config, trainer.history, description, trainer.state_dict(),
-                    force=force or resume)
+    _fit(job, partial / CHECKPOINT_STATE_FILE, save_every, quiet)
+    save_checkpoint(out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
+                    {**trainer.state_dict(), **job.extra_state}, force=force or resume, vocabularies=job.vocabularies)
     clear_partial(out)
     click.echo(f"checkpoint written to {out}")
-    click.echo(f"test MSE: {evaluate(trainer.model, test_set):.5f}")
+    job.report()
+
+
+def _fit(job: Job, state_file: Path, save_every: int, quiet: bool) -> None:
+    """Train to the configured epochs, saving the resumable state as asked; Ctrl-C is exit 130 saying what was kept."""
+    from .checkpoint import save_train_state
+
+    def save_state(t: Any) -> None:
+        if t.epoch % save_every == 0 or t.epoch == t.config.epochs:
+            save_train_state(state_file, {**t.state_dict(), **job.extra_state}, job.description)
+
+    try:
+        job.trainer.fit(save_state, progress=not quiet)
+    except KeyboardInterrupt:
+        hint = (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue"
+                if state_file.exists() else "no state was saved yet; rerun to start again")
+        raise Interrupted(f"interrupted during epoch {job.trainer.epoch + 1}; {hint}") from None

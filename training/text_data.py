@@ -230,7 +230,7 @@ def _finish(origin: str, sources: list[str], targets: list[str], problems: list[
     if problems:
         raise DataError(_listing(origin, [p for _, p in sorted(problems)], expected))
     if not sources:
-        raise DataError(f"{origin}: holds no pairs (blank lines are skipped); expected {expected}")
+        raise DataError(f"{origin}: holds no pairs (blank lines are skipped); {expected}")
     return TextPairs(sources, targets, origin)
 
 

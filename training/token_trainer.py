@@ -23,10 +23,12 @@ from typing import Any, NamedTuple
 import torch
 from tqdm import tqdm
 
+from runtime.contract import state_batch_axes
+from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
-from .recurrent import TokenSeq2Seq, sequence_loss
+from .recurrent import TokenSeq2Seq, sequence_loss, torch_steps
 from .text_data import TextPairs
 from .trainer import ConfigError, DivergedError, resumable_state, restore_state
 
@@ -188,6 +190,26 @@ def evaluate_tokens(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabul
             correct += sum(p == r for p, r in zip(predicted, reference))
             total += len(reference)
     return exact / len(data), correct / total
+
+
+@torch.no_grad()
+def evaluate_beam(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
+                  beam_size: int = 5, length_penalty: float = 1.0) -> float:
+    """Exact-sequence accuracy of PyTorch beam search (`runtime.search.beam_search` over `torch_steps`, the best
+    hypothesis; length_penalty as `translate_batch`'s default), with greedy's length limit."""
+    model.eval()
+    data = TokenBatcher(pairs, source_vocab, target_vocab, model.spec.reverse_source)
+    max_len = int(data.target_lengths.max()) + MAX_LEN_MARGIN
+    axes = state_batch_axes(model.spec)
+    exact = 0
+    for index in torch.arange(len(data)).split(EVAL_CHUNK):
+        batch = data.batch(index)
+        state, step = torch_steps(model, batch.source.numpy(), batch.lengths.numpy())
+        found = beam_search(step, state, axes, batch_size=len(index), bos_id=BOS, eos_id=EOS,
+                            max_decoding_length=max_len, beam_size=beam_size, length_penalty=length_penalty)
+        for row, hyps in zip(batch.target_out.tolist(), found):
+            exact += hyps[0].tokens == row[:row.index(EOS)]  # a reference is shorter than max_len: it ended by EOS
+    return exact / len(data)
 
 
 def sampled_forward(model: TokenSeq2Seq, batch: TokenBatch, teacher_forcing: float,

@@ -1,0 +1,337 @@
+"""`seq2onnx train` on text: token checkpoints (vocabularies included), the held-out accuracy line, export of a token
+checkpoint, exact resume, user files, and every bad input refused with one line and the right exit code."""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+from export.api import export_model
+from export.errors import ExportError
+from runtime.cli import main
+from runtime.contract import CHECKPOINT_PLOT_FILE, CHECKPOINT_SPEC_FILE, CHECKPOINT_STATE_FILE, VOCAB_FILES
+from runtime.model import Seq2Seq
+from runtime.vocab import SPECIAL_TOKENS, Vocabulary
+from training.checkpoint import (
+    TOKEN_CHECKPOINT_FILES,
+    CheckpointError,
+    load_checkpoint,
+    load_checkpoint_vocabularies,
+    load_train_state,
+    partial_dir,
+    save_checkpoint,
+    save_train_state,
+)
+from training.cli_common import TOKEN_DEFAULTS
+from training.recurrent import TokenSeq2Seq
+from training.text_data import load_text_dataset
+from training.token_trainer import TokenTrainConfig, TokenTrainer, evaluate_beam, evaluate_tokens, spec_for_text
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--hidden-dim", "8", "--embedding-dim", "4", "--eval-beam", "2"]
+# Tiny models train fastest on one thread, and a shared 2-core machine stays usable.
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+# Measured (tests/test_token_trainer.py): this setting reaches 9/9 exact on the toy translation.
+LEARNS_TOY = ["--epochs", "12", "--batch-size", "3", "--lr", "0.03", "--lr-decay", "1", "--seed", "0",
+              "--hidden-dim", "16", "--embedding-dim", "8", "--no-bidirectional", "--eval-beam", "3"]
+ACCURACY = re.compile(r"(?P<which>held-out|test = training set) \((?P<n>\d+)\): greedy exact (?P<exact>[0-9.]+), "
+                      r"token (?P<token>[0-9.]+)(?: \| beam (?P<k>\d+) exact (?P<beam>[0-9.]+))?"
+                      r"(?: \| target >= (?P<target>[0-9.]+): (?P<met>met|NOT met))?$")
+
+
+def cli(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`seq2onnx ARGS` in a child interpreter."""
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env=ONE_THREAD, cwd=cwd)
+
+
+def run(*args: object) -> Result:
+    """`seq2onnx train --quiet ARGS` in this process (fast: torch is already imported)."""
+    return CliRunner().invoke(main, ["train", "--quiet", *map(str, args)])
+
+
+def accuracy(stdout: str) -> re.Match:
+    lines = [m for line in stdout.splitlines() if (m := ACCURACY.match(line))]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """toy-translation, 2 epochs of a tiny model, through the real command line."""
+    ckpt = tmp_path_factory.mktemp("token-cli") / "ck"
+    proc = cli("train", "--data", "toy-translation", "--epochs", "2", *TINY, "--out", ckpt)
+    assert proc.returncode == 0, proc.stderr
+    assert "epoch" in proc.stderr  # the progress bar
+    return ckpt, proc.stdout
+
+
+# -- train and export through the command line ----------------------------------------------------------------------
+
+
+def test_train_writes_a_token_checkpoint_and_prints_the_accuracy(trained: tuple[Path, str]) -> None:
+    ckpt, stdout = trained
+    assert {p.name for p in ckpt.iterdir()} == TOKEN_CHECKPOINT_FILES
+    assert not partial_dir(ckpt).exists()
+    model, spec, history = load_checkpoint(ckpt)
+    assert isinstance(model, TokenSeq2Seq) and not model.training
+    assert (spec.kind, spec.hidden_dim, spec.embedding_dim, spec.attention, spec.bidirectional) == (
+        "tokens", 8, 4, "dot", True)
+    assert sorted(history) == ["train_loss", "val_exact", "val_token"] and len(history["train_loss"]) == 2
+    meta = json.loads((ckpt / CHECKPOINT_SPEC_FILE).read_text())
+    assert meta["train"] == TokenTrainConfig(epochs=2).to_dict()
+    assert meta["data"]["name"] == "toy-translation"
+    assert (ckpt / CHECKPOINT_PLOT_FILE).read_bytes().startswith(b"\x89PNG")
+
+    source, target = load_checkpoint_vocabularies(ckpt)
+    assert (len(source), len(target)) == (spec.source_vocab_size, spec.target_vocab_size)
+    assert source.tokenizer == "whitespace" and "one" in source.tokens and "la" in target.tokens
+
+    found = accuracy(stdout)
+    test = load_text_dataset("toy-translation")[1]
+    exact, token = evaluate_tokens(model, test, source, target)
+    assert found["which"] == "test = training set" and int(found["n"]) == 9
+    assert float(found["exact"]) == pytest.approx(exact, abs=1e-4)
+    assert float(found["token"]) == pytest.approx(token, abs=1e-4)
+    assert found["k"] == "2" and float(found["beam"]) == pytest.approx(evaluate_beam(model, test, source, target, 2),
+                                                                       abs=1e-4)
+    assert found["target"] == "1" and found["met"] == ("met" if exact >= 1.0 else "NOT met")
+
+
+def test_export_of_a_token_checkpoint_ships_its_vocabularies(trained: tuple[Path, str], tmp_path: Path) -> None:
+    ckpt, _ = trained
+    out = tmp_path / "model"
+    proc = cli("export", ckpt, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert {VOCAB_FILES["source"], VOCAB_FILES["target"]} <= {p.name for p in out.iterdir()}
+    translations = Seq2Seq.load(out).translate_batch(["one is one"])
+    model, spec, _ = load_checkpoint(ckpt)
+    source, target = load_checkpoint_vocabularies(ckpt)
+    ids = torch.tensor([source.encode("one is one")])
+    assert translations[0][0].ids == model.greedy(ids, torch.tensor([ids.shape[1]]), spec.target_len)[0]
+    assert translations[0][0].text == target.decode(translations[0][0].ids)
+
+
+def test_export_checks_explicit_vocabularies_against_the_checkpoint(trained: tuple[Path, str],
+                                                                   tmp_path: Path) -> None:
+    ckpt, _ = trained
+    source, target = load_checkpoint_vocabularies(ckpt)
+    other = Vocabulary(SPECIAL_TOKENS + tuple(f"w{i}" for i in range(len(source) - 4)), "whitespace")
+    with pytest.raises(ExportError, match="differ from the ones saved in checkpoint"):
+        export_model(ckpt, tmp_path / "m", vocabularies=(other, target))
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_user_tsv_trains_into_the_default_out(tmp_path: Path) -> None:
+    lines = [f"{a} plus {b}\t{a + b}" for a in range(6) for b in range(4)]
+    (tmp_path / "sums.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = cli("train", "--data", "sums.tsv", "--epochs", "1", "--attention", "additive", "--cell", "lstm",
+               *TINY, "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    ckpt = tmp_path / "artifacts" / "checkpoints" / "sums-additive"
+    _, spec, _ = load_checkpoint(ckpt)
+    assert (spec.attention, spec.cell) == ("additive", "lstm")
+    found = accuracy(proc.stdout)
+    assert found["which"] == "held-out" and int(found["n"]) == 5 and found["target"] is None  # 20% of 24
+
+
+def test_bad_tsv_lines_are_one_error_naming_them(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a b\tc\nno tab here\nx\ty\tz\n", encoding="utf-8")
+    proc = cli("train", "--data", bad, "--out", tmp_path / "ck")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "line 2 has 0 tabs" in proc.stderr and "line 3 has 2 tabs" in proc.stderr
+    assert not (tmp_path / "ck").exists()
+
+
+def test_a_token_option_with_point_data_is_a_usage_error_in_a_subprocess(tmp_path: Path) -> None:
+    proc = cli("train", "--data", "squares", "--cell", "lstm", "--out", tmp_path / "ck")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'--cell'" in proc.stderr and "token models" in proc.stderr
+    assert not (tmp_path / "ck").exists()
+
+
+# -- in-process runs: resume, options, the accuracy target -----------------------------------------------------------
+
+
+def test_resume_of_a_finished_or_interrupted_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
+    args = ["--data", "toy-translation", "--hidden-dim", "8", "--embedding-dim", "4", "--tokenizer", "whitespace"]
+    straight, extended, interrupted = tmp_path / "straight", tmp_path / "extended", tmp_path / "interrupted"
+    assert run(*args, "--epochs", "3", "--out", straight).exit_code == 0
+    assert run(*args, "--epochs", "1", "--out", extended).exit_code == 0
+    state = load_train_state(extended / CHECKPOINT_STATE_FILE)
+    save_train_state(partial_dir(interrupted) / CHECKPOINT_STATE_FILE, state, state["data"])  # stopped after 1
+    result = run("--resume", "--epochs", "3", "--eval-beam", "0", "--out", extended)  # not a run option: free
+    assert result.exit_code == 0, result.output
+    assert accuracy(result.output)["k"] is None
+    result = run("--resume", "--epochs", "3", "--hidden-dim", "8", "--out", interrupted)  # saved values may be given
+    assert result.exit_code == 0, result.output
+    assert not partial_dir(interrupted).exists()
+    reference, _, history = load_checkpoint(straight)
+    for out in (extended, interrupted):
+        model, _, resumed = load_checkpoint(out)
+        assert resumed == history and same_weights(model, reference)
+        assert load_checkpoint_vocabularies(out) == load_checkpoint_vocabularies(straight)
+    assert run(*args, "--epochs", "1", "--force", "--out", straight).exit_code == 0  # a token checkpoint is replaced
+
+
+@pytest.mark.parametrize(("args", "hint", "saved"), [
+    (["--cell", "lstm"], "'--cell'", "'gru'"),
+    (["--tokenizer", "char"], "'--tokenizer'", "'whitespace'"),
+    (["--no-bidirectional"], "'--bidirectional'", "True"),
+    (["--data", "reverse"], "'--data'", "'toy-translation'"),
+])
+def test_resume_refuses_a_changed_option(tmp_path: Path, args: list[str], hint: str, saved: str) -> None:
+    out = tmp_path / "ck"
+    assert run("--data", "toy-translation", *TINY, "--epochs", "1", "--out", out).exit_code == 0
+    result = run("--resume", "--epochs", "2", *args, "--out", out)
+    assert result.exit_code == 2 and hint in result.output and saved in result.output, result.output
+    assert "the run being resumed used" in result.output
+    assert len(load_checkpoint(out)[2]["train_loss"]) == 1  # untouched
+
+
+def test_a_run_that_learns_the_toy_translation_meets_its_target(tmp_path: Path) -> None:
+    result = run("--data", "toy-translation", *LEARNS_TOY, "--out", tmp_path / "ck")
+    assert result.exit_code == 0, result.output
+    found = accuracy(result.output)
+    assert float(found["exact"]) == 1.0 and found["met"] == "met" and found["k"] == "3"
+
+
+def test_parallel_files_and_a_tokenizer_file(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    pairs = load_text_dataset("toy-translation")[0]
+    (tmp_path / "src.txt").write_text("\n".join(pairs.sources) + "\n", encoding="utf-8")
+    (tmp_path / "tgt.txt").write_text("\n".join(pairs.targets) + "\n", encoding="utf-8")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator([*pairs.sources, *pairs.targets],
+                                  tokenizers.trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS)))
+    tokenizer.save(str(tmp_path / "tok.json"))
+    data = f"{tmp_path / 'src.txt'},{tmp_path / 'tgt.txt'}"
+    result = run("--data", data, "--tokenizer", tmp_path / "tok.json", "--epochs", "1", *TINY,
+                 "--out", tmp_path / "ck")
+    assert result.exit_code == 0, result.output
+    source, target = load_checkpoint_vocabularies(tmp_path / "ck")
+    assert source == target and source.tokenizer == "subword"
+    assert accuracy(result.output)["n"] == "2"  # 20% of 9, rounded
+
+
+@pytest.mark.parametrize(("args", "code", "fragments"), [
+    (["--data", "squares", "--embedding-dim", "8"], 2, ["'--embedding-dim'", "token models"]),
+    (["--data", "squares", "--no-bucket"], 2, ["'--bucket'", "token models"]),
+    (["--data", "squares", "--attention", "additive"], 2, ["'--attention'", "'additive' is for token models"]),
+    (["--tokenizer", "missing.json"], 2, ["'--tokenizer'", "does not exist"]),
+    (["--tokenizer", "bpe"], 2, ["'--tokenizer'", "expected 'char' or 'whitespace'"]),
+    (["--tokenizer", "tok.json", "--min-freq", "2"], 2, ["'--min-freq'", "brings its own"]),
+    (["--tokenizer", "tok.json"], 1, ["Error: --tokenizer ", "tok.json: tokenizer"]),  # not one, or no package
+    (["--heads", "2"], 2, ["'--heads'", "need --attention multihead"]),
+    (["--attention", "multihead", "--heads", "3", "--hidden-dim", "8"], 2, ["'--heads'", "not a multiple of 3"]),
+    (["--hidden-dim", "5000"], 2, ["'--hidden-dim'", "1<=x<=4096"]),
+    (["--embedding-dim", "4097"], 2, ["'--embedding-dim'", "1<=x<=4096"]),
+    (["--layers", "9"], 2, ["'--layers'", "1<=x<=8"]),
+    (["--min-freq", "1000"], 2, ["'--min-freq'", "keeps no source token"]),
+    (["--data", "missing.tsv"], 2, ["'--data'", "does not exist"]),
+    (["--data", "a.txt,b.txt"], 2, ["'--data'", "source file 'a.txt' does not exist"]),
+    (["--data", "reversed"], 2, ["'--data'", "expected 'squares' or PATH.npz"]),
+    (["--data", "empty.tsv"], 1, ["--data:", "holds no pairs"]),
+])
+def test_bad_inputs_are_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
+                                            code: int, fragments: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tok.json").write_text("{}", encoding="utf-8")  # exists; refused for the option clash first
+    (tmp_path / "empty.tsv").write_text("\n", encoding="utf-8")
+    data = [] if "--data" in args else ["--data", "toy-translation"]
+    result = run(*data, *args, "--epochs", "1", "--out", tmp_path / "ck")
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+    assert not (tmp_path / "ck").exists()
+
+
+# -- the library: checkpoints, vocabularies, defaults ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TokenTrainer]:
+    """A one-epoch toy model saved with save_checkpoint, as the command does."""
+    train, test = load_text_dataset("toy-translation")
+    source, target = Vocabulary.build(train.sources, "whitespace"), Vocabulary.build(train.targets, "whitespace")
+    spec = spec_for_text(train, source, target, hidden_dim=8, embedding_dim=4, cell="lstm", layers=2)
+    trainer = TokenTrainer(spec, TokenTrainConfig(epochs=1), train, test, source, target)
+    trainer.fit(progress=False)
+    out = tmp_path_factory.mktemp("lib") / "ck"
+    save_checkpoint(out, trainer.model, spec, trainer.config, trainer.history, {"name": "toy-translation"},
+                    trainer.state_dict(), vocabularies=(source, target))
+    return out, trainer
+
+
+def test_token_checkpoint_round_trips(toy_checkpoint: tuple[Path, TokenTrainer]) -> None:
+    out, trainer = toy_checkpoint
+    model, spec, history = load_checkpoint(out)
+    assert isinstance(model, TokenSeq2Seq) and spec == trainer.spec and history == trainer.history
+    assert same_weights(model, trainer.model)
+    source, target = load_checkpoint_vocabularies(out)
+    assert (source.sha256, target.sha256) == (trainer.source_vocab.sha256, trainer.target_vocab.sha256)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("missing", "is missing; a token checkpoint keeps its source vocabulary there"),
+    ("fewer tokens", "holds 13 tokens, but the spec's source_vocab_size is 14"),
+    ("not json", "is not valid JSON"),
+    ("not a vocabulary", "vocabulary keys must be"),
+])
+def test_vocabulary_loader_names_a_missing_or_edited_file(toy_checkpoint: tuple[Path, TokenTrainer],
+                                                         tmp_path: Path, damage: str, message: str) -> None:
+    out = tmp_path / "ck"
+    shutil.copytree(toy_checkpoint[0], out)
+    file = out / VOCAB_FILES["source"]
+    if damage == "missing":
+        file.unlink()
+    elif damage == "fewer tokens":
+        data = json.loads(file.read_text())
+        file.write_text(json.dumps({**data, "tokens": data["tokens"][:-1]}))
+    else:
+        file.write_text("{not json" if damage == "not json" else '{"tokens": []}')
+    with pytest.raises(CheckpointError, match=re.escape(message)) as err:
+        load_checkpoint_vocabularies(out)
+    assert str(file) in str(err.value)
+    load_checkpoint(out)  # the model itself still loads
+
+
+def test_point_checkpoints_load_unchanged_and_have_no_vocabularies() -> None:
+    shipped = REPO / "artifacts" / "squares-checkpoint"
+    model, spec, history = load_checkpoint(shipped)
+    assert spec.kind == "points" and "train" in history and not isinstance(model, TokenSeq2Seq)
+    with pytest.raises(CheckpointError, match="holds a point model, which has no vocabularies"):
+        load_checkpoint_vocabularies(shipped)
+
+
+def test_token_defaults_are_the_librarys() -> None:
+    config = TokenTrainConfig().to_dict()
+    assert {k: TOKEN_DEFAULTS[k] for k in config if k != "seed"} == {k: v for k, v in config.items() if k != "seed"}
+    spec_defaults = {name: p.default for name, p in inspect.signature(spec_for_text).parameters.items()
+                     if p.default is not inspect.Parameter.empty and name not in ("n_heads", "attention")}
+    assert {k: TOKEN_DEFAULTS[k] for k in spec_defaults} == spec_defaults

@@ -1,0 +1,148 @@
+"""The token-model part of `seq2onnx train`: text data and tokenizer options, vocabularies, the trainer, and the
+held-out accuracy report. Torch is imported only inside `token_job`, so `--help` works without it."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+
+from runtime.spec import ModelSpec
+from runtime.vocab import JOINERS
+
+from .cli_common import TOKENIZER_SUFFIX, Job, is_parallel
+from .text_data import ACCURACY_TARGETS, BUILTIN_LOADERS, PAIR_SEPARATOR, PARALLEL, TOKENIZER_OF, TSV, TSV_SUFFIX
+
+BUILT_TOKENIZERS = tuple(JOINERS)  # 'char', 'whitespace': vocabularies built from the training data
+USER_DATA_TOKENIZER = "whitespace"
+
+
+def _must_exist(path: str, what: str) -> None:
+    if not Path(path).is_file():
+        raise click.BadParameter(f"{what} {path!r} does not exist or is not a file")
+
+
+def check_text_data(value: str) -> str:
+    """A built-in text set, an existing PATH.tsv, or two existing files 'SRC_PATH,TGT_PATH'; else BadParameter."""
+    if value in BUILTIN_LOADERS:
+        return value
+    if value.endswith(TSV_SUFFIX):
+        _must_exist(value, "file")
+        return value
+    if is_parallel(value):
+        parts = [p.strip() for p in value.split(PAIR_SEPARATOR)]
+        if len(parts) != 2 or not all(parts):
+            raise click.BadParameter(f"expected two files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH', got {value!r}")
+        for part, side in zip(parts, ("source", "target")):
+            _must_exist(part, f"{side} file")
+        return value
+    raise click.BadParameter(f"expected 'squares' or PATH.npz (point models), or {', '.join(BUILTIN_LOADERS)}, "
+                             f"PATH{TSV_SUFFIX} or SRC_PATH{PAIR_SEPARATOR}TGT_PATH (token models); got {value!r}")
+
+
+def check_tokenizer_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--tokenizer is 'char', 'whitespace' or an existing tokenizers JSON file."""
+    if value is None or value in BUILT_TOKENIZERS:
+        return value
+    if not value.endswith(TOKENIZER_SUFFIX):
+        raise click.BadParameter(f"expected {' or '.join(map(repr, BUILT_TOKENIZERS))}, or a Hugging Face tokenizers "
+                                 f"file PATH{TOKENIZER_SUFFIX}; got {value!r}")
+    _must_exist(value, "tokenizer file")
+    return value
+
+
+def saved_text_data(description: dict[str, Any]) -> str:
+    """The --data value a text description came from (built-in name, TSV path, or 'SRC,TGT')."""
+    name = description.get("name")
+    if name == TSV:
+        return str(description.get("path"))
+    if name == PARALLEL:
+        return f"{description.get('source_path')}{PAIR_SEPARATOR}{description.get('target_path')}"
+    return str(name)
+
+
+def saved_token_options(state: dict[str, Any]) -> dict[str, Any]:
+    """The options a token run was started with, from its training state."""
+    vocab_options = state.get("vocab_options")
+    if not isinstance(vocab_options, dict):
+        from .checkpoint import CheckpointError
+
+        raise CheckpointError("the training state lacks 'vocab_options' (tokenizer, min_freq, max_vocab); it was "
+                              "not written by seq2onnx train: start a new run without --resume")
+    spec = ModelSpec.from_dict(state["spec"])
+    model = {name: getattr(spec, name) for name in ("attention", "hidden_dim", "embedding_dim", "cell", "layers",
+                                                     "bidirectional", "tie_embeddings", "reverse_source")}
+    return {"data": saved_text_data(state["data"]), "heads": spec.n_heads, **model, **state["config"],
+            **vocab_options}
+
+
+def vocab_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """How the vocabularies are made: the tokenizer (default: the built-in's kind, else whitespace), as saved."""
+    tokenizer = opts["tokenizer"]
+    if tokenizer is None:
+        tokenizer = TOKENIZER_OF.get(opts["data"], USER_DATA_TOKENIZER)
+    elif tokenizer.endswith(TOKENIZER_SUFFIX):
+        tokenizer = str(Path(tokenizer).resolve())
+    return {"tokenizer": tokenizer, "min_freq": opts["min_freq"], "max_vocab": opts["max_vocab"]}
+
+
+def build_vocabularies(train: Any, tokenizer: str, min_freq: int, max_vocab: int | None) -> tuple[Any, Any]:
+    """(source, target) vocabularies: one tokenizer file for both sides, or each built from its side's texts."""
+    from runtime.vocab import SPECIAL_TOKENS, TokenizerUnavailableError, Vocabulary, VocabError
+
+    if tokenizer.endswith(TOKENIZER_SUFFIX):
+        try:
+            vocab = Vocabulary.from_tokenizer_file(tokenizer)
+        except (VocabError, TokenizerUnavailableError) as err:  # the file exists, its content is unusable: exit 1
+            raise click.ClickException(f"--tokenizer {tokenizer}: {err}") from None
+        return vocab, vocab
+    built = [Vocabulary.build(texts, tokenizer, min_freq, max_vocab) for texts in (train.sources, train.targets)]
+    for side, vocab in zip(("source", "target"), built):
+        if len(vocab) <= len(SPECIAL_TOKENS):
+            raise click.BadParameter(f"keeps no {side} token of the training data (each is seen fewer than "
+                                     f"{min_freq} times); lower it", param_hint="'--min-freq'")
+    return built[0], built[1]
+
+
+def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None) -> Job:
+    """Load (or reload) the text, build vocabularies, spec, config and trainer."""
+    from .text_data import describe_text_dataset, load_text_dataset, reload_text_dataset
+    from .token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
+
+    if state is None:
+        train_set, test_set = load_text_dataset(opts["data"])
+        description = describe_text_dataset(opts["data"], train_set, test_set)
+    else:
+        train_set, test_set = reload_text_dataset(state["data"])
+        description = state["data"]
+    how = vocab_options(opts)
+    source_vocab, target_vocab = build_vocabularies(train_set, **how)
+    spec = spec_for_text(train_set, source_vocab, target_vocab, hidden_dim=opts["hidden_dim"],
+                         embedding_dim=opts["embedding_dim"], cell=opts["cell"], layers=opts["layers"],
+                         bidirectional=opts["bidirectional"], attention=opts["attention"],
+                         tie_embeddings=opts["tie_embeddings"], n_heads=opts["heads"],
+                         reverse_source=opts["reverse_source"])
+    config = TokenTrainConfig(**{f.name: opts[f.name] for f in dataclasses.fields(TokenTrainConfig)})
+    trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab)
+
+    def report() -> None:
+        click.echo(accuracy_line(trainer.model, test_set, source_vocab, target_vocab, description, opts["eval_beam"]))
+
+    return Job(trainer, description, report, (source_vocab, target_vocab), {"vocab_options": how})
+
+
+def accuracy_line(model: Any, test: Any, source_vocab: Any, target_vocab: Any, description: dict[str, Any],
+                  beam_size: int) -> str:
+    """'held-out (N): greedy exact E, token T | beam K exact B | target >= X: met' (parts left out as they apply)."""
+    from .token_trainer import evaluate_beam, evaluate_tokens
+
+    exact, token = evaluate_tokens(model, test, source_vocab, target_vocab)
+    which = "test = training set" if description.get("test_is_train") else "held-out"
+    parts = [f"{which} ({len(test)}): greedy exact {exact:.4f}, token {token:.4f}"]
+    if beam_size > 0:
+        parts.append(f"beam {beam_size} exact {evaluate_beam(model, test, source_vocab, target_vocab, beam_size):.4f}")
+    target = ACCURACY_TARGETS.get(description.get("name", ""))
+    if target is not None:
+        parts.append(f"target >= {target:g}: {'met' if exact >= target else 'NOT met'}")
+    return " | ".join(parts)
