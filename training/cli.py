@@ -56,7 +56,9 @@ def _kind_defaults(points: Any, tokens: Any) -> str:
 @click.option("--data", default=SQUARES, show_default=True, callback=check_train_data_option,
               help="Point models: 'squares' (the book's noisy squares) or PATH.npz with float arrays source (N, Ls, "
                    f"F) and target (N, Lt, F). Token models: {TEXT_SETS}, PATH.tsv (source<TAB>target lines) or "
-                   "SRC_PATH,TGT_PATH (line-aligned files). 20% of a user file is held out as test set.")
+                   "SRC_PATH,TGT_PATH (line-aligned files). 20% of a user file is held out as test set. toy-translation "
+                   "and lookup bring their own defaults for options not given (see training/cli_common.py "
+                   "DATASET_DEFAULTS).")
 @click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True,
               help="additive: token models only.")
 @click.option("--heads", type=click.IntRange(1, MAX_HEADS), default=None,
