@@ -264,6 +264,7 @@ class Vocabulary:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a model's files should all read alike
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
             os.replace(tmp, path)
@@ -283,6 +284,13 @@ class Vocabulary:
             return cls.from_dict(data)
         except VocabError as err:
             raise VocabError(f"vocabulary file {str(path)!r}: {err}") from err
+
+
+def _umask() -> int:
+    """The process umask (read by setting it, then restoring it at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _split(text: str, kind: str) -> list[str]:

@@ -217,3 +217,13 @@ def test_subword_tokens_must_match_the_tokenizer() -> None:
     forged = Vocabulary.from_dict({**vocab.to_dict(), "tokens": list(SPECIAL_TOKENS) + ["x"]})
     with pytest.raises(VocabError, match="do not match"):
         forged.encode("one")
+
+
+def test_saved_vocabulary_has_the_umask_permissions_like_other_files(tmp_path):
+    import os
+    import stat
+
+    vocab = Vocabulary.build(["a b"], "whitespace")
+    vocab.save(tmp_path / "v.json")
+    (tmp_path / "other.json").write_text("{}")
+    assert stat.S_IMODE(os.stat(tmp_path / "v.json").st_mode) == stat.S_IMODE(os.stat(tmp_path / "other.json").st_mode)

@@ -1,0 +1,184 @@
+"""The reliability table, token rows: bad inputs to train / infer / eval / export / verify and the Python API for
+token models (the shipped dates model), in the style and with the checks of tests/test_reliability.py: exit code,
+one `Error:` line naming the input, no traceback, and every file of the workspace unchanged."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from test_reliability import (BAD_INPUT, HOME, ROOT, SHIPPED_MODEL, USAGE, Case, case, run_cli, tree_hash,
+                              write)
+
+SHIPPED_TOKENS = ROOT / "artifacts" / "dates"
+SHIPPED_TOKEN_CHECKPOINT = ROOT / "artifacts" / "dates-checkpoint"
+TOK = ("infer", "tokmodel")
+
+
+def setup_token_workspace(case_dir: Path) -> None:
+    """The shipped point and token models, the token checkpoint (whole and damaged), and bad text files."""
+    shutil.copytree(SHIPPED_MODEL, case_dir / "model")
+    shutil.copytree(SHIPPED_TOKENS, case_dir / "tokmodel")
+    shutil.copytree(SHIPPED_TOKEN_CHECKPOINT, case_dir / "tokckpt", ignore=shutil.ignore_patterns("train_state.pt"))
+    shutil.copytree(case_dir / "tokckpt", case_dir / "novocab")
+    (case_dir / "novocab" / "source_vocab.json").unlink()
+    np.save(case_dir / "points.npy", np.zeros((2, 2, 2), dtype=np.float32))
+    write(case_dir / "dates.txt", "3/3/15\ntuesday, march 3 2015\n")
+    write(case_dir / "long.txt", "1" * 2000 + "\n")
+    write(case_dir / "latin1.txt", b"caf\xe9 3/3/15\n")
+    write(case_dir / "bad.tsv", "3/3/15\t2015-03-03\nno tab here\n")
+    write(case_dir / "empty.tsv", "\n\n")
+    write(case_dir / "notatokenizer.json", '{"hello": 1}\n')
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The workspace, built once; each case gets its own copy."""
+    path = tmp_path_factory.mktemp("reliability_tokens") / "template"
+    path.mkdir()
+    setup_token_workspace(path)
+    return path
+
+
+@pytest.fixture
+def workspace(template: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the workspace, with the cases' HOME beside it."""
+    case_dir = tmp_path / "work"
+    shutil.copytree(template, case_dir)
+    (tmp_path / HOME).mkdir()
+    return case_dir
+
+
+TEXT = ("--text", "3/3/15")
+CLI_CASES: dict[str, Case] = {
+    # train: text data and token options
+    "train --data reversed": case("train", "--data", "reversed", code=USAGE, says=("--data", "'reversed'", "reverse")),
+    "train --data missing.tsv": case("train", "--data", "missing.tsv", code=USAGE,
+                                     says=("--data", "missing.tsv", "does not exist")),
+    "train --data bad.tsv": case("train", "--data", "bad.tsv", "--out", "o", code=BAD_INPUT,
+                                 says=("bad.tsv", "line 2", "tabs")),
+    "train --data empty.tsv": case("train", "--data", "empty.tsv", "--out", "o", code=BAD_INPUT,
+                                   says=("empty.tsv", "no pairs")),
+    "train --cell with squares": case("train", "--cell", "lstm", code=USAGE, says=("--cell", "token models")),
+    "train --attention additive squares": case("train", "--attention", "additive", code=USAGE,
+                                               says=("--attention", "additive", "token models")),
+    "train --tokenizer bpe": case("train", "--data", "reverse", "--tokenizer", "bpe", code=USAGE,
+                                  says=("--tokenizer", "'bpe'")),
+    "train --tokenizer missing.json": case("train", "--data", "reverse", "--tokenizer", "missing.json", code=USAGE,
+                                           says=("--tokenizer", "missing.json", "does not exist")),
+    "train --tokenizer not a tokenizer": case("train", "--data", "reverse", "--tokenizer", "notatokenizer.json",
+                                              "--out", "o", code=BAD_INPUT, says=("notatokenizer.json", "tokenizers")),
+    "train --heads 3 --hidden-dim 8": case("train", "--data", "reverse", "--attention", "multihead", "--heads", "3",
+                                           "--hidden-dim", "8", code=USAGE, says=("--heads", "not a multiple")),
+    "train --hidden-dim 5000": case("train", "--data", "reverse", "--hidden-dim", "5000", code=USAGE,
+                                    says=("--hidden-dim", "5000")),
+    "train --layers 9": case("train", "--data", "reverse", "--layers", "9", code=USAGE, says=("--layers", "9")),
+    "train --label-smoothing 1": case("train", "--data", "reverse", "--label-smoothing", "1", code=USAGE,
+                                      says=("--label-smoothing", "1")),
+    "train --lr-decay 0": case("train", "--data", "reverse", "--lr-decay", "0", code=USAGE, says=("--lr-decay",)),
+    # infer: kind mismatches
+    "infer token model, points input": case(*TOK, "--input", "points.npy", code=USAGE,
+                                            says=("points.npy", "token model", "one input per line")),
+    "infer point model, --text": case("infer", "model", *TEXT, code=USAGE, says=("--text", "point model")),
+    "infer point model, --beam": case("infer", "model", "--input", "points.npy", "--beam", "3", code=USAGE,
+                                      says=("point model",)),
+    "infer token model, --target-len": case(*TOK, *TEXT, "--target-len", "3", code=USAGE,
+                                            says=("--target-len", "token model", "--max-len")),
+    "infer token model, no input": case(*TOK, code=USAGE, says=("token model", "--text", "--input")),
+    # infer: bad texts and options
+    "infer --text blank": case(*TOK, "--text", " ", code=USAGE, says=("--text #1", "blank")),
+    "infer over-long line": case(*TOK, "--input", "long.txt", code=BAD_INPUT, says=("long.txt", "line 1", "1024")),
+    "infer not UTF-8": case(*TOK, "--input", "latin1.txt", code=BAD_INPUT, says=("latin1.txt", "line 1", "UTF-8")),
+    "infer --beam 0": case(*TOK, *TEXT, "--beam", "0", code=USAGE, says=("--beam", "0")),
+    "infer --n-best > --beam": case(*TOK, *TEXT, "--beam", "2", "--n-best", "3", code=USAGE,
+                                    says=("--n-best 3", "--beam 2")),
+    "infer --top-k without --sample": case(*TOK, *TEXT, "--top-k", "3", code=USAGE, says=("--top-k", "--sample")),
+    "infer --sample --beam 2": case(*TOK, *TEXT, "--sample", "--beam", "2", code=USAGE, says=("--sample", "--beam")),
+    "infer --top-p 0": case(*TOK, *TEXT, "--sample", "--top-p", "0", code=USAGE, says=("--top-p", "0")),
+    "infer --top-p 1.5": case(*TOK, *TEXT, "--sample", "--top-p", "1.5", code=USAGE, says=("--top-p", "1.5")),
+    "infer --temperature 0": case(*TOK, *TEXT, "--sample", "--temperature", "0", code=USAGE,
+                                  says=("--temperature", "0")),
+    "infer --temperature nan": case(*TOK, *TEXT, "--sample", "--temperature", "nan", code=USAGE,
+                                    says=("--temperature", "finite")),
+    "infer --length-penalty greedy": case(*TOK, *TEXT, "--length-penalty", "0.5", code=USAGE,
+                                          says=("--length-penalty", "--beam")),
+    "infer --min-len > --max-len": case(*TOK, *TEXT, "--min-len", "7", "--max-len", "6", code=USAGE,
+                                        says=("--min-len 7", "6")),
+    "infer --output .json for tokens": case(*TOK, *TEXT, "--output", "out.json", code=USAGE,
+                                            says=("--output", ".jsonl")),
+    # eval, export, verify
+    "eval point model": case("eval", "model", "--data", "dates", code=BAD_INPUT, says=("point model",)),
+    "eval --data nosuch": case("eval", "tokmodel", "--data", "nosuch", code=USAGE, says=("--data", "'nosuch'")),
+    "eval --data bad.tsv": case("eval", "tokmodel", "--data", "bad.tsv", code=BAD_INPUT, says=("bad.tsv", "line 2")),
+    "export token ckpt without vocab": case("export", "novocab", "--out", "o", code=BAD_INPUT,
+                                            says=("source_vocab.json", "missing")),
+    "verify token pair, --data squares": case("verify", "tokckpt", "tokmodel", "--data", "squares", code=USAGE,
+                                              says=("--data", "point data", "token model")),
+    "verify checkpoint vs other kind": case("verify", "tokckpt", "model", code=BAD_INPUT,
+                                            says=("model", "cannot be compared")),
+}
+
+
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_cli_refuses(workspace: Path, name: str) -> None:
+    row = CLI_CASES[name]
+    before = tree_hash(workspace.parent)
+    result = run_cli(workspace, row)
+    assert result.returncode == row.code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.stderr
+    for fragment in row.fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+    assert tree_hash(workspace.parent) == before, "a refused command changed files"
+
+
+def test_unknown_characters_are_read_as_unk_not_refused(workspace: Path) -> None:
+    result = run_cli(workspace, case(*TOK, "--text", "3/3/15 \u00e9\u00e9", code=0, says=()))
+    assert result.returncode == 0 and '"hypotheses"' in result.stdout, result.stderr
+
+
+# ---- the Python API ---------------------------------------------------------------------------------------------
+
+def _model(case_dir: Path, name: str = "tokmodel") -> Any:
+    from runtime.model import Seq2Seq
+
+    return Seq2Seq.load(case_dir / name)
+
+
+def _translate(texts: Any, **options: Any) -> Callable[[Path], Any]:
+    return lambda d: _model(d).translate_batch(texts, **options)
+
+
+API_CASES: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
+    "translate one string": (_translate("3/3/15"), ("texts", "list of strings")),
+    "translate empty text": (_translate([""]), ("texts[0]", "non-empty")),
+    "translate a number": (_translate([3]), ("texts[0]", "non-empty string")),
+    "translate over-long": (_translate(["1" * 2000]), ("texts[0]", "1024")),
+    "translate beam_size 0": (_translate(["3/3/15"], beam_size=0), ("beam_size",)),
+    "translate num_hypotheses > beam": (_translate(["3/3/15"], beam_size=2, num_hypotheses=3), ("num_hypotheses",)),
+    "translate topp 1.5": (_translate(["3/3/15"], sampling_topp=1.5), ("sampling_topp",)),
+    "translate temperature 0": (_translate(["3/3/15"], sampling_temperature=0.0), ("sampling_temperature",)),
+    "translate sampling with beam": (_translate(["3/3/15"], beam_size=2, sampling_topk=3), ("beam_size", "sampling")),
+    "translate unknown option": (_translate(["3/3/15"], beam=2), ("unknown options", "beam")),
+    "translate on a point model": (lambda d: _model(d, "model").translate_batch(["3/3/15"]), ("point model",)),
+    "predict on a token model": (lambda d: _model(d).predict(np.zeros((1, 2, 2))), ("token model",
+                                                                                      "translate_batch")),
+}
+
+
+@pytest.mark.parametrize("name", list(API_CASES))
+def test_api_refuses(workspace: Path, name: str) -> None:
+    from runtime.errors import InputError
+
+    call, fragments = API_CASES[name]
+    before = tree_hash(workspace.parent)
+    with pytest.raises(InputError) as info:
+        call(workspace)
+    message = str(info.value)
+    assert "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert tree_hash(workspace.parent) == before
