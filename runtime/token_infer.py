@@ -217,14 +217,20 @@ def heatmap(item: Item, best: Translation, vocab: Vocabulary, reverse: bool, max
     """The best hypothesis's attention with columns in reading order, labelled by tokens (* = read as <unk>)."""
     tokens = vocab.tokenize(item.text)
     ids = vocab.encode(item.text, add_eos=False)
-    labels = [t + "*" * (i == UNK) for t, i in zip(tokens, ids)] + [EOS_TOKEN]
+    labels = [_visible(t) + "*" * (i == UNK) for t, i in zip(tokens, ids)] + [EOS_TOKEN]
     order = (list(range(len(tokens)))[::-1] if reverse else list(range(len(tokens)))) + [len(tokens)]
     weights = best.attention[:, order]  # (Lt, Ls): column j is labels[j]
     read = "reading order; the model read the tokens reversed" if reverse else "the order the model read them"
     unknown = "; * = unknown to the model, read as <unk>" if UNK in ids else ""
     stop = "ended by </s>" if len(best.tokens) < max_len else f"stopped at {max_len} tokens"
     title = f"input {item.index}: {_short(item.text)}\n-> {_short(best.text)}  (score {best.score:.3f}; {stop})"
-    return Heatmap(weights, list(best.tokens), labels, "output token", f"source token ({read}){unknown}", title)
+    return Heatmap(weights, [_visible(t) for t in best.tokens], labels, "output token",
+                   f"source token ({read}){unknown}", title)
+
+
+def _visible(token: str) -> str:
+    """A label that shows: character models have a space token, which would be an empty tick."""
+    return token.replace(" ", "\u2423") if token.strip() == "" else token
 
 
 def batch_seed(seed: int | None, number: int) -> int | None:
