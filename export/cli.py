@@ -41,7 +41,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     return Seq2OnnxError, CheckpointError, SpecError
 
 
-@click.command("export")
+@click.command("export", short_help="Export a checkpoint to ONNX, checked for parity first.")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory to write the export to (a new one, or an earlier export with --force).")
@@ -61,7 +61,7 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
 
     tol = Tolerance(atol, rtol, drift_atol)
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="--opset")
+        raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="'--opset'")
     if normalized(out).resolve().is_relative_to(checkpoint.resolve()):
         raise click.BadParameter(f"{out} is CHECKPOINT {checkpoint} or inside it; an export there would make the "
                                  "checkpoint hold files seq2onnx training does not write, choose a directory beside it",
@@ -93,7 +93,7 @@ def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | N
     return value
 
 
-@click.command("verify")
+@click.command("verify", short_help="Compare a checkpoint and its export (PyTorch vs onnxruntime).")
 @click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @tolerance_options
@@ -116,9 +116,7 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
         runtime = Seq2Seq.load(model_dir, provider="cpu")
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
-    if runtime.spec != spec:
-        raise click.ClickException(f"{model_dir} was exported from a model with spec {runtime.spec}, "
-                                   f"but {checkpoint} holds {spec}; they cannot be compared")
+    check_pair(checkpoint, model_dir, spec, runtime)
     if spec.kind == "tokens":
         rows = token_rows(checkpoint, data, model, runtime, tol)
     else:
@@ -131,6 +129,28 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
         raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} says it was "
                                    f"exported from {source!r}: if that is not {checkpoint}, the two are not a pair")
     click.echo(f"all {len(rows)} checks within {tol}")
+
+
+def check_pair(checkpoint: Path, model_dir: Path, spec: Any, runtime: Any) -> None:
+    """The export must come from a model of the checkpoint's spec, and (tokens) with its vocabularies."""
+    if runtime.spec != spec:
+        mine, theirs = spec.to_dict(), runtime.spec.to_dict()
+        fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        shown = ", ".join(f"{k}: {mine.get(k)!r} vs {theirs.get(k)!r}" for k in fields)
+        raise click.ClickException(f"{checkpoint} and {model_dir} hold different models ({shown}); they cannot be "
+                                   "compared")
+    if spec.kind == "tokens":
+        from training.checkpoint import load_checkpoint_vocabularies
+
+        try:
+            mine = dict(zip(("source", "target"), load_checkpoint_vocabularies(checkpoint)))
+        except user_errors() as exc:
+            raise click.ClickException(str(exc)) from None
+        differ = [side for side, vocab in runtime.vocabularies.items() if mine[side].sha256 != vocab.sha256]
+        if differ:
+            raise click.ClickException(f"the {' and '.join(differ)} vocabulary of {checkpoint} differs from "
+                                       f"{model_dir}'s; the same ids would read as other text, so the two are not "
+                                       "a pair")
 
 
 def token_rows(checkpoint: Path, data: str | None, model: Any, runtime: Any, tol: Any) -> list:

@@ -178,7 +178,8 @@ def check_outputs(input_path: str, output_path: str | None, plot_path: str | Non
     if len(set(resolved)) < len(resolved):
         raise click.BadParameter(f"--output and --plot both name {named[0]}; give them different files")
     if input_path != "-" and Path(input_path).resolve() in resolved:
-        raise click.BadParameter(f"{input_path} is the --input file; write results to another file")
+        raise click.BadParameter(f"{input_path} is the --input file; write results to another file",
+                                 param_hint="'--output' / '--plot'")
 
 
 def write_atomically(path: str, write: Callable[[Any], None]) -> None:
@@ -226,7 +227,7 @@ def check_threads(ctx: click.Context, param: click.Parameter, value: int | None)
     return value
 
 
-@click.command()
+@click.command(short_help="Decode points or texts with an exported model (no torch needed).")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--input", "input_path", type=click.Path(exists=True, allow_dash=True, dir_okay=False),
               help="Point models: .npy (N, L, F), .npz with 'source' [and 'source_mask'], .json nested lists or "
@@ -303,12 +304,15 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     lines = (json.dumps(doc) + "\n" for doc in run.records(read_items(input_path, texts), output_path is not None))
     if output_path:
         write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines))
-        click.echo(f"wrote {output_path} ({run.decoded} inputs)", err=True)
+        click.echo(f"wrote {output_path} ({run.decoded} input{'' if run.decoded == 1 else 's'})", err=True)
     else:
         for line in lines:
             click.echo(line, nl=False)
     if run.skipped:
         click.echo(run.skipped_note(), err=True)
+    if run.decoded == 0:
+        where = "stdin" if input_path == "-" else input_path
+        click.echo(f"note: {where} held no text, so nothing was decoded", err=True)
     if plot_path and not run.shown:
         click.echo(f"note: there were no inputs, so nothing was drawn and {plot_path} was not written", err=True)
     elif plot_path:

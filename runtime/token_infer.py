@@ -102,8 +102,9 @@ def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | Non
         raise click.UsageError(f"--target-len: {model_dir} is a token model, whose outputs end at </s>; "
                                "bound their length with --max-len")
     if (input_path is None) == (not texts):
+        given = "both were given" if texts else "neither was given"
         raise click.UsageError(f"{model_dir} is a token model: give its inputs either with --text TEXT (repeatable) "
-                               "or with --input FILE ('-' for stdin), one text per line; not both")
+                               f"or with --input FILE ('-' for stdin), one text per line; {given}")
     if input_path is not None and Path(input_path).suffix.lower() in POINT_SUFFIXES:
         raise click.UsageError(f"--input: {input_path}: {model_dir} is a token model, which reads UTF-8 text, one "
                                "input per line; pass a text file, '-' for lines on stdin, or --text")
@@ -116,10 +117,15 @@ def decoding_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, An
     """translate_batch's keyword arguments from the CLI's, refusing combinations that would mean nothing."""
     sampling = _given(ctx, SAMPLING)
     if sampling and not values["sample"]:
-        raise click.UsageError(f"{', '.join(sampling)} set how --sample draws tokens; add --sample, or drop them")
+        verb = "sets" if len(sampling) == 1 else "set"
+        raise click.UsageError(f"{', '.join(sampling)} {verb} how --sample draws tokens; add --sample, or drop "
+                               f"{'it' if len(sampling) == 1 else 'them'}")
     if values["sample"] and values["beam"] > 1:
         raise click.UsageError(f"--sample draws one output per input and cannot search a beam; drop --beam "
                                f"{values['beam']} or --sample")
+    if values["sample"] and values["n_best"] > 1:
+        raise click.UsageError(f"--sample draws one output per input, so --n-best {values['n_best']} cannot be met; "
+                               "drop --n-best, or drop --sample and use --beam N --n-best K")
     if values["n_best"] > values["beam"]:
         raise click.UsageError(f"--n-best {values['n_best']} is more than --beam {values['beam']}: a beam of N "
                                f"keeps N hypotheses; raise --beam to at least {values['n_best']}")

@@ -53,6 +53,7 @@ def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabula
             out[side] = Vocabulary.from_dict(json.loads(data.decode("utf-8")))
         except (ValueError, VocabError, RecursionError) as exc:
             raise IntegrityError(f"{path}: not a seq2onnx vocabulary ({exc}); re-export the model") from None
+        out[side].check_usable()  # a subword vocabulary without `tokenizers` fails here, at load, not per request
     return out
 
 

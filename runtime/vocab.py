@@ -54,7 +54,7 @@ def _parse_tokenizer(text: str) -> Any:
     try:
         return tokenizer_class.from_str(text)
     except Exception as err:  # tokenizers raises its own Exception subclasses for bad JSON
-        raise VocabError(f"tokenizer JSON cannot be read by the tokenizers package ({err}); "
+        raise VocabError(f"tokenizer JSON is not a tokenizers file (the tokenizers package says: {err}); "
                          "save it with Tokenizer.save(path)") from err
 
 
@@ -174,6 +174,11 @@ class Vocabulary:
             self._subword.append(tokenizer)
         return self._subword[0]
 
+    def check_usable(self) -> None:
+        """Raise TokenizerUnavailableError now if encoding would need a package that is not installed."""
+        if self.tokenizer == "subword":
+            self._tokenizer_object()
+
     def tokenize(self, text: str) -> list[str]:
         """Split text into tokens: characters, whitespace-separated words, or the tokenizer's pieces."""
         _check_text(text)
@@ -192,7 +197,8 @@ class Vocabulary:
         return [BOS] * add_bos + ids + [EOS] * add_eos
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ids up to the first EOS; PAD, BOS and UNK are skipped."""
+        """Text of ids up to the first EOS; PAD and BOS are skipped, UNK reads as <unk> (subword: the tokenizer's
+        own decoding, which skips special tokens)."""
         array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
         if array.ndim != 1:
             raise VocabError(f"ids must be one sequence (1-D), got shape {array.shape}; decode rows one at a time")
@@ -202,10 +208,10 @@ class Vocabulary:
                 raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
             if i == EOS:
                 break
-            if i >= len(SPECIAL_TOKENS):
+            if i >= len(SPECIAL_TOKENS) or i == UNK:
                 kept.append(i)
         if self.tokenizer == "subword":
-            return str(self._tokenizer_object().decode(kept, skip_special_tokens=True))
+            return str(self._tokenizer_object().decode([i for i in kept if i != UNK], skip_special_tokens=True))
         return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,

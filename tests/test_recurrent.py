@@ -167,3 +167,21 @@ def test_spec_grows_by_fields_with_defaults():
 def test_spec_refuses_what_a_kind_cannot_do(fields, message):
     with pytest.raises(SpecError, match=message):
         ModelSpec(**fields)
+
+
+def test_pad_and_bos_are_never_outputs_even_when_sampling_hot():
+    from runtime.search import sample
+    from runtime.contract import state_batch_axes
+    from training.recurrent import torch_steps
+
+    model = model_for(token_spec(attention="dot"))
+    ids, lengths = padded(ROWS)
+    with torch.no_grad():
+        log_probs, _, _ = model.decoder.step(torch.full((3,), BOS_ID), (model.encode(ids, lengths)["hidden"], None),
+                                             model.encode(ids, lengths))
+    assert bool((log_probs[:, [PAD_ID, BOS_ID]] < -1000).all())
+    state, step = torch_steps(model, ids.numpy(), lengths.numpy())
+    found = sample(step, state, state_batch_axes(model.spec), 3, BOS_ID, EOS_ID, 30, sampling_temperature=50.0,
+                   seed=0)
+    drawn = {t for h in found for t in h.tokens}
+    assert drawn and not drawn & {PAD_ID, BOS_ID}

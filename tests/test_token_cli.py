@@ -135,6 +135,25 @@ def test_export_of_a_token_checkpoint_ships_its_vocabularies(trained: tuple[Path
     assert translations[0][0].text == target.decode(translations[0][0].ids)
 
 
+def test_verify_refuses_an_export_with_other_vocabularies(trained: tuple[Path, str], tmp_path: Path) -> None:
+    """Same weights, same spec, a vocabulary with two tokens swapped: the ids match, the texts would not."""
+    ckpt, _ = trained
+    out = tmp_path / "model"
+    assert cli("export", ckpt, "--out", out).returncode == 0
+    other = tmp_path / "other"
+    shutil.copytree(ckpt, other)
+    file = other / VOCAB_FILES["source"]
+    data = json.loads(file.read_text())
+    data["tokens"][-1], data["tokens"][-2] = data["tokens"][-2], data["tokens"][-1]
+    file.write_text(json.dumps(data))
+    meta = json.loads((other / CHECKPOINT_SPEC_FILE).read_text())
+    meta.pop("vocabularies")  # as if written before checkpoints hashed their vocabularies
+    (other / CHECKPOINT_SPEC_FILE).write_text(json.dumps(meta))
+    proc = cli("verify", other, out)
+    assert proc.returncode == 1 and "source vocabulary" in proc.stderr and "not a pair" in proc.stderr, proc.stderr
+    assert cli("verify", ckpt, out).returncode == 0
+
+
 def test_export_checks_explicit_vocabularies_against_the_checkpoint(trained: tuple[Path, str],
                                                                    tmp_path: Path) -> None:
     ckpt, _ = trained
@@ -237,6 +256,12 @@ def test_parallel_files_and_a_tokenizer_file(tmp_path: Path) -> None:
     source, target = load_checkpoint_vocabularies(tmp_path / "ck")
     assert source == target and source.tokenizer == "subword"
     assert accuracy(result.output)["n"] == "2"  # 20% of 9, rounded
+    assert cli("export", tmp_path / "ck", "--out", tmp_path / "m").returncode == 0
+    blocked = subprocess.run(  # a runtime-only install without the `text` extra: refused at load, in one line
+        [sys.executable, "-c", "import sys; sys.modules['tokenizers'] = None; from runtime.cli import main; main()",
+         "infer", str(tmp_path / "m"), "--text", "one is one"], capture_output=True, text=True, cwd=REPO)
+    assert blocked.returncode == 1 and "Traceback" not in blocked.stderr, blocked.stderr
+    assert blocked.stderr.startswith("Error: ") and "'text' extra" in blocked.stderr
 
 
 @pytest.mark.parametrize(("args", "code", "fragments"), [
@@ -303,6 +328,7 @@ def test_token_checkpoint_round_trips(toy_checkpoint: tuple[Path, TokenTrainer])
     ("fewer tokens", "holds 13 tokens, but the spec's source_vocab_size is 14"),
     ("not json", "is not valid JSON"),
     ("not a vocabulary", "vocabulary keys must be"),
+    ("two tokens swapped", "differs from the vocabulary it was trained with"),
 ])
 def test_vocabulary_loader_names_a_missing_or_edited_file(toy_checkpoint: tuple[Path, TokenTrainer],
                                                          tmp_path: Path, damage: str, message: str) -> None:
@@ -314,6 +340,11 @@ def test_vocabulary_loader_names_a_missing_or_edited_file(toy_checkpoint: tuple[
     elif damage == "fewer tokens":
         data = json.loads(file.read_text())
         file.write_text(json.dumps({**data, "tokens": data["tokens"][:-1]}))
+    elif damage == "two tokens swapped":  # same size, still a vocabulary: only the hash in spec.json can tell
+        data = json.loads(file.read_text())
+        tokens = data["tokens"]
+        tokens[-1], tokens[-2] = tokens[-2], tokens[-1]
+        file.write_text(json.dumps(data))
     else:
         file.write_text("{not json" if damage == "not json" else '{"tokens": []}')
     with pytest.raises(CheckpointError, match=re.escape(message)) as err:

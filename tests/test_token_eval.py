@@ -86,11 +86,13 @@ def test_eval_json_matches_translate_batch(toy_model):
 
 
 def test_min_exact_above_the_accuracy_exits_1_after_printing(toy_model):
-    result = cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "0", "--min-exact", "1.01", "--quiet")
-    assert result.returncode == 1
-    assert "greedy  exact 1.0000" in result.stdout
-    assert "Error: greedy exact accuracy 1.0000 is below --min-exact 1.01" in result.stderr
+    result = cli(toy_model, "--data", "reverse", "--limit", "20", "--beam", "0", "--min-exact", "0.5", "--quiet")
+    assert result.returncode == 1  # the toy model knows no digits
+    assert "greedy  exact 0.0000" in result.stdout
+    assert "Error: greedy exact accuracy 0.0000 is below --min-exact 0.5" in result.stderr
     assert cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "0", "--min-exact", "1", "--quiet").returncode == 0
+    beyond = cli(toy_model, "--data", TOY_TRANSLATION, "--min-exact", "1.01", "--quiet")
+    assert beyond.returncode == 2 and "--min-exact" in beyond.stderr  # an accuracy above 1 is a usage mistake
 
 
 def test_beam_0_skips_beam(toy_model):

@@ -183,13 +183,13 @@ def test_heatmap_columns_are_in_reading_order():
 
 
 @pytest.mark.parametrize(("args", "code", "fragments"), [
-    (("--text", "one is one", "--input", "-"), USAGE, ["either with --text", "not both"]),
+    (("--text", "one is one", "--input", "-"), USAGE, ["either with --text", "both were given"]),
     ((), USAGE, ["is a token model", "--text TEXT"]),
     (("--input", "{npy}"), USAGE, ["is a token model, which reads UTF-8 text, one input per line"]),
     (("--text", "one", "--target-len", "3"), USAGE, ["--target-len", "bound their length with --max-len"]),
     (("--text", "one", "--beam", "0"), USAGE, ["--beam", "0 is not in the range"]),
     (("--text", "one", "--beam", "2", "--n-best", "3"), USAGE, ["--n-best 3 is more than --beam 2"]),
-    (("--text", "one", "--top-k", "5"), USAGE, ["--top-k set how --sample draws", "add --sample"]),
+    (("--text", "one", "--top-k", "5"), USAGE, ["--top-k sets how --sample draws", "add --sample"]),
     (("--text", "one", "--sample", "--beam", "2"), USAGE, ["--sample", "cannot search a beam"]),
     (("--text", "one", "--sample", "--top-p", "1.5"), USAGE, ["--top-p", "0<x<=1"]),
     (("--text", "one", "--sample", "--top-p", "0"), USAGE, ["--top-p", "0<x<=1"]),

@@ -70,12 +70,12 @@ def test_encode_decode_round_trip(kind: str, text: str) -> None:
 def test_unknown_tokens_and_written_specials_become_unk(words: Vocabulary) -> None:
     assert words.encode("one is four") == [words.tokens.index("one"), words.tokens.index("is"), UNK, EOS]
     assert words.encode("<s> </s> <pad> <unk>", add_eos=False) == [UNK] * 4  # text never yields control ids
-    assert words.decode(words.encode("one is four")) == "one is"  # decode skips UNK
+    assert words.decode(words.encode("one is four")) == "one is <unk>"  # decode shows what was not known
 
 
-def test_decode_stops_at_eos_and_skips_specials(words: Vocabulary) -> None:
+def test_decode_stops_at_eos_and_skips_control_ids(words: Vocabulary) -> None:
     one, two = words.tokens.index("one"), words.tokens.index("two")
-    assert words.decode([BOS, one, PAD, UNK, two, EOS, one, one]) == "one two"
+    assert words.decode([BOS, one, PAD, UNK, two, EOS, one, one]) == "one <unk> two"
     assert words.decode(np.array([one, EOS], dtype=np.int64)) == "one"
     assert words.decode([]) == ""
 
@@ -208,7 +208,7 @@ def test_subword_round_trip_and_storage(tmp_path: Path) -> None:
 def test_subword_refuses_tokenizers_without_the_specials() -> None:
     with pytest.raises(VocabError, match="at ids 0..3"):
         Vocabulary.from_tokenizer_json(_trained_tokenizer(["[PAD]", "[UNK]"]))
-    with pytest.raises(VocabError, match="cannot be read"):
+    with pytest.raises(VocabError, match="not a tokenizers file"):
         Vocabulary.from_tokenizer_json("{not a tokenizer")
 
 

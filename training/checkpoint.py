@@ -143,6 +143,8 @@ def save_checkpoint(
         plot_history(history, tmp / CHECKPOINT_PLOT_FILE)
         meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "spec": spec.to_dict(),
                 "train": config.to_dict(), "data": data}
+        if vocabularies is not None:  # hashed, so that an edited vocabulary file is refused on load
+            meta["vocabularies"] = {side: {"sha256": v.sha256} for side, v in zip(VOCAB_FILES, vocabularies)}
         _write_json(tmp / CHECKPOINT_SPEC_FILE, meta)
     return out
 
@@ -212,6 +214,7 @@ def load_checkpoint_vocabularies(path: str | Path) -> tuple[Vocabulary, Vocabula
     """The (source, target) vocabularies of a token checkpoint, each sized as its spec says."""
     path = Path(path)
     spec, _ = _read_spec(path)
+    hashes = read_meta(path).get("vocabularies") or {}
     if spec.kind != "tokens":
         raise CheckpointError(f"checkpoint {str(path)!r} holds a point model, which has no vocabularies; "
                               "pass a checkpoint trained on text data")
@@ -228,6 +231,11 @@ def load_checkpoint_vocabularies(path: str | Path) -> tuple[Vocabulary, Vocabula
         if len(vocab) != size:
             raise CheckpointError(f"checkpoint file {str(file)!r} holds {len(vocab)} tokens, but the spec's "
                                   f"{side}_vocab_size is {size}; restore the file it was saved with, or retrain")
+        saved = hashes.get(side, {}).get("sha256") if isinstance(hashes.get(side), dict) else None
+        if saved is not None and saved != vocab.sha256:
+            raise CheckpointError(f"checkpoint file {str(file)!r} differs from the vocabulary it was trained with "
+                                  f"(sha256 {vocab.sha256[:12]}..., spec.json says {str(saved)[:12]}...); restore "
+                                  "it, or retrain")
         found.append(vocab)
     return found[0], found[1]
 

@@ -13,7 +13,7 @@ import click
 from runtime.cli import FiniteFloatRange, Interrupted, require_torch
 from runtime.spec import ATTENTION_KINDS, CELLS
 
-from .cli_common import (NPZ_SUFFIX, POINTS, TOKENS, Job, data_kind, default_out, prepare_options,
+from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, Job, data_kind, default_out, prepare_options,
                          saved_point_options)
 from .data import SQUARES
 from .text_data import BUILTIN_LOADERS
@@ -48,17 +48,22 @@ def _saved_options(kind: str, state: dict[str, Any]) -> dict[str, Any]:
     return saved_token_options(state) if kind == TOKENS else saved_point_options(state)
 
 
+def _dataset_defaults() -> str:
+    """'toy-translation (--hidden-dim 32, ...), lookup (...)' from DATASET_DEFAULTS."""
+    return ", ".join(f"{name} ({', '.join(f'--{k.replace(chr(95), chr(45))} {v:g}' for k, v in values.items())})"
+                     for name, values in DATASET_DEFAULTS.items())
+
+
 def _kind_defaults(points: Any, tokens: Any) -> str:
     return f"[default: {points} for points, {tokens} for tokens]"
 
 
-@click.command("train")
+@click.command("train", short_help="Train a point or token model into a checkpoint directory.")
 @click.option("--data", default=SQUARES, show_default=True, callback=check_train_data_option,
               help="Point models: 'squares' (the book's noisy squares) or PATH.npz with float arrays source (N, Ls, "
                    f"F) and target (N, Lt, F). Token models: {TEXT_SETS}, PATH.tsv (source<TAB>target lines) or "
-                   "SRC_PATH,TGT_PATH (line-aligned files). 20% of a user file is held out as test set. toy-translation "
-                   "and lookup bring their own defaults for options not given (see training/cli_common.py "
-                   "DATASET_DEFAULTS).")
+                   "SRC_PATH,TGT_PATH (line-aligned files). 20% of a user file is held out as test set. Built-ins with "
+                   f"their own defaults for options not given: {_dataset_defaults()}.")
 @click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True,
               help="additive: token models only.")
 @click.option("--heads", type=click.IntRange(1, MAX_HEADS), default=None,
@@ -198,12 +203,23 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
         if state_file.parent != partial and trainer.epoch >= trainer.config.epochs:
             raise click.BadParameter(f"{str(out)!r} is already trained for {trainer.epoch} epochs; pass a larger "
                                      "--epochs to continue it", ctx=ctx, param_hint="'--epochs'")
-    _fit(job, partial / CHECKPOINT_STATE_FILE, save_every, quiet)
-    save_checkpoint(out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
-                    {**trainer.state_dict(), **job.extra_state}, force=force or resume, vocabularies=job.vocabularies)
+    saved_state = partial / CHECKPOINT_STATE_FILE
+    _fit(job, saved_state, save_every, quiet)
+    try:
+        save_checkpoint(out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
+                        {**trainer.state_dict(), **job.extra_state}, force=force or resume,
+                        vocabularies=job.vocabularies)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while writing the checkpoint after the last epoch; {str(out)!r} was not "
+                          f"written, the trained state is in {str(saved_state)!r}: rerun with --resume to write "
+                          "it") from None
     clear_partial(out)
     click.echo(f"checkpoint written to {out}")
-    job.report()
+    try:
+        job.report()
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after {str(out)!r} was written; only the accuracy report was "
+                          "skipped") from None
 
 
 def _fit(job: Job, state_file: Path, save_every: int, quiet: bool) -> None:

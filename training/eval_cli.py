@@ -187,7 +187,7 @@ def format_report(report: dict[str, Any]) -> str:
     """The text eval prints."""
     greedy, beam, n = report["greedy"], report["beam"], report["sequences"]
     lines = [f"model   {report['model']} ({', '.join(report['providers'])})",
-             (f"data    {report['data']}, {report['split']} split: {n} sequences "
+             (f"data    {report['data']}, {report['split']} split: {n} sequence{'' if n == 1 else 's'} "
               f"(at most {report['max_decoding_length']} decoding steps)"),
              (f"greedy  exact {greedy['exact']:.4f} ({greedy['exact_count']}/{n})  token {greedy['token']:.4f}  "
               f"{_rate(greedy)}")]
@@ -206,7 +206,7 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@click.command("eval")
+@click.command("eval", short_help="Held-out accuracy of an exported token model (greedy, beam).")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--data", required=True, callback=check_data_option,
               help="A built-in set (reverse, toy-translation, lookup, dates), a PATH.tsv of 'source<TAB>target' "
@@ -225,7 +225,7 @@ def format_report(report: dict[str, Any]) -> str:
 @click.option("--threads", type=int, default=None, callback=check_threads,
               help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--min-exact", type=FiniteFloatRange(min=0.0), default=None,
+@click.option("--min-exact", type=FiniteFloatRange(min=0.0, max=1.0), default=None,
               help="Exit 1 when greedy exact accuracy is below this (after printing the figures).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def eval_command(model_dir: Path, data: str, split: str, limit: int | None, beam: int, length_penalty: float,

@@ -13,7 +13,8 @@ Attention over the encoder memory m (N, L, D), D = directions * hidden, with the
     additive:  score = v . tanh(W_q q + W_k m)             (Bahdanau; W_k m projected once, in the encoder)
     multihead: score_h = (W_q q)_h . (W_k m)_h / sqrt(d_k) per head, context W_o [sum(alpha_h (W_v m)_h)]_h
 padded positions get -inf before the softmax; the context is sum(alpha * m) (multihead: as above).
-The step's output is log_softmax(W_o [h_top; context]) (or, with tied embeddings, of P [h_top; context] . E^T).
+The step's output is log_softmax(W_o [h_top; context]) (or, with tied embeddings, of P [h_top; context] . E^T), with
+<pad> and <s> pushed to probability 0: they are never outputs.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ from runtime.vocab import BOS as BOS_ID
 from runtime.vocab import EOS as EOS_ID
 from runtime.vocab import PAD as PAD_ID
 RNN_CLASSES = {"gru": nn.GRU, "lstm": nn.LSTM}
+# Added to the logits of <pad> and <s>: exp(-1e4) is 0 in float32, and unlike -inf it keeps parity diffs finite.
+NEVER_LOGIT = -1e4
 # (layers, N, H) hidden, and for LSTM the (layers, N, H) cell state; GRU carries None.
 State = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -156,6 +159,11 @@ class TokenDecoder(nn.Module):
             self.pre_output = nn.Linear(features, spec.embedding_dim)
         else:
             self.output = nn.Linear(features, spec.target_vocab_size)
+        # <pad> and <s> are never outputs: a constant added to the logits keeps every search and sampler off them
+        # (not saved: checkpoints hold the same tensors as before).
+        never = torch.zeros(spec.target_vocab_size)
+        never[[PAD_ID, BOS_ID]] = NEVER_LOGIT
+        self.register_buffer("never_output", never, persistent=False)
 
     def step(self, previous: torch.Tensor, state: State,
              attend: dict[str, torch.Tensor]) -> tuple[torch.Tensor, State, torch.Tensor | None]:
@@ -172,8 +180,8 @@ class TokenDecoder(nn.Module):
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         if self.spec.tie_embeddings:
-            return self.pre_output(features) @ self.embedding.weight.T  # (N, V)
-        return self.output(features)  # (N, V)
+            return self.pre_output(features) @ self.embedding.weight.T + self.never_output  # (N, V)
+        return self.output(features) + self.never_output  # (N, V)
 
 
 class TokenSeq2Seq(nn.Module):

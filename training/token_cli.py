@@ -37,8 +37,14 @@ def check_text_data(value: str) -> str:
         for part, side in zip(parts, ("source", "target")):
             _must_exist(part, f"{side} file")
         return value
+    if Path(value).is_dir():
+        raise click.BadParameter(f"{value!r} is a directory; expected a data file or a built-in data set name")
+    suffix = Path(value).suffix
+    hint = (f" (the file exists, but only the suffix {TSV_SUFFIX} marks a TSV file; rename it, or pass two "
+            f"line-aligned files SRC{PAIR_SEPARATOR}TGT)" if Path(value).is_file() and suffix != ".npz" else "")
     raise click.BadParameter(f"expected 'squares' or PATH.npz (point models), or {', '.join(BUILTIN_LOADERS)}, "
-                             f"PATH{TSV_SUFFIX} or SRC_PATH{PAIR_SEPARATOR}TGT_PATH (token models); got {value!r}")
+                             f"PATH{TSV_SUFFIX} or SRC_PATH{PAIR_SEPARATOR}TGT_PATH (token models); got "
+                             f"{value!r}{hint}")
 
 
 def check_tokenizer_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
