@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import signal
+import sys
 from typing import Any
 
 import click
@@ -99,5 +101,20 @@ def require_torch(extra: str = "train") -> None:
         ) from None
 
 
+def entry() -> None:
+    """The `seq2onnx` program. After Ctrl-C, whatever cleanup there is has run when `main` exits 130; the process
+    then ends at once with 130, because CPython kills itself with SIGINT at exit (status -2, not 130) when the
+    KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
+    though our handler caught it."""
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code != EXIT_INTERRUPTED:
+            raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+
+
 if __name__ == "__main__":
-    main()
+    entry()
