@@ -83,6 +83,17 @@ def source_batch(n: int, length: int, seed: int = 1, features: int = 2) -> np.nd
 
 
 @pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and a shared 2-core machine stays usable."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def python() -> str:
     """The interpreter running the tests (so subprocesses see the same install)."""
     return sys.executable

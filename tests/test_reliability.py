@@ -112,22 +112,33 @@ def setup_workspace(case_dir: Path) -> None:
         f.write(b"\0")
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The workspace, built once; each case gets its own copy."""
-    path = tmp_path_factory.mktemp("reliability") / "template"
+def build_template(factory: pytest.TempPathFactory, name: str, setup: Callable[[Path], None]) -> Path:
+    """A workspace built once per module by `setup`; each case gets its own copy."""
+    path = factory.mktemp(name) / "template"
     path.mkdir()
-    setup_workspace(path)
+    setup(path)
     return path
 
 
-@pytest.fixture
-def workspace(template: Path, tmp_path: Path) -> Path:
-    """A fresh copy of the workspace inside a parent directory of its own (some cases aim at `..`)."""
+def copy_workspace(template: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the workspace inside a parent directory of its own (some cases aim at `..`), with the
+    cases' HOME beside it."""
     case_dir = tmp_path / "work"
     shutil.copytree(template, case_dir)
     (tmp_path / HOME).mkdir()
     return case_dir
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The workspace, built once."""
+    return build_template(tmp_path_factory, "reliability", setup_workspace)
+
+
+@pytest.fixture
+def workspace(template: Path, tmp_path: Path) -> Path:
+    """This case's copy of the workspace."""
+    return copy_workspace(template, tmp_path)
 
 
 # ---- the CLI table ------------------------------------------------------------------------------------------
@@ -333,7 +344,11 @@ def run_cli(case_dir: Path, case: Case) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_cli_refuses(workspace: Path, name: str) -> None:
-    case = CLI_CASES[name]
+    assert_refused(workspace, CLI_CASES[name])
+
+
+def assert_refused(workspace: Path, case: Case) -> None:
+    """The row's exit code and one `Error:` line holding its fragments; no traceback; no file changed."""
     before = tree_hash(workspace.parent)
     result = run_cli(workspace, case)
     assert result.returncode == case.code, (result.returncode, result.stderr)

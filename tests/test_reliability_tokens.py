@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from test_reliability import (BAD_INPUT, HOME, ROOT, SHIPPED_MODEL, USAGE, Case, case, run_cli, tree_hash,
-                              write)
+from test_reliability import (BAD_INPUT, ROOT, SHIPPED_MODEL, USAGE, Case, assert_refused, build_template, case,
+                              copy_workspace, run_cli, tree_hash, write)
 
 SHIPPED_TOKENS = ROOT / "artifacts" / "dates"
 SHIPPED_TOKEN_CHECKPOINT = ROOT / "artifacts" / "dates-checkpoint"
@@ -35,20 +35,14 @@ def setup_token_workspace(case_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The workspace, built once; each case gets its own copy."""
-    path = tmp_path_factory.mktemp("reliability_tokens") / "template"
-    path.mkdir()
-    setup_token_workspace(path)
-    return path
+    """The workspace, built once."""
+    return build_template(tmp_path_factory, "reliability_tokens", setup_token_workspace)
 
 
 @pytest.fixture
 def workspace(template: Path, tmp_path: Path) -> Path:
-    """A fresh copy of the workspace, with the cases' HOME beside it."""
-    case_dir = tmp_path / "work"
-    shutil.copytree(template, case_dir)
-    (tmp_path / HOME).mkdir()
-    return case_dir
+    """This case's copy of the workspace."""
+    return copy_workspace(template, tmp_path)
 
 
 TEXT = ("--text", "3/3/15")
@@ -123,16 +117,7 @@ CLI_CASES: dict[str, Case] = {
 
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_cli_refuses(workspace: Path, name: str) -> None:
-    row = CLI_CASES[name]
-    before = tree_hash(workspace.parent)
-    result = run_cli(workspace, row)
-    assert result.returncode == row.code, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert len(errors) == 1, result.stderr
-    for fragment in row.fragments:
-        assert fragment in errors[0], (fragment, errors[0])
-    assert tree_hash(workspace.parent) == before, "a refused command changed files"
+    assert_refused(workspace, CLI_CASES[name])
 
 
 def test_unknown_characters_are_read_as_unk_not_refused(workspace: Path) -> None:

@@ -45,13 +45,7 @@ def digits() -> tuple[TextPairs, Vocabulary]:
     return pairs, Vocabulary.build(pairs.sources, TOKENIZER_OF[REVERSE])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared 2-core machine stays usable."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_trainer(toy, **overrides) -> TokenTrainer:

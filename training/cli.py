@@ -13,8 +13,8 @@ import click
 from runtime.cli import FiniteFloatRange, Interrupted, require_torch
 from runtime.spec import ATTENTION_KINDS, CELLS
 
-from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, Job, data_kind, default_out, prepare_options,
-                         saved_point_options)
+from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, Job, data_kind, default_out, load_or_reload,
+                         prepare_options, saved_point_options)
 from .data import SQUARES
 from .text_data import BUILTIN_LOADERS
 from .token_cli import check_text_data, check_tokenizer_option, saved_token_options, token_job
@@ -154,12 +154,8 @@ def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     from .data import describe_dataset, load_dataset, reload_dataset
     from .trainer import Trainer, TrainConfig, evaluate, spec_for_data
 
-    if state is None:
-        train_set, test_set = load_dataset(opts["data"])
-        description = describe_dataset(opts["data"], train_set, test_set)
-    else:
-        train_set, test_set = reload_dataset(state["data"])
-        description = state["data"]
+    train_set, test_set, description = load_or_reload(opts["data"], state, load_dataset, describe_dataset,
+                                                      reload_dataset)
     spec = spec_for_data(train_set, opts["hidden_dim"], opts["attention"], opts["heads"])
     config = TrainConfig(epochs=opts["epochs"], batch_size=opts["batch_size"], lr=opts["lr"],
                          teacher_forcing=opts["teacher_forcing"], seed=opts["seed"])

@@ -55,6 +55,17 @@ class Job:
     extra_state: dict[str, Any] = field(default_factory=dict)
 
 
+def load_or_reload(data: str, state: dict[str, Any] | None, load: Callable[[str], tuple[Any, Any]],
+                   describe: Callable[[str, Any, Any], dict[str, Any]],
+                   reload: Callable[[dict[str, Any]], tuple[Any, Any]]) -> tuple[Any, Any, dict[str, Any]]:
+    """(train, test, description): read from --data, or on --resume the data the saved description names."""
+    if state is None:
+        train, test = load(data)
+        return train, test, describe(data, train, test)
+    train, test = reload(state["data"])
+    return train, test, state["data"]
+
+
 def given(ctx: click.Context, name: str) -> bool:
     """True when the user typed the option (not a default)."""
     return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)

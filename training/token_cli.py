@@ -11,7 +11,7 @@ import click
 from runtime.spec import ModelSpec
 from runtime.vocab import JOINERS
 
-from .cli_common import TOKENIZER_SUFFIX, Job, is_parallel
+from .cli_common import TOKENIZER_SUFFIX, Job, is_parallel, load_or_reload
 from .text_data import ACCURACY_TARGETS, BUILTIN_LOADERS, PAIR_SEPARATOR, PARALLEL, TOKENIZER_OF, TSV, TSV_SUFFIX
 
 BUILT_TOKENIZERS = tuple(JOINERS)  # 'char', 'whitespace': vocabularies built from the training data
@@ -116,12 +116,8 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     from .text_data import describe_text_dataset, load_text_dataset, reload_text_dataset
     from .token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
-    if state is None:
-        train_set, test_set = load_text_dataset(opts["data"])
-        description = describe_text_dataset(opts["data"], train_set, test_set)
-    else:
-        train_set, test_set = reload_text_dataset(state["data"])
-        description = state["data"]
+    train_set, test_set, description = load_or_reload(opts["data"], state, load_text_dataset,
+                                                      describe_text_dataset, reload_text_dataset)
     how = vocab_options(opts)
     source_vocab, target_vocab = build_vocabularies(train_set, **how)
     spec = spec_for_text(train_set, source_vocab, target_vocab, hidden_dim=opts["hidden_dim"],
