@@ -162,10 +162,10 @@ def token_rows(checkpoint: Path, data: str | None, model: Any, runtime: Any, tol
 
     from .token_parity import run_token_data_parity, run_token_parity
 
-    rows = run_token_parity(model, runtime, tol)
-    if data is not None and (data == "squares" or data.endswith(".npz")):
+    if data is not None and (data == "squares" or data.endswith(".npz")):  # a usage error, before any work
         raise click.BadParameter(f"{data!r} is point data; {checkpoint} is a token model: pass a text data set",
                                  param_hint="'--data'")
+    rows = run_token_parity(model, runtime, tol)
     try:
         train, test = load_text_dataset(data) if data is not None else reload_text_dataset(
             read_data_description(checkpoint) or {})
