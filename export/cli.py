@@ -79,18 +79,13 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
 def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--data names point data ('squares', PATH.npz) or text data (a built-in, PATH.tsv, SRC,TGT); which one fits
     is checked once the model's kind is known. A named file that does not exist is a usage error."""
-    from training.text_data import BUILTIN_LOADERS, PAIR_SEPARATOR
+    from training.token_cli import check_text_data
 
-    if value is None or value in BUILTIN_LOADERS or value == "squares":
+    if value is None or value == "squares":
         return value
     if value.endswith(".npz"):
         return check_data_option(ctx, param, value)
-    paths = value.split(PAIR_SEPARATOR) if PAIR_SEPARATOR in value and not Path(value).is_file() else [value]
-    missing = [p for p in paths if not Path(p.strip()).is_file()]
-    if missing:
-        raise click.BadParameter(f"file {missing[0]!r} does not exist; expected 'squares', PATH.npz, a text data "
-                                 f"set {sorted(BUILTIN_LOADERS)}, PATH.tsv or SRC_PATH,TGT_PATH")
-    return value
+    return check_text_data(value)
 
 
 @click.command("verify", short_help="Compare a checkpoint and its export (PyTorch vs onnxruntime).")

@@ -6,7 +6,6 @@ are skipped but keep their number, so output "index" i always answers line i + 1
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from itertools import count
@@ -36,13 +35,6 @@ SAMPLING = ("top_k", "top_p", "temperature", "seed")
 TOKEN_ONLY = ("texts", "beam", "n_best", "max_len", "min_len", "length_penalty", "sample", *SAMPLING, "batch_size")
 
 
-def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """A float option that also refuses nan and +-inf."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"expected a finite number, got {value!r}")
-    return value
-
-
 def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Add the token models' decoding options (CTranslate2's translate_batch options under CLI names)."""
     options = [
@@ -54,7 +46,7 @@ def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Token models: most output tokens (default: the model's target_len)."),
         click.option("--min-len", type=click.IntRange(0, MAX_TARGET_LEN), default=0, show_default=True,
                      help="Token models: fewest output tokens before </s> may end an output."),
-        click.option("--length-penalty", type=float, default=None, callback=_finite,
+        click.option("--length-penalty", type=FiniteFloatRange(), default=None,
                      help="Token models, with --beam > 1: score = log-prob / length ** penalty (default 1)."),
         click.option("--sample", is_flag=True, help="Token models: draw each token at random instead of searching."),
         click.option("--top-k", type=click.IntRange(0), default=None,

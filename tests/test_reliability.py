@@ -467,8 +467,13 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
 def test_api_refuses(workspace: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     call, error, fragments = API_CASES[name]
     monkeypatch.chdir(workspace)  # export cases aim at the cwd; restored afterwards
+    assert_api_refused(workspace, call, _errors()[error], fragments)
+
+
+def assert_api_refused(workspace: Path, call: Callable[[Path], Any], error: type, fragments: tuple[str, ...]) -> None:
+    """`call` raises `error` with one line holding the fragments, and no file of the workspace changes."""
     before = tree_hash(workspace.parent)
-    with pytest.raises(_errors()[error]) as info:
+    with pytest.raises(error) as info:
         call(workspace)
     message = str(info.value)
     assert "\n" not in message, message

@@ -23,33 +23,22 @@ import click
 from runtime.cli import FiniteFloatRange
 from runtime.infer_cli import check_threads
 from runtime.sessions import PROVIDERS
+from runtime.token_infer import MAX_BATCH as MAX_BATCH_SIZE
+from runtime.token_infer import MAX_BEAM
+
+from .text_data import MAX_LEN_MARGIN
 
 DEFAULT_BEAM = 5
-MAX_BEAM = 256  # as `infer`'s: beam rows are batch x beam; far beyond this the search only spends memory
 DEFAULT_BATCH_SIZE = 64
-MAX_BATCH_SIZE = 4096  # as `infer`'s: rows are batch x beam
-MAX_LEN_MARGIN = 5  # as training.token_trainer.MAX_LEN_MARGIN (not imported: that module needs torch)
 UNK_WARN_FRACTION = 0.10  # more unknown source tokens than this: the data is likely not the model's
 SPLITS = ("test", "train")
 
 
 def check_data_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """--data names a built-in set, an existing .tsv file, or two existing files 'SRC,TGT' (else exit 2)."""
-    from training.text_data import BUILTIN_LOADERS, PAIR_SEPARATOR, TSV_SUFFIX
+    from .token_cli import check_text_data
 
-    if value in BUILTIN_LOADERS or (Path(value).suffix == TSV_SUFFIX and Path(value).is_file()):
-        return value
-    parts = value.split(PAIR_SEPARATOR)
-    if len(parts) == 2 and all(p.strip() for p in parts) and not Path(value).is_file():
-        missing = [p.strip() for p in parts if not Path(p.strip()).is_file()]
-        if missing:
-            raise click.BadParameter(f"{value!r} names two files 'SRC,TGT', but {', '.join(missing)} "
-                                     f"{'does' if len(missing) == 1 else 'do'} not exist")
-        return value
-    if Path(value).suffix == TSV_SUFFIX:
-        raise click.BadParameter(f"file {value!r} does not exist")
-    raise click.BadParameter(f"{value!r} is neither a built-in data set {sorted(BUILTIN_LOADERS)}, an existing "
-                             f"{TSV_SUFFIX} file, nor two line-aligned files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH'")
+    return check_text_data(value, point_data_too=False)
 
 
 def unknown_fraction(vocab: Any, texts: tuple[str, ...]) -> float:

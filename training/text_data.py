@@ -187,6 +187,7 @@ TOKENIZER_OF = {name: params["tokenizer"] for name, params in BUILTIN_PARAMS.ite
 # Held-out exact-sequence accuracy each built-in set should reach (greedy); training and eval print them beside
 # what was measured.
 ACCURACY_TARGETS = {REVERSE: 0.99, TOY_TRANSLATION: 1.0, DATES: 0.99, LOOKUP: 0.95}
+MAX_LEN_MARGIN = 5  # evaluation decodes this many steps past the longest reference target (EOS included)
 
 
 # -- user files --------------------------------------------------------------------------------------------------

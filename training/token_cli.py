@@ -23,8 +23,9 @@ def _must_exist(path: str, what: str) -> None:
         raise click.BadParameter(f"{what} {path!r} does not exist or is not a file")
 
 
-def check_text_data(value: str) -> str:
-    """A built-in text set, an existing PATH.tsv, or two existing files 'SRC_PATH,TGT_PATH'; else BadParameter."""
+def check_text_data(value: str, point_data_too: bool = True) -> str:
+    """A built-in text set, an existing PATH.tsv, or two existing files 'SRC_PATH,TGT_PATH'; else BadParameter
+    (naming point data too where the command also takes it)."""
     if value in BUILTIN_LOADERS:
         return value
     if value.endswith(TSV_SUFFIX):
@@ -42,6 +43,10 @@ def check_text_data(value: str) -> str:
     suffix = Path(value).suffix
     hint = (f" (the file exists, but only the suffix {TSV_SUFFIX} marks a TSV file; rename it, or pass two "
             f"line-aligned files SRC{PAIR_SEPARATOR}TGT)" if Path(value).is_file() and suffix != ".npz" else "")
+    if not point_data_too:
+        raise click.BadParameter(f"{value!r} is neither a built-in data set {sorted(BUILTIN_LOADERS)}, an existing "
+                                 f"{TSV_SUFFIX} file, nor two line-aligned files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH'"
+                                 f"{hint}")
     raise click.BadParameter(f"expected 'squares' or PATH.npz (point models), or {', '.join(BUILTIN_LOADERS)}, "
                              f"PATH{TSV_SUFFIX} or SRC_PATH{PAIR_SEPARATOR}TGT_PATH (token models); got "
                              f"{value!r}{hint}")
@@ -129,21 +134,22 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab)
 
     def report() -> None:
-        click.echo(accuracy_line(trainer.model, test_set, source_vocab, target_vocab, description, opts["eval_beam"]))
+        click.echo(accuracy_line(trainer, test_set, description, opts["eval_beam"]))
 
     return Job(trainer, description, report, (source_vocab, target_vocab), {"vocab_options": how})
 
 
-def accuracy_line(model: Any, test: Any, source_vocab: Any, target_vocab: Any, description: dict[str, Any],
-                  beam_size: int) -> str:
-    """'held-out (N): greedy exact E, token T | beam K exact B | target >= X: met' (parts left out as they apply)."""
-    from .token_trainer import evaluate_beam, evaluate_tokens
+def accuracy_line(trainer: Any, test: Any, description: dict[str, Any], beam_size: int) -> str:
+    """'held-out (N): greedy exact E, token T | beam K exact B | target >= X: met' (parts left out as they apply).
+    The greedy figures are the last epoch's validation, which ran on `test` with these very weights."""
+    from .token_trainer import evaluate_beam
 
-    exact, token = evaluate_tokens(model, test, source_vocab, target_vocab)
+    exact, token = trainer.history["val_exact"][-1], trainer.history["val_token"][-1]
     which = "test = training set" if description.get("test_is_train") else "held-out"
     parts = [f"{which} ({len(test)}): greedy exact {exact:.4f}, token {token:.4f}"]
     if beam_size > 0:
-        parts.append(f"beam {beam_size} exact {evaluate_beam(model, test, source_vocab, target_vocab, beam_size):.4f}")
+        beam = evaluate_beam(trainer.model, test, trainer.source_vocab, trainer.target_vocab, beam_size)
+        parts.append(f"beam {beam_size} exact {beam:.4f}")
     target = ACCURACY_TARGETS.get(description.get("name", ""))
     if target is not None:
         parts.append(f"target >= {target:g}: {'met' if exact >= target else 'NOT met'}")

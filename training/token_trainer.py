@@ -29,14 +29,13 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
 from .recurrent import TokenSeq2Seq, sequence_loss, torch_steps
-from .text_data import TextPairs
+from .text_data import MAX_LEN_MARGIN, TextPairs
 from .trainer import ConfigError, DivergedError, resumable_state, restore_state
 
 TOKEN_STATE_FORMAT_VERSION = 1
 MAX_LR = 1.0  # as `seq2onnx train --lr`: Adam steps beyond this only wreck the weights
 BUCKET_BATCHES = 50  # a bucket sorts this many batches' worth of shuffled pairs by source length
 EVAL_CHUNK = 1024  # validation rows per greedy decode; bounds memory only
-MAX_LEN_MARGIN = 5  # greedy may run this many steps past the longest reference target (EOS included)
 
 History = dict[str, list[float]]
 
