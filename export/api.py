@@ -14,7 +14,7 @@ from training.atomic import staged_directory
 from training.build import spec_from_model
 from training.destination import normalized
 from training.models import EncoderDecoder
-from training.recurrent import TokenSeq2Seq
+from training.token_base import TokenModel
 
 from .atomic import check_destination
 from .errors import ExportError
@@ -24,9 +24,9 @@ from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, matrix_cases, raise_on_failure, report, run_parity
 
 
-def load_source(source: str | Path | EncoderDecoder | TokenSeq2Seq) -> tuple[Any, ModelSpec, str]:
+def load_source(source: str | Path | EncoderDecoder | TokenModel) -> tuple[Any, ModelSpec, str]:
     """A checkpoint directory or a model object -> (private copy of the model, spec, description)."""
-    if isinstance(source, TokenSeq2Seq):
+    if isinstance(source, TokenModel):
         return copy.deepcopy(source).eval(), source.spec, f"in-memory {type(source).__name__}"
     if isinstance(source, EncoderDecoder):
         return copy.deepcopy(source).eval(), spec_from_model(source), f"in-memory {type(source).__name__}"
@@ -52,11 +52,11 @@ def check_vocabularies(spec: ModelSpec, vocabularies: tuple[Vocabulary, Vocabula
                           f"target_vocab_size) = {(spec.source_vocab_size, spec.target_vocab_size)}")
 
 
-def source_vocabularies(source: str | Path | EncoderDecoder | TokenSeq2Seq, spec: ModelSpec,
+def source_vocabularies(source: str | Path | EncoderDecoder | TokenModel, spec: ModelSpec,
                         given: tuple[Vocabulary, Vocabulary] | None) -> tuple[Vocabulary, Vocabulary] | None:
     """The vocabularies to ship: a token checkpoint's own (a `given` pair must then be the same, by sha256), else
     `given`, checked against the spec."""
-    from_checkpoint = spec.kind == "tokens" and not isinstance(source, (EncoderDecoder, TokenSeq2Seq))
+    from_checkpoint = spec.kind == "tokens" and not isinstance(source, (EncoderDecoder, TokenModel))
     if given is not None or not from_checkpoint:
         check_vocabularies(spec, given)
     if not from_checkpoint:
@@ -71,7 +71,7 @@ def source_vocabularies(source: str | Path | EncoderDecoder | TokenSeq2Seq, spec
 
 
 def export_model(
-    source: str | Path | EncoderDecoder | TokenSeq2Seq, out: str | Path, *, opset: int = DEFAULT_OPSET,
+    source: str | Path | EncoderDecoder | TokenModel, out: str | Path, *, opset: int = DEFAULT_OPSET,
     tol: Tolerance = Tolerance(), force: bool = False, progress: bool = False,
     on_parity: Callable[[list[Row]], None] | None = None,
     vocabularies: tuple[Vocabulary, Vocabulary] | None = None,

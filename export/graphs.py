@@ -14,13 +14,13 @@ from runtime.contract import (
 from runtime.spec import ModelSpec
 from runtime.spec import N_SPECIAL_TOKENS
 from training.models import EncoderDecoder
-from training.recurrent import BOS_ID, TokenSeq2Seq
+from training.token_base import BOS_ID, TokenModel
 
 from .errors import ExportError
 from .token_wrappers import TokenEncoderGraph, TokenStepGraph
 from .wrappers import DecoderStepGraph, EncoderGraph
 
-Model = EncoderDecoder | TokenSeq2Seq
+Model = EncoderDecoder | TokenModel
 
 DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 14, 20

@@ -13,7 +13,7 @@ from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.token_steps import TokenSteps  # the type of runtime.token_steps
 from runtime.vocab import BOS, EOS, PAD
-from training.recurrent import TokenSeq2Seq, torch_steps
+from training.token_base import TokenModel, torch_steps
 
 from .parity import Row, Tolerance
 
@@ -33,7 +33,7 @@ def token_batch(spec_vocab: int, n: int, length: int, seed: int) -> tuple[np.nda
     return ids, lengths
 
 
-def run_token_parity(model: TokenSeq2Seq, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
+def run_token_parity(model: TokenModel, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
     """Every check of every case, measured before judging."""
     spec = model.spec
     steps = runtime.token_steps
@@ -46,7 +46,7 @@ def run_token_parity(model: TokenSeq2Seq, runtime: Seq2Seq, tol: Tolerance) -> l
     return rows
 
 
-def run_token_data_parity(model: TokenSeq2Seq, runtime: Seq2Seq, texts: list[str], name: str,
+def run_token_data_parity(model: TokenModel, runtime: Seq2Seq, texts: list[str], name: str,
                           tol: Tolerance) -> list[Row]:
     """The same checks on real texts, encoded as the runtime encodes them, in batches of DATA_BATCHES sizes."""
     vocab = runtime.vocabularies["source"]
@@ -64,7 +64,7 @@ def run_token_data_parity(model: TokenSeq2Seq, runtime: Seq2Seq, texts: list[str
     return rows
 
 
-def _graph_row(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndarray, lengths: np.ndarray,
+def _graph_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
                tol: Tolerance) -> Row:
     """Step log-probs, both sides fed PyTorch's greedy choices, worst absolute and relative difference."""
     ort_state = steps.encode(ids, lengths)
@@ -82,7 +82,7 @@ def _graph_row(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndarra
     return Row(case, len(ids), ids.shape[1], PARITY_STEPS, "graph", "step.log_probs", worst_abs, worst_rel, ok)
 
 
-def _decode_rows(case: str, steps: TokenSteps, model: TokenSeq2Seq, ids: np.ndarray, lengths: np.ndarray,
+def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
                  max_len: int = PARITY_STEPS) -> list[Row]:
     """Greedy and beam ids through the runtime vs the same searches driven by PyTorch (differing sequences)."""
     axes = state_batch_axes(model.spec)

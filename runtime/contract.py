@@ -20,7 +20,9 @@ CHECKPOINT_PLOT_FILE = "loss.png"
 
 BATCH = "batch"
 SOURCE_LEN = "source_len"
-DYNAMIC_DIMS = (BATCH, SOURCE_LEN)
+PAST_LEN = "past_len"  # transformer self-attention cache: tokens decoded so far
+PRESENT_LEN = "present_len"  # the grown cache a step returns: past_len + 1
+DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN)
 
 # Dims are symbolic names (str) or fixed sizes (int).
 Dims = list[str | int]
@@ -90,8 +92,24 @@ def token_encoder_inputs(spec: ModelSpec) -> dict[str, Dims]:
     return {"source_ids": [BATCH, SOURCE_LEN], "source_lengths": [BATCH]}
 
 
+def transformer_cache(spec: ModelSpec, length: str | int) -> Dims:
+    """One self-attention cache tensor (keys or values): every layer's per-head entries for `length` tokens."""
+    return [spec.layers, BATCH, spec.n_heads, length, spec.head_dim]
+
+
+def transformer_state(spec: ModelSpec) -> dict[str, Dims]:
+    """What a transformer step reads besides the previous token: the position it decodes, the self-attention cache
+    of every layer, the cross-attention keys/values projected once by the encoder, and the source mask."""
+    cross = [spec.layers, BATCH, spec.n_heads, SOURCE_LEN, spec.head_dim]
+    return {"positions": [BATCH], "past_keys": transformer_cache(spec, PAST_LEN),
+            "past_values": transformer_cache(spec, PAST_LEN), "cross_keys": cross, "cross_values": cross,
+            "source_mask": [BATCH, SOURCE_LEN]}
+
+
 def token_decoder_state(spec: ModelSpec) -> dict[str, Dims]:
     """What every token decoder step reads besides the previous token: recurrent state and attention memory."""
+    if spec.is_transformer:
+        return transformer_state(spec)
     out: dict[str, Dims] = {"hidden": [spec.layers, BATCH, spec.hidden_dim]}
     if spec.cell == "lstm":
         out["cell"] = [spec.layers, BATCH, spec.hidden_dim]
@@ -107,7 +125,11 @@ def token_decoder_state(spec: ModelSpec) -> dict[str, Dims]:
 
 
 def token_decoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
-    """Token step outputs: log-probabilities, the advanced recurrent state, attention weights."""
+    """Token step outputs: log-probabilities, the advanced recurrent state or grown cache, attention weights."""
+    if spec.is_transformer:  # alphas: the last layer's cross-attention, mean over heads
+        return {"log_probs": [BATCH, spec.target_vocab_size], "next_positions": [BATCH],
+                "present_keys": transformer_cache(spec, PRESENT_LEN),
+                "present_values": transformer_cache(spec, PRESENT_LEN), "alphas": [BATCH, SOURCE_LEN]}
     out: dict[str, Dims] = {"log_probs": [BATCH, spec.target_vocab_size],
                             "hidden_out": [spec.layers, BATCH, spec.hidden_dim]}
     if spec.cell == "lstm":
@@ -118,7 +140,20 @@ def token_decoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
 
 
 # Step outputs fed back as the next step's inputs (token models).
-FEEDBACK = {"hidden_out": "hidden", "cell_out": "cell"}
+FEEDBACK = {"hidden_out": "hidden", "cell_out": "cell", "next_positions": "positions",
+            "present_keys": "past_keys", "present_values": "past_values"}
+
+
+def token_encoder_outputs(spec: ModelSpec) -> dict[str, Dims]:
+    """Everything the first step reads, plus the encoder's memory. A transformer's encoder also returns the first
+    step's position (0) and an empty cache (past_len 0), so a runtime needs no model-specific set-up."""
+    state = token_decoder_state(spec)
+    if spec.is_transformer:
+        state = {**state, "past_keys": transformer_cache(spec, 0), "past_values": transformer_cache(spec, 0)}
+        return {**state, "memory": [BATCH, SOURCE_LEN, spec.d_model]}
+    # memory is an encoder output even without attention: the graph then keeps the recurrent op's sequence
+    # output (the exporter fails on a bidirectional LSTM whose sequence output is unused).
+    return {**state, "memory": [BATCH, SOURCE_LEN, spec.directions * spec.hidden_dim]}
 
 
 def state_batch_axes(spec: ModelSpec) -> dict[str, int]:
@@ -129,13 +164,9 @@ def state_batch_axes(spec: ModelSpec) -> dict[str, int]:
 def graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
     """Both graphs' declared inputs and outputs, keyed by file name."""
     if spec.kind == "tokens":
-        state = token_decoder_state(spec)
-        # memory is an encoder output even without attention: the graph then keeps the recurrent op's sequence
-        # output (the exporter fails on a bidirectional LSTM whose sequence output is unused).
-        encoder_out = {**state, "memory": [BATCH, SOURCE_LEN, spec.directions * spec.hidden_dim]}
         return {
-            ENCODER_FILE: {"inputs": token_encoder_inputs(spec), "outputs": encoder_out},
-            DECODER_STEP_FILE: {"inputs": {"previous_tokens": [BATCH], **state},
+            ENCODER_FILE: {"inputs": token_encoder_inputs(spec), "outputs": token_encoder_outputs(spec)},
+            DECODER_STEP_FILE: {"inputs": {"previous_tokens": [BATCH], **token_decoder_state(spec)},
                                 "outputs": token_decoder_outputs(spec)},
         }
     return {

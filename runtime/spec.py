@@ -8,13 +8,21 @@ from typing import Any
 ATTENTION_KINDS = ("none", "dot", "additive", "multihead")
 CELLS = ("gru", "lstm")
 KINDS = ("points", "tokens")
+ARCHS = ("recurrent", "transformer")  # token models: GRU/LSTM encoder-decoder, or the transformer
+NORMS = ("pre", "post")  # transformer: LayerNorm before each sub-layer (and after the stack), or after each residual
+POSITIONALS = ("sinusoidal", "learned")
+DEFAULT_MAX_POSITIONS = 1024  # transformer position table: covers the runtime's longest source (1024 tokens)
 # What the points pipeline (the book's models) supports; token models take the whole range.
 POINTS_ATTENTION = ("none", "dot", "multihead")
 TOKEN_ATTENTION = ("none", "dot", "additive", "multihead")
 N_SPECIAL_TOKENS = 4  # pad, bos, eos, unk: a token vocabulary holds at least these
 # Fields added after the first format: absent in older spec.json / manifest.json files, which load with these values.
 ADDED_FIELDS = ("kind", "layers", "bidirectional", "embedding_dim", "source_vocab_size", "target_vocab_size",
-                "tie_embeddings", "reverse_source")
+                "tie_embeddings", "reverse_source", "arch", "d_model", "d_ff", "norm", "positional",
+                "max_positions", "dropout")
+# Transformer fields and their values on every other model.
+TRANSFORMER_FIELDS = {"d_model": 0, "d_ff": 0, "norm": "pre", "positional": "sinusoidal", "max_positions": 0,
+                      "dropout": 0.0}
 
 
 class SpecError(ValueError):
@@ -40,8 +48,17 @@ class ModelSpec:
     target_vocab_size: int = 0  # token models only
     tie_embeddings: bool = False  # token models: the output projection reuses the target embedding
     reverse_source: bool = False  # token models: source tokens are fed in reverse order (EOS stays last)
+    arch: str = "recurrent"  # token models: "recurrent" (GRU/LSTM) or "transformer"
+    d_model: int = 0  # transformer: model width; hidden_dim and embedding_dim are set to it
+    d_ff: int = 0  # transformer: inner width of each feed-forward block
+    norm: str = "pre"  # transformer: "pre" (LayerNorm before each sub-layer, one after each stack) or "post"
+    positional: str = "sinusoidal"  # transformer: "sinusoidal" (fixed) or "learned" position embeddings
+    max_positions: int = 0  # transformer: rows of the position table (0: DEFAULT_MAX_POSITIONS)
+    dropout: float = 0.0  # transformer: dropout in training (embeddings, attention weights, sub-layer outputs)
 
     def __post_init__(self) -> None:
+        if self.arch == "transformer":
+            self._fill_transformer()
         for name in ("n_features", "hidden_dim", "n_heads", "input_len", "target_len", "layers"):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("embedding_dim", "source_vocab_size", "target_vocab_size"):
@@ -49,12 +66,46 @@ class ModelSpec:
         for name in ("bidirectional", "tie_embeddings", "reverse_source"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"spec field {name!r} must be true or false, got {getattr(self, name)!r}")
-        for name, allowed in (("kind", KINDS), ("attention", ATTENTION_KINDS), ("cell", CELLS)):
+        for name, allowed in (("kind", KINDS), ("attention", ATTENTION_KINDS), ("cell", CELLS), ("arch", ARCHS),
+                              ("norm", NORMS), ("positional", POSITIONALS)):
             if getattr(self, name) not in allowed:
                 raise SpecError(f"spec field {name!r} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.attention != "multihead" and self.n_heads != 1:
+        if self.attention != "multihead" and self.n_heads != 1:  # (transformers are multi-head: see above)
             raise SpecError(f"spec field 'n_heads' must be 1 unless attention is 'multihead', got {self.n_heads}")
         (self._check_tokens if self.kind == "tokens" else self._check_points)()
+        (self._check_transformer if self.arch == "transformer" else self._check_not_transformer)()
+
+    def _fill_transformer(self) -> None:
+        """A transformer's hidden_dim and embedding_dim are d_model, its attention is multi-head and its position
+        table has DEFAULT_MAX_POSITIONS rows unless given: fields left at their defaults are filled in."""
+        fill = {"hidden_dim": (2, self.d_model), "embedding_dim": (0, self.d_model), "attention": ("dot", "multihead"),
+                "max_positions": (0, DEFAULT_MAX_POSITIONS)}
+        _require_int("d_model", self.d_model, minimum=1)
+        for name, (default, value) in fill.items():
+            if getattr(self, name) == default:
+                object.__setattr__(self, name, value)
+
+    def _check_transformer(self) -> None:
+        """Transformer sizes: heads split d_model; recurrent-only fields stay at their defaults."""
+        if self.kind != "tokens":
+            raise SpecError(f"spec field 'arch' is 'transformer', which needs kind 'tokens', got {self.kind!r}")
+        for name in ("d_model", "d_ff", "max_positions"):
+            _require_int(name, getattr(self, name), minimum=1)
+        same = {"hidden_dim": self.d_model, "embedding_dim": self.d_model, "attention": "multihead", "cell": "gru",
+                "bidirectional": False}
+        wrong = {k: getattr(self, k) for k, v in same.items() if getattr(self, k) != v}
+        if wrong:
+            raise SpecError(f"spec fields {wrong} do not fit a transformer: it takes {same} (leave them out to get "
+                            "these)")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise SpecError(f"spec field 'dropout' must be a number in [0, 1), got {self.dropout!r}")
+
+    def _check_not_transformer(self) -> None:
+        """Transformer fields stay at their defaults on every other model."""
+        wrong = {k: getattr(self, k) for k, v in TRANSFORMER_FIELDS.items() if getattr(self, k) != v}
+        if wrong:
+            raise SpecError(f"spec fields {wrong} are for transformers (arch 'transformer'); this model takes "
+                            f"{TRANSFORMER_FIELDS}")
 
     def _check_points(self) -> None:
         """The book's point models: one GRU layer each way, no embeddings."""
@@ -73,8 +124,9 @@ class ModelSpec:
             raise SpecError(f"spec field 'attention' of a token model must be one of {TOKEN_ATTENTION}, got "
                             f"{self.attention!r}")
         if self.hidden_dim % self.n_heads:
-            raise SpecError(f"spec field 'hidden_dim' ({self.hidden_dim}) must be a multiple of 'n_heads' "
-                            f"({self.n_heads}): each head attends in hidden_dim / n_heads dimensions")
+            width = "d_model" if self.arch == "transformer" else "hidden_dim"
+            raise SpecError(f"spec field {width!r} ({self.hidden_dim}) must be a multiple of 'n_heads' "
+                            f"({self.n_heads}): each head attends in {width} / n_heads dimensions")
         for name in ("source_vocab_size", "target_vocab_size"):
             _require_int(name, getattr(self, name), minimum=N_SPECIAL_TOKENS + 1)
 
@@ -87,6 +139,11 @@ class ModelSpec:
     def head_dim(self) -> int:
         """Dimensions per attention head of a multi-head token model (hidden_dim / n_heads)."""
         return self.hidden_dim // self.n_heads
+
+    @property
+    def is_transformer(self) -> bool:
+        """True for the transformer token model."""
+        return self.arch == "transformer"
 
     @property
     def has_attention(self) -> bool:

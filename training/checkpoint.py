@@ -37,7 +37,8 @@ from .build import build_model
 from .destination import check_destination
 from .models import EncoderDecoder
 from .plots import plot_history
-from .recurrent import TokenSeq2Seq
+from .token_base import TokenModel
+from .token_models import build_token_model
 from .token_trainer import TokenTrainConfig
 from .trainer import ConfigError, History, TrainConfig
 
@@ -121,7 +122,7 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
 
 def save_checkpoint(
     out: str | Path,
-    model: EncoderDecoder | TokenSeq2Seq,
+    model: EncoderDecoder | TokenModel,
     spec: ModelSpec,
     config: TrainConfig | TokenTrainConfig,
     history: History,
@@ -193,7 +194,7 @@ def _read_spec(path: Path) -> tuple[ModelSpec, TrainConfig | TokenTrainConfig]:
         raise CheckpointError(f"checkpoint file {str(path / CHECKPOINT_SPEC_FILE)!r} is invalid: {err}") from err
 
 
-def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenSeq2Seq, ModelSpec, History]:
+def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, ModelSpec, History]:
     """Rebuild the trained model (eval mode), its spec and loss history from a checkpoint directory."""
     path = Path(path)
     spec, config = _read_spec(path)
@@ -203,7 +204,7 @@ def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenSeq2Seq, Mo
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
     weights = _torch_load(weights_file, "checkpoint file", "retrain or restore it")
     with torch.random.fork_rng(devices=[]):  # building draws initial weights; keep the caller's RNG intact
-        model = (TokenSeq2Seq(spec) if spec.kind == "tokens"
+        model = (build_token_model(spec) if spec.kind == "tokens"
                  else build_model(spec, teacher_forcing_prob=config.teacher_forcing))
     _check_weights_fit(model.state_dict(), weights, weights_file, path / CHECKPOINT_SPEC_FILE)
     model.load_state_dict(weights)

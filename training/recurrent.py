@@ -18,25 +18,19 @@ The step's output is log_softmax(W_o [h_top; context]) (or, with tied embeddings
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from runtime.contract import token_decoder_state
-from runtime.search.step import StepResult
 from runtime.spec import ModelSpec
-from runtime.vocab import BOS as BOS_ID
-from runtime.vocab import EOS as EOS_ID
-from runtime.vocab import PAD as PAD_ID
+
+from .token_base import BOS_ID, EOS_ID, NEVER_LOGIT, PAD_ID, TensorState, TokenModel, never_output, torch_steps
+
+__all__ = ["BOS_ID", "EOS_ID", "NEVER_LOGIT", "PAD_ID", "TokenSeq2Seq", "sequence_loss", "torch_steps"]
 RNN_CLASSES = {"gru": nn.GRU, "lstm": nn.LSTM}
-# Added to the logits of <pad> and <s>: exp(-1e4) is 0 in float32, and unlike -inf it keeps parity diffs finite.
-NEVER_LOGIT = -1e4
 # (layers, N, H) hidden, and for LSTM the (layers, N, H) cell state; GRU carries None.
 State = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -161,9 +155,7 @@ class TokenDecoder(nn.Module):
             self.output = nn.Linear(features, spec.target_vocab_size)
         # <pad> and <s> are never outputs: a constant added to the logits keeps every search and sampler off them
         # (not saved: checkpoints hold the same tensors as before).
-        never = torch.zeros(spec.target_vocab_size)
-        never[[PAD_ID, BOS_ID]] = NEVER_LOGIT
-        self.register_buffer("never_output", never, persistent=False)
+        self.register_buffer("never_output", never_output(spec.target_vocab_size), persistent=False)
 
     def step(self, previous: torch.Tensor, state: State,
              attend: dict[str, torch.Tensor]) -> tuple[torch.Tensor, State, torch.Tensor | None]:
@@ -184,7 +176,7 @@ class TokenDecoder(nn.Module):
         return self.output(features) + self.never_output  # (N, V)
 
 
-class TokenSeq2Seq(nn.Module):
+class TokenSeq2Seq(TokenModel):
     """Encoder + decoder; `forward` is teacher-forced and returns log-probs for every target position."""
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -205,6 +197,12 @@ class TokenSeq2Seq(nn.Module):
             out.update(self.decoder.attention.project(memory))
         return out
 
+    def step(self, previous: torch.Tensor,
+             state: TensorState) -> tuple[torch.Tensor, TensorState, torch.Tensor | None]:
+        """previous (N,) ids and the state by the contract's names -> log_probs (N, V), next state, alphas (N, L)."""
+        log_probs, (h, c), alphas = self.decoder.step(previous, (state["hidden"], state.get("cell")), state)
+        return log_probs, {**state, "hidden": h, **({} if c is None else {"cell": c})}, alphas
+
     def forward(self, source: torch.Tensor, lengths: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: target_in (N, T) starts with BOS -> log_probs (N, T, V) for target_in shifted by one."""
         enc = self.encode(source, lengths)
@@ -214,42 +212,6 @@ class TokenSeq2Seq(nn.Module):
             log_probs, state, _ = self.decoder.step(target_in[:, t], state, enc)
             steps.append(log_probs)
         return torch.stack(steps, dim=1)  # (N, T, V)
-
-    @torch.no_grad()
-    def greedy(self, source: torch.Tensor, lengths: torch.Tensor, max_len: int) -> list[list[int]]:
-        """The PyTorch reference greedy decode: token ids per input, without BOS and EOS."""
-        enc = self.encode(source, lengths)
-        state: State = (enc["hidden"], enc["cell"])
-        previous = torch.full((source.shape[0],), BOS_ID, dtype=torch.long)
-        out: list[list[int]] = [[] for _ in range(source.shape[0])]
-        done = torch.zeros(source.shape[0], dtype=torch.bool)
-        for _ in range(max_len):
-            log_probs, state, _ = self.decoder.step(previous, state, enc)
-            previous = log_probs.argmax(dim=-1)
-            for i in torch.nonzero(~done & (previous != EOS_ID)).flatten().tolist():
-                out[i].append(int(previous[i]))
-            done |= previous == EOS_ID
-            if bool(done.all()):
-                break
-        return out
-
-
-def torch_steps(model: TokenSeq2Seq, source: np.ndarray, lengths: np.ndarray) -> tuple[dict, Callable]:
-    """The PyTorch reference as (state, step function) for `runtime.search`: the same strategies then drive
-    PyTorch and onnxruntime, so any difference between them is the graphs'."""
-    with torch.no_grad():
-        enc = model.encode(torch.from_numpy(source), torch.from_numpy(lengths))
-    state = {name: enc[name].numpy() for name in token_decoder_state(model.spec)}  # exactly what a step reads
-
-    def step(tokens: np.ndarray, state: dict) -> StepResult:
-        t = {k: torch.from_numpy(v) for k, v in state.items()}
-        with torch.no_grad():
-            log_probs, (h, c), alphas = model.decoder.step(torch.from_numpy(tokens.astype(np.int64)),
-                                                           (t["hidden"], t.get("cell")), t)
-        new = {**state, "hidden": h.numpy(), **({"cell": c.numpy()} if c is not None else {})}
-        return StepResult(log_probs.numpy(), new, None if alphas is None else alphas.numpy())
-
-    return state, step
 
 
 def sequence_loss(log_probs: torch.Tensor, target_out: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:

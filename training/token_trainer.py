@@ -28,7 +28,9 @@ from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
-from .recurrent import TokenSeq2Seq, sequence_loss, torch_steps
+from .recurrent import sequence_loss
+from .token_base import TokenModel, torch_steps
+from .token_models import build_token_model
 from .text_data import MAX_LEN_MARGIN, TextPairs
 from .trainer import ConfigError, DivergedError, resumable_state, restore_state
 
@@ -171,7 +173,7 @@ def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Voca
 
 
 @torch.no_grad()
-def evaluate_tokens(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabulary,
+def evaluate_tokens(model: TokenModel, pairs: TextPairs, source_vocab: Vocabulary,
                     target_vocab: Vocabulary) -> tuple[float, float]:
     """Greedy decoding (eval mode) -> (exact-sequence accuracy, token accuracy). A sequence is exact when every token
     and the EOS after them match; token accuracy compares position by position over target + EOS."""
@@ -192,7 +194,7 @@ def evaluate_tokens(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabul
 
 
 @torch.no_grad()
-def evaluate_beam(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
+def evaluate_beam(model: TokenModel, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
                   beam_size: int = 5, length_penalty: float = 1.0) -> float:
     """Exact-sequence accuracy of PyTorch beam search (`runtime.search.beam_search` over `torch_steps`, the best
     hypothesis; length_penalty as `translate_batch`'s default), with greedy's length limit."""
@@ -211,16 +213,15 @@ def evaluate_beam(model: TokenSeq2Seq, pairs: TextPairs, source_vocab: Vocabular
     return exact / len(data)
 
 
-def sampled_forward(model: TokenSeq2Seq, batch: TokenBatch, teacher_forcing: float,
+def sampled_forward(model: TokenModel, batch: TokenBatch, teacher_forcing: float,
                     generator: torch.Generator) -> torch.Tensor:
     """Scheduled sampling: each row, each step, feeds the true previous token with probability `teacher_forcing`,
     else the model's own argmax (coins drawn from `generator`) -> log_probs (N, T, V)."""
-    enc = model.encode(batch.source, batch.lengths)
-    state = (enc["hidden"], enc["cell"])
+    state = model.encode(batch.source, batch.lengths)
     previous = batch.target_in[:, 0]  # (N,) BOS
     steps = []
     for t in range(batch.target_in.shape[1]):
-        log_probs, state, _ = model.decoder.step(previous, state, enc)
+        log_probs, state, _ = model.step(previous, state)
         steps.append(log_probs)
         if t + 1 < batch.target_in.shape[1]:
             true = torch.rand(previous.shape[0], generator=generator) < teacher_forcing  # (N,)
@@ -244,7 +245,7 @@ class TokenTrainer:
         self.spec, self.config, self.val_data = spec, config, val
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
         torch.manual_seed(config.seed)
-        self.model = TokenSeq2Seq(spec)
+        self.model = build_token_model(spec)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.epoch = 0
