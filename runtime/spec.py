@@ -70,10 +70,10 @@ class ModelSpec:
                               ("norm", NORMS), ("positional", POSITIONALS)):
             if getattr(self, name) not in allowed:
                 raise SpecError(f"spec field {name!r} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.attention != "multihead" and self.n_heads != 1:  # (transformers are multi-head: see above)
+        (self._check_transformer if self.arch == "transformer" else self._check_not_transformer)()
+        if self.attention != "multihead" and self.n_heads != 1:
             raise SpecError(f"spec field 'n_heads' must be 1 unless attention is 'multihead', got {self.n_heads}")
         (self._check_tokens if self.kind == "tokens" else self._check_points)()
-        (self._check_transformer if self.arch == "transformer" else self._check_not_transformer)()
 
     def _fill_transformer(self) -> None:
         """A transformer's hidden_dim and embedding_dim are d_model, its attention is multi-head and its position
