@@ -150,12 +150,13 @@ def check_pair(checkpoint: Path, model_dir: Path, spec: Any, runtime: Any) -> No
 
 def token_rows(checkpoint: Path, data: str | None, model: Any, runtime: Any, tol: Any) -> list:
     """Token models: the random-id matrix, then real texts (--data, else the checkpoint's own data if found):
-    step log-probs within tolerance, greedy and beam ids identical, over batch sizes and padded lengths."""
+    step log-probs within tolerance (transformers: also the cached step against the full-sequence decoder at every
+    position), greedy and beam ids identical, over batch sizes and padded lengths."""
     from training.checkpoint import read_data_description
     from training.data import DataError
     from training.text_data import load_text_dataset, reload_text_dataset
 
-    from .token_parity import run_token_data_parity, run_token_parity
+    from .token_parity import fitting_texts, run_token_data_parity, run_token_parity
 
     if data is not None and (data == "squares" or data.endswith(".npz")):  # a usage error, before any work
         raise click.BadParameter(f"{data!r} is point data; {checkpoint} is a token model: pass a text data set",
@@ -171,6 +172,11 @@ def token_rows(checkpoint: Path, data: str | None, model: Any, runtime: Any, tol
                    "only (pass --data to compare on real texts)", err=True)
         return rows
     for name, pairs in (("test", test), ("train", train)):
+        left_out = len(pairs.sources) - len(fitting_texts(list(pairs.sources), runtime))
+        if left_out:
+            click.echo(f"note: {left_out} {name} text(s) are longer than the transformer's max_positions "
+                       f"{runtime.spec.max_positions} (</s> included), which the runtime refuses; comparing on "
+                       "the others", err=True)
         rows += run_token_data_parity(model, runtime, list(pairs.sources), name, tol)
     return rows
 

@@ -1,21 +1,28 @@
 """Parity for token models, in the two checks the point models use:
 
-- graphs: the step's log-probs (and attention) along PyTorch's own greedy trajectory, given identical inputs;
+- graphs: the step's log-probs along PyTorch's own greedy trajectory, given identical inputs; and for
+  transformers, the cached step graph fed a fixed target token by token against PyTorch's full-sequence decoder
+  (causal mask, every position at once) at every position: the cache computes what the training-time decoder does;
 - decode: greedy and beam-search token ids through the runtime must be identical to the same search driven by
   PyTorch (ids are exact: a difference is a failure whatever the tolerance).
+
+A transformer reads position i at row i of its position table, so its cases stop at spec.max_positions source
+tokens and decoding steps (the runtime refuses more).
 """
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from runtime.contract import state_batch_axes
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
+from runtime.spec import ModelSpec
 from runtime.token_steps import TokenSteps  # the type of runtime.token_steps
 from runtime.vocab import BOS, EOS, PAD
 from training.token_base import TokenModel, torch_steps
 
-from .parity import Row, Tolerance
+from .parity import Row, Tolerance, diffs
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
 DATA_BATCHES = (1, 8, 64)  # real texts: consecutive chunks of these sizes, each padded to its longest row
@@ -33,23 +40,36 @@ def token_batch(spec_vocab: int, n: int, length: int, seed: int) -> tuple[np.nda
     return ids, lengths
 
 
+def position_limit(spec: ModelSpec, wanted: int) -> int:
+    """`wanted` source tokens or decoding steps, at most a transformer's max_positions."""
+    return min(wanted, spec.max_positions) if spec.is_transformer else wanted
+
+
+def fitting_texts(texts: list[str], runtime: Seq2Seq) -> list[str]:
+    """The texts a transformer's position table covers (EOS included); the runtime refuses the others."""
+    spec, vocab = runtime.spec, runtime.vocabularies["source"]
+    if not spec.is_transformer:
+        return texts
+    return [t for t in texts if len(vocab.encode(t, add_eos=True)) <= spec.max_positions]
+
+
 def run_token_parity(model: TokenModel, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
     """Every check of every case, measured before judging."""
     spec = model.spec
-    steps = runtime.token_steps
     rows = []
     for i, (n, length) in enumerate(TOKEN_CASES):
+        length = position_limit(spec, length)
         ids, lengths = token_batch(spec.source_vocab_size, n, length, seed=i)
-        case = f"b{n} s{length}"
-        rows.append(_graph_row(case, steps, model, ids, lengths, tol))
-        rows.extend(_decode_rows(case, steps, model, ids, lengths))
+        rows.extend(_case_rows(f"b{n} s{length}", runtime, model, ids, lengths, tol, PARITY_STEPS))
     return rows
 
 
 def run_token_data_parity(model: TokenModel, runtime: Seq2Seq, texts: list[str], name: str,
                           tol: Tolerance) -> list[Row]:
-    """The same checks on real texts, encoded as the runtime encodes them, in batches of DATA_BATCHES sizes."""
+    """The same checks on real texts, encoded as the runtime encodes them, in batches of DATA_BATCHES sizes
+    (texts beyond a transformer's position table are left out: see `fitting_texts`)."""
     vocab = runtime.vocabularies["source"]
+    texts = fitting_texts(texts, runtime)
     max_len = model.spec.target_len + DATA_STEP_MARGIN
     rows, start = [], 0
     for n in DATA_BATCHES:
@@ -58,28 +78,58 @@ def run_token_data_parity(model: TokenModel, runtime: Seq2Seq, texts: list[str],
         if not chunk:
             break
         ids, lengths = vocab.encode_batch(chunk, add_eos=True, reverse=model.spec.reverse_source)
-        case = f"{name} b{len(chunk)} s{ids.shape[1]}"
-        rows.append(_graph_row(case, runtime.token_steps, model, ids, lengths, tol))
-        rows.extend(_decode_rows(case, runtime.token_steps, model, ids, lengths, max_len))
+        rows.extend(_case_rows(f"{name} b{len(chunk)} s{ids.shape[1]}", runtime, model, ids, lengths, tol,
+                               max_len))
     return rows
 
 
+def _case_rows(case: str, runtime: Seq2Seq, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
+               tol: Tolerance, max_len: int) -> list[Row]:
+    """Every check of one batch: graph rows over PARITY_STEPS (a transformer's full-sequence row too), then decode
+    rows up to `max_len` tokens."""
+    steps, n_steps = runtime.token_steps, position_limit(model.spec, PARITY_STEPS)
+    rows = [_graph_row(case, steps, model, ids, lengths, tol, n_steps)]
+    if model.spec.is_transformer:
+        rows.append(_sequence_row(case, steps, model, ids, lengths, tol, n_steps))
+    return rows + _decode_rows(case, steps, model, ids, lengths, position_limit(model.spec, max_len))
+
+
 def _graph_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
-               tol: Tolerance) -> Row:
+               tol: Tolerance, n_steps: int = PARITY_STEPS) -> Row:
     """Step log-probs, both sides fed PyTorch's greedy choices, worst absolute and relative difference."""
     ort_state = steps.encode(ids, lengths)
     torch_state, torch_step = torch_steps(model, ids, lengths)
     tokens = np.full(len(ids), BOS, dtype=np.int64)
     worst_abs = worst_rel = 0.0
     ok = True
-    for _ in range(PARITY_STEPS):
+    for _ in range(n_steps):
         got, want = steps.step(tokens, ort_state), torch_step(tokens, torch_state)
         diff = np.abs(got.log_probs - want.log_probs)
         worst_abs = max(worst_abs, float(diff.max()))
         worst_rel = max(worst_rel, float((diff / np.maximum(np.abs(want.log_probs), 1e-12)).max()))
         ok &= bool(np.allclose(got.log_probs, want.log_probs, atol=tol.atol, rtol=tol.rtol))
         ort_state, torch_state, tokens = got.state, want.state, want.log_probs.argmax(-1)
-    return Row(case, len(ids), ids.shape[1], PARITY_STEPS, "graph", "step.log_probs", worst_abs, worst_rel, ok)
+    return Row(case, len(ids), ids.shape[1], n_steps, "graph", "step.log_probs", worst_abs, worst_rel, ok)
+
+
+def _sequence_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
+                  tol: Tolerance, n_steps: int) -> Row:
+    """Transformers: a fixed target (bos, then seeded random tokens) fed token by token through the cached step
+    graph, against PyTorch's full-sequence decoder over the same target, position by position."""
+    rng = np.random.default_rng([len(ids), ids.shape[1], n_steps])
+    target_in = rng.integers(EOS + 1, model.spec.target_vocab_size, size=(len(ids), n_steps))  # (N, T)
+    target_in[:, 0] = BOS
+    with torch.no_grad():
+        state = model.encode(torch.from_numpy(ids), torch.from_numpy(lengths))
+        want = model.decode_sequence(state, torch.from_numpy(target_in)).numpy()  # (N, T, V)
+    ort_state, got = steps.encode(ids, lengths), []
+    for t in range(n_steps):
+        result = steps.step(target_in[:, t], ort_state)
+        got.append(result.log_probs)
+        ort_state = result.state
+    got_all = np.stack(got, axis=1)  # (N, T, V)
+    return Row(case, len(ids), ids.shape[1], n_steps, "graph", "sequence.log_probs",
+               *diffs(got_all, want, tol.atol, tol.rtol))
 
 
 def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,

@@ -77,13 +77,17 @@ class Seq2Seq:
         return (outputs, attention) if return_attention else outputs
 
     def translate_batch(self, texts: Any, **options: Any) -> list[list[Translation]]:
-        """Texts -> n-best Translations per text; options as in `runtime.translate` (CTranslate2's names)."""
+        """Texts -> n-best Translations per text; options as in `runtime.translate` (CTranslate2's names).
+
+        With return_attention, each Translation carries (len, Ls) weights: a transformer's are its last decoder
+        layer's cross-attention averaged over heads. A transformer refuses sources and max_decoding_length beyond
+        its spec.max_positions."""
         if self.spec.kind != "tokens":
             raise InputError(f"texts: {self.path} is a point model, which takes numeric sources; call predict(source)")
         unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
         if unknown:
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
-        return translate(self._token_steps, self.vocabularies, texts, self.spec.target_len, **options)
+        return translate(self._token_steps, self.vocabularies, texts, **options)
 
     @property
     def token_steps(self) -> TokenSteps | None:

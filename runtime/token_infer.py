@@ -21,12 +21,13 @@ from .errors import Seq2OnnxError
 from .inputs import MAX_TARGET_LEN
 from .manifest import read_manifest
 from .plot import MAX_ITEMS, Heatmap
-from .translate import MAX_SOURCE_TOKENS, Translation
+from .spec import ModelSpec
+from .translate import Translation, source_token_limit, too_long
 from .vocab import EOS_TOKEN, UNK, Vocabulary
 
 TOKEN_OUTPUT_SUFFIXES = (".jsonl",)
 POINT_SUFFIXES = (".npy", ".npz", ".json")  # what point models read; a token model reads text lines
-MAX_LINE_BYTES = 1 << 20  # one input line, read no further; MAX_SOURCE_TOKENS refuses far shorter lines anyway
+MAX_LINE_BYTES = 1 << 20  # one input line, read no further; the source token limit refuses far shorter lines
 MAX_BEAM, MAX_BATCH = 256, 4096  # rows = batch * beam; beyond these a decode only exhausts memory
 DEFAULT_BATCH_SIZE = 32
 ATTENTION_DECIMALS = 6  # float32 weights printed in full would triple the JSON for no information
@@ -43,7 +44,8 @@ def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--n-best", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True,
                      help="Token models: hypotheses per input, best first (at most --beam)."),
         click.option("--max-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
-                     help="Token models: most output tokens (default: the model's target_len)."),
+                     help="Token models: most output tokens (default: the model's target_len; a transformer's "
+                          "at most its max_positions)."),
         click.option("--min-len", type=click.IntRange(0, MAX_TARGET_LEN), default=0, show_default=True,
                      help="Token models: fewest output tokens before </s> may end an output."),
         click.option("--length-penalty", type=FiniteFloatRange(), default=None,
@@ -174,17 +176,19 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
         yield Item(i, text.removesuffix("\n").removesuffix("\r"), where)
 
 
-def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[Item]) -> Iterator[list[Item]]:
-    """Lists of up to `size` items; blank ones go to `skipped`, over-long ones are refused by place."""
+def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[Item],
+            spec: ModelSpec) -> Iterator[list[Item]]:
+    """Lists of up to `size` items; blank ones go to `skipped`, over-long ones (see `source_token_limit`) are
+    refused by place."""
     batch: list[Item] = []
+    limit = source_token_limit(spec)
     for item in items:
         if not item.text.strip():
             skipped.append(item)
             continue
         n = len(vocab.encode(item.text, add_eos=True))
-        if n > MAX_SOURCE_TOKENS:
-            raise click.ClickException(f"{item.where}: {n} tokens with the closing </s>, more than the "
-                                       f"{MAX_SOURCE_TOKENS} a model reads; split it")
+        if n > limit:
+            raise click.ClickException(f"{item.where}: {too_long(n, spec)}; split it")
         batch.append(item)
         if len(batch) == size:
             yield batch
@@ -264,7 +268,15 @@ class TokenRun:
         self.decoded = 0
 
     def check(self, model_dir: Path) -> None:
-        """Refuse what this model cannot do: attention it does not have, a --min-len beyond the length bound."""
+        """Refuse what this model cannot do: attention it does not have, an output bound beyond a transformer's
+        position table, a --min-len beyond the output bound."""
+        spec = self.model.spec
+        if spec.is_transformer and self.max_len > spec.max_positions:
+            given = (f"--max-len {self.max_len}" if self.options["max_decoding_length"] is not None
+                     else f"the model's target_len {self.max_len} (the default --max-len)")
+            raise click.UsageError(f"{given} is more than {model_dir}'s max_positions {spec.max_positions}: output "
+                                   "token t reads row t of the transformer's position table; pass --max-len "
+                                   f"{spec.max_positions} or less")
         if self.options["min_decoding_length"] > self.max_len:
             raise click.UsageError(f"--min-len {self.options['min_decoding_length']} is more than the output bound "
                                    f"{self.max_len} (--max-len, default the model's target_len); lower it")
@@ -277,7 +289,8 @@ class TokenRun:
     def records(self, items: Iterable[Item], progress: bool) -> Iterator[dict[str, Any]]:
         """One JSON-ready record per non-blank input, in input order."""
         reverse = self.model.spec.reverse_source
-        for number, (batch, last) in enumerate(_with_last(batches(items, self.batch_size, self.vocab, self.skipped))):
+        chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec)
+        for number, (batch, last) in enumerate(_with_last(chunks)):
             want = self.attention or (self.plot and len(self.shown) < MAX_ITEMS)
             options = {**self.options, "seed": batch_seed(self.options["seed"], number), "return_attention": want}
             try:

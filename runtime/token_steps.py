@@ -2,7 +2,10 @@
 
 The encoder session turns padded source ids into the decoder state; the step session advances it one token.
 Inputs are fed by the contract's names, and step outputs are fed back by `contract.FEEDBACK`, so the same code
-drives any token model whose graphs follow the contract."""
+drives any token model whose graphs follow the contract: a recurrent model's hidden_out/cell_out go back as
+hidden/cell; a transformer's next_positions go back as positions and its grown self-attention cache
+present_keys/present_values (layers, N, heads, t + 1, head_dim) as past_keys/past_values. The step's `alphas`
+(N, Ls) become the StepResult's attention: a transformer's last decoder layer's cross-attention, mean over heads."""
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,9 @@ Options follow CTranslate2's `translate_batch`: `beam_size` (1 = greedy), `num_h
 (score = sum of log-probs / length ** length_penalty, length counting the eos), `max_decoding_length`,
 `min_decoding_length`, `sampling_topk` (1 = no sampling, 0 = the whole distribution), `sampling_topp`,
 `sampling_temperature`, `seed`, `return_attention`. Sampling needs `beam_size` 1.
+
+A transformer has a position table of `spec.max_positions` rows: source token i reads row i and output token t
+row t, so longer sources and a larger `max_decoding_length` are refused rather than read past the table.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from .contract import VOCAB_FILES
 from .errors import IntegrityError, InputError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
 from .search import beam_search, greedy_search, sample
+from .search.step import check_int
+from .spec import ModelSpec
 from .token_steps import TokenSteps
 from .vocab import BOS, EOS, Vocabulary, VocabError
 
@@ -29,7 +34,11 @@ TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decod
 
 @dataclass(frozen=True)
 class Translation:
-    """One hypothesis: its text, target tokens and ids (no bos/eos), score, summed log-prob, attention (len, Ls)."""
+    """One hypothesis: its text, target tokens and ids (no bos/eos), score, summed log-prob, attention (len, Ls).
+
+    attention row t is output token t's weights over the source tokens (padding columns included, 0 there):
+    the decoder's attention (multi-head: averaged over heads), or a transformer's last decoder layer's
+    cross-attention averaged over heads."""
 
     text: str
     tokens: list[str]
@@ -67,32 +76,58 @@ def check_texts(texts: Any) -> list[str]:
     return list(texts)
 
 
-def encode_sources(texts: list[str], vocab: Vocabulary, reverse: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def source_token_limit(spec: ModelSpec) -> int:
+    """The most source tokens (EOS included) a model reads: MAX_SOURCE_TOKENS, and a transformer's max_positions."""
+    return min(MAX_SOURCE_TOKENS, spec.max_positions) if spec.is_transformer else MAX_SOURCE_TOKENS
+
+
+def too_long(n: int, spec: ModelSpec) -> str:
+    """Why `n` source tokens (EOS included) are refused: the limit, and where it comes from."""
+    limit = source_token_limit(spec)
+    if spec.is_transformer and limit == spec.max_positions:
+        return (f"{n} tokens with the closing </s>, more than this transformer's max_positions {limit} (source "
+                "token i reads row i of its position table)")
+    return f"{n} tokens with the closing </s>, more than the {limit} allowed"
+
+
+def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded ids (N, L) and lengths (N,) as the trainer fed them (tokens, reversed when the model was trained
     on reversed sources, then EOS), refusing over-long inputs by index."""
-    ids, lengths = vocab.encode_batch(texts, add_bos=False, add_eos=True, reverse=reverse)
-    too_long = np.flatnonzero(lengths > MAX_SOURCE_TOKENS)
-    if too_long.size:
-        i = int(too_long[0])
-        raise InputError(f"texts[{i}]: {int(lengths[i])} tokens, more than the {MAX_SOURCE_TOKENS} allowed; "
-                         "split the text")
+    ids, lengths = vocab.encode_batch(texts, add_bos=False, add_eos=True, reverse=spec.reverse_source)
+    over = np.flatnonzero(lengths > source_token_limit(spec))
+    if over.size:
+        i = int(over[0])
+        raise InputError(f"texts[{i}]: {too_long(int(lengths[i]), spec)}; split the text")
     return ids, lengths
 
 
-def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any, default_length: int,
-              beam_size: int = 1, num_hypotheses: int = 1, length_penalty: float = 1.0,
-              max_decoding_length: int | None = None, min_decoding_length: int = 0, sampling_topk: int = 1,
+def check_decoding_length(spec: ModelSpec, max_decoding_length: Any) -> int:
+    """max_decoding_length (None: the spec's target_len) as an int >= 1 that a transformer's position table
+    covers: output token t reads row t, so at most max_positions tokens."""
+    default = max_decoding_length is None
+    length = check_int("max_decoding_length", spec.target_len if default else max_decoding_length, 1)
+    if spec.is_transformer and length > spec.max_positions:
+        given = f"the default, the spec's target_len {length}," if default else f"{length}"
+        raise InputError(f"max_decoding_length: {given} is more than this transformer's max_positions "
+                         f"{spec.max_positions} (output token t reads row t of its position table); pass "
+                         f"max_decoding_length <= {spec.max_positions}")
+    return length
+
+
+def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any, beam_size: int = 1,
+              num_hypotheses: int = 1, length_penalty: float = 1.0, max_decoding_length: int | None = None,
+              min_decoding_length: int = 0, sampling_topk: int = 1,
               sampling_topp: float = 1.0, sampling_temperature: float = 1.0, seed: int | None = None,
               return_attention: bool = False) -> list[list[Translation]]:
     """Encode the texts once, decode with the chosen strategy, and turn ids back into text."""
     texts = check_texts(texts)
+    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length)
     if not texts:
         return []
-    ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec.reverse_source)
+    ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec)
     state = steps.encode(ids, lengths)
     common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, min_decoding_length=min_decoding_length,
-                  max_decoding_length=default_length if max_decoding_length is None else max_decoding_length,
-                  return_attention=return_attention)
+                  max_decoding_length=max_decoding_length, return_attention=return_attention)
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
     if sampling and beam_size != 1:
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "

@@ -77,6 +77,48 @@ def exported(request, exports) -> Exported:
     return exports[request.param]
 
 
+TRANSFORMER_MAX_POSITIONS = 8  # small, so the runtime's position-table refusals are cheap to reach
+
+
+@dataclass
+class TokenExport:
+    """A seeded token model, its (source, target) vocabularies and the directory it was exported to."""
+
+    model: object
+    source: object
+    target: object
+    path: Path
+
+
+@pytest.fixture(scope="session")
+def transformer_export(tmp_path_factory) -> TokenExport:
+    """A seeded, untrained 2-layer transformer on the toy corpus's vocabularies, exported once (parity checked)
+    with a position table of TRANSFORMER_MAX_POSITIONS rows."""
+    import torch
+
+    from export.api import export_model
+    from runtime.spec import ModelSpec
+    from runtime.vocab import Vocabulary
+    from training.text_data import toy_translation
+    from training.transformer import TransformerSeq2Seq
+
+    pairs, _ = toy_translation()
+    source = Vocabulary.build(pairs.sources, "whitespace")
+    target = Vocabulary.build(pairs.targets, "whitespace")
+    spec = ModelSpec(kind="tokens", arch="transformer", d_model=8, d_ff=16, n_heads=2, layers=2, target_len=6,
+                     source_vocab_size=len(source), target_vocab_size=len(target),
+                     max_positions=TRANSFORMER_MAX_POSITIONS)
+    torch.manual_seed(0)
+    model = TransformerSeq2Seq(spec).eval()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as one_torch_thread, which a session fixture cannot use: tiny models run fastest so
+    try:
+        path = export_model(model, tmp_path_factory.mktemp("transformer") / "model", vocabularies=(source, target))
+    finally:
+        torch.set_num_threads(before)
+    return TokenExport(model, source, target, path)
+
+
 def source_batch(n: int, length: int, seed: int = 1, features: int = 2) -> np.ndarray:
     """Deterministic float32 sources (N, L, F)."""
     return np.random.default_rng(seed).normal(size=(n, length, features)).astype(np.float32)

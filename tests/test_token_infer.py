@@ -240,3 +240,32 @@ def test_the_shipped_point_model_still_decodes_its_input(tmp_path):
     np.testing.assert_allclose(doc["outputs"], [[[1, 1], [1, -1]]], atol=0.25)
     assert np.asarray(doc["attention"]).shape == (1, 2, 2)
     assert "Missing option '--input'" in cli("infer", SQUARES).stderr
+
+
+def test_a_transformer_export_decodes_with_beams_attention_and_plot(transformer_export, tmp_path):
+    runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
+    texts = ["two is one", "nine is nine four"]
+    plot = tmp_path / "attention.png"
+    result = cli("infer", transformer_export.path, *(a for t in texts for a in ("--text", t)), "--beam", "3",
+                 "--n-best", "2", "--attention", "--plot", plot)
+    found = records(result)
+    expected = runtime.translate_batch(texts, beam_size=3, num_hypotheses=2, return_attention=True)
+    assert_matches(found, expected)
+    for record, hyps in zip(found, expected):
+        assert record["source_tokens"] == record["source"].split() + ["</s>"]
+        attention = np.asarray(record["hypotheses"][0]["attention"])  # last layer's cross-attention, head mean
+        assert attention.shape == (len(hyps[0].tokens), len(record["source_tokens"]))
+        np.testing.assert_allclose(attention.sum(axis=1), 1.0, atol=1e-5)
+    assert plot.read_bytes()[:8] == PNG_MAGIC and f"wrote {plot}" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "code", "fragments"), [
+    (("--text", "one", "--max-len", "9"), USAGE, ["--max-len 9 is more than", "max_positions 8",
+                                                  "--max-len 8 or less"]),
+    (("--text", "one " * 8), BAD_INPUT, ["--text #1: 9 tokens with the closing </s>", "max_positions 8", "split it"]),
+])
+def test_a_transformer_refuses_what_its_position_table_cannot_hold(transformer_export, args, code, fragments):
+    result = cli("infer", transformer_export.path, *args)
+    assert result.returncode == code and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr

@@ -21,6 +21,8 @@ from training.text_data import toy_translation
 
 PAIRS, _ = toy_translation()  # (train, test): the same nine pairs
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.fixture(scope="module")
 def token_export(tmp_path_factory) -> tuple[TokenSeq2Seq, Vocabulary, Vocabulary, Path]:
@@ -149,3 +151,126 @@ def _greedy_log_probs(model: TokenSeq2Seq, ids, lengths):
     found = greedy_search(step, state, state_batch_axes(model.spec), batch_size=len(ids), bos_id=BOS, eos_id=EOS,
                           max_decoding_length=6)
     return np.array([h.log_prob for h in found])
+
+
+# ---- the transformer: the same front door, its position table's limits -------------------------------------------
+
+def test_transformer_export_passes_the_full_sequence_parity_over_the_capped_matrix(transformer_export):
+    manifest = json.loads((transformer_export.path / "manifest.json").read_text())
+    parity = manifest["parity"]
+    assert parity["passed"] and set(parity["summary"]) == {"step.log_probs", "sequence.log_probs", "greedy.ids",
+                                                           "beam.ids"}
+    limit = manifest["spec"]["max_positions"]  # 8: the matrix's 12-token sources and 12 steps stop there
+    assert max(r["source_len"] for r in parity["cases"]) == limit
+    assert {r["target_len"] for r in parity["cases"]} == {limit}
+
+
+def test_the_full_sequence_rows_fail_for_a_model_that_is_not_the_exported_one(transformer_export):
+    import copy
+
+    from export.parity import Tolerance
+    from export.token_parity import run_token_parity
+
+    other = copy.deepcopy(transformer_export.model)
+    with torch.no_grad():
+        other.decoder_layers[-1].self_attention.values.bias.add_(0.5)  # only the decoder's self-attention differs
+    rows = run_token_parity(other, Seq2Seq.load(transformer_export.path, provider="cpu"), Tolerance())
+    sequence = [r for r in rows if r.output == "sequence.log_probs"]
+    assert len(sequence) == 4 and not any(r.ok for r in sequence) and min(r.max_abs for r in sequence) > 1e-3
+
+
+def test_transformer_translates_as_pytorch_decodes(transformer_export):
+    from runtime.contract import state_batch_axes
+    from runtime.search import beam_search, sample
+    from runtime.vocab import BOS, EOS
+    from training.token_base import torch_steps
+
+    model, source = transformer_export.model, transformer_export.source
+    runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
+    texts = list(PAIRS.sources[:6])
+    ids, lengths = source.encode_batch(texts)
+    greedy = runtime.translate_batch(texts)
+    assert [t[0].ids for t in greedy] == model.greedy(torch.from_numpy(ids), torch.from_numpy(lengths), max_len=6)
+    common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, max_decoding_length=6)
+    state, step = torch_steps(model, ids, lengths)
+    beam = beam_search(step, state, state_batch_axes(model.spec), beam_size=3, num_hypotheses=3, **common)
+    got = runtime.translate_batch(texts, beam_size=3, num_hypotheses=3)  # the cache reordered with the beams
+    assert [[t.ids for t in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in beam]
+    drawn = sample(step, state, state_batch_axes(model.spec), sampling_topk=0, seed=4, **common)
+    assert [t[0].ids for t in runtime.translate_batch(texts, sampling_topk=0, seed=4)] == [h.tokens for h in drawn]
+
+
+def test_transformer_attention_is_the_cross_attention_per_output_token(transformer_export):
+    runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
+    texts = ["one is one", "two"]
+    found = runtime.translate_batch(texts, return_attention=True, min_decoding_length=3)
+    for text, hyps in zip(texts, found):
+        attention, real = hyps[0].attention, len(text.split()) + 1  # the source's tokens and its eos
+        assert attention.shape == (len(hyps[0].ids), 4)  # (output tokens, padded source length)
+        np.testing.assert_allclose(attention.sum(axis=1), 1.0, atol=1e-5)
+        assert (attention[:, real:] == 0).all()  # padding gets no weight
+
+
+def test_transformer_decodes_up_to_its_position_table_exactly(transformer_export):
+    runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
+    limit = runtime.spec.max_positions
+    longest = " ".join(["one"] * (limit - 1))  # limit tokens with the closing </s>
+    found = runtime.translate_batch([longest], max_decoding_length=limit, min_decoding_length=limit)
+    assert len(found[0][0].ids) == limit  # output token t read row t, up to the table's last row
+
+
+@pytest.mark.parametrize(("texts", "options", "message"), [
+    (["one " * 8], {}, "texts[0]: 9 tokens with the closing </s>, more than this transformer's max_positions 8"),
+    (["one", "one " * 20], {}, "texts[1]: 21 tokens with the closing </s>, more than this transformer's "
+                               "max_positions 8"),
+    (["one"], {"max_decoding_length": 9}, "max_decoding_length: 9 is more than this transformer's max_positions 8"),
+    ([], {"max_decoding_length": 9}, "pass max_decoding_length <= 8"),
+    (["one"], {"max_decoding_length": 0}, "max_decoding_length must be an int >= 1"),
+])
+def test_transformer_refuses_what_its_position_table_cannot_hold(transformer_export, texts, options, message):
+    runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("(", r"\(")) as info:
+        runtime.translate_batch(texts, **options)
+    assert "\n" not in str(info.value)
+
+
+def test_a_default_length_beyond_the_position_table_is_refused_by_name():
+    from runtime.translate import check_decoding_length
+
+    spec = ModelSpec(kind="tokens", arch="transformer", d_model=8, d_ff=8, n_heads=2, source_vocab_size=9,
+                     target_vocab_size=9, target_len=12, max_positions=10)
+    with pytest.raises(InputError, match="the default, the spec's target_len 12, is more than this transformer's "
+                                         "max_positions 10"):
+        check_decoding_length(spec, None)
+    assert check_decoding_length(spec, 10) == 10
+    recurrent = ModelSpec(kind="tokens", hidden_dim=4, embedding_dim=4, source_vocab_size=9, target_vocab_size=9)
+    assert check_decoding_length(recurrent, 5000) == 5000  # no position table, no such bound
+
+
+def test_verify_compares_a_transformer_checkpoint_with_its_export(transformer_export, tmp_path):
+    """`seq2onnx export` then `seq2onnx verify` on a transformer checkpoint: the full-sequence rows are part of it,
+    and texts beyond the position table are left out with a note (the runtime refuses them)."""
+    from click.testing import CliRunner
+
+    from export.cli import export_command, verify_command
+    from training.checkpoint import save_checkpoint
+    from training.text_data import describe_text_dataset, load_text_dataset
+    from training.token_trainer import TokenTrainConfig
+
+    model = transformer_export.model
+    train, test = load_text_dataset("toy-translation")
+    checkpoint = save_checkpoint(tmp_path / "ck", model, model.spec, TokenTrainConfig(epochs=1),
+                                 {"train_loss": [1.0], "val_exact": [0.0], "val_token": [0.0]},
+                                 describe_text_dataset("toy-translation", train, test),
+                                 vocabularies=(transformer_export.source, transformer_export.target))
+    exported = CliRunner().invoke(export_command, [str(checkpoint), "--out", str(tmp_path / "model")])
+    assert exported.exit_code == 0, exported.output
+    verified = CliRunner().invoke(verify_command, [str(checkpoint), str(tmp_path / "model")])
+    assert verified.exit_code == 0, verified.output
+    assert "sequence.log_probs" in verified.output and "test b8 s4" in verified.output
+    assert "all " in verified.output and "checks within" in verified.output
+    tsv = tmp_path / "long.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(train.sources, train.targets)) + "one " * 9 + "\tx\n")
+    with_long = CliRunner().invoke(verify_command, [str(checkpoint), str(tmp_path / "model"), "--data", str(tsv)])
+    assert with_long.exit_code == 0, with_long.output
+    assert "longer than the transformer's max_positions 8" in with_long.output
