@@ -103,6 +103,8 @@ def evaluate(model: Any, pairs: Any, beam: int, length_penalty: float, batch_siz
     """Greedy and (beam > 0) beam-`beam` figures on `pairs`, and how the two compare."""
     references = [model.vocabularies["target"].encode(t, add_eos=False) for t in pairs.targets]
     max_len = max(len(r) for r in references) + 1 + MAX_LEN_MARGIN
+    if model.spec.is_transformer:  # output token t reads row t of its position table
+        max_len = min(max_len, model.spec.max_positions)
     run = {"sources": pairs.sources, "references": references, "max_len": max_len, "batch_size": batch_size,
            "quiet": quiet}
     greedy = strategy_report(model, desc="greedy", **run)
