@@ -46,6 +46,7 @@ def workspace(template: Path, tmp_path: Path) -> Path:
 
 
 TEXT = ("--text", "3/3/15")
+TRANSFORMER = ("--arch", "transformer")
 CLI_CASES: dict[str, Case] = {
     # train: text data and token options
     "train --data reversed": case("train", "--data", "reversed", code=USAGE, says=("--data", "'reversed'", "reverse")),
@@ -72,6 +73,50 @@ CLI_CASES: dict[str, Case] = {
     "train --label-smoothing 1": case("train", "--data", "reverse", "--label-smoothing", "1", code=USAGE,
                                       says=("--label-smoothing", "1")),
     "train --lr-decay 0": case("train", "--data", "reverse", "--lr-decay", "0", code=USAGE, says=("--lr-decay",)),
+    # train: the transformer's options, and options of the other arch or kind
+    "train --arch bogus": case("train", "--data", "reverse", "--arch", "bogus", code=USAGE,
+                               says=("--arch", "'bogus'", "recurrent", "transformer")),
+    "train --d-model 0": case("train", "--data", "reverse", *TRANSFORMER, "--d-model", "0", code=USAGE,
+                              says=("--d-model", "0")),
+    "train --heads 3 --d-model 64": case("train", "--data", "reverse", *TRANSFORMER, "--d-model", "64", "--heads",
+                                         "3", code=USAGE, says=("--heads", "--d-model 64", "not a multiple of 3")),
+    "train --heads 4 --d-model 30": case("train", "--data", "reverse", *TRANSFORMER, "--d-model", "30", code=USAGE,
+                                         says=("--heads", "--d-model 30", "not a multiple of 4")),  # default heads
+    "train --d-ff 0": case("train", "--data", "reverse", *TRANSFORMER, "--d-ff", "0", code=USAGE,
+                           says=("--d-ff", "0")),
+    "train --dropout 1.0": case("train", "--data", "reverse", *TRANSFORMER, "--dropout", "1.0", code=USAGE,
+                                says=("--dropout", "1.0")),
+    "train --dropout -0.1": case("train", "--data", "reverse", *TRANSFORMER, "--dropout", "-0.1", code=USAGE,
+                                 says=("--dropout", "-0.1")),
+    "train --dropout nan": case("train", "--data", "reverse", *TRANSFORMER, "--dropout", "nan", code=USAGE,
+                                says=("--dropout", "finite")),
+    "train --norm x": case("train", "--data", "reverse", *TRANSFORMER, "--norm", "x", code=USAGE,
+                           says=("--norm", "'x'", "pre")),
+    "train --positional x": case("train", "--data", "reverse", *TRANSFORMER, "--positional", "x", code=USAGE,
+                                 says=("--positional", "'x'", "sinusoidal")),
+    "train --warmup -1": case("train", "--data", "reverse", "--warmup", "-1", code=USAGE, says=("--warmup", "-1")),
+    "train transformer --cell": case("train", "--data", "reverse", *TRANSFORMER, "--cell", "lstm", code=USAGE,
+                                     says=("--cell", "recurrent", "--arch transformer")),
+    "train transformer --hidden-dim": case("train", "--data", "reverse", *TRANSFORMER, "--hidden-dim", "64",
+                                           code=USAGE, says=("--hidden-dim", "recurrent", "--d-model")),
+    "train transformer --embedding-dim": case("train", "--data", "reverse", *TRANSFORMER, "--embedding-dim", "8",
+                                              code=USAGE, says=("--embedding-dim", "recurrent", "--d-model")),
+    "train transformer --bidirectional": case("train", "--data", "reverse", *TRANSFORMER, "--no-bidirectional",
+                                              code=USAGE, says=("--bidirectional", "recurrent")),
+    "train transformer --attention": case("train", "--data", "reverse", *TRANSFORMER, "--attention", "multihead",
+                                          code=USAGE, says=("--attention", "recurrent", "--arch transformer")),
+    "train recurrent --d-model": case("train", "--data", "reverse", "--d-model", "64", code=USAGE,
+                                      says=("--d-model", "transformers", "--arch transformer")),
+    "train recurrent --norm": case("train", "--data", "reverse", "--arch", "recurrent", "--norm", "post",
+                                   code=USAGE, says=("--norm", "transformers", "--arch recurrent")),
+    "train recurrent --dropout": case("train", "--data", "dates", "--dropout", "0.1", code=USAGE,
+                                      says=("--dropout", "transformers")),
+    "train squares --arch transformer": case("train", *TRANSFORMER, code=USAGE,
+                                             says=("--arch", "token models", "point model")),
+    "train squares --d-ff": case("train", "--d-ff", "64", code=USAGE, says=("--d-ff", "transformer", "point model")),
+    "train squares --positional": case("train", "--data", "squares", "--positional", "learned", code=USAGE,
+                                       says=("--positional", "point model")),
+    "train squares --warmup": case("train", "--warmup", "10", code=USAGE, says=("--warmup", "point model")),
     # infer: kind mismatches
     "infer token model, points input": case(*TOK, "--input", "points.npy", code=USAGE,
                                             says=("points.npy", "token model", "one input per line")),

@@ -31,13 +31,25 @@ from training.checkpoint import (
     save_checkpoint,
     save_train_state,
 )
-from training.cli_common import DATASET_DEFAULTS, TOKEN_DEFAULTS
+from runtime.spec import ARCHS, ModelSpec
+from training.cli_common import DATASET_DEFAULTS, TOKEN_DEFAULTS, TRANSFORMER_DEFAULTS, arch_defaults
 from training.recurrent import TokenSeq2Seq
-from training.text_data import load_text_dataset
-from training.token_trainer import TokenTrainConfig, TokenTrainer, evaluate_beam, evaluate_tokens, spec_for_text
+from training.text_data import BUILTIN_LOADERS, TOKENIZER_OF, load_text_dataset
+from training.token_cli import SPEC_OPTIONS
+from training.token_trainer import (
+    RECURRENT_SIZES,
+    TokenTrainConfig,
+    TokenTrainer,
+    evaluate_beam,
+    evaluate_tokens,
+    spec_for_text,
+)
+from training.transformer import TransformerSeq2Seq
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden-dim", "8", "--embedding-dim", "4", "--eval-beam", "2"]
+TINY_TRANSFORMER = ["--arch", "transformer", "--d-model", "8", "--d-ff", "16", "--heads", "2", "--layers", "1"]
+NEW_OPTIONS = ("--arch", "--d-model", "--d-ff", "--dropout", "--norm", "--positional", "--warmup")
 # Tiny models train fastest on one thread, and a shared 2-core machine stays usable.
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 # Measured (tests/test_token_trainer.py): this setting reaches 9/9 exact on the toy translation.
@@ -96,7 +108,8 @@ def test_train_writes_a_token_checkpoint_and_prints_the_accuracy(trained: tuple[
         "tokens", 8, 4, "dot", True)
     assert sorted(history) == ["train_loss", "val_exact", "val_token"] and len(history["train_loss"]) == 2
     meta = json.loads((ckpt / CHECKPOINT_SPEC_FILE).read_text())
-    own = {k: v for k, v in DATASET_DEFAULTS["toy-translation"].items() if k in TokenTrainConfig().to_dict()}
+    own = {k: v for k, v in DATASET_DEFAULTS["recurrent"]["toy-translation"].items()
+           if k in TokenTrainConfig().to_dict()}
     assert meta["train"] == TokenTrainConfig(**{**own, "epochs": 2}).to_dict()  # the toy set's own defaults
     assert meta["data"]["name"] == "toy-translation"
     assert (ckpt / CHECKPOINT_PLOT_FILE).read_bytes().startswith(b"\x89PNG")
@@ -114,6 +127,32 @@ def test_train_writes_a_token_checkpoint_and_prints_the_accuracy(trained: tuple[
     assert found["k"] == "2" and float(found["beam"]) == pytest.approx(evaluate_beam(model, test, source, target, 2),
                                                                        abs=1e-4)
     assert found["target"] == "1" and found["met"] == ("met" if exact >= 1.0 else "NOT met")
+
+
+def test_train_arch_transformer_writes_a_transformer_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ck"
+    proc = cli("train", "--data", "toy-translation", *TINY_TRANSFORMER, "--dropout", "0.1", "--norm", "post",
+               "--positional", "learned", "--epochs", "2", "--eval-beam", "2", "--quiet", "--out", ckpt)
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in ckpt.iterdir()} == TOKEN_CHECKPOINT_FILES
+    meta = json.loads((ckpt / CHECKPOINT_SPEC_FILE).read_text())
+    saved = ModelSpec.from_dict(meta["spec"])
+    assert (saved.arch, saved.d_model, saved.d_ff, saved.n_heads, saved.layers, saved.norm, saved.positional,
+            saved.dropout) == ("transformer", 8, 16, 2, 1, "post", "learned", 0.1)
+    own = DATASET_DEFAULTS["transformer"]["toy-translation"]  # options not given: the set's transformer defaults
+    assert meta["train"]["warmup"] == own["warmup"] and meta["train"]["batch_size"] == own["batch_size"]
+    model, spec, history = load_checkpoint(ckpt)
+    assert isinstance(model, TransformerSeq2Seq) and spec.hidden_dim == 8 and len(history["val_exact"]) == 2
+    found = accuracy(proc.stdout)
+    assert int(found["n"]) == 9 and found["k"] == "2"
+
+
+def test_train_help_lists_the_transformer_options() -> None:
+    result = CliRunner().invoke(main, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+    for option in NEW_OPTIONS:
+        assert option in result.output, option
+    assert "[recurrent|transformer]" in result.output and "[pre|post]" in result.output
 
 
 def test_export_of_a_token_checkpoint_ships_its_vocabularies(trained: tuple[Path, str], tmp_path: Path) -> None:
@@ -191,8 +230,13 @@ def test_a_token_option_with_point_data_is_a_usage_error_in_a_subprocess(tmp_pat
 # -- in-process runs: resume, options, the accuracy target -----------------------------------------------------------
 
 
-def test_resume_of_a_finished_or_interrupted_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
-    args = ["--data", "toy-translation", "--hidden-dim", "8", "--embedding-dim", "4", "--tokenizer", "whitespace"]
+@pytest.mark.parametrize(("model", "again"), [
+    (["--hidden-dim", "8", "--embedding-dim", "4"], ["--hidden-dim", "8"]),
+    ([*TINY_TRANSFORMER, "--dropout", "0.1", "--warmup", "4"], ["--d-model", "8", "--arch", "transformer"]),
+])
+def test_resume_of_a_finished_or_interrupted_run_equals_an_uninterrupted_one(tmp_path: Path, model: list[str],
+                                                                            again: list[str]) -> None:
+    args = ["--data", "toy-translation", *model, "--tokenizer", "whitespace"]
     straight, extended, interrupted = tmp_path / "straight", tmp_path / "extended", tmp_path / "interrupted"
     assert run(*args, "--epochs", "3", "--out", straight).exit_code == 0
     assert run(*args, "--epochs", "1", "--out", extended).exit_code == 0
@@ -201,7 +245,7 @@ def test_resume_of_a_finished_or_interrupted_run_equals_an_uninterrupted_one(tmp
     result = run("--resume", "--epochs", "3", "--eval-beam", "0", "--out", extended)  # not a run option: free
     assert result.exit_code == 0, result.output
     assert accuracy(result.output)["k"] is None
-    result = run("--resume", "--epochs", "3", "--hidden-dim", "8", "--out", interrupted)  # saved values may be given
+    result = run("--resume", "--epochs", "3", *again, "--out", interrupted)  # saved values may be given
     assert result.exit_code == 0, result.output
     assert not partial_dir(interrupted).exists()
     reference, _, history = load_checkpoint(straight)
@@ -217,6 +261,8 @@ def test_resume_of_a_finished_or_interrupted_run_equals_an_uninterrupted_one(tmp
     (["--tokenizer", "char"], "'--tokenizer'", "'whitespace'"),
     (["--no-bidirectional"], "'--bidirectional'", "True"),
     (["--data", "reverse"], "'--data'", "'toy-translation'"),
+    (["--arch", "transformer"], "'--arch'", "'recurrent'"),
+    (["--warmup", "5"], "'--warmup'", "0"),
 ])
 def test_resume_refuses_a_changed_option(tmp_path: Path, args: list[str], hint: str, saved: str) -> None:
     out = tmp_path / "ck"
@@ -360,5 +406,21 @@ def test_token_defaults_are_the_librarys() -> None:
     config = TokenTrainConfig().to_dict()
     assert {k: TOKEN_DEFAULTS[k] for k in config if k != "seed"} == {k: v for k, v in config.items() if k != "seed"}
     spec_defaults = {name: p.default for name, p in inspect.signature(spec_for_text).parameters.items()
-                     if p.default is not inspect.Parameter.empty and name not in ("n_heads", "attention")}
+                     if p.default is not inspect.Parameter.empty and name not in ("n_heads", "attention", "arch")}
+    spec_defaults.update(RECURRENT_SIZES)  # what spec_for_text's None stands for in a recurrent model
     assert {k: TOKEN_DEFAULTS[k] for k in spec_defaults} == spec_defaults
+    assert set(TRANSFORMER_DEFAULTS) <= set(TOKEN_DEFAULTS) | {"heads"}  # each one an option of train
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("data", sorted(BUILTIN_LOADERS))
+def test_every_arch_and_built_in_set_has_defaults_that_build(arch: str, data: str) -> None:
+    """The defaults tables agree with the spec's and the config's checks (heads divide d_model, and so on)."""
+    opts = arch_defaults(arch, data)
+    TokenTrainConfig(**{k: opts[k] for k in TokenTrainConfig().to_dict() if k != "seed"})
+    train = load_text_dataset(data)[0].subset(range(9))
+    vocab = Vocabulary.build(train.sources + train.targets, TOKENIZER_OF[data])
+    heads = opts.get("heads") or 1
+    spec = spec_for_text(train, vocab, vocab, n_heads=heads, **{k: opts[k] for k in SPEC_OPTIONS if k in opts},
+                         arch=arch)
+    assert spec.arch == arch

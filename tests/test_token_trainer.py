@@ -1,5 +1,6 @@
 """The token trainer: batches (padding, BOS/EOS, reversed sources, buckets), config validation, learning the toy
-translation, exact resume, scheduled sampling, clipping and label smoothing, divergence."""
+translation, exact resume, scheduled sampling, clipping and label smoothing, divergence; recurrent models and the
+transformer, and the learning-rate warm-up."""
 from __future__ import annotations
 
 import io
@@ -8,6 +9,7 @@ import math
 import pytest
 import torch
 
+from runtime.spec import SpecError
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 from training.text_data import (
     REVERSE,
@@ -26,9 +28,13 @@ from training.token_trainer import (
     spec_for_text,
 )
 from training.trainer import ConfigError, DivergedError
+from training.transformer import TransformerSeq2Seq
 
 # Measured: this GRU + dot model reaches 9/9 exact after epoch 7 (seed 0, constant lr); 12 epochs leave a margin.
 TOY = {"epochs": 12, "batch_size": 3, "lr": 0.03, "lr_decay": 1.0, "seed": 0}
+# A tiny transformer for the toy pairs (3 batches an epoch at TOY's batch size).
+TINY_TRANSFORMER = {"arch": "transformer", "d_model": 16, "d_ff": 32, "n_heads": 2, "layers": 1}
+SPEC_ARGS = ("reverse_source", "arch", "d_model", "d_ff", "n_heads", "layers", "dropout", "norm", "positional")
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +55,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_trainer(toy, **overrides) -> TokenTrainer:
+    """A tiny GRU (or, with arch='transformer' and its sizes, a transformer) on the toy pairs; overrides are config
+    fields, or spec fields (SPEC_ARGS)."""
     train, source_vocab, target_vocab = toy
-    reverse = overrides.pop("reverse_source", False)  # a spec field: the runtime reads sources the same way
-    spec = spec_for_text(train, source_vocab, target_vocab, hidden_dim=16, embedding_dim=8, bidirectional=False,
-                         reverse_source=reverse)
+    spec_args = {k: overrides.pop(k) for k in SPEC_ARGS if k in overrides}  # reverse_source: the runtime reads
+    if spec_args.get("arch") != "transformer":                               # sources the same way
+        spec_args.update(hidden_dim=16, embedding_dim=8, bidirectional=False)
+    spec = spec_for_text(train, source_vocab, target_vocab, **spec_args)
     return TokenTrainer(spec, TokenTrainConfig(**{**TOY, **overrides}), train, train, source_vocab, target_vocab)
 
 
@@ -119,6 +128,21 @@ def test_spec_for_text_sizes_from_vocabularies_and_longest_pairs(toy):
     assert (spec.input_len, spec.target_len) == (4, 4)  # three words + EOS each side
     assert (spec.cell, spec.layers, spec.bidirectional, spec.attention, spec.tie_embeddings) == (
         "lstm", 2, True, "additive", True)
+    assert (spec.arch, spec.d_model) == ("recurrent", 0)
+
+
+def test_spec_for_text_builds_a_transformer_from_d_model(toy):
+    train, source_vocab, target_vocab = toy
+    spec = spec_for_text(train, source_vocab, target_vocab, arch="transformer", d_model=16, d_ff=24, n_heads=4,
+                         layers=3, norm="post", positional="learned", dropout=0.1)
+    assert (spec.arch, spec.d_model, spec.d_ff, spec.n_heads, spec.layers, spec.norm, spec.positional,
+            spec.dropout) == ("transformer", 16, 24, 4, 3, "post", "learned", 0.1)
+    assert (spec.hidden_dim, spec.embedding_dim, spec.attention, spec.bidirectional) == (16, 16, "multihead", False)
+    assert (spec.input_len, spec.target_len, spec.source_vocab_size) == (4, 4, 14)
+    with pytest.raises(SpecError, match="do not fit a transformer"):  # a recurrent width given to a transformer
+        spec_for_text(train, source_vocab, target_vocab, arch="transformer", d_model=16, d_ff=24, hidden_dim=8)
+    with pytest.raises(SpecError, match="are for transformers"):
+        spec_for_text(train, source_vocab, target_vocab, d_ff=24)
 
 
 # -- config ----------------------------------------------------------------------------------------------------------
@@ -138,6 +162,9 @@ def test_spec_for_text_sizes_from_vocabularies_and_longest_pairs(toy):
     ({"label_smoothing": 1.0}, r"'label_smoothing' must be in \[0, 1\)"),
     ({"teacher_forcing": 1.5}, r"'teacher_forcing' must be in \[0, 1\]"),
     ({"bucket": "yes"}, "'bucket' must be true or false"),
+    ({"warmup": -1}, "'warmup' must be an int >= 0"),
+    ({"warmup": 2.5}, "'warmup' must be an int >= 0"),
+    ({"warmup": True}, "'warmup' must be an int >= 0"),
 ])
 def test_config_refuses_bad_values_in_one_line(fields, message):
     with pytest.raises(ConfigError, match=message) as info:
@@ -152,6 +179,26 @@ def test_config_round_trips_strictly():
         TokenTrainConfig.from_dict({**config.to_dict(), "momentum": 0.9})
     with pytest.raises(ConfigError, match="fields"):
         TokenTrainConfig.from_dict({k: v for k, v in config.to_dict().items() if k != "clip"})
+    older = {k: v for k, v in config.to_dict().items() if k != "warmup"}  # saved before warm-up existed
+    assert TokenTrainConfig.from_dict(older) == config
+
+
+def test_warmup_ramps_the_lr_linearly_then_decays_per_epoch():
+    config = TokenTrainConfig(lr=0.01, lr_decay=0.5, warmup=4)
+    ramp = [config.learning_rate(0, step) for step in range(6)]
+    assert ramp == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01, 0.01], rel=1e-12)
+    assert config.learning_rate(1, 1) == pytest.approx(0.01 * 0.5 * 2 / 4, rel=1e-12)  # both apply
+    assert config.learning_rate(2, 9) == pytest.approx(0.01 * 0.25, rel=1e-12)
+    plain = TokenTrainConfig(lr=0.01, lr_decay=0.5)
+    assert [plain.learning_rate(e, 0) for e in range(3)] == [0.01, 0.01 * 0.5, 0.01 * 0.25]
+
+
+def test_the_trainer_counts_steps_and_trains_at_the_scheduled_lr(toy):
+    trainer = toy_trainer(toy, epochs=2, warmup=100, lr_decay=0.5)
+    trainer.fit(progress=False)
+    assert trainer.steps == 6  # 9 pairs in batches of 3, two epochs
+    assert trainer.optimizer.param_groups[0]["lr"] == trainer.config.learning_rate(1, 5)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.03 * 0.5 * 6 / 100)
 
 
 def test_trainer_refuses_a_spec_that_does_not_fit_the_vocabularies(toy):
@@ -177,8 +224,29 @@ def test_learns_the_toy_translation_exactly(toy):
     assert [target_vocab.decode(d) for d in decoded] == list(train.targets)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"teacher_forcing": 0.5, "reverse_source": True, "bucket": False,
-                                                                  "lr_decay": 0.7}])
+def test_a_transformer_trains(toy):
+    trainer = toy_trainer(toy, **TINY_TRANSFORMER, epochs=6, warmup=3)  # measured: loss 2.61 -> 0.88
+    assert isinstance(trainer.model, TransformerSeq2Seq)
+    history = trainer.fit(progress=False)
+    assert history["train_loss"][-1] < history["train_loss"][0] / 2, history
+    assert history["val_token"][-1] > history["val_token"][0], history
+
+
+def test_scheduled_sampling_trains_a_transformer(toy):
+    forced = toy_trainer(toy, **TINY_TRANSFORMER, epochs=2)
+    forced.fit(progress=False)
+    sampled = toy_trainer(toy, **TINY_TRANSFORMER, epochs=2, teacher_forcing=0.3)
+    sampled.fit(progress=False)  # one cached step at a time, the model's own argmax fed back
+    assert all(math.isfinite(v) for v in sampled.history["train_loss"])
+    assert sampled.history["train_loss"][-1] < sampled.history["train_loss"][0]
+    assert not same_weights(weights(forced), weights(sampled))
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"teacher_forcing": 0.5, "reverse_source": True, "bucket": False, "lr_decay": 0.7},
+    {**TINY_TRANSFORMER, "dropout": 0.1, "warmup": 10, "lr_decay": 0.7},  # resumed at step 6, mid-ramp
+])
 def test_resume_after_an_epoch_equals_an_uninterrupted_run(toy, overrides):
     whole = toy_trainer(toy, epochs=4, **overrides)
     whole.fit(progress=False)
@@ -190,9 +258,22 @@ def test_resume_after_an_epoch_equals_an_uninterrupted_run(toy, overrides):
     resumed = toy_trainer(toy, epochs=4, **overrides)
     resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
     assert resumed.epoch == 2
+    assert resumed.steps == first.steps == 6
     resumed.fit(progress=False)
     assert same_weights(weights(resumed), weights(whole))
     assert resumed.history == whole.history
+    assert resumed.steps == whole.steps == 12
+
+
+def test_a_state_saved_before_warmup_resumes_with_the_counted_steps(toy):
+    first = toy_trainer(toy, epochs=2)
+    first.fit(progress=False)
+    state = first.state_dict()
+    del state["optimizer_steps"]
+    state["config"] = {k: v for k, v in state["config"].items() if k != "warmup"}
+    resumed = toy_trainer(toy, epochs=3)
+    resumed.load_state_dict(state)
+    assert (resumed.epoch, resumed.steps) == (2, 6)  # ceil(9 / 3) steps an epoch
 
 
 def test_resume_refuses_other_options_and_vocabularies(toy):

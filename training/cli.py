@@ -11,10 +11,10 @@ from typing import Any
 import click
 
 from runtime.cli import FiniteFloatRange, Interrupted, require_torch
-from runtime.spec import ATTENTION_KINDS, CELLS
+from runtime.spec import ARCHS, ATTENTION_KINDS, CELLS, NORMS, POSITIONALS
 
-from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, Job, data_kind, default_out, load_or_reload,
-                         prepare_options, saved_point_options)
+from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, TRANSFORMER_DEFAULTS, Job, data_kind,
+                         default_out, load_or_reload, prepare_options, saved_point_options)
 from .data import SQUARES
 from .text_data import BUILTIN_LOADERS
 from .token_cli import check_text_data, check_tokenizer_option, saved_token_options, token_job
@@ -23,6 +23,7 @@ MAX_LR = 1.0  # Adam steps are about lr in size; beyond 1 every weight is thrown
 MAX_WIDTH = 4096  # hidden and embedding sizes: beyond this a model no longer fits the memory of a training machine
 MAX_LAYERS = 8
 MAX_HEADS = 64
+MAX_FF = 4 * MAX_WIDTH  # a transformer's feed-forward blocks are conventionally 4x d_model wide
 TEXT_SETS = ", ".join(BUILTIN_LOADERS)
 
 
@@ -48,14 +49,33 @@ def _saved_options(kind: str, state: dict[str, Any]) -> dict[str, Any]:
     return saved_token_options(state) if kind == TOKENS else saved_point_options(state)
 
 
+def _as_options(values: dict[str, Any]) -> str:
+    """'--hidden-dim 32, --lr 0.01' (numbers as %g)."""
+    def shown(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+    return ", ".join(f"--{k.replace('_', '-')} {shown(v)}" for k, v in values.items() if v is not None)
+
+
 def _dataset_defaults() -> str:
-    """'toy-translation (--hidden-dim 32, ...), lookup (...)' from DATASET_DEFAULTS."""
-    return ", ".join(f"{name} ({', '.join(f'--{k.replace(chr(95), chr(45))} {v:g}' for k, v in values.items())})"
-                     for name, values in DATASET_DEFAULTS.items())
+    """'recurrent: toy-translation (--hidden-dim 32, ...), lookup (...); transformer: ...' from DATASET_DEFAULTS."""
+    return "; ".join(f"{arch}: " + ", ".join(f"{name} ({_as_options(values)})" for name, values in sets.items())
+                     for arch, sets in DATASET_DEFAULTS.items() if sets)
 
 
-def _kind_defaults(points: Any, tokens: Any) -> str:
-    return f"[default: {points} for points, {tokens} for tokens]"
+def _kind_defaults(points: Any, tokens: Any, transformer: str | None = None) -> str:
+    """'[default: P for points, T for tokens(, X for transformers)]', X being TRANSFORMER_DEFAULTS[transformer]."""
+    also = "" if transformer is None else f", {TRANSFORMER_DEFAULTS[transformer]:g} for transformers"
+    return f"[default: {points} for points, {tokens} for tokens{also}]"
+
+
+def _token_defaults(recurrent: Any, name: str) -> str:
+    """'[default: R; transformers: X]' for an option of both token archs."""
+    return f"[default: {recurrent}; transformers: {TRANSFORMER_DEFAULTS[name]:g}]"
+
+
+def _transformer_default(name: str) -> str:
+    return f"[default: {TRANSFORMER_DEFAULTS[name]:g}]"
 
 
 @click.command("train", short_help="Train a point or token model into a checkpoint directory.")
@@ -64,29 +84,48 @@ def _kind_defaults(points: Any, tokens: Any) -> str:
                    f"F) and target (N, Lt, F). Token models: {TEXT_SETS}, PATH.tsv (source<TAB>target lines) or "
                    "SRC_PATH,TGT_PATH (line-aligned files). 20% of a user file is held out as test set. Built-ins with "
                    f"their own defaults for options not given: {_dataset_defaults()}.")
+@click.option("--arch", type=click.Choice(ARCHS), default="recurrent", show_default=True,
+              help="Token models: a GRU/LSTM encoder-decoder with attention, or a transformer.")
 @click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True,
-              help="additive: token models only.")
+              help="additive: token models only; not for transformers (always multi-head).")
 @click.option("--heads", type=click.IntRange(1, MAX_HEADS), default=None,
-              help="Attention heads; multihead only (token models: must divide --hidden-dim).  "
-                   "[default: 2 for multihead, else 1]")
-@click.option("--hidden-dim", type=click.IntRange(1, MAX_WIDTH), default=None, help=_kind_defaults(2, 128))
+              help="Attention heads: multihead attention (token models: must divide --hidden-dim), or a "
+                   "transformer's (must divide --d-model).  [default: 2 for multihead, "
+                   f"{TRANSFORMER_DEFAULTS['heads']} for transformers, else 1]")
+@click.option("--hidden-dim", type=click.IntRange(1, MAX_WIDTH), default=None,
+              help=f"Point and recurrent models.  {_kind_defaults(2, 128)}")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
-              help=f"Total epochs; with --resume, the epoch to continue to.  {_kind_defaults(100, 12)}")
+              help="Total epochs; with --resume, the epoch to continue to.  "
+                   f"{_kind_defaults(100, 12, 'epochs')}")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help=_kind_defaults(16, 64))
 @click.option("--lr", type=FiniteFloatRange(min=0, max=MAX_LR, min_open=True), default=None,
-              help=f"Adam learning rate.  {_kind_defaults(0.01, 0.003)}")
+              help=f"Adam learning rate.  {_kind_defaults(0.01, 0.003, 'lr')}")
 @click.option("--teacher-forcing", type=FiniteFloatRange(0.0, 1.0), default=None,
               help="Probability of feeding the true previous point / token to the next decoder step while training "
                    f"(token models: < 1 is scheduled sampling).  {_kind_defaults(0.5, 1.0)}")
 @click.option("--seed", type=int, default=23, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
 # -- token models only --
-@click.option("--cell", type=click.Choice(CELLS), default=None, help="Token models: recurrent cell.  [default: gru]")
+@click.option("--cell", type=click.Choice(CELLS), default=None,
+              help="Recurrent token models: the cell.  [default: gru]")
 @click.option("--layers", type=click.IntRange(1, MAX_LAYERS), default=None,
-              help="Token models: recurrent layers of encoder and decoder.  [default: 1]")
+              help=f"Token models: layers of the encoder and of the decoder.  {_token_defaults(1, 'layers')}")
 @click.option("--bidirectional/--no-bidirectional", default=None,
-              help="Token models: a bidirectional encoder.  [default: bidirectional]")
+              help="Recurrent token models: a bidirectional encoder.  [default: bidirectional]")
 @click.option("--embedding-dim", type=click.IntRange(1, MAX_WIDTH), default=None,
-              help="Token models: embedding size.  [default: 32]")
+              help="Recurrent token models: embedding size.  [default: 32]")
+@click.option("--d-model", type=click.IntRange(1, MAX_WIDTH), default=None,
+              help="Transformers: the model width (embeddings, attention, every layer).  "
+                   f"{_transformer_default('d_model')}")
+@click.option("--d-ff", type=click.IntRange(1, MAX_FF), default=None,
+              help=f"Transformers: inner width of each feed-forward block.  {_transformer_default('d_ff')}")
+@click.option("--dropout", type=FiniteFloatRange(0.0, 1.0, max_open=True), default=None,
+              help="Transformers: dropout on embeddings, attention weights and sub-layer outputs while training.  "
+                   f"{_transformer_default('dropout')}")
+@click.option("--norm", type=click.Choice(NORMS), default=None,
+              help="Transformers: LayerNorm before each sub-layer (pre) or after each residual (post).  "
+                   "[default: pre]")
+@click.option("--positional", type=click.Choice(POSITIONALS), default=None,
+              help="Transformers: fixed sinusoidal or learned position embeddings.  [default: sinusoidal]")
 @click.option("--tie-embeddings", is_flag=True, default=None,
               help="Token models: the output projection reuses the target embedding.")
 @click.option("--reverse-source", is_flag=True, default=None,
@@ -96,7 +135,10 @@ def _kind_defaults(points: Any, tokens: Any) -> str:
 @click.option("--label-smoothing", type=FiniteFloatRange(0.0, 1.0, max_open=True), default=None,
               help="Token models: label smoothing of the loss.  [default: 0.0]")
 @click.option("--lr-decay", type=FiniteFloatRange(0.0, 1.0, min_open=True), default=None,
-              help="Token models: epoch e trains at lr * lr_decay**e.  [default: 0.8]")
+              help=f"Token models: epoch e trains at lr * lr_decay**e.  {_token_defaults(0.8, 'lr_decay')}")
+@click.option("--warmup", type=click.IntRange(min=0), default=None,
+              help="Token models: optimizer steps over which the lr ramps up linearly from lr/N to lr, 0 for none.  "
+                   f"{_token_defaults(0, 'warmup')}")
 @click.option("--bucket/--no-bucket", default=None,
               help="Token models: batch sources of similar length together.  [default: bucket]")
 @click.option("--tokenizer", default=None, callback=check_tokenizer_option,
@@ -110,7 +152,8 @@ def _kind_defaults(points: Any, tokens: Any) -> str:
               help="Token models: beam size of the final held-out accuracy (PyTorch); 0 skips it.  [default: 5]")
 # -- the run --
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Checkpoint directory.  [default: artifacts/checkpoints/<data>-<attention>]")
+              help="Checkpoint directory.  [default: artifacts/checkpoints/<data>-<attention>, "
+                   "<data>-transformer for transformers]")
 @click.option("--save-every", type=click.IntRange(min=1), default=1, show_default=True,
               help="Save the resumable training state every this many epochs.")
 @click.option("--resume", is_flag=True,
@@ -122,7 +165,7 @@ def _kind_defaults(points: Any, tokens: Any) -> str:
 def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, force: bool, quiet: bool,
           **opts: Any) -> None:
     """Train a seq2seq model and write a checkpoint directory: a GRU encoder-decoder on points (squares, .npz), or
-    an embedding GRU/LSTM encoder-decoder on text (built-in sets, .tsv, parallel files)."""
+    on text (built-in sets, .tsv, parallel files) an embedding GRU/LSTM encoder-decoder or a transformer."""
     if resume and force:
         raise click.BadParameter("--resume continues a run and --force discards it; give one of them",
                                  ctx=ctx, param_hint="'--resume' / '--force'")
@@ -138,7 +181,8 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     from .destination import normalized
     from .trainer import ConfigError
 
-    out = normalized(out if out is not None else default_out(opts["data"], opts["attention"]))
+    name = "transformer" if opts["arch"] == "transformer" else opts["attention"]
+    out = normalized(out if out is not None else default_out(opts["data"], name))
     try:
         check_checkpoint_destination(out, force=force or resume)  # protected paths: refused before any lock file
         with exclusive(out):  # one writer per --out for the whole run, its .partial state included

@@ -16,6 +16,9 @@ from .text_data import ACCURACY_TARGETS, BUILTIN_LOADERS, PAIR_SEPARATOR, PARALL
 
 BUILT_TOKENIZERS = tuple(JOINERS)  # 'char', 'whitespace': vocabularies built from the training data
 USER_DATA_TOKENIZER = "whitespace"
+# Options that are spec fields of the same name (--heads is n_heads).
+SPEC_OPTIONS = ("arch", "attention", "hidden_dim", "embedding_dim", "cell", "layers", "bidirectional",
+                "tie_embeddings", "reverse_source", "d_model", "d_ff", "norm", "positional", "dropout")
 
 
 def _must_exist(path: str, what: str) -> None:
@@ -81,11 +84,12 @@ def saved_token_options(state: dict[str, Any]) -> dict[str, Any]:
 
         raise CheckpointError("the training state lacks 'vocab_options' (tokenizer, min_freq, max_vocab); it was "
                               "not written by seq2onnx train: start a new run without --resume")
+    from .token_trainer import TokenTrainConfig  # (resuming: torch is loaded already)
+
     spec = ModelSpec.from_dict(state["spec"])
-    model = {name: getattr(spec, name) for name in ("attention", "hidden_dim", "embedding_dim", "cell", "layers",
-                                                     "bidirectional", "tie_embeddings", "reverse_source")}
-    return {"data": saved_text_data(state["data"]), "heads": spec.n_heads, **model, **state["config"],
-            **vocab_options}
+    model = {name: getattr(spec, name) for name in SPEC_OPTIONS}  # a transformer's widths: d_model, as it was built
+    config = TokenTrainConfig.from_dict(state["config"]).to_dict()  # fields added since then: their defaults
+    return {"data": saved_text_data(state["data"]), "heads": spec.n_heads, **model, **config, **vocab_options}
 
 
 def vocab_options(opts: dict[str, Any]) -> dict[str, Any]:
@@ -125,11 +129,8 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
                                                       describe_text_dataset, reload_text_dataset)
     how = vocab_options(opts)
     source_vocab, target_vocab = build_vocabularies(train_set, **how)
-    spec = spec_for_text(train_set, source_vocab, target_vocab, hidden_dim=opts["hidden_dim"],
-                         embedding_dim=opts["embedding_dim"], cell=opts["cell"], layers=opts["layers"],
-                         bidirectional=opts["bidirectional"], attention=opts["attention"],
-                         tie_embeddings=opts["tie_embeddings"], n_heads=opts["heads"],
-                         reverse_source=opts["reverse_source"])
+    spec = spec_for_text(train_set, source_vocab, target_vocab, n_heads=opts["heads"],
+                         **{name: opts[name] for name in SPEC_OPTIONS})
     config = TokenTrainConfig(**{f.name: opts[f.name] for f in dataclasses.fields(TokenTrainConfig)})
     trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab)
 

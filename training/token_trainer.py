@@ -10,7 +10,9 @@ Every tensor is right-padded with PAD, to the longest row of its own batch.
 
 Determinism as in `training.trainer`: the seed fixes the initial weights (global torch RNG, seeded just before the
 model is built) and the trainer's own generator, which draws the batches and the scheduled-sampling coins, so nothing
-run between construction and `fit` changes the result; `state_dict()` after an epoch holds all of it.
+run between construction and `fit` changes the result; a transformer's dropout draws from the global RNG, saved too.
+The learning rate is a function of the epoch and the optimizer step (`TokenTrainConfig.learning_rate`: warm-up, then
+per-epoch decay). `state_dict()` after an epoch holds all of it, the step count included.
 """
 from __future__ import annotations
 
@@ -40,6 +42,10 @@ BUCKET_BATCHES = 50  # a bucket sorts this many batches' worth of shuffled pairs
 EVAL_CHUNK = 1024  # validation rows per greedy decode; bounds memory only
 
 History = dict[str, list[float]]
+# Config fields added after the first format: absent in older spec.json / train_state.pt, read with their defaults.
+ADDED_CONFIG_FIELDS = ("warmup",)
+# spec_for_text's sizes of recurrent models when left out (a transformer takes its widths from d_model instead).
+RECURRENT_SIZES: dict[str, Any] = {"hidden_dim": 128, "embedding_dim": 32, "bidirectional": True}
 
 
 def _is_number(value: Any) -> bool:
@@ -48,8 +54,9 @@ def _is_number(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class TokenTrainConfig:
-    """Optimisation settings of token models; the defaults train `reverse` to >= 99% exact (see
-    benchmarks/token_train_bench.py). With many more epochs, raise lr_decay towards 1 (e.g. 0.8 ** (12 / epochs))."""
+    """Optimisation settings of token models; the defaults train a recurrent model on `reverse` to >= 99% exact (see
+    benchmarks/token_train_bench.py; transformers: training.cli_common.TRANSFORMER_DEFAULTS). With many more
+    epochs, raise lr_decay towards 1 (e.g. 0.8 ** (12 / epochs))."""
 
     epochs: int = 12
     batch_size: int = 64
@@ -60,12 +67,16 @@ class TokenTrainConfig:
     label_smoothing: float = 0.0
     teacher_forcing: float = 1.0  # probability of feeding the true previous token; < 1 is scheduled sampling
     bucket: bool = True
+    warmup: int = 0  # optimizer steps of linear warm-up: step s (0-based) trains at (s + 1) / warmup of the lr
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"token train config {name!r} must be a positive int, got {value!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"token train config 'warmup' must be an int >= 0 (optimizer steps; 0: none), got "
+                              f"{self.warmup!r}")
         if not (_is_number(self.lr) and 0 < self.lr <= MAX_LR):
             raise ConfigError(f"token train config 'lr' must be a number in (0, {MAX_LR:g}], got {self.lr!r}")
         if not (_is_number(self.lr_decay) and 0 < self.lr_decay <= 1):
@@ -87,12 +98,18 @@ class TokenTrainConfig:
 
     @classmethod
     def from_dict(cls, data: Any) -> TokenTrainConfig:
-        """Rebuild a config, refusing unknown or missing fields by name."""
+        """Rebuild a config, refusing unknown or missing fields by name (fields added later may be missing)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(data, dict) or set(data) != known:
+        if not isinstance(data, dict) or not known - set(ADDED_CONFIG_FIELDS) <= set(data) <= known:
             given = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ConfigError(f"token train config must be an object with fields {sorted(known)}, got {given}")
         return cls(**data)
+
+    def learning_rate(self, epoch: int, step: int) -> float:
+        """The lr of optimizer step `step` (0-based, counted over the whole run) in epoch `epoch` (0-based): the
+        per-epoch decay, times the linear warm-up ramp (step + 1) / warmup over the first `warmup` steps."""
+        lr = self.lr * self.lr_decay ** epoch
+        return lr * (step + 1) / self.warmup if step < self.warmup else lr
 
 
 # -- batches -----------------------------------------------------------------------------------------------------
@@ -157,17 +174,24 @@ class TokenBatcher:
 # -- evaluation and spec ------------------------------------------------------------------------------------------
 
 
-def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary, hidden_dim: int = 128,
-                  embedding_dim: int = 32, cell: str = "gru", layers: int = 1, bidirectional: bool = True,
-                  attention: str = "dot", tie_embeddings: bool = False, n_heads: int = 1,
-                  reverse_source: bool = False) -> ModelSpec:
+def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary, hidden_dim: int | None = None,
+                  embedding_dim: int | None = None, cell: str = "gru", layers: int = 1,
+                  bidirectional: bool | None = None, attention: str = "dot", tie_embeddings: bool = False,
+                  n_heads: int = 1, reverse_source: bool = False, arch: str = "recurrent", d_model: int = 0,
+                  d_ff: int = 0, norm: str = "pre", positional: str = "sinusoidal", dropout: float = 0.0) -> ModelSpec:
     """A token spec sized by the vocabularies; input_len / target_len are the longest source and target in tokens,
-    EOS included (what the encoder reads and the decoder emits)."""
+    EOS included (what the encoder reads and the decoder emits). Recurrent sizes left out are RECURRENT_SIZES; a
+    transformer (arch 'transformer', d_model and d_ff given) takes its widths from d_model, so leave them out."""
     input_len = max(len(s) for s in encode_sources(train.sources, source_vocab))
     target_len = max(len(target_vocab.encode(t)) for t in train.targets)
-    return ModelSpec(kind="tokens", hidden_dim=hidden_dim, embedding_dim=embedding_dim, cell=cell, layers=layers,
-                     bidirectional=bidirectional, attention=attention, tie_embeddings=tie_embeddings,
-                     n_heads=n_heads, reverse_source=reverse_source,
+    sizes = {"hidden_dim": hidden_dim, "embedding_dim": embedding_dim, "bidirectional": bidirectional}
+    if arch == "transformer":  # ModelSpec fills these from d_model; any given must agree with it
+        sizes = {k: v for k, v in sizes.items() if v is not None}
+    else:
+        sizes = {k: RECURRENT_SIZES[k] if v is None else v for k, v in sizes.items()}
+    return ModelSpec(kind="tokens", **sizes, cell=cell, layers=layers, attention=attention,
+                     tie_embeddings=tie_embeddings, n_heads=n_heads, reverse_source=reverse_source, arch=arch,
+                     d_model=d_model, d_ff=d_ff, norm=norm, positional=positional, dropout=dropout,
                      source_vocab_size=len(source_vocab), target_vocab_size=len(target_vocab),
                      input_len=input_len, target_len=target_len)
 
@@ -248,17 +272,17 @@ class TokenTrainer:
         self.model = build_token_model(spec)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         self.generator = torch.Generator().manual_seed(config.seed)
-        self.epoch = 0
+        self.epoch = self.steps = 0  # epochs done, optimizer steps taken (the warm-up's clock)
         self.history: History = {"train_loss": [], "val_exact": [], "val_token": []}
         self.batcher = TokenBatcher(train, source_vocab, target_vocab, spec.reverse_source)
 
     def train_epoch(self) -> float:
         """One shuffled pass in train mode; returns the mean loss per target token (PAD excluded)."""
         self.model.train()
-        for group in self.optimizer.param_groups:  # a function of the epoch alone, so resuming needs no extra state
-            group["lr"] = self.config.lr * self.config.lr_decay ** self.epoch
         total, tokens = 0.0, 0
         for index in self.batcher.epoch_batches(self.config.batch_size, self.generator, self.config.bucket):
+            for group in self.optimizer.param_groups:  # a function of epoch and step: both are resumable state
+                group["lr"] = self.config.learning_rate(self.epoch, self.steps)
             batch = self.batcher.batch(index)
             if self.config.teacher_forcing >= 1.0:
                 log_probs = self.model(batch.source, batch.lengths, batch.target_in)  # (N, T, V)
@@ -275,6 +299,7 @@ class TokenTrainer:
             if self.config.clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
             self.optimizer.step()
+            self.steps += 1
             n = int((batch.target_out != PAD).sum())
             total, tokens = total + value * n, tokens + n
         return total / tokens
@@ -303,9 +328,16 @@ class TokenTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue after the current epoch (a copy, safe to keep)."""
-        return resumable_state(self, TOKEN_STATE_FORMAT_VERSION, vocab_sha256=self._vocab_sha256())
+        return resumable_state(self, TOKEN_STATE_FORMAT_VERSION, vocab_sha256=self._vocab_sha256(),
+                               optimizer_steps=self.steps)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state; spec, config and vocabularies must match this run's (`epochs` may grow)."""
+        config = state.get("config")
+        if isinstance(config, dict) and set(ADDED_CONFIG_FIELDS) - set(config):  # saved before those fields
+            state = {**state, "config": TokenTrainConfig.from_dict(config).to_dict()}
         restore_state(self, state, TOKEN_STATE_FORMAT_VERSION,
                       must_match={"vocab_sha256": (self._vocab_sha256(), "vocabularies")})
+        # States saved before the step count: every epoch takes ceil(N / batch_size) steps, bucketed or not.
+        per_epoch = math.ceil(len(self.batcher) / self.config.batch_size)
+        self.steps = int(state.get("optimizer_steps", self.epoch * per_epoch))
