@@ -1,6 +1,8 @@
 """`seq2onnx export` and `seq2onnx verify`. Importable without torch: heavy imports are in the bodies."""
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any, Callable
 
@@ -129,7 +131,7 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
 def check_pair(checkpoint: Path, model_dir: Path, spec: Any, runtime: Any) -> None:
     """The export must come from a model of the checkpoint's spec, and (tokens) with its vocabularies."""
     if runtime.spec != spec:
-        mine, theirs = spec.to_dict(), runtime.spec.to_dict()
+        mine, theirs = dataclasses.asdict(spec), dataclasses.asdict(runtime.spec)  # defaults shown, not None
         fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         shown = ", ".join(f"{k}: {mine.get(k)!r} vs {theirs.get(k)!r}" for k in fields)
         raise click.ClickException(f"{checkpoint} and {model_dir} hold different models ({shown}); they cannot be "

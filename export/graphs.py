@@ -127,6 +127,8 @@ def export_graphs(model: Model, spec: ModelSpec, out_dir: Path, opset: int, expo
     modules = graph_modules(model, spec)
     for file_name, io in graph_io(spec).items():
         module, args = modules[file_name]
+        module.eval()  # the exporter restores the module's mode afterwards: a wrapper left in training mode would
+        # switch the model's dropout back on for the parity checks that follow
         path = out_dir / file_name
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer warnings about python ints; dims are checked below

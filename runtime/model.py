@@ -1,6 +1,8 @@
 """`Seq2Seq`: a loaded, checked, thread-safe exported model with one `predict` call."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 from typing import Any
@@ -163,7 +165,9 @@ def _check_graph_spec(text: str | None, manifest: Manifest, where: Path) -> None
     differ = sorted(k for k in spec.keys() | graph_spec.keys()  # a value or its JSON type: 1 is not 1.0 or true
                     if type(graph_spec.get(k)) is not type(spec.get(k)) or graph_spec.get(k) != spec.get(k))
     if differ:
-        pairs = ", ".join(f"{k}: graph {brief(graph_spec.get(k))}, manifest {brief(spec.get(k))}" for k in differ)
+        shown = {f.name: f.default for f in dataclasses.fields(ModelSpec)}  # a field left out holds its default
+        pairs = ", ".join(f"{k}: graph {brief(graph_spec.get(k, shown.get(k)))}, manifest "
+                          f"{brief(spec.get(k, shown.get(k)))}" for k in differ)
         raise IntegrityError(
             f"{where}: the manifest's spec differs from the one the graph was exported with ({pairs}); "
             "manifest.json was edited, restore it or re-export the model"

@@ -95,8 +95,8 @@ class ModelSpec:
                 "bidirectional": False}
         wrong = {k: getattr(self, k) for k, v in same.items() if getattr(self, k) != v}
         if wrong:
-            raise SpecError(f"spec fields {wrong} do not fit a transformer: it takes {same} (leave them out to get "
-                            "these)")
+            raise SpecError(f"spec fields {wrong} do not fit a transformer of d_model {self.d_model}: its hidden_dim "
+                            f"and embedding_dim are d_model, and it takes {same} (leave them out to get these)")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise SpecError(f"spec field 'dropout' must be a number in [0, 1), got {self.dropout!r}")
 

@@ -29,9 +29,10 @@ ATTENTION_CYCLE = ("dot", "additive", "none", "multihead")
 # Every cell x layers x direction, each with one attention kind, cycling so every kind is covered by both cells.
 COMBOS = [(cell, layers, bi, ATTENTION_CYCLE[i % len(ATTENTION_CYCLE)])
           for i, (cell, layers, bi) in enumerate(itertools.product(("gru", "lstm"), (1, 2), (False, True)))]
-# Transformer rows (layers, norm, positional, tied): every option on both sides, cycled, not the full product.
-TRANSFORMERS = [(1, "pre", "sinusoidal", False), (2, "post", "learned", False), (1, "post", "sinusoidal", True),
-                (2, "pre", "learned", False)]
+# Transformer rows (layers, norm, positional, tied, dropout): every option on both sides, cycled, not the full
+# product. Dropout only acts in training: a model built with it must export and match in eval mode.
+TRANSFORMERS = [(1, "pre", "sinusoidal", False, 0.0), (2, "post", "learned", False, 0.1),
+                (1, "post", "sinusoidal", True, 0.0), (2, "pre", "learned", False, 0.3)]
 MAX_POSITIONS = 16
 
 
@@ -41,10 +42,10 @@ def spec_for(cell: str, layers: int, bidirectional: bool, attention: str) -> Mod
                      n_heads=2 if attention == "multihead" else 1, hidden_dim=6, embedding_dim=5, source_vocab_size=VOCAB, target_vocab_size=VOCAB)
 
 
-def transformer_spec(layers: int, norm: str, positional: str, tied: bool) -> ModelSpec:
+def transformer_spec(layers: int, norm: str, positional: str, tied: bool, dropout: float = 0.0) -> ModelSpec:
     """A tiny transformer spec."""
     return ModelSpec(kind="tokens", arch="transformer", d_model=8, d_ff=12, n_heads=2, layers=layers, norm=norm,
-                     positional=positional, tie_embeddings=tied, max_positions=MAX_POSITIONS,
+                     positional=positional, tie_embeddings=tied, dropout=dropout, max_positions=MAX_POSITIONS,
                      source_vocab_size=VOCAB, target_vocab_size=VOCAB)
 
 

@@ -195,3 +195,18 @@ def test_spec_fills_d_model_and_round_trips():
         ModelSpec(kind="tokens", embedding_dim=4, source_vocab_size=VOCAB, target_vocab_size=VOCAB, d_ff=8)
     recurrent = ModelSpec(kind="tokens", embedding_dim=4, source_vocab_size=VOCAB, target_vocab_size=VOCAB)
     assert "arch" not in recurrent.to_dict() and "d_model" not in recurrent.to_dict()  # old readers see no change
+
+
+def test_verify_names_each_differing_field_with_its_value_defaults_included():
+    import click
+    from types import SimpleNamespace
+    from pathlib import Path
+
+    from export.cli import check_pair
+
+    recurrent = ModelSpec(kind="tokens", embedding_dim=4, source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    with pytest.raises(click.ClickException) as info:
+        check_pair(Path("ckpt"), Path("model"), recurrent, SimpleNamespace(spec=tf_spec()))
+    message = info.value.message
+    assert "arch: 'recurrent' vs 'transformer'" in message and "max_positions: 0 vs 1024" in message
+    assert "None" not in message  # fields left out of the saved form are shown at their defaults

@@ -195,8 +195,9 @@ def resolve_heads(ctx: click.Context, opts: dict[str, Any], kind: str) -> int:
     heads = opts["heads"]
     if kind == TOKENS and opts["arch"] == "transformer":
         if opts["d_model"] % heads:
-            raise click.BadParameter(f"--d-model {opts['d_model']} is not a multiple of {heads} heads (each head "
-                                     "attends in d_model / heads dimensions); pick a head count that divides it",
+            origin = "" if given(ctx, "d_model") else f" (the default for --data {opts['data']})"
+            raise click.BadParameter(f"--d-model {opts['d_model']}{origin} is not a multiple of {heads} heads (each "
+                                     "head attends in d_model / heads dimensions); pick a head count that divides it",
                                      ctx=ctx, param_hint="'--heads'")
         return heads
     if heads is None:
