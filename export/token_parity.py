@@ -18,6 +18,7 @@ from runtime.contract import state_batch_axes
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.spec import ModelSpec
+from runtime.translate import source_token_limit
 from runtime.token_steps import TokenSteps  # the type of runtime.token_steps
 from runtime.vocab import BOS, EOS, PAD
 from training.token_base import TokenModel, torch_steps
@@ -50,7 +51,8 @@ def fitting_texts(texts: list[str], runtime: Seq2Seq) -> list[str]:
     spec, vocab = runtime.spec, runtime.vocabularies["source"]
     if not spec.is_transformer:
         return texts
-    return [t for t in texts if len(vocab.encode(t, add_eos=True)) <= spec.max_positions]
+    limit = source_token_limit(spec)  # the runtime's own bound, so parity checks exactly what it accepts
+    return [t for t in texts if len(vocab.encode(t, add_eos=True)) <= limit]
 
 
 def run_token_parity(model: TokenModel, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
