@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE, VOCAB_FILES
+from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, GREEDY_FILE, MANIFEST_FILE, VOCAB_FILES
 from training.destination import check_destination as check_writable
 
-EXPORT_FILES = frozenset({MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, *VOCAB_FILES.values()})
+EXPORT_FILES = frozenset({MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, GREEDY_FILE, *VOCAB_FILES.values()})
 
 
 def check_destination(out: Path, force: bool) -> None:

@@ -9,8 +9,8 @@ import onnx
 import torch
 
 from runtime.contract import (
-    BATCH, DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, FEEDBACK, GRAPH_KEY, PAST_LEN, PRESENT_LEN,
-    SOURCE_LEN, SPEC_KEY, Dims, graph_io,
+    BATCH, DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, FEEDBACK, GRAPH_KEY, GREEDY_FILE, PAST_LEN,
+    PRESENT_LEN, SOURCE_LEN, SPEC_KEY, Dims, graph_io, greedy_io,
 )
 from runtime.spec import ModelSpec
 from runtime.spec import N_SPECIAL_TOKENS
@@ -18,6 +18,7 @@ from training.models import EncoderDecoder
 from training.token_base import BOS_ID, TokenModel
 
 from .errors import ExportError
+from .fused import write_greedy_graph
 from .token_wrappers import TokenEncoderGraph, TokenStepGraph
 from .wrappers import DecoderStepGraph, EncoderGraph
 
@@ -65,11 +66,23 @@ TRANSFORMER_DOCS = {
 }
 
 
+GREEDY_DOCS = {
+    "points": "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder. The "
+    "encoder's outputs and source_mask, and target_len (int64 scalar, >= 1) -> outputs (batch, decode_len, F) and "
+    "alphas, decode_len = target_len.",
+    "tokens": "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder; the "
+    "first token is bos, each next one the argmax (ties: lowest id). The encoder's state, max_length (int64 scalar, "
+    ">= 1) and min_length (eos forbidden while fewer tokens are decoded) -> tokens (batch, decode_len; after a row's "
+    "eos: 0), token_log_probs (0 after eos) and alphas; the loop stops at max_length or once every row emitted eos.",
+}
+
+
 def graph_docs(spec: ModelSpec) -> dict[str, str]:
     """Each graph's doc string (shown by Netron): how to feed it and what to feed back."""
+    greedy = {GREEDY_FILE: GREEDY_DOCS[spec.kind]}
     if spec.kind != "tokens":
-        return DOCS
-    return TRANSFORMER_DOCS if spec.is_transformer else TOKEN_DOCS
+        return {**DOCS, **greedy}
+    return {**(TRANSFORMER_DOCS if spec.is_transformer else TOKEN_DOCS), **greedy}
 
 
 def dynamic_axes(io: dict[str, Dims]) -> dict[str, dict[int, str]]:
@@ -138,6 +151,13 @@ def export_graphs(model: Model, spec: ModelSpec, out_dir: Path, opset: int, expo
                 opset_version=opset, dynamo=False, do_constant_folding=True,
             )
         finish_graph(path, io, spec, export_id, file_name)
+    export_greedy(out_dir, spec, export_id)
+
+
+def export_greedy(out_dir: Path, spec: ModelSpec, export_id: str) -> None:
+    """Write greedy_loop.onnx around out_dir's (final) decoder step, with the same metadata and checks."""
+    path = write_greedy_graph(out_dir, spec)
+    finish_graph(path, greedy_io(spec), spec, export_id, GREEDY_FILE)
 
 
 def finish_graph(path: Path, io: dict[str, dict[str, Dims]], spec: ModelSpec, export_id: str, file_name: str) -> None:

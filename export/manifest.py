@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from runtime.contract import FORMAT_VERSION, MANIFEST_FILE, VOCAB_FILES, graph_io
+from runtime.contract import FORMAT_VERSION, MANIFEST_FILE, VOCAB_FILES, graph_io, optional_graph_io
 from runtime.manifest import sha256_file
 from runtime.spec import ModelSpec
 
@@ -26,10 +26,12 @@ def producer_versions() -> dict[str, str]:
 
 def build_manifest(model_dir: Path, spec: ModelSpec, export_id: str, opset: int,
                    parity: dict[str, Any] | None, source: str) -> dict[str, Any]:
-    """The manifest for the graphs (and, for token models, the vocabularies) now in model_dir."""
+    """The manifest for the graphs (the optional ones that exist: the greedy loop) and, for token models, the
+    vocabularies now in model_dir."""
+    present = {name: io for name, io in optional_graph_io(spec).items() if (model_dir / name).exists()}
     graphs = {
         name: {"file": name, "sha256": sha256_file(model_dir / name), **io}
-        for name, io in graph_io(spec).items()
+        for name, io in {**graph_io(spec), **present}.items()
     }
     vocabularies = {} if spec.kind != "tokens" else {
         side: {"file": name, "sha256": sha256_file(model_dir / name)} for side, name in VOCAB_FILES.items()}

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from runtime.decode import greedy_decode
 from runtime.model import Seq2Seq
 from training.decode import decode_step, encode, reference_decode
 from training.models import EncoderDecoder
@@ -136,6 +137,10 @@ def decode_pairs(model: EncoderDecoder, runtime: Seq2Seq, case: Case) -> dict[st
     pairs = {"decode.outputs": (out, ref.numpy())}
     if ref_alphas is not None:
         pairs["decode.attention"] = (alphas, ref_alphas.numpy())
+    if runtime.has_fused:  # predict ran the greedy loop graph; the step loop (beam's and old exports' path) too
+        steps, _ = greedy_decode(runtime.run_encoder, runtime.run_step, runtime.step_inputs, case.source, case.mask,
+                                 case.target_len)
+        pairs["decode.step_loop.outputs"] = (steps, ref.numpy())
     return pairs
 
 

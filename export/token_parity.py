@@ -145,10 +145,17 @@ def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarra
         got = search(steps.step, steps.encode(ids, lengths), steps.batch_axes, **common, **extra)
         state, step = torch_steps(model, ids, lengths)
         want = search(step, state, axes, **common, **extra)
-        differing = sum(_ids(a) != _ids(b) for a, b in zip(got, want))
-        rows.append(Row(case, len(ids), ids.shape[1], max_len, "decode", name, float(differing), 0.0,
-                        differing == 0))
+        rows.append(_ids_row(case, ids, max_len, name, got, want))
+        if name == "greedy.ids" and steps.greedy is not None:  # the greedy loop graph: what translate runs
+            fused = steps.greedy.tokens(steps.encode(ids, lengths), max_len, 0, False)
+            rows.append(_ids_row(case, ids, max_len, "greedy_loop.ids", fused, want))
     return rows
+
+
+def _ids_row(case: str, ids: np.ndarray, max_len: int, name: str, got: list, want: list) -> Row:
+    """A decode row: how many sequences differ (ids are exact)."""
+    differing = sum(_ids(a) != _ids(b) for a, b in zip(got, want))
+    return Row(case, len(ids), ids.shape[1], max_len, "decode", name, float(differing), 0.0, differing == 0)
 
 
 def _ids(found: object) -> list:

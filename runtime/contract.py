@@ -8,6 +8,9 @@ SUPPORTED_FORMAT_VERSIONS = (1,)
 
 ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"
+# Optional: the whole greedy loop in one graph (an ONNX Loop around the step), written by exports since format 1.1;
+# exports without it load and decode with the step loop.
+GREEDY_FILE = "greedy_loop.onnx"
 MANIFEST_FILE = "manifest.json"
 # Token models ship their vocabularies beside the graphs, hashed in the manifest like the graphs.
 VOCAB_FILES = {"source": "source_vocab.json", "target": "target_vocab.json"}
@@ -22,7 +25,8 @@ BATCH = "batch"
 SOURCE_LEN = "source_len"
 PAST_LEN = "past_len"  # transformer self-attention cache: tokens decoded so far
 PRESENT_LEN = "present_len"  # the grown cache a step returns: past_len + 1
-DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN)
+DECODE_LEN = "decode_len"  # the greedy loop graph: steps run (points: target_len; tokens: until every row ended)
+DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN, DECODE_LEN)
 
 # Dims are symbolic names (str) or fixed sizes (int).
 Dims = list[str | int]
@@ -173,6 +177,32 @@ def graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
         ENCODER_FILE: {"inputs": encoder_inputs(spec), "outputs": encoder_outputs(spec)},
         DECODER_STEP_FILE: {"inputs": decoder_inputs(spec), "outputs": decoder_outputs(spec)},
     }
+
+def greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
+    """The greedy loop graph: the step's encoder-made state and a length in, the decoded sequence out.
+
+    Points: every step input, `target_len` (int64 scalar, >= 1) -> outputs (batch, decode_len, F) and alphas.
+    Tokens: every step state input, `max_length` (>= 1) and `min_length` (eos is forbidden while fewer tokens are
+    decoded) -> tokens (batch, decode_len; after a row's eos: 0 = <pad>), token_log_probs (the chosen tokens'
+    log-probs, 0 after eos) and alphas. decode_len is where the loop stopped: max_length, or the step at which every
+    row had emitted eos."""
+    if spec.kind == "tokens":
+        out: dict[str, Dims] = {"tokens": [BATCH, DECODE_LEN], "token_log_probs": [BATCH, DECODE_LEN]}
+        if spec.has_attention:
+            out["alphas"] = [BATCH, DECODE_LEN, SOURCE_LEN]
+        return {"inputs": {**token_decoder_state(spec), "max_length": [], "min_length": []}, "outputs": out}
+    out = {"outputs": [BATCH, DECODE_LEN, spec.n_features]}
+    if spec.attention == "dot":
+        out["alphas"] = [BATCH, DECODE_LEN, SOURCE_LEN]
+    elif spec.attention == "multihead":
+        out["alphas"] = [BATCH, spec.n_heads, DECODE_LEN, SOURCE_LEN]
+    return {"inputs": {**decoder_inputs(spec), "target_len": []}, "outputs": out}
+
+
+def optional_graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
+    """Graphs an export may also hold, keyed by file name: the greedy loop."""
+    return {GREEDY_FILE: greedy_io(spec)}
+
 
 # Keys of each graph's metadata_props (shown by Netron; the runtime checks the export id).
 EXPORT_ID_KEY = "seq2onnx.export_id"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, VOCAB_FILES, graph_io
+from .contract import MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, VOCAB_FILES, graph_io, optional_graph_io
 from .errors import ManifestError, Seq2OnnxError, brief
 from .spec import ModelSpec, SpecError
 
@@ -141,13 +141,18 @@ def _load_json(path: Path) -> dict[str, Any]:
 
 
 def _read_graphs(path: Path, graphs: Any, spec: ModelSpec) -> dict[str, dict[str, Any]]:
-    """Check each graph entry against what the spec implies; return them rebuilt from checked values."""
-    expected = graph_io(spec)
-    if not isinstance(graphs, dict) or sorted(graphs) != sorted(expected):
+    """Check each graph entry against what the spec implies; return them rebuilt from checked values. The step-loop
+    graphs are required; the greedy loop is optional (exports before it still load)."""
+    required, optional = graph_io(spec), optional_graph_io(spec)
+    allowed = {**required, **optional}
+    if not isinstance(graphs, dict) or not set(required) <= set(graphs) <= set(allowed):
         got = sorted(graphs) if isinstance(graphs, dict) else graphs
-        raise ManifestError(f"{path}: 'graphs' must list {sorted(expected)}, got {brief(got)}; re-export the model")
+        raise ManifestError(f"{path}: 'graphs' must list {sorted(required)} and may list {sorted(optional)}, got "
+                            f"{brief(got)}; re-export the model")
     out = {}
-    for name, io in expected.items():
+    for name, io in allowed.items():
+        if name not in graphs:
+            continue
         entry = graphs[name]
         if not isinstance(entry, dict):
             raise ManifestError(

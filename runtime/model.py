@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, SPEC_KEY
+from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, GREEDY_FILE, SPEC_KEY
 from .decode import greedy_decode
 from .errors import IntegrityError, InputError, brief, one_line
+from .fused import GreedyLoop
 from .inputs import check_mask, check_outputs, check_source, check_target_len
 from .manifest import Manifest, read_manifest
 from .sessions import check_threads, open_session, read_graph, requested_providers, session_io
@@ -29,8 +30,10 @@ class Seq2Seq:
         self.manifest = manifest
         self.path = path
         self.vocabularies = vocabularies or {}
-        self._token_steps = (TokenSteps(manifest.spec, sessions[ENCODER_FILE], sessions[DECODER_STEP_FILE])
-                             if manifest.spec.kind == "tokens" else None)
+        self._greedy = (GreedyLoop(manifest.spec, sessions[GREEDY_FILE], _run) if GREEDY_FILE in sessions
+                        else None)
+        self._token_steps = (TokenSteps(manifest.spec, sessions[ENCODER_FILE], sessions[DECODER_STEP_FILE],
+                                        self._greedy) if manifest.spec.kind == "tokens" else None)
         self._encoder = sessions[ENCODER_FILE]
         self._step = sessions[DECODER_STEP_FILE]
         self._encoder_outputs = list(manifest.graphs[ENCODER_FILE]["outputs"])
@@ -38,14 +41,22 @@ class Seq2Seq:
         self._step_outputs = list(manifest.graphs[DECODER_STEP_FILE]["outputs"])
 
     @classmethod
-    def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None) -> "Seq2Seq":
-        """Load an export directory, verifying version, hashes, graph I/O, spec and export id."""
+    def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None,
+             fused: bool = True) -> "Seq2Seq":
+        """Load an export directory, verifying version, hashes, graph I/O, spec and export id.
+
+        fused: decode greedily with the export's greedy loop graph (one call per request) when it has one;
+        False decodes with the step loop (one call per output) and does not load that graph."""
         threads = check_threads(threads)  # arguments first: nothing is read for a call that cannot succeed
         requested_providers(provider)
+        if not isinstance(fused, bool):
+            raise InputError(f"fused: expected True or False, got {brief(fused)}")
         path = _model_dir(path)
         manifest = read_manifest(path)
         sessions = {}
         for name, entry in manifest.graphs.items():
+            if name == GREEDY_FILE and not fused:
+                continue
             data = read_graph(path, name, entry["sha256"])
             session = open_session(data, provider, threads, str(path / name))
             _check_session(session, entry, manifest, path / name)
@@ -56,6 +67,11 @@ class Seq2Seq:
     def spec(self) -> ModelSpec:
         """The model's sizes and choices."""
         return self.manifest.spec
+
+    @property
+    def has_fused(self) -> bool:
+        """True when greedy decoding runs in the export's greedy loop graph (one call per request)."""
+        return self._greedy is not None
 
     @property
     def providers(self) -> list[str]:
@@ -73,6 +89,10 @@ class Seq2Seq:
         mask = check_mask(source_mask, src)
         if src.shape[0] == 0:
             outputs, attention = self._empty(src, steps)
+        elif self._greedy is not None:
+            states = self.run_encoder({"source": src, "source_mask": mask})
+            outputs, attention = self._greedy.points({**states, "source_mask": mask}, steps)
+            check_outputs(src, outputs, attention)
         else:
             outputs, attention = greedy_decode(self.run_encoder, self.run_step, self.step_inputs, src, mask, steps)
             check_outputs(src, outputs, attention)

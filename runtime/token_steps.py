@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .contract import DECODER_STEP_FILE, ENCODER_FILE, FEEDBACK, graph_io, state_batch_axes
+from .fused import GreedyLoop
 from .search.step import BatchAxes, State, StepResult
 from .spec import ModelSpec
 
@@ -22,10 +23,11 @@ PREVIOUS = "previous_tokens"
 class TokenSteps:
     """Encode once with the encoder session, then step with the step session; sessions are thread-safe."""
 
-    def __init__(self, spec: ModelSpec, encoder: Any, step: Any) -> None:
+    def __init__(self, spec: ModelSpec, encoder: Any, step: Any, greedy: GreedyLoop | None = None) -> None:
         io = graph_io(spec)
         self.spec = spec
         self._encoder, self._step = encoder, step
+        self.greedy = greedy  # the greedy loop graph, when the export has one and it is switched on
         self._encoder_outputs = list(io[ENCODER_FILE]["outputs"])
         self._step_outputs = list(io[DECODER_STEP_FILE]["outputs"])
         self.state_names = [name for name in io[DECODER_STEP_FILE]["inputs"] if name != PREVIOUS]

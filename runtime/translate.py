@@ -138,6 +138,9 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     elif sampling:
         found = [[h] for h in sample(steps.step, state, steps.batch_axes, sampling_temperature=sampling_temperature,
                                      sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, **common)]
+    elif steps.greedy is not None:  # one call: the export's greedy loop graph
+        check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
+        found = [[h] for h in steps.greedy.tokens(state, max_decoding_length, min_decoding_length, return_attention)]
     else:
         found = [[h] for h in greedy_search(steps.step, state, steps.batch_axes, **common)]
     target = vocabularies["target"]

@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
-from runtime.contract import CHECKPOINT_STATE_FILE, DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
+from runtime.contract import CHECKPOINT_STATE_FILE, DECODER_STEP_FILE, ENCODER_FILE, GREEDY_FILE, MANIFEST_FILE
 from runtime.model import Seq2Seq
 from training import atomic
 from training.atomic import DestinationBusyError, clean_leftovers, exclusive, lock_file, publish, staged_directory
@@ -130,7 +130,7 @@ def assert_old_or_new(out: Path, old: dict[str, str], loads: Callable[[Path], ob
         loads(out)
 
 
-POINT_EXPORT_FILES = {MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE}
+POINT_EXPORT_FILES = {MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, GREEDY_FILE}
 
 
 def load_export(path: Path) -> None:

@@ -42,9 +42,9 @@ def test_export_ships_hashed_vocabularies_and_passes_parity(token_export):
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["vocabularies"]) == ["source", "target"]
     assert manifest["parity"]["passed"] and {r["output"] for r in manifest["parity"]["cases"]} == {
-        "step.log_probs", "greedy.ids", "beam.ids"}
-    assert sorted(p.name for p in out.iterdir()) == ["decoder_step.onnx", "encoder.onnx", "manifest.json",
-                                                     "source_vocab.json", "target_vocab.json"]
+        "step.log_probs", "greedy.ids", "greedy_loop.ids", "beam.ids"}
+    assert sorted(p.name for p in out.iterdir()) == ["decoder_step.onnx", "encoder.onnx", "greedy_loop.onnx",
+                                                     "manifest.json", "source_vocab.json", "target_vocab.json"]
 
 
 def test_translate_greedy_equals_the_pytorch_reference(token_export):
@@ -159,7 +159,7 @@ def test_transformer_export_passes_the_full_sequence_parity_over_the_capped_matr
     manifest = json.loads((transformer_export.path / "manifest.json").read_text())
     parity = manifest["parity"]
     assert parity["passed"] and set(parity["summary"]) == {"step.log_probs", "sequence.log_probs", "greedy.ids",
-                                                           "beam.ids"}
+                                                           "greedy_loop.ids", "beam.ids"}
     limit = manifest["spec"]["max_positions"]  # 8: the matrix's 12-token sources and 12 steps stop there
     assert max(r["source_len"] for r in parity["cases"]) == limit
     assert {r["target_len"] for r in parity["cases"]} == {limit}

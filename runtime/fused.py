@@ -1,0 +1,52 @@
+"""Greedy decoding in one call: the export's greedy loop graph (an ONNX Loop around the decoder step).
+
+It computes what the step loop computes (the step's own nodes run inside the Loop), without one `run()` per output:
+points get (N, Lt, F) outputs and attention; token models get one Hypothesis per row, cut at its eos, scored by the
+summed log-probs of its tokens and eos (float64, as `runtime.search.greedy` sums them). Rows that ended keep running
+inside the loop (masked) until every row has ended, where the step loop drops them: their tokens do not change.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .contract import GREEDY_FILE, greedy_io
+from .search.step import Hypothesis, State
+from .spec import ModelSpec
+from .vocab import EOS
+
+
+class GreedyLoop:
+    """A greedy loop session with its declared I/O; thread-safe like the session."""
+
+    def __init__(self, spec: ModelSpec, session: Any, run: Any) -> None:
+        io = greedy_io(spec)
+        self.spec = spec
+        self._session = session
+        self._run = run  # (session, output names, feed, graph name) -> arrays, errors typed
+        self.inputs, self.outputs = list(io["inputs"]), list(io["outputs"])
+
+    def points(self, states: dict[str, np.ndarray], target_len: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Encoder states (and source_mask) -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None."""
+        feed = {name: states[name] for name in self.inputs if name != "target_len"}
+        feed["target_len"] = np.array(target_len, dtype=np.int64)  # >= 1: checked by the caller
+        result = dict(zip(self.outputs, self._run(self._session, self.outputs, feed, GREEDY_FILE)))
+        return result["outputs"], result.get("alphas")
+
+    def tokens(self, state: State, max_length: int, min_length: int, return_attention: bool) -> list[Hypothesis]:
+        """The encoder's state -> one Hypothesis per row: tokens before its eos, summed log-prob with the eos."""
+        feed = {**{name: state[name] for name in self.inputs if name in state},
+                "max_length": np.array(max_length, dtype=np.int64), "min_length": np.array(min_length, np.int64)}
+        result = dict(zip(self.outputs, self._run(self._session, self.outputs, feed, GREEDY_FILE)))
+        tokens, log_probs = result["tokens"], result["token_log_probs"]  # (N, T), (N, T)
+        attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
+        out = []
+        for row in range(tokens.shape[0]):
+            ends = np.flatnonzero(tokens[row] == EOS)
+            n = int(ends[0]) if ends.size else tokens.shape[1]  # eos is not part of the output
+            scored = n + 1 if ends.size else n
+            log_prob = float(np.cumsum(log_probs[row, :scored], dtype=np.float64)[-1]) if scored else 0.0  # in order
+            out.append(Hypothesis(tokens=tokens[row, :n].tolist(), score=log_prob, log_prob=log_prob,
+                                  attention=None if attention is None else attention[row, :n]))
+        return out

@@ -1,0 +1,164 @@
+"""The greedy loop graph (greedy_loop.onnx): the same results as the step loop, one call per request."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from runtime import Seq2Seq
+from runtime.contract import DECODE_LEN, GREEDY_FILE, MANIFEST_FILE, greedy_io
+from runtime.errors import InputError, ManifestError
+from runtime.vocab import EOS
+
+from conftest import source_batch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# eos's output row scaled and its bias moved, so that these seeded untrained models end some rows early (at
+# different steps) and run others to the end: (weight scale, bias offset) per model
+EOS_LOGIT = {"lstm": (10.0, 0.25), "transformer": (10.0, -1.0)}
+
+
+def both(path: Path) -> tuple[Seq2Seq, Seq2Seq]:
+    """The same export with the greedy loop graph and with the step loop."""
+    fused, steps = Seq2Seq.load(path, provider="cpu"), Seq2Seq.load(path, provider="cpu", fused=False)
+    assert fused.has_fused and not steps.has_fused
+    return fused, steps
+
+
+@pytest.mark.parametrize("target_len", [1, 2, 17])
+def test_points_greedy_loop_equals_the_step_loop(exported, target_len):
+    fused, steps = both(exported.path)
+    source = source_batch(5, 6, seed=target_len)
+    mask = np.ones((5, 1, 6), dtype=bool)
+    mask[0, 0, 4:] = mask[3, 0, 2:] = False  # right-padded rows
+    got, got_attention = fused.predict(source, target_len, mask, return_attention=True)
+    want, want_attention = steps.predict(source, target_len, mask, return_attention=True)
+    np.testing.assert_array_equal(got, want)  # the step's own nodes, the same batch: bit for bit
+    if exported.spec.has_attention:
+        np.testing.assert_array_equal(got_attention, want_attention)
+    else:
+        assert got_attention is None and want_attention is None
+
+
+@pytest.fixture(scope="module")
+def eos_biased(tmp_path_factory, transformer_export) -> dict[str, Path]:
+    """A bidirectional LSTM with dot attention and the session's transformer, eos made likely, exported."""
+    import torch
+
+    from export.api import export_model
+    from runtime.spec import ModelSpec
+    from training.recurrent import TokenSeq2Seq
+    from training.transformer import TransformerSeq2Seq
+
+    source, target = transformer_export.source, transformer_export.target
+    lstm = ModelSpec(kind="tokens", cell="lstm", bidirectional=True, attention="dot", hidden_dim=8, embedding_dim=6,
+                     layers=2, source_vocab_size=len(source), target_vocab_size=len(target), target_len=6)
+    torch.manual_seed(3)
+    models = {"lstm": TokenSeq2Seq(lstm).eval(),
+              "transformer": TransformerSeq2Seq(transformer_export.model.spec).eval()}
+    models["transformer"].load_state_dict(transformer_export.model.state_dict())
+    out = {}
+    for name, model in models.items():
+        layer = model.output if hasattr(model, "output") and model.output is not None else model.decoder.output
+        scale, offset = EOS_LOGIT[name]
+        with torch.no_grad():
+            layer.weight[EOS] *= scale
+            layer.bias[EOS] += offset
+        out[name] = export_model(model, tmp_path_factory.mktemp(name) / "model", vocabularies=(source, target))
+    return out
+
+
+TEXTS = ["one is one", "two is two three", "three", "one two three four five", "two", "four is four", "five one"]
+
+
+@pytest.mark.parametrize("name", ["lstm", "transformer"])
+@pytest.mark.parametrize("options", [{}, {"min_decoding_length": 3}, {"max_decoding_length": 1},
+                                     {"max_decoding_length": 7, "min_decoding_length": 7}])
+def test_token_greedy_loop_equals_the_step_loop(eos_biased, name, options):
+    fused, steps = both(eos_biased[name])
+    texts = [t for t in TEXTS if len(t.split()) < fused.spec.max_positions]
+    got = fused.translate_batch(texts, return_attention=True, **options)
+    want = steps.translate_batch(texts, return_attention=True, **options)
+    assert [h[0].ids for h in got] == [h[0].ids for h in want]
+    np.testing.assert_allclose([h[0].score for h in got], [h[0].score for h in want], rtol=1e-6)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a[0].attention, b[0].attention, rtol=1e-5, atol=1e-7)
+
+
+def test_token_greedy_loop_mixes_ended_and_live_rows(eos_biased):
+    """Rows end at different steps: the loop keeps running ended rows (their outputs masked) until all end."""
+    for name, steps_wanted in (("lstm", 7), ("transformer", 7)):
+        fused, steps = both(eos_biased[name])
+        want = steps.translate_batch(TEXTS, max_decoding_length=steps_wanted)
+        lengths = [len(h[0].ids) for h in want]
+        assert len(set(lengths)) > 1 and steps_wanted in lengths, lengths  # EOS_LOGIT: rows end at different steps
+        got = fused.translate_batch(TEXTS, max_decoding_length=steps_wanted)
+        assert [h[0].ids for h in got] == [h[0].ids for h in want]
+        # the step loop drops ended rows; a smaller batch may round a log-prob in its last float32 bit
+        np.testing.assert_allclose([h[0].score for h in got], [h[0].score for h in want], rtol=1e-6)
+
+
+def test_the_loop_graph_wraps_the_step_with_symbolic_lengths(exports, eos_biased):
+    for path, spec in [(exports["multihead"].path, exports["multihead"].spec),
+                       (eos_biased["transformer"], Seq2Seq.load(eos_biased["transformer"]).spec)]:
+        model = onnx.load(str(path / GREEDY_FILE))
+        onnx.checker.check_model(model, full_check=True)
+        loops = [n for n in model.graph.node if n.op_type == "Loop"]
+        assert len(loops) == 1
+        step_ops = sorted(n.op_type for n in onnx.load(str(path / "decoder_step.onnx")).graph.node)
+        body_ops = [n.op_type for n in loops[0].attribute[0].g.node]
+        assert all(body_ops.count(op) >= step_ops.count(op) for op in set(step_ops))  # every step node is inside
+        declared = {**greedy_io(spec)["inputs"], **greedy_io(spec)["outputs"]}
+        for value in [*model.graph.input, *model.graph.output]:
+            dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            assert dims == declared[value.name], value.name
+        assert any(DECODE_LEN in dims for dims in greedy_io(spec)["outputs"].values())
+
+
+def test_a_zero_trip_loop_returns_declared_empty_shapes(exports):
+    """Zero-trip scan outputs are where runtimes disagree; the graph reshapes them from its inputs."""
+    exported = exports["multihead"]
+    runtime = Seq2Seq.load(exported.path, fused=False)
+    source, mask = source_batch(3, 4), np.ones((3, 1, 4), dtype=bool)
+    states = runtime.run_encoder({"source": source, "source_mask": mask}) | {"source_mask": mask}
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(exported.path / GREEDY_FILE), options, providers=["CPUExecutionProvider"])
+    feed = {i.name: states[i.name] for i in session.get_inputs() if i.name != "target_len"}
+    outputs, alphas = session.run(None, {**feed, "target_len": np.array(0, np.int64)})
+    assert outputs.shape == (3, 0, 2) and alphas.shape == (3, exported.spec.n_heads, 0, 4)
+
+
+def test_an_export_without_the_loop_graph_still_loads_and_decodes(exports, tmp_path):
+    exported = exports["dot"]
+    old = tmp_path / "old"
+    shutil.copytree(exported.path, old)
+    manifest = json.loads((old / MANIFEST_FILE).read_text())
+    del manifest["graphs"][GREEDY_FILE]
+    (old / MANIFEST_FILE).write_text(json.dumps(manifest))
+    (old / GREEDY_FILE).unlink()
+    runtime = Seq2Seq.load(old)
+    assert not runtime.has_fused
+    source = source_batch(2, 3)
+    np.testing.assert_array_equal(runtime.predict(source), Seq2Seq.load(exported.path).predict(source))
+
+
+def test_a_manifest_listing_an_unknown_graph_is_refused(exports, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(exports["dot"].path, bad)
+    manifest = json.loads((bad / MANIFEST_FILE).read_text())
+    manifest["graphs"]["beam_loop.onnx"] = manifest["graphs"][GREEDY_FILE]
+    (bad / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=r"may list \['greedy_loop.onnx'\], got .*beam_loop.onnx"):
+        Seq2Seq.load(bad)
+
+
+@pytest.mark.parametrize("fused", [1, "yes", None])
+def test_fused_must_be_a_bool(exports, fused):
+    with pytest.raises(InputError, match="fused: expected True or False"):
+        Seq2Seq.load(exports["dot"].path, fused=fused)
