@@ -162,3 +162,17 @@ def test_a_manifest_listing_an_unknown_graph_is_refused(exports, tmp_path):
 def test_fused_must_be_a_bool(exports, fused):
     with pytest.raises(InputError, match="fused: expected True or False"):
         Seq2Seq.load(exports["dot"].path, fused=fused)
+
+
+def test_infer_no_fused_prints_the_same_results(exports, eos_biased, python, tmp_path):
+    """`seq2onnx infer --no-fused` runs the step loop: the same output as the default greedy loop."""
+    import subprocess
+
+    points = tmp_path / "points.npy"
+    np.save(points, source_batch(3, 4))
+    for args in ([str(exports["dot"].path), "--input", str(points), "--attention"],
+                 [str(eos_biased["lstm"]), *sum((["--text", t] for t in TEXTS), [])]):
+        runs = [subprocess.run([python, "-m", "runtime.cli", "infer", *args, *extra], capture_output=True, text=True,
+                               timeout=120) for extra in ([], ["--no-fused"])]
+        assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+        assert runs[0].stdout == runs[1].stdout and runs[0].stdout
