@@ -7,11 +7,10 @@ inside the loop (masked) until every row has ended, where the step loop drops th
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from .contract import GREEDY_FILE, greedy_io
+from .binding import Runner
+from .contract import greedy_io
 from .search.step import Hypothesis, State
 from .spec import ModelSpec
 from .vocab import EOS
@@ -20,25 +19,24 @@ from .vocab import EOS
 class GreedyLoop:
     """A greedy loop session with its declared I/O; thread-safe like the session."""
 
-    def __init__(self, spec: ModelSpec, session: Any, run: Any) -> None:
+    def __init__(self, spec: ModelSpec, run: Runner) -> None:
         io = greedy_io(spec)
         self.spec = spec
-        self._session = session
-        self._run = run  # (session, output names, feed, graph name) -> arrays, errors typed
+        self._run = run  # the greedy loop session's runner (errors typed, inputs on the host or the device)
         self.inputs, self.outputs = list(io["inputs"]), list(io["outputs"])
 
     def points(self, states: dict[str, np.ndarray], target_len: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Encoder states (and source_mask) -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None."""
         feed = {name: states[name] for name in self.inputs if name != "target_len"}
         feed["target_len"] = np.array(target_len, dtype=np.int64)  # >= 1: checked by the caller
-        result = dict(zip(self.outputs, self._run(self._session, self.outputs, feed, GREEDY_FILE)))
+        result = self._run(feed)
         return result["outputs"], result.get("alphas")
 
     def tokens(self, state: State, max_length: int, min_length: int, return_attention: bool) -> list[Hypothesis]:
         """The encoder's state -> one Hypothesis per row: tokens before its eos, summed log-prob with the eos."""
         feed = {**{name: state[name] for name in self.inputs if name in state},
                 "max_length": np.array(max_length, dtype=np.int64), "min_length": np.array(min_length, np.int64)}
-        result = dict(zip(self.outputs, self._run(self._session, self.outputs, feed, GREEDY_FILE)))
+        result = self._run(feed)
         tokens, log_probs = result["tokens"], result["token_log_probs"]  # (N, T), (N, T)
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
         out = []

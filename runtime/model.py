@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, GREEDY_FILE, SPEC_KEY
+from .binding import Runner, SessionRunner, runner
+from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, FEEDBACK, GREEDY_FILE, SPEC_KEY
 from .decode import greedy_decode
 from .errors import IntegrityError, InputError, brief, one_line
 from .fused import GreedyLoop
 from .inputs import check_mask, check_outputs, check_source, check_target_len
 from .manifest import Manifest, read_manifest
-from .sessions import check_threads, open_session, read_graph, requested_providers, session_io
+from .sessions import CUDA, check_threads, open_session, read_graph, requested_providers, session_io
 from .spec import ModelSpec
 from .token_steps import TokenSteps
 from .translate import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
@@ -26,31 +27,44 @@ class Seq2Seq:
     or `translate_batch` (token models)."""
 
     def __init__(self, manifest: Manifest, sessions: dict[str, Any], path: Path,
-                 vocabularies: dict[str, Any] | None = None) -> None:
+                 vocabularies: dict[str, Any] | None = None, io_binding: bool = False, device_id: int = 0) -> None:
         self.manifest = manifest
         self.path = path
         self.vocabularies = vocabularies or {}
-        self._greedy = (GreedyLoop(manifest.spec, sessions[GREEDY_FILE], _run) if GREEDY_FILE in sessions
-                        else None)
-        self._token_steps = (TokenSteps(manifest.spec, sessions[ENCODER_FILE], sessions[DECODER_STEP_FILE],
-                                        self._greedy) if manifest.spec.kind == "tokens" else None)
-        self._encoder = sessions[ENCODER_FILE]
+        self.io_binding = io_binding
+        io = {name: (list(entry["inputs"]), list(entry["outputs"])) for name, entry in manifest.graphs.items()}
+        self.step_inputs = io[DECODER_STEP_FILE][0]
         self._step = sessions[DECODER_STEP_FILE]
-        self._encoder_outputs = list(manifest.graphs[ENCODER_FILE]["outputs"])
-        self.step_inputs = list(manifest.graphs[DECODER_STEP_FILE]["inputs"])
-        self._step_outputs = list(manifest.graphs[DECODER_STEP_FILE]["outputs"])
+        # Graph-level access for parity tools: plain numpy in and out, whatever the decoding runners do.
+        self.run_encoder: Runner = SessionRunner(sessions[ENCODER_FILE], io[ENCODER_FILE][1], ENCODER_FILE)
+        self.run_step: Runner = SessionRunner(self._step, io[DECODER_STEP_FILE][1], DECODER_STEP_FILE)
+        # Decoding: with IO binding, the encoder's outputs and the step's fed-back state stay on the device.
+        fed_back = {out for out in io[DECODER_STEP_FILE][1] if out in FEEDBACK}
+        self._encode = runner(sessions[ENCODER_FILE], io[ENCODER_FILE][1], ENCODER_FILE, io_binding,
+                              set(io[ENCODER_FILE][1]), device_id)
+        self._decode_step = runner(self._step, io[DECODER_STEP_FILE][1], DECODER_STEP_FILE, io_binding, fed_back,
+                                   device_id)
+        self._greedy = (GreedyLoop(manifest.spec, runner(sessions[GREEDY_FILE], io[GREEDY_FILE][1], GREEDY_FILE,
+                                                         io_binding, set(), device_id))
+                        if GREEDY_FILE in sessions else None)
+        self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy)
+                             if manifest.spec.kind == "tokens" else None)
 
     @classmethod
-    def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None,
-             fused: bool = True) -> "Seq2Seq":
+    def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None, fused: bool = True,
+             io_binding: bool | None = None) -> "Seq2Seq":
         """Load an export directory, verifying version, hashes, graph I/O, spec and export id.
 
         fused: decode greedily with the export's greedy loop graph (one call per request) when it has one;
-        False decodes with the step loop (one call per output) and does not load that graph."""
+        False decodes with the step loop (one call per output) and does not load that graph.
+        io_binding: keep the encoder's outputs and the decoder state on the execution device between calls
+        (runtime.binding); None: on where the sessions run on CUDA, off on the CPU, where it only adds calls."""
         threads = check_threads(threads)  # arguments first: nothing is read for a call that cannot succeed
         requested_providers(provider)
-        if not isinstance(fused, bool):
-            raise InputError(f"fused: expected True or False, got {brief(fused)}")
+        for name, value in (("fused", fused), ("io_binding", io_binding)):
+            if not isinstance(value, bool) and not (name == "io_binding" and value is None):
+                raise InputError(f"{name}: expected True or False{' or None' if name == 'io_binding' else ''}, "
+                                 f"got {brief(value)}")
         path = _model_dir(path)
         manifest = read_manifest(path)
         sessions = {}
@@ -61,7 +75,9 @@ class Seq2Seq:
             session = open_session(data, provider, threads, str(path / name))
             _check_session(session, entry, manifest, path / name)
             sessions[name] = session
-        return cls(manifest, sessions, path, load_vocabularies(path, manifest) if manifest.vocabularies else None)
+        on_cuda = sessions[DECODER_STEP_FILE].get_providers()[0] == CUDA
+        return cls(manifest, sessions, path, load_vocabularies(path, manifest) if manifest.vocabularies else None,
+                   io_binding=on_cuda if io_binding is None else io_binding)
 
     @property
     def spec(self) -> ModelSpec:
@@ -90,11 +106,13 @@ class Seq2Seq:
         if src.shape[0] == 0:
             outputs, attention = self._empty(src, steps)
         elif self._greedy is not None:
-            states = self.run_encoder({"source": src, "source_mask": mask})
+            states = self._encode({"source": src, "source_mask": mask})
             outputs, attention = self._greedy.points({**states, "source_mask": mask}, steps)
             check_outputs(src, outputs, attention)
         else:
-            outputs, attention = greedy_decode(self.run_encoder, self.run_step, self.step_inputs, src, mask, steps)
+            run_encoder, run_step = ((self._encode, self._decode_step) if self.io_binding
+                                     else (self.run_encoder, self.run_step))  # run_* may be replaced by a caller
+            outputs, attention = greedy_decode(run_encoder, run_step, self.step_inputs, src, mask, steps)
             check_outputs(src, outputs, attention)
         return (outputs, attention) if return_attention else outputs
 
@@ -115,14 +133,6 @@ class Seq2Seq:
     def token_steps(self) -> TokenSteps | None:
         """Graph-level access for parity tools: a token model's encode/step functions (None for point models)."""
         return self._token_steps
-
-    def run_encoder(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Graph-level access for parity tools: the encoder graph on a checked-by-caller feed."""
-        return dict(zip(self._encoder_outputs, _run(self._encoder, self._encoder_outputs, feed, ENCODER_FILE)))
-
-    def run_step(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Graph-level access for parity tools: one decoder step on a checked-by-caller feed."""
-        return dict(zip(self._step_outputs, _run(self._step, self._step_outputs, feed, DECODER_STEP_FILE)))
 
     def _empty(self, src: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Batch 0: the right shapes, nothing run."""
@@ -145,16 +155,6 @@ def _model_dir(path: Any) -> Path:
     if model_dir is None or "\0" in str(model_dir):
         raise InputError(f"path: expected a str or os.PathLike naming a model directory, got {brief(path)}")
     return model_dir
-
-
-def _run(session: Any, outputs: list[str], feed: dict[str, np.ndarray], name: str) -> list[np.ndarray]:
-    """session.run, with onnxruntime's untyped failures (memory for a huge batch, a bad hand-made feed) typed."""
-    try:
-        return session.run(outputs, feed)
-    except Exception as exc:
-        shapes = {k: tuple(getattr(v, "shape", ())) for k, v in feed.items()}
-        raise InputError(f"{name}: onnxruntime could not run on inputs of shapes {brief(shapes)} ({one_line(exc)}); "
-                         "pass a smaller batch or shorter sources") from None
 
 
 def _check_session(session: Any, entry: dict[str, Any], manifest: Manifest, where: Path) -> None:

@@ -46,8 +46,11 @@ class Hypothesis:
 
 
 def select(state: State, index: np.ndarray, batch_axes: BatchAxes) -> State:
-    """Rows `index` of every state entry, taken along its batch axis (beam reorder, dropping finished rows)."""
-    return {name: np.take(value, index, axis=batch_axes[name]) for name, value in state.items()}
+    """Rows `index` of every state entry, taken along its batch axis (beam reorder, dropping finished rows).
+    An entry on an accelerator (an onnxruntime OrtValue kept there by IO binding) is copied to the host first:
+    its `numpy()`; the next step moves it back."""
+    return {name: np.take(value if isinstance(value, np.ndarray) else value.numpy(), index, axis=batch_axes[name])
+            for name, value in state.items()}
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -78,12 +81,20 @@ def check_decoding(state: State, batch_axes: BatchAxes, batch_size: int, bos_id:
     for name, value in state.items():
         if name not in batch_axes:
             raise InputError(f"state[{name!r}] has no entry in batch_axes; declare its batch axis")
-        axis = batch_axes[name]
-        if not isinstance(value, np.ndarray) or not -value.ndim <= axis < value.ndim:
+        axis, shape = batch_axes[name], _shape(value)
+        if shape is None or not -len(shape) <= axis < len(shape):
             raise InputError(f"state[{name!r}] must be an array with batch axis {axis}, got {brief(value)}")
-        if value.shape[axis] != batch_size:
+        if shape[axis] != batch_size:
             raise InputError(f"state[{name!r}] must have batch_size={batch_size} rows on axis {axis}, "
-                             f"got shape {value.shape}")
+                             f"got shape {shape}")
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    """A numpy array's shape, or an onnxruntime OrtValue's (a state entry kept on the device); None otherwise."""
+    if isinstance(value, np.ndarray):
+        return value.shape
+    shape = getattr(value, "shape", None) if type(value).__name__ == "OrtValue" else None
+    return tuple(shape()) if callable(shape) else None
 
 
 def call_step(step: StepFn, tokens: np.ndarray, state: State, batch_axes: BatchAxes, eos_id: int,

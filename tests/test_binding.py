@@ -1,0 +1,81 @@
+"""IO binding (runtime.binding): decoder state kept on the execution device between calls, same results.
+
+On this CPU-only machine the bound path runs with the CPU as its device (OrtValues in CPU memory): the same code
+that keeps state on a GPU with the CUDA provider. The CUDA rows run only where CUDA really works (conftest.DEVICES).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import DEVICES, source_batch
+from runtime import Seq2Seq
+from runtime.binding import BoundRunner
+from runtime.errors import InputError
+
+TEXTS = ["one is one", "two is two three", "three", "one two three four five"]
+DEVICE_RTOL = 1e-4  # CUDA kernels round differently from the CPU's
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fused", [True, False])
+def test_points_decode_the_same_with_state_bound_to_the_device(exported, device, fused):
+    plain = Seq2Seq.load(exported.path, provider="cpu", fused=fused)
+    bound = Seq2Seq.load(exported.path, provider=device, fused=fused, io_binding=True)
+    assert bound.io_binding and not plain.io_binding
+    source = source_batch(4, 5)
+    got, got_attention = bound.predict(source, 6, return_attention=True)
+    want, want_attention = plain.predict(source, 6, return_attention=True)
+    if device == "cpu":
+        np.testing.assert_array_equal(got, want)
+        if want_attention is not None:
+            np.testing.assert_array_equal(got_attention, want_attention)
+    else:
+        np.testing.assert_allclose(got, want, rtol=DEVICE_RTOL, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("options", [{}, {"beam_size": 3, "num_hypotheses": 2}, {"sampling_topk": 0, "seed": 3},
+                                     {"return_attention": True, "max_decoding_length": 5}])
+def test_token_search_is_the_same_with_state_bound_to_the_device(transformer_export, device, options):
+    for fused in (True, False):
+        plain = Seq2Seq.load(transformer_export.path, provider="cpu", fused=fused)
+        bound = Seq2Seq.load(transformer_export.path, provider=device, fused=fused, io_binding=True)
+        got, want = bound.translate_batch(TEXTS, **options), plain.translate_batch(TEXTS, **options)
+        assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in want]
+        np.testing.assert_allclose([h.score for hyps in got for h in hyps], [h.score for hyps in want for h in hyps],
+                                   rtol=DEVICE_RTOL if device != "cpu" else 1e-7)
+
+
+def test_bound_state_is_kept_as_device_values_and_reordered_through_the_host(transformer_export):
+    """The step's fed-back cache comes back as OrtValues (not copied to numpy); beam reorders them via numpy."""
+    runtime = Seq2Seq.load(transformer_export.path, provider="cpu", fused=False, io_binding=True)
+    steps = runtime.token_steps
+    ids, lengths = runtime.vocabularies["source"].encode_batch(TEXTS, add_eos=True)
+    state = steps.encode(ids, lengths)
+    assert all(isinstance(v, ort.OrtValue) for v in state.values())
+    result = steps.step(np.ones(len(TEXTS), dtype=np.int64), state)
+    assert isinstance(result.log_probs, np.ndarray)
+    assert isinstance(result.state["past_keys"], ort.OrtValue) and result.state["past_keys"].shape()[3] == 1
+    from runtime.search.step import select
+
+    reordered = select(result.state, np.array([1, 0, 3, 2]), steps.batch_axes)
+    np.testing.assert_array_equal(reordered["past_keys"][:, 0], result.state["past_keys"].numpy()[:, 1])
+
+
+def test_onnxruntime_failures_under_binding_are_input_errors(exports):
+    runtime = Seq2Seq.load(exports["dot"].path, provider="cpu")
+    encoder = BoundRunner(runtime._step, ["output"], "decoder_step.onnx", keep=set())
+    with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
+        encoder({"decoder_input": np.zeros((1, 1, 3), np.float32)})
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0.0])
+def test_io_binding_must_be_a_bool_or_none(exports, value):
+    with pytest.raises(InputError, match="io_binding: expected True or False or None"):
+        Seq2Seq.load(exports["dot"].path, io_binding=value)
+
+
+def test_io_binding_defaults_to_off_on_the_cpu(exports):
+    assert not Seq2Seq.load(exports["dot"].path, provider="cpu").io_binding
