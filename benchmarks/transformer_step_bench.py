@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from export.graphs import DEFAULT_OPSET, EXAMPLE_BATCH, EXAMPLE_LENGTHS, EXAMPLE_SOURCE_LEN, dynamic_axes, export_graphs
+from runtime.binding import SessionRunner
 from runtime.contract import BATCH, DECODER_STEP_FILE, ENCODER_FILE, SOURCE_LEN, graph_io
 from runtime.sessions import open_session
 from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
@@ -109,7 +110,9 @@ class Bench:
         self.model, spec = model, model.spec
         sessions = {name: open_session((out / name).read_bytes(), "cpu", threads, name)
                     for name in (ENCODER_FILE, DECODER_STEP_FILE, PREFIX_FILE)}
-        self.steps = TokenSteps(spec, sessions[ENCODER_FILE], sessions[DECODER_STEP_FILE])
+        io = graph_io(spec)
+        self.steps = TokenSteps(spec, *(SessionRunner(sessions[name], list(io[name]["outputs"]), name)
+                                        for name in (ENCODER_FILE, DECODER_STEP_FILE)))
         self.step_session, self.prefix_session = sessions[DECODER_STEP_FILE], sessions[PREFIX_FILE]
         self.step_outputs = list(graph_io(spec)[DECODER_STEP_FILE]["outputs"])
         rng = np.random.default_rng(batch)
