@@ -52,6 +52,18 @@ class FiniteFloatRange(click.FloatRange):
         return super()._describe_range()
 
 
+def check_threads_option(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
+    if value is None:
+        return None
+    from .sessions import max_threads
+
+    if not 1 <= value <= max_threads():
+        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this process may use; more threads "
+                                 f"only contend for them), got {value}")
+    return value
+
+
 # Loaded only when used, so `infer` and `--help` work on an install without torch.
 LAZY_COMMANDS = {
     "train": ("training.cli", "train"),

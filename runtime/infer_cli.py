@@ -15,6 +15,9 @@ from typing import Any, Callable
 import click
 import numpy as np
 
+from .cli import check_threads_option
+
+check_threads = check_threads_option  # TODO(issue 9): bench_cli still imports this name
 from .errors import Seq2OnnxError
 from .inputs import MAX_TARGET_LEN
 from .sessions import PROVIDERS
@@ -215,18 +218,6 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
     return doc
 
 
-def check_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
-    if value is None:
-        return None
-    from .sessions import max_threads
-
-    if not 1 <= value <= max_threads():
-        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this process may use; more threads "
-                                 f"only contend for them), got {value}")
-    return value
-
-
 @click.command(short_help="Decode points or texts with an exported model (no torch needed).")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--input", "input_path", type=click.Path(exists=True, allow_dash=True, dir_okay=False),
@@ -243,7 +234,7 @@ def check_threads(ctx: click.Context, param: click.Parameter, value: int | None)
               help="Write results to FILE.json, FILE.npy or FILE.npz (token models: FILE.jsonl) instead of stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw the first items' attention (point models: and points) to FILE.png (needs matplotlib).")
-@click.option("--threads", type=int, default=None, callback=check_threads,
+@click.option("--threads", type=int, default=None, callback=check_threads_option,
               help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Greedy decoding in the export's greedy loop graph, one onnxruntime call per batch; --no-fused "

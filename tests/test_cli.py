@@ -55,7 +55,7 @@ def pipeline(tmp_path_factory):
     """train (few epochs) -> export, through the real CLI."""
     root = tmp_path_factory.mktemp("cli")
     ckpt, model = root / "ckpt", root / "model"
-    trained = cli("train", "--epochs", "3", "--hidden-dim", "4", "--out", ckpt, "--quiet")
+    trained = cli("train", "--epochs", "3", "--hidden-dim", "4", "--out", ckpt, "--quiet", "--threads", "1")
     assert trained.returncode == 0, trained.stderr
     assert "test MSE" in trained.stdout
     exported = cli("export", ckpt, "--out", model)

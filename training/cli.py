@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from runtime.cli import FiniteFloatRange, Interrupted, require_torch
+from runtime.cli import FiniteFloatRange, Interrupted, check_threads_option, require_torch
 from runtime.spec import ARCHS, ATTENTION_KINDS, CELLS, NORMS, POSITIONALS
 
 from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, TRANSFORMER_DEFAULTS, Job, data_kind,
@@ -161,9 +161,12 @@ def _transformer_default(name: str) -> str:
                    "(replacing OUT); other options default to the run's saved values.")
 @click.option("--force", is_flag=True, help="Replace an existing OUT (and discard an interrupted run).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--threads", type=int, default=None, callback=check_threads_option,
+              help="PyTorch intra-op threads, 1 to the number of usable CPUs (default: PyTorch's choice). On a "
+                   "machine that other work keeps busy, fewer threads than cores avoids waiting on descheduled ones.")
 @click.pass_context
 def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, force: bool, quiet: bool,
-          **opts: Any) -> None:
+          threads: int | None, **opts: Any) -> None:
     """Train a seq2seq model and write a checkpoint directory: a GRU encoder-decoder on points (squares, .npz), or
     on text (built-in sets, .tsv, parallel files) an embedding GRU/LSTM encoder-decoder or a transformer."""
     if resume and force:
@@ -172,6 +175,10 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     if not resume:  # usage mistakes first, before torch loads; a resumed run's options are checked once it is read
         opts = prepare_options(ctx, opts, data_kind(opts["data"]), None)
     require_torch("train")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     from runtime.errors import Seq2OnnxError
     from runtime.spec import SpecError
 

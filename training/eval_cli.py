@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from runtime.cli import FiniteFloatRange
-from runtime.infer_cli import check_threads
+from runtime.cli import check_threads_option as check_threads
 from runtime.sessions import PROVIDERS
 from runtime.token_infer import MAX_BATCH as MAX_BATCH_SIZE
 from runtime.token_infer import MAX_BEAM
