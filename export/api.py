@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import copy
+import shutil
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from runtime.contract import VOCAB_FILES
+from runtime.contract import GREEDY_FILE, VOCAB_FILES
 from runtime.model import Seq2Seq
 from runtime.vocab import Vocabulary
 from runtime.spec import ModelSpec
-from training.atomic import staged_directory
+from training.atomic import STAGING_SUFFIX, sibling, staged_directory
 from training.build import spec_from_model
 from training.destination import normalized
 from training.models import EncoderDecoder
@@ -19,9 +21,15 @@ from training.token_base import TokenModel
 from .atomic import check_destination
 from .errors import ExportError
 from .token_parity import run_token_parity
-from .graphs import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, export_graphs
+from .graphs import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, export_graphs, export_greedy
 from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, matrix_cases, raise_on_failure, report, run_parity
+from .quality import QualityError, QualityRow, QualityTolerance, failures, quality_report, quality_summary
+from .quantize import DTYPES, FP32, QUANTIZATIONS, check_loads, convert_graphs, precision_entry
+
+
+class QualityLossWarning(UserWarning):
+    """A reduced-precision export was published although it loses more than the stated tolerance."""
 
 
 def load_source(source: str | Path | EncoderDecoder | TokenModel) -> tuple[Any, ModelSpec, str]:
@@ -70,18 +78,62 @@ def source_vocabularies(source: str | Path | EncoderDecoder | TokenModel, spec: 
     return saved
 
 
+def precision_mode(quantize: str | None, dtype: str) -> str:
+    """'fp32', 'fp16' or 'int8' from export_model's `quantize` and `dtype`; int8 is quantized from float32 graphs,
+    so the two cannot be combined."""
+    if quantize not in (None, *QUANTIZATIONS):
+        raise ValueError(f"quantize: expected None or one of {QUANTIZATIONS}, got {quantize!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+    if quantize is not None and dtype != FP32:
+        raise ValueError(f"quantize={quantize!r} with dtype={dtype!r}: int8 quantization works on float32 graphs "
+                         "(onnxruntime has no int8 kernels fed float16); choose one")
+    return quantize or dtype
+
+
+def checkpoint_data(source: Any, spec: ModelSpec, name: str | None = None) -> Any:
+    """Real inputs to judge a reduced-precision export on: the test split of `name` (a data set name or path), else
+    of the checkpoint's own data; texts for token models, (N, L, F) sources for point models. None when there are
+    none (a model object, or data moved or changed since training)."""
+    from training.checkpoint import read_data_description
+    from training.data import DataError, load_dataset, reload_dataset
+    from training.text_data import load_text_dataset, reload_text_dataset
+
+    if name is None and isinstance(source, (EncoderDecoder, TokenModel)):
+        return None
+    try:
+        if spec.kind == "tokens":
+            _, test = load_text_dataset(name) if name else reload_text_dataset(read_data_description(source) or {})
+            return list(test.sources)
+        if name is None and read_data_description(source) is None:
+            return None
+        _, test = load_dataset(name) if name else reload_dataset(read_data_description(source))
+        return test.source if test.n_features == spec.n_features else None
+    except (DataError, OSError):
+        return None
+
+
 def export_model(
     source: str | Path | EncoderDecoder | TokenModel, out: str | Path, *, opset: int = DEFAULT_OPSET,
     tol: Tolerance = Tolerance(), force: bool = False, progress: bool = False,
     on_parity: Callable[[list[Row]], None] | None = None,
     vocabularies: tuple[Vocabulary, Vocabulary] | None = None,
+    quantize: str | None = None, dtype: str = FP32, quality_tol: QualityTolerance = QualityTolerance(),
+    accept_quality_loss: bool = False, quality_data: Any = None,
+    on_quality: Callable[[list[QualityRow]], None] | None = None,
 ) -> Path:
     """Export, check parity over the shape matrix, and only then move the result into `out`.
 
     Token models ship their (source, target) vocabularies, hashed beside the graphs: a checkpoint's own (an explicit
-    `vocabularies` must equal them), or, for a model object, the `vocabularies` given."""
+    `vocabularies` must equal them), or, for a model object, the `vocabularies` given.
+
+    `quantize='int8'` or `dtype='fp16'`: the float32 graphs are checked for parity first, then converted, then
+    compared with the float32 ones (`export.quality`) on `quality_data` (texts or (N, L, F) sources; default: a
+    checkpoint's own test data) and random inputs. Beyond `quality_tol` a QualityError is raised and nothing is
+    written, unless `accept_quality_loss`: then it is published with a QualityLossWarning."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset: expected {MIN_OPSET}..{MAX_OPSET}, got {opset}")
+    mode = precision_mode(quantize, dtype)
     out = normalized(out)
     check_destination(out, force)  # before any work; checked again just before publishing
     model, spec, described = load_source(source)
@@ -99,5 +151,45 @@ def export_model(
         if on_parity is not None:
             on_parity(rows)
         raise_on_failure(rows, tol)
-        write_manifest(staging, {**manifest, "parity": report(rows, tol)})
+        manifest = {**manifest, "parity": report(rows, tol)}
+        write_manifest(staging, manifest)
+        if mode != FP32:
+            data = quality_data if quality_data is not None else checkpoint_data(source, spec)
+            reduce_precision(staging, out, spec, manifest, mode, quality_tol, accept_quality_loss, data, on_quality)
     return out
+
+
+def reduce_precision(staging: Path, out: Path, spec: ModelSpec, manifest: dict[str, Any], mode: str,
+                     tol: QualityTolerance, accept: bool, data: Any,
+                     on_quality: Callable[[list[QualityRow]], None] | None) -> None:
+    """Convert the checked float32 graphs in `staging` to `mode`, compare them with a float32 copy (beside `out`,
+    removed after), and record precision and quality in the manifest; raise QualityError beyond `tol`."""
+    reference_dir = sibling(out, STAGING_SUFFIX)  # a killed export's copy is tidied like its staging directory
+    shutil.copytree(staging, reference_dir)
+    try:
+        convert_graphs(staging, spec, mode)
+        if (staging / GREEDY_FILE).exists():  # the greedy loop wraps the step: rebuilt around the converted one
+            export_greedy(staging, spec, manifest["export_id"])
+        converted = {**build_manifest(staging, spec, manifest["export_id"], manifest["opset"], manifest["parity"],
+                                      manifest["source"]), "precision": precision_entry(staging, spec, mode)}
+        write_manifest(staging, converted)
+        check_loads(staging, mode)
+        rows = quality_report(Seq2Seq.load(reference_dir, provider="cpu"), Seq2Seq.load(staging, provider="cpu"),
+                              tol, data)
+    finally:
+        shutil.rmtree(reference_dir, ignore_errors=True)
+    if on_quality is not None:
+        on_quality(rows)
+    failed = failures(rows)
+    if failed and not accept:
+        shown = "\n".join(f"  {r.case}: {r.metric} {r.value:.4g}, limit {r.limit:g}" for r in failed)
+        raise QualityError(f"the {mode} export loses more than the tolerance ({tol}) against its float32 graphs in "
+                           f"{len(failed)} of {sum(r.limit is not None for r in rows)} checks; nothing was written. "
+                           "Pass accept_quality_loss (--accept-quality-loss) to publish it anyway, or loosen the "
+                           f"tolerance:\n{shown}")
+    if failed:
+        warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol}) in {len(failed)} checks; "
+                      "published because the loss was accepted (the manifest's quality report says so)",
+                      QualityLossWarning, stacklevel=3)
+    write_manifest(staging, {**converted, "quality": {**quality_summary(rows, tol, bool(failed)),
+                                                      "measured_on": "CPUExecutionProvider"}})

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,6 +16,14 @@ from training.cli import check_data_option
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
 DEFAULT_DRIFT_ATOL = 1e-3
+# Same values as export.quality's and export.quantize's constants (a test keeps them equal).
+DEFAULT_MAX_OUTPUT_DIFF = 0.05
+DEFAULT_MAX_ATTENTION_DIFF = 0.05
+DEFAULT_MIN_EXACT_MATCH = 0.99
+DEFAULT_MIN_TOKEN_AGREEMENT = 0.99
+QUANTIZATIONS = ("int8",)
+DTYPES = ("fp32", "fp16")
+QUALITY_OPTIONS = ("max_output_diff", "max_attention_diff", "min_exact_match", "min_token_agreement")
 
 
 def tolerance_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,6 +43,46 @@ def tolerance_options(command: Callable[..., Any]) -> Callable[..., Any]:
 DEFAULT_OPSET = 17
 
 
+def precision_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--quantize, --dtype, --accept-quality-loss and the quality tolerances of a reduced-precision export."""
+    options = [
+        click.option("--quantize", type=click.Choice(QUANTIZATIONS), default=None,
+                     help="Quantize the weights of MatMul/Gemm, embeddings and LSTM to int8, activations per call "
+                          "(onnxruntime dynamic quantization, for CPUs; GRU weights stay float32)."),
+        click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True,
+                     help="Weights and compute in float16 (for CUDA), inputs and outputs still float32."),
+        click.option("--accept-quality-loss", is_flag=True,
+                     help="Publish a --quantize/--dtype export even when it loses more than the tolerances "
+                          "below against its float32 graphs (with a warning; the manifest records it)."),
+        click.option("--max-output-diff", type=FiniteFloatRange(min=0), default=DEFAULT_MAX_OUTPUT_DIFF,
+                     show_default=True, help="Point models: the largest output difference from float32, as a "
+                                             "fraction of the outputs' largest magnitude."),
+        click.option("--max-attention-diff", type=FiniteFloatRange(min=0), default=DEFAULT_MAX_ATTENTION_DIFF,
+                     show_default=True, help="Point models: the largest attention-weight difference from float32."),
+        click.option("--min-exact-match", type=FiniteFloatRange(0, 1), default=DEFAULT_MIN_EXACT_MATCH,
+                     show_default=True, help="Token models: the least fraction of decoded sequences (greedy and "
+                                             "beam 5) identical to float32's."),
+        click.option("--min-token-agreement", type=FiniteFloatRange(0, 1), default=DEFAULT_MIN_TOKEN_AGREEMENT,
+                     show_default=True, help="Token models: the least fraction of output positions equal to "
+                                             "float32's."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept: bool) -> None:
+    """Usage errors: int8 with fp16, and quality options without a reduced precision to judge."""
+    if quantize is not None and dtype != "fp32":
+        raise click.UsageError(f"--quantize {quantize} and --dtype {dtype} cannot be combined: int8 quantization "
+                               "works on float32 graphs; choose one")
+    given = [f"--{name.replace('_', '-')}" for name in (*QUALITY_OPTIONS, "accept_quality_loss")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given and quantize is None and dtype == "fp32":
+        raise click.UsageError(f"{', '.join(given)} only apply to a reduced-precision export; add --quantize int8 "
+                               "or --dtype fp16, or drop them")
+
+
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors that describe a user's input (a bad checkpoint, export or spec), shown without a traceback."""
     from runtime.spec import SpecError
@@ -49,19 +97,31 @@ def user_errors() -> tuple[type[Exception], ...]:
               help="Directory to write the export to (a new one, or an earlier export with --force).")
 @click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
 @tolerance_options
+@precision_options
 @click.option("--force", is_flag=True, help="Replace an existing export at --out.")
-def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: float, drift_atol: float,
-                   force: bool) -> None:
-    """Export CHECKPOINT to ONNX graphs + manifest, checked for parity before anything is written."""
+@click.pass_context
+def export_command(ctx: click.Context, checkpoint: Path, out: Path, opset: int, atol: float, rtol: float,
+                   drift_atol: float, quantize: str | None, dtype: str, accept_quality_loss: bool,
+                   max_output_diff: float, max_attention_diff: float, min_exact_match: float,
+                   min_token_agreement: float, force: bool) -> None:
+    """Export CHECKPOINT to ONNX graphs + manifest, checked for parity before anything is written.
+
+    With --quantize int8 or --dtype fp16 the float32 graphs are checked first, then converted and compared with
+    them (real test data when the checkpoint's data can be reloaded, else random inputs); an export that loses
+    more than the tolerances is refused unless --accept-quality-loss."""
+    check_precision(ctx, quantize, dtype, accept_quality_loss)
     require_torch()
     from training.destination import normalized
 
-    from .api import export_model
+    from .api import QualityLossWarning, export_model
     from .atomic import check_destination
     from .graphs import MAX_OPSET, MIN_OPSET
     from .parity import Tolerance, format_table
+    from .quality import QualityTolerance, format_quality
 
     tol = Tolerance(atol, rtol, drift_atol)
+    quality_tol = QualityTolerance(max_output_diff, max_attention_diff, min_exact_match, min_token_agreement)
+    mode = quantize or dtype
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="'--opset'")
     if normalized(out).resolve().is_relative_to(checkpoint.resolve()):
@@ -71,11 +131,21 @@ def export_command(checkpoint: Path, out: Path, opset: int, atol: float, rtol: f
     try:
         check_destination(normalized(out), force)  # a refused --out is said before any work
         click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
-        path = export_model(checkpoint, out, opset=opset, tol=tol, force=force, progress=True,
-                            on_parity=lambda rows: click.echo(format_table(rows, tol)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", QualityLossWarning)
+            path = export_model(checkpoint, out, opset=opset, tol=tol, force=force, progress=True,
+                                on_parity=lambda rows: click.echo(format_table(rows, tol)),
+                                quantize=quantize, dtype=dtype, quality_tol=quality_tol,
+                                accept_quality_loss=accept_quality_loss,
+                                on_quality=lambda rows: click.echo(format_quality(rows, quality_tol, mode)))
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {path}")
+    for warning in caught:
+        if issubclass(warning.category, QualityLossWarning):
+            click.echo(f"warning: {warning.message}", err=True)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    click.echo(f"wrote {path}" + ("" if mode == "fp32" else f" ({mode}, quality report in its manifest)"))
 
 
 def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -114,6 +184,9 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     check_pair(checkpoint, model_dir, spec, runtime)
+    precision = runtime.manifest.raw.get("precision")
+    if isinstance(precision, dict) and precision.get("weights", "fp32") != "fp32":
+        return verify_reduced(checkpoint, model_dir, runtime, tol, data)
     if spec.kind == "tokens":
         rows = token_rows(checkpoint, data, model, runtime, tol)
     else:
@@ -126,6 +199,49 @@ def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, 
         raise click.ClickException(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} says it was "
                                    f"exported from {source!r}: if that is not {checkpoint}, the two are not a pair")
     click.echo(f"all {len(rows)} checks within {tol}")
+
+
+def verify_reduced(checkpoint: Path, model_dir: Path, runtime: Any, tol: Any, data: str | None) -> None:
+    """An int8/fp16 export: export CHECKPOINT at float32 into a temporary directory (parity against PyTorch at
+    --atol/--rtol/--drift-atol), then compare MODEL_DIR with it at the quality tolerances its manifest records."""
+    import tempfile
+    from dataclasses import fields
+
+    from runtime.model import Seq2Seq
+
+    from .api import checkpoint_data, export_model
+    from .parity import format_table
+    from .quality import QualityTolerance, failures, format_quality, quality_report
+
+    if data is not None and (data == "squares" or data.endswith(".npz")) != (runtime.spec.kind == "points"):
+        raise click.BadParameter(f"{data!r} does not fit {checkpoint}, a {runtime.spec.kind} model",
+                                 param_hint="'--data'")
+    recorded = runtime.manifest.raw.get("quality")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    try:
+        qtol = QualityTolerance(**{f.name: recorded[f.name] for f in fields(QualityTolerance) if f.name in recorded})
+    except (TypeError, ValueError) as exc:
+        raise click.ClickException(f"{model_dir}: the manifest's quality tolerances are unreadable ({exc}); "
+                                   "re-export the model") from None
+    mode = runtime.manifest.raw["precision"]["weights"]
+    click.echo(f"{model_dir} is a {mode} export: checking a float32 export of {checkpoint} against PyTorch, then "
+               f"{model_dir} against that float32 export ({qtol})", err=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            reference = Seq2Seq.load(export_model(checkpoint, Path(tmp) / "fp32", tol=tol, progress=True,
+                                                  on_parity=lambda rows: click.echo(format_table(rows, tol))),
+                                     provider="cpu")
+            candidate = Seq2Seq.load(model_dir, provider="auto")  # a GPU measures fp16 where it is meant to run
+            rows = quality_report(reference, candidate, qtol, checkpoint_data(checkpoint, runtime.spec, data))
+        except user_errors() as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"{model_dir} ran on {candidate.providers[0]}", err=True)
+    click.echo(format_quality(rows, qtol, mode))
+    failed = failures(rows)
+    if failed:
+        accepted = " (it was published with --accept-quality-loss)" if recorded.get("accepted_beyond_tolerance") else ""
+        raise click.ClickException(f"{len(failed)} checks exceed the quality tolerances of {model_dir}{accepted}")
+    click.echo(f"float32 parity and all {mode} quality checks within tolerance")
 
 
 def check_pair(checkpoint: Path, model_dir: Path, spec: Any, runtime: Any) -> None:

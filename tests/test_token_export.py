@@ -162,10 +162,14 @@ def test_state_batch_axes_name_every_state_entry(exported):
 
 def runtime_steps(exported):
     """The exported graphs as a TokenSteps."""
+    from runtime.binding import SessionRunner
+    from runtime.contract import graph_io
     from runtime.token_steps import TokenSteps
 
     _, spec, sessions, _ = exported
-    return TokenSteps(spec, sessions[ENCODER_FILE], sessions[DECODER_STEP_FILE])
+    io = graph_io(spec)
+    return TokenSteps(spec, *(SessionRunner(sessions[name], list(io[name]["outputs"]), name)
+                              for name in (ENCODER_FILE, DECODER_STEP_FILE)))
 
 
 @pytest.mark.parametrize(("n", "length"), [(1, 4), (5, 6)])

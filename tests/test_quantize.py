@@ -1,0 +1,291 @@
+"""Reduced-precision exports (`--quantize int8`, `--dtype fp16`): the converted graphs keep their contract and load in
+the runtime unchanged, the manifest records precision and quality, int8 holds quantized ops and is smaller, and a
+loss beyond tolerance is refused with nothing published, unless accepted (then published with a warning)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from export.api import QualityLossWarning, export_model, precision_mode
+from export.cli import export_command, verify_command
+from export.graphs import DEFAULT_OPSET, export_graphs
+from export.manifest import build_manifest, write_manifest
+from export.quality import QualityError, QualityTolerance, token_agreement
+from export.quantize import QUANTIZED_OPS, convert_graphs, gemm_as_matmul
+from runtime import Seq2Seq
+from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, MANIFEST_FILE, graph_io
+from runtime.spec import ModelSpec
+from runtime.vocab import Vocabulary
+from training.build import build_model
+from training.text_data import toy_translation
+from training.token_models import build_token_model
+
+SQUARES = Path(__file__).resolve().parent.parent / "artifacts" / "squares-checkpoint"
+HIDDEN = 48  # large enough that int8 weights outweigh the quantization parameters they add
+QUALITY_ATOL = 0.05  # the int8 decode vs float32, relative to the outputs' scale: MAX_OUTPUT_DIFF
+# An untrained token model's log-probs are near-uniform: precision flips its argmax near-ties (int8 LSTM: 97% of
+# greedy sequences equal), which the trained-model bars (0.99) would refuse.
+UNTRAINED = QualityTolerance(min_exact_match=0.8, min_token_agreement=0.8)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """As conftest's one_torch_thread, for module fixtures: tiny models export fastest on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def manifest(path: Path) -> dict:
+    return json.loads((path / MANIFEST_FILE).read_text())
+
+
+def graph_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.onnx"))
+
+
+def signature(path: Path) -> dict[str, tuple]:
+    """Every graph's I/O names, element types and dims, doc string and metadata."""
+    out = {}
+    for file in sorted(path.glob("*.onnx")):
+        model = onnx.load(str(file))
+        io = {v.name: (v.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+              for v in [*model.graph.input, *model.graph.output]}
+        out[file.name] = (io, model.doc_string, {p.key for p in model.metadata_props})
+    return out
+
+
+@pytest.fixture(scope="module")
+def points(tmp_path_factory) -> dict[str, Path]:
+    """A seeded dot-attention point model exported at int8, and its float32 graphs written beside (the same
+    exporter, without the parity run: test_export checks that)."""
+    torch.manual_seed(0)
+    spec = ModelSpec(n_features=2, hidden_dim=HIDDEN, attention="dot")
+    model = build_model(spec).eval()
+    root = tmp_path_factory.mktemp("points")
+    with torch_threads(1):
+        int8 = export_model(model, root / "int8", quantize="int8")  # first: it copies the model, tracing spoils it
+        fp32 = root / "fp32"
+        fp32.mkdir()
+        export_graphs(model, spec, fp32, DEFAULT_OPSET, "0" * 32)
+    write_manifest(fp32, build_manifest(fp32, spec, "0" * 32, DEFAULT_OPSET, None, "test"))
+    return {"fp32": fp32, "int8": int8}
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory) -> dict[str, tuple[Path, ModelSpec]]:
+    """An LSTM token model at int8 (DynamicQuantizeLSTM) and a transformer at fp16, on the toy vocabularies."""
+    pairs, _ = toy_translation()
+    vocabs = (Vocabulary.build(pairs.sources, "whitespace"), Vocabulary.build(pairs.targets, "whitespace"))
+    sizes = dict(source_vocab_size=len(vocabs[0]), target_vocab_size=len(vocabs[1]), target_len=6)
+    specs = {"int8": ModelSpec(kind="tokens", cell="lstm", hidden_dim=16, embedding_dim=8, **sizes),
+             "fp16": ModelSpec(kind="tokens", arch="transformer", d_model=16, d_ff=32, n_heads=2, layers=1,
+                               max_positions=16, **sizes)}
+    root = tmp_path_factory.mktemp("tokens")
+    out = {}
+    for mode, spec in specs.items():
+        torch.manual_seed(0)
+        options = {"quantize": "int8"} if mode == "int8" else {"dtype": "fp16"}
+        with torch_threads(1):
+            out[mode] = (export_model(build_token_model(spec).eval(), root / mode, vocabularies=vocabs,
+                                      quality_tol=UNTRAINED, **options), spec)
+    return out
+
+
+def test_int8_graphs_keep_their_contract_and_metadata(points):
+    fp32, int8 = signature(points["fp32"]), signature(points["int8"])
+    assert fp32.keys() == int8.keys() and ENCODER_FILE in int8
+    for name in fp32:
+        assert int8[name][0] == fp32[name][0], name  # names, float32/int64/bool types, symbolic dims
+        assert int8[name][1] == fp32[name][1] and int8[name][2] == fp32[name][2], name
+    export_id = manifest(points["int8"])["export_id"]
+    for file in points["int8"].glob("*.onnx"):
+        assert {p.key: p.value for p in onnx.load(str(file)).metadata_props}[EXPORT_ID_KEY] == export_id
+
+
+def test_int8_holds_quantized_ops_and_is_smaller(points):
+    for name in graph_io(ModelSpec(hidden_dim=HIDDEN)):
+        ops = {n.op_type for n in onnx.load(str(points["int8"] / name)).graph.node}
+        assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}, name
+    assert graph_bytes(points["int8"]) < 0.9 * graph_bytes(points["fp32"])
+
+
+def test_manifest_records_precision_and_quality(points):
+    entry = manifest(points["int8"])
+    assert entry["precision"]["weights"] == "int8" and entry["precision"]["io"] == "float32"
+    assert entry["precision"]["float32_ops"] == ["GRU"]  # no integer GRU kernel in onnxruntime
+    assert set(entry["precision"]["quantized_ops"][DECODER_STEP_FILE]) <= set(QUANTIZED_OPS)
+    quality = entry["quality"]
+    assert quality["passed"] and not quality["accepted_beyond_tolerance"]
+    assert quality["max_output_diff"] == QualityTolerance().max_output_diff
+    judged = [r for r in quality["rows"] if r["limit"] is not None]
+    assert judged and all(r["ok"] for r in judged)
+    assert entry["parity"]["passed"]  # the float32 graphs were checked before conversion
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_runtime_runs_int8_close_to_fp32(points, fused):
+    source = np.random.default_rng(3).normal(size=(5, 2, 2)).astype(np.float32)
+    want = Seq2Seq.load(points["fp32"], provider="cpu", fused=fused).predict(source)
+    got = Seq2Seq.load(points["int8"], provider="cpu", fused=fused).predict(source)
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert 0 < np.abs(got - want).max() <= QUALITY_ATOL * np.abs(want).max()  # quantized, and still close
+
+
+def test_token_exports_load_and_translate(tokens):
+    for mode, (path, spec) in tokens.items():
+        runtime = Seq2Seq.load(path, provider="cpu")
+        found = runtime.translate_batch(["hello world", "thank you"], beam_size=3)
+        assert len(found) == 2 and all(isinstance(t[0].tokens, list) for t in found), mode
+        entry = manifest(path)
+        assert entry["precision"]["weights"] == mode and entry["quality"]["passed"], mode
+        assert entry["quality"]["min_exact_match"] == UNTRAINED.min_exact_match
+        rows = {r["case"] for r in entry["quality"]["rows"]}
+        assert {"random ids greedy", "random ids beam5"} <= rows, mode  # a model object brings no texts
+    lstm_ops = {n.op_type for n in onnx.load(str(tokens["int8"][0] / ENCODER_FILE)).graph.node}
+    assert "DynamicQuantizeLSTM" in lstm_ops and "LSTM" not in lstm_ops
+
+
+def test_fp16_keeps_float32_io_with_float16_weights(tokens):
+    path, spec = tokens["fp16"]
+    for name, io in graph_io(spec).items():
+        model = onnx.load(str(path / name))
+        types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]}
+        assert onnx.TensorProto.FLOAT16 not in types.values(), name
+        assert sorted(types) == sorted({**io["inputs"], **io["outputs"]}), name
+        assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer), name
+
+
+@pytest.mark.parametrize("trans_b, alpha, beta, bias", [(1, 1.0, 1.0, True), (0, 0.5, 2.0, True), (1, 3.0, 1.0, False)])
+def test_gemm_becomes_matmul_with_the_same_values(trans_b, alpha, beta, bias):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(3, 4) if trans_b else (4, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "c")]
+                                                 if bias else [])
+    node = helper.make_node("Gemm", ["x", "w", *(["c"] if bias else [])], ["y"], name="gemm", transB=trans_b,
+                            alpha=alpha, beta=beta)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rewritten = gemm_as_matmul(model)
+    assert [n.op_type for n in rewritten.graph.node] == ["MatMul", "Add"][:1 + bias]
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+                 for m in (model, rewritten))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_graph_without_weights_to_quantize_is_left_as_is(tmp_path):
+    torch.manual_seed(0)
+    spec = ModelSpec(n_features=2, hidden_dim=HIDDEN, attention="none")  # the encoder is a GRU and nothing else
+    export_graphs(build_model(spec).eval(), spec, tmp_path, DEFAULT_OPSET, "0" * 32)
+    convert_graphs(tmp_path, spec, "int8")
+    ops = {name: {n.op_type for n in onnx.load(str(tmp_path / name)).graph.node} for name in graph_io(spec)}
+    assert "MatMulInteger" not in ops[ENCODER_FILE] and "MatMulInteger" in ops[DECODER_STEP_FILE]
+
+
+def refused_and_accepted(tmp_path: Path) -> tuple[Path, pytest.ExceptionInfo]:
+    """A tolerance nothing meets: refused, with nothing at --out or beside it."""
+    torch.manual_seed(1)
+    model = build_model(ModelSpec(n_features=2, hidden_dim=5, attention="dot")).eval()
+    out = tmp_path / "model"
+    with pytest.raises(QualityError, match="nothing was written") as refused:
+        export_model(model, out, quantize="int8", quality_tol=QualityTolerance(max_output_diff=0.0))
+    return out, refused
+
+
+def test_loss_beyond_tolerance_is_refused_unless_accepted(tmp_path):
+    out, refused = refused_and_accepted(tmp_path)
+    assert "outputs.diff/scale" in str(refused.value)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == []
+    torch.manual_seed(1)
+    model = build_model(ModelSpec(n_features=2, hidden_dim=5, attention="dot")).eval()
+    with pytest.warns(QualityLossWarning, match="accepted"):
+        export_model(model, out, quantize="int8", quality_tol=QualityTolerance(max_output_diff=0.0),
+                     accept_quality_loss=True)
+    quality = manifest(out)["quality"]
+    assert not quality["passed"] and quality["accepted_beyond_tolerance"]
+    Seq2Seq.load(out, provider="cpu").predict(np.zeros((1, 2, 2), np.float32))
+
+
+@pytest.mark.parametrize("quantize, dtype", [("int4", "fp32"), (None, "bf16"), ("int8", "fp16"), ("int8", None)])
+def test_bad_precision_arguments(quantize, dtype):
+    with pytest.raises(ValueError, match="quantize|dtype"):
+        precision_mode(quantize, dtype)
+
+
+@pytest.mark.parametrize("field, value", [("min_exact_match", 1.5), ("max_output_diff", -0.1),
+                                          ("max_attention_diff", math.nan), ("min_token_agreement", "high")])
+def test_bad_quality_tolerances(field, value):
+    with pytest.raises(ValueError, match=field):
+        QualityTolerance(**{field: value})
+
+
+@pytest.mark.parametrize("pairs, expected", [
+    ([([1, 2, 3], [1, 2, 3])], 1.0),
+    ([([1, 2], [1, 2, 3])], 2 / 4),  # </s> against 3, and nothing against </s>
+    ([([], [])], 1.0),
+    ([([5], [6]), ([7, 8], [7, 8])], 4 / 5),
+])
+def test_token_agreement(pairs, expected):
+    assert token_agreement(pairs) == pytest.approx(expected)
+
+
+# Usage errors: exit 2 with the option named, before any work (no --out is created).
+BAD_OPTIONS = [
+    (["--quantize", "int8", "--dtype", "fp16"], "cannot be combined"),
+    (["--dtype", "fp8"], "'--dtype'"),
+    (["--quantize", "int4"], "'--quantize'"),
+    (["--quantize", "int8", "--min-exact-match", "1.5"], "'--min-exact-match'"),
+    (["--quantize", "int8", "--max-output-diff", "-1"], "'--max-output-diff'"),
+    (["--dtype", "fp16", "--max-attention-diff", "nan"], "'--max-attention-diff'"),
+    (["--accept-quality-loss"], "--accept-quality-loss only apply"),
+    (["--min-token-agreement", "0.5"], "--min-token-agreement only apply"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_OPTIONS)
+def test_cli_usage_errors(tmp_path, args, message):
+    result = CliRunner().invoke(export_command, [str(SQUARES), "--out", str(tmp_path / "out"), *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_defaults_equal_the_quality_constants():
+    import export.cli as cli
+    from export import quantize
+
+    assert (cli.DEFAULT_MAX_OUTPUT_DIFF, cli.DEFAULT_MAX_ATTENTION_DIFF, cli.DEFAULT_MIN_EXACT_MATCH,
+            cli.DEFAULT_MIN_TOKEN_AGREEMENT) == tuple(vars(QualityTolerance()).values())
+    assert (cli.QUANTIZATIONS, cli.DTYPES) == (quantize.QUANTIZATIONS, quantize.DTYPES)
+
+
+def test_cli_int8_export_refusal_and_verify(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "squares-int8"
+    refused = runner.invoke(export_command, [str(SQUARES), "--out", str(out), "--quantize", "int8",
+                                             "--max-attention-diff", "0"])
+    assert refused.exit_code == 1 and "nothing was written" in refused.output and not out.exists()
+    done = runner.invoke(export_command, [str(SQUARES), "--out", str(out), "--quantize", "int8"])
+    assert done.exit_code == 0, done.output
+    assert "int8 vs fp32" in done.output and "data [0:128]" in done.output  # judged on the checkpoint's test data
+    checked = runner.invoke(verify_command, [str(SQUARES), str(out)])
+    assert checked.exit_code == 0, checked.output
+    assert "int8 quality checks within tolerance" in checked.output
