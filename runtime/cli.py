@@ -71,6 +71,7 @@ LAZY_COMMANDS = {
     "verify": ("export.cli", "verify_command"),
     "infer": ("runtime.infer_cli", "infer"),
     "eval": ("training.eval_cli", "eval_command"),
+    "bench": ("export.bench_cli", "bench_command"),
 }
 
 

@@ -16,8 +16,6 @@ import click
 import numpy as np
 
 from .cli import check_threads_option
-
-check_threads = check_threads_option  # TODO(issue 9): bench_cli still imports this name
 from .errors import Seq2OnnxError
 from .inputs import MAX_TARGET_LEN
 from .sessions import PROVIDERS

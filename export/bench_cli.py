@@ -1,0 +1,267 @@
+"""`seq2onnx bench`: decode latency over a grid, onnxruntime against PyTorch eager (with --checkpoint) in one run.
+
+Importable without torch: PyTorch is imported only when --checkpoint asks for the eager side (see export.eager).
+The grid's core (inputs, timing, floor, table, JSON, plot) is torch-free, in runtime.bench.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from runtime.bench import (FORMAT, LOOPS, Cell, best_rows, cell_record, floor_call, format_best, format_table, grid,
+                           identity_graph, make_inputs, measure, ort_call, plot_latency)
+from runtime.cli import require_torch
+from runtime.errors import Seq2OnnxError
+from runtime.cli import check_threads_option as check_threads
+from runtime.infer_cli import PLOT_SUFFIXES, check_output_path, write_atomically
+from runtime.inputs import MAX_TARGET_LEN
+from runtime.sessions import CPU, PROVIDERS, max_threads
+from runtime.token_infer import MAX_BATCH, MAX_BEAM
+
+LOOP_CHOICES = ("auto", "step", "fused", "both")
+POINT_DEFAULTS = {"batches": (1, 16, 256), "source_lens": (50,), "target_lens": (100,)}
+TOKEN_BATCHES, TOKEN_BEAMS = (1, 16, 64), (1, 5)
+DEFAULT_THREADS = (1, 2)
+JSON_SUFFIXES = (".json",)
+
+
+def unique(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The values in the order given, each once."""
+    return tuple(dict.fromkeys(values))
+
+
+def check_thread_counts(ctx: click.Context, param: click.Parameter, values: tuple[int, ...]) -> tuple[int, ...]:
+    """--threads: each 1 up to the usable CPUs (infer's rule); default 1 and 2 where the machine has them."""
+    if not values:
+        return tuple(t for t in DEFAULT_THREADS if t <= max_threads())
+    return unique(tuple(check_threads(ctx, param, value) for value in values))
+
+
+def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[str, tuple[int, ...]]) -> dict:
+    """The grid's axes: the values given, else the kind's defaults; values the model cannot take are usage errors."""
+    from runtime.translate import source_token_limit
+
+    axes = {name: unique(given) for name, given in values.items()}
+    if spec.kind == "points":
+        if axes["beams"]:
+            raise click.UsageError(f"--beam: {model_dir} is a point model, which decodes greedily; beam sizes are "
+                                   "for token models, drop --beam")
+        return {name: axes[name] or POINT_DEFAULTS.get(name, (None,)) for name in axes}
+    limit = source_token_limit(spec) - 1  # the closing </s> is a source token too
+    longest_target = spec.max_positions if spec.is_transformer else MAX_TARGET_LEN
+    defaults = {"batches": TOKEN_BATCHES, "beams": TOKEN_BEAMS, "source_lens": (min(spec.input_len, limit),),
+                "target_lens": (min(spec.target_len, longest_target),)}
+    axes = {name: axes[name] or defaults[name] for name in axes}
+    too_long = [n for n in axes["source_lens"] if n > limit]
+    if too_long:
+        raise click.BadParameter(f"{too_long[0]} tokens: {model_dir} reads at most {limit} source tokens (and the "
+                                 "closing </s>); pass a shorter --source-len", ctx, param_hint="'--source-len'")
+    too_long = [n for n in axes["target_lens"] if n > longest_target]
+    if too_long:
+        raise click.BadParameter(f"{too_long[0]}: {model_dir} is a transformer with max_positions {longest_target} "
+                                 "(output token t reads row t of its position table); pass a shorter --target-len",
+                                 ctx, param_hint="'--target-len'")
+    return axes
+
+
+def check_destinations(json_path: str | None, plot_path: str | None, force: bool) -> None:
+    """--json FILE and --plot FILE: writable, not replacing a file without --force (said before any work; their
+    suffixes differ, so they never name one file)."""
+    if json_path and json_path != "-":
+        check_output_path(json_path, "'--json'", JSON_SUFFIXES, force)
+    if plot_path:
+        check_output_path(plot_path, "'--plot'", PLOT_SUFFIXES, force)
+        from runtime.plot import require_matplotlib
+
+        require_matplotlib()
+
+
+def load_models(model_dir: Path, providers: tuple[str, ...], threads: tuple[int, ...],
+                loop: str) -> tuple[dict[tuple[str, int, str], Any], tuple[str, ...]]:
+    """One loaded model per (provider, threads, loop), every load before any timing, and the loops measured."""
+    from runtime.model import Seq2Seq
+
+    supported = "fused" in inspect.signature(Seq2Seq.load).parameters  # the fused greedy Loop graph, once it lands
+
+    def load(provider: str, count: int, fused: bool) -> Any:
+        extra = {"fused": fused} if supported else {}
+        return Seq2Seq.load(model_dir, provider=provider, threads=count, **extra)
+
+    models = {}
+    try:
+        probe = load(providers[0], threads[0], True) if supported and loop != "step" else None
+        has_fused = bool(getattr(probe, "has_fused", False))  # loaded with fused=True: the export has the graph
+        if loop in ("fused", "both") and not has_fused:
+            why = (f"{model_dir} has no fused greedy graph (exported before it existed); re-export it" if supported
+                   else "this seq2onnx runtime has no fused greedy loop (Seq2Seq.load takes no 'fused')")
+            raise click.ClickException(f"--loop {loop}: {why}, or pass --loop step")
+        loops = {"fused": ("fused",), "both": LOOPS, "step": ("step",)}.get(loop, LOOPS if has_fused else ("step",))
+        for provider in providers:
+            for count in threads:
+                for kind in loops:
+                    reuse = kind == "fused" and (provider, count) == (providers[0], threads[0])
+                    models[(provider, count, kind)] = probe if reuse else load(provider, count, kind == "fused")
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    return models, loops
+
+
+def floor_sessions(providers: tuple[str, ...], threads: tuple[int, ...]) -> dict[tuple[str, int], Any]:
+    """The Identity graph's session for each (provider, threads), as the models' sessions are made."""
+    from runtime.sessions import open_session
+
+    data = identity_graph()
+    try:
+        return {(p, t): open_session(data, p, t, "the per-call floor's Identity graph") for p in providers
+                for t in threads}
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def run_cells(cells: list[Cell], models: dict, floors: dict, eager: Any, spec: Any, vocab: Any, warmup: int,
+              repeats: int) -> list[dict[str, Any]]:
+    """Measure every cell (PyTorch only where onnxruntime runs on the CPU), one progress line each on stderr."""
+    inputs: dict[tuple[int, int], Any] = {}
+    records = []
+    for number, cell in enumerate(cells, 1):
+        model = models[(cell.provider, cell.threads, cell.loop)]
+        try:
+            if (cell.batch, cell.source_len) not in inputs:
+                inputs[(cell.batch, cell.source_len)] = make_inputs(spec, vocab, cell.batch, cell.source_len)
+            given = inputs[(cell.batch, cell.source_len)]
+            calls = {"ort": ort_call(model, cell, given), "floor": floor_call(floors[(cell.provider, cell.threads)],
+                                                                             cell.calls)}
+            names = {}
+            if eager is not None and model.providers[0] == CPU:
+                eager.set_threads(cell.threads)
+                for key, (name, call) in eager.decoders(cell, given).items():
+                    calls[key], names[key] = call, name
+            record = cell_record(cell, model.providers, measure(calls, warmup, repeats), names)
+        except Seq2OnnxError as exc:
+            raise click.ClickException(f"{cell.describe()}: {exc}") from None
+        click.echo(f"[{number}/{len(cells)}] {cell.describe()}: {progress(record)}", err=True)
+        records.append(record)
+    return records
+
+
+def progress(record: dict[str, Any]) -> str:
+    """'ort 1.23 ms (p90 1.4), floor 0.9 ms, torch 20.1 ms: 16.3x' (and a note when token counts differ)."""
+    ort, floor = record["ort"], record["floor"]
+    line = f"ort {ort['median_ms']:.4g} ms (p90 {ort['p90_ms']:.4g}), floor {floor['median_ms']:.4g} ms"
+    if record["torch"] is not None:
+        line += f", torch {record['torch']['median_ms']:.4g} ms: {record['speedup']:.2f}x"
+        if "torch_search" in record:
+            line += f" (torch search {record['torch_search']['median_ms']:.4g} ms)"
+        if record["torch"]["tokens"] != ort["tokens"]:
+            line += f" (note: torch produced {record['torch']['tokens']} tokens, onnxruntime {ort['tokens']})"
+    return line
+
+
+def describe(spec: Any) -> str:
+    """'tokens model: gru, hidden 128, dot attention' (or a transformer's d_model and layers)."""
+    body = f"transformer d_model {spec.d_model}, {spec.layers} layers" if spec.is_transformer else (
+        f"{spec.cell}, hidden {spec.hidden_dim}, {spec.attention} attention")
+    return f"{spec.kind} model: {body}"
+
+
+@click.command("bench", short_help="Time decoding over a grid: onnxruntime, and PyTorch eager with --checkpoint.")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Also time PyTorch eager on this checkpoint (MODEL_DIR's source; needs the 'train' extra).")
+@click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True,
+              help="Batch sizes (repeatable; default 1, 16, 256 for point models, 1, 16, 64 for token models).")
+@click.option("--source-len", "source_lens", type=click.IntRange(1, MAX_TARGET_LEN), multiple=True,
+              help="Source lengths, points or tokens (repeatable; default 50, or a token model's input_len).")
+@click.option("--target-len", "target_lens", type=click.IntRange(1, MAX_TARGET_LEN), multiple=True,
+              help="Decoded points or tokens, exactly (repeatable; default 100, or a token model's target_len).")
+@click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
+              help="Token models: beam sizes, 1 = greedy (repeatable; default 1 and 5).")
+@click.option("--provider", "providers", type=click.Choice(PROVIDERS), multiple=True, default=("cpu",),
+              show_default=True,
+              help="Execution providers (repeatable); PyTorch is timed only where onnxruntime runs on the CPU.")
+@click.option("--threads", "thread_counts", type=int, multiple=True, callback=check_thread_counts,
+              help="Intra-op threads of both sides (repeatable; default 1 and 2, at most the usable CPUs).")
+@click.option("--loop", type=click.Choice(LOOP_CHOICES), default="auto", show_default=True,
+              help="Greedy decoding through the step loop, the fused Loop graph, or both (auto: both where the "
+                   "model has a fused graph).")
+@click.option("--repeats", type=click.IntRange(1, 100_000), default=20, show_default=True,
+              help="Timed decodes per cell and decoder.")
+@click.option("--warmup", type=click.IntRange(0, 1000), default=2, show_default=True,
+              help="Untimed decodes per cell and decoder first.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Also write the results as JSON to FILE.json; '-' prints JSON to stdout instead of the tables.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw median latency against batch size to FILE.png (needs matplotlib).")
+@click.option("--force", is_flag=True, help="Replace existing --json / --plot files.")
+def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str, ...],
+                  thread_counts: tuple[int, ...], loop: str, repeats: int, warmup: int, json_path: str | None,
+                  plot_path: str | None, force: bool, **axes: tuple[int, ...]) -> None:
+    """Median and p90 decode latency, sequences/s and tokens/s of MODEL_DIR over a grid of batch sizes, lengths,
+    providers, threads and (token models) beam sizes, beside the per-call floor and, with --checkpoint, PyTorch
+    eager on the same inputs; the last table puts each side at its best thread count."""
+    import onnxruntime as ort
+
+    from runtime.manifest import read_manifest
+
+    try:
+        spec = read_manifest(model_dir).spec
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    values = resolve_grid(click.get_current_context(), model_dir, spec, axes)
+    check_destinations(json_path, plot_path, force)
+    if checkpoint is not None:
+        require_torch()
+    providers = unique(providers)
+    models, loops = load_models(model_dir, providers, thread_counts, loop)
+    first = next(iter(models.values()))
+    eager = None
+    if checkpoint is not None:
+        from .eager import Eager
+
+        eager = Eager(checkpoint, model_dir, first)
+    cells = grid(providers, thread_counts, loops, values["batches"], values["source_lens"], values["target_lens"],
+                 values["beams"])
+    records = run_cells(cells, models, floor_sessions(providers, thread_counts), eager, spec,
+                        first.vocabularies.get("source"), warmup, repeats)
+    torch_version = None if eager is None else eager.torch_version
+    doc = {"format": FORMAT, "model_dir": str(model_dir), "checkpoint": None if checkpoint is None else str(checkpoint),
+           "kind": spec.kind, "spec": spec.to_dict(),
+           "setup": {"onnxruntime": ort.__version__, "torch": torch_version, "numpy": np.__version__,
+                     "python": platform.python_version(), "machine": platform.machine(), "cpus": max_threads(),
+                     "warmup": warmup, "repeats": repeats},
+           "grid": {"provider": list(providers), "threads": list(thread_counts), "loop": list(loops),
+                    "batch": list(values["batches"]), "source_len": list(values["source_lens"]),
+                    "target_len": list(values["target_lens"]), "beam": list(values["beams"])},
+           "cells": records, "best": best_rows(records)}
+    write_results(doc, model_dir, spec, json_path, plot_path)
+
+
+def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: str | None,
+                  plot_path: str | None) -> None:
+    """The tables on stdout (or, with --json -, the JSON), then the --json and --plot files, each written whole."""
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    if json_path == "-":
+        click.echo(text, nl=False)
+    else:
+        setup = doc["setup"]
+        torch = f", torch {setup['torch']}" if setup["torch"] else " (no --checkpoint: onnxruntime only)"
+        click.echo(f"{model_dir}: {describe(spec)}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
+                   f"{setup['repeats']} after {setup['warmup']} warm-up; floor = 'calls' session.run() calls of an "
+                   "Identity graph; speed-up = torch / ort")
+        click.echo(format_table(doc))
+        if doc["best"]:
+            click.echo("\neach side at its best thread count:")
+            click.echo(format_best(doc["best"]))
+    if json_path and json_path != "-":
+        write_atomically(json_path, lambda f: f.write(text.encode("utf-8")))
+        click.echo(f"wrote {json_path}", err=True)
+    if plot_path:
+        title = f"{model_dir}: {describe(spec)}"
+        write_atomically(plot_path, lambda f: plot_latency(doc["cells"], title, f))
+        click.echo(f"wrote {plot_path}", err=True)
