@@ -34,6 +34,22 @@ TENSOR_NAME, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION, EXTERNAL = 8, 13, 14, 1
 MAX_NESTING = 100  # protobuf's own default recursion limit
 VARINT, LENGTH_DELIMITED, FIXED64, FIXED32 = 0, 2, 1, 5
 
+# Session defaults, measured with benchmarks/cpu_step_bench.py on a 2-core machine (figures in its docstring).
+# Intra-op threads for threads=None. onnxruntime's own default is every physical core per session, and a model has
+# two or three sessions; in a container whose CPU quota is below its affinity mask, or beside other workers, that
+# oversubscribes the CPUs. Measured: 2 threads decode points batch 256 1.3-1.6x faster than 1 when the second core
+# is free, and cost batch 1 ~1% (the encoder's GRU wakes the worker at every position); on a machine that other
+# work keeps busy, 2 threads are up to 1.3x slower than 1 (pass threads=1 there, and to serve requests side by side).
+# Beyond 2 threads is a judgement, not a measurement: the step's products at batch 256 (256 x 256 x 512) still split
+# well 4 ways, and a session never claims a large server's every core.
+DEFAULT_MAX_THREADS = 4
+# Worker threads busy-wait after each run (onnxruntime's default) to pick up the next one sooner. Measured: that burns
+# ~40 ms of CPU after every call while a service waits for its next request, and halves the speed of a 2-thread
+# decode when other work shares the CPUs; it gains 8-14% at batch 256 when the second core is free, nothing at batch 1.
+# force_spinning_stop (spin only during a run) burns nothing between calls but collapses the same way under load.
+SPINNING = False
+ALLOW_SPINNING = "session.intra_op.allow_spinning"
+
 
 def max_threads() -> int:
     """CPUs this process may run on: the most intra-op threads that do not oversubscribe the machine."""
@@ -43,7 +59,7 @@ def max_threads() -> int:
 
 
 def check_threads(threads: Any) -> int | None:
-    """None (onnxruntime decides) or a thread count between 1 and max_threads()."""
+    """None (default_threads() at session creation) or a thread count between 1 and max_threads()."""
     if threads is None:
         return None
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
@@ -168,19 +184,46 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     raise ValueError(f"truncated or overlong varint before byte {end}")
 
 
-def open_session(data: bytes, provider: str, threads: int | None, name: str) -> ort.InferenceSession:
-    """Create a session; a 'cuda' request that silently fell back to CPU is an error."""
+def check_device_id(device_id: Any) -> int:
+    """A CUDA device ordinal: a non-negative int."""
+    if isinstance(device_id, bool) or not isinstance(device_id, numbers.Integral) or device_id < 0:
+        raise InputError(f"device_id: expected a non-negative int (a CUDA device ordinal, 0 for the first GPU), "
+                         f"got {brief(device_id)}")
+    return int(device_id)
+
+
+def default_threads() -> int:
+    """Intra-op threads when the caller passes None: the usable CPUs, at most DEFAULT_MAX_THREADS."""
+    return min(max_threads(), DEFAULT_MAX_THREADS)
+
+
+def session_options(threads: int | None, spinning: bool = SPINNING) -> ort.SessionOptions:
+    """seq2onnx's session settings (measured in benchmarks/cpu_step_bench.py; see the constants above)."""
     options = ort.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
+    options.intra_op_num_threads = default_threads() if threads is None else threads
+    options.inter_op_num_threads = 1  # sequential execution creates no inter-op pool; 1 keeps any from spawning
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry(ALLOW_SPINNING, "1" if spinning else "0")
     options.log_severity_level = 3  # keep fallback warnings out of services' logs; we check ourselves
+    return options
+
+
+def open_session(data: bytes, provider: str, threads: int | None, name: str,
+                 device_id: int = 0) -> ort.InferenceSession:
+    """Create a session; a 'cuda' request that silently fell back to CPU is an error. device_id picks the GPU."""
+    device_id = check_device_id(device_id)
+    options = session_options(threads)
     providers = requested_providers(provider)
+    provider_options = [{"device_id": str(device_id)} if p == CUDA else {} for p in providers]
     try:
-        session = ort.InferenceSession(data, sess_options=options, providers=providers)
+        session = ort.InferenceSession(data, sess_options=options, providers=providers,
+                                       provider_options=provider_options)
     except Exception as exc:  # onnxruntime raises its own untyped errors
         if CUDA in providers:
             raise ProviderError(
-                f"{name}: onnxruntime could not start a session with {providers} ({one_line(exc)})"
+                f"{name}: onnxruntime could not start a session with {providers} on CUDA device {device_id} "
+                f"({one_line(exc)})"
             ) from None
         raise IntegrityError(
             f"{name}: onnxruntime could not load the graph ({one_line(exc)}); re-export the model"

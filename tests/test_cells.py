@@ -1,0 +1,128 @@
+"""The explicit GRU cell equals nn.GRU, step graphs use it; session defaults and CUDA device choice."""
+from __future__ import annotations
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn as nn
+from conftest import DEVICES
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+import runtime.sessions as sessions
+from export.cells import ExplicitGRU
+from export.graphs import DEFAULT_OPSET, export_graphs
+from runtime.contract import DECODER_STEP_FILE
+from runtime.errors import InputError, ProviderError
+from runtime.sessions import ALLOW_SPINNING, DEFAULT_MAX_THREADS, max_threads, open_session
+from runtime.spec import ModelSpec
+from training.token_models import build_token_model
+
+# The same float32 arithmetic in another order (and fused kernels on PyTorch's side).
+ATOL = 1e-5
+RTOL = 1e-5
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+RECURRENT_OPS = {"GRU", "LSTM", "RNN"}
+
+
+@PROPERTY
+@given(batch=st.integers(1, 9), inputs=st.integers(1, 12), hidden=st.integers(1, 12), layers=st.integers(1, 3),
+       batch_first=st.booleans(), seed=st.integers(0, 2**16))
+def test_explicit_gru_equals_torch_gru(batch: int, inputs: int, hidden: int, layers: int, batch_first: bool,
+                                       seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    rnn = nn.GRU(inputs, hidden, num_layers=layers, batch_first=batch_first).eval()
+    x = torch.randn(batch, inputs, generator=gen)
+    h = torch.randn(layers, batch, hidden, generator=gen)
+    with torch.no_grad():
+        out, want = rnn(x[:, None] if batch_first else x[None], h)
+        top, got = ExplicitGRU(rnn)(x, h)
+    torch.testing.assert_close(top, out[:, 0] if batch_first else out[0], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("rnn", [nn.GRU(3, 4, bidirectional=True), nn.GRU(3, 4, bias=False), nn.LSTM(3, 4)],
+                         ids=repr)
+def test_explicit_gru_refuses_what_it_cannot_compute(rnn: nn.Module) -> None:
+    with pytest.raises(TypeError, match="ExplicitGRU needs a unidirectional nn.GRU with biases"):
+        ExplicitGRU(rnn)
+
+
+def recurrent_ops(path) -> set[str]:
+    return {node.op_type for node in onnx.load(str(path / DECODER_STEP_FILE)).graph.node} & RECURRENT_OPS
+
+
+def test_point_step_graphs_have_no_recurrent_op(exports) -> None:
+    for exported in exports.values():
+        assert recurrent_ops(exported.path) == set(), exported.kind
+
+
+def test_point_step_scores_are_not_divided(exports) -> None:
+    """1/sqrt(d_k) is folded into the query projection: no Div is left for onnxruntime to fuse into FusedMatMul."""
+    for kind in ("dot", "multihead"):
+        ops = [node.op_type for node in onnx.load(str(exports[kind].path / DECODER_STEP_FILE)).graph.node]
+        assert "Div" not in ops, kind
+
+
+@pytest.mark.parametrize(("cell", "ops"), [("gru", set()), ("lstm", {"LSTM"})])
+def test_token_step_graph_has_a_recurrent_op_for_lstm_only(cell: str, ops: set[str], tmp_path) -> None:
+    torch.manual_seed(0)
+    spec = ModelSpec(kind="tokens", cell=cell, layers=2, attention="dot", hidden_dim=6, embedding_dim=5,
+                     source_vocab_size=11, target_vocab_size=11)
+    export_graphs(build_token_model(spec).eval(), spec, tmp_path, DEFAULT_OPSET, "test")
+    assert recurrent_ops(tmp_path) == ops
+
+
+def identity_graph() -> bytes:
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_session_defaults_are_applied() -> None:
+    options = open_session(identity_graph(), "cpu", None, "identity").get_session_options()
+    assert options.intra_op_num_threads == min(max_threads(), DEFAULT_MAX_THREADS) >= 1
+    assert options.inter_op_num_threads == 1
+    assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert options.get_session_config_entry(ALLOW_SPINNING) == "0"
+
+
+def test_explicit_threads_are_kept() -> None:
+    options = open_session(identity_graph(), "cpu", 1, "identity").get_session_options()
+    assert options.intra_op_num_threads == 1
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.0, "0", None])
+def test_device_id_must_be_a_non_negative_int(bad: object) -> None:
+    with pytest.raises(InputError, match=rf"device_id: expected a non-negative int .* got {bad!r}"):
+        open_session(identity_graph(), "cpu", 1, "identity", device_id=bad)
+
+
+class FakeSession:
+    """Records how a session was asked for; reports CUDA as running."""
+
+    def __init__(self, data: bytes, sess_options: ort.SessionOptions, providers: list[str],
+                 provider_options: list[dict]) -> None:
+        self.providers, self.provider_options = providers, provider_options
+
+    def get_providers(self) -> list[str]:
+        return self.providers
+
+
+def test_cuda_gets_the_device_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CUDA, sessions.CPU])
+    monkeypatch.setattr(sessions.ort, "InferenceSession", FakeSession)
+    session = open_session(b"", "cuda", 1, "identity", device_id=3)
+    assert session.providers == [sessions.CUDA, sessions.CPU]
+    assert session.provider_options == [{"device_id": "3"}, {}]
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a working CUDA provider")
+def test_a_missing_gpu_is_a_provider_error() -> None:
+    with pytest.raises(ProviderError, match="CUDA device 4096"):
+        open_session(identity_graph(), "cuda", 1, "identity", device_id=4096)
