@@ -234,6 +234,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="Draw the first items' attention (point models: and points) to FILE.png (needs matplotlib).")
 @click.option("--threads", type=int, default=None, callback=check_threads_option,
               help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
+@click.option("--device-id", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Greedy decoding in the export's greedy loop graph, one onnxruntime call per batch; --no-fused "
                    "runs the step loop, one call per output (the same results). Exports without the graph, and "
@@ -241,8 +243,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
 @token_options
 def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], target_len: int | None, provider: str,
-          attention: bool, output_path: str | None, plot_path: str | None, threads: int | None, fused: bool,
-          force: bool, **decoding: Any) -> None:
+          attention: bool, output_path: str | None, plot_path: str | None, threads: int | None, device_id: int,
+          fused: bool, force: bool, **decoding: Any) -> None:
     """Decode the sources in --input (token models: or the --text values) with the exported model in MODEL_DIR.
 
     Token models print one JSON line per input: {"index", "source", "hypotheses": [{"text", "tokens", "score",
@@ -251,14 +253,14 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
 
     if model_kind(model_dir, texts) == "tokens":
         return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path, threads,
-                             fused, force, decoding)
+                             device_id, fused, force, decoding)
     refuse_token_options(click.get_current_context(), model_dir)
     if input_path is None:
         raise click.UsageError("Missing option '--input'.")
     check_outputs(input_path, output_path, plot_path, attention, force)
     source, mask = read_input(input_path)
     try:
-        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused)
+        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id)
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
@@ -279,8 +281,8 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
 
 
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,
-                  output_path: str | None, plot_path: str | None, threads: int | None, fused: bool, force: bool,
-                  decoding: dict[str, Any]) -> None:
+                  output_path: str | None, plot_path: str | None, threads: int | None, device_id: int, fused: bool,
+                  force: bool, decoding: dict[str, Any]) -> None:
     """Token models: texts in, one JSON line per input out (stdout, or --output written whole)."""
     from .model import Seq2Seq
 
@@ -289,7 +291,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     options = decoding_options(ctx, decoding)
     check_outputs(input_path or "-", output_path, plot_path, attention, force, TOKEN_OUTPUT_SUFFIXES)
     try:
-        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused)
+        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     run = TokenRun(model, options, decoding["batch_size"], attention, plot_path is not None)

@@ -16,7 +16,7 @@ from .errors import IntegrityError, InputError, brief, one_line
 from .fused import GreedyLoop
 from .inputs import check_mask, check_outputs, check_source, check_target_len
 from .manifest import Manifest, read_manifest
-from .sessions import CUDA, check_threads, open_session, read_graph, requested_providers, session_io
+from .sessions import CUDA, check_device_id, check_threads, open_session, read_graph, requested_providers, session_io
 from .spec import ModelSpec
 from .token_steps import TokenSteps
 from .translate import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
@@ -52,14 +52,16 @@ class Seq2Seq:
 
     @classmethod
     def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None, fused: bool = True,
-             io_binding: bool | None = None) -> "Seq2Seq":
+             io_binding: bool | None = None, device_id: int = 0) -> "Seq2Seq":
         """Load an export directory, verifying version, hashes, graph I/O, spec and export id.
 
         fused: decode greedily with the export's greedy loop graph (one call per request) when it has one;
         False decodes with the step loop (one call per output) and does not load that graph.
         io_binding: keep the encoder's outputs and the decoder state on the execution device between calls
-        (runtime.binding); None: on where the sessions run on CUDA, off on the CPU, where it only adds calls."""
+        (runtime.binding); None: on where the sessions run on CUDA, off on the CPU, where it only adds calls.
+        device_id: the CUDA device (GPU ordinal) the sessions and bound state use."""
         threads = check_threads(threads)  # arguments first: nothing is read for a call that cannot succeed
+        device_id = check_device_id(device_id)
         requested_providers(provider)
         for name, value in (("fused", fused), ("io_binding", io_binding)):
             if not isinstance(value, bool) and not (name == "io_binding" and value is None):
@@ -72,12 +74,12 @@ class Seq2Seq:
             if name == GREEDY_FILE and not fused:
                 continue
             data = read_graph(path, name, entry["sha256"])
-            session = open_session(data, provider, threads, str(path / name))
+            session = open_session(data, provider, threads, str(path / name), device_id)
             _check_session(session, entry, manifest, path / name)
             sessions[name] = session
         on_cuda = sessions[DECODER_STEP_FILE].get_providers()[0] == CUDA
         return cls(manifest, sessions, path, load_vocabularies(path, manifest) if manifest.vocabularies else None,
-                   io_binding=on_cuda if io_binding is None else io_binding)
+                   io_binding=on_cuda if io_binding is None else io_binding, device_id=device_id)
 
     @property
     def spec(self) -> ModelSpec:

@@ -79,3 +79,9 @@ def test_io_binding_must_be_a_bool_or_none(exports, value):
 
 def test_io_binding_defaults_to_off_on_the_cpu(exports):
     assert not Seq2Seq.load(exports["dot"].path, provider="cpu").io_binding
+
+
+@pytest.mark.parametrize("device_id", [-1, 1.5, True, "0"])
+def test_a_bad_device_id_is_refused_by_name_before_loading(exports, device_id):
+    with pytest.raises(InputError, match="device_id: expected a non-negative int"):
+        Seq2Seq.load(exports["dot"].path, device_id=device_id)

@@ -263,6 +263,8 @@ CLI_CASES: dict[str, Case] = {
     # infer: the flag that took the machine down, and outputs checked before work
     "infer --threads 10000": case(*INFER, "--input", "points.npy", "--threads", "10000", code=USAGE,
                                   says=("--threads", "10000", "expected 1..")),
+    "infer --device-id -1": case(*INFER, "--input", "points.npy", "--device-id", "-1", code=USAGE,
+                                 says=("--device-id", "-1", ">=0")),
     "infer --threads 0": case(*INFER, "--input", "points.npy", "--threads", "0", code=USAGE,
                               says=("--threads", "got 0")),
     "infer --output nodir/": case(*INFER, "--input", "points.npy", "--output", "nodir/o.json", code=USAGE,
