@@ -96,14 +96,12 @@ def point_body(graph: onnx.GraphProto, rename: dict[str, str], spec: ModelSpec) 
     carried = [("decoder_input", "output"), ("hidden", "hidden_out")]
     scans = ["output"] + (["alphas"] if spec.has_attention else [])
     nodes, weights = body_nodes(graph, rename)
-    nodes.append(helper.make_node("Identity", [LOOP + "cond_in"], [LOOP + "cond_out"], name=LOOP + "cond"))
-    outputs = [value(LOOP + "cond_out", TensorProto.BOOL, [])]
-    for fed, produced in carried:
-        nodes.append(helper.make_node("Identity", [rename[produced]], [LOOP + "next_" + fed], name=LOOP + fed))
-        outputs.append(value(LOOP + "next_" + fed, types[produced]))
-    for name in scans:
-        nodes.append(helper.make_node("Identity", [rename[name]], [LOOP + "scan_" + name], name=LOOP + "scan_" + name))
-        outputs.append(value(LOOP + "scan_" + name, types[name]))
+    # Body outputs name the step's own values (every node in the body costs a dispatch per step); only `output`,
+    # both carried and scanned, needs a second name. The condition passes through unchanged.
+    nodes.append(helper.make_node("Identity", [rename["output"]], [LOOP + "scan_output"], name=LOOP + "scan_output"))
+    outputs = [value(LOOP + "cond_in", TensorProto.BOOL, [])]
+    outputs += [value(rename[produced], types[produced]) for _, produced in carried]
+    outputs += [value(LOOP + "scan_output" if name == "output" else rename[name], types[name]) for name in scans]
     inputs = [value(LOOP + "iter", TensorProto.INT64, []), value(LOOP + "cond_in", TensorProto.BOOL, [])]
     inputs += [value(rename[fed], types[fed]) for fed, _ in carried]
     body = helper.make_graph(nodes, "greedy_body", inputs, outputs, initializer=weights)
@@ -142,13 +140,10 @@ def token_body(graph: onnx.GraphProto, rename: dict[str, str], spec: ModelSpec) 
     ]
     outputs = [value(L + "cond_out", TensorProto.BOOL, []), value(L + "next_previous_tokens", TensorProto.INT64),
                value(L + "finished_out", TensorProto.BOOL)]
-    for fed, produced in feedback:
-        nodes.append(helper.make_node("Identity", [rename[produced]], [L + "next_" + fed]))
-        outputs.append(value(L + "next_" + fed, types[produced]))
+    outputs += [value(rename[produced], types[produced]) for _, produced in feedback]  # the step's own values
     outputs += [value(L + "scan_tokens", TensorProto.INT64), value(L + "scan_token_log_probs", TensorProto.FLOAT)]
     if spec.has_attention:
-        nodes.append(helper.make_node("Identity", [rename["alphas"]], [L + "scan_alphas"]))
-        outputs.append(value(L + "scan_alphas", types["alphas"]))
+        outputs.append(value(rename["alphas"], types["alphas"]))
     inputs = [value(L + "iter", TensorProto.INT64, []), value(L + "cond_in", TensorProto.BOOL, []),
               value(rename["previous_tokens"], TensorProto.INT64), value(L + "finished_in", TensorProto.BOOL)]
     inputs += [value(rename[fed], types[fed]) for fed, _ in feedback]
