@@ -120,18 +120,26 @@ class Timing:
                 "tokens_per_s": self.tokens / self.median_s, "tokens": self.tokens, "repeats": len(self.samples)}
 
 
+BLOCK = 5  # timed calls of one decoder in a row, per round
+
+
 def measure(calls: dict[str, Callable[[], int]], warmup: int, repeats: int) -> dict[str, Timing]:
-    """Time each call (it returns the tokens it produced) `repeats` times after `warmup` calls, interleaved."""
+    """Time each call (it returns the tokens it produced) `repeats` times after `warmup` calls, in rounds: each
+    round runs every decoder in turn, BLOCK timed calls in a row after one untimed call. Rounds share the machine's
+    drift between the decoders; blocks let each run warm, as in a service, instead of measuring how much the other
+    decoder evicted from the caches (one PyTorch decode in between slowed a batch-1 onnxruntime decode by half)."""
     tokens = {name: 0 for name in calls}
     for _ in range(warmup):
         for name, call in calls.items():
             tokens[name] = call()
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
+    while any(len(t) < repeats for t in times.values()):
         for name, call in calls.items():
-            start = time.perf_counter()
-            tokens[name] = call()
-            times[name].append(time.perf_counter() - start)
+            call()  # untimed: back in the caches after the other decoders
+            for _ in range(min(BLOCK, repeats - len(times[name]))):
+                start = time.perf_counter()
+                tokens[name] = call()
+                times[name].append(time.perf_counter() - start)
     return {name: Timing(tuple(times[name]), tokens[name]) for name in calls}
 
 
