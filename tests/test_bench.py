@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from conftest import DEVICES
 from test_reliability import (BAD_INPUT, ROOT, SHIPPED_CHECKPOINT, SHIPPED_MODEL, USAGE, Case, assert_refused,
-                              build_template, case, copy_workspace, write)
+                              build_template, case, copy_workspace, edit_json, write)
 
 from runtime.bench import fixed_length_text, identity_graph
 from runtime.sessions import max_threads
@@ -98,7 +98,7 @@ def test_points_with_checkpoint_json_table_and_plot(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     doc = json.loads((tmp_path / "old.json").read_text())
     assert doc["format"] == "seq2onnx-bench/1" and doc["kind"] == "points" and doc["setup"]["torch"]
-    check_doc(doc, *grid, [None], eager=True)
+    check_doc(doc, *grid, [None], eager=True, loops=fused_loops(SHIPPED_MODEL))
     assert all(c["torch"]["decoder"] == "training.decode.reference_decode" for c in doc["cells"])
     assert (tmp_path / "latency.png").read_bytes()[:8] == PNG_MAGIC
     assert "speed-up" in result.stdout and "each side at its best thread count" in result.stdout
@@ -112,7 +112,7 @@ def test_tokens_with_checkpoint_run_exactly_target_len_on_both_sides() -> None:
     result = bench(SHIPPED_TOKENS, "--checkpoint", SHIPPED_TOKEN_CHECKPOINT, *grid_args(*grid), *QUICK, "--json", "-")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)  # --json -: stdout holds the JSON only
-    check_doc(doc, *grid, eager=True)
+    check_doc(doc, *grid, eager=True, loops=fused_loops(SHIPPED_TOKENS))
     for c in doc["cells"]:
         decoders = {k: c[k]["decoder"] for k in ("torch", "torch_search") if k in c}
         if c["beam"] == 1:  # the model's own greedy loop is the reference; the shared search strategies beside it
@@ -189,6 +189,9 @@ def setup_bench_workspace(case_dir: Path) -> None:
     shutil.copytree(SHIPPED_MODEL, case_dir / "model")
     shutil.copytree(SHIPPED_TOKENS, case_dir / "tokmodel")
     shutil.copytree(SHIPPED_CHECKPOINT, case_dir / "ckpt", ignore=shutil.ignore_patterns("train_state.pt"))
+    shutil.copytree(SHIPPED_MODEL, case_dir / "nofused")  # an export from before the greedy loop graph
+    edit_json(case_dir / "nofused" / "manifest.json", lambda m: m["graphs"].pop("greedy_loop.onnx"))
+    (case_dir / "nofused" / "greedy_loop.onnx").unlink()
     (case_dir / "userdata").mkdir()
     write(case_dir / "userdata" / "notes.txt", "the user's own notes\n")
     write(case_dir / "results.json", "{}\n")
@@ -233,7 +236,7 @@ BENCH_CASES: dict[str, Case] = {
     "--plot existing": case(*POINTS, "--plot", "latency.png", code=BAD_INPUT,
                             says=("--plot", "latency.png", "already exists", "--force")),
     "--plot not .png": case(*POINTS, "--plot", "latency.jpg", code=USAGE, says=("--plot", ".png")),
-    "--loop fused without a fused graph": case(*POINTS, "--loop", "fused", code=BAD_INPUT,
+    "--loop fused without a fused graph": case("bench", "nofused", "--loop", "fused", code=BAD_INPUT,
                                                says=("--loop fused", "--loop step")),
     "--checkpoint missing": case(*POINTS, "--checkpoint", "nope", code=USAGE,
                                  says=("--checkpoint", "nope", "does not exist")),
