@@ -214,6 +214,10 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     values = resolve_grid(click.get_current_context(), model_dir, spec, axes)
+    if loop == "fused" and spec.kind == "tokens" and 1 not in values["beams"]:
+        raise click.UsageError(f"--loop fused times the greedy loop graph, which decodes with beam 1, but the grid's "
+                               f"beam sizes are {list(values['beams'])}; add --beam 1, or pass --loop step for beam "
+                               "search")
     check_destinations(json_path, plot_path, force)
     if checkpoint is not None:
         require_torch()

@@ -48,7 +48,7 @@ def precision_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--quantize", type=click.Choice(QUANTIZATIONS), default=None,
                      help="Quantize the weights of MatMul/Gemm, embeddings and LSTM to int8, activations per call "
-                          "(onnxruntime dynamic quantization, for CPUs; GRU weights stay float32)."),
+                          "(onnxruntime dynamic quantization, for CPUs; an encoder's GRU op stays float32)."),
         click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True,
                      help="Weights and compute in float16 (for CUDA), inputs and outputs still float32."),
         click.option("--accept-quality-loss", is_flag=True,
@@ -79,7 +79,8 @@ def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept
     given = [f"--{name.replace('_', '-')}" for name in (*QUALITY_OPTIONS, "accept_quality_loss")
              if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
     if given and quantize is None and dtype == "fp32":
-        raise click.UsageError(f"{', '.join(given)} only apply to a reduced-precision export; add --quantize int8 "
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} only {verb} to a reduced-precision export; add --quantize int8 "
                                "or --dtype fp16, or drop them")
 
 
@@ -140,6 +141,9 @@ def export_command(ctx: click.Context, checkpoint: Path, out: Path, opset: int, 
                                 on_quality=lambda rows: click.echo(format_quality(rows, quality_tol, mode)))
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:  # a full disk, a file system that takes no new files: the staging copy is gone already
+        raise click.ClickException(f"--out {out}: the export could not be written ({exc.strerror or exc}); nothing "
+                                   "was written there") from None
     for warning in caught:
         if issubclass(warning.category, QualityLossWarning):
             click.echo(f"warning: {warning.message}", err=True)
@@ -224,7 +228,7 @@ def verify_reduced(checkpoint: Path, model_dir: Path, runtime: Any, tol: Any, da
         raise click.ClickException(f"{model_dir}: the manifest's quality tolerances are unreadable ({exc}); "
                                    "re-export the model") from None
     mode = runtime.manifest.raw["precision"]["weights"]
-    click.echo(f"{model_dir} is a {mode} export: checking a float32 export of {checkpoint} against PyTorch, then "
+    click.echo(f"{model_dir} is an {mode} export: checking a float32 export of {checkpoint} against PyTorch, then "
                f"{model_dir} against that float32 export ({qtol})", err=True)
     with tempfile.TemporaryDirectory() as tmp:
         try:

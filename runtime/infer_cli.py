@@ -184,13 +184,17 @@ def check_outputs(input_path: str, output_path: str | None, plot_path: str | Non
 
 
 def write_atomically(path: str, write: Callable[[Any], None]) -> None:
-    """Write through a temporary sibling and rename, so a failure never leaves half a file."""
+    """Write through a temporary sibling and rename, so a failure never leaves half a file; a failed write (a full
+    disk, a file system that takes no new files) is one line, exit 1."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         with open(tmp, "xb") as f:
             write(f)
         os.replace(tmp, target)
+    except OSError as exc:
+        raise click.ClickException(f"{path}: could not be written ({exc.strerror or exc}); nothing was written "
+                                   "there") from None
     finally:
         tmp.unlink(missing_ok=True)
 

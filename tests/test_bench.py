@@ -236,6 +236,8 @@ BENCH_CASES: dict[str, Case] = {
     "--plot existing": case(*POINTS, "--plot", "latency.png", code=BAD_INPUT,
                             says=("--plot", "latency.png", "already exists", "--force")),
     "--plot not .png": case(*POINTS, "--plot", "latency.jpg", code=USAGE, says=("--plot", ".png")),
+    "--loop fused with beam 5 only": case(*TOKENS, "--loop", "fused", "--beam", "5", code=USAGE,
+                                          says=("--loop fused", "beam sizes are [5]", "--beam 1")),
     "--loop fused without a fused graph": case("bench", "nofused", "--loop", "fused", code=BAD_INPUT,
                                                says=("--loop fused", "--loop step")),
     "--checkpoint missing": case(*POINTS, "--checkpoint", "nope", code=USAGE,
