@@ -256,8 +256,8 @@ BAD_OPTIONS = [
     (["--quantize", "int8", "--min-exact-match", "1.5"], "'--min-exact-match'"),
     (["--quantize", "int8", "--max-output-diff", "-1"], "'--max-output-diff'"),
     (["--dtype", "fp16", "--max-attention-diff", "nan"], "'--max-attention-diff'"),
-    (["--accept-quality-loss"], "--accept-quality-loss only apply"),
-    (["--min-token-agreement", "0.5"], "--min-token-agreement only apply"),
+    (["--accept-quality-loss"], "--accept-quality-loss only applies"),
+    (["--min-token-agreement", "0.5"], "--min-token-agreement only applies"),
 ]
 
 
