@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.contract import DECODER_STEP_FILE, FEEDBACK, GREEDY_FILE, greedy_io
+from runtime.contract import DECODER_STEP_FILE, FEEDBACK, GREEDY_FILE, greedy_io, state_batch_axes
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 
@@ -184,7 +184,7 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
     weights = [const(LOOP + "true", np.array(True))]
     nodes: list[onnx.NodeProto] = []
     if spec.kind == "tokens":
-        length, (first, first_axis) = "max_length", next(iter(state_axes(spec).items()))
+        length, (first, first_axis) = "max_length", next(iter(state_batch_axes(spec).items()))
         batch = dim(nodes, weights, first, first_axis)
         weights += [const(LOOP + "bos", np.array([BOS], np.int64)), const(LOOP + "false", np.array([False]))]
         nodes += [helper.make_node("Expand", [LOOP + "bos", batch], [LOOP + "first_tokens"]),
@@ -213,13 +213,6 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
     for i, node in enumerate(nodes):
         node.name = node.name or f"{LOOP}outer{i}"
     return helper.make_graph(nodes, "seq2onnx_greedy_loop", inputs, outputs, initializer=weights)
-
-
-def state_axes(spec: ModelSpec) -> dict[str, int]:
-    """The batch axis of each step state input, in contract order."""
-    from runtime.contract import state_batch_axes
-
-    return state_batch_axes(spec)
 
 
 def build_greedy_graph(step_path: Path, spec: ModelSpec) -> onnx.ModelProto:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .binding import Runner, SessionRunner, runner
+from .binding import BoundRunner, Runner, SessionRunner, runner
 from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, FEEDBACK, GREEDY_FILE, SPEC_KEY
 from .decode import greedy_decode
 from .errors import IntegrityError, InputError, brief, one_line
@@ -39,11 +39,13 @@ class Seq2Seq:
         self.run_encoder: Runner = SessionRunner(sessions[ENCODER_FILE], io[ENCODER_FILE][1], ENCODER_FILE)
         self.run_step: Runner = SessionRunner(self._step, io[DECODER_STEP_FILE][1], DECODER_STEP_FILE)
         # Decoding: with IO binding, the encoder's outputs and the step's fed-back state stay on the device.
-        fed_back = {out for out in io[DECODER_STEP_FILE][1] if out in FEEDBACK}
-        self._encode = runner(sessions[ENCODER_FILE], io[ENCODER_FILE][1], ENCODER_FILE, io_binding,
-                              set(io[ENCODER_FILE][1]), device_id)
-        self._decode_step = runner(self._step, io[DECODER_STEP_FILE][1], DECODER_STEP_FILE, io_binding, fed_back,
-                                   device_id)
+        self._encode, self._decode_step = self.run_encoder, self.run_step
+        if io_binding:
+            fed_back = {out for out in io[DECODER_STEP_FILE][1] if out in FEEDBACK}
+            self._encode = BoundRunner(sessions[ENCODER_FILE], io[ENCODER_FILE][1], ENCODER_FILE,
+                                       set(io[ENCODER_FILE][1]), device_id)
+            self._decode_step = BoundRunner(self._step, io[DECODER_STEP_FILE][1], DECODER_STEP_FILE, fed_back,
+                                            device_id)
         self._greedy = (GreedyLoop(manifest.spec, runner(sessions[GREEDY_FILE], io[GREEDY_FILE][1], GREEDY_FILE,
                                                          io_binding, set(), device_id))
                         if GREEDY_FILE in sessions else None)
@@ -63,10 +65,10 @@ class Seq2Seq:
         threads = check_threads(threads)  # arguments first: nothing is read for a call that cannot succeed
         device_id = check_device_id(device_id)
         requested_providers(provider)
-        for name, value in (("fused", fused), ("io_binding", io_binding)):
-            if not isinstance(value, bool) and not (name == "io_binding" and value is None):
-                raise InputError(f"{name}: expected True or False{' or None' if name == 'io_binding' else ''}, "
-                                 f"got {brief(value)}")
+        if not isinstance(fused, bool):
+            raise InputError(f"fused: expected True or False, got {brief(fused)}")
+        if io_binding is not None and not isinstance(io_binding, bool):
+            raise InputError(f"io_binding: expected True or False or None, got {brief(io_binding)}")
         path = _model_dir(path)
         manifest = read_manifest(path)
         sessions = {}
