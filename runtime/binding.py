@@ -6,7 +6,7 @@ instead: state outputs stay on the device as `OrtValue`s and go straight into th
 reads (log-probs, outputs, attention) is copied back. Inputs may be numpy arrays (copied in) or device values.
 
 Strategies stay model- and device-agnostic: `runtime.search.step.select` reorders a device value by copying it to
-the host first (`host`), and the next call moves it back.
+the host first (its `numpy()`), and the next call moves it back.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ Runner = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def shape_of(value: Any) -> tuple[int, ...]:
-    """The shape of a numpy array or an OrtValue (whose shape is a method)."""
-    shape = value.shape
+    """The shape of a numpy array or an OrtValue (whose shape is a method); () for anything else in a feed."""
+    shape = getattr(value, "shape", ())
     return tuple(shape() if callable(shape) else shape)
 
 
