@@ -220,7 +220,7 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
                                "search")
     check_destinations(json_path, plot_path, force)
     if checkpoint is not None:
-        require_torch()
+        require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
     providers = unique(providers)
     models, loops = load_models(model_dir, providers, thread_counts, loop)
     first = next(iter(models.values()))

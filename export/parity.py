@@ -138,10 +138,15 @@ def decode_pairs(model: EncoderDecoder, runtime: Seq2Seq, case: Case) -> dict[st
     if ref_alphas is not None:
         pairs["decode.attention"] = (alphas, ref_alphas.numpy())
     if runtime.has_fused:  # predict ran the greedy loop graph; the step loop (beam's and old exports' path) too
-        steps, _ = greedy_decode(runtime.run_encoder, runtime.run_step, runtime.step_inputs, case.source, case.mask,
-                                 case.target_len)
-        pairs["decode.step_loop.outputs"] = (steps, ref.numpy())
+        pairs["decode.step_loop.outputs"] = (step_loop_decode(runtime, case)[0], ref.numpy())
     return pairs
+
+
+def step_loop_decode(runtime: Seq2Seq, case: Case) -> tuple[np.ndarray, np.ndarray | None]:
+    """The runtime's step-by-step greedy decode (encoder, then the step graph once per output), whatever `predict`
+    uses: outputs (N, Lt, F) and attention or None."""
+    return greedy_decode(runtime.run_encoder, runtime.run_step, runtime.step_inputs, case.source, case.mask,
+                         case.target_len)
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from runtime.decode import greedy_decode
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.vocab import BOS, EOS
 
 from .errors import ExportError
-from .parity import REL_FLOOR, Case, data_cases, matrix_cases
+from .parity import REL_FLOOR, Case, data_cases, matrix_cases, step_loop_decode
 from .token_parity import DATA_STEP_MARGIN, PARITY_STEPS, fitting_texts, position_limit, token_batch
 
 # Point models: the decoded outputs may differ from float32 by this fraction of the outputs' largest magnitude, and
@@ -127,19 +126,13 @@ def point_quality(reference: Seq2Seq, candidate: Seq2Seq, case: Case,
                   tol: QualityTolerance | None) -> list[QualityRow]:
     """Output and attention differences of one free-running decode through the step graph, and through the greedy
     loop graph when both exports hold one (judged against `tol`, unless None)."""
-    rows = _point_rows(case, "", _step_decode(reference, case), _step_decode(candidate, case), tol)
+    rows = _point_rows(case, "", step_loop_decode(reference, case), step_loop_decode(candidate, case), tol)
     if reference.has_fused and candidate.has_fused:
         loop = [r.predict(case.source, case.target_len, case.mask, return_attention=True)
                 for r in (reference, candidate)]
         rows += [row for row in _point_rows(case, "loop.", *loop, tol)  # the judged measures only
                  if row.metric.endswith(("diff/scale", "attention.max_abs"))]
     return rows
-
-
-def _step_decode(runtime: Seq2Seq, case: Case) -> tuple[np.ndarray, np.ndarray | None]:
-    """The runtime's step-by-step greedy decode (encoder, then the step graph once per output)."""
-    return greedy_decode(runtime.run_encoder, runtime.run_step, runtime.step_inputs, case.source, case.mask,
-                         case.target_len)
 
 
 def _point_rows(case: Case, prefix: str, reference: tuple, candidate: tuple,

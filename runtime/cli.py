@@ -103,13 +103,13 @@ def main() -> None:
     """Train seq2seq models with attention, export them to ONNX, and run them without torch."""
 
 
-def require_torch(extra: str = "train") -> None:
-    """Raise a ClickException naming the extra to install when torch is missing."""
+def require_torch(extra: str = "train", what: str = "this command") -> None:
+    """Raise a ClickException naming the extra to install when torch is missing (`what` needs it)."""
     try:
         importlib.import_module("torch")
     except ImportError:
         raise click.ClickException(
-            f"this command needs PyTorch, which is not installed; install the '{extra}' extra: "
+            f"{what} needs PyTorch, which is not installed; install the '{extra}' extra: "
             f"pip install -e '.[cpu,{extra}]' in a seq2onnx checkout"
         ) from None
 
