@@ -72,6 +72,7 @@ LAZY_COMMANDS = {
     "infer": ("runtime.infer_cli", "infer"),
     "eval": ("training.eval_cli", "eval_command"),
     "bench": ("export.bench_cli", "bench_command"),
+    "serve": ("serving.cli", "serve_command"),
 }
 
 

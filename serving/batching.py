@@ -1,0 +1,163 @@
+"""Dynamic batching without Ray: merge concurrent requests into one decode and split the results again.
+
+A request is checked on its own before it joins a batch, so one bad request never fails the others. Points:
+requests with the same target length are right-padded to the longest source and masked; the runtime starts the
+decoder from each row's last valid point, so padding changes nothing, and the attention is cut back to each
+request's own source length. Tokens: requests with the same options decode together (the runtime pads texts by
+their lengths). Sampling requests never merge: a seeded sample must not depend on what it was batched with."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from runtime.errors import InputError, Seq2OnnxError
+from runtime.inputs import check_mask, check_source, check_target_len
+from runtime.model import Seq2Seq
+from runtime.translate import TRANSLATE_OPTIONS, Translation, check_texts
+
+
+class RequestTooLarge(Seq2OnnxError, ValueError):
+    """A request beyond the server's bounds (items per request, body bytes): HTTP 413."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One request's result (or the error that is its own), and the batch it was decoded in."""
+
+    value: Any
+    batch_rows: int
+    batch_requests: int
+
+
+@dataclass
+class PointJob:
+    """A checked points request: source (n, L, F), mask (n, 1, L), target length."""
+
+    source: np.ndarray
+    mask: np.ndarray
+    target_len: int
+    rows: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rows = int(self.source.shape[0])
+
+
+@dataclass
+class TokenJob:
+    """A checked translate request: texts and the full option set of `Seq2Seq.translate_batch`."""
+
+    texts: list[str]
+    options: dict[str, Any]
+    rows: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rows = len(self.texts)
+
+    @property
+    def key(self) -> tuple[Any, ...] | None:
+        """Requests with equal keys decode together; None (sampling) decodes alone."""
+        o = self.options
+        if o["sampling_topk"] != 1 or o["sampling_topp"] != 1.0 or o["sampling_temperature"] != 1.0:
+            return None
+        return tuple(repr(o[name]) for name in TRANSLATE_OPTIONS)
+
+
+def check_rows(rows: int, name: str, max_rows: int) -> None:
+    """Refuse a request with more items than one batch may hold."""
+    if rows > max_rows:
+        raise RequestTooLarge(f"{name}: {rows} items in one request; this server decodes at most {max_rows} per "
+                              "request (serve --max-batch-size); split the request")
+
+
+def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int) -> PointJob:
+    """Check one points request against the model, as `Seq2Seq.predict` would."""
+    if model.spec.kind != "points":
+        raise InputError("source: this server's model is a token model, which takes texts; POST "
+                         '{"texts": [...]} to /v1/translate')
+    src = check_source(source, model.spec)  # (n, L, F)
+    check_rows(src.shape[0], "source", max_rows)
+    return PointJob(src, check_mask(source_mask, src), check_target_len(target_len, model.spec))
+
+
+def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int) -> TokenJob:
+    """Check one translate request's texts (its options are checked when it decodes)."""
+    if model.spec.kind != "tokens":
+        raise InputError("texts: this server's model is a point model, which takes numeric sources; POST "
+                         '{"source": [[[x, y], ...]]} to /v1/predict')
+    texts = check_texts(texts)
+    check_rows(len(texts), "texts", max_rows)
+    unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
+    if unknown:
+        raise InputError(f"options: unknown {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
+    return TokenJob(texts, options)
+
+
+def decode_points(model: Seq2Seq, jobs: Sequence[PointJob]) -> list[Decoded]:
+    """Decode point jobs, merged by target length -> per job (outputs (n, Lt, F), attention or None)."""
+    groups: dict[int, list[int]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(job.target_len, []).append(i)
+    found: dict[int, Decoded] = {}
+    for target_len, members in groups.items():
+        merged = [jobs[i] for i in members]
+        found.update(zip(members, _guarded(lambda js: _points_together(model, js, target_len), merged)))
+    return [found[i] for i in range(len(jobs))]
+
+
+def _points_together(model: Seq2Seq, jobs: Sequence[PointJob], target_len: int) -> list[Any]:
+    """One predict for all jobs: right-pad to the longest source, mask the padding, split and un-pad."""
+    longest = max(job.source.shape[1] for job in jobs)
+    features = jobs[0].source.shape[2]
+    rows = sum(job.rows for job in jobs)
+    source = np.zeros((rows, longest, features), dtype=np.float32)  # (R, Lmax, F)
+    mask = np.zeros((rows, 1, longest), dtype=bool)  # (R, 1, Lmax)
+    start = 0
+    for job in jobs:
+        length = job.source.shape[1]
+        source[start:start + job.rows, :length] = job.source
+        mask[start:start + job.rows, :, :length] = job.mask
+        start += job.rows
+    outputs, attention = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
+    results, start = [], 0
+    for job in jobs:
+        part = slice(start, start + job.rows)
+        alphas = None if attention is None else attention[part, ..., :job.source.shape[1]]  # (n, [h,] Lt, L)
+        results.append((outputs[part], alphas))
+        start += job.rows
+    return results
+
+
+def decode_texts(model: Seq2Seq, jobs: Sequence[TokenJob]) -> list[Decoded]:
+    """Translate token jobs, merged by options (sampling jobs alone) -> per job its n-best Translations."""
+    groups: dict[Any, list[int]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(job.key if job.key is not None else ("alone", i), []).append(i)
+    found: dict[int, Decoded] = {}
+    for members in groups.values():
+        merged = [jobs[i] for i in members]
+        found.update(zip(members, _guarded(lambda js: _texts_together(model, js), merged)))
+    return [found[i] for i in range(len(jobs))]
+
+
+def _texts_together(model: Seq2Seq, jobs: Sequence[TokenJob]) -> list[list[list[Translation]]]:
+    """One translate_batch for all jobs (equal options), split back per job."""
+    texts = [text for job in jobs for text in job.texts]
+    found = model.translate_batch(texts, **jobs[0].options)
+    results, start = [], 0
+    for job in jobs:
+        results.append(found[start:start + job.rows])
+        start += job.rows
+    return results
+
+
+def _guarded(decode: Callable[[list[Any]], list[Any]], jobs: list[Any]) -> list[Decoded]:
+    """Decode jobs together; when that fails with a user error, decode each alone so each gets its own result."""
+    rows = sum(job.rows for job in jobs)
+    try:
+        return [Decoded(value, rows, len(jobs)) for value in decode(jobs)]
+    except Seq2OnnxError as exc:
+        if len(jobs) == 1:
+            return [Decoded(exc, rows, 1)]
+    return [_guarded(decode, [job])[0] for job in jobs]

@@ -1,0 +1,190 @@
+"""`seq2onnx serve MODEL_DIR`: deploy the model on Ray Serve and serve HTTP until Ctrl-C (or SIGTERM).
+
+Everything that can be checked here is checked before Ray starts: the options, the model (loaded once in this
+process), and that the port is free."""
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from runtime.errors import Seq2OnnxError
+from runtime.sessions import PROVIDERS
+
+from .config import DEFAULT_MAX_BODY_BYTES, MAX_BATCH_LIMIT, Replicas, ServeConfig, parse_replicas
+
+APP_NAME = "seq2onnx"
+
+
+class Stopped(Exception):
+    """SIGTERM: stop serving as Ctrl-C does."""
+
+
+def _replicas_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        parse_replicas(value)
+    except Seq2OnnxError as exc:
+        raise click.BadParameter(str(exc).removeprefix("replicas: "), ctx=ctx, param=param) from None
+    return value
+
+
+def require_ray() -> None:
+    """A ClickException naming the extra when Ray Serve is missing."""
+    try:
+        import fastapi  # noqa: F401
+        import ray.serve  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(f"serve needs Ray Serve and FastAPI ({exc.name} is not installed); install the "
+                                   "'serve' extra: pip install -e '.[cpu,serve]' in a seq2onnx checkout") from None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process holds, before Ray starts (Serve would only log the failure)."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(f"--port {port}: {host}:{port} is already in use; stop what holds it or "
+                                       "pick another --port") from None
+        raise click.ClickException(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); "
+                                   "use an address of this machine such as 127.0.0.1") from None
+
+
+def check_model(model_dir: Path, provider: str) -> str:
+    """Load the model once here, so a bad directory fails in a second rather than in every replica."""
+    from runtime.model import Seq2Seq
+
+    try:
+        model = Seq2Seq.load(model_dir, provider=provider, threads=1)
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    return model.spec.kind
+
+
+@click.command("serve")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the HTTP server listens on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP port.")
+@click.option("--replicas", default="1", show_default=True, callback=_replicas_option,
+              help="N replicas, MIN:MAX autoscaling bounds, or 'auto' (1 to what the cluster's CPUs hold).")
+@click.option("--num-cpus", type=click.FloatRange(0.01, 1024), default=1.0, show_default=True,
+              help="CPUs reserved per replica; onnxruntime runs that many intra-op threads (at least 1).")
+@click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
+              help="Execution provider in every replica.")
+@click.option("--max-batch-size", type=click.IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
+              help="Most items (sources or texts) decoded together, summed over merged requests; also the most "
+                   "items one request may hold.")
+@click.option("--batch-wait-ms", type=click.FloatRange(0, 10_000), default=5.0, show_default=True,
+              help="How long a batch waits for more requests after its first.")
+@click.option("--max-body-bytes", type=click.IntRange(1024, 1 << 30), default=DEFAULT_MAX_BODY_BYTES,
+              show_default=True, help="Largest request body accepted (413 beyond).")
+@click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
+              help="Seconds before a request is answered 408 instead of waiting on.")
+@click.option("--address", default=None,
+              help="Deploy onto an existing Ray cluster (ray start --head prints it); the model directory is "
+                   "shipped to its nodes. Default: start Ray on this machine.")
+def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus: float, provider: str,
+                  max_batch_size: int, batch_wait_ms: float, max_body_bytes: int, request_timeout: float,
+                  address: str | None) -> None:
+    """Serve the exported model in MODEL_DIR over HTTP on Ray Serve, with dynamic batching.
+
+    POST /v1/predict (point models) or /v1/translate (token models); GET /v1/model, /healthz; /docs."""
+    require_ray()
+    kind = check_model(model_dir, provider)
+    if address is None:
+        check_port_free(host, port)
+    import ray
+
+    started = _start_ray(address)
+    try:
+        config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
+                             batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
+                             replicas=_resolve_replicas(replicas, num_cpus))
+        _deploy(model_dir, config, host, port, request_timeout, shipped=address is not None)
+        route = "/v1/predict" if kind == "points" else "/v1/translate"
+        click.echo(f"serve: {model_dir} at http://{host}:{port} (POST {route}; GET /v1/model, /healthz; docs at "
+                   f"/docs); {_describe(config.replicas)} of {num_cpus:g} CPU each; Ctrl-C stops", err=True)
+        _wait()
+    finally:
+        _stop(address is not None)
+        if started:
+            ray.shutdown()
+    click.echo("serve: stopped", err=True)
+
+
+def _start_ray(address: str | None) -> bool:
+    """Connect to the cluster at `address`, or start a local one; True when this process started it."""
+    import ray
+
+    try:
+        ray.init(address=address, include_dashboard=False if address is None else None)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"--address {address}: cannot connect to a Ray cluster there ({exc}); start one "
+                                   "with `ray start --head` and pass the address it prints") from None
+    return address is None
+
+
+def _resolve_replicas(text: str, num_cpus: float) -> Replicas:
+    import ray
+
+    return parse_replicas(text, ray.cluster_resources().get("CPU"), num_cpus)
+
+
+def _deploy(model_dir: Path, config: ServeConfig, host: str, port: int, timeout: float, shipped: bool) -> None:
+    """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
+    from ray import serve
+
+    from .app import build_app
+
+    serve.start(http_options={"host": host, "port": port, "request_timeout_s": timeout})
+    app = (build_app(None, config, runtime_env={"working_dir": str(model_dir.resolve())}) if shipped
+           else build_app(model_dir, config))
+    try:
+        serve.run(app, name=APP_NAME, route_prefix="/")
+    except Exception as exc:  # Serve raises its own types for a deployment that failed to start
+        raise click.ClickException(f"serve: the deployment failed to start: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _describe(replicas: Replicas) -> str:
+    return (f"{replicas.low} replica{'s' if replicas.low > 1 else ''}" if replicas.fixed
+            else f"{replicas.low} to {replicas.high} replicas (autoscaling)")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Stopped
+
+
+def _wait() -> None:
+    """Block until Ctrl-C or SIGTERM."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        while True:
+            time.sleep(1.0)
+    except (KeyboardInterrupt, Stopped):
+        click.echo("serve: stopping", err=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(on_cluster: bool) -> None:
+    """Remove what this command deployed: the application on a shared cluster, all of Serve on its own Ray."""
+    from ray import serve
+
+    try:
+        if on_cluster:
+            serve.delete(APP_NAME)
+        else:
+            serve.shutdown()
+    except Exception as exc:  # stopping must not hide why we stop; say what could not be cleaned
+        click.echo(f"serve: note: could not stop Serve cleanly ({_first_line(exc)})", err=True)

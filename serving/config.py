@@ -1,0 +1,82 @@
+"""A served model's settings: one frozen dataclass shared by the CLI, the deployment and its replicas."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.errors import InputError, brief
+from runtime.sessions import PROVIDERS
+
+MAX_BATCH_LIMIT = 4096
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """A fixed count (low == high) or autoscaling bounds."""
+
+    low: int
+    high: int
+
+    @property
+    def fixed(self) -> bool:
+        return self.low == self.high
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How each replica loads and batches. max_batch_size counts items (points sources or texts), summed
+    over the requests merged into one decode; a request may hold at most that many."""
+
+    provider: str = "auto"
+    num_cpus: float = 1.0
+    max_batch_size: int = 32
+    batch_wait_ms: float = 5.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    replicas: Replicas = Replicas(1, 1)
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise InputError(f"provider: expected one of {list(PROVIDERS)}, got {brief(self.provider)}")
+        _check_number("num_cpus", self.num_cpus, 0.01, float(os.cpu_count() or 1) * 1024)
+        _check_number("max_batch_size", self.max_batch_size, 1, MAX_BATCH_LIMIT, integer=True)
+        _check_number("batch_wait_ms", self.batch_wait_ms, 0.0, 10_000.0)
+        _check_number("max_body_bytes", self.max_body_bytes, 1024, 1 << 30, integer=True)
+        if not 1 <= self.replicas.low <= self.replicas.high:
+            raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")
+
+    @property
+    def threads(self) -> int:
+        """onnxruntime intra-op threads: the replica's CPUs (it ignores OMP_NUM_THREADS; more would oversubscribe)."""
+        return max(1, math.floor(self.num_cpus))
+
+    @property
+    def max_ongoing_requests(self) -> int:
+        """Twice a full batch of one-item requests: Serve's default (5) would silently cap every batch, and the
+        next batch can gather while one decodes."""
+        return 2 * self.max_batch_size
+
+
+def _check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        raise InputError(f"{name}: expected {kind} from {low:g} to {high:g}, got {brief(value)}")
+
+
+def parse_replicas(text: str, cluster_cpus: float | None = None, num_cpus: float = 1.0) -> Replicas:
+    """'N' (fixed), 'MIN:MAX' (autoscaling) or 'auto' (1 to what the cluster's CPUs hold at num_cpus each)."""
+    text = text.strip()
+    if text == "auto":
+        high = max(1, math.floor((cluster_cpus or os.cpu_count() or 1) / num_cpus))
+        return Replicas(1, high)
+    low_text, _, high_text = text.partition(":")
+    try:
+        low, high = int(low_text), int(high_text or low_text)
+    except ValueError:
+        raise InputError(f"replicas: expected N, MIN:MAX or auto, got {text!r}") from None
+    if not 1 <= low <= high:
+        raise InputError(f"replicas: expected 1 <= MIN <= MAX, got {text!r}")
+    return Replicas(low, high)

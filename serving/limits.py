@@ -1,0 +1,91 @@
+"""Request bounds and messages: a body-size limit enforced before the body is parsed, and pydantic's validation
+errors turned into the house's one-line message."""
+from __future__ import annotations
+
+import json
+from typing import Any, Awaitable, Callable
+
+from .config import DEFAULT_MAX_BODY_BYTES
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a body over `app.state.max_body_bytes` with 413, by its Content-Length before
+    reading, and by counting when it is streamed without one (raising inside receive() would reach the client as
+    FastAPI's 400, so the body is read here first, bounded, and replayed)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = getattr(scope.get("app"), "state", None)
+        limit = int(getattr(state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return await _too_large(send, declared.decode("latin-1"), limit)
+        body = await _read_bounded(receive, limit)  # FastAPI reads whole bodies anyway
+        if body is None:
+            return await _too_large(send, f"more than {limit}", limit)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect message
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None as soon as it passes `limit` bytes."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)  # the client went away; the app sees an empty body
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _too_large(send: Send, given: str, limit: int) -> None:
+    body = json.dumps({"error": f"request body: at most {limit} bytes (serve --max-body-bytes), got {given} "
+                                "bytes; send fewer items per request"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def describe_validation(errors: list[dict[str, Any]]) -> str:
+    """pydantic errors -> one line: each failing field's place, the problem and the value given (first three)."""
+    parts = []
+    for error in errors[:3]:
+        if error.get("type") == "json_invalid":  # loc is ("body", character offset)
+            reason = (error.get("ctx") or {}).get("error", "malformed")
+            parts.append(f"body: not valid JSON ({reason} at character {error.get('loc', ('', '?'))[-1]})")
+            continue
+        place = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        given = error.get("input")
+        shown = "" if error.get("type") == "missing" else f", got {_short(given)}"
+        parts.append(f"{place}: {error.get('msg', 'invalid').lower()}{shown}")
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # bytes of a body that is not JSON, or an object pydantic kept
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

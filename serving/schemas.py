@@ -1,0 +1,92 @@
+"""The HTTP API's request and response bodies as pydantic models (shown at /docs).
+
+Requests are strict (JSON numbers for numbers, true/false for flags, no unknown fields): a typo such as
+"beam" for "beam_size" is refused, not ignored. Value ranges are the runtime's to check, with its messages."""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class PredictRequest(_Strict):
+    """Point models: N source sequences of L points with F features each."""
+
+    source: list[list[list[float]]] = Field(description="(N, L, F) source points",
+                                            examples=[[[[-1.0, -1.0], [-1.0, 1.0]]]])
+    source_mask: Optional[list[list[Union[bool, int]]]] = Field(
+        None, description="(N, L): true/1 for a real point, false/0 for padding; default all real")
+    target_len: Optional[int] = Field(None, description="points to predict per item; default the model's")
+    return_attention: bool = Field(False, description="also return the attention weights")
+
+
+class PredictResponse(BaseModel):
+    """Predicted points (N, target_len, F) [and attention (N, [heads,] target_len, L)]."""
+
+    outputs: list[list[list[float]]]
+    attention: Optional[list[Any]] = None
+    export_id: str
+
+
+class TranslateRequest(_Strict):
+    """Token models: texts and decoding options (CTranslate2's names, as `Seq2Seq.translate_batch`)."""
+
+    texts: list[str] = Field(description="the source texts", examples=[["tuesday, march 3 2015", "3/3/15"]])
+    beam_size: int = Field(1, description="1: greedy (or sampling); more: beam search")
+    num_hypotheses: int = Field(1, description="n-best hypotheses per text (<= beam_size)")
+    length_penalty: float = Field(1.0, description="beam scores are log-prob / length ** length_penalty")
+    max_decoding_length: Optional[int] = Field(None, description="output token bound; default the model's")
+    min_decoding_length: int = Field(0, description="end-of-sequence is forbidden before this many tokens")
+    sampling_topk: int = Field(1, description="sample from the k most likely tokens (0: all); 1: no sampling")
+    sampling_topp: float = Field(1.0, description="nucleus sampling: the smallest set with this probability")
+    sampling_temperature: float = Field(1.0, description="divides the logits before sampling")
+    seed: Optional[int] = Field(None, description="sampling seed: equal seeds give equal samples")
+    return_attention: bool = Field(False, description="also return each hypothesis' attention (len, L)")
+
+    def options(self) -> dict[str, Any]:
+        """The decoding options, as keyword arguments of `Seq2Seq.translate_batch`."""
+        return self.model_dump(exclude={"texts"})
+
+
+class Hypothesis(BaseModel):
+    """One hypothesis: text, tokens and ids (no bos/eos), score, summed log-prob [, attention (len, L)]."""
+
+    text: str
+    tokens: list[str]
+    ids: list[int]
+    score: float
+    log_prob: float
+    attention: Optional[list[list[float]]] = None
+
+
+class TranslateResponse(BaseModel):
+    """Per text, its n-best hypotheses, best first."""
+
+    translations: list[list[Hypothesis]]
+    export_id: str
+
+
+class ModelInfo(BaseModel):
+    """What this replica serves and how."""
+
+    kind: str
+    spec: dict[str, Any]
+    export_id: str
+    vocabulary_size: Optional[dict[str, int]] = Field(None, description="token models: source and target")
+    providers: list[str]
+    threads: int
+    max_batch_size: int
+    batch_wait_ms: float
+    replica: str
+    node: str
+    version: str
+
+
+class ErrorBody(BaseModel):
+    """Every refusal: one line naming the input, what was expected and what was given."""
+
+    error: str

@@ -1,0 +1,71 @@
+"""Helpers for the serving tests: a free loopback port, a local Ray started and torn down by the test, an HTTP
+wait."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+SQUARES = ROOT / "artifacts" / "squares"
+DATES = ROOT / "artifacts" / "dates"
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage-stats reporting from test clusters
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_env() -> Iterator[dict[str, str]]:
+    """RAY_ENV set for the duration (Ray's child processes inherit it), then restored."""
+    saved = {key: os.environ.get(key) for key in RAY_ENV}
+    os.environ.update(RAY_ENV)
+    try:
+        yield {**os.environ}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 2, address: str | None = None) -> Iterator[None]:
+    """ray.init (a new local Ray, or the cluster at `address`), then Serve and Ray shut down whatever happens."""
+    import ray
+    from ray import serve
+
+    with ray_env():
+        if address is None:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                serve.shutdown()
+            ray.shutdown()
+
+
+def wait_healthy(url: str, timeout: float, process: object = None) -> None:
+    """Poll GET url until 200; fail after `timeout` seconds or when `process` (a Popen) has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:  # type: ignore[attr-defined]
+            raise AssertionError(f"the server exited with {process.returncode} before {url} answered")  # type: ignore
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer 200 within {timeout} s")

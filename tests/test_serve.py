@@ -1,0 +1,282 @@
+"""Ray Serve, for real: a local Ray (2 CPUs, no dashboard), Serve on a free 127.0.0.1 port, the shipped squares
+(points) and dates (tokens, two replicas) models deployed once for the module and torn down at its end.
+Requests go through HTTP (httpx) and through deployment handles."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import pytest
+import ray
+from ray import serve
+
+from runtime.model import Seq2Seq
+from serve_support import DATES, SQUARES, free_port, local_ray
+from serving.app import build_app
+from serving.config import Replicas, ServeConfig
+
+SCORE_RTOL = 1e-5  # merged batches may round a log-prob differently in the last float32 bits
+POINT_TOL = 1e-6
+MAX_BODY = 64 << 10
+MAX_BATCH = 16
+TEXTS = ["march 3 1999", "3/3/15", "tuesday, march 3 2015", "12 dec 2001", "1/2/03", "july 4, 1776",
+         "saturday, january 1 2000", "5.6.07"]
+
+
+@dataclass
+class Served:
+    url: str
+    client: httpx.Client
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    """Both models deployed; batches wait 50 ms so that concurrent requests meet."""
+    with local_ray():
+        port = free_port()  # after Ray has taken its own ports
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 30})
+        common = dict(num_cpus=0.25, batch_wait_ms=50.0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
+        serve.run(build_app(SQUARES, ServeConfig(**common)), name="points", route_prefix="/points")
+        serve.run(build_app(DATES, ServeConfig(**common, replicas=Replicas(2, 2))), name="tokens",
+                  route_prefix="/tokens")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield Served(f"http://127.0.0.1:{port}", client)
+
+
+@pytest.fixture(scope="module")
+def squares() -> Seq2Seq:
+    return Seq2Seq.load(SQUARES, threads=1)
+
+
+@pytest.fixture(scope="module")
+def dates() -> Seq2Seq:
+    return Seq2Seq.load(DATES, threads=1)
+
+
+def sources(count: int, seed: int = 0) -> list[np.ndarray]:
+    """Point sources of lengths 1..count, one item each."""
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, (1, length, 2)).astype(np.float32) for length in range(1, count + 1)]
+
+
+def assert_same_translations(got: list[list[dict]], want: list[list[Any]]) -> None:
+    assert [[h["ids"] for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in want]
+    assert [[h["text"] for h in hyps] for hyps in got] == [[h.text for h in hyps] for hyps in want]
+    np.testing.assert_allclose([h["score"] for hyps in got for h in hyps], [h.score for hyps in want for h in hyps],
+                               rtol=SCORE_RTOL)
+
+
+def test_model_info_health_and_docs(served: Served, dates: Seq2Seq) -> None:
+    info = served.client.get("/tokens/v1/model").json()
+    assert info["kind"] == "tokens" and info["export_id"] == dates.manifest.export_id
+    assert info["vocabulary_size"] == {"source": len(dates.vocabularies["source"]),
+                                       "target": len(dates.vocabularies["target"])}
+    assert info["providers"][0] == "CPUExecutionProvider" and info["threads"] == 1
+    assert info["max_batch_size"] == MAX_BATCH and info["spec"]["target_len"] == dates.spec.target_len
+    assert served.client.get("/points/healthz").json()["status"] == "ok"
+    schemas = served.client.get("/tokens/openapi.json").json()["components"]["schemas"]
+    assert {"TranslateRequest", "TranslateResponse", "PredictRequest", "ErrorBody"} <= set(schemas)
+    assert served.client.get("/tokens/docs").status_code == 200
+
+
+def test_http_predict_equals_in_process(served: Served, squares: Seq2Seq) -> None:
+    source = np.array([[[-1, -1], [-1, 1], [0.5, 0.5]], [[1, 1], [1, -1], [0, 0]]], dtype=np.float32)
+    mask = [[1, 1, 1], [1, 1, 0]]
+    reply = served.client.post("/points/v1/predict", json={"source": source.tolist(), "source_mask": mask,
+                                                           "target_len": 3, "return_attention": True})
+    assert reply.status_code == 200, reply.text
+    want, alphas = squares.predict(source, target_len=3, source_mask=np.array(mask), return_attention=True)
+    np.testing.assert_allclose(reply.json()["outputs"], want, rtol=POINT_TOL, atol=POINT_TOL)
+    np.testing.assert_allclose(reply.json()["attention"], alphas, rtol=POINT_TOL, atol=POINT_TOL)
+    assert reply.json()["export_id"] == squares.manifest.export_id
+
+
+@pytest.mark.parametrize("options", [{}, {"beam_size": 4, "num_hypotheses": 2, "return_attention": True},
+                                     {"max_decoding_length": 6, "min_decoding_length": 3},
+                                     {"sampling_topk": 5, "sampling_temperature": 1.5, "seed": 7}],
+                         ids=["greedy", "beam-nbest-attention", "lengths", "sampling"])
+def test_http_translate_equals_in_process(served: Served, dates: Seq2Seq, options: dict) -> None:
+    reply = served.client.post("/tokens/v1/translate", json={"texts": TEXTS[:3], **options})
+    assert reply.status_code == 200, reply.text
+    want = dates.translate_batch(TEXTS[:3], **options)
+    assert_same_translations(reply.json()["translations"], want)
+    if options.get("return_attention"):
+        got = reply.json()["translations"][0][0]["attention"]
+        np.testing.assert_allclose(got, want[0][0].attention, rtol=1e-5, atol=1e-6)
+
+
+def test_deployment_handles_equal_http(served: Served, dates: Seq2Seq, squares: Seq2Seq) -> None:
+    found = serve.get_app_handle("tokens").translate.remote(TEXTS[:2], beam_size=3).result(timeout_s=30)
+    assert_same_translations(found, dates.translate_batch(TEXTS[:2], beam_size=3))
+    source = [[[-1.0, -1.0], [-1.0, 1.0]]]
+    body = serve.get_app_handle("points").predict.remote(source, return_attention=True).result(timeout_s=30)
+    np.testing.assert_allclose(body["outputs"], squares.predict(source), rtol=POINT_TOL, atol=POINT_TOL)
+
+
+def _concurrently(served: Served, path: str, bodies: list[dict]) -> list[httpx.Response]:
+    """All bodies posted at once, one thread each."""
+    barrier = threading.Barrier(len(bodies))
+
+    def post(body: dict) -> httpx.Response:
+        barrier.wait()
+        return served.client.post(path, json=body)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(post, bodies))
+
+
+def test_concurrent_points_batch_and_match_one_at_a_time(served: Served, squares: Seq2Seq) -> None:
+    items = sources(8)  # lengths 1..8: merged batches pad and mask, then cut the attention back
+    replies = _concurrently(served, "/points/v1/predict",
+                            [{"source": s.tolist(), "return_attention": True} for s in items])
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert max(int(r.headers["x-seq2onnx-batch-requests"]) for r in replies) > 1
+    for item, reply in zip(items, replies):
+        want, alphas = squares.predict(item, return_attention=True)
+        np.testing.assert_allclose(reply.json()["outputs"], want, rtol=POINT_TOL, atol=POINT_TOL)
+        assert np.asarray(reply.json()["attention"]).shape == alphas.shape
+        np.testing.assert_allclose(reply.json()["attention"], alphas, rtol=POINT_TOL, atol=POINT_TOL)
+
+
+def test_concurrent_texts_batch_and_match_one_at_a_time(served: Served, dates: Seq2Seq) -> None:
+    options = [{}, {"beam_size": 3}] * 4  # two option sets: each decodes in its own merged group
+    bodies = [{"texts": [text], **option} for text, option in zip(TEXTS, options)]
+    replies = _concurrently(served, "/tokens/v1/translate", bodies)
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert max(int(r.headers["x-seq2onnx-batch-requests"]) for r in replies) > 1
+    for body, reply in zip(bodies, replies):
+        want = dates.translate_batch(body["texts"], **{k: v for k, v in body.items() if k != "texts"})
+        assert_same_translations(reply.json()["translations"], want)
+
+
+def test_two_replicas_both_serve(served: Served) -> None:
+    seen = set()
+    for _ in range(60):
+        reply = served.client.post("/tokens/v1/translate", json={"texts": ["3/3/15"]})
+        seen.add(reply.headers["x-seq2onnx-replica"])
+        if len(seen) == 2:
+            break
+    assert len(seen) == 2
+
+
+BAD_REQUESTS = {
+    "texts not a list": ("/tokens/v1/translate", {"texts": "3/3/15"}, 422, "texts"),
+    "text not a string": ("/tokens/v1/translate", {"texts": [3]}, 422, "texts.0"),
+    "missing texts": ("/tokens/v1/translate", {"beam_size": 2}, 422, "texts: field required"),
+    "unknown option": ("/tokens/v1/translate", {"texts": ["a"], "beam": 2}, 422, "beam: extra inputs"),
+    "beam size a string": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": "2"}, 422, "beam_size"),
+    "beam size 0": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 0}, 400, "beam_size"),
+    "n-best above beam": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 2, "num_hypotheses": 3}, 400,
+                          "num_hypotheses"),
+    "sampling with beam": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 2, "sampling_topk": 3}, 400,
+                           "sampling"),
+    "blank text": ("/tokens/v1/translate", {"texts": ["  "]}, 400, "texts[0]"),
+    "text too long": ("/tokens/v1/translate", {"texts": ["1" * 3000]}, 400, "texts[0]"),
+    "too many texts": ("/tokens/v1/translate", {"texts": ["3/3/15"] * (MAX_BATCH + 1)}, 413, "--max-batch-size"),
+    "points to a token model": ("/tokens/v1/predict", {"source": [[[1.0, 2.0]]]}, 400, "/v1/translate"),
+    "texts to a point model": ("/points/v1/translate", {"texts": ["3/3/15"]}, 400, "/v1/predict"),
+    "ragged source": ("/points/v1/predict", {"source": [[[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]]]}, 400, "source"),
+    "wrong feature count": ("/points/v1/predict", {"source": [[[1.0, 2.0, 3.0]]]}, 400, "source"),
+    "NaN point": ("/points/v1/predict", b'{"source": [[[NaN, 1.0]]]}', 400, "finite"),
+    "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source.0.0.0"),
+    "mask of 2": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[2]]}, 400, "source_mask"),
+    "target_len 0": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 0}, 400, "target_len"),
+    "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
+    "oversized body": ("/points/v1/predict", b"[" + b"1," * MAX_BODY + b"1]", 413, "--max-body-bytes"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_bad_requests_get_4xx_with_one_line(served: Served, name: str) -> None:
+    path, body, status, says = BAD_REQUESTS[name]
+    reply = (served.client.post(path, content=body, headers={"content-type": "application/json"})
+             if isinstance(body, bytes) else served.client.post(path, json=body))
+    assert reply.status_code == status, reply.text
+    message = reply.json()["error"]
+    assert says in message and "\n" not in message and "Traceback" not in message
+    assert served.client.get(path.rsplit("/v1/", 1)[0] + "/healthz").status_code == 200
+
+
+def test_streamed_oversized_body_is_refused(served: Served) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit counts as the body arrives
+        yield b'{"texts": ["'
+        for _ in range(MAX_BODY // 1024 + 1):
+            yield b"1" * 1024
+        yield b'"]}'
+
+    reply = served.client.post("/tokens/v1/translate", content=chunks(), headers={"content-type": "application/json"})
+    assert reply.status_code == 413 and "--max-body-bytes" in reply.json()["error"]
+
+
+def _replica_actors(app: str) -> list[str]:
+    return sorted(actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+                  if actor["name"].startswith(f"SERVE_REPLICA::{app}#"))
+
+
+def _running_replicas(app: str) -> int:
+    deployment = serve.status().applications[app].deployments["Seq2SeqService"]
+    return deployment.replica_states.get("RUNNING", 0)
+
+
+def test_killed_replica_is_replaced_and_no_request_hangs(served: Served) -> None:
+    """Four clients post for ~6 s while one of the two replicas is killed: every request ends (200, or an error
+    status with a body) within its timeout, and Serve brings the deployment back to two serving replicas."""
+    before = _replica_actors("tokens")
+    assert len(before) == 2
+    outcomes: list[Any] = []
+    stop = time.monotonic() + 6
+
+    def client() -> None:
+        with httpx.Client(base_url=served.url, timeout=20) as own:
+            for _ in range(300):
+                if time.monotonic() > stop:
+                    return
+                try:
+                    reply = own.post("/tokens/v1/translate", json={"texts": ["march 3 1999"]})
+                    outcomes.append((reply.status_code, reply.text))
+                except httpx.HTTPError as exc:  # a timeout would be a hang: recorded, then failed below
+                    outcomes.append((type(exc).__name__, str(exc)))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    statuses = [status for status, _ in outcomes]
+    assert all(isinstance(s, int) for s in statuses), [o for o in outcomes if not isinstance(o[0], int)][:3]
+    assert statuses.count(200) > 10
+    assert all(s == 200 or (s >= 500 and text) for s, text in outcomes)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (_running_replicas("tokens") == 2 and
+                                               before[0] not in _replica_actors("tokens")):
+        time.sleep(1)
+    assert _running_replicas("tokens") == 2 and before[0] not in _replica_actors("tokens")
+    seen: set[str] = set()
+    deadline = time.monotonic() + 30  # the proxy learns of the new replica shortly after Serve reports it
+    while len(seen) < 2 and time.monotonic() < deadline:
+        reply = served.client.post("/tokens/v1/translate", json={"texts": ["3/3/15"]})
+        assert reply.status_code == 200
+        seen.add(reply.headers["x-seq2onnx-replica"])
+        time.sleep(0.05)
+    assert len(seen) == 2 and before[0].rsplit("#", 1)[-1] not in seen
+    print(f"during the kill: {statuses.count(200)} of {len(statuses)} requests 200, others {set(statuses) - {200}}")
+
+
+def test_runtime_never_imports_ray() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, runtime, runtime.model, runtime.cli, runtime.infer_cli, serving.cli; "
+            "print(json.dumps(sorted(m for m in ('ray', 'fastapi', 'serving.app') if m in sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True,
+                          check=True)
+    assert json.loads(done.stdout) == []
