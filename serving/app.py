@@ -144,15 +144,13 @@ class Seq2SeqService:
         return {"status": "ok", "replica": self.replica}
 
 
-def build_app(model_dir: str | Path | None, config: ServeConfig = ServeConfig(),
-              runtime_env: dict[str, Any] | None = None) -> Application:
+def build_app(model_dir: str | Path | None, config: ServeConfig = ServeConfig()) -> Application:
     """The application for `serve.run`: replicas, CPUs and batching from `config`. model_dir None loads from each
-    replica's working directory (the model shipped with `runtime_env={"working_dir": model_dir}`)."""
+    replica's working directory: the model shipped with `ray.init(runtime_env={"working_dir": model_dir})`."""
     replicas = config.replicas
     scaling: dict[str, Any] = ({"num_replicas": replicas.low} if replicas.fixed else {"autoscaling_config": {
         "min_replicas": replicas.low, "max_replicas": replicas.high,
         "target_ongoing_requests": config.max_batch_size}})
-    actor = {"num_cpus": config.num_cpus, **({"runtime_env": runtime_env} if runtime_env else {})}
     deployment = Seq2SeqService.options(max_ongoing_requests=config.max_ongoing_requests,
-                                        ray_actor_options=actor, **scaling)
+                                        ray_actor_options={"num_cpus": config.num_cpus}, **scaling)
     return deployment.bind(None if model_dir is None else str(Path(model_dir).resolve()), config)

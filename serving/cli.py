@@ -13,12 +13,14 @@ from typing import Any
 
 import click
 
+from runtime.cli import Interrupted
 from runtime.errors import Seq2OnnxError
 from runtime.sessions import PROVIDERS
 
 from .config import DEFAULT_MAX_BODY_BYTES, MAX_BATCH_LIMIT, Replicas, ServeConfig, parse_replicas
 
 APP_NAME = "seq2onnx"
+PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 
 
 class Stopped(Exception):
@@ -86,12 +88,14 @@ def check_model(model_dir: Path, provider: str) -> str:
               show_default=True, help="Largest request body accepted (413 beyond).")
 @click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
               help="Seconds before a request is answered 408 instead of waiting on.")
+@click.option("--proxy-location", type=click.Choice(["head", "every-node"]), default="every-node", show_default=True,
+              help="Where Serve runs HTTP proxies: every node (put a load balancer in front) or the head only.")
 @click.option("--address", default=None,
               help="Deploy onto an existing Ray cluster (ray start --head prints it); the model directory is "
                    "shipped to its nodes. Default: start Ray on this machine.")
 def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus: float, provider: str,
                   max_batch_size: int, batch_wait_ms: float, max_body_bytes: int, request_timeout: float,
-                  address: str | None) -> None:
+                  proxy_location: str, address: str | None) -> None:
     """Serve the exported model in MODEL_DIR over HTTP on Ray Serve, with dynamic batching.
 
     POST /v1/predict (point models) or /v1/translate (token models); GET /v1/model, /healthz; /docs."""
@@ -101,16 +105,19 @@ def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus
         check_port_free(host, port)
     import ray
 
-    started = _start_ray(address)
+    started = _start_ray(address, model_dir)
     try:
         config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
                              batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
                              replicas=_resolve_replicas(replicas, num_cpus))
-        _deploy(model_dir, config, host, port, request_timeout, shipped=address is not None)
+        http = {"host": host, "port": port, "request_timeout_s": request_timeout}
+        _deploy(model_dir, config, http, PROXY_LOCATIONS[proxy_location], shipped=address is not None)
         route = "/v1/predict" if kind == "points" else "/v1/translate"
         click.echo(f"serve: {model_dir} at http://{host}:{port} (POST {route}; GET /v1/model, /healthz; docs at "
                    f"/docs); {_describe(config.replicas)} of {num_cpus:g} CPU each; Ctrl-C stops", err=True)
         _wait()
+    except KeyboardInterrupt:  # Ctrl-C before the server was up (after, _wait returns)
+        raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
     finally:
         _stop(address is not None)
         if started:
@@ -118,12 +125,17 @@ def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus
     click.echo("serve: stopped", err=True)
 
 
-def _start_ray(address: str | None) -> bool:
-    """Connect to the cluster at `address`, or start a local one; True when this process started it."""
+def _start_ray(address: str | None, model_dir: Path) -> bool:
+    """Connect to the cluster at `address`, shipping the model directory as this job's working directory (Ray
+    uploads it, and every replica starts in its own copy on whatever node), or start a local Ray; True when this
+    process started it."""
     import ray
 
     try:
-        ray.init(address=address, include_dashboard=False if address is None else None)
+        if address is None:
+            ray.init(include_dashboard=False)
+        else:
+            ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})
     except (ConnectionError, ValueError, RuntimeError) as exc:
         raise click.ClickException(f"--address {address}: cannot connect to a Ray cluster there ({exc}); start one "
                                    "with `ray start --head` and pass the address it prints") from None
@@ -136,15 +148,14 @@ def _resolve_replicas(text: str, num_cpus: float) -> Replicas:
     return parse_replicas(text, ray.cluster_resources().get("CPU"), num_cpus)
 
 
-def _deploy(model_dir: Path, config: ServeConfig, host: str, port: int, timeout: float, shipped: bool) -> None:
+def _deploy(model_dir: Path, config: ServeConfig, http: dict[str, Any], proxy_location: str, shipped: bool) -> None:
     """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
     from ray import serve
 
     from .app import build_app
 
-    serve.start(http_options={"host": host, "port": port, "request_timeout_s": timeout})
-    app = (build_app(None, config, runtime_env={"working_dir": str(model_dir.resolve())}) if shipped
-           else build_app(model_dir, config))
+    serve.start(http_options=http, proxy_location=proxy_location)
+    app = build_app(None if shipped else model_dir, config)  # None: each replica's working directory
     try:
         serve.run(app, name=APP_NAME, route_prefix="/")
     except Exception as exc:  # Serve raises its own types for a deployment that failed to start

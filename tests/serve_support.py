@@ -25,10 +25,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def ray_env() -> Iterator[dict[str, str]]:
-    """RAY_ENV set for the duration (Ray's child processes inherit it), then restored."""
-    saved = {key: os.environ.get(key) for key in RAY_ENV}
-    os.environ.update(RAY_ENV)
+def ray_env(**extra: str) -> Iterator[dict[str, str]]:
+    """RAY_ENV and `extra` set for the duration (Ray's child processes inherit them), then restored."""
+    wanted = {**RAY_ENV, **extra}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
     try:
         yield {**os.environ}
     finally:

@@ -1,0 +1,127 @@
+"""`seq2onnx serve` as a user runs it: a real subprocess that starts its own Ray, serves HTTP on 127.0.0.1 and
+stops cleanly on Ctrl-C; and the two-node shape: the same command with --address onto a `ray.cluster_utils.Cluster`
+of two one-CPU nodes on this box, one replica per node, the model shipped to the replicas by Ray."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from runtime.model import Seq2Seq
+from serve_support import DATES, SQUARES, free_port, ray_env, wait_healthy
+
+START_TIMEOUT = 150  # Ray start + Serve + replicas, on a loaded 2-core CI box
+STOP_TIMEOUT = 60
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+READY = "Ctrl-C stops"
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator:
+    """Start `seq2onnx serve ...` in its own process group, its output to files (Ray logs a lot: an unread pipe
+    would fill and block it), and wait for its ready line; afterwards nothing of that group may be left."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> subprocess.Popen:
+        log = tmp_path / f"serve-{len(started)}.log"
+        with ray_env() as env, open(log, "w") as sink:
+            process = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", *args], env=env,
+                                       stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        process.log = log  # type: ignore[attr-defined]
+        started.append(process)
+        deadline = time.monotonic() + START_TIMEOUT
+        while READY not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert READY in log.read_text(), log.read_text()[-3000:]
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            pytest.fail(f"serve (pid {process.pid}) was still running at teardown")
+        deadline = time.monotonic() + 20  # Ray's helpers exit right after the driver
+        while group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = group_members(process.pid)
+        if left:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail(f"serve left processes {left} running")
+
+
+def stop(process: subprocess.Popen, sig: int = signal.SIGINT) -> str:
+    """Send `sig`, wait for a clean exit, return its output."""
+    process.send_signal(sig)
+    process.wait(timeout=STOP_TIMEOUT)
+    err = process.log.read_text()  # type: ignore[attr-defined]
+    assert process.returncode == 0, err[-2000:]
+    assert "serve: stopped" in err
+    return err
+
+
+def test_serve_command_serves_and_stops_on_ctrl_c(launch) -> None:
+    port = free_port()
+    process = launch(str(DATES), "--port", str(port), "--num-cpus", "1", "--max-batch-size", "8")
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(f"{url}/healthz", START_TIMEOUT, process)
+    reply = httpx.post(f"{url}/v1/translate", json={"texts": ["march 3 1999", "3/3/15"], "beam_size": 3},
+                       timeout=30)
+    want = Seq2Seq.load(DATES, threads=1).translate_batch(["march 3 1999", "3/3/15"], beam_size=3)
+    assert [h[0]["text"] for h in reply.json()["translations"]] == [h[0].text for h in want]
+    info = httpx.get(f"{url}/v1/model", timeout=30).json()
+    assert info["max_batch_size"] == 8 and info["threads"] == 1
+    too_many = httpx.post(f"{url}/v1/translate", json={"texts": ["3/3/15"] * 9}, timeout=30)
+    assert too_many.status_code == 413 and "--max-batch-size" in too_many.json()["error"]
+    err = stop(process)
+    assert f"at http://127.0.0.1:{port}" in err
+
+
+def test_two_node_cluster_one_replica_per_node(launch) -> None:
+    """Two one-CPU nodes; --replicas 2 at one CPU each must place one replica on each node."""
+    from ray.cluster_utils import Cluster
+
+    # Serve's proxy prefers replicas on its own node; off, so that sequential requests reach both nodes.
+    with ray_env(RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING="0"):
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        try:
+            cluster.add_node(num_cpus=1)
+            port = free_port()
+            process = launch(str(SQUARES), "--address", cluster.address, "--replicas", "2", "--num-cpus", "1",
+                             "--proxy-location", "head", "--port", str(port))
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(f"{url}/healthz", START_TIMEOUT, process)
+            nodes: set[str] = set()
+            deadline = time.monotonic() + 60
+            while len(nodes) < 2 and time.monotonic() < deadline:
+                nodes.add(httpx.get(f"{url}/v1/model", timeout=30).json()["node"])
+            assert len(nodes) == 2
+            reply = httpx.post(f"{url}/v1/predict", json={"source": [[[-1, -1], [-1, 1]]]}, timeout=30)
+            assert reply.status_code == 200
+            assert reply.json()["export_id"] == Seq2Seq.load(SQUARES).manifest.export_id
+            stop(process, signal.SIGTERM)
+        finally:
+            cluster.shutdown()
