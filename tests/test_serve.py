@@ -280,3 +280,28 @@ def test_runtime_never_imports_ray() -> None:
     done = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True,
                           check=True)
     assert json.loads(done.stdout) == []
+
+
+def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq) -> None:
+    """The batcher without Ray: a request that fails while merged is decoded alone, so only it gets the error."""
+    from runtime.errors import InputError
+    from serving.batching import decode_points, decode_texts, point_job, token_job
+    from serving.schemas import TranslateRequest
+
+    defaults = TranslateRequest(texts=[]).options()
+    jobs = [token_job(dates, texts, defaults, MAX_BATCH) for texts in (TEXTS[:2], ["1" * 3000], TEXTS[2:3])]
+    done = decode_texts(dates, jobs)
+    assert isinstance(done[1].value, InputError) and "texts[0]" in str(done[1].value)
+    for job, result in zip([jobs[0], jobs[2]], [done[0], done[2]]):
+        assert [[h.ids for h in hyps] for hyps in result.value] == \
+            [[h.ids for h in hyps] for hyps in dates.translate_batch(job.texts)]
+    sampled = [token_job(dates, TEXTS[:1], {**defaults, "sampling_topk": 3, "seed": 1}, MAX_BATCH)] * 2
+    assert [d.batch_requests for d in decode_texts(dates, sampled)] == [1, 1]  # samples never merge
+    points = [point_job(squares, s, None, target_len, MAX_BATCH) for s, target_len in
+              zip(sources(4), [2, 3, 2, 3])]
+    found = decode_points(squares, points)
+    assert [d.batch_requests for d in found] == [2, 2, 2, 2]  # merged by target length
+    for job, result in zip(points, found):
+        want, alphas = squares.predict(job.source, target_len=job.target_len, return_attention=True)
+        np.testing.assert_allclose(result.value[0], want, rtol=POINT_TOL, atol=POINT_TOL)
+        np.testing.assert_allclose(result.value[1], alphas, rtol=POINT_TOL, atol=POINT_TOL)

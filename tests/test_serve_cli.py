@@ -4,7 +4,9 @@ of two one-CPU nodes on this box, one replica per node, the model shipped to the
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +15,10 @@ from typing import Iterator
 
 import httpx
 import pytest
+
+from conftest import DEVICES
+from test_reliability import (BAD_INPUT, USAGE, Case, assert_refused, build_template, case, copy_workspace,
+                              write)
 
 from runtime.model import Seq2Seq
 from serve_support import DATES, SQUARES, free_port, ray_env, wait_healthy
@@ -125,3 +131,58 @@ def test_two_node_cluster_one_replica_per_node(launch) -> None:
             stop(process, signal.SIGTERM)
         finally:
             cluster.shutdown()
+
+
+# The reliability table's serve rows: every refusal happens before Ray starts (each row takes about a second).
+def setup_serve_workspace(case_dir: Path) -> None:
+    """The shipped point model, a directory that is not an export, and a file."""
+    shutil.copytree(SQUARES, case_dir / "model")
+    (case_dir / "userdata").mkdir()
+    write(case_dir / "userdata" / "notes.txt", "the user's own notes\n")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_template(tmp_path_factory, "serve_reliability", setup_serve_workspace)
+
+
+@pytest.fixture
+def workspace(template: Path, tmp_path: Path) -> Path:
+    return copy_workspace(template, tmp_path)
+
+
+SERVE = ("serve", "model")
+SERVE_CASES: dict[str, Case] = {
+    "MODEL_DIR missing": case("serve", "nope", code=USAGE, says=("MODEL_DIR", "nope", "does not exist")),
+    "MODEL_DIR a file": case("serve", "userdata/notes.txt", code=USAGE, says=("MODEL_DIR", "is a file")),
+    "MODEL_DIR not an export": case("serve", "userdata", code=BAD_INPUT, says=("userdata", "no manifest")),
+    "--replicas word": case(*SERVE, "--replicas", "many", code=USAGE, says=("--replicas", "N, MIN:MAX or auto")),
+    "--replicas 0": case(*SERVE, "--replicas", "0", code=USAGE, says=("--replicas", "1 <= MIN <= MAX", "'0'")),
+    "--replicas 3:1": case(*SERVE, "--replicas", "3:1", code=USAGE, says=("--replicas", "'3:1'")),
+    "--num-cpus 0": case(*SERVE, "--num-cpus", "0", code=USAGE, says=("--num-cpus", "0.01<=x<=1024")),
+    "--max-batch-size 0": case(*SERVE, "--max-batch-size", "0", code=USAGE, says=("--max-batch-size", "1<=x<=4096")),
+    "--batch-wait-ms -1": case(*SERVE, "--batch-wait-ms", "-1", code=USAGE, says=("--batch-wait-ms", "0<=x")),
+    "--max-body-bytes 10": case(*SERVE, "--max-body-bytes", "10", code=USAGE, says=("--max-body-bytes", "1024<=x")),
+    "--request-timeout 0": case(*SERVE, "--request-timeout", "0", code=USAGE, says=("--request-timeout",)),
+    "--port 0": case(*SERVE, "--port", "0", code=USAGE, says=("--port", "1<=x<=65535")),
+    "--port word": case(*SERVE, "--port", "http", code=USAGE, says=("--port", "'http' is not a valid integer")),
+    "--host not of this machine": case(*SERVE, "--host", "192.0.2.254", "--port", "18999", code=BAD_INPUT,
+                                       says=("--host 192.0.2.254", "cannot listen there")),
+    "--provider tpu": case(*SERVE, "--provider", "tpu", code=USAGE, says=("--provider", "'tpu'")),
+    "--proxy-location moon": case(*SERVE, "--proxy-location", "moon", code=USAGE, says=("--proxy-location",)),
+}
+if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
+    SERVE_CASES["--provider cuda without CUDA"] = case(*SERVE, "--provider", "cuda", code=BAD_INPUT,
+                                                       says=("provider 'cuda'", "CUDA"))
+
+
+@pytest.mark.parametrize("name", list(SERVE_CASES))
+def test_serve_refuses(workspace: Path, name: str) -> None:
+    assert_refused(workspace, SERVE_CASES[name])
+
+
+def test_serve_refuses_a_port_in_use(workspace: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        assert_refused(workspace, case(*SERVE, "--port", str(port), code=BAD_INPUT,
+                                       says=(f"--port {port}", "already in use", "pick another --port")))
