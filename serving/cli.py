@@ -133,7 +133,7 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
 
     try:
         if address is None:
-            ray.init(include_dashboard=False)
+            ray.init(address="local", include_dashboard=False)  # never attach to a Ray someone else runs here
         else:
             ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})
     except (ConnectionError, ValueError, RuntimeError) as exc:

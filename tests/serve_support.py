@@ -48,7 +48,7 @@ def local_ray(num_cpus: int = 2, address: str | None = None) -> Iterator[None]:
 
     with ray_env():
         if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=address, log_to_driver=False)
         try:
