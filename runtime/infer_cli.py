@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import click
 import numpy as np
+from click.core import ParameterSource
 
 from .cli import check_threads_option
 from .errors import Seq2OnnxError
@@ -245,16 +246,28 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
                    "runs the step loop, one call per output (the same results). Exports without the graph, and "
                    "beam search and sampling, always use the step loop.")
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
+@click.option("--ray", "on_ray", is_flag=True,
+              help="Decode on Ray Data, one model per actor, into --output FILE.jsonl (needs the 'serve' extra).")
+@click.option("--address", default=None,
+              help="With --ray: join this Ray cluster (HOST:PORT of its head, or auto); MODEL_DIR is shipped to its "
+                   "nodes. Default: start a local Ray on this machine's CPUs.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="With --ray: actors, each holding the model on --threads CPUs (default 1); default: as many as "
+                   "the cluster's CPUs hold, at most one per block of inputs.")
 @token_options
 def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], target_len: int | None, provider: str,
           attention: bool, output_path: str | None, plot_path: str | None, threads: int | None, device_id: int,
-          fused: bool, force: bool, **decoding: Any) -> None:
+          fused: bool, force: bool, on_ray: bool, address: str | None, concurrency: int | None,
+          **decoding: Any) -> None:
     """Decode the sources in --input (token models: or the --text values) with the exported model in MODEL_DIR.
 
     Token models print one JSON line per input: {"index", "source", "hypotheses": [{"text", "tokens", "score",
-    "log_prob"[, "attention"]}, ...][, "source_tokens"]}; "index" counts inputs from 0 (line number - 1)."""
+    "log_prob"[, "attention"]}, ...][, "source_tokens"]}; "index" counts inputs from 0 (line number - 1).
+    With --ray, point models write one JSON line per item: {"index", "outputs"[, "attention"]}."""
     from .model import Seq2Seq
 
+    if on_ray or address is not None or concurrency is not None:
+        return _infer_on_ray(click.get_current_context())
     if model_kind(model_dir, texts) == "tokens":
         return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path, threads,
                              device_id, fused, force, decoding)
@@ -282,6 +295,36 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
         click.echo(f"wrote {output_path}", err=True)
     else:
         click.echo(json.dumps(as_json(outputs, kept, model.providers)))
+
+
+RAY_MODULES = ("ray", "pyarrow", "pandas")  # what `ray[data]` brings; missing, --ray names the extra to install
+
+
+def _infer_on_ray(ctx: click.Context) -> None:
+    """--ray: refuse options that mean nothing there, then hand the command to serving.offline_cli (the 'serve'
+    extra); only this path imports Ray."""
+    p = ctx.params
+    if not p["on_ray"]:
+        given = [flag for flag in ("--address", "--concurrency") if p[flag.strip("-")] is not None]
+        raise click.UsageError(f"{' and '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to decoding on "
+                               f"Ray; add --ray, or drop {'it' if len(given) == 1 else 'them'}")
+    if p["plot_path"]:
+        raise click.UsageError("--plot draws the first inputs of an in-process run; drop --plot with --ray, or run "
+                               "without --ray to draw them")
+    if not p["output_path"]:
+        raise click.UsageError("--ray writes its results to --output FILE.jsonl (in input order, published whole); "
+                               "add --output")
+    if ctx.get_parameter_source("device_id") is not ParameterSource.DEFAULT:
+        raise click.UsageError("--device-id: with --ray, Ray gives each actor its GPU (--provider cuda reserves one "
+                               "per actor); drop --device-id")
+    try:
+        from serving.offline_cli import infer_on_ray
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in RAY_MODULES:
+            raise
+        raise click.ClickException("--ray needs Ray Data, which is not installed; install the 'serve' extra: "
+                                   "pip install -e '.[cpu,serve]' in a seq2onnx checkout") from None
+    infer_on_ray(ctx)
 
 
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,

@@ -147,6 +147,16 @@ CLI_CASES: dict[str, Case] = {
                                         says=("--min-len 7", "6")),
     "infer --output .json for tokens": case(*TOK, *TEXT, "--output", "out.json", code=USAGE,
                                             says=("--output", ".jsonl")),
+    # infer --ray: refused before Ray is imported or started
+    "infer --ray --plot": case(*TOK, *TEXT, "--ray", "--output", "o.jsonl", "--plot", "p.png", code=USAGE,
+                               says=("--plot", "--ray")),
+    "infer --ray without --output": case(*TOK, *TEXT, "--ray", code=USAGE, says=("--ray", "--output FILE.jsonl")),
+    "infer --ray --device-id": case(*TOK, *TEXT, "--ray", "--output", "o.jsonl", "--device-id", "1", code=USAGE,
+                                    says=("--device-id", "Ray")),
+    "infer --ray --concurrency 0": case(*TOK, *TEXT, "--ray", "--output", "o.jsonl", "--concurrency", "0",
+                                        code=USAGE, says=("--concurrency", "0")),
+    "infer --address without --ray": case(*TOK, *TEXT, "--address", "127.0.0.1:6379", code=USAGE,
+                                          says=("--address", "add --ray")),
     # eval, export, verify
     "eval point model": case("eval", "model", "--data", "dates", code=BAD_INPUT, says=("point model",)),
     "eval --data nosuch": case("eval", "tokmodel", "--data", "nosuch", code=USAGE, says=("--data", "'nosuch'")),

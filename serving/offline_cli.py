@@ -1,0 +1,180 @@
+"""`seq2onnx infer --ray`: the command around `serving.offline`. Everything that can be checked is checked before Ray
+starts (options, output path, model, every input line); --output is then streamed through a temporary sibling and
+renamed, so a failure or Ctrl-C leaves the old file (or none) in place."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import time
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+import numpy as np
+import ray
+
+from runtime.errors import Seq2OnnxError, one_line
+from runtime.infer_cli import check_outputs, read_input, write_atomically
+from runtime.inputs import check_mask, check_source, check_target_len
+from runtime.model import Seq2Seq
+from runtime.sessions import max_threads
+from runtime.token_infer import (TOKEN_OUTPUT_SUFFIXES, Item, TokenRun, batches, check_token_usage, decoding_options,
+                                 model_kind, read_items, refuse_token_options)
+
+from .offline import (MAX_POINT_BLOCK, MAX_TOKEN_BLOCK, OrderError, Plan, PointDecoder, TokenDecoder, cluster_actors,
+                      decode_rows, point_dataset, token_dataset)
+
+# Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
+# where the driver already reports its error as one line.
+QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
+CONNECT_TIMEOUT_S = 10  # a cluster's GCS port that does not accept a TCP connection in this long is not there
+
+
+def infer_on_ray(ctx: click.Context) -> None:
+    """`infer --ray` (its usage already checked by runtime.infer_cli): check the model and every input, then
+    decode on Ray and write --output whole."""
+    p = ctx.params
+    base = dict(model_dir=str(Path(p["model_dir"]).resolve()), provider=p["provider"], threads=p["threads"] or 1,
+                fused=p["fused"], attention=p["attention"])
+    note, tokens = None, model_kind(p["model_dir"], p["texts"]) == "tokens"
+    if tokens:
+        plan, chunks, note = _token_work(ctx, base)
+        n, unit, most, decoder = sum(map(len, chunks)), plan.batch_size, MAX_TOKEN_BLOCK, TokenDecoder
+        make = partial(token_dataset, chunks)
+    else:
+        plan, source, mask = _point_work(ctx, base)
+        n, unit, most, decoder = len(source), 1, MAX_POINT_BLOCK, PointDecoder
+        make = partial(point_dataset, source, mask)
+    output = p["output_path"]
+    if n == 0:
+        write_atomically(output, lambda f: None)
+    else:
+        with ray_session(p["address"], plan.model_dir):
+            if p["address"] is not None:  # shipped with the job: each actor reads its node's copy
+                plan = dataclasses.replace(plan, model_dir=None)
+            start = time.perf_counter()
+            actors, lines = decode_rows(n, make, decoder, plan, _actors(plan, p["concurrency"]), unit, most)
+            write_lines(output, lines)
+            seconds = time.perf_counter() - start
+        click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.0f} seq/s) "
+                   f"on {actors} actor{'' if actors == 1 else 's'}", err=True)
+    click.echo(f"wrote {output} ({n} input{'' if n == 1 else 's'})", err=True)
+    if note:
+        click.echo(note, err=True)
+    if n == 0:
+        click.echo(f"note: {'stdin' if p['input_path'] == '-' else p['input_path']} held no "
+                   f"{'text' if tokens else 'items'}, so nothing was decoded", err=True)
+
+
+def _load(base: dict[str, Any]) -> Seq2Seq:
+    """The model, loaded once in the driver to check it (hashes, graphs, spec) before any actor is started."""
+    try:
+        return Seq2Seq.load(base["model_dir"], provider="cpu", threads=1, fused=base["fused"])
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _token_work(ctx: click.Context, base: dict[str, Any]) -> tuple[Plan, list[list[Item]], str | None]:
+    """A token model's plan, its inputs in in-process chunks (every line checked), and the note on blank lines."""
+    p = ctx.params
+    check_token_usage(ctx, p["model_dir"], p["input_path"], p["texts"])
+    options = decoding_options(ctx, p)
+    check_outputs(p["input_path"] or "-", p["output_path"], None, p["attention"], p["force"], TOKEN_OUTPUT_SUFFIXES)
+    model = _load(base)
+    run = TokenRun(model, options, p["batch_size"], p["attention"], False)
+    run.check(p["model_dir"])
+    items = read_items(p["input_path"], p["texts"])
+    chunks = list(batches(items, p["batch_size"], run.vocab, run.skipped, model.spec))
+    note = run.skipped_note() if run.skipped else None
+    return Plan(**base, batch_size=p["batch_size"], options=options), chunks, note
+
+
+def _point_work(ctx: click.Context, base: dict[str, Any]) -> tuple[Plan, np.ndarray, np.ndarray]:
+    """A point model's plan, its (N, L, F) sources and (N, 1, L) mask, checked as predict checks them."""
+    p = ctx.params
+    refuse_token_options(ctx, p["model_dir"])
+    if p["input_path"] is None:
+        raise click.UsageError("Missing option '--input'.")
+    check_outputs(p["input_path"], p["output_path"], None, p["attention"], p["force"], TOKEN_OUTPUT_SUFFIXES)
+    source, mask = read_input(p["input_path"])
+    model = _load(base)
+    try:
+        points = check_source(source, model.spec)
+        target_len = check_target_len(p["target_len"], model.spec)
+        return Plan(**base, target_len=target_len), points, check_mask(mask, points)
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _actors(plan: Plan, concurrency: int | None) -> int:
+    """--concurrency, if the cluster has the CPUs (and GPUs) for it, else one actor per `plan.threads` CPUs."""
+    resources = ray.cluster_resources()
+    cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
+    if plan.gpus and not gpus:
+        raise click.ClickException("--provider cuda: the Ray cluster has no GPUs, and each actor needs one; join a "
+                                   "cluster with GPUs (--address), or pass --provider cpu")
+    if concurrency is None:
+        return cluster_actors(plan)
+    if concurrency * plan.threads > cpus or concurrency * plan.gpus > gpus:
+        raise click.ClickException(f"--concurrency {concurrency}: {concurrency} actors of {plan.threads} CPU(s) "
+                                   f"(--threads){' and a GPU' if plan.gpus else ''} each do not fit the Ray "
+                                   f"cluster's {cpus} CPUs{f' and {gpus} GPUs' if plan.gpus else ''}; lower it")
+    return concurrency
+
+
+def write_lines(output: str, lines: Iterator[str]) -> None:
+    """Stream the lines into --output through a temporary sibling; a failure on the cluster is one line."""
+    try:
+        write_atomically(output, lambda f: f.writelines(line.encode("utf-8") for line in lines))
+    except (ray.exceptions.RayError, OrderError) as exc:
+        raise click.ClickException(f"--ray: decoding failed, so nothing was written to {output}: "
+                                   f"{_innermost(exc)}") from None
+
+
+def _innermost(exc: BaseException | None) -> str:
+    """The deepest message in Ray's wrapping, as its last line reads ('...ManifestError: ...' for an actor's); Ray
+    Data's own markers (SystemException) carry none."""
+    found, seen = "", set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        lines = str(exc).strip().splitlines()
+        found = lines[-1] if lines else found or type(exc).__name__
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    return one_line(found)
+
+
+@contextmanager
+def ray_session(address: str | None, model_dir: str | None = None) -> Iterator[None]:
+    """Join --address, shipping model_dir as the job's working directory (Ray uploads it to every node that runs
+    an actor), or start a local Ray on this machine's CPUs; leave it (a local one stops) at the end."""
+    if address is not None:
+        _check_reachable(address)
+    try:
+        if address is None:
+            ray.init(address="local", num_cpus=max_threads(), include_dashboard=False, **QUIET)
+        else:
+            ray.init(address=address, runtime_env={"working_dir": model_dir} if model_dir else None, **QUIET)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        if address is None:
+            raise click.ClickException(f"--ray: could not start a local Ray ({one_line(exc)})") from None
+        raise click.ClickException(f"--address {address}: could not join the Ray cluster ({one_line(exc)}); one with "
+                                   "token authentication also needs RAY_AUTH_MODE=token and its token") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT that nothing answers on is refused at once (ray.init would retry it for minutes)."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not port.isdigit():
+        return  # 'auto', 'ray://...': Ray resolves and reports these itself
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise click.ClickException(f"--address {address}: nothing answers there ({exc.strerror or exc}); start the "
+                                   "cluster (ray start --head), or drop --address to start a local Ray") from None

@@ -1,0 +1,217 @@
+"""`seq2onnx infer --ray` (Ray Data) on real Ray: the same records as in-process `infer`, in input order, written
+whole or not at all. One local Ray per module for the Python API; two CLI runs in subprocesses (one starts its own
+Ray, one joins the module's with --address); refusals that must come before Ray starts run without it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")  # the 'serve' extra
+
+from runtime.model import Seq2Seq  # noqa: E402
+from runtime.token_infer import Item, TokenRun  # noqa: E402
+from serving.offline import (MAX_POINT_BLOCK, Plan, PointDecoder, TokenDecoder, block_rows, decode,  # noqa: E402
+                             decode_rows, decode_texts, point_dataset, token_dataset)
+from training.text_data import generate_dates  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DATES, SQUARES = ROOT / "artifacts" / "dates", ROOT / "artifacts" / "squares"
+SCORE_RTOL, SCORE_ATOL = 1e-5, 1e-6  # float32 graphs; sorted sub-batches pad differently than in-process chunks
+ATTENTION_ATOL = 2e-6  # attention is written rounded to 6 decimals: a drift in the 7th may flip the last digit
+POINT_RTOL = 1e-5
+USAGE, BAD_INPUT = 2, 1
+GREEDY = dict(beam_size=1, num_hypotheses=1, length_penalty=1.0, max_decoding_length=None, min_decoding_length=0,
+              sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=None)
+
+
+def date_lines(n: int, seed: int) -> list[str]:
+    """n date strings of every format (3 to 30 characters), with blank and whitespace-only lines among them."""
+    lines = []
+    for i, text in enumerate(generate_dates(n, seed).sources):
+        lines.append(text)
+        lines.extend([""] * (i % 41 == 7) + ["  "] * (i % 53 == 11))
+    return lines
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A new local Ray for the module (2 CPUs, no dashboard, no usage stats); yields its address. ray.init turns on
+    token authentication by setting RAY_AUTH_MODE in os.environ (children joining need it); it is undone after."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        patch.delenv("RAY_AUTH_MODE", raising=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a Ray that is already running
+        try:
+            yield ray.get_runtime_context().gcs_address
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def texts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few hundred dates, one per line, with blank lines."""
+    path = tmp_path_factory.mktemp("ray_data") / "dates.txt"
+    path.write_text("\n".join(date_lines(300, 11)) + "\n", encoding="utf-8")
+    return path
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment (with the module Ray's RAY_AUTH_MODE while it runs), without usage stats."""
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def cli(*args: object) -> subprocess.CompletedProcess:
+    """`seq2onnx ARGS` in a child process."""
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=child_env())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON lines file."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def in_process(texts: list[str], options: dict[str, Any], batch_size: int, attention: bool) -> list[dict]:
+    """What in-process `infer` writes for these texts: TokenRun's records, as JSON round-trips them."""
+    run = TokenRun(Seq2Seq.load(DATES), options, batch_size, attention, False)
+    items = (Item(i, text, f"texts[{i}]") for i, text in enumerate(texts))
+    return [json.loads(json.dumps(doc)) for doc in run.records(items, False)]
+
+
+def assert_same_records(found: list[dict], expected: list[dict]) -> None:
+    """Same records, fields and order; token ids and texts exact, scores (and attention) within tolerance."""
+    assert [r["index"] for r in found] == [r["index"] for r in expected]
+    for got, want in zip(found, expected):
+        assert got.keys() == want.keys() and got["source"] == want["source"]
+        assert len(got["hypotheses"]) == len(want["hypotheses"])
+        for g, w in zip(got["hypotheses"], want["hypotheses"]):
+            assert g.keys() == w.keys()
+            assert (g["tokens"], g["text"]) == (w["tokens"], w["text"])
+            np.testing.assert_allclose([g["score"], g["log_prob"]], [w["score"], w["log_prob"]], rtol=SCORE_RTOL,
+                                       atol=SCORE_ATOL)
+            if "attention" in w:
+                np.testing.assert_allclose(g["attention"], w["attention"], rtol=0, atol=ATTENTION_ATOL)
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+
+def test_cli_on_ray_writes_what_in_process_infer_writes(texts_file: Path, tmp_path: Path) -> None:
+    expected, found = tmp_path / "in_process.jsonl", tmp_path / "ray.jsonl"
+    found.write_text("an older result\n")
+    reference = cli("infer", DATES, "--input", texts_file, "--output", expected)
+    assert reference.returncode == 0, reference.stderr
+    result = cli("infer", DATES, "--input", texts_file, "--output", found, "--ray", "--concurrency", "2", "--force")
+    assert result.returncode == 0, result.stderr
+    assert_same_records(read_jsonl(found), read_jsonl(expected))
+    assert "on 2 actors" in result.stderr and "Traceback" not in result.stderr
+    note = [line for line in reference.stderr.splitlines() if line.startswith("note: skipped")]
+    assert note and note[0] in result.stderr.splitlines()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_cli_joins_a_cluster_and_samples_exactly_as_in_process(cluster: str, texts_file: Path,
+                                                                tmp_path: Path) -> None:
+    sampling = ("--sample", "--top-k", "5", "--temperature", "1.5", "--seed", "7", "--batch-size", "16")
+    expected, found = tmp_path / "in_process.jsonl", tmp_path / "ray.jsonl"
+    assert cli("infer", DATES, "--input", texts_file, "--output", expected, *sampling).returncode == 0
+    result = cli("infer", DATES, "--input", texts_file, "--output", found, *sampling, "--ray", "--address", cluster)
+    assert result.returncode == 0, result.stderr
+    assert found.read_bytes() == expected.read_bytes()  # the same draws: same chunks, same seeds
+
+
+def test_existing_output_is_kept_without_force_and_on_a_bad_line(texts_file: Path, tmp_path: Path) -> None:
+    output = tmp_path / "out.jsonl"
+    output.write_text("keep me\n")
+    refused = cli("infer", DATES, "--input", texts_file, "--output", output, "--ray")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(texts_file.read_bytes() + b"caf\xe9 3/3/15\n")
+    failed = cli("infer", DATES, "--input", bad, "--output", output, "--ray", "--force")
+    for result, says in ((refused, ("out.jsonl", "--force")), (failed, (f"line {len(date_lines(300, 11)) + 1}",
+                                                                        "UTF-8"))):
+        assert result.returncode == BAD_INPUT, result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+        assert len(errors) == 1 and all(s in errors[0] for s in says), result.stderr
+        assert "Traceback" not in result.stderr
+    assert output.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == sorted([bad, output])
+
+
+def test_without_ray_installed_the_serve_extra_is_named(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['ray'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; "
+            "main()")
+    args = ["infer", str(DATES), "--text", "3/3/15", "--output", str(tmp_path / "o.jsonl"), "--ray"]
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                            env=child_env())
+    assert result.returncode == BAD_INPUT, result.stderr
+    assert "'serve' extra" in result.stderr and ".[cpu,serve]" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_runtime_does_not_import_ray() -> None:
+    code = ("import sys, runtime, runtime.cli, runtime.infer_cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'serving', 'pyarrow'}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+# ---- the Python API, on the module's Ray ------------------------------------------------------------------------
+
+def test_beam_with_attention_matches_in_process(cluster: str, texts_file: Path) -> None:
+    texts = texts_file.read_text(encoding="utf-8").splitlines()
+    options = {**GREEDY, "beam_size": 3, "num_hypotheses": 2}
+    plan = Plan(str(DATES), batch_size=8, options=options, attention=True)
+    found = [json.loads(line) for line in decode_texts(texts, plan, actors=2)]
+    assert_same_records(found, in_process(texts, options, 8, True))
+
+
+def test_point_rows_match_predict(cluster: str) -> None:
+    rng = np.random.default_rng(3)
+    source = rng.uniform(-1, 1, size=(37, 5, 2)).astype(np.float32)  # (N, L, F)
+    mask = np.ones((37, 1, 5), dtype=bool)  # (N, 1, L)
+    mask[::4, :, 3:] = False
+    outputs, attention = Seq2Seq.load(SQUARES).predict(source, source_mask=mask, return_attention=True)
+    plan = Plan(str(SQUARES), attention=True)
+    actors, lines = decode_rows(len(source), partial(point_dataset, source, mask), PointDecoder, plan, 2, 1,
+                                MAX_POINT_BLOCK)
+    rows = [json.loads(line) for line in lines]
+    assert actors == 2 and [r["index"] for r in rows] == list(range(37))
+    np.testing.assert_allclose([r["outputs"] for r in rows], outputs, rtol=POINT_RTOL, atol=1e-6)
+    np.testing.assert_allclose([r["attention"] for r in rows], attention, rtol=POINT_RTOL, atol=1e-6)
+
+
+def test_a_failure_on_the_cluster_leaves_the_output_as_it_was(cluster: str, tmp_path: Path) -> None:
+    import click
+
+    from serving.offline_cli import write_lines
+
+    output = tmp_path / "out.jsonl"
+    output.write_text("keep me\n")
+    chunks = [[Item(0, "3/3/15", "texts[0]")]]
+    lines = decode(token_dataset(chunks, 8), TokenDecoder, Plan(str(tmp_path / "no_model"), options=GREEDY), 1, 8)
+    with pytest.raises(click.ClickException, match="no_model.*no manifest"):
+        write_lines(str(output), lines)
+    assert output.read_text() == "keep me\n" and list(tmp_path.iterdir()) == [output]
+
+
+# ---- the pieces, without Ray -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, actors, unit", [(300, 2, 32), (10_000, 1, 32), (10_000, 8, 7), (5, 4, 64), (1, 1, 1)])
+def test_blocks_hold_whole_chunks(n: int, actors: int, unit: int) -> None:
+    rows = block_rows(n, actors, unit, 2048)
+    assert rows % unit == 0 and unit <= rows <= max(2048, unit) + unit - 1
+
+
+def test_an_actor_decodes_sorted_sub_batches_but_keeps_sampling_chunks() -> None:
+    texts = ["monday, march 3 2015", "3/3/15", "march 3, 2015", "3.3.15", "2015-03-03"]
+    decoder = TokenDecoder(Plan(str(DATES), batch_size=2, options=GREEDY))
+    groups = list(decoder.groups(texts, np.zeros(5, dtype=np.int64)))
+    assert [rows for rows, _ in groups] == [[1, 3], [4, 2], [0]]  # shortest first, every row once
+    decoder = TokenDecoder(Plan(str(DATES), batch_size=2, options={**GREEDY, "sampling_topk": 0, "seed": 1}))
+    chunks = np.array([4, 4, 5, 5, 6])
+    assert list(decoder.groups(texts, chunks)) == [([0, 1], 4), ([2, 3], 5), ([4], 6)]
