@@ -16,6 +16,7 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 from ray.serve import Application
 
@@ -39,6 +40,14 @@ app.add_middleware(BodyLimit)
 @app.exception_handler(RequestValidationError)
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     return JSONResponse({"error": describe_validation(exc.errors())}, status_code=422)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """404, 405 and the like in the same shape as every other refusal."""
+    return JSONResponse({"error": f"{request.method} {request.url.path}: {str(exc.detail).lower()}; the routes are "
+                                  "POST /v1/predict, POST /v1/translate, GET /v1/model, GET /healthz, GET /docs"},
+                        status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
 @app.exception_handler(Seq2OnnxError)
@@ -97,7 +106,7 @@ class Seq2SeqService:
 
     async def _predict(self, request: PredictRequest) -> tuple[dict[str, Any], Decoded]:
         job = point_job(self.model, request.source, request.source_mask, request.target_len,
-                        self.config.max_batch_size)
+                        self.config.max_batch_size, self.config.max_decoding_length)
         done = await self._points(job)
         if isinstance(done.value, Exception):
             raise done.value
@@ -106,7 +115,8 @@ class Seq2SeqService:
                 "export_id": self.model.manifest.export_id}, done
 
     async def _translate(self, texts: Any, options: dict[str, Any]) -> tuple[dict[str, Any], Decoded]:
-        done = await self._texts(token_job(self.model, texts, options, self.config.max_batch_size))
+        done = await self._texts(token_job(self.model, texts, options, self.config.max_batch_size,
+                                           self.config.max_decoding_length))
         if isinstance(done.value, Exception):
             raise done.value
         return {"translations": [[hypothesis(h) for h in hyps] for hyps in done.value],

@@ -71,18 +71,29 @@ def check_rows(rows: int, name: str, max_rows: int) -> None:
                               "request (serve --max-batch-size); split the request")
 
 
-def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int) -> PointJob:
-    """Check one points request against the model, as `Seq2Seq.predict` would."""
+def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None:
+    """Refuse an output length beyond the server's bound (the model's own default length is always allowed): one
+    long beam search would hold a replica, and the requests queued behind it, for minutes."""
+    bound = max(max_length, model.spec.target_len)
+    if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+        raise InputError(f"{name}: at most {bound} on this server (serve --max-decoding-length), got {value}; ask "
+                         "for a shorter output")
+
+
+def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int,
+              max_length: int) -> PointJob:
+    """Check one points request against the model, as `Seq2Seq.predict` would, and against the server's bounds."""
     if model.spec.kind != "points":
         raise InputError("source: this server's model is a token model, which takes texts; POST "
                          '{"texts": [...]} to /v1/translate')
     src = check_source(source, model.spec)  # (n, L, F)
     check_rows(src.shape[0], "source", max_rows)
+    check_length("target_len", target_len, model, max_length)
     return PointJob(src, check_mask(source_mask, src), check_target_len(target_len, model.spec))
 
 
-def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int) -> TokenJob:
-    """Check one translate request's texts (its options are checked when it decodes)."""
+def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int, max_length: int) -> TokenJob:
+    """Check one translate request's texts and output lengths (its other options are checked when it decodes)."""
     if model.spec.kind != "tokens":
         raise InputError("texts: this server's model is a point model, which takes numeric sources; POST "
                          '{"source": [[[x, y], ...]]} to /v1/predict')
@@ -91,6 +102,8 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
     unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
     if unknown:
         raise InputError(f"options: unknown {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
+    for name in ("max_decoding_length", "min_decoding_length"):
+        check_length(name, options.get(name), model, max_length)
     return TokenJob(texts, options)
 
 

@@ -5,6 +5,7 @@ process), and that the port is free."""
 from __future__ import annotations
 
 import errno
+import re
 import signal
 import socket
 import time
@@ -15,9 +16,12 @@ import click
 
 from runtime.cli import Interrupted
 from runtime.errors import Seq2OnnxError
+from runtime.inputs import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
 
-from .config import DEFAULT_MAX_BODY_BYTES, MAX_BATCH_LIMIT, Replicas, ServeConfig, parse_replicas
+from .cluster import check_reachable, join_failed
+from .config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DECODING, MAX_BATCH_LIMIT, Replicas, ServeConfig,
+                     parse_replicas)
 
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
@@ -32,6 +36,20 @@ def _replicas_option(ctx: click.Context, param: click.Parameter, value: str) -> 
         parse_replicas(value)
     except Seq2OnnxError as exc:
         raise click.BadParameter(str(exc).removeprefix("replicas: "), ctx=ctx, param=param) from None
+    return value
+
+
+def _name_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+        raise click.BadParameter(f"expected letters, digits, '_', '.', '-' (at most 64), got {value!r}",
+                                 ctx=ctx, param=param)
+    return value
+
+
+def _prefix_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not re.fullmatch(r"/([A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?", value):
+        raise click.BadParameter(f"expected '/' or a path such as /dates (no trailing '/'), got {value!r}",
+                                 ctx=ctx, param=param)
     return value
 
 
@@ -90,12 +108,20 @@ def check_model(model_dir: Path, provider: str) -> str:
               help="Seconds before a request is answered 408 instead of waiting on.")
 @click.option("--proxy-location", type=click.Choice(["head", "every-node"]), default="every-node", show_default=True,
               help="Where Serve runs HTTP proxies: every node (put a load balancer in front) or the head only.")
+@click.option("--max-decoding-length", type=click.IntRange(1, MAX_TARGET_LEN), default=DEFAULT_MAX_DECODING,
+              show_default=True, help="Most output tokens (points: target_len) a request may ask for; the model's "
+                                      "own length is always allowed.")
+@click.option("--name", default=APP_NAME, show_default=True, callback=_name_option,
+              help="The Serve application's name (one per model on a shared cluster).")
+@click.option("--route-prefix", default="/", show_default=True, callback=_prefix_option,
+              help="URL prefix of the routes, for several models behind one Serve.")
 @click.option("--address", default=None,
               help="Deploy onto an existing Ray cluster (ray start --head prints it); the model directory is "
                    "shipped to its nodes. Default: start Ray on this machine.")
 def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus: float, provider: str,
-                  max_batch_size: int, batch_wait_ms: float, max_body_bytes: int, request_timeout: float,
-                  proxy_location: str, address: str | None) -> None:
+                  max_batch_size: int, batch_wait_ms: float, max_body_bytes: int, max_decoding_length: int,
+                  request_timeout: float, proxy_location: str, name: str, route_prefix: str,
+                  address: str | None) -> None:
     """Serve the exported model in MODEL_DIR over HTTP on Ray Serve, with dynamic batching.
 
     POST /v1/predict (point models) or /v1/translate (token models); GET /v1/model, /healthz; /docs."""
@@ -103,26 +129,46 @@ def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus
     kind = check_model(model_dir, provider)
     if address is None:
         check_port_free(host, port)
+    else:
+        check_reachable(address)
     import ray
+    from ray import serve
 
-    started = _start_ray(address, model_dir)
+    started, deployed = _start_ray(address, model_dir), False
     try:
         config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
                              batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
-                             replicas=_resolve_replicas(replicas, num_cpus))
+                             max_decoding_length=max_decoding_length, replicas=_resolve_replicas(replicas, num_cpus))
+        url = _http_url(serve.status(), name, host, port)
+        deployed = True  # from here on, what is on the cluster under `name` is ours to remove
         http = {"host": host, "port": port, "request_timeout_s": request_timeout}
-        _deploy(model_dir, config, http, PROXY_LOCATIONS[proxy_location], shipped=address is not None)
-        route = "/v1/predict" if kind == "points" else "/v1/translate"
-        click.echo(f"serve: {model_dir} at http://{host}:{port} (POST {route}; GET /v1/model, /healthz; docs at "
-                   f"/docs); {_describe(config.replicas)} of {num_cpus:g} CPU each; Ctrl-C stops", err=True)
+        _deploy(model_dir, config, http, PROXY_LOCATIONS[proxy_location], name, route_prefix, address is not None)
+        route = route_prefix.rstrip("/") + ("/v1/predict" if kind == "points" else "/v1/translate")
+        click.echo(f"serve: {model_dir} at {url}{route_prefix.rstrip('/')} (POST {route}; GET /v1/model, /healthz; "
+                   f"docs at /docs); {_describe(config.replicas)} of {num_cpus:g} CPU each; Ray at "
+                   f"{ray.get_runtime_context().gcs_address}; Ctrl-C stops", err=True)
         _wait()
     except KeyboardInterrupt:  # Ctrl-C before the server was up (after, _wait returns)
         raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
     finally:
-        _stop(address is not None)
+        if deployed or started:
+            _stop(name, on_cluster=not started)
         if started:
             ray.shutdown()
     click.echo("serve: stopped", err=True)
+
+
+def _http_url(status: Any, name: str, host: str, port: int) -> str:
+    """Refuse a name already deployed on the cluster; the URL clients use (a running Serve keeps its own HTTP
+    options, whatever --host/--port/--request-timeout/--proxy-location say)."""
+    if name in status.applications:
+        raise click.ClickException(f"--name {name}: an application of that name already runs on this Ray cluster; "
+                                   "pick another --name (and --route-prefix), or stop that one first")
+    if status.proxies:
+        click.echo("serve: note: Serve already runs on this cluster, so its HTTP proxy keeps the options it was "
+                   "started with; --host, --port, --request-timeout and --proxy-location do not apply", err=True)
+        return "(the running Serve's address)"
+    return f"http://{host}:{port}"
 
 
 def _start_ray(address: str | None, model_dir: Path) -> bool:
@@ -137,8 +183,9 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
         else:
             ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(f"--address {address}: cannot connect to a Ray cluster there ({exc}); start one "
-                                   "with `ray start --head` and pass the address it prints") from None
+        if address is None:
+            raise click.ClickException(f"serve: could not start a local Ray ({_first_line(exc)})") from None
+        raise join_failed(address, _first_line(exc)) from None
     return address is None
 
 
@@ -148,7 +195,8 @@ def _resolve_replicas(text: str, num_cpus: float) -> Replicas:
     return parse_replicas(text, ray.cluster_resources().get("CPU"), num_cpus)
 
 
-def _deploy(model_dir: Path, config: ServeConfig, http: dict[str, Any], proxy_location: str, shipped: bool) -> None:
+def _deploy(model_dir: Path, config: ServeConfig, http: dict[str, Any], proxy_location: str, name: str,
+            route_prefix: str, shipped: bool) -> None:
     """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
     from ray import serve
 
@@ -157,7 +205,7 @@ def _deploy(model_dir: Path, config: ServeConfig, http: dict[str, Any], proxy_lo
     serve.start(http_options=http, proxy_location=proxy_location)
     app = build_app(None if shipped else model_dir, config)  # None: each replica's working directory
     try:
-        serve.run(app, name=APP_NAME, route_prefix="/")
+        serve.run(app, name=name, route_prefix=route_prefix)
     except Exception as exc:  # Serve raises its own types for a deployment that failed to start
         raise click.ClickException(f"serve: the deployment failed to start: {_first_line(exc)}") from None
 
@@ -188,13 +236,13 @@ def _wait() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop(on_cluster: bool) -> None:
-    """Remove what this command deployed: the application on a shared cluster, all of Serve on its own Ray."""
+def _stop(name: str, on_cluster: bool) -> None:
+    """Remove what this command deployed: its application on a shared cluster, all of Serve on its own Ray."""
     from ray import serve
 
     try:
         if on_cluster:
-            serve.delete(APP_NAME)
+            serve.delete(name)
         else:
             serve.shutdown()
     except Exception as exc:  # stopping must not hide why we stop; say what could not be cleaned

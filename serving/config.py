@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import InputError, brief
+from runtime.inputs import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
 
 MAX_BATCH_LIMIT = 4096
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_MAX_DECODING = 512  # beam search cost grows faster than the length: 50,000 steps held a replica for minutes
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class ServeConfig:
     max_batch_size: int = 32
     batch_wait_ms: float = 5.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_decoding_length: int = DEFAULT_MAX_DECODING
     replicas: Replicas = Replicas(1, 1)
 
     def __post_init__(self) -> None:
@@ -44,6 +47,7 @@ class ServeConfig:
         _check_number("max_batch_size", self.max_batch_size, 1, MAX_BATCH_LIMIT, integer=True)
         _check_number("batch_wait_ms", self.batch_wait_ms, 0.0, 10_000.0)
         _check_number("max_body_bytes", self.max_body_bytes, 1024, 1 << 30, integer=True)
+        _check_number("max_decoding_length", self.max_decoding_length, 1, MAX_TARGET_LEN, integer=True)
         if not 1 <= self.replicas.low <= self.replicas.high:
             raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")
 
@@ -68,12 +72,13 @@ def _check_number(name: str, value: Any, low: float, high: float, integer: bool 
 
 def parse_replicas(text: str, cluster_cpus: float | None = None, num_cpus: float = 1.0) -> Replicas:
     """'N' (fixed), 'MIN:MAX' (autoscaling) or 'auto' (1 to what the cluster's CPUs hold at num_cpus each)."""
-    text = text.strip()
     if text == "auto":
         high = max(1, math.floor((cluster_cpus or os.cpu_count() or 1) / num_cpus))
         return Replicas(1, high)
-    low_text, _, high_text = text.partition(":")
+    low_text, colon, high_text = text.partition(":")
     try:
+        if not (low_text.isdigit() and (high_text.isdigit() or not colon)):
+            raise ValueError
         low, high = int(low_text), int(high_text or low_text)
     except ValueError:
         raise InputError(f"replicas: expected N, MIN:MAX or auto, got {text!r}") from None

@@ -77,6 +77,9 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
             continue
         place = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
         given = error.get("input")
+        if place == "body" and isinstance(given, (bytes, str)):  # a body FastAPI did not parse as JSON
+            parts.append("body: expected a JSON object, sent with Content-Type: application/json")
+            continue
         shown = "" if error.get("type") == "missing" else f", got {_short(given)}"
         parts.append(f"{place}: {error.get('msg', 'invalid').lower()}{shown}")
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""

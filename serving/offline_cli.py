@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import time
 from contextlib import contextmanager
 from functools import partial
@@ -24,13 +23,13 @@ from runtime.sessions import max_threads
 from runtime.token_infer import (TOKEN_OUTPUT_SUFFIXES, Item, TokenRun, batches, check_token_usage, decoding_options,
                                  model_kind, read_items, refuse_token_options)
 
+from .cluster import check_reachable, join_failed
 from .offline import (MAX_POINT_BLOCK, MAX_TOKEN_BLOCK, OrderError, Plan, PointDecoder, TokenDecoder, cluster_actors,
                       decode_rows, point_dataset, token_dataset)
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
 # where the driver already reports its error as one line.
 QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
-CONNECT_TIMEOUT_S = 10  # a cluster's GCS port that does not accept a TCP connection in this long is not there
 
 
 def infer_on_ray(ctx: click.Context) -> None:
@@ -59,7 +58,7 @@ def infer_on_ray(ctx: click.Context) -> None:
             actors, lines = decode_rows(n, make, decoder, plan, _actors(plan, p["concurrency"]), unit, most)
             write_lines(output, lines)
             seconds = time.perf_counter() - start
-        click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.0f} seq/s) "
+        click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
                    f"on {actors} actor{'' if actors == 1 else 's'}", err=True)
     click.echo(f"wrote {output} ({n} input{'' if n == 1 else 's'})", err=True)
     if note:
@@ -151,7 +150,7 @@ def ray_session(address: str | None, model_dir: str | None = None) -> Iterator[N
     """Join --address, shipping model_dir as the job's working directory (Ray uploads it to every node that runs
     an actor), or start a local Ray on this machine's CPUs; leave it (a local one stops) at the end."""
     if address is not None:
-        _check_reachable(address)
+        check_reachable(address)
     try:
         if address is None:
             ray.init(address="local", num_cpus=max_threads(), include_dashboard=False, **QUIET)
@@ -160,21 +159,8 @@ def ray_session(address: str | None, model_dir: str | None = None) -> Iterator[N
     except (ConnectionError, ValueError, RuntimeError) as exc:
         if address is None:
             raise click.ClickException(f"--ray: could not start a local Ray ({one_line(exc)})") from None
-        raise click.ClickException(f"--address {address}: could not join the Ray cluster ({one_line(exc)}); one with "
-                                   "token authentication also needs RAY_AUTH_MODE=token and its token") from None
+        raise join_failed(address, one_line(exc)) from None
     try:
         yield
     finally:
         ray.shutdown()
-
-
-def _check_reachable(address: str) -> None:
-    """A HOST:PORT that nothing answers on is refused at once (ray.init would retry it for minutes)."""
-    host, _, port = address.rpartition(":")
-    if "://" in address or not port.isdigit():
-        return  # 'auto', 'ray://...': Ray resolves and reports these itself
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        raise click.ClickException(f"--address {address}: nothing answers there ({exc.strerror or exc}); start the "
-                                   "cluster (ray start --head), or drop --address to start a local Ray") from None

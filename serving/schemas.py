@@ -18,7 +18,7 @@ class PredictRequest(_Strict):
 
     source: list[list[list[float]]] = Field(description="(N, L, F) source points",
                                             examples=[[[[-1.0, -1.0], [-1.0, 1.0]]]])
-    source_mask: Optional[list[list[Union[bool, int]]]] = Field(
+    source_mask: Optional[list[list[Union[bool, int, float]]]] = Field(
         None, description="(N, L): true/1 for a real point, false/0 for padding; default all real")
     target_len: Optional[int] = Field(None, description="points to predict per item; default the model's")
     return_attention: bool = Field(False, description="also return the attention weights")

@@ -187,6 +187,19 @@ BAD_REQUESTS = {
     "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source.0.0.0"),
     "mask of 2": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[2]]}, 400, "source_mask"),
     "target_len 0": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 0}, 400, "target_len"),
+    "max_decoding_length over the bound": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 5,
+                                                                   "max_decoding_length": 50_000}, 400,
+                                           "--max-decoding-length"),
+    "min_decoding_length over the bound": ("/tokens/v1/translate", {"texts": ["a"], "min_decoding_length": 600},
+                                           400, "--max-decoding-length"),
+    "target_len over the bound": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 5000}, 400,
+                                  "--max-decoding-length"),
+    "length_penalty 1000": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 2, "length_penalty": 1000.0}, 400,
+                            "length_penalty"),
+    "plain-text body": ("/tokens/v1/translate", ("text/plain", b'{"texts": ["3/3/15"]}'), 422,
+                        "Content-Type: application/json"),
+    "GET on a POST route": ("/tokens/v1/translate", "GET", 405, "GET /tokens/v1/translate"),
+    "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are"),
     "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
     "oversized body": ("/points/v1/predict", b"[" + b"1," * MAX_BODY + b"1]", 413, "--max-body-bytes"),
 }
@@ -195,12 +208,18 @@ BAD_REQUESTS = {
 @pytest.mark.parametrize("name", list(BAD_REQUESTS))
 def test_bad_requests_get_4xx_with_one_line(served: Served, name: str) -> None:
     path, body, status, says = BAD_REQUESTS[name]
-    reply = (served.client.post(path, content=body, headers={"content-type": "application/json"})
-             if isinstance(body, bytes) else served.client.post(path, json=body))
+    if body == "GET":
+        reply = served.client.get(path)
+    elif isinstance(body, tuple):  # (content type, raw body)
+        reply = served.client.post(path, content=body[1], headers={"content-type": body[0]})
+    elif isinstance(body, bytes):
+        reply = served.client.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        reply = served.client.post(path, json=body)
     assert reply.status_code == status, reply.text
     message = reply.json()["error"]
     assert says in message and "\n" not in message and "Traceback" not in message
-    assert served.client.get(path.rsplit("/v1/", 1)[0] + "/healthz").status_code == 200
+    assert served.client.get(path.split("/v")[0] + "/healthz").status_code == 200
 
 
 def test_streamed_oversized_body_is_refused(served: Served) -> None:
@@ -289,15 +308,15 @@ def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq
     from serving.schemas import TranslateRequest
 
     defaults = TranslateRequest(texts=[]).options()
-    jobs = [token_job(dates, texts, defaults, MAX_BATCH) for texts in (TEXTS[:2], ["1" * 3000], TEXTS[2:3])]
+    jobs = [token_job(dates, texts, defaults, MAX_BATCH, 512) for texts in (TEXTS[:2], ["1" * 3000], TEXTS[2:3])]
     done = decode_texts(dates, jobs)
     assert isinstance(done[1].value, InputError) and "texts[0]" in str(done[1].value)
     for job, result in zip([jobs[0], jobs[2]], [done[0], done[2]]):
         assert [[h.ids for h in hyps] for hyps in result.value] == \
             [[h.ids for h in hyps] for hyps in dates.translate_batch(job.texts)]
-    sampled = [token_job(dates, TEXTS[:1], {**defaults, "sampling_topk": 3, "seed": 1}, MAX_BATCH)] * 2
+    sampled = [token_job(dates, TEXTS[:1], {**defaults, "sampling_topk": 3, "seed": 1}, MAX_BATCH, 512)] * 2
     assert [d.batch_requests for d in decode_texts(dates, sampled)] == [1, 1]  # samples never merge
-    points = [point_job(squares, s, None, target_len, MAX_BATCH) for s, target_len in
+    points = [point_job(squares, s, None, target_len, MAX_BATCH, 512) for s, target_len in
               zip(sources(4), [2, 3, 2, 3])]
     found = decode_points(squares, points)
     assert [d.batch_requests for d in found] == [2, 2, 2, 2]  # merged by target length

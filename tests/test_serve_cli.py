@@ -128,6 +128,13 @@ def test_two_node_cluster_one_replica_per_node(launch) -> None:
             reply = httpx.post(f"{url}/v1/predict", json={"source": [[[-1, -1], [-1, 1]]]}, timeout=30)
             assert reply.status_code == 200
             assert reply.json()["export_id"] == Seq2Seq.load(SQUARES).manifest.export_id
+            with ray_env() as env:  # a second serve under the same name is refused, and the first keeps serving
+                second = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", str(DATES), "--address",
+                                         cluster.address, "--port", str(port)], env=env, capture_output=True,
+                                        text=True, timeout=START_TIMEOUT)
+            assert second.returncode == 1 and "--name seq2onnx: an application of that name already runs" in \
+                second.stderr, second.stderr[-2000:]
+            assert httpx.get(f"{url}/v1/model", timeout=30).json()["kind"] == "points"
             stop(process, signal.SIGTERM)
         finally:
             cluster.shutdown()
@@ -159,6 +166,13 @@ SERVE_CASES: dict[str, Case] = {
     "--replicas word": case(*SERVE, "--replicas", "many", code=USAGE, says=("--replicas", "N, MIN:MAX or auto")),
     "--replicas 0": case(*SERVE, "--replicas", "0", code=USAGE, says=("--replicas", "1 <= MIN <= MAX", "'0'")),
     "--replicas 3:1": case(*SERVE, "--replicas", "3:1", code=USAGE, says=("--replicas", "'3:1'")),
+    "--replicas 1:": case(*SERVE, "--replicas", "1:", code=USAGE, says=("--replicas", "'1:'")),
+    "--max-decoding-length 0": case(*SERVE, "--max-decoding-length", "0", code=USAGE,
+                                    says=("--max-decoding-length", "1<=x<=10000")),
+    "--name with a slash": case(*SERVE, "--name", "a/b", code=USAGE, says=("--name", "'a/b'")),
+    "--route-prefix without /": case(*SERVE, "--route-prefix", "dates", code=USAGE, says=("--route-prefix", "'dates'")),
+    "--address nothing answers": case(*SERVE, "--address", "127.0.0.1:1", code=BAD_INPUT,
+                                      says=("--address 127.0.0.1:1", "nothing answers there")),
     "--num-cpus 0": case(*SERVE, "--num-cpus", "0", code=USAGE, says=("--num-cpus", "0.01<=x<=1024")),
     "--max-batch-size 0": case(*SERVE, "--max-batch-size", "0", code=USAGE, says=("--max-batch-size", "1<=x<=4096")),
     "--batch-wait-ms -1": case(*SERVE, "--batch-wait-ms", "-1", code=USAGE, says=("--batch-wait-ms", "0<=x")),

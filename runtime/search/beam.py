@@ -22,8 +22,18 @@ from functools import partial
 
 import numpy as np
 
+from ..errors import InputError
 from .step import (BatchAxes, Hypothesis, State, StepFn, call_step, check_decoding, check_float, check_int,
                    forbid_eos, select)
+
+MAX_LENGTH_PENALTY = 50  # lengths up to 10,000 (MAX_TARGET_LEN) ** +-50 stay finite in float64
+
+
+def _normed(total: float, length: int, length_penalty: float) -> float:
+    """total / length ** length_penalty in float64, saturating where a large |length_penalty| overflows (Python's
+    float power would raise OverflowError instead)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return float(np.float64(total) / np.float64(length) ** length_penalty)
 
 
 def _best_bound(live: np.ndarray, n: int, max_len: int, length_penalty: float) -> float:
@@ -31,7 +41,7 @@ def _best_bound(live: np.ndarray, n: int, max_len: int, length_penalty: float) -
     if n >= max_len or not np.isfinite(live).any():
         return -np.inf
     best = live.max()
-    return max(best / (n + 1) ** length_penalty, best / max_len ** length_penalty)
+    return max(_normed(best, n + 1, length_penalty), _normed(best, max_len, length_penalty))
 
 
 def _candidates(live: np.ndarray, log_probs: np.ndarray, n: int, k: int) -> tuple[np.ndarray, ...]:
@@ -52,7 +62,7 @@ def _finish(history: np.ndarray, attention: np.ndarray | None, step_attention: n
     att = None if attention is None else attention[parent]  # (t, ..., Ls)
     if att is not None and token is not None:
         att = np.concatenate([att, step_attention[parent][None]])  # (t + 1, ..., Ls)
-    return Hypothesis(tokens, float(total / length ** length_penalty), float(total), att)
+    return Hypothesis(tokens, _normed(total, length, length_penalty), float(total), att)
 
 
 def _collect(found: list[Hypothesis], new: list[Hypothesis], live: np.ndarray, n_tokens: int, max_len: int,
@@ -80,6 +90,10 @@ def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: i
     k = check_int("beam_size", beam_size, 1)
     check_int("num_hypotheses", num_hypotheses, 1, k)
     length_penalty = check_float("length_penalty", length_penalty)
+    if abs(length_penalty) > MAX_LENGTH_PENALTY:
+        raise InputError(f"length_penalty must be from -{MAX_LENGTH_PENALTY} to {MAX_LENGTH_PENALTY}, got "
+                         f"{length_penalty:g}; scores divide by length ** length_penalty, which leaves float64 "
+                         "beyond that (usual values: 0 to 2)")
     kept: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     inputs = np.arange(batch_size)  # the input each live block of k rows decodes
     state = select(state, np.repeat(inputs, k), batch_axes)  # rows (B * k,): input b owns rows b*k .. b*k+k-1
