@@ -28,7 +28,8 @@ def free_port() -> int:
 def ray_env(**extra: str) -> Iterator[dict[str, str]]:
     """RAY_ENV and `extra` set for the duration (Ray's child processes inherit them), then restored."""
     wanted = {**RAY_ENV, **extra}
-    saved = {key: os.environ.get(key) for key in wanted}
+    # ray.init also sets RAY_AUTH_MODE=token here (joining children need it while it runs): restored as well
+    saved = {key: os.environ.get(key) for key in [*wanted, "RAY_AUTH_MODE"]}
     os.environ.update(wanted)
     try:
         yield {**os.environ}

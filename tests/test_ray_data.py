@@ -13,17 +13,15 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+import ray
+from serve_support import DATES, ROOT, SQUARES, local_ray
 
-ray = pytest.importorskip("ray")  # the 'serve' extra
+from runtime.model import Seq2Seq
+from runtime.token_infer import Item, TokenRun
+from serving.offline import (MAX_POINT_BLOCK, Plan, PointDecoder, TokenDecoder, block_rows, decode, decode_rows,
+                             decode_texts, point_dataset, token_dataset)
+from training.text_data import generate_dates
 
-from runtime.model import Seq2Seq  # noqa: E402
-from runtime.token_infer import Item, TokenRun  # noqa: E402
-from serving.offline import (MAX_POINT_BLOCK, Plan, PointDecoder, TokenDecoder, block_rows, decode,  # noqa: E402
-                             decode_rows, decode_texts, point_dataset, token_dataset)
-from training.text_data import generate_dates  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-DATES, SQUARES = ROOT / "artifacts" / "dates", ROOT / "artifacts" / "squares"
 SCORE_RTOL, SCORE_ATOL = 1e-5, 1e-6  # float32 graphs; sorted sub-batches pad differently than in-process chunks
 ATTENTION_ATOL = 2e-6  # attention is written rounded to 6 decimals: a drift in the 7th may flip the last digit
 POINT_RTOL = 1e-5
@@ -45,14 +43,8 @@ def date_lines(n: int, seed: int) -> list[str]:
 def cluster() -> Iterator[str]:
     """A new local Ray for the module (2 CPUs, no dashboard, no usage stats); yields its address. ray.init turns on
     token authentication by setting RAY_AUTH_MODE in os.environ (children joining need it); it is undone after."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        patch.delenv("RAY_AUTH_MODE", raising=False)
-        ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a Ray that is already running
-        try:
-            yield ray.get_runtime_context().gcs_address
-        finally:
-            ray.shutdown()
+    with local_ray():
+        yield ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +143,6 @@ def test_without_ray_installed_the_serve_extra_is_named(tmp_path: Path) -> None:
                             env=child_env())
     assert result.returncode == BAD_INPUT, result.stderr
     assert "'serve' extra" in result.stderr and ".[cpu,serve]" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_the_runtime_does_not_import_ray() -> None:
-    code = ("import sys, runtime, runtime.cli, runtime.infer_cli; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'serving', 'pyarrow'}))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env())
-    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
 # ---- the Python API, on the module's Ray ------------------------------------------------------------------------
