@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 import ray
-from serve_support import DATES, ROOT, SQUARES, local_ray
+from serve_support import DATES, SQUARES, local_ray
 
 from runtime.model import Seq2Seq
 from runtime.token_infer import Item, TokenRun
