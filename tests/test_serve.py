@@ -243,6 +243,12 @@ def _running_replicas(app: str) -> int:
     return deployment.replica_states.get("RUNNING", 0)
 
 
+def _replaced(app: str, before: list[str]) -> bool:
+    """Two replicas running, one of them new, and none of those killed."""
+    now = _replica_actors(app)
+    return len(set(now) - set(before)) == 1 and len(now) == 2 and _running_replicas(app) == 2
+
+
 def test_killed_replica_is_replaced_and_no_request_hangs(served: Served) -> None:
     """Four clients post for ~6 s while one of the two replicas is killed: every request ends (200, or an error
     status with a body) within its timeout, and Serve brings the deployment back to two serving replicas."""
@@ -274,13 +280,14 @@ def test_killed_replica_is_replaced_and_no_request_hangs(served: Served) -> None
     assert all(isinstance(s, int) for s in statuses), [o for o in outcomes if not isinstance(o[0], int)][:3]
     assert statuses.count(200) > 10
     assert all(s == 200 or (s >= 500 and text) for s, text in outcomes)
-    deadline = time.monotonic() + 180  # Serve notices a dead replica by its health check, then starts another
-    while time.monotonic() < deadline and not (_running_replicas("tokens") == 2 and
-                                               before[0] not in _replica_actors("tokens")):
+    # Serve notices the dead replica by its health check, then starts another. Until it notices, its status still
+    # counts the dead one as RUNNING, so wait for a replica that was not there before, and for it to run.
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not _replaced("tokens", before):
         time.sleep(1)
     status = serve.status().applications["tokens"].deployments["Seq2SeqService"]
-    assert _running_replicas("tokens") == 2 and before[0] not in _replica_actors("tokens"), \
-        (status.status, status.message, status.replica_states, _replica_actors("tokens"))
+    assert _replaced("tokens", before), (status.status, status.message, status.replica_states,
+                                         _replica_actors("tokens"))
     seen: set[str] = set()
     deadline = time.monotonic() + 30  # the proxy learns of the new replica shortly after Serve reports it
     while len(seen) < 2 and time.monotonic() < deadline:
