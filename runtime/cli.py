@@ -104,15 +104,21 @@ def main() -> None:
     """Train seq2seq models with attention, export them to ONNX, and run them without torch."""
 
 
-def require_torch(extra: str = "train", what: str = "this command") -> None:
-    """Raise a ClickException naming the extra to install when torch is missing (`what` needs it)."""
+def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None:
+    """Raise a ClickException naming the extra to install when one of `modules` is missing (`what` needs them)."""
     try:
-        importlib.import_module("torch")
+        for module in modules:
+            importlib.import_module(module)
     except ImportError:
         raise click.ClickException(
-            f"{what} needs PyTorch, which is not installed; install the '{extra}' extra: "
+            f"{what} needs {needs}, which is not installed; install the '{extra}' extra: "
             f"pip install -e '.[cpu,{extra}]' in a seq2onnx checkout"
         ) from None
+
+
+def require_torch(extra: str = "train", what: str = "this command") -> None:
+    """Raise a ClickException naming the extra to install when torch is missing (`what` needs it)."""
+    require(("torch",), "PyTorch", extra, what)
 
 
 def entry() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from runtime.cli import Interrupted
+from runtime.cli import Interrupted, require
 from runtime.errors import Seq2OnnxError
 from runtime.inputs import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
@@ -51,16 +51,6 @@ def _prefix_option(ctx: click.Context, param: click.Parameter, value: str) -> st
         raise click.BadParameter(f"expected '/' or a path such as /dates (no trailing '/'), got {value!r}",
                                  ctx=ctx, param=param)
     return value
-
-
-def require_ray() -> None:
-    """A ClickException naming the extra when Ray Serve is missing."""
-    try:
-        import fastapi  # noqa: F401
-        import ray.serve  # noqa: F401
-    except ImportError as exc:
-        raise click.ClickException(f"serve needs Ray Serve and FastAPI ({exc.name} is not installed); install the "
-                                   "'serve' extra: pip install -e '.[cpu,serve]' in a seq2onnx checkout") from None
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -125,7 +115,7 @@ def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus
     """Serve the exported model in MODEL_DIR over HTTP on Ray Serve, with dynamic batching.
 
     POST /v1/predict (point models) or /v1/translate (token models); GET /v1/model, /healthz; /docs."""
-    require_ray()
+    require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve")
     kind = check_model(model_dir, provider)
     if address is None:
         check_port_free(host, port)
