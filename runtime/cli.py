@@ -121,13 +121,13 @@ def require_torch(extra: str = "train", what: str = "this command") -> None:
     require(("torch",), "PyTorch", extra, what)
 
 
-def entry() -> None:
+def entry(args: list[str] | None = None) -> None:
     """The `seq2onnx` program. After Ctrl-C, whatever cleanup there is has run when `main` exits 130; the process
     then ends at once with 130, because CPython kills itself with SIGINT at exit (status -2, not 130) when the
     KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
     though our handler caught it."""
     try:
-        main()
+        main(args=args, prog_name="seq2onnx")
     except SystemExit as exc:
         if exc.code != EXIT_INTERRUPTED:
             raise

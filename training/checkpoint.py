@@ -130,9 +130,11 @@ def save_checkpoint(
     train_state: dict[str, Any] | None = None,
     force: bool = False,
     vocabularies: tuple[Vocabulary, Vocabulary] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint directory via a temporary sibling and a rename; returns its path. Token models pass
-    their (source, target) `vocabularies`, saved beside the weights."""
+    their (source, target) `vocabularies`, saved beside the weights; `meta` adds entries to spec.json (a torchrun
+    run's "distributed")."""
     out = Path(out)
     with staged_directory(out, lambda existing: check_checkpoint_destination(existing, force)) as tmp:
         torch.save(model.state_dict(), tmp / CHECKPOINT_WEIGHTS_FILE)
@@ -142,11 +144,11 @@ def save_checkpoint(
             torch.save({**train_state, "data": data}, tmp / CHECKPOINT_STATE_FILE)
         _write_json(tmp / CHECKPOINT_HISTORY_FILE, history)
         plot_history(history, tmp / CHECKPOINT_PLOT_FILE)
-        meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "spec": spec.to_dict(),
-                "train": config.to_dict(), "data": data}
+        written = {**(meta or {}), "format_version": CHECKPOINT_FORMAT_VERSION, "spec": spec.to_dict(),
+                   "train": config.to_dict(), "data": data}
         if vocabularies is not None:  # hashed, so that an edited vocabulary file is refused on load
-            meta["vocabularies"] = {side: {"sha256": v.sha256} for side, v in zip(VOCAB_FILES, vocabularies)}
-        _write_json(tmp / CHECKPOINT_SPEC_FILE, meta)
+            written["vocabularies"] = {side: {"sha256": v.sha256} for side, v in zip(VOCAB_FILES, vocabularies)}
+        _write_json(tmp / CHECKPOINT_SPEC_FILE, written)
     return out
 
 

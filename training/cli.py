@@ -11,11 +11,13 @@ from typing import Any
 import click
 
 from runtime.cli import FiniteFloatRange, Interrupted, check_threads_option, require_torch
+from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.spec import ARCHS, ATTENTION_KINDS, CELLS, NORMS, POSITIONALS
 
 from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, TRANSFORMER_DEFAULTS, Job, data_kind,
                          default_out, load_or_reload, prepare_options, saved_point_options)
 from .data import SQUARES
+from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, launched
 from .text_data import BUILTIN_LOADERS
 from .token_cli import check_text_data, check_tokenizer_option, saved_token_options, token_job
 
@@ -164,14 +166,20 @@ def _transformer_default(name: str) -> str:
 @click.option("--threads", type=int, default=None, callback=check_threads_option,
               help="PyTorch intra-op threads, 1 to the number of usable CPUs (default: PyTorch's choice). On a "
                    "machine that other work keeps busy, fewer threads than cores avoids waiting on descheduled ones.")
+@launch_options
 @click.pass_context
 def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, force: bool, quiet: bool,
           threads: int | None, **opts: Any) -> None:
     """Train a seq2seq model and write a checkpoint directory: a GRU encoder-decoder on points (squares, .npz), or
-    on text (built-in sets, .tsv, parallel files) an embedding GRU/LSTM encoder-decoder or a transformer."""
+    on text (built-in sets, .tsv, parallel files) an embedding GRU/LSTM encoder-decoder or a transformer.
+
+    With --nproc-per-node N, or under torchrun, the same run on N processes (DistributedDataParallel); rank 0
+    writes the same checkpoint."""
+    launch_opts = {name: opts.pop(name) for name in LAUNCH_OPTIONS}
     if resume and force:
         raise click.BadParameter("--resume continues a run and --force discards it; give one of them",
                                  ctx=ctx, param_hint="'--resume' / '--force'")
+    launching = check_launch(ctx, launch_opts, launched())
     if not resume:  # usage mistakes first, before torch loads; a resumed run's options are checked once it is read
         opts = prepare_options(ctx, opts, data_kind(opts["data"]), None)
     require_torch("train")
@@ -182,25 +190,70 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     from runtime.errors import Seq2OnnxError
     from runtime.spec import SpecError
 
-    from .atomic import exclusive
-    from .checkpoint import CheckpointError, check_checkpoint_destination
+    from .checkpoint import CheckpointError, check_checkpoint_destination, partial_dir
     from .data import DataError
     from .destination import normalized
+    from .distributed import start, stop
     from .trainer import ConfigError
 
     name = "transformer" if opts["arch"] == "transformer" else opts["attention"]
     out = normalized(out if out is not None else default_out(opts["data"], name))
+    dist = None
     try:
-        check_checkpoint_destination(out, force=force or resume)  # protected paths: refused before any lock file
-        with exclusive(out):  # one writer per --out for the whole run, its .partial state included
-            _run(ctx, opts, out, save_every, resume, force, quiet)
+        if launching:  # every rank runs this command again, under torchrun
+            check_checkpoint_destination(out, force=force or resume)
+            _check_resumable(ctx, out, resume, force)
+            launch(ctx, launch_opts, threads, partial_dir(out) / CHECKPOINT_STATE_FILE)
+            return
+        dist = start() if launched() else None
+        _run(ctx, opts, out, save_every, resume, force, quiet, dist)
     except DataError as err:  # the file exists (checked above) but its content is unusable: exit 1, no usage
-        raise click.ClickException(f"--data: {err}") from None
+        raise _on_rank(dist, click.ClickException(f"--data: {err}")) from None
     except (CheckpointError, ConfigError, SpecError, Seq2OnnxError) as err:
-        raise click.ClickException(str(err)) from None
+        raise _on_rank(dist, click.ClickException(str(err))) from None
+    except click.ClickException as err:
+        raise _on_rank(dist, err) from None
+    finally:
+        if dist is not None:
+            stop()
 
 
-def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None) -> Job:
+def _on_rank(dist: Any, err: click.ClickException) -> click.ClickException | click.exceptions.Exit:
+    """A user error as rank 0 reports it; the other ranks, which meet the same error, exit quietly with its
+    status (one message per run, not one per process)."""
+    if dist is None or dist.is_main or isinstance(err, Interrupted) or _rank_prefix(dist) in err.message:
+        return err
+    return click.exceptions.Exit(err.exit_code)
+
+
+def _rank_prefix(dist: Any) -> str:
+    return f"rank {dist.rank}: "
+
+
+def _check_resumable(ctx: click.Context, out: Path, resume: bool, force: bool) -> None:
+    """Before any process starts: --resume needs a saved state, a new run must not overwrite an interrupted one."""
+    from .checkpoint import find_resume_state, partial_dir
+
+    if resume and find_resume_state(out) is None:
+        raise _nothing_to_resume(ctx, out)
+    if not resume and not force and (partial_dir(out) / CHECKPOINT_STATE_FILE).exists():
+        raise _interrupted_run(partial_dir(out))
+
+
+def _nothing_to_resume(ctx: click.Context, out: Path) -> click.BadParameter:
+    from .checkpoint import partial_dir
+
+    return click.BadParameter(f"nothing to resume: neither {partial_dir(out) / CHECKPOINT_STATE_FILE} nor "
+                              f"{out / CHECKPOINT_STATE_FILE} exists; run without --resume to start",
+                              ctx=ctx, param_hint="'--resume'")
+
+
+def _interrupted_run(partial: Path) -> click.ClickException:
+    return click.ClickException(f"an interrupted run is saved in {str(partial)!r}; pass --resume to continue it or "
+                                "--force to discard it and start over")
+
+
+def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Job:
     """Load (or reload) point data and build spec, config and trainer."""
     from .data import describe_dataset, load_dataset, reload_dataset
     from .trainer import Trainer, TrainConfig, evaluate, spec_for_data
@@ -210,57 +263,44 @@ def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     spec = spec_for_data(train_set, opts["hidden_dim"], opts["attention"], opts["heads"])
     config = TrainConfig(epochs=opts["epochs"], batch_size=opts["batch_size"], lr=opts["lr"],
                          teacher_forcing=opts["teacher_forcing"], seed=opts["seed"])
-    trainer = Trainer(spec, config, train_set, test_set)
+    trainer = Trainer(spec, config, train_set, test_set, dist)
     return Job(trainer, description, lambda: click.echo(f"test MSE: {evaluate(trainer.model, test_set):.5f}"))
 
 
 def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, resume: bool, force: bool,
-         quiet: bool) -> None:
-    from runtime.contract import CHECKPOINT_STATE_FILE
+         quiet: bool, dist: Any) -> None:
+    """Train and write the checkpoint; under torchrun rank 0 prepares the run (and alone writes), the others
+    receive what it prepared."""
+    from contextlib import ExitStack
 
-    from .checkpoint import (check_checkpoint_destination, clear_partial, find_resume_state, load_train_state,
-                             partial_dir, save_checkpoint)
+    from .atomic import exclusive
+    from .checkpoint import check_checkpoint_destination, clear_partial, partial_dir, save_checkpoint
 
-    # Before any work: where the result goes must be writable without losing anything of the user's.
-    check_checkpoint_destination(out, force=force or resume)
-    partial, state, state_file = partial_dir(out), None, None
-    if resume:
-        state_file = find_resume_state(out)
-        if state_file is None:
-            raise click.BadParameter(f"nothing to resume: neither {partial / CHECKPOINT_STATE_FILE} nor "
-                                     f"{out / CHECKPOINT_STATE_FILE} exists; run without --resume to start",
-                                     ctx=ctx, param_hint="'--resume'")
-        state = load_train_state(state_file)
-        kind = TOKENS if state["spec"].get("kind") == TOKENS else POINTS
-        opts = prepare_options(ctx, opts, kind, _saved_options(kind, state))
-        if state["epoch"] > opts["epochs"]:
-            raise click.BadParameter(f"the saved state is at epoch {state['epoch']}, past --epochs {opts['epochs']}; "
-                                     f"pass --epochs {state['epoch']} or more", ctx=ctx, param_hint="'--epochs'")
-    else:
-        kind = data_kind(opts["data"])
-        if not force and (partial / CHECKPOINT_STATE_FILE).exists():
-            raise click.ClickException(f"an interrupted run is saved in {str(partial)!r}; pass --resume to "
-                                       "continue it or --force to discard it and start over")
+    saved_state = partial_dir(out) / CHECKPOINT_STATE_FILE
+    with ExitStack() as held:
+        def prepare() -> tuple[dict[str, Any], str, dict[str, Any] | None]:
+            check_checkpoint_destination(out, force=force or resume)  # protected paths: refused before any lock
+            held.enter_context(exclusive(out))  # one writer per --out for the whole run, its .partial state included
+            return _setup(ctx, opts, out, resume, force, dist)
+
+        opts, kind, state = _agree(dist, prepare)
+        job = (token_job if kind == TOKENS else point_job)(ctx, opts, state, dist)
+        job.extra_state["world_size"] = 1 if dist is None else dist.world_size
+        trainer = job.trainer
+        if state is not None:
+            trainer.load_state_dict(state)
+        _fit(job, saved_state, save_every, quiet, dist)
+        if dist is not None and not dist.is_main:
+            return
+        try:
+            save_checkpoint(out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
+                            {**trainer.state_dict(), **job.extra_state}, force=force or resume,
+                            vocabularies=job.vocabularies, meta=_distributed_meta(trainer.config, dist))
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted while writing the checkpoint after the last epoch; {str(out)!r} was not "
+                              f"written, the trained state is in {str(saved_state)!r}: rerun with --resume to write "
+                              "it") from None
         clear_partial(out)
-
-    job = (token_job if kind == TOKENS else point_job)(ctx, opts, state)
-    trainer = job.trainer
-    if state is not None:
-        trainer.load_state_dict(state)
-        if state_file.parent != partial and trainer.epoch >= trainer.config.epochs:
-            raise click.BadParameter(f"{str(out)!r} is already trained for {trainer.epoch} epochs; pass a larger "
-                                     "--epochs to continue it", ctx=ctx, param_hint="'--epochs'")
-    saved_state = partial / CHECKPOINT_STATE_FILE
-    _fit(job, saved_state, save_every, quiet)
-    try:
-        save_checkpoint(out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
-                        {**trainer.state_dict(), **job.extra_state}, force=force or resume,
-                        vocabularies=job.vocabularies)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted while writing the checkpoint after the last epoch; {str(out)!r} was not "
-                          f"written, the trained state is in {str(saved_state)!r}: rerun with --resume to write "
-                          "it") from None
-    clear_partial(out)
     click.echo(f"checkpoint written to {out}")
     try:
         job.report()
@@ -269,17 +309,103 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
                           "skipped") from None
 
 
-def _fit(job: Job, state_file: Path, save_every: int, quiet: bool) -> None:
-    """Train to the configured epochs, saving the resumable state as asked; Ctrl-C is exit 130 saying what was kept."""
+def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, force: bool,
+           dist: Any) -> tuple[dict[str, Any], str, dict[str, Any] | None]:
+    """(options, model kind, saved state or None): the saved state read and checked on --resume, else a stale
+    interrupted run refused (or, with --force, cleared)."""
+    from .checkpoint import clear_partial, find_resume_state, load_train_state, partial_dir
+
+    partial = partial_dir(out)
+    if not resume:
+        if not force and (partial / CHECKPOINT_STATE_FILE).exists():
+            raise _interrupted_run(partial)
+        clear_partial(out)
+        return opts, data_kind(opts["data"]), None
+    state_file = find_resume_state(out)
+    if state_file is None:
+        raise _nothing_to_resume(ctx, out)
+    state = load_train_state(state_file)
+    kind = TOKENS if state["spec"].get("kind") == TOKENS else POINTS
+    opts = prepare_options(ctx, opts, kind, _saved_options(kind, state))
+    if state["epoch"] > opts["epochs"]:
+        raise click.BadParameter(f"the saved state is at epoch {state['epoch']}, past --epochs {opts['epochs']}; "
+                                 f"pass --epochs {state['epoch']} or more", ctx=ctx, param_hint="'--epochs'")
+    if state_file.parent != partial and state["epoch"] >= opts["epochs"]:
+        raise click.BadParameter(f"{str(out)!r} is already trained for {state['epoch']} epochs; pass a larger "
+                                 "--epochs to continue it", ctx=ctx, param_hint="'--epochs'")
+    world_size, saved_size = 1 if dist is None else dist.world_size, int(state.get("world_size", 1))
+    if world_size != saved_size:
+        batch = opts["batch_size"]
+        click.echo(f"resuming a run saved by {saved_size} process(es) on {world_size}: the global batch goes from "
+                   f"{batch * saved_size} to {batch * world_size} (--batch-size {batch} per process); the learning "
+                   "rate stays as it was")
+    return opts, kind, state
+
+
+def _agree(dist: Any, prepare: Any) -> Any:
+    """`prepare()` on rank 0 (or the only process), its result on every rank. When it fails on rank 0, the error is
+    raised there and the other ranks exit with status 1 without a message of their own."""
+    if dist is None:
+        return prepare()
+    from .distributed import PeerFailedError
+
+    if dist.is_main:
+        try:
+            agreed = prepare()
+        except BaseException:
+            try:
+                dist.broadcast(None)
+            except PeerFailedError:
+                pass  # the others are gone already; the error at hand is the one to report
+            raise
+        return dist.broadcast(agreed)
+    agreed = dist.broadcast(None)
+    if agreed is None:
+        raise click.exceptions.Exit(1)
+    return agreed
+
+
+def _distributed_meta(config: Any, dist: Any) -> dict[str, Any] | None:
+    """spec.json's record of a torchrun run: processes, the per-process and the global batch."""
+    if dist is None:
+        return None
+    from .distributed import BACKEND
+
+    return {"distributed": {"world_size": dist.world_size, "backend": BACKEND, "batch_size_per_process":
+                            config.batch_size, "global_batch_size": config.batch_size * dist.world_size}}
+
+
+def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Any) -> None:
+    """Train to the configured epochs, saving the resumable state as asked (rank 0 only); Ctrl-C is exit 130 saying
+    what was kept, and so are SIGTERM and the loss of another rank under torchrun."""
     from .checkpoint import save_train_state
+    from .distributed import PeerFailedError
+
+    main = dist is None or dist.is_main
 
     def save_state(t: Any) -> None:
-        if t.epoch % save_every == 0 or t.epoch == t.config.epochs:
+        if main and (t.epoch % save_every == 0 or t.epoch == t.config.epochs):
             save_train_state(state_file, {**t.state_dict(), **job.extra_state}, job.description)
 
     try:
         job.trainer.fit(save_state, progress=not quiet)
-    except KeyboardInterrupt:
-        hint = (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue"
-                if state_file.exists() else "no state was saved yet; rerun to start again")
-        raise Interrupted(f"interrupted during epoch {job.trainer.epoch + 1}; {hint}") from None
+    except (KeyboardInterrupt, PeerFailedError) as err:
+        raise _stopped(err, job.trainer.epoch + 1, state_file, dist) from None
+
+
+def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> click.ClickException:
+    """One line for a run that stopped early: why, in which epoch, and what was kept."""
+    from .distributed import PeerFailedError, Terminated
+
+    hint = (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue"
+            if state_file.exists() else "no state was saved yet; rerun to start again")
+    if isinstance(err, PeerFailedError):
+        why = str(err)
+    elif isinstance(err, Terminated):
+        why = "stopped by SIGTERM (torchrun stops every process when one of them fails or it is interrupted)"
+    else:
+        why = "interrupted"
+    message = f"{why} during epoch {epoch}; {hint}"
+    if dist is not None and not dist.is_main:  # rank 0 says what was kept
+        message = f"{_rank_prefix(dist)}{why} during epoch {epoch}"
+    return click.ClickException(message) if isinstance(err, PeerFailedError) else Interrupted(message)

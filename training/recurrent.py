@@ -214,8 +214,10 @@ class TokenSeq2Seq(TokenModel):
         return torch.stack(steps, dim=1)  # (N, T, V)
 
 
-def sequence_loss(log_probs: torch.Tensor, target_out: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean cross-entropy over real (non-PAD) target tokens; log_probs (N, T, V), target_out (N, T)."""
+def sequence_loss(log_probs: torch.Tensor, target_out: torch.Tensor, label_smoothing: float = 0.0,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over real (non-PAD) target tokens, their mean (or with reduction="sum" their sum);
+    log_probs (N, T, V), target_out (N, T)."""
     # cross_entropy re-normalises its input; log-probs are already normalised, so this is plain NLL (+ smoothing).
     return F.cross_entropy(log_probs.flatten(0, 1), target_out.flatten(), ignore_index=PAD_ID,
-                           label_smoothing=label_smoothing)
+                           label_smoothing=label_smoothing, reduction=reduction)

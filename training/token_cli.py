@@ -120,7 +120,7 @@ def build_vocabularies(train: Any, tokenizer: str, min_freq: int, max_vocab: int
     return built[0], built[1]
 
 
-def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None) -> Job:
+def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Job:
     """Load (or reload) the text, build vocabularies, spec, config and trainer."""
     from .text_data import describe_text_dataset, load_text_dataset, reload_text_dataset
     from .token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
@@ -132,7 +132,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     spec = spec_for_text(train_set, source_vocab, target_vocab, n_heads=opts["heads"],
                          **{name: opts[name] for name in SPEC_OPTIONS})
     config = TokenTrainConfig(**{f.name: opts[f.name] for f in dataclasses.fields(TokenTrainConfig)})
-    trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab)
+    trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab, dist)
 
     def report() -> None:
         click.echo(accuracy_line(trainer, test_set, description, opts["eval_beam"]))

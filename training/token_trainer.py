@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from runtime.contract import state_batch_axes
@@ -30,6 +31,7 @@ from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
+from .distributed import Dist, global_loss
 from .recurrent import sequence_loss
 from .token_base import TokenModel, torch_steps
 from .token_models import build_token_model
@@ -158,10 +160,13 @@ class TokenBatcher:
         return TokenBatch(self.source[index, :ls], self.lengths[index], self.target_in[index, :lt],
                           self.target_out[index, :lt])
 
-    def epoch_batches(self, batch_size: int, generator: torch.Generator, bucket: bool) -> list[torch.Tensor]:
+    def epoch_batches(self, batch_size: int, generator: torch.Generator, bucket: bool,
+                      order: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Shuffled batches of row indices; `bucket` sorts chunks of BUCKET_BATCHES batches by source length
-        (stable, so ties keep the shuffle) and then shuffles the batch order, all drawn from `generator`."""
-        order = torch.randperm(len(self), generator=generator)  # (N,)
+        (stable, so ties keep the shuffle) and then shuffles the batch order, all drawn from `generator`. A given
+        `order` (a rank's shard, already shuffled) replaces the shuffle of the rows."""
+        if order is None:
+            order = torch.randperm(len(self), generator=generator)  # (N,)
         if not bucket:
             return list(order.split(batch_size))
         batches: list[torch.Tensor] = []
@@ -197,15 +202,25 @@ def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Voca
 
 
 @torch.no_grad()
-def evaluate_tokens(model: TokenModel, pairs: TextPairs, source_vocab: Vocabulary,
-                    target_vocab: Vocabulary) -> tuple[float, float]:
+def evaluate_tokens(model: TokenModel, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
+                    dist: Dist | None = None) -> tuple[float, float]:
     """Greedy decoding (eval mode) -> (exact-sequence accuracy, token accuracy). A sequence is exact when every token
-    and the EOS after them match; token accuracy compares position by position over target + EOS."""
+    and the EOS after them match; token accuracy compares position by position over target + EOS. Under `dist` each
+    rank decodes its share of the rows and the counts are summed."""
     model.eval()
     data = TokenBatcher(pairs, source_vocab, target_vocab, model.spec.reverse_source)
+    rows = range(len(data)) if dist is None else dist.rows(len(data))
+    exact, correct, total = _accuracy_counts(model, data, torch.tensor(rows, dtype=torch.long))
+    if dist is not None:
+        exact, correct, total = dist.all_sum(exact, correct, total)
+    return exact / len(data), correct / total
+
+
+def _accuracy_counts(model: TokenModel, data: TokenBatcher, rows: torch.Tensor) -> tuple[int, int, int]:
+    """(exact sequences, correct tokens, reference tokens) of greedy decoding over `rows` of `data`."""
     max_len = int(data.target_lengths.max()) + MAX_LEN_MARGIN  # target_lengths count BOS, i.e. tokens + EOS
     exact = correct = total = 0
-    for index in torch.arange(len(data)).split(EVAL_CHUNK):
+    for index in rows.split(EVAL_CHUNK):
         batch = data.batch(index)
         decoded = model.greedy(batch.source, batch.lengths, max_len)
         for row, out in zip(batch.target_out.tolist(), decoded):
@@ -214,7 +229,7 @@ def evaluate_tokens(model: TokenModel, pairs: TextPairs, source_vocab: Vocabular
             exact += predicted == reference
             correct += sum(p == r for p, r in zip(predicted, reference))
             total += len(reference)
-    return exact / len(data), correct / total
+    return exact, correct, total
 
 
 @torch.no_grad()
@@ -253,6 +268,22 @@ def sampled_forward(model: TokenModel, batch: TokenBatch, teacher_forcing: float
     return torch.stack(steps, dim=1)  # (N, T, V)
 
 
+class TokenLoss(nn.Module):
+    """A token model's training forward as one module (what DDP wraps): the cross-entropy summed over the real
+    target tokens of a batch, with teacher forcing, or scheduled sampling when `teacher_forcing` < 1."""
+
+    def __init__(self, model: TokenModel, label_smoothing: float) -> None:
+        super().__init__()
+        self.model, self.label_smoothing = model, label_smoothing
+
+    def forward(self, batch: TokenBatch, teacher_forcing: float, generator: torch.Generator) -> torch.Tensor:
+        if teacher_forcing >= 1.0:
+            log_probs = self.model(batch.source, batch.lengths, batch.target_in)  # (N, T, V)
+        else:
+            log_probs = sampled_forward(self.model, batch, teacher_forcing, generator)
+        return sequence_loss(log_probs, batch.target_out, self.label_smoothing, reduction="sum")
+
+
 # -- the trainer --------------------------------------------------------------------------------------------------
 
 
@@ -260,7 +291,7 @@ class TokenTrainer:
     """Trains a TokenSeq2Seq on `train`, validating greedy accuracy on `val` after every epoch."""
 
     def __init__(self, spec: ModelSpec, config: TokenTrainConfig, train: TextPairs, val: TextPairs,
-                 source_vocab: Vocabulary, target_vocab: Vocabulary) -> None:
+                 source_vocab: Vocabulary, target_vocab: Vocabulary, dist: Dist | None = None) -> None:
         sizes = (spec.kind, spec.source_vocab_size, spec.target_vocab_size)
         if sizes != ("tokens", len(source_vocab), len(target_vocab)):
             raise ConfigError(f"model spec (kind, source_vocab_size, target_vocab_size) = {sizes} does not fit the "
@@ -275,43 +306,53 @@ class TokenTrainer:
         self.epoch = self.steps = 0  # epochs done, optimizer steps taken (the warm-up's clock)
         self.history: History = {"train_loss": [], "val_exact": [], "val_token": []}
         self.batcher = TokenBatcher(train, source_vocab, target_vocab, spec.reverse_source)
+        self.dist = dist
+        loss = TokenLoss(self.model, config.label_smoothing)
+        self.loss = loss if dist is None else dist.wrap(loss)  # DDP averages gradients across ranks in backward
+
+    def epoch_batches(self) -> list[torch.Tensor]:
+        """This epoch's batches of row indices (under torchrun: of this rank's shard)."""
+        order = None if self.dist is None else self.dist.shard(len(self.batcher), self.config.seed, self.epoch)
+        return self.batcher.epoch_batches(self.config.batch_size, self.generator, self.config.bucket, order)
+
+    def train_step(self, index: torch.Tensor) -> tuple[float, int]:
+        """One optimizer step on the rows `index` (under torchrun: with every other rank's rows) -> the step's
+        summed token loss and its number of target tokens, over all ranks."""
+        for group in self.optimizer.param_groups:  # a function of epoch and step: both are resumable state
+            group["lr"] = self.config.learning_rate(self.epoch, self.steps)
+        batch = self.batcher.batch(index)
+        loss_sum = self.loss(batch, self.config.teacher_forcing, self.generator)
+        loss, total, tokens = global_loss(loss_sum, int((batch.target_out != PAD).sum()), self.dist)
+        if not math.isfinite(total):  # checked per batch: NaN weights would only waste the rest of the epoch
+            raise DivergedError(f"training diverged in epoch {self.epoch + 1} (batch loss {total / tokens:g}); "
+                                f"this epoch was not saved; lower the learning rate (lr={self.config.lr:g}) "
+                                "or clip gradients, and start again")
+        self.optimizer.zero_grad()
+        loss.backward() if self.dist is None else self.dist.backward(loss)
+        if self.config.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
+        self.optimizer.step()
+        self.steps += 1
+        return total, tokens
 
     def train_epoch(self) -> float:
         """One shuffled pass in train mode; returns the mean loss per target token (PAD excluded)."""
         self.model.train()
         total, tokens = 0.0, 0
-        for index in self.batcher.epoch_batches(self.config.batch_size, self.generator, self.config.bucket):
-            for group in self.optimizer.param_groups:  # a function of epoch and step: both are resumable state
-                group["lr"] = self.config.learning_rate(self.epoch, self.steps)
-            batch = self.batcher.batch(index)
-            if self.config.teacher_forcing >= 1.0:
-                log_probs = self.model(batch.source, batch.lengths, batch.target_in)  # (N, T, V)
-            else:
-                log_probs = sampled_forward(self.model, batch, self.config.teacher_forcing, self.generator)
-            loss = sequence_loss(log_probs, batch.target_out, self.config.label_smoothing)
-            value = loss.item()
-            if not math.isfinite(value):  # checked per batch: NaN weights would only waste the rest of the epoch
-                raise DivergedError(f"training diverged in epoch {self.epoch + 1} (batch loss {value:g}); "
-                                    f"this epoch was not saved; lower the learning rate (lr={self.config.lr:g}) "
-                                    "or clip gradients, and start again")
-            self.optimizer.zero_grad()
-            loss.backward()
-            if self.config.clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
-            self.optimizer.step()
-            self.steps += 1
-            n = int((batch.target_out != PAD).sum())
-            total, tokens = total + value * n, tokens + n
+        for index in self.epoch_batches():
+            step_total, step_tokens = self.train_step(index)
+            total, tokens = total + step_total, tokens + step_tokens
         return total / tokens
 
     def fit(self, on_epoch_end: Callable[[TokenTrainer], None] | None = None, progress: bool = True) -> History:
         """Train from the current epoch up to `config.epochs`, calling `on_epoch_end` after each."""
         bar = tqdm(range(self.epoch, self.config.epochs), initial=self.epoch, total=self.config.epochs,
-                   desc="train", unit="epoch", disable=not progress)
+                   desc="train", unit="epoch", disable=not progress or (self.dist is not None and not self.dist.is_main))
         try:
             for _ in bar:
                 loss = self.train_epoch()
-                exact, token = evaluate_tokens(self.model, self.val_data, self.source_vocab, self.target_vocab)
+                exact, token = evaluate_tokens(self.model, self.val_data, self.source_vocab, self.target_vocab,
+                                               self.dist)
                 self.epoch += 1
                 for key, value in (("train_loss", loss), ("val_exact", exact), ("val_token", token)):
                     self.history[key].append(value)

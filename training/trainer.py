@@ -22,6 +22,7 @@ from runtime.spec import ModelSpec
 
 from .build import build_model
 from .data import SeqData
+from .distributed import Dist, global_loss
 from .models import EncoderDecoder
 
 STATE_FORMAT_VERSION = 1
@@ -89,21 +90,26 @@ def _check_fits(spec: ModelSpec, data: SeqData, role: str) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: EncoderDecoder, data: SeqData) -> float:
-    """Mean squared error of greedy predictions (eval mode, source only) over all of `data`."""
+def evaluate(model: EncoderDecoder, data: SeqData, dist: Dist | None = None) -> float:
+    """Mean squared error of greedy predictions (eval mode, source only) over all of `data`; under `dist` each
+    rank predicts its share of the rows and the errors are summed."""
     model.eval()
-    source, target = torch.from_numpy(data.source), torch.from_numpy(data.target)
+    rows = torch.tensor(range(data.n) if dist is None else dist.rows(data.n), dtype=torch.long)  # (n,)
+    source, target = torch.from_numpy(data.source)[rows], torch.from_numpy(data.target)[rows]
     total = 0.0
-    for start in range(0, data.n, EVAL_CHUNK):
+    for start in range(0, len(rows), EVAL_CHUNK):
         pred = model(source[start:start + EVAL_CHUNK])  # (n, Lt, F)
         total += F.mse_loss(pred, target[start:start + EVAL_CHUNK], reduction="sum").item()
+    if dist is not None:
+        (total,) = dist.all_sum(total)
     return total / data.target.size
 
 
 class Trainer:
     """Trains one model on `train`, validating on `val` after every epoch."""
 
-    def __init__(self, spec: ModelSpec, config: TrainConfig, train: SeqData, val: SeqData) -> None:
+    def __init__(self, spec: ModelSpec, config: TrainConfig, train: SeqData, val: SeqData,
+                 dist: Dist | None = None) -> None:
         _check_fits(spec, train, "training")
         _check_fits(spec, val, "validation")
         self.spec, self.config, self.train_data, self.val_data = spec, config, train, val
@@ -116,28 +122,44 @@ class Trainer:
         # The training model reads source and target as one sequence and splits it itself.
         self._full = torch.from_numpy(np.concatenate([train.source, train.target], axis=1))  # (N, Ls+Lt, F)
         self._target = torch.from_numpy(train.target)  # (N, Lt, F)
+        self.dist = dist
+        self.net = self.model if dist is None else dist.wrap(self.model)  # DDP averages gradients in backward
+
+    def epoch_batches(self) -> list[torch.Tensor]:
+        """This epoch's batches of row indices (under torchrun: of this rank's shard)."""
+        if self.dist is None:
+            order = torch.randperm(self.train_data.n, generator=self.generator)  # (N,)
+        else:
+            order = self.dist.shard(self.train_data.n, self.config.seed, self.epoch)  # (ceil(N / W),)
+        return list(order.split(self.config.batch_size))
+
+    def train_step(self, index: torch.Tensor) -> tuple[float, int]:
+        """One optimizer step on the rows `index` (under torchrun: with every other rank's rows) -> the step's
+        summed squared error and its number of coordinates, over all ranks."""
+        target = self._target[index]  # (n, Lt, F)
+        loss_sum = F.mse_loss(self.net(self._full[index]), target, reduction="sum")
+        loss, total, count = global_loss(loss_sum, target.numel(), self.dist)
+        loss.backward() if self.dist is None else self.dist.backward(loss)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return total, count
 
     def train_epoch(self) -> float:
         """One shuffled pass in train mode; returns the mean training loss."""
         self.model.train()
-        order = torch.randperm(self.train_data.n, generator=self.generator)
-        total = 0.0
-        for start in range(0, self.train_data.n, self.config.batch_size):
-            index = order[start:start + self.config.batch_size]
-            loss = F.mse_loss(self.model(self._full[index]), self._target[index])
-            loss.backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-            total += loss.item() * len(index)
-        return total / self.train_data.n
+        total, count = 0.0, 0
+        for index in self.epoch_batches():
+            step_total, step_count = self.train_step(index)
+            total, count = total + step_total, count + step_count
+        return total / count
 
     def fit(self, on_epoch_end: Callable[["Trainer"], None] | None = None, progress: bool = True) -> History:
         """Train from the current epoch up to `config.epochs`, calling `on_epoch_end` after each."""
         bar = tqdm(range(self.epoch, self.config.epochs), initial=self.epoch, total=self.config.epochs,
-                   desc="train", unit="epoch", disable=not progress)
+                   desc="train", unit="epoch", disable=not progress or (self.dist is not None and not self.dist.is_main))
         for _ in bar:
             train_loss = self.train_epoch()
-            val_loss = evaluate(self.model, self.val_data)
+            val_loss = evaluate(self.model, self.val_data, self.dist)
             if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
                 bar.close()
                 raise DivergedError(f"training diverged in epoch {self.epoch + 1} (training loss {train_loss:g}, "

@@ -1,0 +1,349 @@
+"""Training on several processes (torchrun, DDP over gloo), with real processes on this machine:
+- two ranks keep identical parameters after every step, equal (float64, 1e-10) to one process training on both
+  ranks' rows at once, with the same globally reduced step losses and validation figures;
+- `seq2onnx train --nproc-per-node 2` writes the same checkpoint files as one process, which export (parity),
+  verify and infer take as they are, and which a single process resumes;
+- a killed rank stops every rank at once with a clear message, keeps the last saved state, and --resume completes;
+  Ctrl-C stops every rank with exit 130;
+- two launchers meeting at a c10d rendezvous on 127.0.0.1 (two "nodes": `seq2onnx train --nnodes 2` and the
+  documented `torchrun ... -m training`) train one model;
+- the launcher's own checks: options forwarded to every rank as given, refused inside torchrun.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+import ddp_worker
+from runtime.contract import CHECKPOINT_STATE_FILE
+from runtime.vocab import PAD
+from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
+
+PARAMS_ATOL = 1e-10  # float64: what differs is only the order of summation (measured: <= 4e-13)
+STOP_WITHIN_S = 60  # a killed rank: the launcher and every other rank gone within this
+RUN_TIMEOUT_S = 300
+SMALL_REVERSE = ("--data", "reverse", "--hidden-dim", "32", "--embedding-dim", "16", "--eval-beam", "0", "--quiet")
+
+
+def seq2onnx(*args: str) -> list[str]:
+    return [sys.executable, "-m", "runtime.cli", *args]
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Launched:
+    """A command in its own process group, its output in a file; the group is killed if the test leaves it."""
+
+    def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
+        self.log = log
+        with open(log, "w") as f:
+            self.proc = subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def ranks(self) -> dict[int, int]:
+        """{rank: pid} of the launcher's worker processes."""
+        found = {}
+        for child in _children(self.proc.pid):
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for entry in env:
+                if entry.startswith(b"RANK="):
+                    found[int(entry[5:])] = child
+        return found
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def close(self) -> None:
+        if self.group_alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
+@pytest.fixture
+def launched(tmp_path: Path) -> Iterator[Any]:
+    started: list[Launched] = []
+
+    def start(args: list[str], name: str = "run") -> Launched:
+        started.append(Launched(args, tmp_path, tmp_path / f"{name}.log"))
+        return started[-1]
+
+    yield start
+    for each in started:
+        each.close()
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+# ---- two ranks against one process --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ddp_record(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """tests/ddp_worker.py under torchrun, 2 ranks: per step, both ranks' parameters, rows and losses."""
+    out = tmp_path_factory.mktemp("ddp") / "record.pt"
+    worker = Path(__file__).with_name("ddp_worker.py")
+    result = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                  str(worker), str(out)], cwd=out.parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def reference(ddp_record: dict[str, Any]) -> dict[str, Any]:
+    """One process replaying each step on the union of both ranks' rows: parameters, losses, validation."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        replayed = {}
+        for name, trainer in ddp_worker.models().items():
+            trainer.model.train()
+            steps = []
+            for step in ddp_record[name]["steps"]:
+                loss = trainer.train_step(torch.tensor(step["rows"][0] + step["rows"][1]))
+                steps.append({"params": ddp_worker.flat(trainer.model), "loss": loss})
+            replayed[name] = {"steps": steps, "validation": ddp_worker.validate(trainer)}
+        return replayed
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm-additive", "transformer", "points"])
+def test_ranks_hold_identical_parameters_after_every_step(ddp_record: dict[str, Any], kind: str) -> None:
+    steps = ddp_record[kind]["steps"]
+    assert ddp_record["world_size"] == 2 and len(steps) == ddp_worker.STEPS
+    for number, step in enumerate(steps):
+        first, second = step["params"]
+        assert torch.equal(first, second), f"{kind}: ranks differ after step {number + 1}"
+        assert step["losses"][0] == step["losses"][1], f"{kind}: ranks report different losses"
+        # disjoint shards, but for the one row DistributedSampler repeats to even them out (37 rows, 2 ranks)
+        assert len(set(step["rows"][0]) & set(step["rows"][1])) <= 1, f"{kind}: ranks trained on the same rows"
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm-additive", "transformer", "points"])
+def test_two_ranks_train_as_one_process_on_the_combined_batch(ddp_record: dict[str, Any], reference: dict[str, Any],
+                                                              kind: str) -> None:
+    for number, (ours, theirs) in enumerate(zip(ddp_record[kind]["steps"], reference[kind]["steps"])):
+        torch.testing.assert_close(ours["params"][0], theirs["params"], atol=PARAMS_ATOL, rtol=0,
+                                   msg=lambda m: f"{kind}, step {number + 1}: {m}")
+        (total, items), (ref_total, ref_items) = ours["losses"][0], theirs["loss"]
+        assert items == ref_items  # the global token (coordinate) count of the step
+        assert total == pytest.approx(ref_total, rel=1e-12)
+    # token models: accuracies (exact); points: an MSE evaluated in float32, summed in another order
+    assert ddp_record[kind]["validation"] == pytest.approx(reference[kind]["validation"], rel=1e-6)
+
+
+def test_uneven_padding_across_ranks_is_normalised_globally(ddp_record: dict[str, Any]) -> None:
+    """The case that separates a global token count from per-rank means: ranks with different token counts."""
+    batcher = ddp_worker.models()["gru"].batcher
+    tokens = [[int((batcher.batch(torch.tensor(rows)).target_out != PAD).sum()) for rows in step["rows"]]
+              for step in ddp_record["gru"]["steps"]]
+    assert any(first != second for first, second in tokens), tokens  # so the comparison above tells them apart
+
+
+def test_rank_shards_follow_the_distributed_sampler() -> None:
+    from training.distributed import Dist
+
+    shards = [Dist(rank, 3, rank).shard(10, seed=7, epoch=2) for rank in range(3)]
+    assert all(len(s) == 4 for s in shards)  # ceil(10 / 3), padded
+    assert set(torch.cat(shards).tolist()) == set(range(10))
+    assert not torch.equal(Dist(0, 3, 0).shard(10, seed=7, epoch=3), shards[0])  # set_epoch reshuffles
+    assert torch.equal(Dist(0, 3, 0).shard(10, seed=7, epoch=2), shards[0])  # and only the epoch does
+
+
+# ---- the command -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ddp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`seq2onnx train --nproc-per-node 2` on the built-in toy translation, 3 epochs."""
+    work = tmp_path_factory.mktemp("ddp-cli")
+    result = run(seq2onnx("train", "--data", "toy-translation", "--epochs", "3", "--eval-beam", "0", "--out", "ckpt",
+                          "--nproc-per-node", "2"), cwd=work)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return work / "ckpt", result
+
+
+def test_two_processes_write_one_checkpoint_of_the_usual_files(ddp_checkpoint: Any) -> None:
+    ckpt, result = ddp_checkpoint
+    assert {p.name for p in ckpt.iterdir()} == TOKEN_CHECKPOINT_FILES  # what one process writes
+    assert not partial_dir(ckpt).exists()
+    assert [p.name for p in ckpt.parent.iterdir() if p.name.startswith(".ckpt.") and p.suffix != ".lock"] == []
+    meta = json.loads((ckpt / "spec.json").read_text())
+    assert meta["distributed"] == {"world_size": 2, "backend": "gloo", "batch_size_per_process": 9,
+                                   "global_batch_size": 18}
+    history = json.loads((ckpt / "history.json").read_text())
+    assert [len(v) for v in history.values()] == [3, 3, 3]
+    assert result.stdout.count("checkpoint written to") == 1  # rank 0 alone reports
+    assert result.stdout.count("test = training set (9)") == 1
+    assert "exact=" in result.stderr  # rank 0's progress bar
+    state = load_train_state(ckpt / CHECKPOINT_STATE_FILE)
+    assert state["world_size"] == 2 and state["epoch"] == 3
+
+
+def test_a_ddp_checkpoint_exports_verifies_and_infers(ddp_checkpoint: Any, tmp_path: Path) -> None:
+    ckpt, _ = ddp_checkpoint
+    exported = run(seq2onnx("export", str(ckpt), "--out", "model"), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "parity" in (exported.stdout + exported.stderr).lower()
+    verified = run(seq2onnx("verify", str(ckpt), "model"), cwd=tmp_path)
+    assert verified.returncode == 0, verified.stderr[-3000:]
+    inferred = run(seq2onnx("infer", "model", "--text", "the cat sleeps"), cwd=tmp_path)
+    assert inferred.returncode == 0, inferred.stderr[-3000:]
+    record = json.loads(inferred.stdout.splitlines()[0])
+    assert record["source"] == "the cat sleeps" and len(record["hypotheses"]) == 1
+
+
+def test_one_process_resumes_a_two_process_checkpoint(ddp_checkpoint: Any, tmp_path: Path) -> None:
+    ckpt, _ = ddp_checkpoint
+    copy = tmp_path / "ckpt"
+    subprocess.run(["cp", "-r", str(ckpt), str(copy)], check=True)
+    before = json.loads((copy / "history.json").read_text())
+    result = run(seq2onnx("train", "--resume", "--out", "ckpt", "--epochs", "4", "--quiet"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming a run saved by 2 process(es) on 1: the global batch goes from 18 to 9" in result.stdout
+    after = json.loads((copy / "history.json").read_text())
+    assert {k: v[:3] for k, v in after.items()} == before and len(after["train_loss"]) == 4
+    assert "distributed" not in json.loads((copy / "spec.json").read_text())
+
+
+# ---- failures ---------------------------------------------------------------------------------------------
+
+def _state_saved(out: Path) -> bool:
+    return (partial_dir(out) / CHECKPOINT_STATE_FILE).is_file()
+
+
+def test_a_killed_rank_stops_the_run_and_resume_completes_it(launched: Any, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "3", "--out", "ckpt", "--nproc-per-node", "2"))
+    wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
+    assert run_.proc.poll() is None, run_.output()
+    time.sleep(0.5)  # into epoch 2
+    ranks = run_.ranks()
+    assert sorted(ranks) == [0, 1], ranks
+    killed = time.monotonic()
+    os.kill(ranks[1], signal.SIGKILL)
+    code = run_.proc.wait(STOP_WITHIN_S)
+    assert time.monotonic() - killed < STOP_WITHIN_S
+    wait_for(lambda: not run_.group_alive(), 10, "every process of the run to exit")
+    output = run_.output()
+    assert code == 1, output
+    assert f"rank 1 (pid {ranks[1]}) was killed by SIGKILL" in output
+    assert "every process of the run has stopped" in output and "rerun with --resume" in output
+    assert "Traceback" not in output
+    # the last good state is whole; nothing else was written
+    state = load_train_state(partial_dir(out) / CHECKPOINT_STATE_FILE)
+    assert state["epoch"] >= 1 and state["world_size"] == 2
+    assert sorted(p.name for p in partial_dir(out).iterdir()) == [CHECKPOINT_STATE_FILE]
+    assert not out.exists()
+    resumed = run(seq2onnx("train", "--resume", "--out", "ckpt", "--nproc-per-node", "2", "--quiet"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 3
+    assert not partial_dir(out).exists()
+
+
+def test_ctrl_c_stops_every_rank_with_exit_130(launched: Any, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "4", "--out", "ckpt", "--nproc-per-node", "2"))
+    wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
+    assert run_.proc.poll() is None, run_.output()
+    os.killpg(run_.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    code = run_.proc.wait(STOP_WITHIN_S)
+    wait_for(lambda: not run_.group_alive(), 10, "every process of the run to exit")
+    output = run_.output()
+    assert code == 130, output
+    assert "Error: interrupted during epoch" in output and "rerun with --resume" in output  # rank 0
+    assert "Error: rank 1: interrupted during epoch" in output
+    assert "Traceback" not in output
+    assert load_train_state(partial_dir(out) / CHECKPOINT_STATE_FILE)["epoch"] >= 1
+    assert sorted(p.name for p in partial_dir(out).iterdir()) == [CHECKPOINT_STATE_FILE]
+    assert not out.exists()
+
+
+# ---- several machines ---------------------------------------------------------------------------------------
+
+def test_two_nodes_meet_at_a_c10d_rendezvous(launched: Any, tmp_path: Path) -> None:
+    """Two launchers of one process each, as two machines would run them: ours and the documented torchrun line."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ("--data", "toy-translation", "--epochs", "2", "--eval-beam", "0", "--quiet", "--out", "ckpt")
+    first = launched(seq2onnx("train", *common, "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint,
+                              "--rdzv-id", "pair"), "first")
+    second = launched([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                       "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "pair", "-m", "training",
+                       *common], "second")
+    assert first.proc.wait(RUN_TIMEOUT_S) == 0, first.output()
+    assert second.proc.wait(RUN_TIMEOUT_S) == 0, second.output()
+    meta = json.loads((tmp_path / "ckpt" / "spec.json").read_text())
+    assert meta["distributed"]["world_size"] == 2
+    assert (first.output() + second.output()).count("checkpoint written to") == 1
+
+
+# ---- the launcher -------------------------------------------------------------------------------------------
+
+def test_every_option_reaches_the_ranks_as_given() -> None:
+    from training.cli import train
+    from training.launch import forwarded_args, torchrun_args
+
+    given = ["--data", "reverse", "--lr", "0.0007", "--no-bucket", "--tie-embeddings", "--threads", "1",
+             "--nproc-per-node", "2", "--out", "x y", "--seed", "-3", "--quiet"]
+    ctx = train.make_context("train", list(given))
+    forwarded = forwarded_args(ctx)
+    assert "--nproc-per-node" not in forwarded
+    again = train.make_context("train", forwarded)
+    launch_names = {"nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id"}
+    assert {k: v for k, v in again.params.items() if k not in launch_names} == \
+        {k: v for k, v in ctx.params.items() if k not in launch_names}
+    launch = {"nproc_per_node": 2, "nnodes": None, "rdzv_endpoint": None, "rdzv_id": None}
+    assert torchrun_args(launch, ["--quiet"]) == ["--nproc-per-node", "2", "--standalone", "-m", "training",
+                                                  "--quiet"]
+
+
+def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "1"}
+    result = run(seq2onnx("train", "--nproc-per-node", "2", "--out", "o"), cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert "started by torchrun already (rank 0 of 2)" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_m_training_is_the_train_command(tmp_path: Path) -> None:
+    result = run([sys.executable, "-m", "training", "--help"], cwd=tmp_path)
+    assert result.returncode == 0 and "Usage: seq2onnx train" in result.stdout
+    assert "--nproc-per-node" in result.stdout and "--rdzv-endpoint" in result.stdout

@@ -1,0 +1,138 @@
+"""Training on N processes under torchrun: DistributedDataParallel over gloo, one process per rank.
+
+What each rank does, and why:
+- every rank loads the whole data set and builds the same model; DDP broadcasts rank 0's weights at wrap time and
+  averages gradients in `backward`, so parameters stay identical on every rank after every step;
+- a rank trains on its shard of each epoch: `DistributedSampler(shuffle=True, seed, drop_last=False)` with
+  `set_epoch(epoch)`, so the order depends on (seed, epoch, world size) only and a resumed run, with any world size,
+  continues where it stopped; the sampler pads the shards to equal length so every rank takes as many steps;
+- a step's loss is a sum over the rank's items (target tokens, or point coordinates) divided by the item count of
+  the whole step, summed across ranks; times the world size, because DDP averages gradients over ranks. The
+  gradient is then exactly that of one process on the combined batch, however padding falls among the ranks;
+- the losses and validation counts the progress bar and the history show are all-reduced, so rank 0 reports the
+  global figures; only rank 0 writes anything.
+
+Training runs on CPUs here, so the backend is gloo (nccl needs CUDA tensors).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+BACKEND = "gloo"
+# How long a collective waits for a rank that is alive but silent (a dead one is noticed at once: its sockets
+# close). Rank 0 saves the training state between collectives, so this must exceed the slowest save.
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+# Words in the errors gloo raises when a peer's connection breaks.
+TRANSPORT_ERRORS = ("gloo", "Connection", "connection", "peer")
+
+
+class PeerFailedError(RuntimeError):
+    """A collective failed because another rank of the run stopped (killed, crashed, or interrupted)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: what torchrun sends every rank when one fails or when it is interrupted itself. A KeyboardInterrupt,
+    so the Ctrl-C handling (say what was saved, leave nothing half-written) covers it too."""
+
+
+def _peer_failed(err: RuntimeError) -> PeerFailedError | RuntimeError:
+    """A transport error as PeerFailedError (its first line); anything else unchanged."""
+    text = str(err)
+    if isinstance(err, getattr(torch_dist, "DistError", ())) or any(w in text for w in TRANSPORT_ERRORS):
+        first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+        first = re.sub(r"^\[[^\]]*\.cc:\d+\]\s*", "", first).split(". This is typically")[0]  # gloo's source line, advice
+        return PeerFailedError(f"another process of the run stopped ({first[:200]})")
+    return err
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a torchrun job, and the few collectives training needs."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that reads resume state, shows progress and writes files."""
+        return self.rank == 0
+
+    def all_sum(self, *values: float) -> list[float]:
+        """Each value summed over all ranks (float64)."""
+        total = torch.tensor(values, dtype=torch.float64)  # (K,)
+        try:
+            torch_dist.all_reduce(total)
+        except RuntimeError as err:
+            raise _peer_failed(err) from None
+        return total.tolist()
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (pickled; other ranks pass anything)."""
+        box = [value]
+        try:
+            torch_dist.broadcast_object_list(box, src=0)
+        except RuntimeError as err:
+            raise _peer_failed(err) from None
+        return box[0]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """`loss.backward()`, in which DDP averages the gradients across ranks."""
+        try:
+            loss.backward()
+        except RuntimeError as err:
+            raise _peer_failed(err) from None
+
+    def shard(self, n: int, seed: int, epoch: int) -> torch.Tensor:
+        """This rank's row indices for `epoch`: DistributedSampler's shuffled share of range(n), padded so every
+        rank gets ceil(n / world_size) rows."""
+        sampler = DistributedSampler(range(n), num_replicas=self.world_size, rank=self.rank, shuffle=True,
+                                     seed=seed, drop_last=False)
+        sampler.set_epoch(epoch)
+        return torch.tensor(list(sampler), dtype=torch.long)  # (ceil(n / W),)
+
+    def rows(self, n: int) -> range:
+        """This rank's share of n validation rows (strided, no padding: each row counted once)."""
+        return range(self.rank, n, self.world_size)
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """`module` under DistributedDataParallel (CPU: no device ids)."""
+        return nn.parallel.DistributedDataParallel(module)
+
+
+def start() -> Dist:
+    """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
+    torch_dist.init_process_group(BACKEND, timeout=COLLECTIVE_TIMEOUT)
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+    return Dist(rank=torch_dist.get_rank(), world_size=torch_dist.get_world_size(),
+                local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def stop() -> None:
+    """Leave the job (after the last collective)."""
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def global_loss(loss_sum: torch.Tensor, count: int, dist: Dist | None) -> tuple[torch.Tensor, float, int]:
+    """(the loss to backpropagate, the step's summed loss, its item count), both over every rank: `loss_sum` over
+    this rank's `count` items, divided by the whole step's count; times the world size, which DDP's gradient
+    averaging divides out again. One process: the plain mean."""
+    if dist is None:
+        return loss_sum / count, loss_sum.item(), count
+    total, items = dist.all_sum(loss_sum.item(), count)
+    return loss_sum * (dist.world_size / items), total, int(items)

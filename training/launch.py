@@ -1,0 +1,178 @@
+"""`seq2onnx train --nproc-per-node N`: the same run on N processes, started by PyTorch's own launcher.
+
+The command checks its options here, in one process, then hands the rest of its command line to
+`torch.distributed.run` (what `torchrun` is) with `-m training`, the entry point every rank runs. So
+
+    seq2onnx train --nproc-per-node 2 --data reverse --out ckpt
+    torchrun --standalone --nproc-per-node 2 -m training --data reverse --out ckpt
+
+do the same. Several machines: the same command on each, with `--nnodes`, and `--rdzv-endpoint` naming one of them
+(c10d rendezvous). Only click and the stdlib at module level, so `--help` works without torch.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .cli_common import given
+
+LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id")
+ENTRY_MODULE = "training"  # `python -m training` is `seq2onnx train`
+RDZV_BACKEND = "c10d"
+DEFAULT_RDZV_PORT = 29400  # torchrun's default for c10d endpoints given without a port
+MAX_NODES = 1024
+ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d{1,5}))?$")
+RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for a worker
+
+
+def launched() -> bool:
+    """True in a process that torchrun started (its rank and rendezvous are in the environment)."""
+    return all(name in os.environ for name in LAUNCH_ENV)
+
+
+def check_endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--rdzv-endpoint: HOST or HOST:PORT (port 1..65535)."""
+    if value is None:
+        return None
+    match = ENDPOINT.match(value)
+    port = match and match.group("port")
+    if not match or (port is not None and not 1 <= int(port) <= 65535):
+        raise click.BadParameter(f"expected HOST or HOST:PORT (port 1..65535) of the machine that hosts the "
+                                 f"rendezvous, e.g. node0.example:{DEFAULT_RDZV_PORT}; got {value!r}")
+    return value
+
+
+def check_rdzv_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--rdzv-id: letters, digits, '.', '_' and '-'."""
+    if value is not None and not RDZV_ID.match(value):
+        raise click.BadParameter(f"expected 1-128 letters, digits, '.', '_' or '-' (the same on every node), "
+                                 f"got {value!r}")
+    return value
+
+
+def check_nproc(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--nproc-per-node: 1 up to this machine's usable CPUs (each process needs a core of its own)."""
+    if value is None:
+        return None
+    from runtime.sessions import max_threads
+
+    if not 1 <= value <= max_threads():
+        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this machine lets this process use; each "
+                                 f"training process needs at least one), got {value}")
+    return value
+
+
+def launch_options(command: Any) -> Any:
+    """Decorate `train` with the launcher's options."""
+    for decorator in reversed((
+        click.option("--nproc-per-node", type=int, default=None, callback=check_nproc,
+                     help="Train on this many processes of this machine (DistributedDataParallel over gloo), "
+                          "started through torch.distributed.run (torchrun). --batch-size is per process: the "
+                          "global batch is batch size x processes x nodes. Each process gets --threads threads "
+                          "(default: usable CPUs / processes)."),
+        click.option("--nnodes", type=click.IntRange(1, MAX_NODES), default=None,
+                     help="With --nproc-per-node: the number of machines; run the same command on each of them, "
+                          "with --rdzv-endpoint.  [default: 1]"),
+        click.option("--rdzv-endpoint", default=None, callback=check_endpoint,
+                     help=f"With --nnodes > 1: HOST[:PORT] of one of the machines, where the {RDZV_BACKEND} "
+                          f"rendezvous listens (port default {DEFAULT_RDZV_PORT}); the same on every machine."),
+        click.option("--rdzv-id", default=None, callback=check_rdzv_id,
+                     help="With --nnodes > 1: a name for this job, the same on every machine, so two jobs on one "
+                          "endpoint do not mix.  [default: torchrun's]"),
+    )):
+        command = decorator(command)
+    return command
+
+
+def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: bool) -> bool:
+    """True when this command is to start the processes itself; refuses launcher options that do not fit."""
+    if launch["nproc_per_node"] is None:
+        extra = [name for name in LAUNCH_OPTIONS[1:] if launch[name] is not None]
+        if extra:
+            raise click.BadParameter("takes effect only with --nproc-per-node N (the processes per machine); add it",
+                                     ctx=ctx, param_hint=_hint(extra[0]))
+        return False
+    if under_torchrun:
+        raise click.BadParameter(f"this process was started by torchrun already (rank {os.environ.get('RANK')} of "
+                                 f"{os.environ.get('WORLD_SIZE')}); drop --nproc-per-node and give torchrun its "
+                                 "process count", ctx=ctx, param_hint="'--nproc-per-node'")
+    nodes = launch["nnodes"] or 1
+    if nodes > 1 and launch["rdzv_endpoint"] is None:
+        raise click.BadParameter(f"{nodes} machines meet at a rendezvous; pass --rdzv-endpoint HOST[:PORT] of one of "
+                                 "them, the same on every machine", ctx=ctx, param_hint="'--nnodes'")
+    if nodes == 1 and launch["rdzv_endpoint"] is not None:
+        raise click.BadParameter("names the rendezvous of several machines; pass --nnodes N (N > 1) too, or drop "
+                                 "it to train on this machine alone", ctx=ctx, param_hint="'--rdzv-endpoint'")
+    if nodes == 1 and launch["rdzv_id"] is not None:
+        raise click.BadParameter("names a job of several machines; pass --nnodes N (N > 1) too, or drop it",
+                                 ctx=ctx, param_hint="'--rdzv-id'")
+    return True
+
+
+def _hint(name: str) -> str:
+    return "'--" + name.replace("_", "-") + "'"
+
+
+def forwarded_args(ctx: click.Context) -> list[str]:
+    """The options the user gave, launcher options left out, as each rank's command line."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in LAUNCH_OPTIONS or not given(ctx, param.name):
+            continue
+        value = ctx.params[param.name]
+        if param.is_flag:
+            if param.secondary_opts:
+                args.append(param.opts[0] if value else param.secondary_opts[0])
+            elif value:
+                args.append(param.opts[0])
+        else:
+            args += [param.opts[0], str(value)]
+    return args
+
+
+def torchrun_args(launch: dict[str, Any], rank_args: list[str]) -> list[str]:
+    """torch.distributed.run's command line: one machine standalone, several by a c10d rendezvous."""
+    args = ["--nproc-per-node", str(launch["nproc_per_node"])]
+    nodes = launch["nnodes"] or 1
+    if nodes == 1:
+        args.append("--standalone")
+    else:
+        args += ["--nnodes", str(nodes), "--rdzv-backend", RDZV_BACKEND, "--rdzv-endpoint", launch["rdzv_endpoint"]]
+        if launch["rdzv_id"] is not None:
+            args += ["--rdzv-id", launch["rdzv_id"]]
+    return [*args, "-m", ENTRY_MODULE, *rank_args]
+
+
+def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, state_file: Path) -> None:
+    """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line."""
+    from runtime.cli import Interrupted
+    from runtime.sessions import max_threads
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    per_rank = threads if threads is not None else max(1, max_threads() // launch["nproc_per_node"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(per_rank))  # what torchrun would set (to 1), said once, no warning
+    try:
+        run(parse_args(torchrun_args(launch, forwarded_args(ctx))))
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
+               else f"exited with status {failure.exitcode}")
+        raise click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every process of "
+                                   f"the run has stopped (any message of theirs is above); {_kept(state_file)}") \
+            from None
+    except (SignalException, KeyboardInterrupt):
+        raise Interrupted(f"interrupted; every process of the run has stopped; {_kept(state_file)}") from None
+
+
+def _kept(state_file: Path) -> str:
+    if state_file.is_file():
+        return (f"the last saved state is in {str(state_file)!r}: rerun with --resume to continue (with any number "
+                "of processes)")
+    return "no training state was saved yet: rerun to start again"
