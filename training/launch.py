@@ -150,11 +150,12 @@ def torchrun_args(launch: dict[str, Any], rank_args: list[str]) -> list[str]:
 
 def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, state_file: Path) -> None:
     """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line."""
-    from runtime.cli import Interrupted
-    from runtime.sessions import max_threads
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
+
+    from runtime.cli import Interrupted
+    from runtime.sessions import max_threads
 
     per_rank = threads if threads is not None else max(1, max_threads() // launch["nproc_per_node"])
     os.environ.setdefault("OMP_NUM_THREADS", str(per_rank))  # what torchrun would set (to 1), said once, no warning
