@@ -279,6 +279,22 @@ def test_a_killed_rank_stops_the_run_and_resume_completes_it(launched: Any, tmp_
     assert not partial_dir(out).exists()
 
 
+def test_with_max_restarts_a_killed_rank_is_replaced_and_the_run_resumes_itself(launched: Any,
+                                                                                tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "2", "--out", "ckpt", "--nproc-per-node", "2",
+                             "--max-restarts", "1"))
+    wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
+    assert run_.proc.poll() is None, run_.output()
+    os.kill(run_.ranks()[1], signal.SIGKILL)
+    assert run_.proc.wait(RUN_TIMEOUT_S) == 0, run_.output()
+    output = run_.output()
+    assert "torchrun started the processes again (restart 1): resuming from the last saved state" in output
+    assert output.count("checkpoint written to") == 1
+    assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 2
+    assert not partial_dir(out).exists()
+
+
 def test_ctrl_c_stops_every_rank_with_exit_130(launched: Any, tmp_path: Path) -> None:
     out = tmp_path / "ckpt"
     run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "4", "--out", "ckpt", "--nproc-per-node", "2"))
@@ -327,12 +343,12 @@ def test_every_option_reaches_the_ranks_as_given() -> None:
     forwarded = forwarded_args(ctx)
     assert "--nproc-per-node" not in forwarded
     again = train.make_context("train", forwarded)
-    launch_names = {"nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id"}
+    launch_names = {"nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "max_restarts"}
     assert {k: v for k, v in again.params.items() if k not in launch_names} == \
         {k: v for k, v in ctx.params.items() if k not in launch_names}
-    launch = {"nproc_per_node": 2, "nnodes": None, "rdzv_endpoint": None, "rdzv_id": None}
-    assert torchrun_args(launch, ["--quiet"]) == ["--nproc-per-node", "2", "--standalone", "-m", "training",
-                                                  "--quiet"]
+    launch = {"nproc_per_node": 2, "nnodes": None, "rdzv_endpoint": None, "rdzv_id": None, "max_restarts": 2}
+    assert torchrun_args(launch, ["--quiet"]) == ["--nproc-per-node", "2", "--standalone", "--max-restarts", "2",
+                                                  "-m", "training", "--quiet"]
 
 
 def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ Only click, numpy and the stdlib are imported at module level, so `--help` works
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,12 @@ def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, fo
     from .checkpoint import clear_partial, find_resume_state, load_train_state, partial_dir
 
     partial = partial_dir(out)
+    from .distributed import RESTART_ENV
+
+    restart = int(os.environ.get(RESTART_ENV, "0"))
+    if not resume and restart > 0 and (partial / CHECKPOINT_STATE_FILE).is_file():
+        click.echo(f"torchrun started the processes again (restart {restart}): resuming from the last saved state")
+        resume = True
     if not resume:
         if not force and (partial / CHECKPOINT_STATE_FILE).exists():
             raise _interrupted_run(partial)

@@ -32,6 +32,7 @@ BACKEND = "gloo"
 # How long a collective waits for a rank that is alive but silent (a dead one is noticed at once: its sockets
 # close). Rank 0 saves the training state between collectives, so this must exceed the slowest save.
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often it has started the processes again
 # Words in the errors gloo raises when a peer's connection breaks.
 TRANSPORT_ERRORS = ("gloo", "Connection", "connection", "peer")
 
@@ -112,7 +113,13 @@ class Dist:
 
 def start() -> Dist:
     """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
-    torch_dist.init_process_group(BACKEND, timeout=COLLECTIVE_TIMEOUT)
+    # The store is torchrun's; after a restart (--max-restarts) it still holds the last attempt's keys, and a
+    # rank reading the old rank 0's address before the new one writes it would connect to a dead port. A prefix
+    # per attempt keeps each attempt to its own keys.
+    store, rank, world_size = next(torch_dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
+    attempt = os.environ.get(RESTART_ENV, "0")
+    torch_dist.init_process_group(BACKEND, store=torch_dist.PrefixStore(f"seq2onnx/attempt-{attempt}", store),
+                                  rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
 
     def terminated(signum: int, frame: Any) -> None:
         raise Terminated()

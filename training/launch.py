@@ -20,7 +20,8 @@ import click
 
 from .cli_common import given
 
-LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id")
+LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "max_restarts")
+MAX_RESTARTS = 100
 ENTRY_MODULE = "training"  # `python -m training` is `seq2onnx train`
 RDZV_BACKEND = "c10d"
 DEFAULT_RDZV_PORT = 29400  # torchrun's default for c10d endpoints given without a port
@@ -84,6 +85,9 @@ def launch_options(command: Any) -> Any:
         click.option("--rdzv-id", default=None, callback=check_rdzv_id,
                      help="With --nnodes > 1: a name for this job, the same on every machine, so two jobs on one "
                           "endpoint do not mix.  [default: torchrun's]"),
+        click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), default=None,
+                     help="With --nproc-per-node: when a process fails, start them all again (up to this many "
+                          "times) and resume from the last saved state.  [default: 0]"),
     )):
         command = decorator(command)
     return command
@@ -145,6 +149,8 @@ def torchrun_args(launch: dict[str, Any], rank_args: list[str]) -> list[str]:
         args += ["--nnodes", str(nodes), "--rdzv-backend", RDZV_BACKEND, "--rdzv-endpoint", launch["rdzv_endpoint"]]
         if launch["rdzv_id"] is not None:
             args += ["--rdzv-id", launch["rdzv_id"]]
+    if launch["max_restarts"]:
+        args += ["--max-restarts", str(launch["max_restarts"])]
     return [*args, "-m", ENTRY_MODULE, *rank_args]
 
 
