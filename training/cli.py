@@ -194,7 +194,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     from .checkpoint import CheckpointError, check_checkpoint_destination, partial_dir
     from .data import DataError
     from .destination import normalized
-    from .distributed import start, stop
+    from .distributed import PeerFailedError, start, stop
     from .trainer import ConfigError
 
     name = "transformer" if opts["arch"] == "transformer" else opts["attention"]
@@ -214,6 +214,9 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         raise _on_rank(dist, click.ClickException(str(err))) from None
     except click.ClickException as err:
         raise _on_rank(dist, err) from None
+    except PeerFailedError as err:  # while rank 0 prepared the run, or before the first epoch
+        prefix = "" if dist is None or dist.is_main else _rank_prefix(dist)
+        raise click.ClickException(f"{prefix}{err}; nothing was written") from None
     finally:
         if dist is not None:
             stop()
