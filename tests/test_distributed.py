@@ -55,6 +55,7 @@ class Launched:
 
     def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
         self.log = log
+        self.workers: set[int] = set()
         with open(log, "w") as f:
             self.proc = subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -62,7 +63,7 @@ class Launched:
         return self.log.read_text()
 
     def ranks(self) -> dict[int, int]:
-        """{rank: pid} of the launcher's worker processes."""
+        """{rank: pid} of the launcher's worker processes (each in a session of its own: torchrun starts them so)."""
         found = {}
         for child in _children(self.proc.pid):
             try:
@@ -72,19 +73,34 @@ class Launched:
             for entry in env:
                 if entry.startswith(b"RANK="):
                     found[int(entry[5:])] = child
+        self.workers |= set(found.values())
         return found
 
-    def group_alive(self) -> bool:
-        try:
-            os.killpg(self.proc.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
+    def all_gone(self) -> bool:
+        """Neither the launcher's process group nor any worker seen is left."""
+        return not _alive(-self.proc.pid) and not any(_alive(pid) for pid in self.workers)
 
     def close(self) -> None:
-        if self.group_alive():
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.ranks()
+        for pid in [-self.proc.pid, *self.workers]:  # workers first would leave torchrun to restart them
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait(30)
+
+
+def _alive(pid: int) -> bool:
+    """A process (or, negative, a process group) exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    if pid > 0:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        except (OSError, IndexError):
+            return False
+    return True
 
 
 def _children(pid: int) -> list[int]:
@@ -262,7 +278,7 @@ def test_a_killed_rank_stops_the_run_and_resume_completes_it(launched: Any, tmp_
     os.kill(ranks[1], signal.SIGKILL)
     code = run_.proc.wait(STOP_WITHIN_S)
     assert time.monotonic() - killed < STOP_WITHIN_S
-    wait_for(lambda: not run_.group_alive(), 10, "every process of the run to exit")
+    wait_for(run_.all_gone, 10, "every process of the run to exit")
     output = run_.output()
     assert code == 1, output
     assert f"rank 1 (pid {ranks[1]}) was killed by SIGKILL" in output
@@ -289,6 +305,7 @@ def test_with_max_restarts_a_killed_rank_is_replaced_and_the_run_resumes_itself(
     os.kill(run_.ranks()[1], signal.SIGKILL)
     assert run_.proc.wait(RUN_TIMEOUT_S) == 0, run_.output()
     output = run_.output()
+    wait_for(run_.all_gone, 10, "every process of the run to exit")
     assert "torchrun started the processes again (restart 1): resuming from the last saved state" in output
     assert output.count("checkpoint written to") == 1
     assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 2
@@ -300,9 +317,11 @@ def test_ctrl_c_stops_every_rank_with_exit_130(launched: Any, tmp_path: Path) ->
     run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "4", "--out", "ckpt", "--nproc-per-node", "2"))
     wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
     assert run_.proc.poll() is None, run_.output()
-    os.killpg(run_.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    assert sorted(run_.ranks()) == [0, 1]
+    os.killpg(run_.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group (torchrun passes
+    # it on to the workers, which run in sessions of their own)
     code = run_.proc.wait(STOP_WITHIN_S)
-    wait_for(lambda: not run_.group_alive(), 10, "every process of the run to exit")
+    wait_for(run_.all_gone, 10, "every process of the run to exit")
     output = run_.output()
     assert code == 130, output
     assert "Error: interrupted during epoch" in output and "rerun with --resume" in output  # rank 0
