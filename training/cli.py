@@ -280,7 +280,6 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
     from .atomic import exclusive
     from .checkpoint import check_checkpoint_destination, clear_partial, partial_dir, save_checkpoint
 
-    saved_state = partial_dir(out) / CHECKPOINT_STATE_FILE
     with ExitStack() as held:
         def prepare() -> tuple[dict[str, Any], str, dict[str, Any] | None]:
             check_checkpoint_destination(out, force=force or resume)  # protected paths: refused before any lock
@@ -288,6 +287,7 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
             return _setup(ctx, opts, out, resume, force, dist)
 
         opts, kind, state = _agree(dist, prepare)
+        saved_state = partial_dir(out) / CHECKPOINT_STATE_FILE  # (out is checked now: it has a name)
         job = (token_job if kind == TOKENS else point_job)(ctx, opts, state, dist)
         job.extra_state["world_size"] = 1 if dist is None else dist.world_size
         trainer = job.trainer

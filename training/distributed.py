@@ -130,7 +130,10 @@ def start() -> Dist:
 
 
 def stop() -> None:
-    """Leave the job (after the last collective)."""
+    """Leave the job (after the last collective). A SIGTERM from here on (torchrun stopping the others after this
+    rank failed) is ignored: the process is on its way out, its message said, and raising in its exit handlers
+    would only print a traceback."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
 
