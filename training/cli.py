@@ -225,7 +225,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
 def _on_rank(dist: Any, err: click.ClickException) -> click.ClickException | click.exceptions.Exit:
     """A user error as rank 0 reports it; the other ranks, which meet the same error, exit quietly with its
     status (one message per run, not one per process)."""
-    if dist is None or dist.is_main or isinstance(err, Interrupted) or _rank_prefix(dist) in err.message:
+    if dist is None or dist.is_main or isinstance(err, Interrupted) or getattr(err, "this_rank", False):
         return err
     return click.exceptions.Exit(err.exit_code)
 
@@ -418,4 +418,6 @@ def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> cli
     message = f"{why} during epoch {epoch}; {hint}"
     if dist is not None and not dist.is_main:  # rank 0 says what was kept
         message = f"{_rank_prefix(dist)}{why} during epoch {epoch}"
-    return click.ClickException(message) if isinstance(err, PeerFailedError) else Interrupted(message)
+    stopped = click.ClickException(message) if isinstance(err, PeerFailedError) else Interrupted(message)
+    stopped.this_rank = True  # this rank's own news: printed on every rank (see _on_rank)
+    return stopped
