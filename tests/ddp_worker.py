@@ -41,15 +41,20 @@ def models(dist: Any = None) -> dict[str, Any]:
 
     squares = SeqData.from_points(generate_squares(ROWS, seed=3))
     held_out = SeqData.from_points(generate_squares(5, seed=4))
-    points = Trainer(spec_for_data(squares, 8, "multihead", 2), TrainConfig(epochs=1, batch_size=BATCH, lr=0.01,
-                                                                            teacher_forcing=1.0),
-                     squares, held_out, dist)
-    points._full, points._target = points._full.double(), points._target.double()  # the data is float32
+
+    def points(attention: str, heads: int) -> Trainer:
+        trainer = Trainer(spec_for_data(squares, 8, attention, heads),
+                          TrainConfig(epochs=1, batch_size=BATCH, lr=0.01, teacher_forcing=1.0), squares, held_out,
+                          dist)
+        trainer._full, trainer._target = trainer._full.double(), trainer._target.double()  # the data is float32
+        return trainer
+
     return {
         "gru": tokens(hidden_dim=16, embedding_dim=8),
         "lstm-additive": tokens(hidden_dim=16, embedding_dim=8, cell="lstm", attention="additive", layers=2),
         "transformer": tokens(arch="transformer", d_model=16, d_ff=32, layers=1, n_heads=2, positional="learned"),
-        "points": points,
+        "points": points("multihead", 2),
+        "points-dot": points("dot", 1),  # its attention's value projection is never used: no gradient
     }
 
 

@@ -33,6 +33,7 @@ from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partia
 PARAMS_ATOL = 1e-10  # float64: what differs is only the order of summation (measured: <= 4e-13)
 STOP_WITHIN_S = 60  # a killed rank: the launcher and every other rank gone within this
 RUN_TIMEOUT_S = 300
+KINDS = ["gru", "lstm-additive", "transformer", "points", "points-dot"]  # as tests/ddp_worker.py builds them
 SMALL_REVERSE = ("--data", "reverse", "--hidden-dim", "32", "--embedding-dim", "16", "--eval-beam", "0", "--quiet")
 
 
@@ -162,7 +163,7 @@ def reference(ddp_record: dict[str, Any]) -> dict[str, Any]:
         torch.set_default_dtype(before)
 
 
-@pytest.mark.parametrize("kind", ["gru", "lstm-additive", "transformer", "points"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_ranks_hold_identical_parameters_after_every_step(ddp_record: dict[str, Any], kind: str) -> None:
     steps = ddp_record[kind]["steps"]
     assert ddp_record["world_size"] == 2 and len(steps) == ddp_worker.STEPS
@@ -174,7 +175,7 @@ def test_ranks_hold_identical_parameters_after_every_step(ddp_record: dict[str, 
         assert len(set(step["rows"][0]) & set(step["rows"][1])) <= 1, f"{kind}: ranks trained on the same rows"
 
 
-@pytest.mark.parametrize("kind", ["gru", "lstm-additive", "transformer", "points"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_two_ranks_train_as_one_process_on_the_combined_batch(ddp_record: dict[str, Any], reference: dict[str, Any],
                                                               kind: str) -> None:
     for number, (ours, theirs) in enumerate(zip(ddp_record[kind]["steps"], reference[kind]["steps"])):

@@ -106,9 +106,11 @@ class Dist:
         """This rank's share of n validation rows (strided, no padding: each row counted once)."""
         return range(self.rank, n, self.world_size)
 
-    def wrap(self, module: nn.Module) -> nn.Module:
-        """`module` under DistributedDataParallel (CPU: no device ids)."""
-        return nn.parallel.DistributedDataParallel(module)
+    def wrap(self, module: nn.Module, find_unused: bool = False) -> nn.Module:
+        """`module` under DistributedDataParallel (CPU: no device ids). `find_unused`: the module has parameters
+        its forward never uses (DDP then looks for them after each forward instead of waiting for their
+        gradients; those stay None, as in one process)."""
+        return nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused)
 
 
 def start() -> Dist:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 from tqdm import tqdm
 
 from runtime.spec import ModelSpec
@@ -23,7 +24,7 @@ from runtime.spec import ModelSpec
 from .build import build_model
 from .data import SeqData
 from .distributed import Dist, global_loss
-from .models import EncoderDecoder
+from .models import Attention, EncoderDecoder
 
 STATE_FORMAT_VERSION = 1
 EVAL_CHUNK = 4096  # validation rows per forward pass; only bounds memory, results do not depend on it much
@@ -105,6 +106,12 @@ def evaluate(model: EncoderDecoder, data: SeqData, dist: Dist | None = None) -> 
     return total / data.target.size
 
 
+def _unused_parameters(model: nn.Module) -> bool:
+    """True when the model holds parameters its forward never uses: the book's dot attention keeps a value
+    projection (`linear_value`) that only multi-head attention applies."""
+    return any(isinstance(m, Attention) and not m.proj_values for m in model.modules())
+
+
 class Trainer:
     """Trains one model on `train`, validating on `val` after every epoch."""
 
@@ -123,7 +130,8 @@ class Trainer:
         self._full = torch.from_numpy(np.concatenate([train.source, train.target], axis=1))  # (N, Ls+Lt, F)
         self._target = torch.from_numpy(train.target)  # (N, Lt, F)
         self.dist = dist
-        self.net = self.model if dist is None else dist.wrap(self.model)  # DDP averages gradients in backward
+        # DDP averages gradients in backward
+        self.net = self.model if dist is None else dist.wrap(self.model, find_unused=_unused_parameters(self.model))
 
     def epoch_batches(self) -> list[torch.Tensor]:
         """This epoch's batches of row indices (under torchrun: of this rank's shard)."""
