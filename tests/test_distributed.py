@@ -351,11 +351,44 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(launched: Any, tmp_path: Path) -> N
     assert (first.output() + second.output()).count("checkpoint written to") == 1
 
 
+def test_interrupting_the_rendezvous_host_stops_the_other_machine_with_one_line(launched: Any,
+                                                                                 tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ("train", *SMALL_REVERSE, "--epochs", "50", "--out", "ckpt", "--nproc-per-node", "1", "--nnodes", "2",
+              "--rdzv-endpoint", endpoint)
+    host, other = launched(seq2onnx(*common), "host"), launched(seq2onnx(*common), "other")
+    wait_for(lambda: _state_saved(tmp_path / "ckpt") or host.proc.poll() is not None, 240, "the first saved epoch")
+    assert host.proc.poll() is None and other.proc.poll() is None, host.output() + other.output()
+    host.ranks(), other.ranks()
+    os.killpg(host.proc.pid, signal.SIGINT)
+    assert host.proc.wait(STOP_WITHIN_S) == 130, host.output()
+    assert other.proc.wait(STOP_WITHIN_S) == 1, other.output()
+    wait_for(lambda: host.all_gone() and other.all_gone(), 10, "every process of both machines to exit")
+    said = other.output()
+    assert "Error: rank 1: another process of the run stopped" in said
+    assert "Traceback" not in said and "frame #" not in said and "Exception raised from" not in said
+    assert len(said.splitlines()) <= 4, said  # the wait notice, rank 1's line, the launcher's line (+ torchrun's)
+    assert load_train_state(partial_dir(tmp_path / "ckpt") / CHECKPOINT_STATE_FILE)["epoch"] >= 1
+
+
+def test_a_machine_that_never_joins_ends_the_wait_with_one_line(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = run(seq2onnx("train", *SMALL_REVERSE, "--out", "ckpt", "--nproc-per-node", "1", "--nnodes", "2",
+                          "--rdzv-endpoint", endpoint, "--rdzv-timeout", "3"), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert f"waiting for 2 machines to join the rendezvous at {endpoint} (up to 3 s" in result.stderr
+    assert f"Error: not all 2 machines joined the rendezvous at {endpoint} within 3 s" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "ckpt").exists()
+
+
 # ---- the launcher -------------------------------------------------------------------------------------------
 
 def test_every_option_reaches_the_ranks_as_given() -> None:
     from training.cli import train
-    from training.launch import forwarded_args, torchrun_args
+    from training.launch import LAUNCH_OPTIONS, forwarded_args, torchrun_args
 
     given = ["--data", "reverse", "--lr", "0.0007", "--no-bucket", "--tie-embeddings", "--threads", "1",
              "--nproc-per-node", "2", "--out", "x y", "--seed", "-3", "--quiet"]
@@ -363,12 +396,16 @@ def test_every_option_reaches_the_ranks_as_given() -> None:
     forwarded = forwarded_args(ctx)
     assert "--nproc-per-node" not in forwarded
     again = train.make_context("train", forwarded)
-    launch_names = {"nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "max_restarts"}
+    launch_names = set(LAUNCH_OPTIONS)
     assert {k: v for k, v in again.params.items() if k not in launch_names} == \
         {k: v for k, v in ctx.params.items() if k not in launch_names}
-    launch = {"nproc_per_node": 2, "nnodes": None, "rdzv_endpoint": None, "rdzv_id": None, "max_restarts": 2}
+    launch = {**dict.fromkeys(LAUNCH_OPTIONS), "nproc_per_node": 2, "max_restarts": 2}
     assert torchrun_args(launch, ["--quiet"]) == ["--nproc-per-node", "2", "--standalone", "--max-restarts", "2",
                                                   "-m", "training", "--quiet"]
+    several = {**launch, "nnodes": 3, "rdzv_endpoint": "h:1", "rdzv_id": "j", "rdzv_timeout": 9, "max_restarts": None}
+    assert torchrun_args(several, []) == ["--nproc-per-node", "2", "--nnodes", "3", "--rdzv-backend", "c10d",
+                                          "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "--rdzv-conf", "join_timeout=9",
+                                          "-m", "training"]
 
 
 def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from runtime.spec import ARCHS, ATTENTION_KINDS, CELLS, NORMS, POSITIONALS
 from .cli_common import (DATASET_DEFAULTS, NPZ_SUFFIX, POINTS, TOKENS, TRANSFORMER_DEFAULTS, Job, data_kind,
                          default_out, load_or_reload, prepare_options, saved_point_options)
 from .data import SQUARES
-from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, launched
+from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, launched, quiet_launcher
 from .text_data import BUILTIN_LOADERS
 from .token_cli import check_text_data, check_tokenizer_option, saved_token_options, token_job
 
@@ -181,6 +181,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         raise click.BadParameter("--resume continues a run and --force discards it; give one of them",
                                  ctx=ctx, param_hint="'--resume' / '--force'")
     launching = check_launch(ctx, launch_opts, launched())
+    quieted = launching and quiet_launcher()
     if not resume:  # usage mistakes first, before torch loads; a resumed run's options are checked once it is read
         opts = prepare_options(ctx, opts, data_kind(opts["data"]), None)
     require_torch("train")
@@ -204,7 +205,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         if launching:  # every rank runs this command again, under torchrun
             check_checkpoint_destination(out, force=force or resume)
             _check_resumable(ctx, out, resume, force)
-            launch(ctx, launch_opts, threads, partial_dir(out) / CHECKPOINT_STATE_FILE)
+            launch(ctx, launch_opts, threads, partial_dir(out) / CHECKPOINT_STATE_FILE, quieted)
             return
         dist = start() if launched() else None
         _run(ctx, opts, out, save_every, resume, force, quiet, dist)

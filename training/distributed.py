@@ -2,7 +2,7 @@
 
 What each rank does, and why:
 - every rank loads the whole data set and builds the same model; DDP broadcasts rank 0's weights at wrap time and
-  averages gradients in `backward`, so parameters stay identical on every rank after every step;
+  averages gradients in backward, so parameters stay identical on every rank after every step;
 - a rank trains on its shard of each epoch: `DistributedSampler(shuffle=True, seed, drop_last=False)` with
   `set_epoch(epoch)`, so the order depends on (seed, epoch, world size) only and a resumed run, with any world size,
   continues where it stopped; the sampler pads the shards to equal length so every rank takes as many steps;
@@ -21,6 +21,7 @@ import re
 import signal
 from dataclasses import dataclass
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,10 +88,11 @@ class Dist:
             raise _peer_failed(err) from None
         return box[0]
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """`loss.backward()`, in which DDP averages the gradients across ranks."""
+    def talk(self, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(*args)`, a call in which DDP talks to the other ranks: the wrapped module's forward (which
+        broadcasts rank 0's buffers) or the loss's backward (which averages gradients)."""
         try:
-            loss.backward()
+            return call(*args)
         except RuntimeError as err:
             raise _peer_failed(err) from None
 
@@ -138,6 +140,11 @@ def stop() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+def ddp_call(dist: Dist | None, call: Callable[..., Any], *args: Any) -> Any:
+    """`call(*args)`; under torchrun, a broken connection to another rank inside it is PeerFailedError."""
+    return call(*args) if dist is None else dist.talk(call, *args)
 
 
 def global_loss(loss_sum: torch.Tensor, count: int, dist: Dist | None) -> tuple[torch.Tensor, float, int]:

@@ -11,8 +11,10 @@ do the same. Several machines: the same command on each, with `--nnodes`, and `-
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +22,35 @@ import click
 
 from .cli_common import given
 
-LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "max_restarts")
+LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")
+MULTI_NODE_OPTIONS = ("rdzv_endpoint", "rdzv_id", "rdzv_timeout")  # meaningful with --nnodes > 1 only
 MAX_RESTARTS = 100
 ENTRY_MODULE = "training"  # `python -m training` is `seq2onnx train`
 RDZV_BACKEND = "c10d"
 DEFAULT_RDZV_PORT = 29400  # torchrun's default for c10d endpoints given without a port
+DEFAULT_RDZV_TIMEOUT_S = 600  # torchrun's join_timeout: how long the machines wait for each other
+MAX_RDZV_TIMEOUT_S = 24 * 3600
 MAX_NODES = 1024
 ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d{1,5}))?$")
 RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read once, when torch loads
+ELASTIC_LOGGERS = "torch.distributed.elastic"
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for a worker
 
 
 def launched() -> bool:
     """True in a process that torchrun started (its rank and rendezvous are in the environment)."""
     return all(name in os.environ for name in LAUNCH_ENV)
+
+
+def quiet_launcher() -> bool:
+    """Before torch loads in the launching process: its C++ warnings off (a lost rendezvous host prints each of
+    them with dozens of stack frames, and the launcher reports the failure in a line of its own). True when this set
+    the variable, which `launch` then removes so the ranks start with the user's settings."""
+    if "torch" in sys.modules or CPP_LOG_ENV in os.environ:
+        return False
+    os.environ[CPP_LOG_ENV] = "ERROR"
+    return True
 
 
 def check_endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -85,6 +102,9 @@ def launch_options(command: Any) -> Any:
         click.option("--rdzv-id", default=None, callback=check_rdzv_id,
                      help="With --nnodes > 1: a name for this job, the same on every machine, so two jobs on one "
                           "endpoint do not mix.  [default: torchrun's]"),
+        click.option("--rdzv-timeout", type=click.IntRange(1, MAX_RDZV_TIMEOUT_S), default=None,
+                     help="With --nnodes > 1: seconds to wait for every machine to join before giving up "
+                          f"(torchrun's join_timeout).  [default: {DEFAULT_RDZV_TIMEOUT_S}]"),
         click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), default=None,
                      help="With --nproc-per-node: when a process fails, start them all again (up to this many "
                           "times) and resume from the last saved state.  [default: 0]"),
@@ -109,13 +129,35 @@ def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: boo
     if nodes > 1 and launch["rdzv_endpoint"] is None:
         raise click.BadParameter(f"{nodes} machines meet at a rendezvous; pass --rdzv-endpoint HOST[:PORT] of one of "
                                  "them, the same on every machine", ctx=ctx, param_hint="'--nnodes'")
-    if nodes == 1 and launch["rdzv_endpoint"] is not None:
-        raise click.BadParameter("names the rendezvous of several machines; pass --nnodes N (N > 1) too, or drop "
-                                 "it to train on this machine alone", ctx=ctx, param_hint="'--rdzv-endpoint'")
-    if nodes == 1 and launch["rdzv_id"] is not None:
-        raise click.BadParameter("names a job of several machines; pass --nnodes N (N > 1) too, or drop it",
-                                 ctx=ctx, param_hint="'--rdzv-id'")
+    if nodes == 1:
+        given = [name for name in MULTI_NODE_OPTIONS if launch[name] is not None]
+        if given:
+            raise click.BadParameter("is for a run on several machines; pass --nnodes N (N > 1) too, or drop it to "
+                                     "train on this machine alone", ctx=ctx, param_hint=_hint(given[0]))
+        return True
+    _check_resolvable(ctx, launch["rdzv_endpoint"])
     return True
+
+
+def _split_endpoint(endpoint: str) -> tuple[str, int]:
+    """(host, port) of a checked HOST[:PORT] (IPv6 brackets removed)."""
+    match = ENDPOINT.match(endpoint)
+    assert match is not None  # checked by check_endpoint
+    port = match.group("port")
+    return match.group("host").strip("[]"), int(port) if port else DEFAULT_RDZV_PORT
+
+
+def _check_resolvable(ctx: click.Context, endpoint: str) -> None:
+    """The rendezvous host must have an address: a misspelt name is refused now, not after minutes of retries."""
+    import socket
+
+    host, port = _split_endpoint(endpoint)
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise click.BadParameter(f"host {host!r} has no address this machine can find ({err}); expected the name or "
+                                 "address of the machine hosting the rendezvous", ctx=ctx,
+                                 param_hint="'--rdzv-endpoint'") from None
 
 
 def _hint(name: str) -> str:
@@ -149,24 +191,47 @@ def torchrun_args(launch: dict[str, Any], rank_args: list[str]) -> list[str]:
         args += ["--nnodes", str(nodes), "--rdzv-backend", RDZV_BACKEND, "--rdzv-endpoint", launch["rdzv_endpoint"]]
         if launch["rdzv_id"] is not None:
             args += ["--rdzv-id", launch["rdzv_id"]]
+        if launch["rdzv_timeout"] is not None:
+            args += ["--rdzv-conf", f"join_timeout={launch['rdzv_timeout']}"]
     if launch["max_restarts"]:
         args += ["--max-restarts", str(launch["max_restarts"])]
     return [*args, "-m", ENTRY_MODULE, *rank_args]
 
 
-def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, state_file: Path) -> None:
-    """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line."""
+def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, state_file: Path,
+           quieted: bool = False) -> None:
+    """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line.
+    `quieted`: `quiet_launcher` set the C++ log level of this process, not to be passed on to the ranks."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.run import parse_args, run
 
     from runtime.cli import Interrupted
     from runtime.sessions import max_threads
 
+    if quieted:
+        os.environ.pop(CPP_LOG_ENV, None)
+    for name in list(logging.root.manager.loggerDict):  # its warnings narrate what the final line says
+        if name.startswith(ELASTIC_LOGGERS):
+            logging.getLogger(name).setLevel(logging.ERROR)
     per_rank = threads if threads is not None else max(1, max_threads() // launch["nproc_per_node"])
     os.environ.setdefault("OMP_NUM_THREADS", str(per_rank))  # what torchrun would set (to 1), said once, no warning
+    nodes = launch["nnodes"] or 1
+    if nodes > 1:
+        click.echo(f"waiting for {nodes} machines to join the rendezvous at {launch['rdzv_endpoint']} (up to "
+                   f"{launch['rdzv_timeout'] or DEFAULT_RDZV_TIMEOUT_S} s; the same command must run on each)",
+                   err=True)
     try:
         run(parse_args(torchrun_args(launch, forwarded_args(ctx))))
+    except RendezvousTimeoutError:
+        raise click.ClickException(f"not all {nodes} machines joined the rendezvous at {launch['rdzv_endpoint']} "
+                                   f"within {launch['rdzv_timeout'] or DEFAULT_RDZV_TIMEOUT_S} s; start the same "
+                                   f"command on each (--rdzv-timeout waits longer); {_kept(state_file)}") from None
+    except (RendezvousError, DistError) as err:  # the rendezvous host is unreachable, or went away
+        raise click.ClickException(f"the rendezvous at {launch['rdzv_endpoint']} failed: {_first_line(err)}; "
+                                   f"{_kept(state_file)}") from None
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
@@ -176,6 +241,19 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
             from None
     except (SignalException, KeyboardInterrupt):
         raise Interrupted(f"interrupted; every process of the run has stopped; {_kept(state_file)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an error and of what caused it, without C++ source locations."""
+    lines = []
+    while err is not None and len(lines) < 2:
+        text = str(err).strip()
+        if text and "See inner exception" not in text:
+            lines.append(re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0]))
+        elif not text:
+            lines.append(type(err).__name__)
+        err = err.__cause__
+    return " (".join(lines) + ")" * (len(lines) - 1)
 
 
 def _kept(state_file: Path) -> str:

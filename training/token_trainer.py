@@ -31,7 +31,7 @@ from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
-from .distributed import Dist, global_loss
+from .distributed import Dist, ddp_call, global_loss
 from .recurrent import sequence_loss
 from .token_base import TokenModel, torch_steps
 from .token_models import build_token_model
@@ -321,14 +321,14 @@ class TokenTrainer:
         for group in self.optimizer.param_groups:  # a function of epoch and step: both are resumable state
             group["lr"] = self.config.learning_rate(self.epoch, self.steps)
         batch = self.batcher.batch(index)
-        loss_sum = self.loss(batch, self.config.teacher_forcing, self.generator)
+        loss_sum = ddp_call(self.dist, self.loss, batch, self.config.teacher_forcing, self.generator)
         loss, total, tokens = global_loss(loss_sum, int((batch.target_out != PAD).sum()), self.dist)
         if not math.isfinite(total):  # checked per batch: NaN weights would only waste the rest of the epoch
             raise DivergedError(f"training diverged in epoch {self.epoch + 1} (batch loss {total / tokens:g}); "
                                 f"this epoch was not saved; lower the learning rate (lr={self.config.lr:g}) "
                                 "or clip gradients, and start again")
         self.optimizer.zero_grad()
-        loss.backward() if self.dist is None else self.dist.backward(loss)
+        ddp_call(self.dist, loss.backward)
         if self.config.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
         self.optimizer.step()

@@ -23,7 +23,7 @@ from runtime.spec import ModelSpec
 
 from .build import build_model
 from .data import SeqData
-from .distributed import Dist, global_loss
+from .distributed import Dist, ddp_call, global_loss
 from .models import Attention, EncoderDecoder
 
 STATE_FORMAT_VERSION = 1
@@ -145,9 +145,9 @@ class Trainer:
         """One optimizer step on the rows `index` (under torchrun: with every other rank's rows) -> the step's
         summed squared error and its number of coordinates, over all ranks."""
         target = self._target[index]  # (n, Lt, F)
-        loss_sum = F.mse_loss(self.net(self._full[index]), target, reduction="sum")
+        loss_sum = F.mse_loss(ddp_call(self.dist, self.net, self._full[index]), target, reduction="sum")
         loss, total, count = global_loss(loss_sum, target.numel(), self.dist)
-        loss.backward() if self.dist is None else self.dist.backward(loss)
+        ddp_call(self.dist, loss.backward)
         self.optimizer.step()
         self.optimizer.zero_grad()
         return total, count
