@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from collections.abc import Callable
@@ -33,6 +34,8 @@ BACKEND = "gloo"
 # How long a collective waits for a rank that is alive but silent (a dead one is noticed at once: its sockets
 # close). Rank 0 saves the training state between collectives, so this must exceed the slowest save.
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun for the processes it starts
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often it has started the processes again
 # Words in the errors gloo raises when a peer's connection breaks.
 TRANSPORT_ERRORS = ("gloo", "Connection", "connection", "peer")
@@ -115,8 +118,26 @@ class Dist:
         return nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused)
 
 
+def _die_with_launcher() -> None:
+    """Under torchrun: SIGTERM when the launcher dies. torchrun stops its ranks when it is interrupted, but a
+    launcher killed outright (SIGKILL, the OOM killer) cannot, and ranks in sessions of their own would train on
+    as orphans, holding the checkpoint's lock. Linux only (prctl); elsewhere nothing changes."""
+    if TORCHRUN_ENV not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def start() -> Dist:
     """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
+    _die_with_launcher()
     # The store is torchrun's; after a restart (--max-restarts) it still holds the last attempt's keys, and a
     # rank reading the old rank 0's address before the new one writes it would connect to a dead port. A prefix
     # per attempt keeps each attempt to its own keys.
