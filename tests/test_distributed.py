@@ -313,12 +313,15 @@ def test_with_max_restarts_a_killed_rank_is_replaced_and_the_run_resumes_itself(
     assert not partial_dir(out).exists()
 
 
-def test_ranks_of_a_killed_launcher_stop_too(launched: Any, tmp_path: Path) -> None:
+def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launched: Any, tmp_path: Path) -> None:
     out = tmp_path / "ckpt"
     run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "50", "--out", "ckpt", "--nproc-per-node", "2"))
     wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
     assert run_.proc.poll() is None, run_.output()
     assert sorted(run_.ranks()) == [0, 1]
+    second = run(seq2onnx("train", *SMALL_REVERSE, "--out", "ckpt", "--nproc-per-node", "2"), cwd=tmp_path)
+    assert second.returncode == 1, second.stderr
+    assert "another seq2onnx process is writing it" in second.stderr and "interrupted run" not in second.stderr
     os.kill(run_.proc.pid, signal.SIGKILL)  # the launcher alone, which can then stop nobody
     run_.proc.wait(10)
     wait_for(run_.all_gone, STOP_WITHIN_S, "the ranks of the killed launcher to exit")

@@ -192,6 +192,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     from runtime.errors import Seq2OnnxError
     from runtime.spec import SpecError
 
+    from .atomic import exclusive
     from .checkpoint import CheckpointError, check_checkpoint_destination, partial_dir
     from .data import DataError
     from .destination import normalized
@@ -204,7 +205,8 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     try:
         if launching:  # every rank runs this command again, under torchrun
             check_checkpoint_destination(out, force=force or resume)
-            _check_resumable(ctx, out, resume, force)
+            with exclusive(out):  # a run writing there already is said first, before what its files look like
+                _check_resumable(ctx, out, resume, force)
             launch(ctx, launch_opts, threads, partial_dir(out) / CHECKPOINT_STATE_FILE, quieted)
             return
         dist = start() if launched() else None
