@@ -263,6 +263,27 @@ def test_one_process_resumes_a_two_process_checkpoint(ddp_checkpoint: Any, tmp_p
 
 # ---- failures ---------------------------------------------------------------------------------------------
 
+def test_a_usage_error_met_by_the_ranks_is_said_once_with_its_status(ddp_checkpoint: Any, tmp_path: Path) -> None:
+    ckpt, _ = ddp_checkpoint
+    copy = tmp_path / "ckpt"
+    subprocess.run(["cp", "-r", str(ckpt), str(copy)], check=True)
+    result = run(seq2onnx("train", "--resume", "--out", "ckpt", "--epochs", "3", "--nproc-per-node", "2"),
+                 cwd=tmp_path)  # options are checked against the saved state by rank 0
+    assert result.returncode == 2, result.stderr
+    assert "already trained for 3 epochs; pass a larger --epochs" in result.stderr
+    assert result.stderr.count("Error") == 1, result.stderr  # rank 0's, without the launcher's or torchrun's
+
+
+def test_a_data_error_met_by_the_ranks_is_said_once(tmp_path: Path) -> None:
+    (tmp_path / "bad.tsv").write_text("a\tb\nno tab here\n")
+    result = run(seq2onnx("train", "--data", "bad.tsv", "--out", "ckpt", "--nproc-per-node", "2"), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Error: --data: bad.tsv: 1 bad entry" in result.stderr and "line 2 has 0 tabs" in result.stderr
+    assert result.stderr.count("Error") == 1, result.stderr
+    assert "training failed" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "ckpt").exists()
+
+
 def _state_saved(out: Path) -> bool:
     return (partial_dir(out) / CHECKPOINT_STATE_FILE).is_file()
 

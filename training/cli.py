@@ -357,7 +357,7 @@ def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, fo
 
 def _agree(dist: Any, prepare: Any) -> Any:
     """`prepare()` on rank 0 (or the only process), its result on every rank. When it fails on rank 0, the error is
-    raised there and the other ranks exit with status 1 without a message of their own."""
+    raised there and the other ranks exit with the same status (2: a usage error) without a message of their own."""
     if dist is None:
         return prepare()
     from .distributed import PeerFailedError
@@ -365,16 +365,16 @@ def _agree(dist: Any, prepare: Any) -> Any:
     if dist.is_main:
         try:
             agreed = prepare()
-        except BaseException:
+        except BaseException as err:
             try:
-                dist.broadcast(None)
+                dist.broadcast(getattr(err, "exit_code", 1))
             except PeerFailedError:
                 pass  # the others are gone already; the error at hand is the one to report
             raise
         return dist.broadcast(agreed)
     agreed = dist.broadcast(None)
-    if agreed is None:
-        raise click.exceptions.Exit(1)
+    if isinstance(agreed, int):
+        raise click.exceptions.Exit(agreed)
     return agreed
 
 

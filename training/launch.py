@@ -213,9 +213,9 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
 
     if quieted:
         os.environ.pop(CPP_LOG_ENV, None)
-    for name in list(logging.root.manager.loggerDict):  # its warnings narrate what the final line says
+    for name in list(logging.root.manager.loggerDict):  # its log narrates what the ranks and the final line say
         if name.startswith(ELASTIC_LOGGERS):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     per_rank = threads if threads is not None else max(1, max_threads() // launch["nproc_per_node"])
     os.environ.setdefault("OMP_NUM_THREADS", str(per_rank))  # what torchrun would set (to 1), said once, no warning
     nodes = launch["nnodes"] or 1
@@ -233,6 +233,11 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         raise click.ClickException(f"the rendezvous at {launch['rdzv_endpoint']} failed: {_first_line(err)}; "
                                    f"{_kept(state_file)}") from None
     except ChildFailedError as err:
+        main = err.failures.get(0)
+        if main is not None and all(f.exitcode > 0 for f in err.failures.values()):
+            # Rank 0 ran here and said what went wrong (a usage or data error, a lost peer, and what was kept);
+            # the other ranks ended with it. Its status is the run's, without a second message.
+            raise click.exceptions.Exit(main.exitcode) from None
         rank, failure = err.get_first_failure()
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with status {failure.exitcode}")
