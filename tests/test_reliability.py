@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from conftest import child_process
+from runtime.sessions import max_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_MODEL = ROOT / "artifacts" / "squares"
@@ -248,6 +249,9 @@ CLI_CASES: dict[str, Case] = {
                                    "--rdzv-timeout", "0", code=USAGE, says=("--rdzv-timeout", "0", "1<=x<=86400")),
     "train --rdzv-timeout one node": case("train", "--nproc-per-node", "1", "--rdzv-timeout", "5", code=USAGE,
                                           says=("--rdzv-timeout", "--nnodes N")),
+    "train --threads x --nproc-per-node > CPUs": case("train", "--nproc-per-node", str(max_threads()), "--threads",
+                                                      "2", code=USAGE, says=("--threads", "oversubscribed",
+                                                                             f"on {max_threads()} usable CPUs")),
     "train --max-restarts without nproc": case("train", "--max-restarts", "1", code=USAGE,
                                                says=("--max-restarts", "only with --nproc-per-node")),
     "train --max-restarts -1": case("train", "--nproc-per-node", "1", "--max-restarts", "-1", code=USAGE,

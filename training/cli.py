@@ -180,7 +180,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     if resume and force:
         raise click.BadParameter("--resume continues a run and --force discards it; give one of them",
                                  ctx=ctx, param_hint="'--resume' / '--force'")
-    launching = check_launch(ctx, launch_opts, launched())
+    launching = check_launch(ctx, launch_opts, launched(), threads)
     quieted = launching and quiet_launcher()
     if not resume:  # usage mistakes first, before torch loads; a resumed run's options are checked once it is read
         opts = prepare_options(ctx, opts, data_kind(opts["data"]), None)

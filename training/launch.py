@@ -113,8 +113,9 @@ def launch_options(command: Any) -> Any:
     return command
 
 
-def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: bool) -> bool:
-    """True when this command is to start the processes itself; refuses launcher options that do not fit."""
+def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: bool, threads: int | None = None) -> bool:
+    """True when this command is to start the processes itself; refuses launcher options that do not fit, and
+    more threads in all than this machine's usable CPUs."""
     if launch["nproc_per_node"] is None:
         extra = [name for name in LAUNCH_OPTIONS[1:] if launch[name] is not None]
         if extra:
@@ -125,6 +126,14 @@ def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: boo
         raise click.BadParameter(f"this process was started by torchrun already (rank {os.environ.get('RANK')} of "
                                  f"{os.environ.get('WORLD_SIZE')}); drop --nproc-per-node and give torchrun its "
                                  "process count", ctx=ctx, param_hint="'--nproc-per-node'")
+    from runtime.sessions import max_threads
+
+    nproc, cpus = launch["nproc_per_node"], max_threads()
+    if threads is not None and threads * nproc > cpus:
+        raise click.BadParameter(f"{threads} threads x {nproc} processes = {threads * nproc} threads on {cpus} usable "
+                                 "CPUs: oversubscribed processes wait on each other at every all-reduce (measured "
+                                 f"several times slower); expected at most {max(1, cpus // nproc)}, or leave it out",
+                                 ctx=ctx, param_hint="'--threads'")
     nodes = launch["nnodes"] or 1
     if nodes > 1 and launch["rdzv_endpoint"] is None:
         raise click.BadParameter(f"{nodes} machines meet at a rendezvous; pass --rdzv-endpoint HOST[:PORT] of one of "
