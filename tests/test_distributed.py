@@ -349,20 +349,30 @@ def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launc
     assert load_train_state(partial_dir(out) / CHECKPOINT_STATE_FILE)["epoch"] >= 1
 
 
-def test_ctrl_c_stops_every_rank_with_exit_130(launched: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sent", "code", "rank_says", "launcher_says"), [
+    # a terminal's Ctrl-C goes to the foreground group (torchrun passes it on to the workers, in sessions of their own)
+    (signal.SIGINT, 130, "interrupted during epoch", "Error: interrupted; every process of the run has stopped"),
+    # a service manager's stop goes to the launcher, which stops the workers with SIGTERM
+    (signal.SIGTERM, 143, "stopped by SIGTERM", "Error: stopped by SIGTERM; every process of the run has stopped"),
+], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path: Path, sent: int, code: int,
+                                                        rank_says: str, launcher_says: str) -> None:
     out = tmp_path / "ckpt"
     run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "4", "--out", "ckpt", "--nproc-per-node", "2"))
     wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
     assert run_.proc.poll() is None, run_.output()
     assert sorted(run_.ranks()) == [0, 1]
-    os.killpg(run_.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group (torchrun passes
-    # it on to the workers, which run in sessions of their own)
-    code = run_.proc.wait(STOP_WITHIN_S)
+    if sent == signal.SIGINT:
+        os.killpg(run_.proc.pid, sent)
+    else:
+        os.kill(run_.proc.pid, sent)
+    status = run_.proc.wait(STOP_WITHIN_S)
     wait_for(run_.all_gone, 10, "every process of the run to exit")
     output = run_.output()
-    assert code == 130, output
-    assert "Error: interrupted during epoch" in output and "rerun with --resume" in output  # rank 0
-    assert "Error: rank 1: interrupted during epoch" in output
+    assert status == code, output
+    assert f"Error: {rank_says}" in output and "rerun with --resume" in output  # rank 0
+    assert f"Error: rank 1: {rank_says}" in output
+    assert launcher_says in output
     assert "Traceback" not in output
     assert load_train_state(partial_dir(out) / CHECKPOINT_STATE_FILE)["epoch"] >= 1
     assert sorted(p.name for p in partial_dir(out).iterdir()) == [CHECKPOINT_STATE_FILE]

@@ -14,11 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+
+from runtime.cli import Interrupted
 
 from .cli_common import given
 
@@ -41,6 +44,13 @@ LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") 
 def launched() -> bool:
     """True in a process that torchrun started (its rank and rendezvous are in the environment)."""
     return all(name in os.environ for name in LAUNCH_ENV)
+
+
+class Terminated(Interrupted):
+    """The launcher stopped by SIGTERM (a service manager, `kill`): exit 143, as a shell reports a process that
+    SIGTERM ended, with the same line saying what was kept."""
+
+    exit_code = 128 + signal.SIGTERM
 
 
 def quiet_launcher() -> bool:
@@ -217,7 +227,6 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.run import parse_args, run
 
-    from runtime.cli import Interrupted
     from runtime.sessions import max_threads
 
     if quieted:
@@ -253,7 +262,12 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         raise click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every process of "
                                    f"the run has stopped (any message of theirs is above); {_kept(state_file)}") \
             from None
-    except (SignalException, KeyboardInterrupt):
+    except SignalException as err:
+        if err.sigval == signal.SIGTERM:
+            raise Terminated(f"stopped by SIGTERM; every process of the run has stopped; {_kept(state_file)}") \
+                from None
+        raise Interrupted(f"interrupted; every process of the run has stopped; {_kept(state_file)}") from None
+    except KeyboardInterrupt:
         raise Interrupted(f"interrupted; every process of the run has stopped; {_kept(state_file)}") from None
 
 
