@@ -394,7 +394,25 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(launched: Any, tmp_path: Path) -> N
     assert second.proc.wait(RUN_TIMEOUT_S) == 0, second.output()
     meta = json.loads((tmp_path / "ckpt" / "spec.json").read_text())
     assert meta["distributed"]["world_size"] == 2
-    assert (first.output() + second.output()).count("checkpoint written to") == 1
+    said = first.output() + second.output()
+    assert said.count("checkpoint written to") == 1
+    # the machine without rank 0 says what it runs, and where the checkpoint goes
+    assert said.count("this machine runs ranks 1-1 of 2; rank 0 shows the progress and writes") == 1
+    assert said.count("training finished on this machine; rank 0 writes") == 1
+
+
+def test_machines_started_with_different_options_are_refused(launched: Any, tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ("train", *SMALL_REVERSE, "--out", "ckpt", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint",
+              endpoint)
+    first, second = launched(seq2onnx(*common, "--lr", "0.001"), "first"), launched(seq2onnx(*common), "second")
+    assert first.proc.wait(RUN_TIMEOUT_S) == 1, first.output()
+    assert second.proc.wait(RUN_TIMEOUT_S) == 1, second.output()
+    for machine in (first, second):  # each machine says it, once
+        said = machine.output()
+        assert said.count("started with different options: --lr is") == 1, said
+        assert "Traceback" not in said
+    assert not (tmp_path / "ckpt").exists() and not partial_dir(tmp_path / "ckpt").exists()
 
 
 def test_interrupting_the_rendezvous_host_stops_the_other_machine_with_one_line(launched: Any,

@@ -283,6 +283,8 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
     from .atomic import exclusive
     from .checkpoint import check_checkpoint_destination, clear_partial, partial_dir, save_checkpoint
 
+    if dist is not None:
+        _check_same_command(ctx, dist)
     with ExitStack() as held:
         def prepare() -> tuple[dict[str, Any], str, dict[str, Any] | None]:
             check_checkpoint_destination(out, force=force or resume)  # protected paths: refused before any lock
@@ -290,6 +292,10 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
             return _setup(ctx, opts, out, resume, force, dist)
 
         opts, kind, state = _agree(dist, prepare)
+        other_machine = dist is not None and not dist.is_main and dist.local_rank == 0
+        if other_machine:
+            click.echo(f"this machine runs ranks {dist.rank}-{dist.rank + _local_processes() - 1} of "
+                       f"{dist.world_size}; rank 0 shows the progress and writes {str(out)!r} on its machine")
         saved_state = partial_dir(out) / CHECKPOINT_STATE_FILE  # (out is checked now: it has a name)
         job = (token_job if kind == TOKENS else point_job)(ctx, opts, state, dist)
         job.extra_state["world_size"] = 1 if dist is None else dist.world_size
@@ -298,6 +304,8 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
             trainer.load_state_dict(state)
         _fit(job, saved_state, save_every, quiet, dist)
         if dist is not None and not dist.is_main:
+            if other_machine:
+                click.echo(f"training finished on this machine; rank 0 writes {str(out)!r} on its machine")
             return
         try:
             save_checkpoint(out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
@@ -353,6 +361,46 @@ def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, fo
                    f"{batch * saved_size} to {batch * world_size} (--batch-size {batch} per process); the learning "
                    "rate stays as it was")
     return opts, kind, state
+
+
+PER_MACHINE_OPTIONS = ("threads", "quiet")  # may differ between the machines of one run
+
+
+def _check_same_command(ctx: click.Context, dist: Any) -> None:
+    """Every process runs the same command (but for PER_MACHINE_OPTIONS): machines started with different
+    options would otherwise train silently with rank 0's. Said once per machine, by its first process."""
+    mine = {name: value for name, value in ctx.params.items() if name not in PER_MACHINE_OPTIONS}
+    everyone = dist.gather(mine)
+    differ = [(rank, name) for rank, theirs in enumerate(everyone) for name in mine
+              if theirs.get(name) != everyone[0].get(name)]
+    if not differ:
+        return
+    if dist.local_rank != 0:
+        raise click.exceptions.Exit(1)
+    rank, name = differ[0]
+    theirs, main = everyone[rank][name], everyone[0][name]
+    err = click.ClickException(
+        f"{'' if dist.is_main else _rank_prefix(dist)}the processes of this run were started with different "
+        f"options: {_option_name(ctx, name)} is {_shown(theirs)} on rank {rank} but {_shown(main)} on rank 0; "
+        "run the same command on every machine; nothing was written")
+    err.this_rank = True  # one line per machine
+    raise err
+
+
+def _option_name(ctx: click.Context, name: str) -> str:
+    for param in ctx.command.params:
+        if param.name == name and isinstance(param, click.Option):
+            return param.opts[0]
+    return name
+
+
+def _shown(value: Any) -> str:
+    return "not given" if value is None else repr(str(value) if isinstance(value, Path) else value)
+
+
+def _local_processes() -> int:
+    """The processes torchrun started on this machine."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def _agree(dist: Any, prepare: Any) -> Any:

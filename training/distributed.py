@@ -82,6 +82,15 @@ class Dist:
             raise _peer_failed(err) from None
         return total.tolist()
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (pickled), in rank order, on every rank."""
+        values: list[Any] = [None] * self.world_size
+        try:
+            torch_dist.all_gather_object(values, value)
+        except RuntimeError as err:
+            raise _peer_failed(err) from None
+        return values
+
     def broadcast(self, value: Any) -> Any:
         """Rank 0's `value` on every rank (pickled; other ranks pass anything)."""
         box = [value]
