@@ -481,6 +481,16 @@ def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_rank_started_by_hand_says_what_it_waits_for(launched: Any, tmp_path: Path) -> None:
+    port = free_port()
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    waiting = launched(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "training",
+                        *SMALL_REVERSE, "--out", "ckpt"])
+    notice = f"rank 1 of 2: waiting for the other processes at 127.0.0.1:{port} (up to 30 min)"
+    wait_for(lambda: notice in waiting.output() or waiting.proc.poll() is not None, 60, "the waiting notice")
+    assert waiting.proc.poll() is None, waiting.output()  # still waiting: the fixture stops it
+
+
 def test_python_m_training_is_the_train_command(tmp_path: Path) -> None:
     result = run([sys.executable, "-m", "training", "--help"], cwd=tmp_path)
     assert result.returncode == 0 and "Usage: seq2onnx train" in result.stdout

@@ -147,6 +147,10 @@ def _die_with_launcher() -> None:
 def start() -> Dist:
     """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
     _die_with_launcher()
+    if TORCHRUN_ENV not in os.environ:  # started by hand or by another launcher: the wait would be silent
+        print(f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: waiting for the other processes at "
+              f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} (up to "
+              f"{COLLECTIVE_TIMEOUT.total_seconds() / 60:g} min)", file=sys.stderr, flush=True)
     # The store is torchrun's; after a restart (--max-restarts) it still holds the last attempt's keys, and a
     # rank reading the old rank 0's address before the new one writes it would connect to a dead port. A prefix
     # per attempt keeps each attempt to its own keys.
