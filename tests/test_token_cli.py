@@ -256,6 +256,17 @@ def test_resume_of_a_finished_or_interrupted_run_equals_an_uninterrupted_one(tmp
     assert run(*args, "--epochs", "1", "--force", "--out", straight).exit_code == 0  # a token checkpoint is replaced
 
 
+def test_resume_keeps_the_eval_beam_of_the_run_unless_given(tmp_path: Path) -> None:
+    out = tmp_path / "ck"
+    assert run("--data", "toy-translation", *TINY, "--epochs", "1", "--eval-beam", "0", "--out", out).exit_code == 0
+    result = run("--resume", "--epochs", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert accuracy(result.output)["k"] is None  # still no beam report
+    result = run("--resume", "--epochs", "3", "--eval-beam", "2", "--out", out)  # free to change
+    assert result.exit_code == 0, result.output
+    assert accuracy(result.output)["k"] == "2"
+
+
 @pytest.mark.parametrize(("args", "hint", "saved"), [
     (["--cell", "lstm"], "'--cell'", "'gru'"),
     (["--tokenizer", "char"], "'--tokenizer'", "'whitespace'"),

@@ -59,6 +59,7 @@ TRANSFORMER_ONLY = ("d_model", "d_ff", "dropout", "norm", "positional")
 TOKEN_ONLY = ("arch", "embedding_dim", "cell", "layers", "bidirectional", "tie_embeddings", "reverse_source",
               "lr_decay", "warmup", "clip", "label_smoothing", "bucket", "tokenizer", "min_freq", "max_vocab",
               "eval_beam", *TRANSFORMER_ONLY)
+FREE_ON_RESUME = ("epochs", "eval_beam")  # how long to train, and how the final report decodes: not the run itself
 BUILT_VOCAB_ONLY = ("min_freq", "max_vocab")  # a tokenizer file brings its own vocabulary
 
 
@@ -220,12 +221,12 @@ def saved_point_options(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge_saved(ctx: click.Context, opts: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
-    """Options for a resumed run: the saved ones, with --epochs (and only it) free to change."""
+    """Options for a resumed run: the saved ones, with FREE_ON_RESUME (and only those) free to change."""
     merged = {**opts, **saved}
     for name, theirs in saved.items():
         if not given(ctx, name):
             continue
-        if name != "epochs" and option_key(name, opts[name]) != option_key(name, theirs):
+        if name not in FREE_ON_RESUME and option_key(name, opts[name]) != option_key(name, theirs):
             raise click.BadParameter(f"the run being resumed used {theirs!r}, given {opts[name]!r}; leave the option "
                                      "out to keep the saved value, or start a new run without --resume",
                                      ctx=ctx, param_hint=flag(name))

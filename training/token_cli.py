@@ -76,6 +76,9 @@ def saved_text_data(description: dict[str, Any]) -> str:
     return str(name)
 
 
+REPORT_OPTIONS = "report_options"  # the training state's record of how the final report was asked for
+
+
 def saved_token_options(state: dict[str, Any]) -> dict[str, Any]:
     """The options a token run was started with, from its training state."""
     vocab_options = state.get("vocab_options")
@@ -89,7 +92,9 @@ def saved_token_options(state: dict[str, Any]) -> dict[str, Any]:
     spec = ModelSpec.from_dict(state["spec"])
     model = {name: getattr(spec, name) for name in SPEC_OPTIONS}  # a transformer's widths: d_model, as it was built
     config = TokenTrainConfig.from_dict(state["config"]).to_dict()  # fields added since then: their defaults
-    return {"data": saved_text_data(state["data"]), "heads": spec.n_heads, **model, **config, **vocab_options}
+    report = state.get(REPORT_OPTIONS, {})  # (states saved before it was kept: the defaults)
+    return {"data": saved_text_data(state["data"]), "heads": spec.n_heads, **model, **config, **vocab_options,
+            **report}
 
 
 def vocab_options(opts: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +142,8 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     def report() -> None:
         click.echo(accuracy_line(trainer, test_set, description, opts["eval_beam"]))
 
-    return Job(trainer, description, report, (source_vocab, target_vocab), {"vocab_options": how})
+    return Job(trainer, description, report, (source_vocab, target_vocab),
+               {"vocab_options": how, REPORT_OPTIONS: {"eval_beam": opts["eval_beam"]}})
 
 
 def accuracy_line(trainer: Any, test: Any, description: dict[str, Any], beam_size: int) -> str:
