@@ -454,12 +454,26 @@ def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Any) ->
         raise _stopped(err, job.trainer.epoch + 1, state_file, dist) from None
 
 
+def _restarts_left() -> int:
+    """How often torchrun will still start the processes again after a failure (--max-restarts)."""
+    from .distributed import RESTART_ENV
+
+    return max(0, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(os.environ.get(RESTART_ENV, "0")))
+
+
 def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> click.ClickException:
     """One line for a run that stopped early: why, in which epoch, and what was kept."""
     from .distributed import PeerFailedError, Terminated
 
     hint = (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue"
             if state_file.exists() else "no state was saved yet; rerun to start again")
+    left = _restarts_left()
+    if left and isinstance(err, (PeerFailedError, Terminated)):  # torchrun restarts after a failure, not a stop
+        kept = f"from the last saved state in {str(state_file)!r}" if state_file.exists() else "from the start"
+        hint = (f"torchrun starts the processes again ({left} restart(s) left) and they continue {kept}"
+                if isinstance(err, PeerFailedError) else
+                f"unless torchrun starts the processes again ({left} restart(s) left; it does after a failure), "
+                f"{hint}")
     if isinstance(err, PeerFailedError):
         why = str(err)
     elif isinstance(err, Terminated):
