@@ -437,7 +437,7 @@ def test_cli_refuses_to_overwrite_and_checks_resume_options(tmp_path: Path) -> N
                                        "--out", str(out)])
     assert result.exit_code == 2 and "--lr" in result.output and "0.01" in result.output
     result = CliRunner().invoke(main, ["train", "--quiet", "--resume", "--out", str(out)])
-    assert result.exit_code == 2 and "already trained for 1 epochs" in result.output
+    assert result.exit_code == 2 and "already trained for 1 epochs; pass --epochs 2 or more" in result.output
     result = CliRunner().invoke(main, ["train", "--quiet", "--resume", "--out", str(tmp_path / "none")])
     assert result.exit_code == 2 and "nothing to resume" in result.output
 

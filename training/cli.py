@@ -294,8 +294,10 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
         opts, kind, state = _agree(dist, prepare)
         other_machine = dist is not None and not dist.is_main and dist.local_rank == 0
         if other_machine:
-            click.echo(f"this machine runs ranks {dist.rank}-{dist.rank + _local_processes() - 1} of "
-                       f"{dist.world_size}; rank 0 shows the progress and writes {str(out)!r} on its machine")
+            last = dist.rank + _local_processes() - 1
+            ranks = f"rank {dist.rank}" if last == dist.rank else f"ranks {dist.rank}-{last}"
+            click.echo(f"this machine runs {ranks} of {dist.world_size}; rank 0 shows the progress and writes "
+                       f"{str(out)!r} on its machine")
         saved_state = partial_dir(out) / CHECKPOINT_STATE_FILE  # (out is checked now: it has a name)
         job = (token_job if kind == TOKENS else point_job)(ctx, opts, state, dist)
         job.extra_state["world_size"] = 1 if dist is None else dist.world_size
@@ -304,24 +306,40 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
             trainer.load_state_dict(state)
         _fit(job, saved_state, save_every, quiet, dist)
         if dist is not None and not dist.is_main:
+            _wait_for_the_checkpoint(dist)  # leaving first, a rank could end the run while rank 0 writes
             if other_machine:
-                click.echo(f"training finished on this machine; rank 0 writes {str(out)!r} on its machine")
+                click.echo(f"training finished on this machine; rank 0 wrote {str(out)!r} on its machine")
             return
         try:
             save_checkpoint(out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
                             {**trainer.state_dict(), **job.extra_state}, force=force or resume,
                             vocabularies=job.vocabularies, meta=_distributed_meta(trainer.config, dist))
-        except KeyboardInterrupt:
-            raise Interrupted(f"interrupted while writing the checkpoint after the last epoch; {str(out)!r} was not "
-                              f"written, the trained state is in {str(saved_state)!r}: rerun with --resume to write "
-                              "it") from None
+        except KeyboardInterrupt as err:
+            raise Interrupted(f"{_why_stopped(err, dist)} while writing the checkpoint after the last epoch; {str(out)!r} "
+                              f"was not written, the trained state is in {str(saved_state)!r}: rerun with --resume "
+                              "to write it") from None
         clear_partial(out)
+        if dist is not None:
+            dist.broadcast(True)  # the checkpoint is written: the other ranks may leave
     click.echo(f"checkpoint written to {out}")
     try:
         job.report()
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted after {str(out)!r} was written; only the accuracy report was "
                           "skipped") from None
+
+
+def _wait_for_the_checkpoint(dist: Any) -> None:
+    """A rank other than 0, after the last epoch: wait until rank 0 has written the checkpoint."""
+    from .distributed import PeerFailedError
+
+    try:
+        dist.broadcast(None)
+    except PeerFailedError as err:
+        stopped = click.ClickException(f"{_rank_prefix(dist)}{err} after the last epoch, while rank 0 wrote the "
+                                       "checkpoint")
+        stopped.this_rank = True
+        raise stopped from None
 
 
 def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, force: bool,
@@ -348,12 +366,12 @@ def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, fo
     state = load_train_state(state_file)
     kind = TOKENS if state["spec"].get("kind") == TOKENS else POINTS
     opts = prepare_options(ctx, opts, kind, _saved_options(kind, state))
+    if state_file.parent != partial and state["epoch"] >= opts["epochs"]:  # a finished run, extended
+        raise click.BadParameter(f"{str(out)!r} is already trained for {state['epoch']} epochs; pass --epochs "
+                                 f"{state['epoch'] + 1} or more to continue it", ctx=ctx, param_hint="'--epochs'")
     if state["epoch"] > opts["epochs"]:
         raise click.BadParameter(f"the saved state is at epoch {state['epoch']}, past --epochs {opts['epochs']}; "
                                  f"pass --epochs {state['epoch']} or more", ctx=ctx, param_hint="'--epochs'")
-    if state_file.parent != partial and state["epoch"] >= opts["epochs"]:
-        raise click.BadParameter(f"{str(out)!r} is already trained for {state['epoch']} epochs; pass a larger "
-                                 "--epochs to continue it", ctx=ctx, param_hint="'--epochs'")
     world_size, saved_size = 1 if dist is None else dist.world_size, int(state.get("world_size", 1))
     if world_size != saved_size:
         batch = opts["batch_size"]
@@ -363,6 +381,7 @@ def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, fo
     return opts, kind, state
 
 
+USAGE_ERROR = 2  # click's exit status for usage mistakes
 PER_MACHINE_OPTIONS = ("threads", "quiet")  # may differ between the machines of one run
 
 
@@ -370,19 +389,21 @@ def _check_same_command(ctx: click.Context, dist: Any) -> None:
     """Every process runs the same command (but for PER_MACHINE_OPTIONS): machines started with different
     options would otherwise train silently with rank 0's. Said once per machine, by its first process."""
     mine = {name: value for name, value in ctx.params.items() if name not in PER_MACHINE_OPTIONS}
+    mine["nproc_per_node"] = _local_processes()  # as torchrun started them, whichever launcher it was
     everyone = dist.gather(mine)
     differ = [(rank, name) for rank, theirs in enumerate(everyone) for name in mine
               if theirs.get(name) != everyone[0].get(name)]
     if not differ:
         return
     if dist.local_rank != 0:
-        raise click.exceptions.Exit(1)
+        raise click.exceptions.Exit(USAGE_ERROR)
     rank, name = differ[0]
     theirs, main = everyone[rank][name], everyone[0][name]
     err = click.ClickException(
         f"{'' if dist.is_main else _rank_prefix(dist)}the processes of this run were started with different "
         f"options: {_option_name(ctx, name)} is {_shown(theirs)} on rank {rank} but {_shown(main)} on rank 0; "
         "run the same command on every machine; nothing was written")
+    err.exit_code = USAGE_ERROR  # a usage mistake, as on one machine
     err.this_rank = True  # one line per machine
     raise err
 
@@ -461,28 +482,52 @@ def _restarts_left() -> int:
     return max(0, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(os.environ.get(RESTART_ENV, "0")))
 
 
-def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> click.ClickException:
-    """One line for a run that stopped early: why, in which epoch, and what was kept."""
+LAUNCHER_EXIT_S = 0.5  # how long a SIGTERMed rank looks for its launcher's death (a killed one's takes milliseconds)
+
+
+class _Restarting(click.ClickException):
+    """A lost peer while torchrun has restarts left: news (it starts the processes again), not an error."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(self.format_message(), err=True)
+
+
+def _why_stopped(err: BaseException, dist: Any = None) -> str:
+    """Why a run stopped early, in a few words."""
+    from .distributed import PeerFailedError, Terminated
+
+    if isinstance(err, PeerFailedError):
+        return str(err)
+    if isinstance(err, Terminated):
+        if dist is not None and dist.launcher_died(within=LAUNCHER_EXIT_S):
+            return f"stopped: its launcher (pid {dist.launcher}) died"
+        return "stopped by SIGTERM (torchrun stops every process when one of them fails or it is interrupted)"
+    return "interrupted"
+
+
+def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> BaseException:
+    """One line for a run that stopped early: why, in which epoch, and what was kept. Under torchrun, a rank other
+    than 0 says it only for a lost peer (which rank saw what); stopped by the user, it exits quietly."""
     from .distributed import PeerFailedError, Terminated
 
     hint = (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue"
             if state_file.exists() else "no state was saved yet; rerun to start again")
-    left = _restarts_left()
-    if left and isinstance(err, (PeerFailedError, Terminated)):  # torchrun restarts after a failure, not a stop
+    left = 0 if dist is None or dist.launcher_died() else _restarts_left()
+    restarting = left > 0 and isinstance(err, PeerFailedError)  # torchrun restarts after a failure, not a stop
+    if restarting:
         kept = f"from the last saved state in {str(state_file)!r}" if state_file.exists() else "from the start"
-        hint = (f"torchrun starts the processes again ({left} restart(s) left) and they continue {kept}"
-                if isinstance(err, PeerFailedError) else
-                f"unless torchrun starts the processes again ({left} restart(s) left; it does after a failure), "
-                f"{hint}")
-    if isinstance(err, PeerFailedError):
-        why = str(err)
-    elif isinstance(err, Terminated):
-        why = "stopped by SIGTERM (torchrun stops every process when one of them fails or it is interrupted)"
-    else:
-        why = "interrupted"
+        hint = f"torchrun starts the processes again ({left} restart(s) left) and they continue {kept}"
+    elif left and isinstance(err, Terminated):
+        hint = f"unless torchrun starts the processes again ({left} restart(s) left; it does after a failure), {hint}"
+    why = _why_stopped(err, dist)
     message = f"{why} during epoch {epoch}; {hint}"
     if dist is not None and not dist.is_main:  # rank 0 says what was kept
         message = f"{_rank_prefix(dist)}{why} during epoch {epoch}"
-    stopped = click.ClickException(message) if isinstance(err, PeerFailedError) else Interrupted(message)
+    if isinstance(err, PeerFailedError):
+        stopped: click.ClickException = (_Restarting if restarting else click.ClickException)(message)
+    else:
+        stopped = Interrupted(message)  # (from here on a second Ctrl-C is ignored)
+        if dist is not None and not dist.is_main:
+            return click.exceptions.Exit(stopped.exit_code)
     stopped.this_rank = True  # this rank's own news: printed on every rank (see _on_rank)
     return stopped

@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from collections.abc import Callable
@@ -67,6 +68,19 @@ class Dist:
     rank: int
     world_size: int
     local_rank: int
+    launcher: int = 0  # the parent process at start (torchrun's agent): its pid
+
+    def launcher_died(self, within: float = 0.0) -> bool:
+        """The process that started this one is gone: this one was handed to another parent, now or `within`
+        seconds. (Linux sends the parent-death signal when the launcher's thread that started this process
+        exits, which can be a moment before its last thread does and this process changes parents.)"""
+        deadline = time.monotonic() + within
+        while True:
+            if self.launcher > 0 and os.getppid() != self.launcher:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     @property
     def is_main(self) -> bool:
@@ -146,6 +160,7 @@ def _die_with_launcher() -> None:
 
 def start() -> Dist:
     """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
+    launcher = os.getppid()
     _die_with_launcher()
     if TORCHRUN_ENV not in os.environ:  # started by hand or by another launcher: the wait would be silent
         print(f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: waiting for the other processes at "
@@ -160,11 +175,14 @@ def start() -> Dist:
                                   rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
 
     def terminated(signum: int, frame: Any) -> None:
+        # Once: the process is on its way out. (A killed launcher's death signal comes again each time this
+        # process passes to another of its dying threads.)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
     signal.signal(signal.SIGTERM, terminated)
     return Dist(rank=torch_dist.get_rank(), world_size=torch_dist.get_world_size(),
-                local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+                local_rank=int(os.environ.get("LOCAL_RANK", "0")), launcher=launcher)
 
 
 def stop() -> None:

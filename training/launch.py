@@ -36,6 +36,7 @@ MAX_RDZV_TIMEOUT_S = 24 * 3600
 MAX_NODES = 1024
 ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d{1,5}))?$")
 RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+USAGE_ERROR = 2  # click's exit status for usage mistakes
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read once, when torch loads
 ELASTIC_LOGGERS = "torch.distributed.elastic"
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for a worker
@@ -259,9 +260,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         rank, failure = err.get_first_failure()
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with status {failure.exitcode}")
-        raise click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every process of "
-                                   f"the run has stopped (any message of theirs is above); {_kept(state_file)}") \
-            from None
+        failed = click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every process "
+                                      f"of the run has stopped (any message of theirs is above); {_kept(state_file)}")
+        failed.exit_code = failure.exitcode if failure.exitcode == USAGE_ERROR else 1  # a usage mistake stays one
+        raise failed from None
     except SignalException as err:
         if err.sigval == signal.SIGTERM:
             raise Terminated(f"stopped by SIGTERM; every process of the run has stopped; {_kept(state_file)}") \
