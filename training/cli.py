@@ -315,9 +315,9 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
                             {**trainer.state_dict(), **job.extra_state}, force=force or resume,
                             vocabularies=job.vocabularies, meta=_distributed_meta(trainer.config, dist))
         except KeyboardInterrupt as err:
-            raise Interrupted(f"{_why_stopped(err, dist)} while writing the checkpoint after the last epoch; {str(out)!r} "
-                              f"was not written, the trained state is in {str(saved_state)!r}: rerun with --resume "
-                              "to write it") from None
+            raise Interrupted(f"{_why_stopped(err, dist)} while writing the checkpoint after the last epoch; "
+                              f"{str(out)!r} was not written, the trained state is in {str(saved_state)!r}: rerun "
+                              "with --resume to write it") from None
         clear_partial(out)
         if dist is not None:
             dist.broadcast(True)  # the checkpoint is written: the other ranks may leave
@@ -381,7 +381,6 @@ def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, fo
     return opts, kind, state
 
 
-USAGE_ERROR = 2  # click's exit status for usage mistakes
 PER_MACHINE_OPTIONS = ("threads", "quiet")  # may differ between the machines of one run
 
 
@@ -396,14 +395,14 @@ def _check_same_command(ctx: click.Context, dist: Any) -> None:
     if not differ:
         return
     if dist.local_rank != 0:
-        raise click.exceptions.Exit(USAGE_ERROR)
+        raise click.exceptions.Exit(click.UsageError.exit_code)
     rank, name = differ[0]
     theirs, main = everyone[rank][name], everyone[0][name]
     err = click.ClickException(
         f"{'' if dist.is_main else _rank_prefix(dist)}the processes of this run were started with different "
         f"options: {_option_name(ctx, name)} is {_shown(theirs)} on rank {rank} but {_shown(main)} on rank 0; "
         "run the same command on every machine; nothing was written")
-    err.exit_code = USAGE_ERROR  # a usage mistake, as on one machine
+    err.exit_code = click.UsageError.exit_code  # a usage mistake, as on one machine
     err.this_rank = True  # one line per machine
     raise err
 

@@ -56,7 +56,8 @@ def _peer_failed(err: RuntimeError) -> PeerFailedError | RuntimeError:
     text = str(err)
     if isinstance(err, getattr(torch_dist, "DistError", ())) or any(w in text for w in TRANSPORT_ERRORS):
         first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-        first = re.sub(r"^\[[^\]]*\.cc:\d+\]\s*", "", first).split(". This is typically")[0]  # gloo's source line, advice
+        first = re.sub(r"^\[[^\]]*\.cc:\d+\]\s*", "", first)  # gloo's source line
+        first = first.split(". This is typically")[0]  # and its advice
         return PeerFailedError(f"another process of the run stopped ({first[:200]})")
     return err
 
@@ -192,6 +193,11 @@ def stop() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+def is_main(dist: Dist | None) -> bool:
+    """One process, or rank 0 of a torchrun job: the process that shows progress and writes."""
+    return dist is None or dist.is_main
 
 
 def ddp_call(dist: Dist | None, call: Callable[..., Any], *args: Any) -> Any:

@@ -23,7 +23,7 @@ import click
 
 from runtime.cli import Interrupted
 
-from .cli_common import given
+from .cli_common import flag, given
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")
 MULTI_NODE_OPTIONS = ("rdzv_endpoint", "rdzv_id", "rdzv_timeout")  # meaningful with --nnodes > 1 only
@@ -36,7 +36,6 @@ MAX_RDZV_TIMEOUT_S = 24 * 3600
 MAX_NODES = 1024
 ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d{1,5}))?$")
 RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-USAGE_ERROR = 2  # click's exit status for usage mistakes
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read once, when torch loads
 ELASTIC_LOGGERS = "torch.distributed.elastic"
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for a worker
@@ -131,7 +130,7 @@ def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: boo
         extra = [name for name in LAUNCH_OPTIONS[1:] if launch[name] is not None]
         if extra:
             raise click.BadParameter("takes effect only with --nproc-per-node N (the processes per machine); add it",
-                                     ctx=ctx, param_hint=_hint(extra[0]))
+                                     ctx=ctx, param_hint=flag(extra[0]))
         return False
     if under_torchrun:
         raise click.BadParameter(f"this process was started by torchrun already (rank {os.environ.get('RANK')} of "
@@ -153,7 +152,7 @@ def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: boo
         given = [name for name in MULTI_NODE_OPTIONS if launch[name] is not None]
         if given:
             raise click.BadParameter("is for a run on several machines; pass --nnodes N (N > 1) too, or drop it to "
-                                     "train on this machine alone", ctx=ctx, param_hint=_hint(given[0]))
+                                     "train on this machine alone", ctx=ctx, param_hint=flag(given[0]))
         return True
     _check_resolvable(ctx, launch["rdzv_endpoint"])
     return True
@@ -178,10 +177,6 @@ def _check_resolvable(ctx: click.Context, endpoint: str) -> None:
         raise click.BadParameter(f"host {host!r} has no address this machine can find ({err}); expected the name or "
                                  "address of the machine hosting the rendezvous", ctx=ctx,
                                  param_hint="'--rdzv-endpoint'") from None
-
-
-def _hint(name: str) -> str:
-    return "'--" + name.replace("_", "-") + "'"
 
 
 def forwarded_args(ctx: click.Context) -> list[str]:
@@ -262,7 +257,7 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
                else f"exited with status {failure.exitcode}")
         failed = click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every process "
                                       f"of the run has stopped (any message of theirs is above); {_kept(state_file)}")
-        failed.exit_code = failure.exitcode if failure.exitcode == USAGE_ERROR else 1  # a usage mistake stays one
+        failed.exit_code = failure.exitcode if failure.exitcode == click.UsageError.exit_code else 1  # stays usage
         raise failed from None
     except SignalException as err:
         if err.sigval == signal.SIGTERM:

@@ -31,7 +31,7 @@ from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
-from .distributed import Dist, ddp_call, global_loss
+from .distributed import Dist, ddp_call, global_loss, is_main
 from .recurrent import sequence_loss
 from .token_base import TokenModel, torch_steps
 from .token_models import build_token_model
@@ -347,7 +347,7 @@ class TokenTrainer:
     def fit(self, on_epoch_end: Callable[[TokenTrainer], None] | None = None, progress: bool = True) -> History:
         """Train from the current epoch up to `config.epochs`, calling `on_epoch_end` after each."""
         bar = tqdm(range(self.epoch, self.config.epochs), initial=self.epoch, total=self.config.epochs,
-                   desc="train", unit="epoch", disable=not progress or (self.dist is not None and not self.dist.is_main))
+                   desc="train", unit="epoch", disable=not progress or not is_main(self.dist))
         try:
             for _ in bar:
                 loss = self.train_epoch()

@@ -23,7 +23,7 @@ from runtime.spec import ModelSpec
 
 from .build import build_model
 from .data import SeqData
-from .distributed import Dist, ddp_call, global_loss
+from .distributed import Dist, ddp_call, global_loss, is_main
 from .models import Attention, EncoderDecoder
 
 STATE_FORMAT_VERSION = 1
@@ -164,7 +164,7 @@ class Trainer:
     def fit(self, on_epoch_end: Callable[["Trainer"], None] | None = None, progress: bool = True) -> History:
         """Train from the current epoch up to `config.epochs`, calling `on_epoch_end` after each."""
         bar = tqdm(range(self.epoch, self.config.epochs), initial=self.epoch, total=self.config.epochs,
-                   desc="train", unit="epoch", disable=not progress or (self.dist is not None and not self.dist.is_main))
+                   desc="train", unit="epoch", disable=not progress or not is_main(self.dist))
         for _ in bar:
             train_loss = self.train_epoch()
             val_loss = evaluate(self.model, self.val_data, self.dist)
