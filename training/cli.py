@@ -509,6 +509,9 @@ def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> Bas
     than 0 says it only for a lost peer (which rank saw what); stopped by the user, it exits quietly."""
     from .distributed import PeerFailedError, Terminated
 
+    if dist is not None and not dist.is_main and not isinstance(err, PeerFailedError):
+        return click.exceptions.Exit(Interrupted("").exit_code)  # (Interrupted: from here on Ctrl-C is ignored)
+    why = _why_stopped(err, dist)  # (first: it waits a moment to tell a dead launcher from torchrun's stop)
     hint = (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue"
             if state_file.exists() else "no state was saved yet; rerun to start again")
     left = 0 if dist is None or dist.launcher_died() else _restarts_left()
@@ -518,7 +521,6 @@ def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> Bas
         hint = f"torchrun starts the processes again ({left} restart(s) left) and they continue {kept}"
     elif left and isinstance(err, Terminated):
         hint = f"unless torchrun starts the processes again ({left} restart(s) left; it does after a failure), {hint}"
-    why = _why_stopped(err, dist)
     message = f"{why} during epoch {epoch}; {hint}"
     if dist is not None and not dist.is_main:  # rank 0 says what was kept
         message = f"{_rank_prefix(dist)}{why} during epoch {epoch}"
@@ -526,7 +528,5 @@ def _stopped(err: BaseException, epoch: int, state_file: Path, dist: Any) -> Bas
         stopped: click.ClickException = (_Restarting if restarting else click.ClickException)(message)
     else:
         stopped = Interrupted(message)  # (from here on a second Ctrl-C is ignored)
-        if dist is not None and not dist.is_main:
-            return click.exceptions.Exit(stopped.exit_code)
     stopped.this_rank = True  # this rank's own news: printed on every rank (see _on_rank)
     return stopped
