@@ -88,40 +88,31 @@ class Dist:
         """Rank 0: the one that reads resume state, shows progress and writes files."""
         return self.rank == 0
 
+    def talk(self, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(*args)`, a call in which this rank talks to the others: a collective, the DDP-wrapped module's
+        forward (which broadcasts rank 0's buffers) or the loss's backward (which averages gradients)."""
+        try:
+            return call(*args)
+        except RuntimeError as err:
+            raise _peer_failed(err) from None
+
     def all_sum(self, *values: float) -> list[float]:
         """Each value summed over all ranks (float64)."""
         total = torch.tensor(values, dtype=torch.float64)  # (K,)
-        try:
-            torch_dist.all_reduce(total)
-        except RuntimeError as err:
-            raise _peer_failed(err) from None
+        self.talk(torch_dist.all_reduce, total)
         return total.tolist()
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (pickled), in rank order, on every rank."""
         values: list[Any] = [None] * self.world_size
-        try:
-            torch_dist.all_gather_object(values, value)
-        except RuntimeError as err:
-            raise _peer_failed(err) from None
+        self.talk(torch_dist.all_gather_object, values, value)
         return values
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's `value` on every rank (pickled; other ranks pass anything)."""
         box = [value]
-        try:
-            torch_dist.broadcast_object_list(box, src=0)
-        except RuntimeError as err:
-            raise _peer_failed(err) from None
+        self.talk(torch_dist.broadcast_object_list, box, 0)  # (src=0)
         return box[0]
-
-    def talk(self, call: Callable[..., Any], *args: Any) -> Any:
-        """`call(*args)`, a call in which DDP talks to the other ranks: the wrapped module's forward (which
-        broadcasts rank 0's buffers) or the loss's backward (which averages gradients)."""
-        try:
-            return call(*args)
-        except RuntimeError as err:
-            raise _peer_failed(err) from None
 
     def shard(self, n: int, seed: int, epoch: int) -> torch.Tensor:
         """This rank's row indices for `epoch`: DistributedSampler's shuffled share of range(n), padded so every

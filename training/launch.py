@@ -46,7 +46,7 @@ def launched() -> bool:
     return all(name in os.environ for name in LAUNCH_ENV)
 
 
-class Terminated(Interrupted):
+class StoppedBySigterm(Interrupted):
     """The launcher stopped by SIGTERM (a service manager, `kill`): exit 143, as a shell reports a process that
     SIGTERM ended, with the same line saying what was kept."""
 
@@ -217,8 +217,8 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
            quieted: bool = False) -> None:
     """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line.
     `quieted`: `quiet_launcher` set the C++ log level of this process, not to be passed on to the ranks."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.run import parse_args, run
@@ -232,19 +232,20 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
             logging.getLogger(name).setLevel(logging.CRITICAL)
     per_rank = threads if threads is not None else max(1, max_threads() // launch["nproc_per_node"])
     os.environ.setdefault("OMP_NUM_THREADS", str(per_rank))  # what torchrun would set (to 1), said once, no warning
-    nodes = launch["nnodes"] or 1
+    nodes, endpoint, wait_s = launch["nnodes"] or 1, launch["rdzv_endpoint"], launch["rdzv_timeout"]
+    wait_s = wait_s or DEFAULT_RDZV_TIMEOUT_S
     if nodes > 1:
-        click.echo(f"waiting for {nodes} machines to join the rendezvous at {launch['rdzv_endpoint']} (up to "
-                   f"{launch['rdzv_timeout'] or DEFAULT_RDZV_TIMEOUT_S} s; the same command must run on each)",
-                   err=True)
+        click.echo(f"waiting for {nodes} machines to join the rendezvous at {endpoint} (up to {wait_s} s; the same "
+                   "command must run on each)", err=True)
+    all_stopped = f"every process of the run has stopped; {_kept(state_file)}"
     try:
         run(parse_args(torchrun_args(launch, forwarded_args(ctx))))
     except RendezvousTimeoutError:
-        raise click.ClickException(f"not all {nodes} machines joined the rendezvous at {launch['rdzv_endpoint']} "
-                                   f"within {launch['rdzv_timeout'] or DEFAULT_RDZV_TIMEOUT_S} s; start the same "
-                                   f"command on each (--rdzv-timeout waits longer); {_kept(state_file)}") from None
+        raise click.ClickException(f"not all {nodes} machines joined the rendezvous at {endpoint} within {wait_s} s; "
+                                   "start the same command on each (--rdzv-timeout waits longer); "
+                                   f"{_kept(state_file)}") from None
     except (RendezvousError, DistError) as err:  # the rendezvous host is unreachable, or went away
-        raise click.ClickException(f"the rendezvous at {launch['rdzv_endpoint']} failed: {_first_line(err)}; "
+        raise click.ClickException(f"the rendezvous at {endpoint} failed: {_first_line(err)}; "
                                    f"{_kept(state_file)}") from None
     except ChildFailedError as err:
         main = err.failures.get(0)
@@ -261,11 +262,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         raise failed from None
     except SignalException as err:
         if err.sigval == signal.SIGTERM:
-            raise Terminated(f"stopped by SIGTERM; every process of the run has stopped; {_kept(state_file)}") \
-                from None
-        raise Interrupted(f"interrupted; every process of the run has stopped; {_kept(state_file)}") from None
+            raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped}") from None
+        raise Interrupted(f"interrupted; {all_stopped}") from None
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; every process of the run has stopped; {_kept(state_file)}") from None
+        raise Interrupted(f"interrupted; {all_stopped}") from None
 
 
 def _first_line(err: BaseException) -> str:
