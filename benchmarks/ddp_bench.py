@@ -75,7 +75,7 @@ def run_worker(threads: int, batch_size: int, steps: int, warmup: int, out: Path
     """Time `steps` training steps after `warmup` ones; rank 0 (or the only process) writes the figures to `out`."""
     import torch
 
-    from training.distributed import start, stop
+    from training.distributed import leave, start, stop
     from training.launch import launched
 
     torch.set_num_threads(threads)
@@ -116,9 +116,11 @@ def run_worker(threads: int, batch_size: int, steps: int, warmup: int, out: Path
             figures["samples"] = rows
         if dist is None or dist.is_main:
             out.write_text(json.dumps(figures))
+        if dist is not None:
+            leave(dist)
     finally:
         if dist is not None:
-            stop()
+            stop()  # on an error: at once (after `leave`, nothing is left to do)
 
 
 def run_config(procs: int, threads: int, batch_size: int, steps: int, warmup: int, tmp: Path) -> dict[str, Any]:

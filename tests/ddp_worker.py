@@ -73,7 +73,7 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
 def main(path: str) -> None:
     import torch.distributed as torch_dist
 
-    from training.distributed import start, stop
+    from training.distributed import leave, start
 
     dist = start()
     torch.set_default_dtype(torch.float64)
@@ -94,7 +94,7 @@ def main(path: str) -> None:
         record[name] = {"steps": steps, "batches": len(batches), "validation": validate(trainer, dist)}
     if dist.is_main:
         torch.save(record, path)
-    stop()
+    leave(dist)  # rank 1 comes at once, rank 0 after its save
 
 
 if __name__ == "__main__":

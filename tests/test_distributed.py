@@ -3,6 +3,7 @@
   ranks' rows at once, with the same globally reduced step losses and validation figures;
 - `seq2onnx train --nproc-per-node 2` writes the same checkpoint files as one process, which export (parity),
   verify and infer take as they are, and which a single process resumes;
+- ranks that leave at different times exit cleanly, having met (a rank that never comes is named);
 - a killed rank stops every rank at once with a clear message, keeps the last saved state, and --resume completes;
   Ctrl-C stops every rank with exit 130;
 - two launchers meeting at a c10d rendezvous on 127.0.0.1 (two "nodes": `seq2onnx train --nnodes 2` and the
@@ -259,6 +260,43 @@ def test_one_process_resumes_a_two_process_checkpoint(ddp_checkpoint: Any, tmp_p
     after = json.loads((copy / "history.json").read_text())
     assert {k: v[:3] for k, v in after.items()} == before and len(after["train_loss"]) == 4
     assert "distributed" not in json.loads((copy / "spec.json").read_text())
+
+
+# ---- leaving ----------------------------------------------------------------------------------------------
+
+def leave_worker(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """tests/ddp_leave_worker.py under torchrun, 2 ranks."""
+    worker = Path(__file__).with_name("ddp_leave_worker.py")
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker),
+                *args], cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_a_rank_that_leaves_while_its_gloo_worker_lags_exits_cleanly(tmp_path: Path) -> None:
+    """The exit race opened on purpose: rank 1's gloo worker starved (it runs only while rank 1's main thread
+    waits) and rank 0 two seconds late. Leaving without waiting for the worker, rank 1 aborts at interpreter
+    shutdown ('terminate called without an active exception'); `leave` waits for it, and for rank 0."""
+    result = leave_worker("--starve-rank", "1", "--lag-rank", "0", "--lag", "2", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "terminate called" not in output and "exitcode" not in output, output[-3000:]
+    assert "rank 0 left" in output and "rank 1 left" in output
+    # what makes the wait sufficient: one worker, which drops each collective before it takes the next
+    assert "rank 0: gloo workers 1" in output and "rank 1: gloo workers 1" in output
+
+
+def test_a_rank_gone_before_the_end_is_named_by_the_others(tmp_path: Path) -> None:
+    result = leave_worker("--ending", "vanish", cwd=tmp_path)
+    assert "rank 0: rank 1 of 2 stopped before the end of the run (" in result.stdout, result.stdout + result.stderr
+    assert "terminate called" not in result.stderr
+
+
+def test_a_rank_that_never_comes_is_named_when_the_wait_runs_out(tmp_path: Path) -> None:
+    begun = time.monotonic()
+    result = leave_worker("--ending", "stuck", "--timeout", "1.5", cwd=tmp_path)
+    expected = "rank 0: rank 1 of 2 did not reach the end of the run within 1.5 s ("
+    assert expected in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0
+    assert time.monotonic() - begun < 45  # the stuck rank sleeps 60 s: torchrun stopped it when rank 0 failed
 
 
 # ---- failures ---------------------------------------------------------------------------------------------

@@ -307,6 +307,7 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
         _fit(job, saved_state, save_every, quiet, dist)
         if dist is not None and not dist.is_main:
             _wait_for_the_checkpoint(dist)  # leaving first, a rank could end the run while rank 0 writes
+            _leave_together(dist, out)
             if other_machine:
                 click.echo(f"training finished on this machine; rank 0 wrote {str(out)!r} on its machine")
             return
@@ -323,6 +324,8 @@ def _run(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, r
             dist.broadcast(True)  # the checkpoint is written: the other ranks may leave
     click.echo(f"checkpoint written to {out}")
     try:
+        if dist is not None:
+            _leave_together(dist, out)  # the report needs no other rank
         job.report()
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted after {str(out)!r} was written; only the accuracy report was "
@@ -338,6 +341,19 @@ def _wait_for_the_checkpoint(dist: Any) -> None:
     except PeerFailedError as err:
         stopped = click.ClickException(f"{_rank_prefix(dist)}{err} after the last epoch, while rank 0 wrote the "
                                        "checkpoint")
+        stopped.this_rank = True
+        raise stopped from None
+
+
+def _leave_together(dist: Any, out: Path) -> None:
+    """Every rank, once the checkpoint is written: leave the job with the others (`distributed.leave`)."""
+    from .distributed import PeerFailedError, leave
+
+    try:
+        leave(dist)
+    except PeerFailedError as err:
+        prefix = "" if dist.is_main else _rank_prefix(dist)
+        stopped = click.ClickException(f"{prefix}{err}, after {str(out)!r} was written")
         stopped.this_rank = True
         raise stopped from None
 

@@ -12,7 +12,8 @@ What each rank does, and why:
 - the losses and validation counts the progress bar and the history show are all-reduced, so rank 0 reports the
   global figures; only rank 0 writes anything.
 
-Training runs on CPUs here, so the backend is gloo (nccl needs CUDA tensors).
+Training runs on CPUs here, so the backend is gloo (nccl needs CUDA tensors), with one worker thread; and a run
+ends with `leave`, where the ranks meet before the process group goes (why both: `_one_worker_gloo`).
 """
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -31,13 +32,20 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-BACKEND = "gloo"
+BACKEND = "gloo"  # the transport, as spec.json records it
+GLOO_ONE_WORKER = "seq2onnx_gloo"  # gloo with one worker thread, registered under this name by `start`
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # the network interfaces gloo binds, as torch's own gloo reads them
 # How long a collective waits for a rank that is alive but silent (a dead one is noticed at once: its sockets
 # close). Rank 0 saves the training state between collectives, so this must exceed the slowest save.
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun for the processes it starts
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often it has started the processes again
+# How long `leave` waits for the other ranks: a rank-0-only step at the end of a run (a save, a report) fits;
+# a dead rank is noticed at once (its sockets close), a stuck one is named when this runs out.
+LEAVE_TIMEOUT = timedelta(minutes=5)
+LEAVE_POLL_S = 0.05  # while meeting, the main thread wakes this often, so SIGTERM and Ctrl-C still land
+LEFT_KEY = "left"  # store key `left/<rank>`: this rank has come to `leave`
 # Words in the errors gloo raises when a peer's connection breaks.
 TRANSPORT_ERRORS = ("gloo", "Connection", "connection", "peer")
 
@@ -51,14 +59,18 @@ class Terminated(KeyboardInterrupt):
     so the Ctrl-C handling (say what was saved, leave nothing half-written) covers it too."""
 
 
+def _first_line(err: Exception) -> str:
+    """The first line of a gloo/c10d error, without gloo's source location and advice."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    first = re.sub(r"^\[[^\]]*\.cc:\d+\]\s*", "", first)
+    return first.split(". This is typically")[0][:200]
+
+
 def _peer_failed(err: RuntimeError) -> PeerFailedError | RuntimeError:
     """A transport error as PeerFailedError (its first line); anything else unchanged."""
-    text = str(err)
-    if isinstance(err, getattr(torch_dist, "DistError", ())) or any(w in text for w in TRANSPORT_ERRORS):
-        first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-        first = re.sub(r"^\[[^\]]*\.cc:\d+\]\s*", "", first)  # gloo's source line
-        first = first.split(". This is typically")[0]  # and its advice
-        return PeerFailedError(f"another process of the run stopped ({first[:200]})")
+    if isinstance(err, getattr(torch_dist, "DistError", ())) or any(w in str(err) for w in TRANSPORT_ERRORS):
+        return PeerFailedError(f"another process of the run stopped ({_first_line(err)})")
     return err
 
 
@@ -70,6 +82,7 @@ class Dist:
     world_size: int
     local_rank: int
     launcher: int = 0  # the parent process at start (torchrun's agent): its pid
+    store: Any = field(default=None, compare=False, repr=False)  # the job's key-value store (this attempt's keys)
 
     def launcher_died(self, within: float = 0.0) -> bool:
         """The process that started this one is gone: this one was handed to another parent, now or `within`
@@ -150,6 +163,35 @@ def _die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _one_worker_gloo(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """torch's gloo backend with one worker thread, where torch's default group gets two and no option to change it.
+
+    Why: a gloo worker runs a collective, wakes the caller, and only then drops its own reference to the
+    collective. That frees Python objects (tensors made in Python; the context torch stashes for the length of a
+    backward pass, which DDP's gradient all-reduce captures), so the worker takes the GIL. When the caller has
+    reached interpreter shutdown by then (a rank that leaves right after its last collective), CPython ends the
+    worker with pthread_exit, whose unwinding through a noexcept destructor calls std::terminate: SIGABRT,
+    'terminate called without an active exception'. With one worker the queue runs in order and each collective
+    is dropped before the next is taken, so a collective that completes proves every earlier one dropped: the
+    barrier in `leave`. Two workers let two DDP gradient buckets travel at once, which bought nothing measurable
+    (benchmarks/ddp_bench.py, 2 processes, samples/s with one worker vs two: the default model, one bucket, 4577
+    vs 4435; hidden 512, 13.7 MiB of gradients in several buckets, 682 vs 694)."""
+    gloo = torch_dist.ProcessGroupGloo
+    interfaces = [name for name in os.environ.get(GLOO_SOCKET_IFNAME, "").split(",") if name]
+    options = gloo._Options()
+    options._devices = ([gloo.create_device(interface=name) for name in interfaces] if interfaces
+                        else [gloo.create_default_device()])
+    options._timeout = timeout
+    options._threads = 1
+    return gloo(store, rank, size, options)
+
+
+def _register_backend() -> None:
+    """Make GLOO_ONE_WORKER a backend `init_process_group` knows (once per process)."""
+    if not hasattr(torch_dist.Backend, GLOO_ONE_WORKER.upper()):
+        torch_dist.Backend.register_backend(GLOO_ONE_WORKER, _one_worker_gloo, devices=["cpu"])
+
+
 def start() -> Dist:
     """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
     launcher = os.getppid()
@@ -163,8 +205,10 @@ def start() -> Dist:
     # per attempt keeps each attempt to its own keys.
     store, rank, world_size = next(torch_dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
     attempt = os.environ.get(RESTART_ENV, "0")
-    torch_dist.init_process_group(BACKEND, store=torch_dist.PrefixStore(f"seq2onnx/attempt-{attempt}", store),
-                                  rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    store = torch_dist.PrefixStore(f"seq2onnx/attempt-{attempt}", store)
+    _register_backend()
+    torch_dist.init_process_group(GLOO_ONE_WORKER, store=store, rank=rank, world_size=world_size,
+                                  timeout=COLLECTIVE_TIMEOUT)
 
     def terminated(signum: int, frame: Any) -> None:
         # Once: the process is on its way out. (A killed launcher's death signal comes again each time this
@@ -174,13 +218,51 @@ def start() -> Dist:
 
     signal.signal(signal.SIGTERM, terminated)
     return Dist(rank=torch_dist.get_rank(), world_size=torch_dist.get_world_size(),
-                local_rank=int(os.environ.get("LOCAL_RANK", "0")), launcher=launcher)
+                local_rank=int(os.environ.get("LOCAL_RANK", "0")), launcher=launcher, store=store)
+
+
+def leave(dist: Dist, timeout: timedelta = LEAVE_TIMEOUT) -> None:
+    """The end of a run, on every rank: wait (at most `timeout`) until every rank has come here, which also lets
+    this process's gloo worker drop every earlier collective (`_one_worker_gloo`), then leave the job. A rank
+    that died or never came is named in a PeerFailedError; the process group is gone either way. A rank leaving
+    on an error calls `stop` instead: its peers may be inside another collective, which a barrier would meet."""
+    started = time.monotonic()
+    try:
+        if dist.store is not None:
+            dist.store.set(f"{LEFT_KEY}/{dist.rank}", "1")
+        options = torch_dist.BarrierOptions()
+        options.timeout = timeout
+        work = torch_dist.group.WORLD.barrier(options)
+        while not work.is_completed():
+            time.sleep(LEAVE_POLL_S)  # the GIL free for the worker, which drops earlier collectives first
+        work.wait()  # raises the barrier's error: a peer gone, or the timeout
+    except RuntimeError as err:
+        waited = timeout if time.monotonic() - started >= timeout.total_seconds() else None
+        raise _absent(dist, err, waited) from None
+    finally:
+        stop()
+
+
+def _absent(dist: Dist, err: RuntimeError, waited: timedelta | None) -> PeerFailedError:
+    """Why `leave`'s meeting failed (`waited`: it ran out of time), naming the ranks that never came (from the
+    store, when it still answers)."""
+    try:
+        missing = [r for r in range(dist.world_size) if not dist.store.check([f"{LEFT_KEY}/{r}"])]
+    except (RuntimeError, AttributeError):  # its host (torchrun's agent) is gone too, or no store at all
+        missing = []
+    if not missing:
+        return PeerFailedError(f"another process of the run stopped while the processes were leaving "
+                               f"({_first_line(err)})")
+    who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
+    what = ("stopped before the end of the run" if waited is None
+            else f"did not reach the end of the run within {waited.total_seconds():g} s")
+    return PeerFailedError(f"{who} of {dist.world_size} {what} ({_first_line(err)})")
 
 
 def stop() -> None:
-    """Leave the job (after the last collective). A SIGTERM from here on (torchrun stopping the others after this
-    rank failed) is ignored: the process is on its way out, its message said, and raising in its exit handlers
-    would only print a traceback."""
+    """Leave the job now, without meeting the others (a rank stopping on an error; `leave` ends a run). A SIGTERM
+    from here on (torchrun stopping the others after this rank failed) is ignored: the process is on its way out,
+    its message said, and raising in its exit handlers would only print a traceback."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
