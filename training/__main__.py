@@ -1,8 +1,32 @@
 """`python -m training ARGS` is `seq2onnx train ARGS`: the entry point torchrun starts on every rank, e.g.
-`torchrun --standalone --nproc-per-node 2 -m training --data reverse --out ckpt`."""
+`torchrun --standalone --nproc-per-node 2 -m training --data reverse --out ckpt`.
+
+A rank ends with `os._exit` once its output is flushed, whatever its status, instead of through interpreter
+shutdown: gloo's worker may still be dropping the rank's last collective, which takes the GIL, and CPython ends a
+thread that asks for it during shutdown in a way that aborts the process (see training.distributed). A run that
+ends normally has met the other ranks first (`leave`), which settles that; a rank that stops on an error leaves
+at once, so this is what keeps its status and its one-line message.
+"""
+import os
 import sys
 
 from runtime.cli import entry
 
+
+def run(args: list[str]) -> int:
+    """`seq2onnx train ARGS`; its exit status."""
+    try:
+        entry(["train", *args])
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    entry(["train", *sys.argv[1:]])
+    status = run(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
