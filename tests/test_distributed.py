@@ -522,6 +522,23 @@ def test_every_option_reaches_the_ranks_as_given() -> None:
                                           "-m", "training"]
 
 
+@pytest.mark.parametrize("failures, root", [
+    # a killed rank and rank 0's own exit on losing it, seen by torchrun in one poll (one whole second)
+    ({0: (1, 100), 1: (-signal.SIGKILL, 100)}, 1),
+    # a rank that failed on its own, and rank 0 stopped by torchrun's SIGTERM: the earliest
+    ({0: (-signal.SIGTERM, 101), 1: (1, 100)}, 1),
+    ({0: (1, 100), 1: (2, 100)}, 0),  # ties without a signal: the lowest rank
+])
+def test_the_launcher_names_the_failure_that_stopped_the_run(failures: dict[int, tuple[int, int]],
+                                                              root: int) -> None:
+    from types import SimpleNamespace
+
+    from training.launch import _root_failure
+
+    given = {rank: SimpleNamespace(exitcode=code, timestamp=stamp) for rank, (code, stamp) in failures.items()}
+    assert _root_failure(given) == (root, given[root])
+
+
 def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "1"}

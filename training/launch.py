@@ -253,7 +253,7 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
             # Rank 0 ran here and said what went wrong (a usage or data error, a lost peer, and what was kept);
             # the other ranks ended with it. Its status is the run's, without a second message.
             raise click.exceptions.Exit(main.exitcode) from None
-        rank, failure = err.get_first_failure()
+        rank, failure = _root_failure(err.failures)
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with status {failure.exitcode}")
         failed = click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every process "
@@ -266,6 +266,16 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         raise Interrupted(f"interrupted; {all_stopped}") from None
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; {all_stopped}") from None
+
+
+def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """(rank, failure) that stopped the run: a rank killed by a signal other than the SIGTERM torchrun sends the
+    ranks it stops, else the earliest. torchrun's own choice, the earliest, reads whole-second timestamps: a rank
+    that exited on its own right after a killed peer (having said so) ties with it, and wins by rank order."""
+    killed = {rank: f for rank, f in failures.items() if f.exitcode < 0 and -f.exitcode != signal.SIGTERM}
+    candidates = killed or failures
+    rank = min(candidates, key=lambda r: (candidates[r].timestamp, r))
+    return rank, candidates[rank]
 
 
 def _first_line(err: BaseException) -> str:
