@@ -8,7 +8,7 @@ its gloo worker threads under SCHED_IDLE, so they get the CPU only while every o
 A finished collective is then still being dropped by its worker (which takes the GIL) when the main thread has
 reached interpreter shutdown, unless the rank waited for it. --lag-rank makes the other rank come late.
 --ending: how rank 1 ends (rank 0 always calls `leave`): `leave`, `stop` (leave without meeting; rank 0 too),
-`vanish` (exit 0 without leaving: gone before the end of the run), `stuck` (sleep 60 s before leaving).
+`vanish` (exit 0 without leaving: gone before the end of the run), `stuck` (sleep 10 minutes before leaving).
 Each rank prints `rank R: gloo workers N` after its first collective, `rank R left` once it has left, and on a failed meeting
 `rank R: <message>` and exit status 3.
 """
@@ -80,7 +80,7 @@ def main() -> None:
     if ending == "vanish":
         os._exit(0)
     if ending == "stuck":
-        time.sleep(60)
+        time.sleep(600)
     try:
         if ending == "stop":
             stop()
