@@ -507,7 +507,10 @@ def test_interrupting_the_rendezvous_host_stops_the_other_machine_with_one_line(
     assert other.proc.wait(STOP_WITHIN_S) == 1, other.output()
     wait_for(lambda: host.all_gone() and other.all_gone(), 10, "every process of both machines to exit")
     said = other.output()
-    assert "Error: rank 1: another process of the run stopped" in said
+    # Which notices first: rank 1, its gloo connection to rank 0 closed, or its launcher, the rendezvous store
+    # (held by the host's launcher) gone. Under load either can; both say it in one line, with what was kept.
+    assert ("Error: rank 1: another process of the run stopped" in said
+            or f"Error: the rendezvous at {endpoint} failed: " in said), said
     assert "Traceback" not in said and "frame #" not in said and "Exception raised from" not in said
     assert len(said.splitlines()) <= 4, said  # the wait notice, rank 1's line, the launcher's line (+ torchrun's)
     assert load_train_state(partial_dir(tmp_path / "ckpt") / CHECKPOINT_STATE_FILE)["epoch"] >= 1
