@@ -56,10 +56,9 @@ ALL_REDUCE_REPEATS = 50
 
 def build_trainer(batch_size: int, dist: Any) -> Any:
     """A TokenTrainer with `seq2onnx train`'s recurrent defaults on the reverse set (per-process `batch_size`)."""
+    from runtime.defaults import SPEC_OPTIONS, arch_defaults
     from runtime.vocab import Vocabulary
-    from training.cli_common import arch_defaults
     from training.text_data import TOKENIZER_OF, load_text_dataset
-    from training.token_cli import SPEC_OPTIONS
     from training.token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
     opts = {**arch_defaults("recurrent", DATA), "arch": "recurrent", "attention": "dot", "batch_size": batch_size}
@@ -76,7 +75,7 @@ def run_worker(threads: int, batch_size: int, steps: int, warmup: int, out: Path
     import torch
 
     from training.distributed import leave, start, stop
-    from training.launch import launched
+    from training.torchrun import launched
 
     torch.set_num_threads(threads)
     dist = start() if launched() else None

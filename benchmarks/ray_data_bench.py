@@ -43,7 +43,7 @@ def in_process(model_dir: Path, texts: list[str], threads: int, batch_size: int)
 
     def run() -> int:
         records = TokenRun(model, GREEDY, batch_size, False, False).records(
-            (Item(i, text, "") for i, text in enumerate(texts)), False)
+            (Item(i, text, "") for i, text in enumerate(texts)))
         return sum(1 for doc in records if json.dumps(doc))
     return run
 

@@ -11,6 +11,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -95,15 +96,15 @@ def main() -> None:
             print(f"{'batch':>5} {'src':>4} {'tgt':>4} {'onnxruntime ms':>15} {'torch ms':>9} {'torch/ort':>9}")
             for n, ls, lt in ((1, 2, 2), (1, 50, 20), (64, 50, 20), (256, 100, 20)):
                 source = np.random.default_rng(1).normal(size=(n, ls, 2)).astype(np.float32)
-                t_ort = median_ms(lambda: runtime.predict(source, lt), args.repeats)
+                t_ort = median_ms(partial(runtime.predict, source, lt), args.repeats)
                 src_t = torch.from_numpy(source)
-                t_pt = median_ms(lambda: reference_decode(model, src_t, lt), args.repeats)
+                t_pt = median_ms(partial(reference_decode, model, src_t, lt), args.repeats)
                 print(f"{n:>5} {ls:>4} {lt:>4} {t_ort:>15.3f} {t_pt:>9.3f} {t_pt / t_ort:>8.2f}x")
             print(f"{'batch':>5} {'src':>4} {'step, keys precomputed ms':>26} {'step, keys projected ms':>24} {'ratio':>6}")
             for n, ls in ((1, 50), (64, 50), (256, 100)):
                 fast, fast_feed, slow, slow_feed = step_sessions(model, spec, out, n, ls)
-                t_fast = median_ms(lambda: fast.run(None, fast_feed), args.repeats * 3)
-                t_slow = median_ms(lambda: slow.run(None, slow_feed), args.repeats * 3)
+                t_fast = median_ms(partial(fast.run, None, fast_feed), args.repeats * 3)
+                t_slow = median_ms(partial(slow.run, None, slow_feed), args.repeats * 3)
                 print(f"{n:>5} {ls:>4} {t_fast:>26.3f} {t_slow:>24.3f} {t_slow / t_fast:>5.2f}x")
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import resource
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click

@@ -2,7 +2,7 @@
 
     python benchmarks/token_train_bench.py [--arch recurrent|transformer] [--data reverse] [--epochs N] ...
 
-Options left out take `seq2onnx train`'s defaults for the arch and data set (training.cli_common): recurrent is a
+Options left out take `seq2onnx train`'s defaults for the arch and data set (runtime.defaults): recurrent is a
 GRU, hidden 128, embedding 32, bidirectional encoder, dot attention, 12 epochs of Adam at 3e-3 decayed x0.8 per
 epoch, batch 64, clip 1.0; the transformer's are TRANSFORMER_DEFAULTS and DATASET_DEFAULTS['transformer'].
 Validation after every epoch is greedy decoding of the test set (never trained on; no epoch is chosen by it:
@@ -18,11 +18,22 @@ from typing import Any
 import click
 import torch
 
+from runtime.defaults import arch_defaults
 from runtime.spec import ARCHS, NORMS, POSITIONALS
 from runtime.vocab import Vocabulary
-from training.cli_common import arch_defaults
-from training.text_data import ACCURACY_TARGETS, BUILTIN_LOADERS, REVERSE, TOKENIZER_OF, load_text_dataset
-from training.token_trainer import TokenTrainConfig, TokenTrainer, evaluate_tokens, spec_for_text
+from training.text_data import (
+    ACCURACY_TARGETS,
+    BUILTIN_LOADERS,
+    REVERSE,
+    TOKENIZER_OF,
+    load_text_dataset,
+)
+from training.token_trainer import (
+    TokenTrainConfig,
+    TokenTrainer,
+    evaluate_tokens,
+    spec_for_text,
+)
 
 TARGET_SECONDS = {"recurrent": 120.0, "transformer": 180.0}  # to the set's target, on 2 idle CPU threads
 SPEC_OPTIONS = ("hidden_dim", "embedding_dim", "cell", "attention", "bidirectional", "layers", "reverse_source",

@@ -30,7 +30,7 @@ from runtime.contract import CHECKPOINT_STATE_FILE
 from training.build import build_model
 from training.checkpoint import partial_dir, save_checkpoint, save_train_state
 from training.data import SeqData, describe_dataset, squares
-from training.trainer import Trainer, TrainConfig, evaluate, spec_for_data
+from training.trainer import TrainConfig, Trainer, evaluate, spec_for_data
 
 TARGET_RATIO = 1.5
 Weights = dict[str, torch.Tensor]

@@ -40,9 +40,22 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from export.graphs import DEFAULT_OPSET, EXAMPLE_BATCH, EXAMPLE_LENGTHS, EXAMPLE_SOURCE_LEN, dynamic_axes, export_graphs
+from export.graphs import (
+    EXAMPLE_BATCH,
+    EXAMPLE_LENGTHS,
+    EXAMPLE_SOURCE_LEN,
+    dynamic_axes,
+    export_graphs,
+)
 from runtime.binding import SessionRunner
-from runtime.contract import BATCH, DECODER_STEP_FILE, ENCODER_FILE, SOURCE_LEN, graph_io
+from runtime.contract import (
+    BATCH,
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    SOURCE_LEN,
+    graph_io,
+)
+from runtime.defaults import DEFAULT_OPSET
 from runtime.sessions import open_session
 from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
 from runtime.token_steps import TokenSteps

@@ -8,24 +8,32 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from runtime.atomic import STAGING_SUFFIX, sibling, staged_directory
 from runtime.contract import GREEDY_FILE, VOCAB_FILES
+from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, QUANTIZATIONS
+from runtime.destination import normalized
 from runtime.model import Seq2Seq
-from runtime.vocab import Vocabulary
 from runtime.spec import ModelSpec
-from training.atomic import STAGING_SUFFIX, sibling, staged_directory
+from runtime.vocab import Vocabulary
 from training.build import spec_from_model
-from training.destination import normalized
 from training.models import EncoderDecoder
 from training.token_base import TokenModel
 
 from .atomic import check_destination
 from .errors import ExportError
-from .token_parity import run_token_parity
-from .graphs import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, export_graphs, export_greedy
+from .graphs import MAX_OPSET, MIN_OPSET, export_graphs, export_greedy
 from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, matrix_cases, raise_on_failure, report, run_parity
-from .quality import QualityError, QualityRow, QualityTolerance, failures, quality_report, quality_summary
-from .quantize import DTYPES, FP32, QUANTIZATIONS, check_loads, convert_graphs, precision_entry
+from .quality import (
+    QualityError,
+    QualityRow,
+    QualityTolerance,
+    failures,
+    quality_report,
+    quality_summary,
+)
+from .quantize import check_loads, convert_graphs, precision_entry
+from .token_parity import run_token_parity
 
 
 class QualityLossWarning(UserWarning):

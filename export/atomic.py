@@ -3,8 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, GREEDY_FILE, MANIFEST_FILE, VOCAB_FILES
-from training.destination import check_destination as check_writable
+from runtime.contract import (
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    GREEDY_FILE,
+    MANIFEST_FILE,
+    VOCAB_FILES,
+)
+from runtime.destination import check_destination as check_writable
 
 EXPORT_FILES = frozenset({MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, GREEDY_FILE, *VOCAB_FILES.values()})
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import click
 import torch
 
 from runtime.bench import Cell, Inputs
@@ -26,7 +25,7 @@ from training.checkpoint import load_checkpoint
 from training.decode import reference_decode
 from training.token_base import TensorState, TokenModel, torch_steps
 
-from .cli import check_pair, user_errors
+from .verify import check_pair
 
 REFERENCE = {"points": "training.decode.reference_decode", "greedy": "TokenModel.greedy (</s> forbidden)",
              "beam": "torch_steps + runtime.search.beam_search"}
@@ -54,10 +53,7 @@ class Eager:
     """A checkpoint's model, checked to be MODEL_DIR's, and the PyTorch decoders timed against onnxruntime."""
 
     def __init__(self, checkpoint: Path, model_dir: Path, runtime: Any) -> None:
-        try:
-            model, spec, _ = load_checkpoint(checkpoint)
-        except user_errors() as exc:
-            raise click.ClickException(str(exc)) from None
+        model, spec, _ = load_checkpoint(checkpoint)  # errors name the checkpoint: the caller shows them
         check_pair(checkpoint, model_dir, spec, runtime)
         self.model, self.spec = model, spec
         self.vocab = runtime.vocabularies.get("source")

@@ -1,8 +1,8 @@
 """Typed errors of the export side."""
 from __future__ import annotations
 
+from runtime.destination import DestinationError
 from runtime.errors import Seq2OnnxError
-from training.destination import DestinationError
 
 
 class ExportError(Seq2OnnxError, RuntimeError):
@@ -13,5 +13,5 @@ class ParityError(Seq2OnnxError, AssertionError):
     """onnxruntime and PyTorch disagree beyond the tolerance; nothing was written."""
 
 
-# The output directory holds something that may not be replaced (see training.destination).
+# The output directory holds something that may not be replaced (see runtime.destination).
 DestinationExistsError = DestinationError

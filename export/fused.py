@@ -19,7 +19,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.contract import DECODER_STEP_FILE, FEEDBACK, GREEDY_FILE, greedy_io, state_batch_axes
+from runtime.contract import (
+    DECODER_STEP_FILE,
+    FEEDBACK,
+    GREEDY_FILE,
+    greedy_io,
+    state_batch_axes,
+)
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 

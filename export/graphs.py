@@ -9,11 +9,23 @@ import onnx
 import torch
 
 from runtime.contract import (
-    BATCH, DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, FEEDBACK, GRAPH_KEY, GREEDY_FILE, PAST_LEN,
-    PRESENT_LEN, SOURCE_LEN, SPEC_KEY, Dims, graph_io, greedy_io,
+    BATCH,
+    DECODER_STEP_FILE,
+    DYNAMIC_DIMS,
+    ENCODER_FILE,
+    EXPORT_ID_KEY,
+    FEEDBACK,
+    GRAPH_KEY,
+    GREEDY_FILE,
+    PAST_LEN,
+    PRESENT_LEN,
+    SOURCE_LEN,
+    SPEC_KEY,
+    Dims,
+    graph_io,
+    greedy_io,
 )
-from runtime.spec import ModelSpec
-from runtime.spec import N_SPECIAL_TOKENS
+from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
 from training.models import EncoderDecoder
 from training.token_base import BOS_ID, TokenModel
 
@@ -24,7 +36,6 @@ from .wrappers import DecoderStepGraph, EncoderGraph
 
 Model = EncoderDecoder | TokenModel
 
-DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 14, 20
 # Examples of batch >= 2 and length >= 2, so no exporter can mistake a dim for a constant.
 EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN = 3, 5

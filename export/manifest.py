@@ -8,7 +8,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from runtime.contract import FORMAT_VERSION, MANIFEST_FILE, VOCAB_FILES, graph_io, optional_graph_io
+from runtime.contract import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    VOCAB_FILES,
+    graph_io,
+    optional_graph_io,
+)
 from runtime.manifest import sha256_file
 from runtime.spec import ModelSpec
 

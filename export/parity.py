@@ -21,15 +21,13 @@ import torch
 from tqdm import tqdm
 
 from runtime.decode import greedy_decode
+from runtime.defaults import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL
 from runtime.model import Seq2Seq
 from training.decode import decode_step, encode, reference_decode
 from training.models import EncoderDecoder
 
 from .errors import ParityError
 
-DEFAULT_ATOL = 1e-5
-DEFAULT_RTOL = 1e-4
-DEFAULT_DRIFT_ATOL = 1e-3
 REL_FLOOR = 1e-6  # denominators below this count as this, so exact zeros do not blow up the ratio
 BATCH_SIZES = (1, 3, 64)
 SOURCE_LENS = (1, 2, 7)

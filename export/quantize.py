@@ -35,14 +35,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from runtime.contract import graph_io, optional_graph_io
+from runtime.defaults import FP16, INT8
 from runtime.spec import ModelSpec
 
 from .errors import ExportError
 
-FP32, FP16, INT8 = "fp32", "fp16", "int8"
 MODES = (FP16, INT8)
-DTYPES = (FP32, FP16)  # --dtype
-QUANTIZATIONS = (INT8,)  # --quantize
 # Ops whose weights int8 quantizes; onnxruntime has no dynamically quantized GRU (it stays float32).
 INT8_OP_TYPES = ("MatMul", "Gather", "LSTM")
 # What an int8 graph must contain for its quantization to have happened at all.

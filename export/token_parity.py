@@ -18,8 +18,8 @@ from runtime.contract import state_batch_axes
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.spec import ModelSpec
-from runtime.translate import source_token_limit
 from runtime.token_steps import TokenSteps  # the type of runtime.token_steps
+from runtime.translate import source_token_limit
 from runtime.vocab import BOS, EOS, PAD
 from training.token_base import TokenModel, torch_steps
 

@@ -9,7 +9,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runtime.contract import ENCODER_FILE, FEEDBACK, graph_io, token_decoder_outputs, token_decoder_state
+from runtime.contract import (
+    ENCODER_FILE,
+    FEEDBACK,
+    graph_io,
+    token_decoder_outputs,
+    token_decoder_state,
+)
 from runtime.spec import ModelSpec
 from training.recurrent import TokenSeq2Seq
 from training.token_base import TensorState, TokenModel

@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from runtime.contract import decoder_inputs, decoder_outputs, encoder_outputs
 from runtime.spec import ModelSpec
 from training.decode import encode
-from training.models import MASK_FILL, Attention, DecoderAttn, EncoderDecoder, MultiHeadAttention
+from training.models import (
+    MASK_FILL,
+    Attention,
+    DecoderAttn,
+    EncoderDecoder,
+    MultiHeadAttention,
+)
 
 from .cells import ExplicitGRU
 

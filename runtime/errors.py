@@ -18,6 +18,19 @@ class InputError(Seq2OnnxError, ValueError):
     """An input to `predict` has the wrong rank, shape, dtype or values."""
 
 
+class UsageError(Seq2OnnxError, ValueError):
+    """Options that contradict each other or ask for what the model cannot do (the CLI's exit 2, with usage).
+    `param` names the option at fault ('--data'), when one is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class MissingExtraError(Seq2OnnxError, RuntimeError):
+    """An optional dependency (an extra of the install) that this use needs is not installed."""
+
+
 class ProviderError(Seq2OnnxError, RuntimeError):
     """The requested execution provider cannot run on this machine or install."""
 

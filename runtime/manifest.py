@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, VOCAB_FILES, graph_io, optional_graph_io
+from .contract import (
+    MANIFEST_FILE,
+    SUPPORTED_FORMAT_VERSIONS,
+    VOCAB_FILES,
+    graph_io,
+    optional_graph_io,
+)
 from .errors import ManifestError, Seq2OnnxError, brief
 from .spec import ModelSpec, SpecError
 

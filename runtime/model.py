@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 from typing import Any
@@ -10,13 +9,28 @@ from typing import Any
 import numpy as np
 
 from .binding import BoundRunner, Runner, SessionRunner, runner
-from .contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, FEEDBACK, GREEDY_FILE, SPEC_KEY
+from .contract import (
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    EXPORT_ID_KEY,
+    FEEDBACK,
+    GREEDY_FILE,
+    SPEC_KEY,
+)
 from .decode import greedy_decode
-from .errors import IntegrityError, InputError, brief, one_line
+from .errors import InputError, IntegrityError, brief
 from .fused import GreedyLoop
 from .inputs import check_mask, check_outputs, check_source, check_target_len
 from .manifest import Manifest, read_manifest
-from .sessions import CUDA, check_device_id, check_threads, open_session, read_graph, requested_providers, session_io
+from .sessions import (
+    CUDA,
+    check_device_id,
+    check_threads,
+    open_session,
+    read_graph,
+    requested_providers,
+    session_io,
+)
 from .spec import ModelSpec
 from .token_steps import TokenSteps
 from .translate import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate

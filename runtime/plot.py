@@ -7,6 +7,8 @@ from typing import IO
 
 import numpy as np
 
+from .errors import MissingExtraError
+
 MAX_ITEMS = 4
 MARGIN = 0.15  # fraction of the span added around the points
 CELL_INCHES = 0.28  # one token's width or height on a heatmap
@@ -17,13 +19,11 @@ MAX_TICKS = 80  # past this many labels on an axis only every k-th is written
 
 def require_matplotlib() -> None:
     """Fail early, naming the extra, when matplotlib is not installed."""
-    import click
-
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise click.ClickException("--plot needs matplotlib: install the 'plot' extra, pip install -e '.[plot]' "
-                                   "in a seq2onnx checkout") from None
+        raise MissingExtraError("--plot needs matplotlib: install the 'plot' extra, pip install -e '.[plot]' "
+                                "in a seq2onnx checkout") from None
 
 
 def shown_items(n: int) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import onnxruntime as ort
 
-from .errors import IntegrityError, InputError, ProviderError, brief, one_line
+from .errors import InputError, IntegrityError, ProviderError, brief, one_line
 from .manifest import read_regular_file, sha256_bytes
 
 PROVIDERS = ("auto", "cpu", "cuda")

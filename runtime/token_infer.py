@@ -12,14 +12,9 @@ from itertools import count
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-import click
 import numpy as np
-from click.core import ParameterSource
 
-from .cli import FiniteFloatRange
-from .errors import Seq2OnnxError
-from .inputs import MAX_TARGET_LEN
-from .manifest import read_manifest
+from .errors import InputError, Seq2OnnxError, UsageError
 from .plot import MAX_ITEMS, Heatmap
 from .spec import ModelSpec
 from .translate import Translation, source_token_limit, too_long
@@ -34,105 +29,6 @@ ATTENTION_DECIMALS = 6  # float32 weights printed in full would triple the JSON 
 UTF8_BOM = b"\xef\xbb\xbf"
 SAMPLING = ("top_k", "top_p", "temperature", "seed")
 TOKEN_ONLY = ("texts", "beam", "n_best", "max_len", "min_len", "length_penalty", "sample", *SAMPLING, "batch_size")
-
-
-def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the token models' decoding options (CTranslate2's translate_batch options under CLI names)."""
-    options = [
-        click.option("--beam", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True,
-                     help="Token models: beam size (1 = greedy)."),
-        click.option("--n-best", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True,
-                     help="Token models: hypotheses per input, best first (at most --beam)."),
-        click.option("--max-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
-                     help="Token models: most output tokens (default: the model's target_len; a transformer's "
-                          "at most its max_positions)."),
-        click.option("--min-len", type=click.IntRange(0, MAX_TARGET_LEN), default=0, show_default=True,
-                     help="Token models: fewest output tokens before </s> may end an output."),
-        click.option("--length-penalty", type=FiniteFloatRange(), default=None,
-                     help="Token models, with --beam > 1: score = log-prob / length ** penalty (default 1)."),
-        click.option("--sample", is_flag=True, help="Token models: draw each token at random instead of searching."),
-        click.option("--top-k", type=click.IntRange(0), default=None,
-                     help="With --sample: draw among the k likeliest tokens (default 0: all)."),
-        click.option("--top-p", type=FiniteFloatRange(0, 1, min_open=True), default=None,
-                     help="With --sample: draw among the likeliest tokens holding this much probability (default 1)."),
-        click.option("--temperature", type=FiniteFloatRange(0, min_open=True), default=None,
-                     help="With --sample: > 1 flattens, < 1 sharpens the distribution (default 1)."),
-        click.option("--seed", type=click.IntRange(0), default=None,
-                     help="With --sample: the same seed and --batch-size repeat the same draws."),
-        click.option("--batch-size", type=click.IntRange(1, MAX_BATCH), default=DEFAULT_BATCH_SIZE,
-                     show_default=True, help="Token models: inputs decoded together; bounds memory on big files."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def model_kind(model_dir: Path, texts: tuple[str, ...]) -> str:
-    """'points' or 'tokens' from the manifest; if it cannot be read, what the arguments ask for (loading says why)."""
-    try:
-        return read_manifest(model_dir).spec.kind
-    except (Seq2OnnxError, OSError):
-        return "tokens" if texts else "points"
-
-
-def _given(ctx: click.Context, names: Iterable[str]) -> list[str]:
-    """The options among `names` that the user gave, as they are spelled on the command line."""
-    params = {p.name: p for p in ctx.command.params}
-    return [params[n].opts[0] for n in names if ctx.get_parameter_source(n) is not ParameterSource.DEFAULT]
-
-
-def refuse_token_options(ctx: click.Context, model_dir: Path) -> None:
-    """A point model given --text or decoding options: a usage error naming them."""
-    given = _given(ctx, TOKEN_ONLY)
-    if given:
-        raise click.UsageError(f"{', '.join(given)}: {model_dir} is a point model, which reads numeric sources "
-                               "from --input (.npy, .npz, .json, or '-' for JSON) and decodes --target-len points; "
-                               "these options are for token models")
-
-
-def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | None, texts: tuple[str, ...]) -> None:
-    """Usage errors of a token model's command line, before any work."""
-    if _given(ctx, ["target_len"]):
-        raise click.UsageError(f"--target-len: {model_dir} is a token model, whose outputs end at </s>; "
-                               "bound their length with --max-len")
-    if (input_path is None) == (not texts):
-        given = "both were given" if texts else "neither was given"
-        raise click.UsageError(f"{model_dir} is a token model: give its inputs either with --text TEXT (repeatable) "
-                               f"or with --input FILE ('-' for stdin), one text per line; {given}")
-    if input_path is not None and Path(input_path).suffix.lower() in POINT_SUFFIXES:
-        raise click.UsageError(f"--input: {input_path}: {model_dir} is a token model, which reads UTF-8 text, one "
-                               "input per line; pass a text file, '-' for lines on stdin, or --text")
-    blank = [i + 1 for i, text in enumerate(texts) if not text.strip()]
-    if blank:
-        raise click.UsageError(f"--text #{blank[0]} is blank; give each --text some text")
-
-
-def decoding_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
-    """translate_batch's keyword arguments from the CLI's, refusing combinations that would mean nothing."""
-    sampling = _given(ctx, SAMPLING)
-    if sampling and not values["sample"]:
-        verb = "sets" if len(sampling) == 1 else "set"
-        raise click.UsageError(f"{', '.join(sampling)} {verb} how --sample draws tokens; add --sample, or drop "
-                               f"{'it' if len(sampling) == 1 else 'them'}")
-    if values["sample"] and values["beam"] > 1:
-        raise click.UsageError(f"--sample draws one output per input and cannot search a beam; drop --beam "
-                               f"{values['beam']} or --sample")
-    if values["sample"] and values["n_best"] > 1:
-        raise click.UsageError(f"--sample draws one output per input, so --n-best {values['n_best']} cannot be met; "
-                               "drop --n-best, or drop --sample and use --beam N --n-best K")
-    if values["n_best"] > values["beam"]:
-        raise click.UsageError(f"--n-best {values['n_best']} is more than --beam {values['beam']}: a beam of N "
-                               f"keeps N hypotheses; raise --beam to at least {values['n_best']}")
-    if values["length_penalty"] is not None and values["beam"] == 1:
-        raise click.UsageError("--length-penalty ranks the hypotheses of beam search; add --beam N (N > 1)")
-    pick = values["sample"]
-    return dict(beam_size=values["beam"], num_hypotheses=values["n_best"],
-                length_penalty=1.0 if values["length_penalty"] is None else values["length_penalty"],
-                max_decoding_length=values["max_len"], min_decoding_length=values["min_len"],
-                sampling_topk=(0 if values["top_k"] is None else values["top_k"]) if pick else 1,
-                sampling_topp=1.0 if values["top_p"] is None else values["top_p"],
-                sampling_temperature=1.0 if values["temperature"] is None else values["temperature"],
-                seed=values["seed"])
 
 
 @dataclass(frozen=True)
@@ -155,7 +51,7 @@ def read_items(input_path: str | None, texts: tuple[str, ...]) -> Iterator[Item]
             with open(input_path, "rb") as stream:
                 yield from _lines(stream, f"--input {input_path}")
         except OSError as exc:
-            raise click.ClickException(f"--input: {input_path} could not be read ({exc.strerror or exc})") from None
+            raise InputError(f"--input: {input_path} could not be read ({exc.strerror or exc})") from None
 
 
 def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
@@ -166,13 +62,13 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
             return
         where = f"{name} line {i + 1}"
         if len(raw) > MAX_LINE_BYTES:
-            raise click.ClickException(f"{where} is longer than {MAX_LINE_BYTES >> 20} MiB; one input per line")
+            raise InputError(f"{where} is longer than {MAX_LINE_BYTES >> 20} MiB; one input per line")
         raw = raw[len(UTF8_BOM):] if i == 0 and raw.startswith(UTF8_BOM) else raw
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise click.ClickException(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); "
-                                       "save the file as UTF-8") from None
+            raise InputError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+                             "save the file as UTF-8") from None
         yield Item(i, text.removesuffix("\n").removesuffix("\r"), where)
 
 
@@ -188,7 +84,7 @@ def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[I
             continue
         n = len(vocab.encode(item.text, add_eos=True))
         if n > limit:
-            raise click.ClickException(f"{item.where}: {too_long(n, spec)}; split it")
+            raise InputError(f"{item.where}: {too_long(n, spec)}; split it")
         batch.append(item)
         if len(batch) == size:
             yield batch
@@ -274,20 +170,22 @@ class TokenRun:
         if spec.is_transformer and self.max_len > spec.max_positions:
             given = (f"--max-len {self.max_len}" if self.options["max_decoding_length"] is not None
                      else f"the model's target_len {self.max_len} (the default --max-len)")
-            raise click.UsageError(f"{given} is more than {model_dir}'s max_positions {spec.max_positions}: output "
-                                   "token t reads row t of the transformer's position table; pass --max-len "
-                                   f"{spec.max_positions} or less")
+            raise UsageError(f"{given} is more than {model_dir}'s max_positions {spec.max_positions}: output "
+                             "token t reads row t of the transformer's position table; pass --max-len "
+                             f"{spec.max_positions} or less")
         if self.options["min_decoding_length"] > self.max_len:
-            raise click.UsageError(f"--min-len {self.options['min_decoding_length']} is more than the output bound "
-                                   f"{self.max_len} (--max-len, default the model's target_len); lower it")
+            raise UsageError(f"--min-len {self.options['min_decoding_length']} is more than the output bound "
+                             f"{self.max_len} (--max-len, default the model's target_len); lower it")
         wanted = [flag for flag, on in (("--attention", self.attention), ("--plot", self.plot)) if on]
         if wanted and not self.model.spec.has_attention:
-            raise click.ClickException(f"{', '.join(wanted)}: {model_dir} has no attention (its spec says attention "
-                                       "'none'), so there are no weights to return or draw; drop "
-                                       f"{' and '.join(wanted)}")
+            raise InputError(f"{', '.join(wanted)}: {model_dir} has no attention (its spec says attention "
+                             "'none'), so there are no weights to return or draw; drop "
+                             f"{' and '.join(wanted)}")
 
-    def records(self, items: Iterable[Item], progress: bool) -> Iterator[dict[str, Any]]:
-        """One JSON-ready record per non-blank input, in input order."""
+    def records(self, items: Iterable[Item],
+                progress: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+        """One JSON-ready record per non-blank input, in input order; `progress` hears of each batch after the
+        first (a run of one batch says nothing)."""
         reverse = self.model.spec.reverse_source
         chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec)
         for number, (batch, last) in enumerate(_with_last(chunks)):
@@ -296,15 +194,15 @@ class TokenRun:
             try:
                 found = self.model.translate_batch([i.text for i in batch], **options)
             except Seq2OnnxError as exc:
-                raise click.ClickException(f"{batch[0].where} to {batch[-1].where}: {exc}") from None
+                raise InputError(f"{batch[0].where} to {batch[-1].where}: {exc}") from None
             for item, hyps in zip(batch, found):
                 if self.plot and len(self.shown) < MAX_ITEMS:
                     self.shown.append((item, hyps[0]))
                 columns = source_columns(self.vocab, item.text, reverse) if self.attention else None
                 yield record(item, hyps, columns)
             self.decoded += len(batch)
-            if progress and not (number == 0 and last):
-                click.echo(f"infer: {self.decoded} inputs decoded (to {batch[-1].where})", err=True)
+            if progress is not None and not (number == 0 and last):
+                progress(f"infer: {self.decoded} inputs decoded (to {batch[-1].where})")
 
     def heatmaps(self) -> list[Heatmap]:
         """The attention maps of the first inputs' best hypotheses."""

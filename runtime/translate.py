@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from .contract import VOCAB_FILES
-from .errors import IntegrityError, InputError, brief
+from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
 from .search import beam_search, greedy_search, sample
 from .search.step import check_int
 from .spec import ModelSpec
 from .token_steps import TokenSteps
-from .vocab import BOS, EOS, Vocabulary, VocabError
+from .vocab import BOS, EOS, VocabError, Vocabulary
 
 MAX_SOURCE_TOKENS = 1024  # longer inputs are refused: attention memory grows with them, and no model here saw them
 MAX_VOCAB_BYTES = 64 << 20

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .atomic import write_file
 from .errors import Seq2OnnxError, brief
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3  # fixed ids: every vocabulary starts with these four
@@ -266,17 +265,8 @@ class Vocabulary:
 
     def save(self, path: str | Path) -> None:
         """Write JSON (indent 2, sorted keys) whole or not at all: a temporary file beside it, then a rename."""
-        path = Path(path)
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a model's files should all read alike
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file(path, lambda f: f.write(text.encode("utf-8")))
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
@@ -290,13 +280,6 @@ class Vocabulary:
             return cls.from_dict(data)
         except VocabError as err:
             raise VocabError(f"vocabulary file {str(path)!r}: {err}") from err
-
-
-def _umask() -> int:
-    """The process umask (read by setting it, then restoring it at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _split(text: str, kind: str) -> list[str]:

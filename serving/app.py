@@ -16,19 +16,34 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 from ray.serve import Application
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import runtime
 from runtime.errors import Seq2OnnxError, one_line
 from runtime.model import Seq2Seq
 
-from .batching import (Decoded, PointJob, RequestTooLarge, TokenJob, decode_points, decode_texts, point_job,
-                       token_job)
+from .batching import (
+    Decoded,
+    PointJob,
+    RequestTooLarge,
+    TokenJob,
+    decode_points,
+    decode_texts,
+    point_job,
+    token_job,
+)
 from .config import ServeConfig
 from .limits import BodyLimit, describe_validation
-from .schemas import ErrorBody, ModelInfo, PredictRequest, PredictResponse, TranslateRequest, TranslateResponse
+from .schemas import (
+    ErrorBody,
+    ModelInfo,
+    PredictRequest,
+    PredictResponse,
+    TranslateRequest,
+    TranslateResponse,
+)
 
 REFUSALS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 413, 422)}
 

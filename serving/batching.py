@@ -115,7 +115,7 @@ def decode_points(model: Seq2Seq, jobs: Sequence[PointJob]) -> list[Decoded]:
     found: dict[int, Decoded] = {}
     for target_len, members in groups.items():
         merged = [jobs[i] for i in members]
-        found.update(zip(members, _guarded(lambda js: _points_together(model, js, target_len), merged)))
+        found.update(zip(members, _guarded(lambda js, n=target_len: _points_together(model, js, n), merged)))
     return [found[i] for i in range(len(jobs))]
 
 

@@ -1,7 +1,7 @@
 """Offline batch decoding on Ray Data (`infer --ray`): one loaded model per actor, JSON lines back in input order.
 
 The driver cuts the rows into blocks (token models: of whole --batch-size chunks); `map_batches` hands each block to
-an actor of a fixed pool, and the driver reads the JSON lines back block by block (`serving.offline_cli` writes them).
+an actor of a fixed pool, and the driver reads the JSON lines back block by block (`cli.infer_ray` writes them).
 Each actor sorts its block by source length, decodes sub-batches of --batch-size, and returns the rows in their
 input order; Ray Data's `preserve_order` keeps the blocks in order, and the driver checks that "index" rises.
 Sampling keeps the in-process chunks (--batch-size consecutive inputs, seeded by their number), unsorted, so a seeded

@@ -1,61 +1,15 @@
-"""Shared fixtures: tiny seeded models of each attention kind, exported once per session."""
+"""Shared fixtures: tiny seeded models of each attention kind, exported once per session. Shared helpers that are
+not fixtures live in tests/support/."""
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-import onnxruntime as ort
 import pytest
 
-KINDS = {"none": 1, "dot": 1, "multihead": 3}
-HIDDEN = 5
-
-
-def cuda_really_works() -> bool:
-    """True only when a session asked for CUDA reports it in get_providers()."""
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return False
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
-    except Exception:
-        return False
-    return "CUDAExecutionProvider" in session.get_providers()
-
-
-DEVICES = ["cpu"] + (["cuda"] if cuda_really_works() else [])
-
-
-@dataclass
-class Exported:
-    """A seeded model, its spec and the directory it was exported to."""
-
-    kind: str
-    model: object
-    spec: object
-    path: Path
-
-
-def make_model(kind: str, seed: int = 0):
-    """A small seeded model of the given attention kind."""
-    import torch
-
-    from runtime.spec import ModelSpec
-    from training.build import build_model
-
-    torch.manual_seed(seed)
-    spec = ModelSpec(n_features=2, hidden_dim=HIDDEN, attention=kind, n_heads=KINDS[kind])
-    return build_model(spec).eval(), spec
+from support.models import KINDS, Exported, make_model
 
 
 @pytest.fixture(scope="session")
@@ -119,9 +73,11 @@ def transformer_export(tmp_path_factory) -> TokenExport:
     return TokenExport(model, source, target, path)
 
 
-def source_batch(n: int, length: int, seed: int = 1, features: int = 2) -> np.ndarray:
-    """Deterministic float32 sources (N, L, F)."""
-    return np.random.default_rng(seed).normal(size=(n, length, features)).astype(np.float32)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start Ray or torchrun are slow too: `-m "not slow"` leaves them out."""
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("ddp"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -139,24 +95,3 @@ def one_torch_thread() -> Iterator[None]:
 def python() -> str:
     """The interpreter running the tests (so subprocesses see the same install)."""
     return sys.executable
-
-
-def _default_sigint() -> None:
-    import signal
-
-    # A shell that starts jobs in the background ignores SIGINT for them, and children inherit that;
-    # the tests send SIGINT on purpose, so the child gets the default handler back.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@contextlib.contextmanager
-def child_process(args: list[str], **kwargs: object) -> Iterator[subprocess.Popen]:
-    """Popen that receives SIGINT whatever the test runner inherited, and is killed if the test leaves it running."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint, **kwargs)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()

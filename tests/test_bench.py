@@ -14,13 +14,25 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import DEVICES
-from test_reliability import (BAD_INPUT, ROOT, SHIPPED_CHECKPOINT, SHIPPED_MODEL, USAGE, Case, assert_refused,
-                              build_template, case, copy_workspace, edit_json, write)
 
 from runtime.bench import fixed_length_text, identity_graph
 from runtime.sessions import max_threads
 from runtime.vocab import SPECIAL_TOKENS, Vocabulary
+
+from support.devices import DEVICES
+from support.reliability import (
+    BAD_INPUT,
+    ROOT,
+    SHIPPED_CHECKPOINT,
+    SHIPPED_MODEL,
+    USAGE,
+    Case,
+    assert_refused,
+    case,
+    edit_json,
+    workspace_fixtures,
+    write,
+)
 
 SHIPPED_TOKENS = ROOT / "artifacts" / "dates"
 SHIPPED_TOKEN_CHECKPOINT = ROOT / "artifacts" / "dates-checkpoint"
@@ -28,12 +40,12 @@ THREADS = [1, 2] if max_threads() >= 2 else [1]
 QUICK = ("--repeats", "2", "--warmup", "1", *itertools.chain.from_iterable(("--threads", str(t)) for t in THREADS))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # A child interpreter where `import torch` fails, as on a runtime-only install (as tests/test_cli.py does).
-NO_TORCH = "import sys; sys.modules['torch'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; main()"
+NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
 
 
 def bench(*args: Any, cwd: Path | None = None, no_torch: bool = False) -> subprocess.CompletedProcess:
     """`seq2onnx bench ARGS` in a subprocess of this interpreter."""
-    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "runtime.cli"]
+    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "cli"]
     return subprocess.run([*prefix, "bench", *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=600, check=False)
 
@@ -198,16 +210,7 @@ def setup_bench_workspace(case_dir: Path) -> None:
     write(case_dir / "latency.png", b"\x89PNG\r\n\x1a\nmine")
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The workspace, built once."""
-    return build_template(tmp_path_factory, "bench_reliability", setup_bench_workspace)
-
-
-@pytest.fixture
-def workspace(template: Path, tmp_path: Path) -> Path:
-    """This case's copy of the workspace."""
-    return copy_workspace(template, tmp_path)
+template, workspace = workspace_fixtures("bench_reliability", setup_bench_workspace)
 
 
 POINTS, TOKENS = ("bench", "model"), ("bench", "tokmodel")

@@ -9,10 +9,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import DEVICES, source_batch
 from runtime import Seq2Seq
 from runtime.binding import BoundRunner
 from runtime.errors import InputError
+
+from support.devices import DEVICES
+from support.models import source_batch
 
 TEXTS = ["one is one", "two is two three", "three", "one two three four five"]
 DEVICE_RTOL = 1e-4  # CUDA kernels round differently from the CPU's

@@ -6,19 +6,26 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.nn as nn
-from conftest import DEVICES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import runtime.sessions as sessions
 from export.cells import ExplicitGRU
-from export.graphs import DEFAULT_OPSET, export_graphs
+from export.graphs import export_graphs
 from runtime.contract import DECODER_STEP_FILE
+from runtime.defaults import DEFAULT_OPSET
 from runtime.errors import InputError, ProviderError
-from runtime.sessions import ALLOW_SPINNING, DEFAULT_MAX_THREADS, max_threads, open_session
+from runtime.sessions import (
+    ALLOW_SPINNING,
+    DEFAULT_MAX_THREADS,
+    max_threads,
+    open_session,
+)
 from runtime.spec import ModelSpec
 from training.token_models import build_token_model
+
+from support.devices import DEVICES
 
 # The same float32 arithmetic in another order (and fused kernels on PyTorch's side).
 ATOL = 1e-5

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from cli.main import LAZY_COMMANDS, main
 from runtime import __version__
-from runtime.cli import LAZY_COMMANDS, main
 
 # Runs the CLI in a child interpreter where `import torch` fails, as on a runtime-only install.
-NO_TORCH = "import sys; sys.modules['torch'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; main()"
+NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
 
 
 def cli(*args, stdin=None, no_torch=False, timeout=600):
     """Run `seq2onnx ARGS` in a subprocess of this interpreter."""
-    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "runtime.cli"]
+    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "cli"]
     return subprocess.run([*prefix, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 

@@ -32,6 +32,8 @@ from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.vocab import PAD
 from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
 
+pytestmark = pytest.mark.ddp
+
 PARAMS_ATOL = 1e-10  # float64: what differs is only the order of summation (measured: <= 4e-13)
 STOP_WITHIN_S = 60  # a killed rank: the launcher and every other rank gone within this
 RUN_TIMEOUT_S = 300
@@ -40,7 +42,7 @@ SMALL_REVERSE = ("--data", "reverse", "--hidden-dim", "32", "--embedding-dim", "
 
 
 def seq2onnx(*args: str) -> list[str]:
-    return [sys.executable, "-m", "runtime.cli", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -532,8 +534,8 @@ def test_a_machine_that_never_joins_ends_the_wait_with_one_line(tmp_path: Path) 
 # ---- the launcher -------------------------------------------------------------------------------------------
 
 def test_every_option_reaches_the_ranks_as_given() -> None:
-    from training.cli import train
-    from training.launch import LAUNCH_OPTIONS, forwarded_args, torchrun_args
+    from cli.launch import LAUNCH_OPTIONS, forwarded_args, torchrun_args
+    from cli.train import train
 
     given = ["--data", "reverse", "--lr", "0.0007", "--no-bucket", "--tie-embeddings", "--threads", "1",
              "--nproc-per-node", "2", "--out", "x y", "--seed", "-3", "--quiet"]
@@ -564,7 +566,7 @@ def test_the_launcher_names_the_failure_that_stopped_the_run(failures: dict[int,
                                                               root: int) -> None:
     from types import SimpleNamespace
 
-    from training.launch import _root_failure
+    from cli.launch import _root_failure
 
     given = {rank: SimpleNamespace(exitcode=code, timestamp=stamp) for rank, (code, stamp) in failures.items()}
     assert _root_failure(given) == (root, given[root])

@@ -7,17 +7,35 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import DEVICES, make_model, source_batch
 from onnx.reference import ReferenceEvaluator
 
 from export.api import export_model
 from export.errors import DestinationExistsError, ParityError
-from export.parity import BATCH_SIZES, DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL, SOURCE_LENS, TARGET_LENS, Tolerance
+from export.parity import (
+    BATCH_SIZES,
+    DEFAULT_ATOL,
+    DEFAULT_DRIFT_ATOL,
+    DEFAULT_RTOL,
+    SOURCE_LENS,
+    TARGET_LENS,
+    Tolerance,
+)
 from runtime import Seq2Seq
-from runtime.contract import DECODER_STEP_FILE, DYNAMIC_DIMS, ENCODER_FILE, EXPORT_ID_KEY, MANIFEST_FILE, SPEC_KEY, graph_io
+from runtime.contract import (
+    DECODER_STEP_FILE,
+    DYNAMIC_DIMS,
+    ENCODER_FILE,
+    EXPORT_ID_KEY,
+    MANIFEST_FILE,
+    SPEC_KEY,
+    graph_io,
+)
 from runtime.decode import greedy_decode
 from runtime.manifest import sha256_file
 from training.decode import reference_decode
+
+from support.devices import DEVICES
+from support.models import make_model, source_batch
 
 # Parity between two float32 implementations of the same graph.
 ATOL = 1e-5
@@ -42,12 +60,6 @@ def test_parity_report_covers_the_whole_matrix(exported):
     assert set(parity["summary"]) == expected
     for output, worst in parity["summary"].items():
         assert worst["max_abs"] <= DEFAULT_ATOL, output  # untrained models stay tight even free-running
-
-
-def test_cli_defaults_equal_the_parity_constants():
-    import export.cli as cli
-
-    assert (cli.DEFAULT_ATOL, cli.DEFAULT_RTOL, cli.DEFAULT_DRIFT_ATOL) == (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_DRIFT_ATOL)
 
 
 def test_manifest_contract(exported):

@@ -18,13 +18,26 @@ from typing import Callable
 import pytest
 import torch
 
-from runtime.contract import CHECKPOINT_STATE_FILE, DECODER_STEP_FILE, ENCODER_FILE, GREEDY_FILE, MANIFEST_FILE
+from runtime import atomic
+from runtime.atomic import (
+    DestinationBusyError,
+    clean_leftovers,
+    exclusive,
+    lock_file,
+    publish,
+    staged_directory,
+)
+from runtime.contract import (
+    CHECKPOINT_STATE_FILE,
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    GREEDY_FILE,
+    MANIFEST_FILE,
+)
 from runtime.model import Seq2Seq
-from training import atomic
-from training.atomic import DestinationBusyError, clean_leftovers, exclusive, lock_file, publish, staged_directory
 from training.checkpoint import CHECKPOINT_FILES, load_checkpoint, partial_dir
 
-CLI = [sys.executable, "-m", "runtime.cli"]
+CLI = [sys.executable, "-m", "cli"]
 EPOCHS = "8"  # the train command's cost is mostly start-up; a few epochs give the kills a training phase to hit
 OTHER_SEED = "7"  # a run whose weights differ from the reference's, to tell old from new
 RANDOM_KILLS = 3  # random kill moments per command, one per slice of the run; then one more while staging
@@ -41,7 +54,7 @@ HEX = "0123456789ab"  # a 12-hex-digit name part, as `atomic.sibling` draws them
 
 HOLD_LOCK = """
 import sys
-from training.atomic import exclusive
+from runtime.atomic import exclusive
 with exclusive(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
@@ -96,7 +109,7 @@ def kill_at_random_moments(args: list[str], cwd: Path, seconds: float, seed: int
     The last kill must leave a staging directory and the lock file behind, for the next run to clean up."""
     for delay in kill_moments(seconds, seed):
         deadline = time.monotonic() + delay
-        kill_when(args, cwd, lambda: time.monotonic() >= deadline)
+        kill_when(args, cwd, lambda deadline=deadline: time.monotonic() >= deadline)
         check()
     extra = random.Random(seed).uniform(0, STAGING_EXTRA_S)
     assert kill_when(args, cwd, staging_exists(out), extra), "finished before it could be killed while staging"

@@ -15,7 +15,7 @@ from runtime.contract import DECODE_LEN, GREEDY_FILE, MANIFEST_FILE, greedy_io
 from runtime.errors import InputError, ManifestError
 from runtime.vocab import EOS
 
-from conftest import source_batch
+from support.models import source_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # eos's output row scaled and its bias moved, so that these seeded untrained models end some rows early (at
@@ -172,7 +172,7 @@ def test_infer_no_fused_prints_the_same_results(exports, eos_biased, python, tmp
     np.save(points, source_batch(3, 4))
     for args in ([str(exports["dot"].path), "--input", str(points), "--attention"],
                  [str(eos_biased["lstm"]), *sum((["--text", t] for t in TEXTS), [])]):
-        runs = [subprocess.run([python, "-m", "runtime.cli", "infer", *args, *extra], capture_output=True, text=True,
+        runs = [subprocess.run([python, "-m", "cli", "infer", *args, *extra], capture_output=True, text=True,
                                timeout=120) for extra in ([], ["--no-fused"])]
         assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
         assert runs[0].stdout == runs[1].stdout and runs[0].stdout

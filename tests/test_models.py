@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from runtime.spec import ModelSpec
 from training.build import build_model
 from training.decode import reference_decode
-from training.models import Attention, Decoder, DecoderAttn, Encoder, EncoderDecoder, EncoderDecoderAttn
+from training.models import (
+    Attention,
+    Decoder,
+    DecoderAttn,
+    Encoder,
+    EncoderDecoder,
+    EncoderDecoderAttn,
+)
 
 BOOK_ATOL = 5e-5  # the book prints 4 decimals
 EXACT_ATOL = 1e-6  # same arithmetic, possibly a different op order

@@ -15,14 +15,21 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli.export import export_command, verify_command
 from export.api import QualityLossWarning, export_model, precision_mode
-from export.cli import export_command, verify_command
-from export.graphs import DEFAULT_OPSET, export_graphs
+from export.graphs import export_graphs
 from export.manifest import build_manifest, write_manifest
 from export.quality import QualityError, QualityTolerance, token_agreement
 from export.quantize import QUANTIZED_OPS, convert_graphs, gemm_as_matmul
 from runtime import Seq2Seq
-from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, EXPORT_ID_KEY, MANIFEST_FILE, graph_io
+from runtime.contract import (
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    EXPORT_ID_KEY,
+    MANIFEST_FILE,
+    graph_io,
+)
+from runtime.defaults import DEFAULT_OPSET
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
 from training.build import build_model
@@ -147,7 +154,7 @@ def test_runtime_runs_int8_close_to_fp32(points, fused):
 
 
 def test_token_exports_load_and_translate(tokens):
-    for mode, (path, spec) in tokens.items():
+    for mode, (path, _spec) in tokens.items():
         runtime = Seq2Seq.load(path, provider="cpu")
         found = runtime.translate_batch(["hello world", "thank you"], beam_size=3)
         assert len(found) == 2 and all(isinstance(t[0].tokens, list) for t in found), mode
@@ -266,15 +273,6 @@ def test_cli_usage_errors(tmp_path, args, message):
     result = CliRunner().invoke(export_command, [str(SQUARES), "--out", str(tmp_path / "out"), *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
-
-
-def test_cli_defaults_equal_the_quality_constants():
-    import export.cli as cli
-    from export import quantize
-
-    assert (cli.DEFAULT_MAX_OUTPUT_DIFF, cli.DEFAULT_MAX_ATTENTION_DIFF, cli.DEFAULT_MIN_EXACT_MATCH,
-            cli.DEFAULT_MIN_TOKEN_AGREEMENT) == tuple(vars(QualityTolerance()).values())
-    assert (cli.QUANTIZATIONS, cli.DTYPES) == (quantize.QUANTIZATIONS, quantize.DTYPES)
 
 
 def test_cli_int8_export_refusal_and_verify(tmp_path):

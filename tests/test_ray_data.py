@@ -14,13 +14,26 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 import ray
-from serve_support import DATES, SQUARES, local_ray
 
 from runtime.model import Seq2Seq
 from runtime.token_infer import Item, TokenRun
-from serving.offline import (MAX_POINT_BLOCK, Plan, PointDecoder, TokenDecoder, block_rows, decode, decode_rows,
-                             decode_texts, point_dataset, token_dataset)
+from serving.offline import (
+    MAX_POINT_BLOCK,
+    Plan,
+    PointDecoder,
+    TokenDecoder,
+    block_rows,
+    decode,
+    decode_rows,
+    decode_texts,
+    point_dataset,
+    token_dataset,
+)
 from training.text_data import generate_dates
+
+from support.serve import DATES, SQUARES, local_ray
+
+pytestmark = pytest.mark.ray
 
 SCORE_RTOL, SCORE_ATOL = 1e-5, 1e-6  # float32 graphs; sorted sub-batches pad differently than in-process chunks
 ATTENTION_ATOL = 2e-6  # attention is written rounded to 6 decimals: a drift in the 7th may flip the last digit
@@ -62,7 +75,7 @@ def child_env() -> dict[str, str]:
 
 def cli(*args: object) -> subprocess.CompletedProcess:
     """`seq2onnx ARGS` in a child process."""
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True,
                           timeout=300, env=child_env())
 
 
@@ -75,7 +88,7 @@ def in_process(texts: list[str], options: dict[str, Any], batch_size: int, atten
     """What in-process `infer` writes for these texts: TokenRun's records, as JSON round-trips them."""
     run = TokenRun(Seq2Seq.load(DATES), options, batch_size, attention, False)
     items = (Item(i, text, f"texts[{i}]") for i, text in enumerate(texts))
-    return [json.loads(json.dumps(doc)) for doc in run.records(items, False)]
+    return [json.loads(json.dumps(doc)) for doc in run.records(items)]
 
 
 def assert_same_records(found: list[dict], expected: list[dict]) -> None:
@@ -136,7 +149,7 @@ def test_existing_output_is_kept_without_force_and_on_a_bad_line(texts_file: Pat
 
 
 def test_without_ray_installed_the_serve_extra_is_named(tmp_path: Path) -> None:
-    code = ("import sys; sys.modules['ray'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; "
+    code = ("import sys; sys.modules['ray'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; "
             "main()")
     args = ["infer", str(DATES), "--text", "3/3/15", "--output", str(tmp_path / "o.jsonl"), "--ray"]
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
@@ -173,7 +186,7 @@ def test_point_rows_match_predict(cluster: str) -> None:
 def test_a_failure_on_the_cluster_leaves_the_output_as_it_was(cluster: str, tmp_path: Path) -> None:
     import click
 
-    from serving.offline_cli import write_lines
+    from cli.infer_ray import write_lines
 
     output = tmp_path / "out.jsonl"
     output.write_text("keep me\n")

@@ -170,8 +170,8 @@ def test_spec_refuses_what_a_kind_cannot_do(fields, message):
 
 
 def test_pad_and_bos_are_never_outputs_even_when_sampling_hot():
-    from runtime.search import sample
     from runtime.contract import state_batch_axes
+    from runtime.search import sample
     from training.recurrent import torch_steps
 
     model = model_for(token_spec(attention="dot"))

@@ -2,65 +2,43 @@
 
 Each row runs for real (a subprocess for the CLI) and asserts the exit code or exception type, a message that
 names the input and what was wrong, no traceback, and that nothing was lost: every directory involved hashes
-the same before and after. Exit codes follow the one scheme of `runtime.cli` (1 data/model, 2 usage).
+the same before and after. Exit codes follow the one scheme of `cli.common` (1 data/model, 2 usage).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pytest
-from conftest import child_process
+
 from runtime.sessions import max_threads
 
-ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_MODEL = ROOT / "artifacts" / "squares"
-SHIPPED_CHECKPOINT = ROOT / "artifacts" / "squares-checkpoint"
-USAGE, BAD_INPUT = 2, 1
+from support.processes import child_process
+from support.reliability import (
+    BAD_INPUT,
+    SHIPPED_CHECKPOINT,
+    SHIPPED_MODEL,
+    USAGE,
+    Case,
+    assert_api_refused,
+    assert_refused,
+    case,
+    edit_json,
+    npz,
+    run_cli,
+    workspace_fixtures,
+    write,
+)
+
 SQUARE = [[[-1, -1], [-1, 1]]]  # JSON integers: the shipped model's own example, without ".0"
 
 
 # ---- workspace: what every case may touch -------------------------------------------------------------------
-
-# The cases' HOME: onnxruntime writes a telemetry id under ~/.cache on import, which is not ours to judge.
-HOME = "home"
-
-
-def tree_hash(path: Path) -> dict[str, str]:
-    """{relative path: sha256 or 'dir'} of everything under `path` but the cases' HOME."""
-    out = {}
-    for item in sorted(path.rglob("*")):
-        rel = str(item.relative_to(path))
-        if rel.split(os.sep)[0] == HOME:
-            continue
-        out[rel] = "dir" if item.is_dir() else hashlib.sha256(item.read_bytes()).hexdigest()
-    return out
-
-
-def write(path: Path, data: str | bytes) -> None:
-    """Write text or bytes."""
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-
-
-def npz(path: Path, **arrays: Any) -> None:
-    """Write an .npz with these arrays."""
-    np.savez(path, **arrays)
-
-
-def edit_json(path: Path, change: Callable[[dict], None]) -> None:
-    """Load, change in place and rewrite a JSON file."""
-    data = json.loads(path.read_text())
-    change(data)
-    path.write_text(json.dumps(data))
-
 
 def _hidden_dim_3(meta: dict) -> None:
     meta["spec"]["hidden_dim"] = 3
@@ -113,51 +91,10 @@ def setup_workspace(case_dir: Path) -> None:
         f.write(b"\0")
 
 
-def build_template(factory: pytest.TempPathFactory, name: str, setup: Callable[[Path], None]) -> Path:
-    """A workspace built once per module by `setup`; each case gets its own copy."""
-    path = factory.mktemp(name) / "template"
-    path.mkdir()
-    setup(path)
-    return path
-
-
-def copy_workspace(template: Path, tmp_path: Path) -> Path:
-    """A fresh copy of the workspace inside a parent directory of its own (some cases aim at `..`), with the
-    cases' HOME beside it."""
-    case_dir = tmp_path / "work"
-    shutil.copytree(template, case_dir)
-    (tmp_path / HOME).mkdir()
-    return case_dir
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The workspace, built once."""
-    return build_template(tmp_path_factory, "reliability", setup_workspace)
-
-
-@pytest.fixture
-def workspace(template: Path, tmp_path: Path) -> Path:
-    """This case's copy of the workspace."""
-    return copy_workspace(template, tmp_path)
+template, workspace = workspace_fixtures("reliability", setup_workspace)
 
 
 # ---- the CLI table ------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Case:
-    """One command line, run in the workspace, that must be refused."""
-
-    args: tuple[str, ...]
-    code: int
-    fragments: tuple[str, ...]
-    stdin: str | None = None
-
-
-def case(*args: str, code: int, says: tuple[str, ...], stdin: str | None = None) -> Case:
-    """A row of the table."""
-    return Case(tuple(args), code, says, stdin)
-
 
 INFER = ("infer", "model")
 STDIN_SQUARE = json.dumps(SQUARE)
@@ -383,34 +320,9 @@ CLI_CASES: dict[str, Case] = {
 }
 
 
-def run_cli(case_dir: Path, case: Case) -> subprocess.CompletedProcess:
-    """`seq2onnx ARGS` in a subprocess whose cwd is the workspace and whose HOME is beside it."""
-    home = case_dir.parent / HOME
-    args = [a.replace("{home}", str(home)) for a in case.args]
-    env = {**os.environ, "HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], cwd=case_dir, env=env, input=case.stdin,
-                          capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_cli_refuses(workspace: Path, name: str) -> None:
     assert_refused(workspace, CLI_CASES[name])
-
-
-def assert_refused(workspace: Path, case: Case) -> None:
-    """The row's exit code and one `Error:` line holding its fragments; no traceback; no file changed."""
-    before = tree_hash(workspace.parent)
-    result = run_cli(workspace, case)
-    assert result.returncode == case.code, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert len(errors) == 1, result.stderr
-    for fragment in case.fragments:
-        assert fragment in errors[0], (fragment, errors[0])
-    if case.code == BAD_INPUT:  # a bad file is not a usage mistake: one line, no usage block
-        assert result.stderr.strip() == errors[0] or "Usage:" not in result.stderr, result.stderr
-    assert "weights_only=False" not in result.stderr
-    assert tree_hash(workspace.parent) == before, "a refused command changed files"
 
 
 def test_json_integers_decode_like_floats(workspace: Path) -> None:
@@ -421,7 +333,7 @@ def test_json_integers_decode_like_floats(workspace: Path) -> None:
 
 
 def test_enormous_json_input_is_refused_unread(workspace: Path) -> None:
-    from runtime.infer_cli import MAX_JSON_BYTES
+    from cli.infer_points import MAX_JSON_BYTES
 
     big = workspace / "big.json"
     with open(big, "wb") as f:
@@ -468,10 +380,10 @@ def _load_checkpoint(name: str) -> Callable[[Path], Any]:
 
 
 def _errors() -> dict[str, type]:
+    from runtime.destination import DestinationError
     from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
     from training.checkpoint import CheckpointError
     from training.data import DataError
-    from training.destination import DestinationError
 
     return {"input": InputError, "integrity": IntegrityError, "manifest": ManifestError, "provider": ProviderError,
             "checkpoint": CheckpointError, "data": DataError, "destination": DestinationError}
@@ -520,25 +432,13 @@ def test_api_refuses(workspace: Path, name: str, monkeypatch: pytest.MonkeyPatch
     assert_api_refused(workspace, call, _errors()[error], fragments)
 
 
-def assert_api_refused(workspace: Path, call: Callable[[Path], Any], error: type, fragments: tuple[str, ...]) -> None:
-    """`call` raises `error` with one line holding the fragments, and no file of the workspace changes."""
-    before = tree_hash(workspace.parent)
-    with pytest.raises(error) as info:
-        call(workspace)
-    message = str(info.value)
-    assert "\n" not in message, message
-    for fragment in fragments:
-        assert fragment in message, (fragment, message)
-    assert tree_hash(workspace.parent) == before
-
-
 # ---- Ctrl-C: exit 130 in every command, nothing half-written ---------------------------------------------------
 
 def test_ctrl_c_during_export_exits_130_and_writes_nothing(workspace: Path) -> None:
     import signal
     import time
 
-    with child_process([sys.executable, "-m", "runtime.cli", "export", "ckpt", "--out", "fresh"],
+    with child_process([sys.executable, "-m", "cli", "export", "ckpt", "--out", "fresh"],
                        cwd=workspace) as proc:
         deadline = time.monotonic() + 120
         while not any(p.name.startswith(".fresh.") and p.name.endswith(".tmp") for p in workspace.iterdir()):

@@ -9,8 +9,20 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from test_reliability import (BAD_INPUT, ROOT, SHIPPED_MODEL, USAGE, Case, assert_api_refused, assert_refused,
-                              build_template, case, copy_workspace, run_cli, write)
+
+from support.reliability import (
+    BAD_INPUT,
+    ROOT,
+    SHIPPED_MODEL,
+    USAGE,
+    Case,
+    assert_api_refused,
+    assert_refused,
+    case,
+    run_cli,
+    workspace_fixtures,
+    write,
+)
 
 SHIPPED_TOKENS = ROOT / "artifacts" / "dates"
 SHIPPED_TOKEN_CHECKPOINT = ROOT / "artifacts" / "dates-checkpoint"
@@ -33,16 +45,7 @@ def setup_token_workspace(case_dir: Path) -> None:
     write(case_dir / "notatokenizer.json", '{"hello": 1}\n')
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The workspace, built once."""
-    return build_template(tmp_path_factory, "reliability_tokens", setup_token_workspace)
-
-
-@pytest.fixture
-def workspace(template: Path, tmp_path: Path) -> Path:
-    """This case's copy of the workspace."""
-    return copy_workspace(template, tmp_path)
+template, workspace = workspace_fixtures("reliability_tokens", setup_token_workspace)
 
 
 TEXT = ("--text", "3/3/15")

@@ -9,14 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import DEVICES, source_batch
 
 from runtime import Seq2Seq
 from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
-from runtime.errors import IntegrityError, InputError, ManifestError, ProviderError
+from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
 from runtime.inputs import MAX_TARGET_LEN
 from runtime.manifest import sha256_file
 from runtime.sessions import max_threads
+
+from support.devices import DEVICES
+from support.models import source_batch
 
 
 @pytest.fixture
@@ -344,8 +346,8 @@ def test_runtime_never_imports_torch(exports, python):
         f"m = Seq2Seq.load({str(exports['dot'].path)!r})\n"
         "out, a = m.predict(np.zeros((2, 3, 2), np.float32), 4, return_attention=True)\n"
         "assert out.shape == (2, 4, 2) and a.shape == (2, 4, 3)\n"
-        "from runtime.cli import main\n"
-        "import runtime.infer_cli\n"
+        "from cli.main import main\n"
+        "import cli.infer\n"
         "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'training', 'export'))\n"
         "print('LEAKED', bad)\n"
     )

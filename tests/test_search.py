@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 
 from runtime.errors import InputError
-from runtime.search import (StepResult, apply_temperature, beam_search, filter_logits, greedy_search,
-                            sample, select, top_k_filter, top_p_filter)
+from runtime.search import (
+    StepResult,
+    apply_temperature,
+    beam_search,
+    filter_logits,
+    greedy_search,
+    sample,
+    select,
+    top_k_filter,
+    top_p_filter,
+)
 
 V, BOS, EOS = 5, 0, 1
 SCORE_RTOL = 1e-12  # scores are float64 sums of the same float32 log-probs, in the same order

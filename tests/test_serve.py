@@ -17,9 +17,12 @@ import ray
 from ray import serve
 
 from runtime.model import Seq2Seq
-from serve_support import DATES, SQUARES, free_port, local_ray
 from serving.app import build_app
 from serving.config import Replicas, ServeConfig
+
+from support.serve import DATES, SQUARES, free_port, local_ray
+
+pytestmark = pytest.mark.ray
 
 SCORE_RTOL = 1e-5  # merged batches may round a log-prob differently in the last float32 bits
 POINT_TOL = 1e-6
@@ -128,7 +131,7 @@ def _concurrently(served: Served, path: str, bodies: list[dict]) -> list[httpx.R
     for _ in range(MERGE_TRIES):
         barrier = threading.Barrier(len(bodies))
 
-        def post(body: dict) -> httpx.Response:
+        def post(body: dict, barrier: threading.Barrier = barrier) -> httpx.Response:
             barrier.wait()
             return served.client.post(path, json=body)
 
@@ -310,14 +313,14 @@ def test_killed_replica_is_replaced_and_no_request_hangs(served: Served) -> None
 
 
 def test_runtime_never_imports_ray() -> None:
-    """The runtime (its CLI included) loads neither Ray nor the serving package; serving.cli loads no Ray until a
-    command runs."""
+    """The runtime (and the CLI's group and infer) loads neither Ray nor the serving package; cli.serve loads no Ray
+    until a command runs."""
     import subprocess
     import sys
 
-    code = ("import json, sys, runtime, runtime.model, runtime.cli, runtime.infer_cli; "
+    code = ("import json, sys, runtime, runtime.model, cli.main, cli.infer; "
             "first = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'serving', 'pyarrow', 'fastapi')); "
-            "import serving.cli; "
+            "import cli.serve; "
             "then = sorted(m for m in ('ray', 'fastapi', 'pyarrow', 'serving.app') if m in sys.modules); "
             "print(json.dumps([first, then]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

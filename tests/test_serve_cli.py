@@ -16,12 +16,21 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import DEVICES
-from test_reliability import (BAD_INPUT, USAGE, Case, assert_refused, build_template, case, copy_workspace,
-                              write)
-
 from runtime.model import Seq2Seq
-from serve_support import DATES, SQUARES, free_port, ray_env, wait_healthy
+
+from support.devices import DEVICES
+from support.reliability import (
+    BAD_INPUT,
+    USAGE,
+    Case,
+    assert_refused,
+    case,
+    workspace_fixtures,
+    write,
+)
+from support.serve import DATES, SQUARES, free_port, ray_env, wait_healthy
+
+pytestmark = pytest.mark.ray
 
 START_TIMEOUT = 150  # Ray start + Serve + replicas, on a loaded 2-core CI box
 STOP_TIMEOUT = 60
@@ -53,7 +62,7 @@ def launch(tmp_path: Path) -> Iterator:
     def start(*args: str) -> subprocess.Popen:
         log = tmp_path / f"serve-{len(started)}.log"
         with ray_env() as env, open(log, "w") as sink:
-            process = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", *args], env=env,
+            process = subprocess.Popen([sys.executable, "-m", "cli", "serve", *args], env=env,
                                        stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         process.log = log  # type: ignore[attr-defined]
         started.append(process)
@@ -130,7 +139,7 @@ def test_two_node_cluster_one_replica_per_node(launch) -> None:
             assert reply.status_code == 200
             assert reply.json()["export_id"] == Seq2Seq.load(SQUARES).manifest.export_id
             with ray_env() as env:  # a second serve under the same name is refused, and the first keeps serving
-                second = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", str(DATES), "--address",
+                second = subprocess.run([sys.executable, "-m", "cli", "serve", str(DATES), "--address",
                                          cluster.address, "--port", str(port)], env=env, capture_output=True,
                                         text=True, timeout=START_TIMEOUT)
             assert second.returncode == 1 and "--name seq2onnx: an application of that name already runs" in \
@@ -149,14 +158,7 @@ def setup_serve_workspace(case_dir: Path) -> None:
     write(case_dir / "userdata" / "notes.txt", "the user's own notes\n")
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_template(tmp_path_factory, "serve_reliability", setup_serve_workspace)
-
-
-@pytest.fixture
-def workspace(template: Path, tmp_path: Path) -> Path:
-    return copy_workspace(template, tmp_path)
+template, workspace = workspace_fixtures("serve_reliability", setup_serve_workspace)
 
 
 SERVE = ("serve", "model")

@@ -9,11 +9,31 @@ import pytest
 
 from runtime.vocab import UNK, Vocabulary
 from training.data import DataError
-from training.text_data import (BUILTIN_LOADERS, DATE_FORMATS, DATES, DATES_MAX_YEAR, DATES_MIN_YEAR, LOOKUP,
-                                LOOKUP_DIGITS, MAX_BAD_SHOWN, MAX_LINE_CHARS, REVERSE, REVERSE_MAX_LEN,
-                                REVERSE_MIN_LEN, TOKENIZER_OF, TOY_TRANSLATION, TextPairs, describe_text_dataset,
-                                generate_dates, generate_lookup, generate_reverse, load_parallel, load_text_dataset,
-                                load_tsv, reload_text_dataset)
+from training.text_data import (
+    BUILTIN_LOADERS,
+    DATE_FORMATS,
+    DATES,
+    DATES_MAX_YEAR,
+    DATES_MIN_YEAR,
+    LOOKUP,
+    LOOKUP_DIGITS,
+    MAX_BAD_SHOWN,
+    MAX_LINE_CHARS,
+    REVERSE,
+    REVERSE_MAX_LEN,
+    REVERSE_MIN_LEN,
+    TOKENIZER_OF,
+    TOY_TRANSLATION,
+    TextPairs,
+    describe_text_dataset,
+    generate_dates,
+    generate_lookup,
+    generate_reverse,
+    load_parallel,
+    load_text_dataset,
+    load_tsv,
+    reload_text_dataset,
+)
 
 SIZES = {REVERSE: (10_000, 1_000), TOY_TRANSLATION: (9, 9), LOOKUP: (5_000, 1_000), DATES: (10_000, 1_000)}
 # An independent reading of each date style, by the standard library (C locale: English names).

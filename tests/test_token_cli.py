@@ -2,7 +2,6 @@
 checkpoint, exact resume, user files, and every bad input refused with one line and the right exit code."""
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -15,11 +14,24 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
+from cli.main import main
 from export.api import export_model
 from export.errors import ExportError
-from runtime.cli import main
-from runtime.contract import CHECKPOINT_PLOT_FILE, CHECKPOINT_SPEC_FILE, CHECKPOINT_STATE_FILE, VOCAB_FILES
+from runtime.contract import (
+    CHECKPOINT_PLOT_FILE,
+    CHECKPOINT_SPEC_FILE,
+    CHECKPOINT_STATE_FILE,
+    VOCAB_FILES,
+)
+from runtime.defaults import (
+    DATASET_DEFAULTS,
+    SPEC_OPTIONS,
+    TOKEN_DEFAULTS,
+    TRANSFORMER_DEFAULTS,
+    arch_defaults,
+)
 from runtime.model import Seq2Seq
+from runtime.spec import ARCHS, ModelSpec
 from runtime.vocab import SPECIAL_TOKENS, Vocabulary
 from training.checkpoint import (
     TOKEN_CHECKPOINT_FILES,
@@ -31,13 +43,9 @@ from training.checkpoint import (
     save_checkpoint,
     save_train_state,
 )
-from runtime.spec import ARCHS, ModelSpec
-from training.cli_common import DATASET_DEFAULTS, TOKEN_DEFAULTS, TRANSFORMER_DEFAULTS, arch_defaults
 from training.recurrent import TokenSeq2Seq
 from training.text_data import BUILTIN_LOADERS, TOKENIZER_OF, load_text_dataset
-from training.token_cli import SPEC_OPTIONS
 from training.token_trainer import (
-    RECURRENT_SIZES,
     TokenTrainConfig,
     TokenTrainer,
     evaluate_beam,
@@ -62,7 +70,7 @@ ACCURACY = re.compile(r"(?P<which>held-out|test = training set) \((?P<n>\d+)\): 
 
 def cli(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """`seq2onnx ARGS` in a child interpreter."""
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True,
                           timeout=600, env=ONE_THREAD, cwd=cwd)
 
 
@@ -310,7 +318,7 @@ def test_parallel_files_and_a_tokenizer_file(tmp_path: Path) -> None:
     assert accuracy(result.output)["n"] == "2"  # 20% of 9, rounded
     assert cli("export", tmp_path / "ck", "--out", tmp_path / "m").returncode == 0
     blocked = subprocess.run(  # a runtime-only install without the `text` extra: refused at load, in one line
-        [sys.executable, "-c", "import sys; sys.modules['tokenizers'] = None; from runtime.cli import main; main()",
+        [sys.executable, "-c", "import sys; sys.modules['tokenizers'] = None; from cli.main import main; main()",
          "infer", str(tmp_path / "m"), "--text", "one is one"], capture_output=True, text=True, cwd=REPO)
     assert blocked.returncode == 1 and "Traceback" not in blocked.stderr, blocked.stderr
     assert blocked.stderr.startswith("Error: ") and "'text' extra" in blocked.stderr
@@ -413,13 +421,7 @@ def test_point_checkpoints_load_unchanged_and_have_no_vocabularies() -> None:
         load_checkpoint_vocabularies(shipped)
 
 
-def test_token_defaults_are_the_librarys() -> None:
-    config = TokenTrainConfig().to_dict()
-    assert {k: TOKEN_DEFAULTS[k] for k in config if k != "seed"} == {k: v for k, v in config.items() if k != "seed"}
-    spec_defaults = {name: p.default for name, p in inspect.signature(spec_for_text).parameters.items()
-                     if p.default is not inspect.Parameter.empty and name not in ("n_heads", "attention", "arch")}
-    spec_defaults.update(RECURRENT_SIZES)  # what spec_for_text's None stands for in a recurrent model
-    assert {k: TOKEN_DEFAULTS[k] for k in spec_defaults} == spec_defaults
+def test_transformer_defaults_are_options_of_train() -> None:
     assert set(TRANSFORMER_DEFAULTS) <= set(TOKEN_DEFAULTS) | {"heads"}  # each one an option of train
 
 

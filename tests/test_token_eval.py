@@ -10,8 +10,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli.main import main
 from export.api import export_model
-from runtime.cli import main
 from runtime.model import Seq2Seq
 from runtime.vocab import EOS, Vocabulary
 from training.text_data import (
@@ -24,14 +24,14 @@ from training.token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
 SQUARES = Path(__file__).resolve().parents[1] / "artifacts" / "squares"
 # Runs the CLI where `import torch` fails, as on a runtime-only install: eval must not need it.
-NO_TORCH = "import sys; sys.modules['torch'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; main()"
+NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
 # Full-batch Adam at a constant 1e-2 reaches 9/9 exact after epoch 10 (measured); 20 leaves a margin. About 1 s.
 TOY_CONFIG = TokenTrainConfig(epochs=20, batch_size=9, lr=1e-2, lr_decay=1.0)
 
 
 def cli(*args: object, no_torch: bool = False) -> subprocess.CompletedProcess:
     """Run `seq2onnx eval ARGS` in a subprocess of this interpreter."""
-    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "runtime.cli"]
+    prefix = [sys.executable, "-c", NO_TORCH] if no_torch else [sys.executable, "-m", "cli"]
     return subprocess.run([*prefix, "eval", *map(str, args)], capture_output=True, text=True, timeout=120,
                           check=False)
 
@@ -152,7 +152,7 @@ def test_bad_data_content_exits_1(toy_model, tmp_path):
 
 
 def test_eos_is_what_ends_an_exact_hypothesis():
-    from training.eval_cli import score
+    from runtime.evaluate import score
 
     # The reference [5, 6]: a hypothesis cut off at the limit with the same ids is not exact, one that stopped is.
     stopped, cut_off = score([[5, 6]], [[5, 6]], max_len=3), score([[5, 6]], [[5, 6]], max_len=2)

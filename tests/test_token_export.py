@@ -16,7 +16,13 @@ import torch
 
 from export.graphs import export_graphs
 from runtime.contract import (
-    BATCH, DECODER_STEP_FILE, ENCODER_FILE, FEEDBACK, SOURCE_LEN, graph_io, state_batch_axes,
+    BATCH,
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    FEEDBACK,
+    SOURCE_LEN,
+    graph_io,
+    state_batch_axes,
 )
 from runtime.spec import ModelSpec
 from training.token_base import BOS_ID, PAD_ID, TokenModel

@@ -27,7 +27,7 @@ TARGET_LEN = 6
 SCORE_ATOL = 1e-5  # float32 graphs; a different batch may pad differently, and summed log-probs may drift this much
 USAGE, BAD_INPUT = 2, 1
 SQUARES = Path(__file__).resolve().parents[1] / "artifacts" / "squares"
-NO_TORCH = "import sys; sys.modules['torch'] = None; from runtime.cli import main; sys.argv[0] = 'seq2onnx'; main()"
+NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

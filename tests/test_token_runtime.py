@@ -252,7 +252,7 @@ def test_verify_compares_a_transformer_checkpoint_with_its_export(transformer_ex
     and texts beyond the position table are left out with a note (the runtime refuses them)."""
     from click.testing import CliRunner
 
-    from export.cli import export_command, verify_command
+    from cli.export import export_command, verify_command
     from training.checkpoint import save_checkpoint
     from training.text_data import describe_text_dataset, load_text_dataset
     from training.token_trainer import TokenTrainConfig

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import child_process
 import torch
 from click.testing import CliRunner, Result
 
-from runtime.cli import main
+from cli.main import main
 from runtime.contract import (
     CHECKPOINT_HISTORY_FILE,
     CHECKPOINT_PLOT_FILE,
@@ -25,8 +24,8 @@ from runtime.contract import (
     CHECKPOINT_STATE_FILE,
     CHECKPOINT_WEIGHTS_FILE,
 )
+from runtime.destination import DestinationError
 from runtime.spec import ModelSpec
-from training.destination import DestinationError
 from training.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -50,7 +49,9 @@ from training.data import (
     reload_dataset,
     squares,
 )
-from training.trainer import ConfigError, Trainer, TrainConfig, evaluate, spec_for_data
+from training.trainer import ConfigError, TrainConfig, Trainer, evaluate, spec_for_data
+
+from support.processes import child_process
 
 NOISE_BOUND = 0.6  # 6 sd of the 0.1 noise: no sample of a few thousand points gets there
 REPO = Path(__file__).resolve().parents[1]
@@ -482,7 +483,7 @@ def test_cli_refuses_a_bad_npz(tmp_path: Path) -> None:
 def cli_command() -> list[str]:
     """The installed console script, or the same entry point through the interpreter."""
     script = Path(sys.executable).with_name("seq2onnx")
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from runtime.cli import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from cli.main import main; main()"]
 
 
 def test_cli_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
@@ -536,7 +537,7 @@ class NoTorch:
         if name == "torch" or name.startswith("torch."):
             raise ImportError("No module named 'torch'")
 sys.meta_path.insert(0, NoTorch())
-from runtime.cli import main
+from cli.main import main
 main(sys.argv[1:], prog_name="seq2onnx")
 """
 

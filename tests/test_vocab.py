@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 from runtime.errors import Seq2OnnxError
-from runtime.vocab import (BOS, EOS, PAD, SPECIAL_TOKENS, UNK, TokenizerUnavailableError, Vocabulary, VocabError)
+from runtime.vocab import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    UNK,
+    TokenizerUnavailableError,
+    VocabError,
+    Vocabulary,
+)
 
 TEXTS = ["one is one", "two is two", "three is three"]
 REPO = Path(__file__).resolve().parents[1]

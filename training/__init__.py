@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Resolved on first use, so that `training.cli` (and `seq2onnx --help`) import without torch.
+# Resolved on first use, so that `seq2onnx --help` (cli.train imports training.data) imports without torch.
 _EXPORTS = {
     "Attention": ".models", "Decoder": ".models", "DecoderAttn": ".models", "Encoder": ".models",
     "EncoderDecoder": ".models", "EncoderDecoderAttn": ".models", "MultiHeadAttention": ".models",

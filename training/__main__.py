@@ -10,7 +10,7 @@ at once, so this is what keeps its status and its one-line message.
 import os
 import sys
 
-from runtime.cli import entry
+from cli.main import entry
 
 
 def run(args: list[str]) -> int:

@@ -3,7 +3,15 @@ from __future__ import annotations
 
 from runtime.spec import ModelSpec, SpecError
 
-from .models import Attention, Decoder, DecoderAttn, Encoder, EncoderDecoder, EncoderDecoderAttn, MultiHeadAttention
+from .models import (
+    Attention,
+    Decoder,
+    DecoderAttn,
+    Encoder,
+    EncoderDecoder,
+    EncoderDecoderAttn,
+    MultiHeadAttention,
+)
 
 
 def build_model(spec: ModelSpec, teacher_forcing_prob: float = 0.5) -> EncoderDecoder:

@@ -15,12 +15,12 @@ atomically after every saved epoch; `--resume` continues from it, and it is remo
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from runtime.atomic import staged_directory, write_file
 from runtime.contract import (
     CHECKPOINT_HISTORY_FILE,
     CHECKPOINT_PLOT_FILE,
@@ -29,12 +29,11 @@ from runtime.contract import (
     CHECKPOINT_WEIGHTS_FILE,
     VOCAB_FILES,
 )
+from runtime.destination import check_destination
 from runtime.spec import ModelSpec, SpecError
-from runtime.vocab import Vocabulary, VocabError
+from runtime.vocab import VocabError, Vocabulary
 
-from .atomic import sibling, staged_directory
 from .build import build_model
-from .destination import check_destination
 from .models import EncoderDecoder
 from .plots import plot_history
 from .token_base import TokenModel
@@ -98,14 +97,7 @@ def save_train_state(path: str | Path, state: dict[str, Any], data: dict[str, An
     """Atomically write a trainer's `state_dict()` plus the data description to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = sibling(path, ".tmp")
-    try:
-        with open(tmp, "xb") as f:
-            torch.save({**state, "data": data}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_file(path, lambda f: torch.save({**state, "data": data}, f))
 
 
 def load_train_state(path: str | Path) -> dict[str, Any]:

@@ -27,7 +27,16 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from runtime.spec import ModelSpec
 
-from .token_base import BOS_ID, EOS_ID, NEVER_LOGIT, PAD_ID, TensorState, TokenModel, never_output, torch_steps
+from .token_base import (
+    BOS_ID,
+    EOS_ID,
+    NEVER_LOGIT,
+    PAD_ID,
+    TensorState,
+    TokenModel,
+    never_output,
+    torch_steps,
+)
 
 __all__ = ["BOS_ID", "EOS_ID", "NEVER_LOGIT", "PAD_ID", "TokenSeq2Seq", "sequence_loss", "torch_steps"]
 RNN_CLASSES = {"gru": nn.GRU, "lstm": nn.LSTM}

@@ -27,19 +27,19 @@ from torch import nn
 from tqdm import tqdm
 
 from runtime.contract import state_batch_axes
+from runtime.defaults import MAX_LR, RECURRENT_SIZES, SEED, TOKEN_DEFAULTS
 from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 
 from .distributed import Dist, ddp_call, global_loss, is_main
 from .recurrent import sequence_loss
+from .text_data import MAX_LEN_MARGIN, TextPairs
 from .token_base import TokenModel, torch_steps
 from .token_models import build_token_model
-from .text_data import MAX_LEN_MARGIN, TextPairs
-from .trainer import ConfigError, DivergedError, resumable_state, restore_state
+from .trainer import ConfigError, DivergedError, restore_state, resumable_state
 
 TOKEN_STATE_FORMAT_VERSION = 1
-MAX_LR = 1.0  # as `seq2onnx train --lr`: Adam steps beyond this only wreck the weights
 BUCKET_BATCHES = 50  # a bucket sorts this many batches' worth of shuffled pairs by source length
 EVAL_CHUNK = 1024  # validation rows per greedy decode; bounds memory only
 
@@ -47,7 +47,6 @@ History = dict[str, list[float]]
 # Config fields added after the first format: absent in older spec.json / train_state.pt, read with their defaults.
 ADDED_CONFIG_FIELDS = ("warmup",)
 # spec_for_text's sizes of recurrent models when left out (a transformer takes its widths from d_model instead).
-RECURRENT_SIZES: dict[str, Any] = {"hidden_dim": 128, "embedding_dim": 32, "bidirectional": True}
 
 
 def _is_number(value: Any) -> bool:
@@ -57,19 +56,19 @@ def _is_number(value: Any) -> bool:
 @dataclass(frozen=True)
 class TokenTrainConfig:
     """Optimisation settings of token models; the defaults train a recurrent model on `reverse` to >= 99% exact (see
-    benchmarks/token_train_bench.py; transformers: training.cli_common.TRANSFORMER_DEFAULTS). With many more
+    benchmarks/token_train_bench.py; transformers: runtime.defaults.TRANSFORMER_DEFAULTS). With many more
     epochs, raise lr_decay towards 1 (e.g. 0.8 ** (12 / epochs))."""
 
-    epochs: int = 12
-    batch_size: int = 64
-    lr: float = 3e-3
-    lr_decay: float = 0.8  # epoch e (0-based) trains at lr * lr_decay**e; 1 keeps it constant
-    seed: int = 23
-    clip: float = 1.0  # max global grad norm; 0 turns clipping off
-    label_smoothing: float = 0.0
-    teacher_forcing: float = 1.0  # probability of feeding the true previous token; < 1 is scheduled sampling
-    bucket: bool = True
-    warmup: int = 0  # optimizer steps of linear warm-up: step s (0-based) trains at (s + 1) / warmup of the lr
+    epochs: int = TOKEN_DEFAULTS["epochs"]
+    batch_size: int = TOKEN_DEFAULTS["batch_size"]
+    lr: float = TOKEN_DEFAULTS["lr"]
+    lr_decay: float = TOKEN_DEFAULTS["lr_decay"]  # epoch e (0-based) trains at lr * lr_decay**e; 1 keeps it constant
+    seed: int = SEED
+    clip: float = TOKEN_DEFAULTS["clip"]  # max global grad norm; 0 turns clipping off
+    label_smoothing: float = TOKEN_DEFAULTS["label_smoothing"]
+    teacher_forcing: float = TOKEN_DEFAULTS["teacher_forcing"]  # of feeding the true previous token; < 1: scheduled
+    bucket: bool = TOKEN_DEFAULTS["bucket"]
+    warmup: int = TOKEN_DEFAULTS["warmup"]  # optimizer steps of linear warm-up: step s trains at (s + 1) / warmup
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -179,11 +178,15 @@ class TokenBatcher:
 # -- evaluation and spec ------------------------------------------------------------------------------------------
 
 
+D = TOKEN_DEFAULTS
+
+
 def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary, hidden_dim: int | None = None,
-                  embedding_dim: int | None = None, cell: str = "gru", layers: int = 1,
-                  bidirectional: bool | None = None, attention: str = "dot", tie_embeddings: bool = False,
-                  n_heads: int = 1, reverse_source: bool = False, arch: str = "recurrent", d_model: int = 0,
-                  d_ff: int = 0, norm: str = "pre", positional: str = "sinusoidal", dropout: float = 0.0) -> ModelSpec:
+                  embedding_dim: int | None = None, cell: str = D["cell"], layers: int = D["layers"],
+                  bidirectional: bool | None = None, attention: str = "dot", tie_embeddings: bool = D["tie_embeddings"],
+                  n_heads: int = 1, reverse_source: bool = D["reverse_source"], arch: str = "recurrent",
+                  d_model: int = D["d_model"], d_ff: int = D["d_ff"], norm: str = D["norm"],
+                  positional: str = D["positional"], dropout: float = D["dropout"]) -> ModelSpec:
     """A token spec sized by the vocabularies; input_len / target_len are the longest source and target in tokens,
     EOS included (what the encoder reads and the decoder emits). Recurrent sizes left out are RECURRENT_SIZES; a
     transformer (arch 'transformer', d_model and d_ff given) takes its widths from d_model, so leave them out."""

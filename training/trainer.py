@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from runtime.defaults import POINT_DEFAULTS, SEED
 from runtime.spec import ModelSpec
 
 from .build import build_model
@@ -44,11 +45,11 @@ class DivergedError(ConfigError):
 class TrainConfig:
     """Optimisation settings; the defaults are the book's."""
 
-    epochs: int = 100
-    batch_size: int = 16
-    lr: float = 0.01
-    teacher_forcing: float = 0.5
-    seed: int = 23
+    epochs: int = POINT_DEFAULTS["epochs"]
+    batch_size: int = POINT_DEFAULTS["batch_size"]
+    lr: float = POINT_DEFAULTS["lr"]
+    teacher_forcing: float = POINT_DEFAULTS["teacher_forcing"]
+    seed: int = SEED
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):

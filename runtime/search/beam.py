@@ -23,8 +23,18 @@ from functools import partial
 import numpy as np
 
 from ..errors import InputError
-from .step import (BatchAxes, Hypothesis, State, StepFn, call_step, check_decoding, check_float, check_int,
-                   forbid_eos, select)
+from .step import (
+    BatchAxes,
+    Hypothesis,
+    State,
+    StepFn,
+    call_step,
+    check_decoding,
+    check_float,
+    check_int,
+    forbid_eos,
+    select,
+)
 
 MAX_LENGTH_PENALTY = 50  # lengths up to 10,000 (MAX_TARGET_LEN) ** +-50 stay finite in float64
 

@@ -5,7 +5,16 @@ from typing import Callable
 
 import numpy as np
 
-from .step import BatchAxes, Hypothesis, State, StepFn, call_step, check_decoding, forbid_eos, select
+from .step import (
+    BatchAxes,
+    Hypothesis,
+    State,
+    StepFn,
+    call_step,
+    check_decoding,
+    forbid_eos,
+    select,
+)
 
 # A token picker maps the step's (B, V) log-probs to the (B,) chosen token ids.
 Picker = Callable[[np.ndarray], np.ndarray]

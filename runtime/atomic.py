@@ -1,6 +1,8 @@
-"""Write a directory whole or not at all: build it beside its destination, then swap it into place.
+"""Write a directory whole or not at all: build it beside its destination, then swap it into place (and one file
+whole or not at all: `write_file`).
 
-Shared by checkpoints and exports; each caller brings its own rule for what may be replaced.
+Shared by checkpoints, exports, vocabularies and the CLI's outputs; each caller brings its own rule for what may be
+replaced.
 
 The guarantees hold through a SIGKILL at any moment and between concurrent writers:
 - one writer per destination: `exclusive(out)` holds a non-blocking flock on `.<name>.lock` beside `out`;
@@ -25,7 +27,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from runtime.errors import Seq2OnnxError
 
@@ -59,6 +61,20 @@ _HOLDS_LOCK = threading.Lock()
 def sibling(path: Path, suffix: str) -> Path:
     """A fresh hidden name beside `path` (same filesystem, so renames are atomic)."""
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:UUID_HEX_CHARS]}{suffix}")
+
+
+def write_file(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write one file whole or not at all: `write` fills a fresh hidden sibling (permissions as the umask says),
+    which then replaces `path` in one rename; on any failure the sibling is removed and `path` is untouched."""
+    path = Path(path)
+    tmp = sibling(path, STAGING_SUFFIX)
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def lock_file(out: str | Path) -> Path:

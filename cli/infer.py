@@ -1,14 +1,12 @@
 """`seq2onnx infer`: decode sources from a file or stdin with an exported model (no torch needed).
 
 Point models read numeric sources (.npy, .npz, JSON) and print one JSON document; token models read text
-(--text, or one input per line) and print JSON lines, see `runtime.token_infer`."""
+(--text, or one input per line) and print JSON lines, see `cli.infer_tokens` and `runtime.token_infer`."""
 from __future__ import annotations
 
 import json
 import os
-import sys
-import uuid
-import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,128 +14,21 @@ import click
 import numpy as np
 from click.core import ParameterSource
 
-from .cli import check_threads_option
-from .errors import Seq2OnnxError
-from .inputs import MAX_TARGET_LEN
-from .sessions import PROVIDERS
-from .token_infer import (TOKEN_OUTPUT_SUFFIXES, TokenRun, check_token_usage, decoding_options, model_kind,
-                          read_items, refuse_token_options, token_options)
+from runtime.atomic import write_file
+from runtime.errors import Seq2OnnxError
+from runtime.inputs import MAX_TARGET_LEN
+from runtime.sessions import PROVIDERS
+from runtime.token_infer import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 
-
-class InputFileError(click.ClickException):
-    """The --input file cannot be read as sources (one line, no usage text)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"--input: {message}")
-
-
-# JSON has no size or depth limit of its own; these keep a hostile or mistaken input from exhausting memory.
-MAX_JSON_BYTES = 64 << 20
-JSON_KEYS = ("source", "source_mask")
-NPY_MAGIC = b"\x93NUMPY"
-
-
-def read_input(path: str) -> tuple[Any, Any]:
-    """(source, source_mask or None) from .npy, .npz (key 'source'), JSON, or '-' (JSON on stdin)."""
-    if path == "-":
-        return parse_json(_read_bounded(sys.stdin.buffer, "stdin"), "stdin")
-    suffix = Path(path).suffix.lower()
-    if suffix not in (".npy", ".npz", ".json"):
-        raise InputFileError(f"{path}: expected a .npy, .npz or .json file, or '-' for JSON on stdin")
-    try:
-        with open(path, "rb") as f:
-            if suffix == ".json":
-                return parse_json(_read_bounded(f, path), path)
-            if suffix == ".npy":
-                return _read_npy(f, path), None
-            return _read_npz(f, path)
-    except OSError as exc:
-        raise InputFileError(f"{path} could not be read ({exc.strerror or exc})") from None
-
-
-def _read_bounded(stream: Any, where: str) -> bytes:
-    data = stream.read(MAX_JSON_BYTES + 1)
-    if len(data) > MAX_JSON_BYTES:
-        raise InputFileError(f"{where}: JSON input is larger than {MAX_JSON_BYTES >> 20} MiB; "
-                             "pass large batches as .npy or .npz, or split them")
-    return data
-
-
-def _read_npy(f: Any, path: str) -> np.ndarray:
-    if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
-        raise InputFileError(f"{path}: not a NumPy .npy file (no .npy header); write it with numpy.save, "
-                             "or pass the data as .json")
-    f.seek(0)
-    try:
-        return np.load(f, allow_pickle=False)
-    except ValueError as exc:
-        raise InputFileError(f"{path}: {_numpy_problem(exc)}") from None
-
-
-def _read_npz(f: Any, path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    if not zipfile.is_zipfile(f):
-        raise InputFileError(f"{path}: not a NumPy .npz archive (not a zip file); write it with numpy.savez")
-    f.seek(0)
-    try:
-        with np.load(f, allow_pickle=False) as data:
-            unknown = sorted(set(data.files) - set(JSON_KEYS))
-            if "source" not in data.files or unknown:
-                raise InputFileError(f"{path} has arrays {sorted(data.files)}; expected 'source' and optionally "
-                                     "'source_mask', nothing else")
-            return data["source"], data["source_mask"] if "source_mask" in data.files else None
-    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise InputFileError(f"{path}: {_numpy_problem(exc)}") from None
-
-
-def _numpy_problem(exc: Exception) -> str:
-    """numpy's refusal of pickled objects suggests allow_pickle=True (unsafe); say what it means instead."""
-    if "pickle" in str(exc):
-        return "holds Python objects (pickled data), which are never loaded; save a plain numeric array"
-    return f"cannot be read as NumPy arrays ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-
-
-class JsonRefused(ValueError):
-    """Valid JSON that json.loads would quietly bend (a repeated key, an infinite number)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object; a key given twice is refused (json.loads would keep the last one silently)."""
-    keys = [key for key, _ in pairs]
-    twice = sorted({key for key in keys if keys.count(key) > 1})
-    if twice:
-        raise JsonRefused(f"JSON object gives the key(s) {twice} more than once; give each once")
-    return dict(pairs)
-
-
-def _finite_float(text: str) -> float:
-    """A JSON number; one beyond float64 (1e400) would silently become inf."""
-    value = float(text)
-    if not np.isfinite(value):
-        raise JsonRefused(f"JSON number {text} is beyond the float32 range (+-3.4e38); scale the data")
-    return value
-
-
-def parse_json(data: bytes, where: str) -> tuple[Any, Any]:
-    """JSON: nested lists (N, L, F), or {"source": ..., "source_mask": ...} and no other keys."""
-    if not data.strip():
-        raise InputFileError(f"{where}: is empty; expected JSON nested lists (N, L, F) or an object with 'source'")
-    try:
-        doc = json.loads(data, object_pairs_hook=_unique_keys, parse_float=_finite_float)
-    except JsonRefused as exc:
-        raise InputFileError(f"{where}: {exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"{where}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise InputFileError(f"{where}: JSON nested too deeply; expected nested lists (N, L, F)") from None
-    if isinstance(doc, dict):
-        unknown = sorted(set(doc) - set(JSON_KEYS))
-        if "source" not in doc or unknown:
-            raise InputFileError(f"{where}: JSON object has keys {sorted(doc)}; understood keys are "
-                                 f"{list(JSON_KEYS)}, 'source' required (options such as --target-len are "
-                                 "command-line flags)")
-        return doc["source"], doc.get("source_mask")
-    return doc, None
-
+from .common import check_threads_option, user_errors
+from .infer_points import read_input
+from .infer_tokens import (
+    check_token_usage,
+    decoding_options,
+    model_kind,
+    refuse_token_options,
+    token_options,
+)
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
 PLOT_SUFFIXES = (".png",)
@@ -172,7 +63,7 @@ def check_outputs(input_path: str, output_path: str | None, plot_path: str | Non
                                      param_hint="'--output'")
     if plot_path:
         check_output_path(plot_path, "'--plot'", PLOT_SUFFIXES, force)
-        from .plot import require_matplotlib
+        from runtime.plot import require_matplotlib
 
         require_matplotlib()
     named = [p for p in (output_path, plot_path) if p]
@@ -187,17 +78,11 @@ def check_outputs(input_path: str, output_path: str | None, plot_path: str | Non
 def write_atomically(path: str, write: Callable[[Any], None]) -> None:
     """Write through a temporary sibling and rename, so a failure never leaves half a file; a failed write (a full
     disk, a file system that takes no new files) is one line, exit 1."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        with open(tmp, "xb") as f:
-            write(f)
-        os.replace(tmp, target)
+        write_file(path, write)
     except OSError as exc:
         raise click.ClickException(f"{path}: could not be written ({exc.strerror or exc}); nothing was written "
                                    "there") from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_output(path: str, outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> None:
@@ -255,6 +140,7 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="With --ray: actors, each holding the model on --threads CPUs (default 1); default: as many as "
                    "the cluster's CPUs hold, at most one per block of inputs.")
 @token_options
+@user_errors
 def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], target_len: int | None, provider: str,
           attention: bool, output_path: str | None, plot_path: str | None, threads: int | None, device_id: int,
           fused: bool, force: bool, on_ray: bool, address: str | None, concurrency: int | None,
@@ -264,10 +150,13 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     Token models print one JSON line per input: {"index", "source", "hypotheses": [{"text", "tokens", "score",
     "log_prob"[, "attention"]}, ...][, "source_tokens"]}; "index" counts inputs from 0 (line number - 1).
     With --ray, point models write one JSON line per item: {"index", "outputs"[, "attention"]}."""
-    from .model import Seq2Seq
+    from runtime.model import Seq2Seq
 
     if on_ray or address is not None or concurrency is not None:
-        return _infer_on_ray(click.get_current_context())
+        return _infer_on_ray(click.get_current_context(), RayJob(
+            model_dir=model_dir, input_path=input_path, texts=texts, target_len=target_len, provider=provider,
+            attention=attention, output_path=output_path, plot_path=plot_path, threads=threads, fused=fused,
+            force=force, on_ray=on_ray, address=address, concurrency=concurrency, decoding=decoding))
     if model_kind(model_dir, texts) == "tokens":
         return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path, threads,
                              device_id, fused, force, decoding)
@@ -284,7 +173,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     if plot_path and len(outputs) == 0:
         click.echo(f"note: the input holds no items, so nothing was drawn and {plot_path} was not written", err=True)
     elif plot_path:
-        from .plot import plot_predictions, shown_items
+        from runtime.plot import plot_predictions, shown_items
 
         points = np.asarray(source, dtype=np.float32)  # already checked by predict
         write_atomically(plot_path, lambda f: plot_predictions(points, outputs, alphas, f))
@@ -300,38 +189,63 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
 RAY_MODULES = ("ray", "pyarrow", "pandas")  # what `ray[data]` brings; missing, --ray names the extra to install
 
 
-def _infer_on_ray(ctx: click.Context) -> None:
-    """--ray: refuse options that mean nothing there, then hand the command to serving.offline_cli (the 'serve'
+@dataclass(frozen=True)
+class RayJob:
+    """`infer --ray`'s command line, as typed values (what cli.infer_ray decodes)."""
+
+    model_dir: Path
+    input_path: str | None
+    texts: tuple[str, ...]
+    target_len: int | None
+    provider: str
+    attention: bool
+    output_path: str | None
+    plot_path: str | None
+    threads: int | None
+    fused: bool
+    force: bool
+    on_ray: bool
+    address: str | None
+    concurrency: int | None
+    decoding: dict[str, Any]  # the token options, by parameter name (cli.infer_tokens.token_options)
+
+
+def _infer_on_ray(ctx: click.Context, job: RayJob) -> None:
+    """--ray: refuse options that mean nothing there, then hand the command to cli.infer_ray (the 'serve'
     extra); only this path imports Ray."""
-    p = ctx.params
-    if not p["on_ray"]:
-        given = [flag for flag in ("--address", "--concurrency") if p[flag.strip("-")] is not None]
+    if not job.on_ray:
+        given = [flag for flag, value in (("--address", job.address), ("--concurrency", job.concurrency))
+                 if value is not None]
         raise click.UsageError(f"{' and '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to decoding on "
                                f"Ray; add --ray, or drop {'it' if len(given) == 1 else 'them'}")
-    if p["plot_path"]:
+    if job.plot_path:
         raise click.UsageError("--plot draws the first inputs of an in-process run; drop --plot with --ray, or run "
                                "without --ray to draw them")
-    if not p["output_path"]:
+    if not job.output_path:
         raise click.UsageError("--ray writes its results to --output FILE.jsonl (in input order, published whole); "
                                "add --output")
     if ctx.get_parameter_source("device_id") is not ParameterSource.DEFAULT:
         raise click.UsageError("--device-id: with --ray, Ray gives each actor its GPU (--provider cuda reserves one "
                                "per actor); drop --device-id")
     try:
-        from serving.offline_cli import infer_on_ray
+        from .infer_ray import infer_on_ray
     except ImportError as exc:
         if (exc.name or "").split(".")[0] not in RAY_MODULES:
             raise
         raise click.ClickException("--ray needs Ray Data, which is not installed; install the 'serve' extra: "
                                    "pip install -e '.[cpu,serve]' in a seq2onnx checkout") from None
-    infer_on_ray(ctx)
+    infer_on_ray(ctx, job)
+
+
+def _progress(line: str) -> None:
+    click.echo(line, err=True)
 
 
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,
                   output_path: str | None, plot_path: str | None, threads: int | None, device_id: int, fused: bool,
                   force: bool, decoding: dict[str, Any]) -> None:
     """Token models: texts in, one JSON line per input out (stdout, or --output written whole)."""
-    from .model import Seq2Seq
+    from runtime.model import Seq2Seq
 
     ctx = click.get_current_context()
     check_token_usage(ctx, model_dir, input_path, texts)
@@ -343,7 +257,8 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
         raise click.ClickException(str(exc)) from None
     run = TokenRun(model, options, decoding["batch_size"], attention, plot_path is not None)
     run.check(model_dir)
-    lines = (json.dumps(doc) + "\n" for doc in run.records(read_items(input_path, texts), output_path is not None))
+    docs = run.records(read_items(input_path, texts), _progress if output_path else None)
+    lines = (json.dumps(doc) + "\n" for doc in docs)
     if output_path:
         write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines))
         click.echo(f"wrote {output_path} ({run.decoded} input{'' if run.decoded == 1 else 's'})", err=True)
@@ -358,7 +273,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     if plot_path and not run.shown:
         click.echo(f"note: there were no inputs, so nothing was drawn and {plot_path} was not written", err=True)
     elif plot_path:
-        from .plot import plot_heatmaps
+        from runtime.plot import plot_heatmaps
 
         title = f"attention of the best hypothesis: the first {len(run.shown)} of {run.decoded} inputs"
         write_atomically(plot_path, lambda f: plot_heatmaps(run.heatmaps(), title, f))

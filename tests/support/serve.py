@@ -11,7 +11,7 @@ from typing import Iterator
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SQUARES = ROOT / "artifacts" / "squares"
 DATES = ROOT / "artifacts" / "dates"
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage-stats reporting from test clusters

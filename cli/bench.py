@@ -14,15 +14,30 @@ from typing import Any
 import click
 import numpy as np
 
-from runtime.bench import (FORMAT, LOOPS, Cell, best_rows, cell_record, floor_call, format_best, format_table, grid,
-                           identity_graph, make_inputs, measure, ort_call, plot_latency)
-from runtime.cli import require_torch
+from runtime.bench import (
+    FORMAT,
+    LOOPS,
+    Cell,
+    best_rows,
+    cell_record,
+    floor_call,
+    format_best,
+    format_table,
+    grid,
+    identity_graph,
+    make_inputs,
+    measure,
+    ort_call,
+    plot_latency,
+)
 from runtime.errors import Seq2OnnxError
-from runtime.cli import check_threads_option as check_threads
-from runtime.infer_cli import PLOT_SUFFIXES, check_output_path, write_atomically
 from runtime.inputs import MAX_TARGET_LEN
 from runtime.sessions import CPU, PROVIDERS, max_threads
 from runtime.token_infer import MAX_BATCH, MAX_BEAM
+
+from .common import check_threads_option as check_threads
+from .common import require_torch
+from .infer import PLOT_SUFFIXES, check_output_path, write_atomically
 
 LOOP_CHOICES = ("auto", "step", "fused", "both")
 POINT_DEFAULTS = {"batches": (1, 16, 256), "source_lens": (50,), "target_lens": (100,)}
@@ -226,9 +241,13 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
     first = next(iter(models.values()))
     eager = None
     if checkpoint is not None:
-        from .eager import Eager
+        from export.eager import Eager
+        from export.verify import input_errors
 
-        eager = Eager(checkpoint, model_dir, first)
+        try:
+            eager = Eager(checkpoint, model_dir, first)
+        except input_errors() as exc:
+            raise click.ClickException(str(exc)) from None
     cells = grid(providers, thread_counts, loops, values["batches"], values["source_lens"], values["target_lens"],
                  values["beams"])
     records = run_cells(cells, models, floor_sessions(providers, thread_counts), eager, spec,

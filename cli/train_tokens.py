@@ -8,17 +8,23 @@ from typing import Any
 
 import click
 
+from runtime.defaults import SPEC_OPTIONS
 from runtime.spec import ModelSpec
 from runtime.vocab import JOINERS
+from training.text_data import (
+    ACCURACY_TARGETS,
+    BUILTIN_LOADERS,
+    PAIR_SEPARATOR,
+    PARALLEL,
+    TOKENIZER_OF,
+    TSV,
+    TSV_SUFFIX,
+)
 
-from .cli_common import TOKENIZER_SUFFIX, Job, is_parallel, load_or_reload
-from .text_data import ACCURACY_TARGETS, BUILTIN_LOADERS, PAIR_SEPARATOR, PARALLEL, TOKENIZER_OF, TSV, TSV_SUFFIX
+from .train_options import TOKENIZER_SUFFIX, Job, is_parallel, load_or_reload
 
 BUILT_TOKENIZERS = tuple(JOINERS)  # 'char', 'whitespace': vocabularies built from the training data
 USER_DATA_TOKENIZER = "whitespace"
-# Options that are spec fields of the same name (--heads is n_heads).
-SPEC_OPTIONS = ("arch", "attention", "hidden_dim", "embedding_dim", "cell", "layers", "bidirectional",
-                "tie_embeddings", "reverse_source", "d_model", "d_ff", "norm", "positional", "dropout")
 
 
 def _must_exist(path: str, what: str) -> None:
@@ -83,11 +89,13 @@ def saved_token_options(state: dict[str, Any]) -> dict[str, Any]:
     """The options a token run was started with, from its training state."""
     vocab_options = state.get("vocab_options")
     if not isinstance(vocab_options, dict):
-        from .checkpoint import CheckpointError
+        from training.checkpoint import CheckpointError
 
         raise CheckpointError("the training state lacks 'vocab_options' (tokenizer, min_freq, max_vocab); it was "
                               "not written by seq2onnx train: start a new run without --resume")
-    from .token_trainer import TokenTrainConfig  # (resuming: torch is loaded already)
+    from training.token_trainer import (
+        TokenTrainConfig,  # (resuming: torch is loaded already)
+    )
 
     spec = ModelSpec.from_dict(state["spec"])
     model = {name: getattr(spec, name) for name in SPEC_OPTIONS}  # a transformer's widths: d_model, as it was built
@@ -109,7 +117,12 @@ def vocab_options(opts: dict[str, Any]) -> dict[str, Any]:
 
 def build_vocabularies(train: Any, tokenizer: str, min_freq: int, max_vocab: int | None) -> tuple[Any, Any]:
     """(source, target) vocabularies: one tokenizer file for both sides, or each built from its side's texts."""
-    from runtime.vocab import SPECIAL_TOKENS, TokenizerUnavailableError, Vocabulary, VocabError
+    from runtime.vocab import (
+        SPECIAL_TOKENS,
+        TokenizerUnavailableError,
+        VocabError,
+        Vocabulary,
+    )
 
     if tokenizer.endswith(TOKENIZER_SUFFIX):
         try:
@@ -127,8 +140,12 @@ def build_vocabularies(train: Any, tokenizer: str, min_freq: int, max_vocab: int
 
 def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Job:
     """Load (or reload) the text, build vocabularies, spec, config and trainer."""
-    from .text_data import describe_text_dataset, load_text_dataset, reload_text_dataset
-    from .token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
+    from training.text_data import (
+        describe_text_dataset,
+        load_text_dataset,
+        reload_text_dataset,
+    )
+    from training.token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
     train_set, test_set, description = load_or_reload(opts["data"], state, load_text_dataset,
                                                       describe_text_dataset, reload_text_dataset)
@@ -149,7 +166,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
 def accuracy_line(trainer: Any, test: Any, description: dict[str, Any], beam_size: int) -> str:
     """'held-out (N): greedy exact E, token T | beam K exact B | target >= X: met' (parts left out as they apply).
     The greedy figures are the last epoch's validation, which ran on `test` with these very weights."""
-    from .token_trainer import evaluate_beam
+    from training.token_trainer import evaluate_beam
 
     exact, token = trainer.history["val_exact"][-1], trainer.history["val_token"][-1]
     which = "test = training set" if description.get("test_is_train") else "held-out"

@@ -10,50 +10,16 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from runtime.defaults import POINT_DEFAULTS, arch_defaults
 from runtime.spec import POINTS_ATTENTION
-
-from .data import SQUARES
-from .text_data import BUILTIN_LOADERS, PAIR_SEPARATOR, TSV_SUFFIX
+from training.data import SQUARES
+from training.text_data import BUILTIN_LOADERS, PAIR_SEPARATOR, TSV_SUFFIX
 
 POINTS, TOKENS = "points", "tokens"
 DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"
 MULTIHEAD_DEFAULT_HEADS = 2
 NPZ_SUFFIX = ".npz"
 TOKENIZER_SUFFIX = ".json"
-# The book's defaults for point models (unchanged), and TokenTrainConfig / spec_for_text's for token models
-# (a test keeps these equal to the library's). A value None is resolved later (the tokenizer: by the data).
-POINT_DEFAULTS: dict[str, Any] = {"hidden_dim": 2, "epochs": 100, "batch_size": 16, "lr": 0.01,
-                                  "teacher_forcing": 0.5}
-TOKEN_DEFAULTS: dict[str, Any] = {
-    "hidden_dim": 128, "embedding_dim": 32, "cell": "gru", "layers": 1, "bidirectional": True,
-    "tie_embeddings": False, "reverse_source": False, "epochs": 12, "batch_size": 64, "lr": 3e-3, "lr_decay": 0.8,
-    "clip": 1.0, "label_smoothing": 0.0, "teacher_forcing": 1.0, "bucket": True, "tokenizer": None, "min_freq": 1,
-    "max_vocab": None, "eval_beam": 5, "warmup": 0,
-    "d_model": 0, "d_ff": 0, "norm": "pre", "positional": "sinusoidal", "dropout": 0.0,  # (not a transformer)
-}
-# --arch transformer replaces these (None: a recurrent size the transformer takes from d_model). Measured with
-# `seq2onnx train --arch transformer` on 2 threads of a nearly idle 2-core machine: reverse 0.997 held-out exact
-# after epoch 6 and 1.0 from epoch 7, 79 s for the whole run (12 epochs and the beam check; seeds 0 and 1 on one
-# thread: >= 0.99 after epoch 6 too); dates 0.993 after epoch 8, 0.999 after 12 (its sources are ~3x longer).
-TRANSFORMER_DEFAULTS: dict[str, Any] = {
-    "hidden_dim": None, "embedding_dim": None, "bidirectional": None, "d_model": 64, "d_ff": 256, "layers": 2,
-    "heads": 4, "dropout": 0.0, "epochs": 12, "lr": 2e-3, "lr_decay": 0.8, "warmup": 200,
-}
-# Built-in text sets whose size calls for other settings than the arch's defaults (measured on 2 CPU threads).
-# Recurrent: toy-translation is 9 pairs, one batch per epoch at the defaults, so it needs small models and many
-# steps; lookup learns position from attention and needs more, smaller steps (0.995 held-out exact after 4 epochs).
-# Transformer: toy-translation with one small layer reaches 9/9 after epoch 9..26 over five seeds (1 thread, 8 s).
-DATASET_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    "recurrent": {
-        "toy-translation": {"hidden_dim": 32, "embedding_dim": 16, "epochs": 30, "batch_size": 9, "lr": 0.01,
-                            "lr_decay": 1.0},
-        "lookup": {"epochs": 8, "batch_size": 32, "lr_decay": 0.93},
-    },
-    "transformer": {
-        "toy-translation": {"d_model": 32, "d_ff": 64, "layers": 1, "heads": 2, "epochs": 60, "batch_size": 9,
-                            "lr": 3e-3, "lr_decay": 1.0, "warmup": 10},
-    },
-}
 RECURRENT_ONLY = ("hidden_dim", "embedding_dim", "cell", "bidirectional", "attention")
 TRANSFORMER_ONLY = ("d_model", "d_ff", "dropout", "norm", "positional")
 TOKEN_ONLY = ("arch", "embedding_dim", "cell", "layers", "bidirectional", "tie_embeddings", "reverse_source",
@@ -131,12 +97,6 @@ def default_out(data: str, attention: str) -> Path:
     else:
         name = Path(data.split(PAIR_SEPARATOR)[0].strip() if is_parallel(data) else data).stem
     return DEFAULT_OUT_ROOT / f"{name}-{attention}"
-
-
-def arch_defaults(arch: str, data: str) -> dict[str, Any]:
-    """A token model's defaults: TOKEN_DEFAULTS, the transformer's over them, then the built-in set's own."""
-    over = TRANSFORMER_DEFAULTS if arch == "transformer" else {}
-    return {**TOKEN_DEFAULTS, **over, **DATASET_DEFAULTS.get(arch, {}).get(data, {})}
 
 
 def with_defaults(ctx: click.Context, opts: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -16,46 +16,68 @@ import numpy as np
 import ray
 
 from runtime.errors import Seq2OnnxError, one_line
-from runtime.infer_cli import check_outputs, read_input, write_atomically
 from runtime.inputs import check_mask, check_source, check_target_len
 from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
-from runtime.token_infer import (TOKEN_OUTPUT_SUFFIXES, Item, TokenRun, batches, check_token_usage, decoding_options,
-                                 model_kind, read_items, refuse_token_options)
+from runtime.token_infer import (
+    TOKEN_OUTPUT_SUFFIXES,
+    Item,
+    TokenRun,
+    batches,
+    read_items,
+)
+from serving.offline import (
+    MAX_POINT_BLOCK,
+    MAX_TOKEN_BLOCK,
+    OrderError,
+    Plan,
+    PointDecoder,
+    TokenDecoder,
+    cluster_actors,
+    decode_rows,
+    point_dataset,
+    token_dataset,
+)
 
 from .cluster import check_reachable, join_failed
-from .offline import (MAX_POINT_BLOCK, MAX_TOKEN_BLOCK, OrderError, Plan, PointDecoder, TokenDecoder, cluster_actors,
-                      decode_rows, point_dataset, token_dataset)
+from .infer import RayJob, check_outputs, write_atomically
+from .infer_points import read_input
+from .infer_tokens import (
+    check_token_usage,
+    decoding_options,
+    model_kind,
+    refuse_token_options,
+)
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
 # where the driver already reports its error as one line.
 QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
 
 
-def infer_on_ray(ctx: click.Context) -> None:
-    """`infer --ray` (its usage already checked by runtime.infer_cli): check the model and every input, then
-    decode on Ray and write --output whole."""
-    p = ctx.params
-    base = dict(model_dir=str(Path(p["model_dir"]).resolve()), provider=p["provider"], threads=p["threads"] or 1,
-                fused=p["fused"], attention=p["attention"])
-    note, tokens = None, model_kind(p["model_dir"], p["texts"]) == "tokens"
+def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
+    """`infer --ray` (its usage already checked by cli.infer): check the model and every input, then
+    decode on Ray and write --output whole. `ctx` tells which options were given; their values are `job`'s."""
+    base = dict(model_dir=str(Path(job.model_dir).resolve()), provider=job.provider, threads=job.threads or 1,
+                fused=job.fused, attention=job.attention)
+    note, tokens = None, model_kind(job.model_dir, job.texts) == "tokens"
     if tokens:
-        plan, chunks, note = _token_work(ctx, base)
+        plan, chunks, note = _token_work(ctx, job, base)
         n, unit, most, decoder = sum(map(len, chunks)), plan.batch_size, MAX_TOKEN_BLOCK, TokenDecoder
         make = partial(token_dataset, chunks)
     else:
-        plan, source, mask = _point_work(ctx, base)
+        plan, source, mask = _point_work(ctx, job, base)
         n, unit, most, decoder = len(source), 1, MAX_POINT_BLOCK, PointDecoder
         make = partial(point_dataset, source, mask)
-    output = p["output_path"]
+    output = job.output_path
+    assert output is not None  # cli.infer refuses --ray without --output
     if n == 0:
         write_atomically(output, lambda f: None)
     else:
-        with ray_session(p["address"], plan.model_dir):
-            if p["address"] is not None:  # shipped with the job: each actor reads its node's copy
+        with ray_session(job.address, plan.model_dir):
+            if job.address is not None:  # shipped with the job: each actor reads its node's copy
                 plan = dataclasses.replace(plan, model_dir=None)
             start = time.perf_counter()
-            actors, lines = decode_rows(n, make, decoder, plan, _actors(plan, p["concurrency"]), unit, most)
+            actors, lines = decode_rows(n, make, decoder, plan, _actors(plan, job.concurrency), unit, most)
             write_lines(output, lines)
             seconds = time.perf_counter() - start
         click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
@@ -64,7 +86,7 @@ def infer_on_ray(ctx: click.Context) -> None:
     if note:
         click.echo(note, err=True)
     if n == 0:
-        click.echo(f"note: {'stdin' if p['input_path'] == '-' else p['input_path']} held no "
+        click.echo(f"note: {'stdin' if job.input_path == '-' else job.input_path} held no "
                    f"{'text' if tokens else 'items'}, so nothing was decoded", err=True)
 
 
@@ -76,33 +98,33 @@ def _load(base: dict[str, Any]) -> Seq2Seq:
         raise click.ClickException(str(exc)) from None
 
 
-def _token_work(ctx: click.Context, base: dict[str, Any]) -> tuple[Plan, list[list[Item]], str | None]:
+def _token_work(ctx: click.Context, job: RayJob,
+                base: dict[str, Any]) -> tuple[Plan, list[list[Item]], str | None]:
     """A token model's plan, its inputs in in-process chunks (every line checked), and the note on blank lines."""
-    p = ctx.params
-    check_token_usage(ctx, p["model_dir"], p["input_path"], p["texts"])
-    options = decoding_options(ctx, p)
-    check_outputs(p["input_path"] or "-", p["output_path"], None, p["attention"], p["force"], TOKEN_OUTPUT_SUFFIXES)
+    check_token_usage(ctx, job.model_dir, job.input_path, job.texts)
+    options = decoding_options(ctx, job.decoding)
+    check_outputs(job.input_path or "-", job.output_path, None, job.attention, job.force, TOKEN_OUTPUT_SUFFIXES)
     model = _load(base)
-    run = TokenRun(model, options, p["batch_size"], p["attention"], False)
-    run.check(p["model_dir"])
-    items = read_items(p["input_path"], p["texts"])
-    chunks = list(batches(items, p["batch_size"], run.vocab, run.skipped, model.spec))
+    batch_size = job.decoding["batch_size"]
+    run = TokenRun(model, options, batch_size, job.attention, False)
+    run.check(job.model_dir)
+    items = read_items(job.input_path, job.texts)
+    chunks = list(batches(items, batch_size, run.vocab, run.skipped, model.spec))
     note = run.skipped_note() if run.skipped else None
-    return Plan(**base, batch_size=p["batch_size"], options=options), chunks, note
+    return Plan(**base, batch_size=batch_size, options=options), chunks, note
 
 
-def _point_work(ctx: click.Context, base: dict[str, Any]) -> tuple[Plan, np.ndarray, np.ndarray]:
+def _point_work(ctx: click.Context, job: RayJob, base: dict[str, Any]) -> tuple[Plan, np.ndarray, np.ndarray]:
     """A point model's plan, its (N, L, F) sources and (N, 1, L) mask, checked as predict checks them."""
-    p = ctx.params
-    refuse_token_options(ctx, p["model_dir"])
-    if p["input_path"] is None:
+    refuse_token_options(ctx, job.model_dir)
+    if job.input_path is None:
         raise click.UsageError("Missing option '--input'.")
-    check_outputs(p["input_path"], p["output_path"], None, p["attention"], p["force"], TOKEN_OUTPUT_SUFFIXES)
-    source, mask = read_input(p["input_path"])
+    check_outputs(job.input_path, job.output_path, None, job.attention, job.force, TOKEN_OUTPUT_SUFFIXES)
+    source, mask = read_input(job.input_path)
     model = _load(base)
     try:
         points = check_source(source, model.spec)
-        target_len = check_target_len(p["target_len"], model.spec)
+        target_len = check_target_len(job.target_len, model.spec)
         return Plan(**base, target_len=target_len), points, check_mask(mask, points)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None

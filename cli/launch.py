@@ -21,9 +21,8 @@ from typing import Any
 
 import click
 
-from runtime.cli import Interrupted
-
-from .cli_common import flag, given
+from .common import Interrupted
+from .train_options import flag, given
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")
 MULTI_NODE_OPTIONS = ("rdzv_endpoint", "rdzv_id", "rdzv_timeout")  # meaningful with --nnodes > 1 only
@@ -38,12 +37,6 @@ ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<por
 RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read once, when torch loads
 ELASTIC_LOGGERS = "torch.distributed.elastic"
-LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for a worker
-
-
-def launched() -> bool:
-    """True in a process that torchrun started (its rank and rendezvous are in the environment)."""
-    return all(name in os.environ for name in LAUNCH_ENV)
 
 
 class StoppedBySigterm(Interrupted):
@@ -220,7 +213,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousError,
+        RendezvousTimeoutError,
+    )
     from torch.distributed.run import parse_args, run
 
     from runtime.sessions import max_threads

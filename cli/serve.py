@@ -14,14 +14,20 @@ from typing import Any
 
 import click
 
-from runtime.cli import Interrupted, require
 from runtime.errors import Seq2OnnxError
 from runtime.inputs import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
+from serving.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_DECODING,
+    MAX_BATCH_LIMIT,
+    Replicas,
+    ServeConfig,
+    parse_replicas,
+)
 
 from .cluster import check_reachable, join_failed
-from .config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DECODING, MAX_BATCH_LIMIT, Replicas, ServeConfig,
-                     parse_replicas)
+from .common import Interrupted, require
 
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
@@ -190,7 +196,7 @@ def _deploy(model_dir: Path, config: ServeConfig, http: dict[str, Any], proxy_lo
     """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
     from ray import serve
 
-    from .app import build_app
+    from serving.app import build_app
 
     serve.start(http_options=http, proxy_location=proxy_location)
     app = build_app(None if shipped else model_dir, config)  # None: each replica's working directory

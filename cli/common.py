@@ -1,4 +1,5 @@
-"""`seq2onnx` command line. Commands that need torch live in `training`/`export` and load lazily.
+"""What every `seq2onnx` command shares: the exit-code scheme, Ctrl-C as exit 130, option types and checks, and
+naming the extra to install when an optional dependency is missing.
 
 Exit codes, the same for every command:
     0    success
@@ -10,18 +11,18 @@ Exit codes, the same for every command:
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import math
-import os
 import signal
-import sys
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import click
 
-from . import __version__
+from runtime.errors import Seq2OnnxError, UsageError
 
 EXIT_INTERRUPTED = 130
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Interrupted(click.ClickException):
@@ -56,52 +57,12 @@ def check_threads_option(ctx: click.Context, param: click.Parameter, value: int 
     """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
     if value is None:
         return None
-    from .sessions import max_threads
+    from runtime.sessions import max_threads
 
     if not 1 <= value <= max_threads():
         raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this process may use; more threads "
                                  f"only contend for them), got {value}")
     return value
-
-
-# Loaded only when used, so `infer` and `--help` work on an install without torch.
-LAZY_COMMANDS = {
-    "train": ("training.cli", "train"),
-    "export": ("export.cli", "export_command"),
-    "verify": ("export.cli", "verify_command"),
-    "infer": ("runtime.infer_cli", "infer"),
-    "eval": ("training.eval_cli", "eval_command"),
-    "bench": ("export.bench_cli", "bench_command"),
-    "serve": ("serving.cli", "serve_command"),
-}
-
-
-class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(LAZY_COMMANDS)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in LAZY_COMMANDS:
-            return None
-        module_name, attr = LAZY_COMMANDS[name]
-        return getattr(importlib.import_module(module_name), attr)
-
-    def invoke(self, ctx: click.Context) -> object:
-        """Run the subcommand; Ctrl-C anywhere is exit 130 (click's own `Abort` would exit 1)."""
-        try:
-            return super().invoke(ctx)
-        except KeyboardInterrupt:
-            name = ctx.invoked_subcommand or "seq2onnx"
-            raise Interrupted(f"{name}: interrupted; nothing was written (outputs are published whole "
-                              "or not at all)") from None
-
-
-@click.group(cls=LazyGroup)
-@click.version_option(__version__, prog_name="seq2onnx")
-def main() -> None:
-    """Train seq2seq models with attention, export them to ONNX, and run them without torch."""
 
 
 def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None:
@@ -121,20 +82,18 @@ def require_torch(extra: str = "train", what: str = "this command") -> None:
     require(("torch",), "PyTorch", extra, what)
 
 
-def entry(args: list[str] | None = None) -> None:
-    """The `seq2onnx` program. After Ctrl-C, whatever cleanup there is has run when `main` exits 130; the process
-    then ends at once with 130, because CPython kills itself with SIGINT at exit (status -2, not 130) when the
-    KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
-    though our handler caught it."""
-    try:
-        main(args=args, prog_name="seq2onnx")
-    except SystemExit as exc:
-        if exc.code != EXIT_INTERRUPTED:
-            raise
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_INTERRUPTED)
+def user_errors(command: F) -> F:
+    """A command's callback whose library errors end the command as click's do: a `runtime.errors.UsageError`
+    is exit 2 with the usage line, any other `Seq2OnnxError` exit 1, each as one line."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except UsageError as err:
+            if err.param is not None:
+                raise click.BadParameter(str(err), param_hint=f"'{err.param}'") from None
+            raise click.UsageError(str(err)) from None
+        except Seq2OnnxError as err:
+            raise click.ClickException(str(err)) from None
 
-
-if __name__ == "__main__":
-    entry()
+    return run  # type: ignore[return-value]

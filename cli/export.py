@@ -1,0 +1,182 @@
+"""`seq2onnx export` and `seq2onnx verify`. Importable without torch: heavy imports are in the bodies."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from runtime.defaults import (
+    DEFAULT_ATOL,
+    DEFAULT_DRIFT_ATOL,
+    DEFAULT_OPSET,
+    DEFAULT_RTOL,
+    DTYPES,
+    MAX_ATTENTION_DIFF,
+    MAX_OUTPUT_DIFF,
+    MIN_EXACT_MATCH,
+    MIN_TOKEN_AGREEMENT,
+    QUANTIZATIONS,
+)
+from runtime.errors import UsageError
+
+from .common import FiniteFloatRange, require_torch, user_errors
+from .train import check_data_option
+
+QUALITY_OPTIONS = ("max_output_diff", "max_attention_diff", "min_exact_match", "min_token_agreement")
+
+
+def tolerance_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--atol, --rtol and --drift-atol, shared by export and verify."""
+    options = [
+        click.option("--atol", type=FiniteFloatRange(min=0), default=DEFAULT_ATOL, show_default=True,
+                     help="Absolute tolerance for every graph output, given identical inputs."),
+        click.option("--rtol", type=FiniteFloatRange(min=0), default=DEFAULT_RTOL, show_default=True,
+                     help="Relative tolerance: an element passes when |ort - torch| <= atol + rtol * |torch|."),
+        click.option("--drift-atol", type=FiniteFloatRange(min=0), default=DEFAULT_DRIFT_ATOL, show_default=True,
+                     help="Absolute tolerance for the free-running greedy decode, where float32 rounding is fed "
+                          "back step after step."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def precision_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--quantize, --dtype, --accept-quality-loss and the quality tolerances of a reduced-precision export."""
+    options = [
+        click.option("--quantize", type=click.Choice(QUANTIZATIONS), default=None,
+                     help="Quantize the weights of MatMul/Gemm, embeddings and LSTM to int8, activations per call "
+                          "(onnxruntime dynamic quantization, for CPUs; an encoder's GRU op stays float32)."),
+        click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True,
+                     help="Weights and compute in float16 (for CUDA), inputs and outputs still float32."),
+        click.option("--accept-quality-loss", is_flag=True,
+                     help="Publish a --quantize/--dtype export even when it loses more than the tolerances "
+                          "below against its float32 graphs (with a warning; the manifest records it)."),
+        click.option("--max-output-diff", type=FiniteFloatRange(min=0), default=MAX_OUTPUT_DIFF,
+                     show_default=True, help="Point models: the largest output difference from float32, as a "
+                                             "fraction of the outputs' largest magnitude."),
+        click.option("--max-attention-diff", type=FiniteFloatRange(min=0), default=MAX_ATTENTION_DIFF,
+                     show_default=True, help="Point models: the largest attention-weight difference from float32."),
+        click.option("--min-exact-match", type=FiniteFloatRange(0, 1), default=MIN_EXACT_MATCH,
+                     show_default=True, help="Token models: the least fraction of decoded sequences (greedy and "
+                                             "beam 5) identical to float32's."),
+        click.option("--min-token-agreement", type=FiniteFloatRange(0, 1), default=MIN_TOKEN_AGREEMENT,
+                     show_default=True, help="Token models: the least fraction of output positions equal to "
+                                             "float32's."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept: bool) -> None:
+    """Usage errors: int8 with fp16, and quality options without a reduced precision to judge."""
+    if quantize is not None and dtype != "fp32":
+        raise click.UsageError(f"--quantize {quantize} and --dtype {dtype} cannot be combined: int8 quantization "
+                               "works on float32 graphs; choose one")
+    given = [f"--{name.replace('_', '-')}" for name in (*QUALITY_OPTIONS, "accept_quality_loss")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given and quantize is None and dtype == "fp32":
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} only {verb} to a reduced-precision export; add --quantize int8 "
+                               "or --dtype fp16, or drop them")
+
+
+@click.command("export", short_help="Export a checkpoint to ONNX, checked for parity first.")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory to write the export to (a new one, or an earlier export with --force).")
+@click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
+@tolerance_options
+@precision_options
+@click.option("--force", is_flag=True, help="Replace an existing export at --out.")
+@click.pass_context
+def export_command(ctx: click.Context, checkpoint: Path, out: Path, opset: int, atol: float, rtol: float,
+                   drift_atol: float, quantize: str | None, dtype: str, accept_quality_loss: bool,
+                   max_output_diff: float, max_attention_diff: float, min_exact_match: float,
+                   min_token_agreement: float, force: bool) -> None:
+    """Export CHECKPOINT to ONNX graphs + manifest, checked for parity before anything is written.
+
+    With --quantize int8 or --dtype fp16 the float32 graphs are checked first, then converted and compared with
+    them (real test data when the checkpoint's data can be reloaded, else random inputs); an export that loses
+    more than the tolerances is refused unless --accept-quality-loss."""
+    check_precision(ctx, quantize, dtype, accept_quality_loss)
+    require_torch()
+    from export.api import QualityLossWarning, export_model
+    from export.atomic import check_destination
+    from export.graphs import MAX_OPSET, MIN_OPSET
+    from export.parity import Tolerance, format_table
+    from export.quality import QualityTolerance, format_quality
+    from export.verify import input_errors
+    from runtime.destination import normalized
+
+    tol = Tolerance(atol, rtol, drift_atol)
+    quality_tol = QualityTolerance(max_output_diff, max_attention_diff, min_exact_match, min_token_agreement)
+    mode = quantize or dtype
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="'--opset'")
+    if normalized(out).resolve().is_relative_to(checkpoint.resolve()):
+        raise click.BadParameter(f"{out} is CHECKPOINT {checkpoint} or inside it; an export there would make the "
+                                 "checkpoint hold files seq2onnx training does not write, choose a directory beside it",
+                                 param_hint="'--out'")
+    try:
+        check_destination(normalized(out), force)  # a refused --out is said before any work
+        click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", QualityLossWarning)
+            path = export_model(checkpoint, out, opset=opset, tol=tol, force=force, progress=True,
+                                on_parity=lambda rows: click.echo(format_table(rows, tol)),
+                                quantize=quantize, dtype=dtype, quality_tol=quality_tol,
+                                accept_quality_loss=accept_quality_loss,
+                                on_quality=lambda rows: click.echo(format_quality(rows, quality_tol, mode)))
+    except input_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:  # a full disk, a file system that takes no new files: the staging copy is gone already
+        raise click.ClickException(f"--out {out}: the export could not be written ({exc.strerror or exc}); nothing "
+                                   "was written there") from None
+    for warning in caught:
+        if issubclass(warning.category, QualityLossWarning):
+            click.echo(f"warning: {warning.message}", err=True)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    click.echo(f"wrote {path}" + ("" if mode == "fp32" else f" ({mode}, quality report in its manifest)"))
+
+
+def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--data names point data ('squares', PATH.npz) or text data (a built-in, PATH.tsv, SRC,TGT); which one fits
+    is checked once the model's kind is known. A named file that does not exist is a usage error."""
+    from .train_tokens import check_text_data
+
+    if value is None or value == "squares":
+        return value
+    if value.endswith(".npz"):
+        return check_data_option(ctx, param, value)
+    return check_text_data(value)
+
+
+@click.command("verify", short_help="Compare a checkpoint and its export (PyTorch vs onnxruntime).")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@tolerance_options
+@click.option("--data", "data", default=None, callback=check_verify_data,
+              help="Also compare on this data: 'squares' or PATH.npz for point models; reverse, toy-translation, "
+                   "lookup, dates, PATH.tsv or SRC,TGT for token models (default: the checkpoint's training data, "
+                   "when it can still be found).")
+@user_errors
+def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, drift_atol: float,
+                   data: str | None) -> None:
+    """Compare PyTorch (CHECKPOINT) and onnxruntime (MODEL_DIR) across batches and lengths."""
+    require_torch()
+    from export.parity import Tolerance
+    from export.verify import input_errors, verify
+
+    try:
+        passed = verify(checkpoint, model_dir, Tolerance(atol, rtol, drift_atol), data, show=click.echo,
+                        note=lambda line: click.echo(line, err=True))
+    except UsageError:
+        raise
+    except input_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(passed)

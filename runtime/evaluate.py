@@ -1,0 +1,130 @@
+"""Score an exported token model on text pairs (what `seq2onnx eval` prints), with the runtime alone.
+
+Scoring follows the trainer's `evaluate_tokens`, so eval and training report the same figures:
+  exact   a hypothesis is exact when its ids equal the reference's target ids (`vocab.encode(target,
+          add_eos=False)`) and it stopped by emitting EOS: one cut off at the decoding limit is never exact.
+  token   position by position over the reference's ids + EOS, against the hypothesis's ids + EOS (no EOS when it
+          was cut off), divided by the number of reference ids + EOS.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable
+
+from .vocab import EOS, UNK
+
+UNK_WARN_FRACTION = 0.10  # more unknown source tokens than this: the data is likely not the model's
+# (total, description) -> a context whose value has .update(n) (a tqdm bar), or is None for no progress
+Progress = Callable[[int, str], AbstractContextManager[Any]]
+
+
+def no_progress(total: int, desc: str) -> AbstractContextManager[Any]:
+    """Progress that shows nothing."""
+    return nullcontext(None)
+
+
+def unknown_fraction(vocab: Any, texts: tuple[str, ...]) -> float:
+    """The share of the texts' tokens that `vocab` maps to UNK (0 for no tokens)."""
+    ids = [i for text in texts for i in vocab.encode(text, add_eos=False)]
+    return sum(i == UNK for i in ids) / len(ids) if ids else 0.0
+
+
+def decode(model: Any, sources: tuple[str, ...], batch_size: int, progress: Progress, desc: str,
+           **options: Any) -> tuple[list[list[int]], float]:
+    """The best hypothesis's ids per source, and the seconds spent in translate_batch."""
+    model.translate_batch([sources[0]], **options)  # warm-up: onnxruntime's first run allocates
+    found: list[list[int]] = []
+    seconds = 0.0
+    with progress(len(sources), desc) as bar:
+        for start in range(0, len(sources), batch_size):
+            texts = list(sources[start:start + batch_size])
+            begin = time.perf_counter()
+            translations = model.translate_batch(texts, **options)
+            seconds += time.perf_counter() - begin
+            found.extend(hyps[0].ids for hyps in translations)
+            if bar is not None:
+                bar.update(len(texts))
+    return found, seconds
+
+
+def score(found: list[list[int]], references: list[list[int]], max_len: int) -> dict[str, Any]:
+    """Exact flags, exact and token accuracy of hypotheses against references (see the module docstring)."""
+    flags, correct, total = [], 0, 0
+    for ids, ref in zip(found, references):
+        predicted = ids + [EOS] if len(ids) < max_len else ids  # shorter than the limit: it stopped at EOS
+        reference = ref + [EOS]
+        flags.append(predicted == reference)
+        correct += sum(p == r for p, r in zip(predicted, reference))
+        total += len(reference)
+    return {"flags": flags, "exact": sum(flags) / len(flags), "exact_count": sum(flags), "token": correct / total}
+
+
+def strategy_report(model: Any, sources: tuple[str, ...], references: list[list[int]], max_len: int,
+                    batch_size: int, progress: Progress, desc: str, **options: Any) -> dict[str, Any]:
+    """Decode and score one strategy: accuracies, exact flags, seconds and sequences per second."""
+    found, seconds = decode(model, sources, batch_size, progress, desc, max_decoding_length=max_len, **options)
+    figures = score(found, references, max_len)
+    return {**figures, "seconds": seconds, "sequences_per_s": len(sources) / seconds if seconds > 0 else None}
+
+
+def evaluate(model: Any, pairs: Any, beam: int, length_penalty: float, batch_size: int, margin: int,
+             progress: Progress = no_progress) -> dict[str, Any]:
+    """Greedy and (beam > 0) beam-`beam` figures on `pairs` (`.sources`, `.targets`), and how the two compare;
+    both decode at most (longest reference + EOS) + `margin` tokens."""
+    references = [model.vocabularies["target"].encode(t, add_eos=False) for t in pairs.targets]
+    max_len = max(len(r) for r in references) + 1 + margin
+    if model.spec.is_transformer:  # output token t reads row t of its position table
+        max_len = min(max_len, model.spec.max_positions)
+    run = {"sources": pairs.sources, "references": references, "max_len": max_len, "batch_size": batch_size,
+           "progress": progress}
+    greedy = strategy_report(model, desc="greedy", **run)
+    result: dict[str, Any] = {"max_decoding_length": max_len, "greedy": greedy, "beam": None}
+    if beam > 0:
+        found = strategy_report(model, desc=f"beam {beam}", beam_size=beam, length_penalty=length_penalty, **run)
+        pairs_of_flags = list(zip(greedy["flags"], found["flags"]))
+        lost = sum(g and not b for g, b in pairs_of_flags)
+        result["beam"] = {**found, "beam_size": beam, "length_penalty": length_penalty, "lost": lost,
+                          "gained": sum(b and not g for g, b in pairs_of_flags), "never_worse": lost == 0}
+    for strategy in ("greedy", "beam"):
+        if result[strategy] is not None:
+            del result[strategy]["flags"]
+    return result
+
+
+def data_warnings(model: Any, pairs: Any) -> tuple[dict[str, float], list[str]]:
+    """Unknown-token shares of sources and targets, and a warning for each above UNK_WARN_FRACTION."""
+    shares = {side: unknown_fraction(model.vocabularies[side], texts)
+              for side, texts in (("source", pairs.sources), ("target", pairs.targets))}
+    warnings = [f"{share:.0%} of the {side} tokens are not in the model's {side} vocabulary (they become <unk>); "
+                "the model was likely trained on other data" for side, share in shares.items()
+                if share > UNK_WARN_FRACTION]
+    return shares, warnings
+
+
+def _rate(figures: dict[str, Any]) -> str:
+    rate = figures["sequences_per_s"]
+    return "n/a seq/s" if rate is None else f"{rate:,.1f} seq/s"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The text eval prints."""
+    greedy, beam, n = report["greedy"], report["beam"], report["sequences"]
+    lines = [f"model   {report['model']} ({', '.join(report['providers'])})",
+             (f"data    {report['data']}, {report['split']} split: {n} sequence{'' if n == 1 else 's'} "
+              f"(at most {report['max_decoding_length']} decoding steps)"),
+             (f"greedy  exact {greedy['exact']:.4f} ({greedy['exact_count']}/{n})  token {greedy['token']:.4f}  "
+              f"{_rate(greedy)}")]
+    if beam is None:
+        lines.append("beam    skipped (--beam 0)")
+    else:
+        lines.append(f"beam {beam['beam_size']:<3}exact {beam['exact']:.4f} ({beam['exact_count']}/{n})  token "
+                     f"{beam['token']:.4f}  {_rate(beam)}  (length penalty {beam['length_penalty']:g})")
+        verdict = "never worse than greedy" if beam["never_worse"] else "WORSE than greedy on some sequences"
+        lines.append(f"beam vs greedy: {verdict} (greedy right, beam wrong: {beam['lost']}; beam right, greedy "
+                     f"wrong: {beam['gained']})")
+    target = report["target"]
+    if target is not None:
+        lines.append(f"target  greedy exact >= {target['exact']:g} for {report['data']}: "
+                     f"{'met' if target['met'] else 'NOT met'}")
+    return "\n".join(lines)
