@@ -3,7 +3,7 @@
     python benchmarks/cpu_step_bench.py [--repeats 7] [--threads 1 --threads 2] [--case points-b256] [--json]
 
 Cases, seeded random weights exported to a temporary directory (parity checked by export_model):
-  points-b1     GRU + dot attention, hidden 64,  batch 1,   source 50, 100 steps (runtime.decode.greedy_decode)
+  points-b1     GRU + dot attention, hidden 64,  batch 1,   source 50, 100 steps (runtime.points.greedy_decode)
   points-b256   GRU + dot attention, hidden 256, batch 256, source 50, 100 steps
   tokens-b1     token GRU (spec_for_text on `reverse`, hidden 128, as benchmarks/token_decode_bench.py: the EOS logit
   tokens-b64    pushed down, so every row runs all 20 steps), greedy through runtime.search over TokenSteps
@@ -12,14 +12,14 @@ Variants, each timed on the same inputs, in turn, every repeat (figures are medi
                   which onnxruntime fuses into a slower FusedMatMul), onnxruntime's default session settings
                   (spinning on, ORT_ENABLE_ALL) with intra_op_num_threads = t
   before+opts     that graph with seq2onnx's session settings (runtime.sessions.session_options)
-  cell            the step export_model writes now (export.wrappers, export.token_wrappers: the GRU as Gemms and
+  cell            the step export_model writes now (export.points.graphs, export.tokens.graphs: the GRU as Gemms and
                   gates, cells.ExplicitGRU; for points also 1/sqrt(d_k) folded into the query projection, the mask
                   applied by one Where, the read-out one Gemm), onnxruntime's default session settings
   after           the step export_model writes, seq2onnx's session settings: what Seq2Seq.load(threads=t) runs
   after+spin      after, with session.intra_op.allow_spinning on
   after+stop      after, spinning on during a run and stopped at its end (session.force_spinning_stop)
   after/extended  after, at ORT_ENABLE_EXTENDED;  after/basic: at ORT_ENABLE_BASIC
-  torch           PyTorch eager: training.decode.reference_decode / TokenSeq2Seq.greedy, torch.set_num_threads(t)
+  torch           PyTorch eager: training.points.decode.reference_decode / TokenSeq2Seq.greedy, torch.set_num_threads(t)
 `vs before` is before's time over the variant's (> 1: faster), `vs torch` torch's at the same threads over the
 variant's. The summary compares each side at its best thread count. Then, per spinning setting: the CPU a process
 burns in the 0.5 s after a call, while it waits for the next request.
@@ -56,17 +56,17 @@ import torch.nn as nn
 from export.api import export_model
 from export.graphs import dynamic_axes
 from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, graph_io
-from runtime.decode import greedy_decode
+from runtime.points import greedy_decode
 from runtime.search import greedy_search
 from runtime.sessions import CPU, session_options
 from runtime.spec import ModelSpec
-from runtime.token_steps import TokenSteps
+from runtime.tokens import TokenSteps
 from runtime.vocab import BOS, EOS, Vocabulary
 from training.build import build_model
-from training.decode import reference_decode
-from training.recurrent import TokenSeq2Seq
-from training.text_data import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF, load_text_dataset
-from training.token_trainer import spec_for_text
+from training.points.decode import reference_decode
+from training.tokens.data import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF, load_text_dataset
+from training.tokens.recurrent import TokenSeq2Seq
+from training.tokens.trainer import spec_for_text
 
 NO_EOS_BIAS = -1e4  # as token_decode_bench: EOS is never chosen, every row decodes TOKEN_STEPS steps
 TOKEN_STEPS = 20

@@ -58,8 +58,8 @@ def build_trainer(batch_size: int, dist: Any) -> Any:
     """A TokenTrainer with `seq2onnx train`'s recurrent defaults on the reverse set (per-process `batch_size`)."""
     from runtime.defaults import SPEC_OPTIONS, arch_defaults
     from runtime.vocab import Vocabulary
-    from training.text_data import TOKENIZER_OF, load_text_dataset
-    from training.token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
+    from training.tokens.data import TOKENIZER_OF, load_text_dataset
+    from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
     opts = {**arch_defaults("recurrent", DATA), "arch": "recurrent", "attention": "dot", "batch_size": batch_size}
     train, test = load_text_dataset(DATA)

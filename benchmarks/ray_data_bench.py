@@ -2,9 +2,9 @@
 
     python benchmarks/ray_data_bench.py [--n 10000] [--repeats 3] [--batch-size 32] [--model artifacts/dates]
 
-Inputs are --n dates in every human format of training.text_data (3 to 30 characters), greedy decoding with the
+Inputs are --n dates in every human format of training.tokens.data (3 to 30 characters), greedy decoding with the
 shipped dates model. Every row produces the JSON lines `infer` writes, from the same texts:
-  in-process tN    runtime.token_infer.TokenRun.records (what `infer` runs), onnxruntime with N intra-op threads
+  in-process tN    runtime.infer_tokens.TokenRun.records (what `infer` runs), onnxruntime with N intra-op threads
   in-proc t1 sort  the same with the texts sorted by length first: the padding that sorting saves, without Ray
   ray K actor(s)   serving.offline.decode_texts on a local Ray started once (ray.init is not timed): K actors of
                    1 CPU / 1 thread each, each loading the model, inputs sorted by length within blocks
@@ -26,10 +26,10 @@ from typing import Callable
 import click
 import ray
 
+from runtime.infer_tokens import Item, TokenRun
 from runtime.model import Seq2Seq
-from runtime.token_infer import Item, TokenRun
 from serving.offline import Plan, decode_texts
-from training.text_data import generate_dates
+from training.tokens.data import generate_dates
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = dict(beam_size=1, num_hypotheses=1, length_penalty=1.0, max_decoding_length=None, min_decoding_length=0,

@@ -25,8 +25,8 @@ from export.graphs import dynamic_axes
 from runtime import Seq2Seq
 from runtime.spec import ModelSpec
 from training.build import build_model
-from training.decode import reference_decode
-from training.models import EncoderDecoder
+from training.points.decode import reference_decode
+from training.points.models import EncoderDecoder
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:

@@ -32,7 +32,7 @@ import numpy as np
 from runtime.bench import fixed_length_text
 from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
-from runtime.translate import source_token_limit
+from runtime.tokens import source_token_limit
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 MAX_POINTS = 64  # longest point source and target of the mix

@@ -11,7 +11,7 @@ for the search strategies, but also holds for `TokenSeq2Seq.greedy`, which has n
 Sources are the held-out `reverse` strings of 12 digits (13 ids with EOS). Decoders, each timed on the same batch:
   ort search      Seq2Seq.token_steps (encode + step sessions) driven by runtime.search greedy_search / beam_search
   ort translate   Seq2Seq.translate_batch: the above plus text encoding and decoding to text
-  torch search    training.recurrent.torch_steps driven by the same runtime.search strategies
+  torch search    training.tokens.recurrent.torch_steps driven by the same runtime.search strategies
   torch greedy    TokenSeq2Seq.greedy, the PyTorch reference loop (greedy only)
 Each repeat runs every decoder once, in turn, so drift hits all alike; figures are medians after one warm-up call.
 tok/s counts the output tokens (batch x steps; beam: of the best hypothesis, not of every beam row). `vs ort` is a
@@ -39,9 +39,9 @@ from runtime.contract import state_batch_axes
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.vocab import BOS, EOS, Vocabulary
-from training.recurrent import TokenSeq2Seq, torch_steps
-from training.text_data import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF, load_text_dataset
-from training.token_trainer import spec_for_text
+from training.tokens.data import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF, load_text_dataset
+from training.tokens.recurrent import TokenSeq2Seq, torch_steps
+from training.tokens.trainer import spec_for_text
 
 NO_EOS_BIAS = -1e4  # EOS's logit offset: far below any other logit of a random model, so EOS is never chosen
 BATCHES = (1, 64)

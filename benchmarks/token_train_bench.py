@@ -21,14 +21,14 @@ import torch
 from runtime.defaults import arch_defaults
 from runtime.spec import ARCHS, NORMS, POSITIONALS
 from runtime.vocab import Vocabulary
-from training.text_data import (
+from training.tokens.data import (
     ACCURACY_TARGETS,
     BUILTIN_LOADERS,
     REVERSE,
     TOKENIZER_OF,
     load_text_dataset,
 )
-from training.token_trainer import (
+from training.tokens.trainer import (
     TokenTrainConfig,
     TokenTrainer,
     evaluate_tokens,

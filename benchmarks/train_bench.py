@@ -5,7 +5,7 @@
 Variants, run round-robin so drifts in machine load hit all of them alike:
   plain       hand-written loop: same model, data, seeded shuffles, Adam steps and per-epoch validation
   dataloader  the same loop with the book's DataLoader(TensorDataset, shuffle=True, generator=...)
-  trainer     training.trainer.Trainer.fit, no progress bar
+  trainer     training.points.trainer.Trainer.fit, no progress bar
   train-cli   what `seq2onnx train` adds: progress bar (to a buffer), train_state.pt every epoch, final checkpoint
 plain, trainer and train-cli must end with identical weights; the benchmark fails otherwise. The DataLoader's
 sampler draws extra random numbers from the generator each epoch, so its batches (and weights) differ.
@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from runtime.contract import CHECKPOINT_STATE_FILE
 from training.build import build_model
 from training.checkpoint import partial_dir, save_checkpoint, save_train_state
-from training.data import SeqData, describe_dataset, squares
-from training.trainer import TrainConfig, Trainer, evaluate, spec_for_data
+from training.points.data import SeqData, describe_dataset, squares
+from training.points.trainer import TrainConfig, Trainer, evaluate, spec_for_data
 
 TARGET_RATIO = 1.5
 Weights = dict[str, torch.Tensor]

@@ -40,13 +40,8 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from export.graphs import (
-    EXAMPLE_BATCH,
-    EXAMPLE_LENGTHS,
-    EXAMPLE_SOURCE_LEN,
-    dynamic_axes,
-    export_graphs,
-)
+from export.examples import EXAMPLE_BATCH, EXAMPLE_LENGTHS, EXAMPLE_SOURCE_LEN
+from export.graphs import dynamic_axes, export_graphs
 from runtime.binding import SessionRunner
 from runtime.contract import (
     BATCH,
@@ -58,9 +53,9 @@ from runtime.contract import (
 from runtime.defaults import DEFAULT_OPSET
 from runtime.sessions import open_session
 from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
-from runtime.token_steps import TokenSteps
-from training.token_base import BOS_ID
-from training.transformer import TransformerSeq2Seq
+from runtime.tokens import TokenSteps
+from training.tokens.base import BOS_ID
+from training.tokens.transformer import TransformerSeq2Seq
 
 VARIANTS = ("ort cached", "ort uncached", "torch cached", "torch uncached")
 PREFIX_FILE = "prefix_decoder.onnx"

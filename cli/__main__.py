@@ -1,4 +1,4 @@
 """`python -m cli ARGS` is `seq2onnx ARGS`."""
-from cli.main import entry
+from .main import entry
 
 entry()

@@ -31,9 +31,9 @@ from runtime.bench import (
     plot_latency,
 )
 from runtime.errors import Seq2OnnxError
-from runtime.inputs import MAX_TARGET_LEN
+from runtime.infer_tokens import MAX_BATCH, MAX_BEAM
+from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import CPU, PROVIDERS, max_threads
-from runtime.token_infer import MAX_BATCH, MAX_BEAM
 
 from .common import check_threads_option as check_threads
 from .common import require_torch
@@ -60,7 +60,7 @@ def check_thread_counts(ctx: click.Context, param: click.Parameter, values: tupl
 
 def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[str, tuple[int, ...]]) -> dict:
     """The grid's axes: the values given, else the kind's defaults; values the model cannot take are usage errors."""
-    from runtime.translate import source_token_limit
+    from runtime.tokens import source_token_limit
 
     axes = {name: unique(given) for name, given in values.items()}
     if spec.kind == "points":

@@ -1,7 +1,7 @@
 """`seq2onnx eval`: decode a text data set with an exported token model (onnxruntime) and score it
 (`runtime.evaluate`). Greedy and beam both decode at most (longest reference + EOS) + MAX_LEN_MARGIN tokens.
 
-Needs no torch: the data sets (`training.text_data`) are numpy + stdlib, and decoding is the runtime's.
+Needs no torch: the data sets (`training.tokens.data`) are numpy + stdlib, and decoding is the runtime's.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from runtime.evaluate import (
     format_report,
     no_progress,
 )
+from runtime.infer_tokens import MAX_BATCH as MAX_BATCH_SIZE
+from runtime.infer_tokens import MAX_BEAM
 from runtime.sessions import PROVIDERS
-from runtime.token_infer import MAX_BATCH as MAX_BATCH_SIZE
-from runtime.token_infer import MAX_BEAM
-from training.text_data import MAX_LEN_MARGIN
+from training.tokens.data import MAX_LEN_MARGIN
 
 from .common import FiniteFloatRange
 from .common import check_threads_option as check_threads
@@ -52,7 +52,7 @@ def progress_bar(quiet: bool) -> Progress:
 def load_pairs(data: str, split: str, limit: int | None) -> Any:
     """The `split` pairs of `data`, the first `limit` of them; unusable content is exit 1."""
     from training.data import DataError
-    from training.text_data import load_text_dataset
+    from training.tokens.data import load_text_dataset
 
     try:
         train, test = load_text_dataset(data)
@@ -80,7 +80,7 @@ def load_token_model(model_dir: Path, provider: str, threads: int | None) -> Any
 
 def accuracy_target(data: str, split: str, exact: float) -> dict[str, Any] | None:
     """A built-in set's held-out greedy exact target and whether it was met (test split only)."""
-    from training.text_data import ACCURACY_TARGETS
+    from training.tokens.data import ACCURACY_TARGETS
 
     if split != "test" or data not in ACCURACY_TARGETS:
         return None

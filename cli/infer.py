@@ -1,7 +1,7 @@
 """`seq2onnx infer`: decode sources from a file or stdin with an exported model (no torch needed).
 
 Point models read numeric sources (.npy, .npz, JSON) and print one JSON document; token models read text
-(--text, or one input per line) and print JSON lines, see `cli.infer_tokens` and `runtime.token_infer`."""
+(--text, or one input per line) and print JSON lines, see `cli.infer_tokens` and `runtime.infer_tokens`."""
 from __future__ import annotations
 
 import json
@@ -16,9 +16,9 @@ from click.core import ParameterSource
 
 from runtime.atomic import write_file
 from runtime.errors import Seq2OnnxError
-from runtime.inputs import MAX_TARGET_LEN
+from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
+from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
-from runtime.token_infer import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 
 from .common import check_threads_option, user_errors
 from .infer_points import read_input

@@ -16,16 +16,16 @@ import numpy as np
 import ray
 
 from runtime.errors import Seq2OnnxError, one_line
-from runtime.inputs import check_mask, check_source, check_target_len
-from runtime.model import Seq2Seq
-from runtime.sessions import max_threads
-from runtime.token_infer import (
+from runtime.infer_tokens import (
     TOKEN_OUTPUT_SUFFIXES,
     Item,
     TokenRun,
     batches,
     read_items,
 )
+from runtime.model import Seq2Seq
+from runtime.points import check_mask, check_source, check_target_len
+from runtime.sessions import max_threads
 from serving.offline import (
     MAX_POINT_BLOCK,
     MAX_TOKEN_BLOCK,

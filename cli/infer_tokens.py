@@ -9,9 +9,7 @@ import click
 from click.core import ParameterSource
 
 from runtime.errors import Seq2OnnxError
-from runtime.inputs import MAX_TARGET_LEN
-from runtime.manifest import read_manifest
-from runtime.token_infer import (
+from runtime.infer_tokens import (
     DEFAULT_BATCH_SIZE,
     MAX_BATCH,
     MAX_BEAM,
@@ -19,6 +17,8 @@ from runtime.token_infer import (
     SAMPLING,
     TOKEN_ONLY,
 )
+from runtime.manifest import read_manifest
+from runtime.points import MAX_TARGET_LEN
 
 from .common import FiniteFloatRange
 

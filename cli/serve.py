@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from runtime.errors import Seq2OnnxError
-from runtime.inputs import MAX_TARGET_LEN
+from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
 from serving.config import (
     DEFAULT_MAX_BODY_BYTES,

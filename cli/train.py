@@ -13,8 +13,8 @@ import click
 from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.defaults import DATASET_DEFAULTS, MAX_LR, SEED, TRANSFORMER_DEFAULTS
 from runtime.spec import ARCHS, ATTENTION_KINDS, CELLS, NORMS, POSITIONALS
-from training.data import SQUARES
-from training.text_data import BUILTIN_LOADERS
+from training.points.data import SQUARES
+from training.tokens.data import BUILTIN_LOADERS
 from training.torchrun import launched
 
 from .common import FiniteFloatRange, check_threads_option, require_torch
@@ -206,7 +206,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     )
     from training.data import DataError
     from training.distributed import PeerFailedError, start, stop
-    from training.trainer import ConfigError
+    from training.points.trainer import ConfigError
 
     name = "transformer" if opts["arch"] == "transformer" else opts["attention"]
     out = normalized(out if out is not None else default_out(opts["data"], name))

@@ -12,8 +12,8 @@ from click.core import ParameterSource
 
 from runtime.defaults import POINT_DEFAULTS, arch_defaults
 from runtime.spec import POINTS_ATTENTION
-from training.data import SQUARES
-from training.text_data import BUILTIN_LOADERS, PAIR_SEPARATOR, TSV_SUFFIX
+from training.points.data import SQUARES
+from training.tokens.data import BUILTIN_LOADERS, PAIR_SEPARATOR, TSV_SUFFIX
 
 POINTS, TOKENS = "points", "tokens"
 DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"
@@ -171,13 +171,6 @@ def resolve_heads(ctx: click.Context, opts: dict[str, Any], kind: str) -> int:
                                  "attends in hidden_dim / heads dimensions); pick a head count that divides it",
                                  ctx=ctx, param_hint="'--heads'")
     return heads
-
-
-def saved_point_options(state: dict[str, Any]) -> dict[str, Any]:
-    """The options a point run was started with, from its training state."""
-    spec = state["spec"]
-    return {"data": state["data"].get("path", SQUARES), "attention": spec["attention"], "heads": spec["n_heads"],
-            "hidden_dim": spec["hidden_dim"], **state["config"]}
 
 
 def merge_saved(ctx: click.Context, opts: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:

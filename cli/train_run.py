@@ -4,6 +4,8 @@ ranks add is in `cli.train_ranks`)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,8 @@ import click
 from runtime.contract import CHECKPOINT_STATE_FILE
 
 from .common import Interrupted
-from .train_options import POINTS, TOKENS, Job, data_kind, load_or_reload, prepare_options, saved_point_options
+from .train_options import POINTS, TOKENS, Job, data_kind, prepare_options
+from .train_points import point_job, saved_point_options
 from .train_ranks import (
     agree,
     check_same_command,
@@ -26,8 +29,17 @@ from .train_ranks import (
 from .train_tokens import saved_token_options, token_job
 
 
-def _saved_options(kind: str, state: dict[str, Any]) -> dict[str, Any]:
-    return saved_token_options(state) if kind == TOKENS else saved_point_options(state)
+@dataclass(frozen=True)
+class TrainKind:
+    """One model kind's part of `train`: its Job (data, trainer, report), and the options a saved run was started
+    with."""
+
+    job: Callable[[click.Context, dict[str, Any], dict[str, Any] | None, Any], Job]
+    saved_options: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+# The one place the data's (or a resumed run's) kind picks what `train` builds.
+KINDS = {POINTS: TrainKind(point_job, saved_point_options), TOKENS: TrainKind(token_job, saved_token_options)}
 
 
 def check_resumable(ctx: click.Context, out: Path, resume: bool, force: bool) -> None:
@@ -51,20 +63,6 @@ def _nothing_to_resume(ctx: click.Context, out: Path) -> click.BadParameter:
 def _interrupted_run(partial: Path) -> click.ClickException:
     return click.ClickException(f"an interrupted run is saved in {str(partial)!r}; pass --resume to continue it or "
                                 "--force to discard it and start over")
-
-
-def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Job:
-    """Load (or reload) point data and build spec, config and trainer."""
-    from training.data import describe_dataset, load_dataset, reload_dataset
-    from training.trainer import TrainConfig, Trainer, evaluate, spec_for_data
-
-    train_set, test_set, description = load_or_reload(opts["data"], state, load_dataset, describe_dataset,
-                                                      reload_dataset)
-    spec = spec_for_data(train_set, opts["hidden_dim"], opts["attention"], opts["heads"])
-    config = TrainConfig(epochs=opts["epochs"], batch_size=opts["batch_size"], lr=opts["lr"],
-                         teacher_forcing=opts["teacher_forcing"], seed=opts["seed"])
-    trainer = Trainer(spec, config, train_set, test_set, dist)
-    return Job(trainer, description, lambda: click.echo(f"test MSE: {evaluate(trainer.model, test_set):.5f}"))
 
 
 def run_training(ctx: click.Context, opts: dict[str, Any], out: Path, save_every: int, resume: bool, force: bool,
@@ -97,7 +95,7 @@ def run_training(ctx: click.Context, opts: dict[str, Any], out: Path, save_every
             click.echo(f"this machine runs {ranks} of {dist.world_size}; rank 0 shows the progress and writes "
                        f"{str(out)!r} on its machine")
         saved_state = partial_dir(out) / CHECKPOINT_STATE_FILE  # (out is checked now: it has a name)
-        job = (token_job if kind == TOKENS else point_job)(ctx, opts, state, dist)
+        job = KINDS[kind].job(ctx, opts, state, dist)
         job.extra_state["world_size"] = 1 if dist is None else dist.world_size
         trainer = job.trainer
         if state is not None:
@@ -158,7 +156,7 @@ def _setup(ctx: click.Context, opts: dict[str, Any], out: Path, resume: bool, fo
         raise _nothing_to_resume(ctx, out)
     state = load_train_state(state_file)
     kind = TOKENS if state["spec"].get("kind") == TOKENS else POINTS
-    opts = prepare_options(ctx, opts, kind, _saved_options(kind, state))
+    opts = prepare_options(ctx, opts, kind, KINDS[kind].saved_options(state))
     if state_file.parent != partial and state["epoch"] >= opts["epochs"]:  # a finished run, extended
         raise click.BadParameter(f"{str(out)!r} is already trained for {state['epoch']} epochs; pass --epochs "
                                  f"{state['epoch'] + 1} or more to continue it", ctx=ctx, param_hint="'--epochs'")

@@ -11,7 +11,7 @@ import click
 from runtime.defaults import SPEC_OPTIONS
 from runtime.spec import ModelSpec
 from runtime.vocab import JOINERS
-from training.text_data import (
+from training.tokens.data import (
     ACCURACY_TARGETS,
     BUILTIN_LOADERS,
     PAIR_SEPARATOR,
@@ -93,7 +93,7 @@ def saved_token_options(state: dict[str, Any]) -> dict[str, Any]:
 
         raise CheckpointError("the training state lacks 'vocab_options' (tokenizer, min_freq, max_vocab); it was "
                               "not written by seq2onnx train: start a new run without --resume")
-    from training.token_trainer import (
+    from training.tokens.trainer import (
         TokenTrainConfig,  # (resuming: torch is loaded already)
     )
 
@@ -140,12 +140,12 @@ def build_vocabularies(train: Any, tokenizer: str, min_freq: int, max_vocab: int
 
 def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Job:
     """Load (or reload) the text, build vocabularies, spec, config and trainer."""
-    from training.text_data import (
+    from training.tokens.data import (
         describe_text_dataset,
         load_text_dataset,
         reload_text_dataset,
     )
-    from training.token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
+    from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
     train_set, test_set, description = load_or_reload(opts["data"], state, load_text_dataset,
                                                       describe_text_dataset, reload_text_dataset)
@@ -166,7 +166,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
 def accuracy_line(trainer: Any, test: Any, description: dict[str, Any], beam_size: int) -> str:
     """'held-out (N): greedy exact E, token T | beam K exact B | target >= X: met' (parts left out as they apply).
     The greedy figures are the last epoch's validation, which ran on `test` with these very weights."""
-    from training.token_trainer import evaluate_beam
+    from training.tokens.trainer import evaluate_beam
 
     exact, token = trainer.history["val_exact"][-1], trainer.history["val_token"][-1]
     which = "test = training set" if description.get("test_is_train") else "held-out"

@@ -16,14 +16,15 @@ from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
 from training.build import spec_from_model
-from training.models import EncoderDecoder
-from training.token_base import TokenModel
+from training.points.models import EncoderDecoder
+from training.tokens.base import TokenModel
 
 from .atomic import check_destination
 from .errors import ExportError
 from .graphs import MAX_OPSET, MIN_OPSET, export_graphs, export_greedy
+from .kinds import KINDS
 from .manifest import build_manifest, write_manifest
-from .parity import Row, Tolerance, matrix_cases, raise_on_failure, report, run_parity
+from .parity import Row, Tolerance, raise_on_failure, report
 from .quality import (
     QualityError,
     QualityRow,
@@ -33,7 +34,6 @@ from .quality import (
     quality_summary,
 )
 from .quantize import check_loads, convert_graphs, precision_entry
-from .token_parity import run_token_parity
 
 
 class QualityLossWarning(UserWarning):
@@ -103,22 +103,9 @@ def checkpoint_data(source: Any, spec: ModelSpec, name: str | None = None) -> An
     """Real inputs to judge a reduced-precision export on: the test split of `name` (a data set name or path), else
     of the checkpoint's own data; texts for token models, (N, L, F) sources for point models. None when there are
     none (a model object, or data moved or changed since training)."""
-    from training.checkpoint import read_data_description
-    from training.data import DataError, load_dataset, reload_dataset
-    from training.text_data import load_text_dataset, reload_text_dataset
-
     if name is None and isinstance(source, (EncoderDecoder, TokenModel)):
         return None
-    try:
-        if spec.kind == "tokens":
-            _, test = load_text_dataset(name) if name else reload_text_dataset(read_data_description(source) or {})
-            return list(test.sources)
-        if name is None and read_data_description(source) is None:
-            return None
-        _, test = load_dataset(name) if name else reload_dataset(read_data_description(source))
-        return test.source if test.n_features == spec.n_features else None
-    except (DataError, OSError):
-        return None
+    return KINDS[spec.kind].test_inputs(source, spec, name)
 
 
 def export_model(
@@ -154,8 +141,7 @@ def export_model(
         manifest = build_manifest(staging, spec, export_id, opset, None, described)
         write_manifest(staging, manifest)  # the runtime loads the staged copy for the parity run
         runtime = Seq2Seq.load(staging, provider="cpu")
-        rows = (run_token_parity(model, runtime, tol) if spec.kind == "tokens"
-                else run_parity(model, runtime, matrix_cases(spec.n_features), tol, progress=progress))
+        rows = KINDS[spec.kind].parity(model, runtime, tol, progress)
         if on_parity is not None:
             on_parity(rows)
         raise_on_failure(rows, tol)

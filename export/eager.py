@@ -1,10 +1,10 @@
 """PyTorch eager for `seq2onnx bench --checkpoint`: the checkpoint's own model decoding the bench's inputs.
 
 Decoders, each doing exactly the work the onnxruntime side does (texts -> ids by the runtime's own encoding):
-    points             training.decode.reference_decode, target_len points
+    points             training.points.decode.reference_decode, target_len points
     tokens, beam 1     TokenModel.greedy, the PyTorch reference loop, with </s> forbidden so that every sequence
                        runs exactly target_len steps (what min_decoding_length = max_decoding_length does for the
-                       runtime); also "torch_search": training.recurrent.torch_steps driven by runtime.search's
+                       runtime); also "torch_search": training.tokens.recurrent.torch_steps driven by runtime.search's
                        greedy_search, the strategy code onnxruntime runs, so only the graphs differ
     tokens, beam k     torch_steps driven by runtime.search.beam_search, min = max length
 """
@@ -19,15 +19,15 @@ import torch
 from runtime.bench import Cell, Inputs
 from runtime.contract import state_batch_axes
 from runtime.search import beam_search, greedy_search
-from runtime.translate import encode_sources
+from runtime.tokens import encode_sources
 from runtime.vocab import BOS, EOS
 from training.checkpoint import load_checkpoint
-from training.decode import reference_decode
-from training.token_base import TensorState, TokenModel, torch_steps
+from training.points.decode import reference_decode
+from training.tokens.base import TensorState, TokenModel, torch_steps
 
 from .verify import check_pair
 
-REFERENCE = {"points": "training.decode.reference_decode", "greedy": "TokenModel.greedy (</s> forbidden)",
+REFERENCE = {"points": "training.points.decode.reference_decode", "greedy": "TokenModel.greedy (</s> forbidden)",
              "beam": "torch_steps + runtime.search.beam_search"}
 SEARCH = "torch_steps + runtime.search.greedy_search"
 

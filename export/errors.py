@@ -13,5 +13,9 @@ class ParityError(Seq2OnnxError, AssertionError):
     """onnxruntime and PyTorch disagree beyond the tolerance; nothing was written."""
 
 
+class VerifyError(Seq2OnnxError, ValueError):
+    """The checkpoint and the export are not a pair, or they differ beyond the tolerances."""
+
+
 # The output directory holds something that may not be replaced (see runtime.destination).
 DestinationExistsError = DestinationError

@@ -1,49 +1,30 @@
-"""Parity between onnxruntime and PyTorch over a matrix of shapes, measured in two ways:
+"""Parity between onnxruntime and PyTorch, the part every model kind shares: the tolerances, one row per output of
+one case, the pass rule, the manifest's report, the table `verify` prints, and one typed error listing every
+failure. Each kind measures its own rows (`export.points.parity`, `export.tokens.parity`) in two ways:
 
-- graphs: every encoder output, and every decoder-step output at every step, given identical inputs
-  (PyTorch's own decode trajectory). This isolates the graphs; `atol` applies (default 1e-5).
-- decode: the whole free-running greedy decode through the runtime's loop. Float32 rounding differences
-  are fed back and can grow with the model's dynamics, so `drift_atol` applies (default 1e-3); a loop bug
-  (state not fed back, wrong mask) shows up far above it.
-An element passes when |onnxruntime - pytorch| <= tol + rtol * |pytorch| (numpy's allclose rule), so
-large values are not held to an absolute bar that float32 cannot meet. Everything is measured first;
-then one typed error lists every failure.
+- graphs: every graph output given identical inputs (PyTorch's own trajectory); this isolates the graphs, and
+  `atol` applies (default 1e-5);
+- decode: the whole free-running decode through the runtime. Float32 rounding differences are fed back and can
+  grow with the model's dynamics, so `drift_atol` applies to point outputs (default 1e-3); a loop bug (state not
+  fed back, wrong mask) shows up far above it. Token ids are exact.
+An element passes when |onnxruntime - pytorch| <= tol + rtol * |pytorch| (numpy's allclose rule), so large values
+are not held to an absolute bar that float32 cannot meet. Everything is measured first; then one typed error lists
+every failure.
 """
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Iterable
 
 import numpy as np
-import torch
-from tqdm import tqdm
 
-from runtime.decode import greedy_decode
 from runtime.defaults import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL
-from runtime.model import Seq2Seq
-from training.decode import decode_step, encode, reference_decode
-from training.models import EncoderDecoder
 
 from .errors import ParityError
 
+Say = Callable[[str], None]  # where `verify` sends a table or a note
 REL_FLOOR = 1e-6  # denominators below this count as this, so exact zeros do not blow up the ratio
-BATCH_SIZES = (1, 3, 64)
-SOURCE_LENS = (1, 2, 7)
-TARGET_LENS = (1, 2, 20)
-PAD_FILL_SCALE = 5.0  # padding holds large garbage: a leak through the mask would show
-STEP_OUTPUTS = ("output", "hidden_out", "alphas")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One decode to compare: a batch of sources, its mask and the number of steps."""
-
-    name: str
-    source: np.ndarray  # (N, Ls, F) float32
-    mask: np.ndarray  # (N, 1, Ls) bool
-    target_len: int
 
 
 @dataclass(frozen=True)
@@ -59,92 +40,6 @@ class Row:
     max_abs: float
     max_rel: float
     ok: bool
-
-
-def matrix_cases(n_features: int, seed: int = 0) -> list[Case]:
-    """Random sources over BATCH_SIZES x SOURCE_LENS x TARGET_LENS, plus right-padded variants."""
-    rng = np.random.default_rng(seed)
-    cases = []
-    for n, ls, lt in itertools.product(BATCH_SIZES, SOURCE_LENS, TARGET_LENS):
-        source = rng.normal(size=(n, ls, n_features)).astype(np.float32)
-        cases.append(Case(f"random b{n} s{ls} t{lt}", source, np.ones((n, 1, ls), dtype=bool), lt))
-        if ls > 1:
-            cases.append(padded_case(rng, source, lt))
-    return cases
-
-
-def padded_case(rng: np.random.Generator, source: np.ndarray, target_len: int) -> Case:
-    """Right-pad random items: random valid lengths (the first item always padded), garbage after."""
-    n, ls, _ = source.shape
-    lengths = rng.integers(1, ls + 1, size=n)
-    lengths[0] = ls - 1
-    mask = np.arange(ls)[None, None, :] < lengths[:, None, None]  # (N, 1, Ls)
-    garbage = (rng.normal(size=source.shape) * PAD_FILL_SCALE).astype(np.float32)
-    padded = np.where(mask.transpose(0, 2, 1), source, garbage)  # (N, Ls, F)
-    return Case(f"padded b{n} s{ls} t{target_len}", padded, mask, target_len)
-
-
-def data_cases(name: str, source: np.ndarray, target_len: int, batch: int = 256) -> list[Case]:
-    """Cases from real sources (e.g. the training data), in batches."""
-    out = []
-    for start in range(0, len(source), batch):
-        part = np.ascontiguousarray(source[start : start + batch], dtype=np.float32)
-        full = np.ones((len(part), 1, part.shape[1]), dtype=bool)
-        out.append(Case(f"{name} [{start}:{start + len(part)}]", part, full, target_len))
-    return out
-
-
-def diffs(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool]:
-    """Max absolute and relative difference, and whether every element is within atol + rtol*|expected|."""
-    if actual.shape != expected.shape:
-        return float("inf"), float("inf"), False
-    if expected.size == 0:
-        return 0.0, 0.0, True
-    want = expected.astype(np.float64)
-    err = np.abs(actual.astype(np.float64) - want)
-    ok = bool(np.all(err <= atol + rtol * np.abs(want)))
-    return float(err.max()), float((err / np.maximum(np.abs(want), REL_FLOOR)).max()), ok
-
-
-@torch.no_grad()
-def graph_pairs(model: EncoderDecoder, runtime: Seq2Seq, case: Case) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(onnxruntime, PyTorch) for every graph output; steps are fed PyTorch's trajectory."""
-    source, mask = torch.from_numpy(case.source), torch.from_numpy(case.mask)
-    states = encode(model, source, mask)
-    got = runtime.run_encoder({"source": case.source, "source_mask": case.mask})
-    pairs = {f"encoder.{k}": (got[k], states[k].numpy()) for k in states}
-    known = {k: v.numpy() for k, v in states.items()} | {"source_mask": case.mask}
-    feed = {k: known[k] for k in runtime.step_inputs}
-    x, hidden = states["decoder_input"], states["hidden"]
-    steps: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for _ in range(case.target_len):
-        result = runtime.run_step(feed | {"decoder_input": x.numpy(), "hidden": hidden.numpy()})
-        x, hidden, alphas = decode_step(model, states, x, hidden, mask)
-        for name, want in zip(STEP_OUTPUTS, (x, hidden, alphas)):
-            if want is not None:
-                steps.setdefault(name, []).append((result[name], want.numpy()))
-    for name, seq in steps.items():
-        pairs[f"step.{name}"] = (np.stack([g for g, _ in seq]), np.stack([w for _, w in seq]))
-    return pairs
-
-
-def decode_pairs(model: EncoderDecoder, runtime: Seq2Seq, case: Case) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(onnxruntime, PyTorch) for the free-running greedy decode."""
-    ref, ref_alphas = reference_decode(model, torch.from_numpy(case.source), case.target_len, torch.from_numpy(case.mask))
-    out, alphas = runtime.predict(case.source, case.target_len, case.mask, return_attention=True)
-    pairs = {"decode.outputs": (out, ref.numpy())}
-    if ref_alphas is not None:
-        pairs["decode.attention"] = (alphas, ref_alphas.numpy())
-    if runtime.has_fused:  # predict ran the greedy loop graph; the step loop (beam's and old exports' path) too
-        pairs["decode.step_loop.outputs"] = (step_loop_decode(runtime, case)[0], ref.numpy())
-    return pairs
-
-
-def step_loop_decode(runtime: Seq2Seq, case: Case) -> tuple[np.ndarray, np.ndarray | None]:
-    """The runtime's step-by-step greedy decode (encoder, then the step graph once per output), whatever `predict`
-    uses: outputs (N, Lt, F) and attention or None."""
-    return greedy_decode(runtime.run_encoder, runtime.run_step, runtime.step_inputs, case.source, case.mask,
-                         case.target_len)
 
 
 @dataclass(frozen=True)
@@ -165,26 +60,16 @@ class Tolerance:
         return f"atol={self.atol:g} (graphs), drift_atol={self.drift_atol:g} (decode), rtol={self.rtol:g}"
 
 
-def compare(model: EncoderDecoder, runtime: Seq2Seq, case: Case, tol: Tolerance) -> list[Row]:
-    """Every output of one case, each with its max abs/rel difference and verdict."""
-    rows = []
-    shape = (*case.source.shape[:2], case.target_len)
-    for check, pairs, atol in (("graph", graph_pairs(model, runtime, case), tol.atol),
-                               ("decode", decode_pairs(model, runtime, case), tol.drift_atol)):
-        for output, (got, want) in pairs.items():
-            rows.append(Row(case.name, *shape, check, output, *diffs(got, want, atol, tol.rtol)))
-    return rows
-
-
-def run_parity(model: EncoderDecoder, runtime: Seq2Seq, cases: Iterable[Case], tol: Tolerance = Tolerance(),
-               progress: bool = False) -> list[Row]:
-    """Compare every case; returns all rows (see `raise_on_failure`)."""
-    model.eval()
-    cases = list(cases)
-    rows = []
-    for case in tqdm(cases, desc="parity", unit="case", disable=not progress, leave=False):
-        rows.extend(compare(model, runtime, case, tol))
-    return rows
+def diffs(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool]:
+    """Max absolute and relative difference, and whether every element is within atol + rtol*|expected|."""
+    if actual.shape != expected.shape:
+        return float("inf"), float("inf"), False
+    if expected.size == 0:
+        return 0.0, 0.0, True
+    want = expected.astype(np.float64)
+    err = np.abs(actual.astype(np.float64) - want)
+    ok = bool(np.all(err <= atol + rtol * np.abs(want)))
+    return float(err.max()), float((err / np.maximum(np.abs(want), REL_FLOOR)).max()), ok
 
 
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:

@@ -27,6 +27,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from export.tokens.parity import (
+    DATA_STEP_MARGIN,
+    PARITY_STEPS,
+    fitting_texts,
+    position_limit,
+    token_batch,
+)
 from runtime.defaults import (
     MAX_ATTENTION_DIFF,
     MAX_OUTPUT_DIFF,
@@ -38,14 +45,8 @@ from runtime.search import beam_search, greedy_search
 from runtime.vocab import BOS, EOS
 
 from .errors import ExportError
-from .parity import REL_FLOOR, Case, data_cases, matrix_cases, step_loop_decode
-from .token_parity import (
-    DATA_STEP_MARGIN,
-    PARITY_STEPS,
-    fitting_texts,
-    position_limit,
-    token_batch,
-)
+from .parity import REL_FLOOR
+from .points.parity import Case, data_cases, matrix_cases, step_loop_decode
 
 QUALITY_BEAM = 5
 RANDOM_SETS = ((1, 7), (16, 12), (64, 16), (64, 24))  # (batch, padded source length), seeded random ids

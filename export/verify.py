@@ -4,41 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runtime.errors import Seq2OnnxError, UsageError
 from runtime.model import Seq2Seq
 from runtime.spec import SpecError
-from training.checkpoint import (
-    CheckpointError,
-    load_checkpoint_vocabularies,
-    read_data_description,
-)
-from training.data import DataError, load_dataset, reload_dataset
-from training.text_data import load_text_dataset, reload_text_dataset
+from training.checkpoint import CheckpointError, load_checkpoint_vocabularies
+from training.points.data import is_point_data
 
 from .api import checkpoint_data, export_model, load_source
-from .parity import Row, Tolerance, data_cases, format_table, matrix_cases, run_parity
+from .errors import VerifyError
+from .kinds import KINDS
+from .parity import Say, Tolerance, format_table
 from .quality import QualityTolerance, failures, format_quality, quality_report
-from .token_parity import fitting_texts, run_token_data_parity, run_token_parity
 
-Say = Callable[[str], None]
-
-
-class VerifyError(Seq2OnnxError, ValueError):
-    """The checkpoint and the export are not a pair, or they differ beyond the tolerances."""
+__all__ = ["VerifyError", "check_pair", "input_errors", "verify"]
 
 
 def input_errors() -> tuple[type[Exception], ...]:
     """Errors that describe a user's input (a bad checkpoint, export or spec), shown without a traceback."""
     return Seq2OnnxError, CheckpointError, SpecError
-
-
-def is_point_data(data: str) -> bool:
-    """--data names point data ('squares', PATH.npz) rather than text data."""
-    return data == "squares" or data.endswith(".npz")
 
 
 def check_pair(checkpoint: Path, model_dir: Path, spec: Any, runtime: Any) -> None:
@@ -64,11 +50,7 @@ def verify(checkpoint: Path, model_dir: Path, tol: Tolerance, data: str | None, 
     precision = runtime.manifest.raw.get("precision")
     if isinstance(precision, dict) and precision.get("weights", "fp32") != "fp32":
         return verify_reduced(checkpoint, model_dir, runtime, tol, data, show, note)
-    if spec.kind == "tokens":
-        rows = token_rows(checkpoint, data, model, runtime, tol, note)
-    else:
-        rows = run_parity(model, runtime, matrix_cases(spec.n_features) + dataset_cases(checkpoint, data, spec, note),
-                          tol, progress=True)
+    rows = KINDS[spec.kind].verify_rows(checkpoint, data, model, runtime, tol, note)
     show(format_table(rows, tol))
     failed = [r for r in rows if not r.ok]
     if failed:
@@ -113,56 +95,3 @@ def verify_reduced(checkpoint: Path, model_dir: Path, runtime: Any, tol: Toleran
         accepted = " (it was published with --accept-quality-loss)" if recorded.get("accepted_beyond_tolerance") else ""
         raise VerifyError(f"{len(failed)} checks exceed the quality tolerances of {model_dir}{accepted}")
     return f"float32 parity and all {mode} quality checks within tolerance"
-
-
-def token_rows(checkpoint: Path, data: str | None, model: Any, runtime: Any, tol: Tolerance, note: Say) -> list[Row]:
-    """Token models: the random-id matrix, then real texts (--data, else the checkpoint's own data if found):
-    step log-probs within tolerance (transformers: also the cached step against the full-sequence decoder at every
-    position), greedy and beam ids identical, over batch sizes and padded lengths."""
-    if data is not None and is_point_data(data):  # a usage error, before any work
-        raise UsageError(f"{data!r} is point data; {checkpoint} is a token model: pass a text data set",
-                         param="--data")
-    rows = run_token_parity(model, runtime, tol)
-    try:
-        train, test = load_text_dataset(data) if data is not None else reload_text_dataset(
-            read_data_description(checkpoint) or {})
-    except DataError as exc:
-        if data is not None:
-            raise VerifyError(f"--data: {exc}") from None
-        note(f"note: the checkpoint's training data cannot be reloaded ({exc}); comparing on random ids only "
-             "(pass --data to compare on real texts)")
-        return rows
-    for name, pairs in (("test", test), ("train", train)):
-        left_out = len(pairs.sources) - len(fitting_texts(list(pairs.sources), runtime))
-        if left_out:
-            note(f"note: {left_out} {name} text(s) are longer than the transformer's max_positions "
-                 f"{runtime.spec.max_positions} (</s> included), which the runtime refuses; comparing on the others")
-        rows += run_token_data_parity(model, runtime, list(pairs.sources), name, tol)
-    return rows
-
-
-def dataset_cases(checkpoint: Path, data: str | None, spec: Any, note: Say) -> list:
-    """Parity cases from real data: --data (read, or the command fails), else the checkpoint's own data if found."""
-    if data is not None:
-        if not is_point_data(data):
-            raise UsageError(f"{data!r} is text data; {checkpoint} is a point model: pass 'squares' or PATH.npz",
-                             param="--data")
-        try:
-            train, test = load_dataset(data)
-        except DataError as exc:
-            raise VerifyError(f"--data: {exc}") from None
-        if train.n_features != spec.n_features:
-            raise VerifyError(f"--data: {data} has {train.n_features} features per point, the model expects "
-                              f"{spec.n_features}; pass data the checkpoint was trained on")
-    else:
-        description = read_data_description(checkpoint)
-        if description is None:
-            return []
-        try:
-            train, test = reload_dataset(description)
-        except (DataError, OSError):  # moved or edited since training: say so, compare on random inputs
-            named = description.get("path", description.get("name"))
-            note(f"note: the checkpoint's training data {named!r} is missing or changed since training; comparing "
-                 "on random inputs only (pass --data to compare on real data)")
-            return []
-    return data_cases("train", train.source, spec.target_len) + data_cases("test", test.source, spec.target_len)

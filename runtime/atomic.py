@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from runtime.errors import Seq2OnnxError
+from .errors import Seq2OnnxError
 
 UUID_HEX_CHARS = 12  # length of the random part of a sibling's name
 STAGING_SUFFIX = ".tmp"

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import InputError
 from .spec import ModelSpec
-from .translate import encode_sources
+from .tokens import encode_sources
 from .vocab import JOINERS, SPECIAL_TOKENS, Vocabulary
 
 FORMAT = "seq2onnx-bench/1"  # the JSON document's "format"

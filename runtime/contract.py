@@ -1,6 +1,8 @@
 """File names, format version and the graphs' inputs/outputs, declared once as plain data."""
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 from .spec import ModelSpec
 
 FORMAT_VERSION = 1
@@ -30,6 +32,7 @@ DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN, DECODE_LEN)
 
 # Dims are symbolic names (str) or fixed sizes (int).
 Dims = list[str | int]
+GraphIO = dict[str, dict[str, dict[str, Dims]]]  # file name -> "inputs"/"outputs" -> name -> dims
 
 
 def encoder_inputs(spec: ModelSpec) -> dict[str, Dims]:
@@ -165,33 +168,26 @@ def state_batch_axes(spec: ModelSpec) -> dict[str, int]:
     return {name: dims.index(BATCH) for name, dims in token_decoder_state(spec).items()}
 
 
-def graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
-    """Both graphs' declared inputs and outputs, keyed by file name."""
-    if spec.kind == "tokens":
-        return {
-            ENCODER_FILE: {"inputs": token_encoder_inputs(spec), "outputs": token_encoder_outputs(spec)},
-            DECODER_STEP_FILE: {"inputs": {"previous_tokens": [BATCH], **token_decoder_state(spec)},
-                                "outputs": token_decoder_outputs(spec)},
-        }
+def point_graph_io(spec: ModelSpec) -> GraphIO:
+    """A point model's encoder and step: source points in, the next point and hidden state out."""
     return {
         ENCODER_FILE: {"inputs": encoder_inputs(spec), "outputs": encoder_outputs(spec)},
         DECODER_STEP_FILE: {"inputs": decoder_inputs(spec), "outputs": decoder_outputs(spec)},
     }
 
-def greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
-    """The greedy loop graph: the step's encoder-made state and a length in, the decoded sequence out.
 
-    Points: every step input, `target_len` (int64 scalar, >= 1) -> outputs (batch, decode_len, F) and alphas.
-    Tokens: every step state input, `max_length` (>= 1) and `min_length` (eos is forbidden while fewer tokens are
-    decoded) -> tokens (batch, decode_len; after a row's eos: 0 = <pad>), token_log_probs (the chosen tokens'
-    log-probs, 0 after eos) and alphas. decode_len is where the loop stopped: max_length, or the step at which every
-    row had emitted eos."""
-    if spec.kind == "tokens":
-        out: dict[str, Dims] = {"tokens": [BATCH, DECODE_LEN], "token_log_probs": [BATCH, DECODE_LEN]}
-        if spec.has_attention:
-            out["alphas"] = [BATCH, DECODE_LEN, SOURCE_LEN]
-        return {"inputs": {**token_decoder_state(spec), "max_length": [], "min_length": []}, "outputs": out}
-    out = {"outputs": [BATCH, DECODE_LEN, spec.n_features]}
+def token_graph_io(spec: ModelSpec) -> GraphIO:
+    """A token model's encoder and step: source ids in, log-probs and the fed-back state out."""
+    return {
+        ENCODER_FILE: {"inputs": token_encoder_inputs(spec), "outputs": token_encoder_outputs(spec)},
+        DECODER_STEP_FILE: {"inputs": {"previous_tokens": [BATCH], **token_decoder_state(spec)},
+                            "outputs": token_decoder_outputs(spec)},
+    }
+
+
+def point_greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
+    """Points: every step input, `target_len` (int64 scalar, >= 1) -> outputs (batch, decode_len, F) and alphas."""
+    out: dict[str, Dims] = {"outputs": [BATCH, DECODE_LEN, spec.n_features]}
     if spec.attention == "dot":
         out["alphas"] = [BATCH, DECODE_LEN, SOURCE_LEN]
     elif spec.attention == "multihead":
@@ -199,7 +195,39 @@ def greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
     return {"inputs": {**decoder_inputs(spec), "target_len": []}, "outputs": out}
 
 
-def optional_graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
+def token_greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
+    """Tokens: every step state input, `max_length` (>= 1) and `min_length` (eos is forbidden while fewer tokens are
+    decoded) -> tokens (batch, decode_len; after a row's eos: 0 = <pad>), token_log_probs (the chosen tokens'
+    log-probs, 0 after eos) and alphas. decode_len is where the loop stopped: max_length, or the step at which every
+    row had emitted eos."""
+    out: dict[str, Dims] = {"tokens": [BATCH, DECODE_LEN], "token_log_probs": [BATCH, DECODE_LEN]}
+    if spec.has_attention:
+        out["alphas"] = [BATCH, DECODE_LEN, SOURCE_LEN]
+    return {"inputs": {**token_decoder_state(spec), "max_length": [], "min_length": []}, "outputs": out}
+
+
+class Declared(NamedTuple):
+    """One model kind's declarations: its two graphs, and the greedy loop graph around its step."""
+
+    graphs: Callable[[ModelSpec], GraphIO]
+    greedy: Callable[[ModelSpec], dict[str, dict[str, Dims]]]
+
+
+# The one place a spec's kind picks what its graphs take and give.
+DECLARED = {"points": Declared(point_graph_io, point_greedy_io), "tokens": Declared(token_graph_io, token_greedy_io)}
+
+
+def graph_io(spec: ModelSpec) -> GraphIO:
+    """Both graphs' declared inputs and outputs, keyed by file name."""
+    return DECLARED[spec.kind].graphs(spec)
+
+
+def greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
+    """The greedy loop graph: the step's encoder-made state and a length in, the decoded sequence out."""
+    return DECLARED[spec.kind].greedy(spec)
+
+
+def optional_graph_io(spec: ModelSpec) -> GraphIO:
     """Graphs an export may also hold, keyed by file name: the greedy loop."""
     return {GREEDY_FILE: greedy_io(spec)}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runtime.errors import Seq2OnnxError
+from .errors import Seq2OnnxError
 
 # How many foreign entries a message lists before it says "...".
 LISTED_ENTRIES = 5

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from runtime.search.step import Hypothesis, State
+
 from .binding import Runner
 from .contract import greedy_io
-from .search.step import Hypothesis, State
 from .spec import ModelSpec
 from .vocab import EOS
 

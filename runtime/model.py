@@ -17,11 +17,10 @@ from .contract import (
     GREEDY_FILE,
     SPEC_KEY,
 )
-from .decode import greedy_decode
 from .errors import InputError, IntegrityError, brief
 from .fused import GreedyLoop
-from .inputs import check_mask, check_outputs, check_source, check_target_len
 from .manifest import Manifest, read_manifest
+from .points import check_mask, check_outputs, check_source, check_target_len, greedy_decode
 from .sessions import (
     CUDA,
     check_device_id,
@@ -32,8 +31,7 @@ from .sessions import (
     session_io,
 )
 from .spec import ModelSpec
-from .token_steps import TokenSteps
-from .translate import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
+from .tokens import TRANSLATE_OPTIONS, TokenSteps, Translation, load_vocabularies, translate
 
 
 class Seq2Seq:
@@ -135,7 +133,7 @@ class Seq2Seq:
         return (outputs, attention) if return_attention else outputs
 
     def translate_batch(self, texts: Any, **options: Any) -> list[list[Translation]]:
-        """Texts -> n-best Translations per text; options as in `runtime.translate` (CTranslate2's names).
+        """Texts -> n-best Translations per text; options as in `runtime.tokens` (CTranslate2's names).
 
         With return_attention, each Translation carries (len, Ls) weights: a transformer's are its last decoder
         layer's cross-attention averaged over heads. A transformer refuses sources and max_decoding_length beyond

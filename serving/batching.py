@@ -13,9 +13,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from runtime.errors import InputError, Seq2OnnxError
-from runtime.inputs import check_mask, check_source, check_target_len
 from runtime.model import Seq2Seq
-from runtime.translate import TRANSLATE_OPTIONS, Translation, check_texts
+from runtime.points import check_mask, check_source, check_target_len
+from runtime.tokens import TRANSLATE_OPTIONS, Translation, check_texts
 
 
 class RequestTooLarge(Seq2OnnxError, ValueError):

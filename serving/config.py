@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import InputError, brief
-from runtime.inputs import MAX_TARGET_LEN
+from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
 
 MAX_BATCH_LIMIT = 4096

@@ -20,8 +20,8 @@ import pyarrow as pa
 import ray
 import ray.data
 
+from runtime.infer_tokens import Item, batch_seed, batches, record, source_columns
 from runtime.model import Seq2Seq
-from runtime.token_infer import Item, batch_seed, batches, record, source_columns
 
 BLOCKS_PER_ACTOR = 4  # several blocks per actor even out uneven blocks; more only add per-block overhead
 MAX_TOKEN_BLOCK = 2048  # rows sorted together: big enough to group similar lengths, small enough to stream
@@ -50,7 +50,7 @@ class Plan:
         """True when tokens are drawn at random, so chunks must stay as in-process infer cuts them."""
         o = self.options
         return (o.get("sampling_topk", 1) != 1 or o.get("sampling_topp", 1.0) != 1.0
-                or o.get("sampling_temperature", 1.0) != 1.0)  # as runtime.translate decides
+                or o.get("sampling_temperature", 1.0) != 1.0)  # as runtime.tokens decides
 
     @property
     def gpus(self) -> int:

@@ -53,8 +53,8 @@ def transformer_export(tmp_path_factory) -> TokenExport:
     from export.api import export_model
     from runtime.spec import ModelSpec
     from runtime.vocab import Vocabulary
-    from training.text_data import toy_translation
-    from training.transformer import TransformerSeq2Seq
+    from training.tokens.data import toy_translation
+    from training.tokens.transformer import TransformerSeq2Seq
 
     pairs, _ = toy_translation()
     source = Vocabulary.build(pairs.sources, "whitespace")

@@ -111,7 +111,7 @@ def test_points_with_checkpoint_json_table_and_plot(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "old.json").read_text())
     assert doc["format"] == "seq2onnx-bench/1" and doc["kind"] == "points" and doc["setup"]["torch"]
     check_doc(doc, *grid, [None], eager=True, loops=fused_loops(SHIPPED_MODEL))
-    assert all(c["torch"]["decoder"] == "training.decode.reference_decode" for c in doc["cells"])
+    assert all(c["torch"]["decoder"] == "training.points.decode.reference_decode" for c in doc["cells"])
     assert (tmp_path / "latency.png").read_bytes()[:8] == PNG_MAGIC
     assert "speed-up" in result.stdout and "each side at its best thread count" in result.stdout
     assert len(result.stdout.splitlines()) >= 2 + len(doc["cells"]) + 2 + len(doc["best"])

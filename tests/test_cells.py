@@ -23,7 +23,7 @@ from runtime.sessions import (
     open_session,
 )
 from runtime.spec import ModelSpec
-from training.token_models import build_token_model
+from training.build import build_token_model
 
 from support.devices import DEVICES
 

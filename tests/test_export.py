@@ -11,15 +11,8 @@ from onnx.reference import ReferenceEvaluator
 
 from export.api import export_model
 from export.errors import DestinationExistsError, ParityError
-from export.parity import (
-    BATCH_SIZES,
-    DEFAULT_ATOL,
-    DEFAULT_DRIFT_ATOL,
-    DEFAULT_RTOL,
-    SOURCE_LENS,
-    TARGET_LENS,
-    Tolerance,
-)
+from export.parity import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL, Tolerance
+from export.points.parity import BATCH_SIZES, SOURCE_LENS, TARGET_LENS
 from runtime import Seq2Seq
 from runtime.contract import (
     DECODER_STEP_FILE,
@@ -30,9 +23,9 @@ from runtime.contract import (
     SPEC_KEY,
     graph_io,
 )
-from runtime.decode import greedy_decode
 from runtime.manifest import sha256_file
-from training.decode import reference_decode
+from runtime.points import greedy_decode
+from training.points.decode import reference_decode
 
 from support.devices import DEVICES
 from support.models import make_model, source_batch
@@ -200,7 +193,7 @@ def test_published_directories_are_readable_by_others(tmp_path):
     import stat
 
     from training.checkpoint import save_checkpoint
-    from training.trainer import TrainConfig
+    from training.points.trainer import TrainConfig
 
     model, spec = make_model("none", seed=5)
     (tmp_path / "plain").mkdir()

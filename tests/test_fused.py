@@ -52,8 +52,8 @@ def eos_biased(tmp_path_factory, transformer_export) -> dict[str, Path]:
 
     from export.api import export_model
     from runtime.spec import ModelSpec
-    from training.recurrent import TokenSeq2Seq
-    from training.transformer import TransformerSeq2Seq
+    from training.tokens.recurrent import TokenSeq2Seq
+    from training.tokens.transformer import TransformerSeq2Seq
 
     source, target = transformer_export.source, transformer_export.target
     lstm = ModelSpec(kind="tokens", cell="lstm", bidirectional=True, attention="dot", hidden_dim=8, embedding_dim=6,

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from runtime.spec import ModelSpec
 from training.build import build_model
-from training.decode import reference_decode
-from training.models import (
+from training.points.decode import reference_decode
+from training.points.models import (
     Attention,
     Decoder,
     DecoderAttn,

@@ -32,9 +32,8 @@ from runtime.contract import (
 from runtime.defaults import DEFAULT_OPSET
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
-from training.build import build_model
-from training.text_data import toy_translation
-from training.token_models import build_token_model
+from training.build import build_model, build_token_model
+from training.tokens.data import toy_translation
 
 SQUARES = Path(__file__).resolve().parent.parent / "artifacts" / "squares-checkpoint"
 HIDDEN = 48  # large enough that int8 weights outweigh the quantization parameters they add

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import ray
 
+from runtime.infer_tokens import Item, TokenRun
 from runtime.model import Seq2Seq
-from runtime.token_infer import Item, TokenRun
 from serving.offline import (
     MAX_POINT_BLOCK,
     Plan,
@@ -29,7 +29,7 @@ from serving.offline import (
     point_dataset,
     token_dataset,
 )
-from training.text_data import generate_dates
+from training.tokens.data import generate_dates
 
 from support.serve import DATES, SQUARES, local_ray
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runtime.spec import ModelSpec, SpecError
-from training.recurrent import BOS_ID, EOS_ID, PAD_ID, TokenSeq2Seq, sequence_loss
+from training.tokens.recurrent import BOS_ID, EOS_ID, PAD_ID, TokenSeq2Seq, sequence_loss
 
 VOCAB, EMBED, HIDDEN = 12, 6, 8
 COMBOS = list(itertools.product(("gru", "lstm"), (1, 2), (False, True), ("none", "dot", "additive")))
@@ -172,7 +172,7 @@ def test_spec_refuses_what_a_kind_cannot_do(fields, message):
 def test_pad_and_bos_are_never_outputs_even_when_sampling_hot():
     from runtime.contract import state_batch_axes
     from runtime.search import sample
-    from training.recurrent import torch_steps
+    from training.tokens.recurrent import torch_steps
 
     model = model_for(token_spec(attention="dot"))
     ids, lengths = padded(ROWS)

@@ -391,7 +391,7 @@ def _errors() -> dict[str, type]:
 
 def _load_dataset(name: str) -> Callable[[Path], Any]:
     def run(case_dir: Path) -> Any:
-        from training.data import load_dataset
+        from training.points.data import load_dataset
 
         return load_dataset(case_dir / name)
     return run

@@ -13,8 +13,8 @@ import pytest
 from runtime import Seq2Seq
 from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
 from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
-from runtime.inputs import MAX_TARGET_LEN
 from runtime.manifest import sha256_file
+from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.vocab import UNK, Vocabulary
 from training.data import DataError
-from training.text_data import (
+from training.tokens.data import (
     BUILTIN_LOADERS,
     DATE_FORMATS,
     DATES,

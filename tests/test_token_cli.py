@@ -43,16 +43,16 @@ from training.checkpoint import (
     save_checkpoint,
     save_train_state,
 )
-from training.recurrent import TokenSeq2Seq
-from training.text_data import BUILTIN_LOADERS, TOKENIZER_OF, load_text_dataset
-from training.token_trainer import (
+from training.tokens.data import BUILTIN_LOADERS, TOKENIZER_OF, load_text_dataset
+from training.tokens.recurrent import TokenSeq2Seq
+from training.tokens.trainer import (
     TokenTrainConfig,
     TokenTrainer,
     evaluate_beam,
     evaluate_tokens,
     spec_for_text,
 )
-from training.transformer import TransformerSeq2Seq
+from training.tokens.transformer import TransformerSeq2Seq
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden-dim", "8", "--embedding-dim", "4", "--eval-beam", "2"]

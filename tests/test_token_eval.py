@@ -14,13 +14,13 @@ from cli.main import main
 from export.api import export_model
 from runtime.model import Seq2Seq
 from runtime.vocab import EOS, Vocabulary
-from training.text_data import (
+from training.tokens.data import (
     ACCURACY_TARGETS,
     TOKENIZER_OF,
     TOY_TRANSLATION,
     load_text_dataset,
 )
-from training.token_trainer import TokenTrainConfig, TokenTrainer, spec_for_text
+from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
 SQUARES = Path(__file__).resolve().parents[1] / "artifacts" / "squares"
 # Runs the CLI where `import torch` fails, as on a runtime-only install: eval must not need it.

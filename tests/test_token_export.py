@@ -25,8 +25,8 @@ from runtime.contract import (
     state_batch_axes,
 )
 from runtime.spec import ModelSpec
-from training.token_base import BOS_ID, PAD_ID, TokenModel
-from training.token_models import build_token_model
+from training.build import build_token_model
+from training.tokens.base import BOS_ID, PAD_ID, TokenModel
 
 ATOL = 1e-5
 CACHE_TEETH = 1e-3  # a step fed a wrong cache differs from the full-sequence decoder by far more than ATOL
@@ -170,7 +170,7 @@ def runtime_steps(exported):
     """The exported graphs as a TokenSteps."""
     from runtime.binding import SessionRunner
     from runtime.contract import graph_io
-    from runtime.token_steps import TokenSteps
+    from runtime.tokens import TokenSteps
 
     _, spec, sessions, _ = exported
     io = graph_io(spec)
@@ -181,7 +181,7 @@ def runtime_steps(exported):
 @pytest.mark.parametrize(("n", "length"), [(1, 4), (5, 6)])
 def test_greedy_tokens_equal_the_pytorch_reference(exported, n, length):
     from runtime.search import greedy_search
-    from training.token_base import EOS_ID
+    from training.tokens.base import EOS_ID
 
     model, spec, _, _ = exported
     ids, lengths = batch(n, length, seed=7 + n)
@@ -194,7 +194,7 @@ def test_greedy_tokens_equal_the_pytorch_reference(exported, n, length):
 @pytest.mark.parametrize(("n", "length"), [(1, 4), (4, 6)])
 def test_beam_tokens_and_scores_equal_pytorch_driven_by_the_same_search(exported, n, length):
     from runtime.search import beam_search
-    from training.token_base import EOS_ID, torch_steps
+    from training.tokens.base import EOS_ID, torch_steps
 
     model, spec, _, _ = exported
     ids, lengths = batch(n, length, seed=11 + n)
@@ -284,7 +284,7 @@ def test_the_step_graph_takes_only_the_new_token_and_the_cache(transformer, past
 
 def test_a_position_table_shorter_than_the_export_examples_is_refused(tmp_path):
     from export.errors import ExportError
-    from export.graphs import MIN_EXPORT_POSITIONS
+    from export.examples import MIN_EXPORT_POSITIONS
 
     spec = dataclasses.replace(transformer_spec(1, "pre", "learned", False), max_positions=MIN_EXPORT_POSITIONS - 1)
     with pytest.raises(ExportError, match=f"'max_positions' is {MIN_EXPORT_POSITIONS - 1}: .* needs max_positions "

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from export.api import export_model
+from runtime.infer_tokens import Item, batch_seed, heatmap
 from runtime.model import Seq2Seq
 from runtime.plot import Heatmap
 from runtime.spec import ModelSpec
-from runtime.token_infer import Item, batch_seed, heatmap
-from runtime.translate import Translation
+from runtime.tokens import Translation
 from runtime.vocab import Vocabulary
-from training.recurrent import TokenSeq2Seq
-from training.text_data import toy_translation
+from training.tokens.data import toy_translation
+from training.tokens.recurrent import TokenSeq2Seq
 
 PAIRS, _ = toy_translation()  # the nine notebook pairs
 TEXTS = ["one is one", "two is three", "nine is nine"]

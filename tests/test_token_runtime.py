@@ -16,8 +16,8 @@ from runtime.errors import InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
-from training.recurrent import TokenSeq2Seq
-from training.text_data import toy_translation
+from training.tokens.data import toy_translation
+from training.tokens.recurrent import TokenSeq2Seq
 
 PAIRS, _ = toy_translation()  # (train, test): the same nine pairs
 
@@ -117,8 +117,8 @@ def test_export_refuses_missing_or_mismatched_vocabularies(token_export, tmp_pat
 
 def test_reversed_source_multihead_model_reads_texts_as_it_was_trained(tmp_path):
     """spec.reverse_source travels in the manifest: the runtime reverses the source tokens as the trainer did."""
-    from training.text_data import TextPairs
-    from training.token_trainer import TokenBatcher
+    from training.tokens.data import TextPairs
+    from training.tokens.trainer import TokenBatcher
 
     source = Vocabulary.build(PAIRS.sources, "whitespace")
     target = Vocabulary.build(PAIRS.targets, "whitespace")
@@ -145,7 +145,7 @@ def _greedy_log_probs(model: TokenSeq2Seq, ids, lengths):
     from runtime.contract import state_batch_axes
     from runtime.search import greedy_search
     from runtime.vocab import BOS, EOS
-    from training.recurrent import torch_steps
+    from training.tokens.recurrent import torch_steps
 
     state, step = torch_steps(model, ids, lengths)
     found = greedy_search(step, state, state_batch_axes(model.spec), batch_size=len(ids), bos_id=BOS, eos_id=EOS,
@@ -169,7 +169,7 @@ def test_the_full_sequence_rows_fail_for_a_model_that_is_not_the_exported_one(tr
     import copy
 
     from export.parity import Tolerance
-    from export.token_parity import run_token_parity
+    from export.tokens.parity import run_token_parity
 
     other = copy.deepcopy(transformer_export.model)
     with torch.no_grad():
@@ -183,7 +183,7 @@ def test_transformer_translates_as_pytorch_decodes(transformer_export):
     from runtime.contract import state_batch_axes
     from runtime.search import beam_search, sample
     from runtime.vocab import BOS, EOS
-    from training.token_base import torch_steps
+    from training.tokens.base import torch_steps
 
     model, source = transformer_export.model, transformer_export.source
     runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
@@ -235,7 +235,7 @@ def test_transformer_refuses_what_its_position_table_cannot_hold(transformer_exp
 
 
 def test_a_default_length_beyond_the_position_table_is_refused_by_name():
-    from runtime.translate import check_decoding_length
+    from runtime.tokens import check_decoding_length
 
     spec = ModelSpec(kind="tokens", arch="transformer", d_model=8, d_ff=8, n_heads=2, source_vocab_size=9,
                      target_vocab_size=9, target_len=12, max_positions=10)
@@ -254,8 +254,8 @@ def test_verify_compares_a_transformer_checkpoint_with_its_export(transformer_ex
 
     from cli.export import export_command, verify_command
     from training.checkpoint import save_checkpoint
-    from training.text_data import describe_text_dataset, load_text_dataset
-    from training.token_trainer import TokenTrainConfig
+    from training.tokens.data import describe_text_dataset, load_text_dataset
+    from training.tokens.trainer import TokenTrainConfig
 
     model = transformer_export.model
     train, test = load_text_dataset("toy-translation")

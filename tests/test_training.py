@@ -35,7 +35,7 @@ from training.checkpoint import (
     save_checkpoint,
     save_train_state,
 )
-from training.data import (
+from training.points.data import (
     CORNERS,
     HOLDOUT_FRACTION,
     TEST_SIZE,
@@ -49,7 +49,7 @@ from training.data import (
     reload_dataset,
     squares,
 )
-from training.trainer import ConfigError, TrainConfig, Trainer, evaluate, spec_for_data
+from training.points.trainer import ConfigError, TrainConfig, Trainer, evaluate, spec_for_data
 
 from support.processes import child_process
 

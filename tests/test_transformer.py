@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.spec import DEFAULT_MAX_POSITIONS, ModelSpec, SpecError
-from training.recurrent import sequence_loss
-from training.token_base import BOS_ID, EOS_ID, PAD_ID
-from training.token_models import build_token_model
-from training.transformer import (
+from training.build import build_token_model
+from training.tokens.base import BOS_ID, EOS_ID, PAD_ID
+from training.tokens.recurrent import sequence_loss
+from training.tokens.transformer import (
     MultiHeadAttention,
     PositionalEncoding,
     TransformerSeq2Seq,

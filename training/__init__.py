@@ -1,14 +1,20 @@
-"""PyTorch side of seq2onnx: the book's models, squares data, trainer and checkpoints."""
+"""PyTorch side of seq2onnx: model families as siblings (`points/`: the book's models on points; `tokens/`: recurrent
+and transformer token models), each with its data and trainer; `build` (spec -> model), checkpoints, torchrun."""
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-# Resolved on first use, so that `seq2onnx --help` (cli.train imports training.data) imports without torch.
+# Resolved on first use, so that `seq2onnx --help` (cli.train imports training.points.data) imports without torch.
 _EXPORTS = {
-    "Attention": ".models", "Decoder": ".models", "DecoderAttn": ".models", "Encoder": ".models",
-    "EncoderDecoder": ".models", "EncoderDecoderAttn": ".models", "MultiHeadAttention": ".models",
-    "build_model": ".build", "spec_from_model": ".build", "encode": ".decode", "reference_decode": ".decode",
+    "Attention": ".points.models", "Decoder": ".points.models", "DecoderAttn": ".points.models",
+    "Encoder": ".points.models", "EncoderDecoder": ".points.models", "EncoderDecoderAttn": ".points.models",
+    "MultiHeadAttention": ".points.models", "encode": ".points.decode", "reference_decode": ".points.decode",
+    "TrainConfig": ".points.trainer", "Trainer": ".points.trainer",
+    "TokenSeq2Seq": ".tokens.recurrent", "TransformerSeq2Seq": ".tokens.transformer",
+    "TokenTrainConfig": ".tokens.trainer", "TokenTrainer": ".tokens.trainer",
+    "build_model": ".build", "build_point_model": ".build", "build_token_model": ".build",
+    "spec_from_model": ".build",
 }
 
 __all__ = sorted(_EXPORTS)

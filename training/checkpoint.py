@@ -32,14 +32,13 @@ from runtime.contract import (
 from runtime.destination import check_destination
 from runtime.spec import ModelSpec, SpecError
 from runtime.vocab import VocabError, Vocabulary
+from training.points.models import EncoderDecoder
+from training.points.trainer import ConfigError, History, TrainConfig
+from training.tokens.base import TokenModel
+from training.tokens.trainer import TokenTrainConfig
 
 from .build import build_model
-from .models import EncoderDecoder
 from .plots import plot_history
-from .token_base import TokenModel
-from .token_models import build_token_model
-from .token_trainer import TokenTrainConfig
-from .trainer import ConfigError, History, TrainConfig
 
 CHECKPOINT_FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
@@ -47,6 +46,7 @@ PARTIAL_SUFFIX = ".partial"
 CHECKPOINT_FILES = frozenset({CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, CHECKPOINT_HISTORY_FILE,
                               CHECKPOINT_STATE_FILE, CHECKPOINT_PLOT_FILE})
 TOKEN_CHECKPOINT_FILES = CHECKPOINT_FILES | frozenset(VOCAB_FILES.values())
+TRAIN_CONFIGS = {"points": TrainConfig, "tokens": TokenTrainConfig}  # spec.json's "train", by the spec's kind
 STATE_KEYS = ("format_version", "epoch", "spec", "config", "history", "model", "optimizer",
               "torch_rng", "shuffle_rng", "data")
 
@@ -172,7 +172,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 def read_data_description(path: str | Path) -> dict[str, Any] | None:
-    """The description of the data a checkpoint was trained on (see `training.data.describe_dataset`)."""
+    """The description of the data a checkpoint was trained on (see `training.points.data.describe_dataset`)."""
     data = read_meta(path).get("data")
     return data if isinstance(data, dict) else None
 
@@ -182,8 +182,7 @@ def _read_spec(path: Path) -> tuple[ModelSpec, TrainConfig | TokenTrainConfig]:
     meta = read_meta(path)
     try:
         spec = ModelSpec.from_dict(meta.get("spec"))
-        config_class = TokenTrainConfig if spec.kind == "tokens" else TrainConfig
-        return spec, config_class.from_dict(meta.get("train"))
+        return spec, TRAIN_CONFIGS[spec.kind].from_dict(meta.get("train"))
     except (SpecError, ConfigError) as err:
         raise CheckpointError(f"checkpoint file {str(path / CHECKPOINT_SPEC_FILE)!r} is invalid: {err}") from err
 
@@ -198,8 +197,7 @@ def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, Mode
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
     weights = _torch_load(weights_file, "checkpoint file", "retrain or restore it")
     with torch.random.fork_rng(devices=[]):  # building draws initial weights; keep the caller's RNG intact
-        model = (build_token_model(spec) if spec.kind == "tokens"
-                 else build_model(spec, teacher_forcing_prob=config.teacher_forcing))
+        model = build_model(spec, teacher_forcing_prob=config.teacher_forcing)
     _check_weights_fit(model.state_dict(), weights, weights_file, path / CHECKPOINT_SPEC_FILE)
     model.load_state_dict(weights)
     return model.eval(), spec, history

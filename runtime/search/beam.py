@@ -22,7 +22,8 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import InputError
+from runtime.errors import InputError
+
 from .step import (
     BatchAxes,
     Hypothesis,

@@ -11,7 +11,8 @@ import numbers
 
 import numpy as np
 
-from ..errors import InputError, brief
+from runtime.errors import InputError, brief
+
 from .step import check_int
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import InputError, brief
+from runtime.errors import InputError, brief
 
 State = dict[str, np.ndarray]
 BatchAxes = dict[str, int]

@@ -1,9 +1,17 @@
-"""Token models behind `Seq2Seq.translate_batch`: texts in, n-best translations out (greedy, beam or sampling).
+"""Token models in the runtime: the graphs as a step function, and `Seq2Seq.translate_batch` over it (texts in,
+n-best translations out: greedy, beam or sampling).
 
-Options follow CTranslate2's `translate_batch`: `beam_size` (1 = greedy), `num_hypotheses`, `length_penalty`
-(score = sum of log-probs / length ** length_penalty, length counting the eos), `max_decoding_length`,
-`min_decoding_length`, `sampling_topk` (1 = no sampling, 0 = the whole distribution), `sampling_topp`,
-`sampling_temperature`, `seed`, `return_attention`. Sampling needs `beam_size` 1.
+`TokenSteps`: the encoder session turns padded source ids into the decoder state; the step session advances it one
+token. Inputs are fed by the contract's names, and step outputs are fed back by `contract.FEEDBACK`, so the same
+code drives any token model whose graphs follow the contract: a recurrent model's hidden_out/cell_out go back as
+hidden/cell; a transformer's next_positions go back as positions and its grown self-attention cache
+present_keys/present_values (layers, N, heads, t + 1, head_dim) as past_keys/past_values. The step's `alphas`
+(N, Ls) become the StepResult's attention: a transformer's last decoder layer's cross-attention, mean over heads.
+
+`translate`'s options follow CTranslate2's `translate_batch`: `beam_size` (1 = greedy), `num_hypotheses`,
+`length_penalty` (score = sum of log-probs / length ** length_penalty, length counting the eos),
+`max_decoding_length`, `min_decoding_length`, `sampling_topk` (1 = no sampling, 0 = the whole distribution),
+`sampling_topp`, `sampling_temperature`, `seed`, `return_attention`. Sampling needs `beam_size` 1.
 
 A transformer has a position table of `spec.max_positions` rows: source token i reads row i and output token t
 row t, so longer sources and a larger `max_decoding_length` are refused rather than read past the table.
@@ -17,19 +25,46 @@ from typing import Any
 
 import numpy as np
 
-from .contract import VOCAB_FILES
+from runtime.search.step import BatchAxes, State, StepResult, check_int
+
+from .binding import Runner
+from .contract import DECODER_STEP_FILE, FEEDBACK, VOCAB_FILES, graph_io, state_batch_axes
 from .errors import InputError, IntegrityError, brief
+from .fused import GreedyLoop
 from .manifest import Manifest, read_regular_file, sha256_bytes
 from .search import beam_search, greedy_search, sample
-from .search.step import check_int
 from .spec import ModelSpec
-from .token_steps import TokenSteps
 from .vocab import BOS, EOS, VocabError, Vocabulary
 
 MAX_SOURCE_TOKENS = 1024  # longer inputs are refused: attention memory grows with them, and no model here saw them
 MAX_VOCAB_BYTES = 64 << 20
+PREVIOUS = "previous_tokens"  # the step input that takes the previous token
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
                      "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
+
+
+class TokenSteps:
+    """Encode once with the encoder session, then step with the step session; sessions are thread-safe."""
+
+    def __init__(self, spec: ModelSpec, encoder: Runner, step: Runner, greedy: GreedyLoop | None = None) -> None:
+        io = graph_io(spec)
+        self.spec = spec
+        self._encoder, self._step = encoder, step  # runners: typed errors; with IO binding, state on the device
+        self.greedy = greedy  # the greedy loop graph, when the export has one and it is switched on
+        self.state_names = [name for name in io[DECODER_STEP_FILE]["inputs"] if name != PREVIOUS]
+        self.batch_axes: BatchAxes = state_batch_axes(spec)
+
+    def encode(self, source_ids: np.ndarray, source_lengths: np.ndarray) -> State:
+        """ids (N, L) int64 right-padded, lengths (N,) int64 -> the state the first step reads."""
+        produced = self._encoder({"source_ids": source_ids, "source_lengths": source_lengths})
+        return {name: produced[name] for name in self.state_names}
+
+    def step(self, tokens: np.ndarray, state: State) -> StepResult:
+        """One decoder step for every row: the StepFn the strategies drive."""
+        feed = {PREVIOUS: tokens.astype(np.int64, copy=False), **state}
+        result = self._step(feed)
+        fed_back = {FEEDBACK[name]: value for name, value in result.items() if name in FEEDBACK}
+        return StepResult(result["log_probs"], {**state, **fed_back}, result.get("alphas"))
 
 
 @dataclass(frozen=True)

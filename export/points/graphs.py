@@ -15,18 +15,25 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runtime.contract import decoder_inputs, decoder_outputs, encoder_outputs
+from export.cells import ExplicitGRU
+from export.examples import EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN, Traced
+from runtime.contract import (
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    GREEDY_FILE,
+    decoder_inputs,
+    decoder_outputs,
+    encoder_outputs,
+)
 from runtime.spec import ModelSpec
-from training.decode import encode
-from training.models import (
+from training.points.decode import encode
+from training.points.models import (
     MASK_FILL,
     Attention,
     DecoderAttn,
     EncoderDecoder,
     MultiHeadAttention,
 )
-
-from .cells import ExplicitGRU
 
 
 class EncoderGraph(nn.Module):
@@ -87,6 +94,31 @@ def scaled_query(heads: list[Attention], query: torch.Tensor) -> torch.Tensor:
 
 def masked_weigh(scores: torch.Tensor, values: torch.Tensor,
                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`training.models.weigh` with the mask applied by one Where (masked_fill(mask == 0) exports three nodes)."""
+    """`training.points.models.weigh` with the mask applied by one Where (masked_fill(mask == 0) exports three nodes)."""
     alphas = torch.softmax(torch.where(mask, scores, MASK_FILL), dim=-1)  # (..., 1, L)
     return torch.matmul(alphas, values), alphas  # (..., 1, H)
+
+
+DOCS = {
+    ENCODER_FILE: "seq2onnx encoder: run once per request. source (batch, source_len, F) and source_mask "
+    "(batch, 1, source_len; True = real point) -> decoder's first input and hidden state, and the "
+    "attention's projected keys and values.",
+    DECODER_STEP_FILE: "seq2onnx decoder step: run once per output point, feeding output/hidden_out back "
+    "as decoder_input/hidden.",
+    GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder. "
+    "The encoder's outputs and source_mask, and target_len (int64 scalar, >= 1) -> outputs (batch, decode_len, F) "
+    "and alphas, decode_len = target_len.",
+}
+
+
+def graph_docs(spec: ModelSpec) -> dict[str, str]:
+    """Each graph's doc string (shown by Netron): how to feed it and what to feed back."""
+    return DOCS
+
+
+def traced(model: EncoderDecoder, spec: ModelSpec) -> Traced:
+    """The export modules and seeded example inputs: random sources, every point real."""
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(EXAMPLE_BATCH, 1, EXAMPLE_SOURCE_LEN, dtype=torch.bool)  # (N, 1, Ls)
+    source = torch.randn(EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN, spec.n_features, generator=gen)  # (N, Ls, F)
+    return Traced(EncoderGraph(model, spec), DecoderStepGraph(model, spec), (source, mask), {"source_mask": mask})

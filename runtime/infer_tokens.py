@@ -17,7 +17,7 @@ import numpy as np
 from .errors import InputError, Seq2OnnxError, UsageError
 from .plot import MAX_ITEMS, Heatmap
 from .spec import ModelSpec
-from .translate import Translation, source_token_limit, too_long
+from .tokens import Translation, source_token_limit, too_long
 from .vocab import EOS_TOKEN, UNK, Vocabulary
 
 TOKEN_OUTPUT_SUFFIXES = (".jsonl",)

@@ -8,7 +8,7 @@ Encoding rules (the runtime must feed sources the same way):
   target_in   BOS + target tokens          target_out   target tokens + EOS
 Every tensor is right-padded with PAD, to the longest row of its own batch.
 
-Determinism as in `training.trainer`: the seed fixes the initial weights (global torch RNG, seeded just before the
+Determinism as in `training.points.trainer`: the seed fixes the initial weights (global torch RNG, seeded just before the
 model is built) and the trainer's own generator, which draws the batches and the scheduled-sampling coins, so nothing
 run between construction and `fit` changes the result; a transformer's dropout draws from the global RNG, saved too.
 The learning rate is a function of the epoch and the optimizer step (`TokenTrainConfig.learning_rate`: warm-up, then
@@ -31,13 +31,13 @@ from runtime.defaults import MAX_LR, RECURRENT_SIZES, SEED, TOKEN_DEFAULTS
 from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
+from training.build import build_token_model
+from training.distributed import Dist, ddp_call, global_loss, is_main
+from training.points.trainer import ConfigError, DivergedError, restore_state, resumable_state
 
-from .distributed import Dist, ddp_call, global_loss, is_main
+from .base import TokenModel, torch_steps
+from .data import MAX_LEN_MARGIN, TextPairs
 from .recurrent import sequence_loss
-from .text_data import MAX_LEN_MARGIN, TextPairs
-from .token_base import TokenModel, torch_steps
-from .token_models import build_token_model
-from .trainer import ConfigError, DivergedError, restore_state, resumable_state
 
 TOKEN_STATE_FORMAT_VERSION = 1
 BUCKET_BATCHES = 50  # a bucket sorts this many batches' worth of shuffled pairs by source length

@@ -11,19 +11,28 @@ tokens and decoding steps (the runtime refuses more).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from export.errors import VerifyError
+from export.parity import Row, Say, Tolerance, diffs
 from runtime.contract import state_batch_axes
+from runtime.errors import UsageError
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.spec import ModelSpec
-from runtime.token_steps import TokenSteps  # the type of runtime.token_steps
-from runtime.translate import source_token_limit
+from runtime.tokens import (
+    TokenSteps,  # the type of runtime.token_steps
+    source_token_limit,
+)
 from runtime.vocab import BOS, EOS, PAD
-from training.token_base import TokenModel, torch_steps
-
-from .parity import Row, Tolerance, diffs
+from training.checkpoint import read_data_description
+from training.data import DataError
+from training.points.data import is_point_data
+from training.tokens.base import TokenModel, torch_steps
+from training.tokens.data import load_text_dataset, reload_text_dataset
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
 DATA_BATCHES = (1, 8, 64)  # real texts: consecutive chunks of these sizes, each padded to its longest row
@@ -160,3 +169,44 @@ def _ids_row(case: str, ids: np.ndarray, max_len: int, name: str, got: list, wan
 
 def _ids(found: object) -> list:
     return [h.tokens for h in found] if isinstance(found, list) else found.tokens
+
+
+def parity(model: TokenModel, runtime: Seq2Seq, tol: Tolerance, progress: bool = False) -> list[Row]:
+    """What every export checks: random ids over TOKEN_CASES (`run_token_parity`)."""
+    return run_token_parity(model, runtime, tol)
+
+
+def verify_rows(checkpoint: Path, data: str | None, model: TokenModel, runtime: Seq2Seq, tol: Tolerance,
+                note: Say) -> list[Row]:
+    """Token models: the random-id matrix, then real texts (--data, else the checkpoint's own data if found):
+    step log-probs within tolerance (transformers: also the cached step against the full-sequence decoder at every
+    position), greedy and beam ids identical, over batch sizes and padded lengths."""
+    if data is not None and is_point_data(data):  # a usage error, before any work
+        raise UsageError(f"{data!r} is point data; {checkpoint} is a token model: pass a text data set",
+                         param="--data")
+    rows = run_token_parity(model, runtime, tol)
+    try:
+        train, test = load_text_dataset(data) if data is not None else reload_text_dataset(
+            read_data_description(checkpoint) or {})
+    except DataError as exc:
+        if data is not None:
+            raise VerifyError(f"--data: {exc}") from None
+        note(f"note: the checkpoint's training data cannot be reloaded ({exc}); comparing on random ids only "
+             "(pass --data to compare on real texts)")
+        return rows
+    for name, pairs in (("test", test), ("train", train)):
+        left_out = len(pairs.sources) - len(fitting_texts(list(pairs.sources), runtime))
+        if left_out:
+            note(f"note: {left_out} {name} text(s) are longer than the transformer's max_positions "
+                 f"{runtime.spec.max_positions} (</s> included), which the runtime refuses; comparing on the others")
+        rows += run_token_data_parity(model, runtime, list(pairs.sources), name, tol)
+    return rows
+
+
+def test_inputs(source: str | Path, spec: ModelSpec, name: str | None) -> list[str] | None:
+    """The test split's source texts of `name`, else of the checkpoint's own data; None when there are none."""
+    try:
+        _, test = load_text_dataset(name) if name else reload_text_dataset(read_data_description(source) or {})
+    except (DataError, OSError):
+        return None
+    return list(test.sources)

@@ -27,7 +27,7 @@ from torch import nn
 
 from runtime.spec import ModelSpec
 
-from .token_base import PAD_ID, TensorState, TokenModel, never_output
+from .base import PAD_ID, TensorState, TokenModel, never_output
 
 
 def scaled_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -21,10 +21,10 @@ from tqdm import tqdm
 
 from runtime.defaults import POINT_DEFAULTS, SEED
 from runtime.spec import ModelSpec
+from training.build import build_model
+from training.distributed import Dist, ddp_call, global_loss, is_main
 
-from .build import build_model
 from .data import SeqData
-from .distributed import Dist, ddp_call, global_loss, is_main
 from .models import Attention, EncoderDecoder
 
 STATE_FORMAT_VERSION = 1

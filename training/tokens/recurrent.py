@@ -27,7 +27,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from runtime.spec import ModelSpec
 
-from .token_base import (
+from .base import (
     BOS_ID,
     EOS_ID,
     NEVER_LOGIT,

@@ -1,0 +1,128 @@
+"""Export modules for token models, with flat tensor arguments named by the contract. They reuse the model's own
+`encode` and `step`, so the graphs compute exactly what the PyTorch reference decode does, for any token model; a
+recurrent GRU model's step differs only in how its GRU advances: through `cells.ExplicitGRU` (Gemms and gate
+arithmetic), which onnxruntime's CPU kernels run faster than a GRU op of length 1 (benchmarks/cpu_step_bench.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from export.cells import ExplicitGRU
+from export.errors import ExportError
+from export.examples import (
+    EXAMPLE_BATCH,
+    EXAMPLE_LENGTHS,
+    EXAMPLE_PAST_LEN,
+    EXAMPLE_SOURCE_LEN,
+    MIN_EXPORT_POSITIONS,
+    Traced,
+)
+from runtime.contract import (
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    FEEDBACK,
+    GREEDY_FILE,
+    graph_io,
+    token_decoder_outputs,
+    token_decoder_state,
+)
+from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
+from training.tokens.base import BOS_ID, TensorState, TokenModel
+from training.tokens.recurrent import TokenSeq2Seq
+
+
+class TokenEncoderGraph(nn.Module):
+    """source_ids (N, L) int64, source_lengths (N,) int64 -> the first step's state and the memory."""
+
+    def __init__(self, model: TokenModel, spec: ModelSpec) -> None:
+        super().__init__()
+        self.model = model
+        self.output_names = list(graph_io(spec)[ENCODER_FILE]["outputs"])
+
+    def forward(self, source_ids: torch.Tensor, source_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        states = self.model.encode(source_ids, source_lengths)
+        return tuple(states[name] for name in self.output_names)
+
+
+class TokenStepGraph(nn.Module):
+    """One step: previous_tokens (N,) and the state -> log_probs (N, V), the fed-back state, alphas."""
+
+    def __init__(self, model: TokenModel, spec: ModelSpec) -> None:
+        super().__init__()
+        self.model = model
+        gru = isinstance(model, TokenSeq2Seq) and spec.cell == "gru"  # an LSTM keeps its op: as fast (cells.py)
+        self.cell = ExplicitGRU(model.decoder.rnn) if gru else None
+        self.input_names = ["previous_tokens", *token_decoder_state(spec)]
+        self.output_names = list(token_decoder_outputs(spec))
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feed = dict(zip(self.input_names, inputs))
+        previous = feed.pop("previous_tokens")
+        if self.cell is None:
+            log_probs, state, alphas = self.model.step(previous, feed)
+        else:
+            log_probs, state, alphas = self.gru_step(previous, feed)
+        produced = {"log_probs": log_probs, "alphas": alphas}
+        produced.update({out: state[into] for out, into in FEEDBACK.items() if into in state})
+        return tuple(produced[name] for name in self.output_names)
+
+    def gru_step(self, previous: torch.Tensor,
+                 state: TensorState) -> tuple[torch.Tensor, TensorState, torch.Tensor | None]:
+        """`TokenSeq2Seq.step` (that is `TokenDecoder.step`) with the explicit cell in place of the GRU."""
+        decoder = self.model.decoder
+        features, hidden = self.cell(decoder.embedding(previous), state["hidden"])  # (N, H), (layers, N, H)
+        alphas = None
+        if decoder.attention is not None:
+            context, alphas = decoder.attention(features, state)  # (N, D), (N, L)
+            features = torch.cat([features, context], dim=-1)  # (N, H + D)
+        log_probs = F.log_softmax(decoder._logits(features), dim=-1)  # (N, V)
+        return log_probs, {**state, "hidden": hidden}, alphas
+
+
+RECURRENT_DOCS = {
+    ENCODER_FILE: "seq2onnx token encoder: run once per request. source_ids (batch, source_len; right-padded with 0) "
+    "and source_lengths (batch) -> the decoder's initial hidden[/cell] state, and the attention's memory, projected "
+    "keys and source_mask.",
+    DECODER_STEP_FILE: "seq2onnx token decoder step: run once per output token. previous_tokens (batch; 1 = bos at "
+    "the first step) and the state -> log_probs (batch, vocab); feed hidden_out[/cell_out] back as hidden[/cell].",
+}
+TRANSFORMER_DOCS = {
+    ENCODER_FILE: "seq2onnx transformer encoder: run once per request. source_ids (batch, source_len; right-padded "
+    "with 0; at most max_positions) and source_lengths (batch) -> memory, every decoder layer's cross_keys/"
+    "cross_values (layers, batch, heads, source_len, head_dim), source_mask, and the first step's state: positions "
+    "(zeros) and an empty self-attention cache past_keys/past_values (layers, batch, heads, 0, head_dim).",
+    DECODER_STEP_FILE: "seq2onnx transformer decoder step: run once per output token; it projects only the new token "
+    "and attends over the cache. previous_tokens (batch; 1 = bos at the first step) at positions (batch; < "
+    "max_positions), past_keys/past_values (layers, batch, heads, past_len, head_dim), cross_keys/cross_values and "
+    "source_mask -> log_probs (batch, vocab) and alphas (batch, source_len: the last layer's cross-attention, mean "
+    "over heads); feed next_positions back as positions and present_keys/present_values (present_len = past_len + "
+    "1) back as past_keys/past_values. Beam search reorders every state input along its batch axis (1 for the "
+    "caches).",
+}
+GREEDY_DOCS = {
+    GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder; the "
+    "first token is bos, each next one the argmax (ties: lowest id). The encoder's state, max_length (int64 scalar, "
+    ">= 1) and min_length (eos forbidden while fewer tokens are decoded) -> tokens (batch, decode_len; after a row's "
+    "eos: 0), token_log_probs (0 after eos) and alphas; the loop stops at max_length or once every row emitted eos.",
+}
+
+
+def graph_docs(spec: ModelSpec) -> dict[str, str]:
+    """Each graph's doc string (shown by Netron): how to feed it and what to feed back."""
+    return {**(TRANSFORMER_DOCS if spec.is_transformer else RECURRENT_DOCS), **GREEDY_DOCS}
+
+
+def traced(model: TokenModel, spec: ModelSpec) -> Traced:
+    """The export modules and seeded example inputs: right-padded ids of unequal lengths (the packed path is what
+    gets traced), bos as the first token, the state advanced EXAMPLE_PAST_LEN steps (a transformer's cache grown)."""
+    if spec.is_transformer and spec.max_positions < MIN_EXPORT_POSITIONS:
+        raise ExportError(f"spec field 'max_positions' is {spec.max_positions}: the graphs are traced on "
+                          f"{EXAMPLE_SOURCE_LEN}-token example sources, so a transformer needs max_positions >= "
+                          f"{MIN_EXPORT_POSITIONS} to be exported; train it with a larger position table")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(N_SPECIAL_TOKENS, spec.source_vocab_size, (EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN),
+                        generator=gen)  # (N, Ls)
+    return Traced(TokenEncoderGraph(model, spec), TokenStepGraph(model, spec), (ids, torch.tensor(EXAMPLE_LENGTHS)),
+                  {"previous_tokens": torch.full((EXAMPLE_BATCH,), BOS_ID)}, steps=EXAMPLE_PAST_LEN)
