@@ -64,7 +64,8 @@ from runtime.tokens import TokenSteps
 from runtime.vocab import BOS, EOS, Vocabulary
 from training.build import build_model
 from training.points.decode import reference_decode
-from training.tokens.data import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF, load_text_dataset
+from training.tokens.builtin import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF
+from training.tokens.data import load_text_dataset
 from training.tokens.recurrent import TokenSeq2Seq
 from training.tokens.trainer import spec_for_text
 

@@ -58,7 +58,8 @@ def build_trainer(batch_size: int, dist: Any) -> Any:
     """A TokenTrainer with `seq2onnx train`'s recurrent defaults on the reverse set (per-process `batch_size`)."""
     from runtime.defaults import SPEC_OPTIONS, arch_defaults
     from runtime.vocab import Vocabulary
-    from training.tokens.data import TOKENIZER_OF, load_text_dataset
+    from training.tokens.builtin import TOKENIZER_OF
+    from training.tokens.data import load_text_dataset
     from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
     opts = {**arch_defaults("recurrent", DATA), "arch": "recurrent", "attention": "dot", "batch_size": batch_size}

@@ -29,7 +29,7 @@ import ray
 from runtime.infer_tokens import Item, TokenRun
 from runtime.model import Seq2Seq
 from serving.offline import Plan, decode_texts
-from training.tokens.data import generate_dates
+from training.tokens.builtin import generate_dates
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = dict(beam_size=1, num_hypotheses=1, length_penalty=1.0, max_decoding_length=None, min_decoding_length=0,

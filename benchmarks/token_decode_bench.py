@@ -39,7 +39,8 @@ from runtime.contract import state_batch_axes
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.vocab import BOS, EOS, Vocabulary
-from training.tokens.data import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF, load_text_dataset
+from training.tokens.builtin import REVERSE, REVERSE_MAX_LEN, TOKENIZER_OF
+from training.tokens.data import load_text_dataset
 from training.tokens.recurrent import TokenSeq2Seq, torch_steps
 from training.tokens.trainer import spec_for_text
 

@@ -21,19 +21,10 @@ import torch
 from runtime.defaults import arch_defaults
 from runtime.spec import ARCHS, NORMS, POSITIONALS
 from runtime.vocab import Vocabulary
-from training.tokens.data import (
-    ACCURACY_TARGETS,
-    BUILTIN_LOADERS,
-    REVERSE,
-    TOKENIZER_OF,
-    load_text_dataset,
-)
-from training.tokens.trainer import (
-    TokenTrainConfig,
-    TokenTrainer,
-    evaluate_tokens,
-    spec_for_text,
-)
+from training.tokens.builtin import ACCURACY_TARGETS, BUILTIN_LOADERS, REVERSE, TOKENIZER_OF
+from training.tokens.data import load_text_dataset
+from training.tokens.evaluate import evaluate_tokens
+from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
 TARGET_SECONDS = {"recurrent": 120.0, "transformer": 180.0}  # to the set's target, on 2 idle CPU threads
 SPEC_OPTIONS = ("hidden_dim", "embedding_dim", "cell", "attention", "bidirectional", "layers", "reverse_source",

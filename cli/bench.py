@@ -18,18 +18,15 @@ from runtime.bench import (
     FORMAT,
     LOOPS,
     Cell,
-    best_rows,
     cell_record,
     floor_call,
-    format_best,
-    format_table,
     grid,
     identity_graph,
     make_inputs,
     measure,
     ort_call,
-    plot_latency,
 )
+from runtime.bench_report import best_rows, format_best, format_table, plot_latency
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import MAX_BATCH, MAX_BEAM
 from runtime.points import MAX_TARGET_LEN

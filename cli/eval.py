@@ -80,7 +80,7 @@ def load_token_model(model_dir: Path, provider: str, threads: int | None) -> Any
 
 def accuracy_target(data: str, split: str, exact: float) -> dict[str, Any] | None:
     """A built-in set's held-out greedy exact target and whether it was met (test split only)."""
-    from training.tokens.data import ACCURACY_TARGETS
+    from training.tokens.builtin import ACCURACY_TARGETS
 
     if split != "test" or data not in ACCURACY_TARGETS:
         return None

@@ -14,7 +14,7 @@ from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.defaults import DATASET_DEFAULTS, MAX_LR, SEED, TRANSFORMER_DEFAULTS
 from runtime.spec import ARCHS, ATTENTION_KINDS, CELLS, NORMS, POSITIONALS
 from training.points.data import SQUARES
-from training.tokens.data import BUILTIN_LOADERS
+from training.tokens.builtin import BUILTIN_LOADERS
 from training.torchrun import launched
 
 from .common import FiniteFloatRange, check_threads_option, require_torch

@@ -13,7 +13,8 @@ from click.core import ParameterSource
 from runtime.defaults import POINT_DEFAULTS, arch_defaults
 from runtime.spec import POINTS_ATTENTION
 from training.points.data import SQUARES
-from training.tokens.data import BUILTIN_LOADERS, PAIR_SEPARATOR, TSV_SUFFIX
+from training.tokens.builtin import BUILTIN_LOADERS
+from training.tokens.data import PAIR_SEPARATOR, TSV_SUFFIX
 
 POINTS, TOKENS = "points", "tokens"
 DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"

@@ -11,15 +11,8 @@ import click
 from runtime.defaults import SPEC_OPTIONS
 from runtime.spec import ModelSpec
 from runtime.vocab import JOINERS
-from training.tokens.data import (
-    ACCURACY_TARGETS,
-    BUILTIN_LOADERS,
-    PAIR_SEPARATOR,
-    PARALLEL,
-    TOKENIZER_OF,
-    TSV,
-    TSV_SUFFIX,
-)
+from training.tokens.builtin import ACCURACY_TARGETS, BUILTIN_LOADERS, TOKENIZER_OF
+from training.tokens.data import PAIR_SEPARATOR, PARALLEL, TSV, TSV_SUFFIX
 
 from .train_options import TOKENIZER_SUFFIX, Job, is_parallel, load_or_reload
 
@@ -166,7 +159,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
 def accuracy_line(trainer: Any, test: Any, description: dict[str, Any], beam_size: int) -> str:
     """'held-out (N): greedy exact E, token T | beam K exact B | target >= X: met' (parts left out as they apply).
     The greedy figures are the last epoch's validation, which ran on `test` with these very weights."""
-    from training.tokens.trainer import evaluate_beam
+    from training.tokens.evaluate import evaluate_beam
 
     exact, token = trainer.history["val_exact"][-1], trainer.history["val_token"][-1]
     which = "test = training set" if description.get("test_is_train") else "held-out"

@@ -1,4 +1,5 @@
-"""`seq2onnx bench`, the torch-free core: grid cells, their inputs, timing, the per-call floor, table, JSON and plot.
+"""`seq2onnx bench`, the torch-free core: grid cells, their inputs, timing, the per-call floor and the JSON record
+(the tables and the plot: `runtime.bench_report`).
 
 Every cell decodes a fixed amount of work: point models `target_len` points per source; token models exactly
 `target_len` tokens per text (min_decoding_length = max_decoding_length, so </s> can end nothing early), from texts
@@ -12,7 +13,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -230,97 +231,3 @@ def cell_record(cell: Cell, providers: list[str], timings: dict[str, Timing],
     if "torch" in torch_names:
         record["speedup"] = timings["torch"].median_s / ort.median_s
     return record
-
-
-def best_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (provider, loop, batch, source_len, target_len, beam): each side at its fastest thread count."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for c in cells:
-        if c["torch"] is not None:
-            key = (c["provider"], c["loop"], c["batch"], c["source_len"], c["target_len"], c["beam"])
-            groups.setdefault(key, []).append(c)
-    rows = []
-    for (provider, loop, batch, source_len, target_len, beam), group in groups.items():
-        ort = min(group, key=lambda c: c["ort"]["median_ms"])
-        eager = min(group, key=lambda c: c["torch"]["median_ms"])
-        rows.append({"provider": provider, "loop": loop, "batch": batch, "source_len": source_len,
-                     "target_len": target_len, "beam": beam, "ort_threads": ort["threads"],
-                     "ort_median_ms": ort["ort"]["median_ms"], "torch_threads": eager["threads"],
-                     "torch_median_ms": eager["torch"]["median_ms"],
-                     "speedup": eager["torch"]["median_ms"] / ort["ort"]["median_ms"]})
-    return rows
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
-def _rate(value: float) -> str:
-    return f"{value:.4g}" if value < 1e5 else f"{value:.3e}"
-
-
-def format_table(doc: dict[str, Any]) -> str:
-    """Every cell, one line each: onnxruntime, the per-call floor, and PyTorch eager with the ratio."""
-    head = (f"{'provider':<8} {'thr':>3} {'loop':<5} {'batch':>5} {'src':>5} {'tgt':>5} {'beam':>4} | {'ort ms':>8} "
-            f"{'p90 ms':>8} {'seq/s':>9} {'tok/s':>9} | {'floor ms':>8} {'calls':>5} | {'torch ms':>8} {'p90 ms':>8} "
-            f"{'speed-up':>8}")
-    lines = [head, "-" * len(head)]
-    for c in doc["cells"]:
-        ort, floor, eager = c["ort"], c["floor"], c["torch"] or {}
-        speedup = "-" if c["speedup"] is None else f"{c['speedup']:.2f}x"
-        lines.append(f"{c['provider']:<8} {c['threads']:>3} {c['loop']:<5} {c['batch']:>5} {c['source_len']:>5} "
-                     f"{c['target_len']:>5} {c['beam'] or '-':>4} | {_ms(ort['median_ms']):>8} {_ms(ort['p90_ms']):>8} "
-                     f"{_rate(ort['sequences_per_s']):>9} {_rate(ort['tokens_per_s']):>9} | "
-                     f"{_ms(floor['median_ms']):>8} {floor['calls']:>5} | {_ms(eager.get('median_ms')):>8} "
-                     f"{_ms(eager.get('p90_ms')):>8} {speedup:>8}")
-    return "\n".join(lines)
-
-
-def format_best(rows: list[dict[str, Any]]) -> str:
-    """The headline: per cell, PyTorch at its best thread count over onnxruntime at its best."""
-    head = (f"{'provider':<8} {'loop':<5} {'batch':>5} {'src':>5} {'tgt':>5} {'beam':>4} | {'ort ms':>8} {'thr':>3} | "
-            f"{'torch ms':>8} {'thr':>3} | {'speed-up':>8}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['provider']:<8} {r['loop']:<5} {r['batch']:>5} {r['source_len']:>5} {r['target_len']:>5} "
-                     f"{r['beam'] or '-':>4} | {_ms(r['ort_median_ms']):>8} {r['ort_threads']:>3} | "
-                     f"{_ms(r['torch_median_ms']):>8} {r['torch_threads']:>3} | {r['speedup']:>7.2f}x")
-    return "\n".join(lines)
-
-
-def plot_latency(cells: list[dict[str, Any]], title: str, f: IO[bytes]) -> None:
-    """PNG of median latency (bars up to p90) against batch size: one line per setting, PyTorch dashed."""
-    from .plot import require_matplotlib
-
-    require_matplotlib()
-    from matplotlib.figure import Figure
-
-    series: dict[tuple, list[dict[str, Any]]] = {}
-    for c in cells:
-        key = (c["provider"], c["threads"], c["loop"], c["source_len"], c["target_len"], c["beam"])
-        series.setdefault(key, []).append(c)
-    fig = Figure(figsize=(9, 6), layout="constrained")
-    ax = fig.subplots()
-    for (provider, threads, loop, source_len, target_len, beam), group in series.items():
-        group = sorted(group, key=lambda c: c["batch"])
-        label = f"{provider} {threads}t {loop} src {source_len} tgt {target_len}" + (f" beam {beam}" if beam else "")
-        colour = None  # PyTorch's line takes the colour of onnxruntime's for the same setting
-        for side, style, name in (("ort", "-o", "onnxruntime"), ("torch", "--s", "PyTorch")):
-            if group[0][side] is None:
-                continue
-            median = np.array([c[side]["median_ms"] for c in group])  # (B,)
-            spread = np.array([c[side]["p90_ms"] for c in group]) - median  # (B,)
-            drawn = ax.errorbar([c["batch"] for c in group], median, yerr=[np.zeros_like(spread), spread], fmt=style,
-                                capsize=3, color=colour, label=f"{name}: {label}")
-            colour = drawn[0].get_color()
-    ax.set_xscale("log", base=2)
-    batches = sorted({c["batch"] for c in cells})
-    ax.set_xticks(batches, [str(b) for b in batches])  # the batch sizes measured, as plain numbers
-    ax.minorticks_off()
-    ax.set_yscale("log")
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("decode latency, ms (median; bar to p90)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="x-small")
-    ax.set_title(title, fontsize="medium")
-    fig.savefig(f, format="png", dpi=100)

@@ -3,13 +3,11 @@ not fixtures live in tests/support/."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from support.models import KINDS, Exported, make_model
+from support.models import KINDS, Exported, TokenExport, export_token_model, make_model, toy_token_spec
 
 
 @pytest.fixture(scope="session")
@@ -34,43 +32,21 @@ def exported(request, exports) -> Exported:
 TRANSFORMER_MAX_POSITIONS = 8  # small, so the runtime's position-table refusals are cheap to reach
 
 
-@dataclass
-class TokenExport:
-    """A seeded token model, its (source, target) vocabularies and the directory it was exported to."""
-
-    model: object
-    source: object
-    target: object
-    path: Path
-
-
 @pytest.fixture(scope="session")
 def transformer_export(tmp_path_factory) -> TokenExport:
     """A seeded, untrained 2-layer transformer on the toy corpus's vocabularies, exported once (parity checked)
     with a position table of TRANSFORMER_MAX_POSITIONS rows."""
-    import torch
+    spec = toy_token_spec(arch="transformer", d_model=8, d_ff=16, n_heads=2, layers=2,
+                          max_positions=TRANSFORMER_MAX_POSITIONS)
+    return export_token_model(spec, tmp_path_factory.mktemp("transformer") / "model")
 
-    from export.api import export_model
-    from runtime.spec import ModelSpec
-    from runtime.vocab import Vocabulary
-    from training.tokens.data import toy_translation
-    from training.tokens.transformer import TransformerSeq2Seq
 
-    pairs, _ = toy_translation()
-    source = Vocabulary.build(pairs.sources, "whitespace")
-    target = Vocabulary.build(pairs.targets, "whitespace")
-    spec = ModelSpec(kind="tokens", arch="transformer", d_model=8, d_ff=16, n_heads=2, layers=2, target_len=6,
-                     source_vocab_size=len(source), target_vocab_size=len(target),
-                     max_positions=TRANSFORMER_MAX_POSITIONS)
-    torch.manual_seed(0)
-    model = TransformerSeq2Seq(spec).eval()
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as one_torch_thread, which a session fixture cannot use: tiny models run fastest so
-    try:
-        path = export_model(model, tmp_path_factory.mktemp("transformer") / "model", vocabularies=(source, target))
-    finally:
-        torch.set_num_threads(before)
-    return TokenExport(model, source, target, path)
+@pytest.fixture(scope="session")
+def recurrent_export(tmp_path_factory) -> TokenExport:
+    """A seeded, untrained bidirectional GRU with additive attention on the toy corpus's vocabularies, exported once
+    (parity checked)."""
+    spec = toy_token_spec(cell="gru", bidirectional=True, attention="additive", hidden_dim=8, embedding_dim=6)
+    return export_token_model(spec, tmp_path_factory.mktemp("recurrent") / "model")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -13,13 +13,9 @@ import torch
 from runtime.vocab import Vocabulary
 from training.points.data import SeqData, generate_squares
 from training.points.trainer import TrainConfig, Trainer, evaluate, spec_for_data
-from training.tokens.data import generate_reverse
-from training.tokens.trainer import (
-    TokenTrainConfig,
-    TokenTrainer,
-    evaluate_tokens,
-    spec_for_text,
-)
+from training.tokens.builtin import generate_reverse
+from training.tokens.evaluate import evaluate_tokens
+from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
 STEPS = 4  # optimizer steps per model kind
 ROWS = 37  # an odd count: DistributedSampler pads the shards, and the last batches are short and uneven in padding

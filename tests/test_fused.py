@@ -15,7 +15,7 @@ from runtime.contract import DECODE_LEN, GREEDY_FILE, MANIFEST_FILE, greedy_io
 from runtime.errors import InputError, ManifestError
 from runtime.vocab import EOS
 
-from support.models import source_batch
+from support.models import export_token_model, source_batch, toy_token_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # eos's output row scaled and its bias moved, so that these seeded untrained models end some rows early (at
@@ -50,14 +50,10 @@ def eos_biased(tmp_path_factory, transformer_export) -> dict[str, Path]:
     """A bidirectional LSTM with dot attention and the session's transformer, eos made likely, exported."""
     import torch
 
-    from export.api import export_model
-    from runtime.spec import ModelSpec
     from training.tokens.recurrent import TokenSeq2Seq
     from training.tokens.transformer import TransformerSeq2Seq
 
-    source, target = transformer_export.source, transformer_export.target
-    lstm = ModelSpec(kind="tokens", cell="lstm", bidirectional=True, attention="dot", hidden_dim=8, embedding_dim=6,
-                     layers=2, source_vocab_size=len(source), target_vocab_size=len(target), target_len=6)
+    lstm = toy_token_spec(cell="lstm", bidirectional=True, attention="dot", hidden_dim=8, embedding_dim=6, layers=2)
     torch.manual_seed(3)
     models = {"lstm": TokenSeq2Seq(lstm).eval(),
               "transformer": TransformerSeq2Seq(transformer_export.model.spec).eval()}
@@ -69,7 +65,7 @@ def eos_biased(tmp_path_factory, transformer_export) -> dict[str, Path]:
         with torch.no_grad():
             layer.weight[EOS] *= scale
             layer.bias[EOS] += offset
-        out[name] = export_model(model, tmp_path_factory.mktemp(name) / "model", vocabularies=(source, target))
+        out[name] = export_token_model(model.spec, tmp_path_factory.mktemp(name) / "model", model=model).path
     return out
 
 

@@ -3,11 +3,9 @@ the runtime unchanged, the manifest records precision and quality, int8 holds qu
 loss beyond tolerance is refused with nothing published, unless accepted (then published with a warning)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import onnx
@@ -31,9 +29,9 @@ from runtime.contract import (
 )
 from runtime.defaults import DEFAULT_OPSET
 from runtime.spec import ModelSpec
-from runtime.vocab import Vocabulary
-from training.build import build_model, build_token_model
-from training.tokens.data import toy_translation
+from training.build import build_model
+
+from support.models import export_token_model, torch_threads, toy_token_spec
 
 SQUARES = Path(__file__).resolve().parent.parent / "artifacts" / "squares-checkpoint"
 HIDDEN = 48  # large enough that int8 weights outweigh the quantization parameters they add
@@ -43,17 +41,6 @@ QUALITY_ATOL = 0.05  # the int8 decode vs float32, relative to the outputs' scal
 UNTRAINED = QualityTolerance(min_exact_match=0.8, min_token_agreement=0.8)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """As conftest's one_torch_thread, for module fixtures: tiny models export fastest on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def manifest(path: Path) -> dict:
@@ -95,20 +82,13 @@ def points(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory) -> dict[str, tuple[Path, ModelSpec]]:
     """An LSTM token model at int8 (DynamicQuantizeLSTM) and a transformer at fp16, on the toy vocabularies."""
-    pairs, _ = toy_translation()
-    vocabs = (Vocabulary.build(pairs.sources, "whitespace"), Vocabulary.build(pairs.targets, "whitespace"))
-    sizes = dict(source_vocab_size=len(vocabs[0]), target_vocab_size=len(vocabs[1]), target_len=6)
-    specs = {"int8": ModelSpec(kind="tokens", cell="lstm", hidden_dim=16, embedding_dim=8, **sizes),
-             "fp16": ModelSpec(kind="tokens", arch="transformer", d_model=16, d_ff=32, n_heads=2, layers=1,
-                               max_positions=16, **sizes)}
+    specs = {"int8": toy_token_spec(cell="lstm", hidden_dim=16, embedding_dim=8),
+             "fp16": toy_token_spec(arch="transformer", d_model=16, d_ff=32, n_heads=2, layers=1, max_positions=16)}
     root = tmp_path_factory.mktemp("tokens")
     out = {}
     for mode, spec in specs.items():
-        torch.manual_seed(0)
         options = {"quantize": "int8"} if mode == "int8" else {"dtype": "fp16"}
-        with torch_threads(1):
-            out[mode] = (export_model(build_token_model(spec).eval(), root / mode, vocabularies=vocabs,
-                                      quality_tol=UNTRAINED, **options), spec)
+        out[mode] = (export_token_model(spec, root / mode, quality_tol=UNTRAINED, **options).path, spec)
     return out
 
 

@@ -29,7 +29,7 @@ from serving.offline import (
     point_dataset,
     token_dataset,
 )
-from training.tokens.data import generate_dates
+from training.tokens.builtin import generate_dates
 
 from support.serve import DATES, SQUARES, local_ray
 

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.vocab import UNK, Vocabulary
 from training.data import DataError
-from training.tokens.data import (
+from training.tokens.builtin import (
     BUILTIN_LOADERS,
     DATE_FORMATS,
     DATES,
@@ -17,23 +17,17 @@ from training.tokens.data import (
     DATES_MIN_YEAR,
     LOOKUP,
     LOOKUP_DIGITS,
-    MAX_BAD_SHOWN,
-    MAX_LINE_CHARS,
     REVERSE,
     REVERSE_MAX_LEN,
     REVERSE_MIN_LEN,
     TOKENIZER_OF,
     TOY_TRANSLATION,
-    TextPairs,
-    describe_text_dataset,
     generate_dates,
     generate_lookup,
     generate_reverse,
-    load_parallel,
-    load_text_dataset,
-    load_tsv,
-    reload_text_dataset,
 )
+from training.tokens.data import describe_text_dataset, load_parallel, load_text_dataset, load_tsv, reload_text_dataset
+from training.tokens.pairs import MAX_BAD_SHOWN, MAX_LINE_CHARS, TextPairs
 
 SIZES = {REVERSE: (10_000, 1_000), TOY_TRANSLATION: (9, 9), LOOKUP: (5_000, 1_000), DATES: (10_000, 1_000)}
 # An independent reading of each date style, by the standard library (C locale: English names).

@@ -43,15 +43,11 @@ from training.checkpoint import (
     save_checkpoint,
     save_train_state,
 )
-from training.tokens.data import BUILTIN_LOADERS, TOKENIZER_OF, load_text_dataset
+from training.tokens.builtin import BUILTIN_LOADERS, TOKENIZER_OF
+from training.tokens.data import load_text_dataset
+from training.tokens.evaluate import evaluate_beam, evaluate_tokens
 from training.tokens.recurrent import TokenSeq2Seq
-from training.tokens.trainer import (
-    TokenTrainConfig,
-    TokenTrainer,
-    evaluate_beam,
-    evaluate_tokens,
-    spec_for_text,
-)
+from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 from training.tokens.transformer import TransformerSeq2Seq
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,12 +14,8 @@ from cli.main import main
 from export.api import export_model
 from runtime.model import Seq2Seq
 from runtime.vocab import EOS, Vocabulary
-from training.tokens.data import (
-    ACCURACY_TARGETS,
-    TOKENIZER_OF,
-    TOY_TRANSLATION,
-    load_text_dataset,
-)
+from training.tokens.builtin import ACCURACY_TARGETS, TOKENIZER_OF, TOY_TRANSLATION
+from training.tokens.data import load_text_dataset
 from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 
 SQUARES = Path(__file__).resolve().parents[1] / "artifacts" / "squares"

@@ -9,17 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from export.api import export_model
 from runtime.infer_tokens import Item, batch_seed, heatmap
 from runtime.model import Seq2Seq
 from runtime.plot import Heatmap
-from runtime.spec import ModelSpec
 from runtime.tokens import Translation
 from runtime.vocab import Vocabulary
-from training.tokens.data import toy_translation
-from training.tokens.recurrent import TokenSeq2Seq
+from training.tokens.builtin import toy_translation
+
+from support.models import export_token_model, toy_token_spec
 
 PAIRS, _ = toy_translation()  # the nine notebook pairs
 TEXTS = ["one is one", "two is three", "nine is nine"]
@@ -58,15 +56,11 @@ def assert_matches(found: list[dict], expected: list[list[Translation]]) -> None
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Seeded, untrained GRU token models that read their sources reversed: with attention, and without."""
     root = tmp_path_factory.mktemp("token_infer")
-    source = Vocabulary.build(PAIRS.sources, "whitespace")
-    target = Vocabulary.build(PAIRS.targets, "whitespace")
     out = {}
     for attention in ("additive", "none"):
-        spec = ModelSpec(kind="tokens", cell="gru", attention=attention, hidden_dim=8, embedding_dim=6,
-                         source_vocab_size=len(source), target_vocab_size=len(target), target_len=TARGET_LEN,
-                         reverse_source=True)
-        torch.manual_seed(0)
-        out[attention] = export_model(TokenSeq2Seq(spec).eval(), root / attention, vocabularies=(source, target))
+        spec = toy_token_spec(cell="gru", attention=attention, hidden_dim=8, embedding_dim=6, target_len=TARGET_LEN,
+                              reverse_source=True)
+        out[attention] = export_token_model(spec, root / attention).path
     return out
 
 

@@ -16,7 +16,7 @@ from runtime.errors import InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
-from training.tokens.data import toy_translation
+from training.tokens.builtin import toy_translation
 from training.tokens.recurrent import TokenSeq2Seq
 
 PAIRS, _ = toy_translation()  # (train, test): the same nine pairs
@@ -24,17 +24,10 @@ PAIRS, _ = toy_translation()  # (train, test): the same nine pairs
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def token_export(tmp_path_factory) -> tuple[TokenSeq2Seq, Vocabulary, Vocabulary, Path]:
-    """A seeded GRU + additive-attention token model on the toy corpus's vocabularies, exported once."""
-    source = Vocabulary.build(PAIRS.sources, "whitespace")
-    target = Vocabulary.build(PAIRS.targets, "whitespace")
-    spec = ModelSpec(kind="tokens", cell="gru", bidirectional=True, attention="additive", hidden_dim=8,
-                     embedding_dim=6, source_vocab_size=len(source), target_vocab_size=len(target), target_len=6)
-    torch.manual_seed(0)
-    model = TokenSeq2Seq(spec).eval()
-    out = export_model(model, tmp_path_factory.mktemp("tok") / "model", vocabularies=(source, target))
-    return model, source, target, out
+@pytest.fixture
+def token_export(recurrent_export) -> tuple[TokenSeq2Seq, Vocabulary, Vocabulary, Path]:
+    """The session's bidirectional GRU + additive-attention export, as (model, source, target, path)."""
+    return recurrent_export.model, recurrent_export.source, recurrent_export.target, recurrent_export.path
 
 
 def test_export_ships_hashed_vocabularies_and_passes_parity(token_export):
@@ -117,8 +110,8 @@ def test_export_refuses_missing_or_mismatched_vocabularies(token_export, tmp_pat
 
 def test_reversed_source_multihead_model_reads_texts_as_it_was_trained(tmp_path):
     """spec.reverse_source travels in the manifest: the runtime reverses the source tokens as the trainer did."""
-    from training.tokens.data import TextPairs
-    from training.tokens.trainer import TokenBatcher
+    from training.tokens.batches import TokenBatcher
+    from training.tokens.pairs import TextPairs
 
     source = Vocabulary.build(PAIRS.sources, "whitespace")
     target = Vocabulary.build(PAIRS.targets, "whitespace")

@@ -12,22 +12,12 @@ import torch
 from runtime.spec import SpecError
 from runtime.vocab import BOS, EOS, PAD, Vocabulary
 from training.points.trainer import ConfigError, DivergedError
-from training.tokens.data import (
-    REVERSE,
-    TOKENIZER_OF,
-    TextPairs,
-    generate_reverse,
-    load_text_dataset,
-)
-from training.tokens.trainer import (
-    BUCKET_BATCHES,
-    TokenBatcher,
-    TokenTrainConfig,
-    TokenTrainer,
-    encode_sources,
-    evaluate_tokens,
-    spec_for_text,
-)
+from training.tokens.batches import BUCKET_BATCHES, TokenBatcher, encode_sources
+from training.tokens.builtin import REVERSE, TOKENIZER_OF, generate_reverse
+from training.tokens.data import load_text_dataset
+from training.tokens.evaluate import evaluate_tokens
+from training.tokens.pairs import TextPairs
+from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 from training.tokens.transformer import TransformerSeq2Seq
 
 # Measured: this GRU + dot model reaches 9/9 exact after epoch 7 (seed 0, constant lr); 12 epochs leave a margin.

@@ -20,28 +20,26 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from runtime.contract import state_batch_axes
 from runtime.defaults import MAX_LR, RECURRENT_SIZES, SEED, TOKEN_DEFAULTS
-from runtime.search import beam_search
 from runtime.spec import ModelSpec
-from runtime.vocab import BOS, EOS, PAD, Vocabulary
+from runtime.vocab import PAD, Vocabulary
 from training.build import build_token_model
 from training.distributed import Dist, ddp_call, global_loss, is_main
 from training.points.trainer import ConfigError, DivergedError, restore_state, resumable_state
 
-from .base import TokenModel, torch_steps
-from .data import MAX_LEN_MARGIN, TextPairs
+from .base import TokenModel
+from .batches import TokenBatch, TokenBatcher, encode_sources
+from .evaluate import evaluate_tokens
+from .pairs import TextPairs
 from .recurrent import sequence_loss
 
 TOKEN_STATE_FORMAT_VERSION = 1
-BUCKET_BATCHES = 50  # a bucket sorts this many batches' worth of shuffled pairs by source length
-EVAL_CHUNK = 1024  # validation rows per greedy decode; bounds memory only
 
 History = dict[str, list[float]]
 # Config fields added after the first format: absent in older spec.json / train_state.pt, read with their defaults.
@@ -113,71 +111,6 @@ class TokenTrainConfig:
         return lr * (step + 1) / self.warmup if step < self.warmup else lr
 
 
-# -- batches -----------------------------------------------------------------------------------------------------
-
-
-def encode_sources(texts: tuple[str, ...], vocab: Vocabulary, reverse: bool = False) -> list[list[int]]:
-    """Source ids: tokens then EOS; `reverse` reverses the tokens only (EOS stays last), as the runtime does."""
-    ids, lengths = vocab.encode_batch(list(texts), add_eos=True, reverse=reverse)
-    return [row[:n].tolist() for row, n in zip(ids, lengths)]
-
-
-def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids (N, L) int64 and lengths (N,) int64."""
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)  # (N,)
-    ids = torch.full((len(rows), int(lengths.max())), PAD, dtype=torch.long)  # (N, L)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-    return ids, lengths
-
-
-class TokenBatch(NamedTuple):
-    """One padded batch: source (N, Ls), lengths (N,), target_in and target_out (N, Lt)."""
-
-    source: torch.Tensor
-    lengths: torch.Tensor
-    target_in: torch.Tensor
-    target_out: torch.Tensor
-
-
-class TokenBatcher:
-    """Pairs encoded once; batches are index tensors, padded to their own longest row on `batch(index)`."""
-
-    def __init__(self, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
-                 reverse_source: bool = False) -> None:
-        self.source, self.lengths = _padded(encode_sources(pairs.sources, source_vocab, reverse_source))  # (N, Ls)
-        targets = [target_vocab.encode(t, add_eos=False) for t in pairs.targets]
-        self.target_in, self.target_lengths = _padded([[BOS] + t for t in targets])  # (N, Lt)
-        self.target_out, _ = _padded([t + [EOS] for t in targets])  # (N, Lt)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def batch(self, index: torch.Tensor) -> TokenBatch:
-        """The rows at `index`, cut to the longest source and target among them."""
-        ls, lt = int(self.lengths[index].max()), int(self.target_lengths[index].max())
-        return TokenBatch(self.source[index, :ls], self.lengths[index], self.target_in[index, :lt],
-                          self.target_out[index, :lt])
-
-    def epoch_batches(self, batch_size: int, generator: torch.Generator, bucket: bool,
-                      order: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Shuffled batches of row indices; `bucket` sorts chunks of BUCKET_BATCHES batches by source length
-        (stable, so ties keep the shuffle) and then shuffles the batch order, all drawn from `generator`. A given
-        `order` (a rank's shard, already shuffled) replaces the shuffle of the rows."""
-        if order is None:
-            order = torch.randperm(len(self), generator=generator)  # (N,)
-        if not bucket:
-            return list(order.split(batch_size))
-        batches: list[torch.Tensor] = []
-        for chunk in order.split(batch_size * BUCKET_BATCHES):
-            by_length = torch.sort(self.lengths[chunk], stable=True).indices
-            batches.extend(chunk[by_length].split(batch_size))
-        return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-
-
-# -- evaluation and spec ------------------------------------------------------------------------------------------
-
-
 D = TOKEN_DEFAULTS
 
 
@@ -202,57 +135,6 @@ def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Voca
                      d_model=d_model, d_ff=d_ff, norm=norm, positional=positional, dropout=dropout,
                      source_vocab_size=len(source_vocab), target_vocab_size=len(target_vocab),
                      input_len=input_len, target_len=target_len)
-
-
-@torch.no_grad()
-def evaluate_tokens(model: TokenModel, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
-                    dist: Dist | None = None) -> tuple[float, float]:
-    """Greedy decoding (eval mode) -> (exact-sequence accuracy, token accuracy). A sequence is exact when every token
-    and the EOS after them match; token accuracy compares position by position over target + EOS. Under `dist` each
-    rank decodes its share of the rows and the counts are summed."""
-    model.eval()
-    data = TokenBatcher(pairs, source_vocab, target_vocab, model.spec.reverse_source)
-    rows = range(len(data)) if dist is None else dist.rows(len(data))
-    exact, correct, total = _accuracy_counts(model, data, torch.tensor(rows, dtype=torch.long))
-    if dist is not None:
-        exact, correct, total = dist.all_sum(exact, correct, total)
-    return exact / len(data), correct / total
-
-
-def _accuracy_counts(model: TokenModel, data: TokenBatcher, rows: torch.Tensor) -> tuple[int, int, int]:
-    """(exact sequences, correct tokens, reference tokens) of greedy decoding over `rows` of `data`."""
-    max_len = int(data.target_lengths.max()) + MAX_LEN_MARGIN  # target_lengths count BOS, i.e. tokens + EOS
-    exact = correct = total = 0
-    for index in rows.split(EVAL_CHUNK):
-        batch = data.batch(index)
-        decoded = model.greedy(batch.source, batch.lengths, max_len)
-        for row, out in zip(batch.target_out.tolist(), decoded):
-            reference = row[:row.index(EOS) + 1]
-            predicted = out + [EOS] if len(out) < max_len else out  # shorter than max_len: greedy stopped at EOS
-            exact += predicted == reference
-            correct += sum(p == r for p, r in zip(predicted, reference))
-            total += len(reference)
-    return exact, correct, total
-
-
-@torch.no_grad()
-def evaluate_beam(model: TokenModel, pairs: TextPairs, source_vocab: Vocabulary, target_vocab: Vocabulary,
-                  beam_size: int = 5, length_penalty: float = 1.0) -> float:
-    """Exact-sequence accuracy of PyTorch beam search (`runtime.search.beam_search` over `torch_steps`, the best
-    hypothesis; length_penalty as `translate_batch`'s default), with greedy's length limit."""
-    model.eval()
-    data = TokenBatcher(pairs, source_vocab, target_vocab, model.spec.reverse_source)
-    max_len = int(data.target_lengths.max()) + MAX_LEN_MARGIN
-    axes = state_batch_axes(model.spec)
-    exact = 0
-    for index in torch.arange(len(data)).split(EVAL_CHUNK):
-        batch = data.batch(index)
-        state, step = torch_steps(model, batch.source.numpy(), batch.lengths.numpy())
-        found = beam_search(step, state, axes, batch_size=len(index), bos_id=BOS, eos_id=EOS,
-                            max_decoding_length=max_len, beam_size=beam_size, length_penalty=length_penalty)
-        for row, hyps in zip(batch.target_out.tolist(), found):
-            exact += hyps[0].tokens == row[:row.index(EOS)]  # a reference is shorter than max_len: it ended by EOS
-    return exact / len(data)
 
 
 def sampled_forward(model: TokenModel, batch: TokenBatch, teacher_forcing: float,
