@@ -26,8 +26,7 @@ from .train_options import (
     default_out,
     prepare_options,
 )
-from .train_ranks import on_rank, rank_prefix
-from .train_run import check_resumable, run_training
+from .train_run import as_click, run_training
 from .train_tokens import (
     check_text_data,
     check_tokenizer_option,
@@ -197,16 +196,9 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         torch.set_num_threads(threads)
     from runtime.atomic import exclusive
     from runtime.destination import normalized
-    from runtime.errors import Seq2OnnxError
-    from runtime.spec import SpecError
-    from training.checkpoint import (
-        CheckpointError,
-        check_checkpoint_destination,
-        partial_dir,
-    )
-    from training.data import DataError
-    from training.distributed import PeerFailedError, start, stop
-    from training.points.trainer import ConfigError
+    from training.checkpoint import check_checkpoint_destination, partial_dir
+    from training.distributed import start, stop
+    from training.run import check_resumable
 
     name = "transformer" if opts["arch"] == "transformer" else opts["attention"]
     out = normalized(out if out is not None else default_out(opts["data"], name))
@@ -215,20 +207,16 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         if launching:  # every rank runs this command again, under torchrun
             check_checkpoint_destination(out, force=force or resume)
             with exclusive(out):  # a run writing there already is said first, before what its files look like
-                check_resumable(ctx, out, resume, force)
+                check_resumable(out, resume, force)
             launch(ctx, launch_opts, threads, partial_dir(out) / CHECKPOINT_STATE_FILE, quieted)
             return
         dist = start() if launched() else None
-        run_training(ctx, opts, out, save_every, resume, force, quiet, dist)
-    except DataError as err:  # the file exists (checked above) but its content is unusable: exit 1, no usage
-        raise on_rank(dist, click.ClickException(f"--data: {err}")) from None
-    except (CheckpointError, ConfigError, SpecError, Seq2OnnxError) as err:
-        raise on_rank(dist, click.ClickException(str(err))) from None
-    except click.ClickException as err:
-        raise on_rank(dist, err) from None
-    except PeerFailedError as err:  # while rank 0 prepared the run, or before the first epoch
-        prefix = "" if dist is None or dist.is_main else rank_prefix(dist)
-        raise click.ClickException(f"{prefix}{err}; nothing was written") from None
+        run_training(ctx, opts, data_kind(opts["data"]), out, save_every, resume, force, quiet, dist)
+    except Exception as err:
+        shown = as_click(err, dist)
+        if shown is None:
+            raise
+        raise shown from None
     finally:
         if dist is not None:
             stop()

@@ -1,9 +1,8 @@
 """Shared pieces of `seq2onnx train`: which kind of model the data trains, defaults by kind, option checks, resume
-merging, and the `Job` each kind hands back to the one run loop. Stdlib, click and numpy only (no torch)."""
+merging. Stdlib, click and numpy only (no torch)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +27,6 @@ TOKEN_ONLY = ("arch", "embedding_dim", "cell", "layers", "bidirectional", "tie_e
               "eval_beam", *TRANSFORMER_ONLY)
 FREE_ON_RESUME = ("epochs", "eval_beam")  # how long to train, and how the final report decodes: not the run itself
 BUILT_VOCAB_ONLY = ("min_freq", "max_vocab")  # a tokenizer file brings its own vocabulary
-
-
-@dataclass
-class Job:
-    """One model kind's part of a run: its trainer, the data description, what to save beside the weights
-    (vocabularies, extra resumable state), and what to print at the end."""
-
-    trainer: Any
-    description: dict[str, Any]
-    report: Callable[[], None]
-    vocabularies: tuple[Any, Any] | None = None
-    extra_state: dict[str, Any] = field(default_factory=dict)
 
 
 def load_or_reload(data: str, state: dict[str, Any] | None, load: Callable[[str], tuple[Any, Any]],

@@ -8,7 +8,7 @@ import click
 
 from training.points.data import SQUARES
 
-from .train_options import Job, load_or_reload
+from .train_options import load_or_reload
 
 
 def saved_point_options(state: dict[str, Any]) -> dict[str, Any]:
@@ -18,10 +18,11 @@ def saved_point_options(state: dict[str, Any]) -> dict[str, Any]:
             "hidden_dim": spec["hidden_dim"], **state["config"]}
 
 
-def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Job:
+def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Any:
     """Load (or reload) point data and build spec, config and trainer."""
     from training.points.data import describe_dataset, load_dataset, reload_dataset
     from training.points.trainer import TrainConfig, Trainer, evaluate, spec_for_data
+    from training.run import Job
 
     train_set, test_set, description = load_or_reload(opts["data"], state, load_dataset, describe_dataset,
                                                       reload_dataset)

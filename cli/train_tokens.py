@@ -14,7 +14,7 @@ from runtime.vocab import JOINERS
 from training.tokens.builtin import ACCURACY_TARGETS, BUILTIN_LOADERS, TOKENIZER_OF
 from training.tokens.data import PAIR_SEPARATOR, PARALLEL, TSV, TSV_SUFFIX
 
-from .train_options import TOKENIZER_SUFFIX, Job, is_parallel, load_or_reload
+from .train_options import TOKENIZER_SUFFIX, is_parallel, load_or_reload
 
 BUILT_TOKENIZERS = tuple(JOINERS)  # 'char', 'whitespace': vocabularies built from the training data
 USER_DATA_TOKENIZER = "whitespace"
@@ -131,8 +131,9 @@ def build_vocabularies(train: Any, tokenizer: str, min_freq: int, max_vocab: int
     return built[0], built[1]
 
 
-def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Job:
+def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | None, dist: Any = None) -> Any:
     """Load (or reload) the text, build vocabularies, spec, config and trainer."""
+    from training.run import Job
     from training.tokens.data import (
         describe_text_dataset,
         load_text_dataset,
