@@ -32,6 +32,8 @@ from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.vocab import PAD
 from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
 
+from support.processes import default_sigint
+
 pytestmark = pytest.mark.ddp
 
 PARAMS_ATOL = 1e-10  # float64: what differs is only the order of summation (measured: <= 4e-13)
@@ -49,7 +51,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpro
     """`args` to the end, in a session of its own: a timeout kills the launcher's whole group, not the launcher
     alone (torchrun's ranks, in sessions of their own, die with it once they have joined: `start`)."""
     with subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True) as proc:
+                          start_new_session=True, preexec_fn=default_sigint) as proc:
         try:
             out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -72,7 +74,8 @@ class Launched:
         self.log = log
         self.workers: set[int] = set()
         with open(log, "w") as f:
-            self.proc = subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=default_sigint)  # some tests stop it with Ctrl-C
 
     def output(self) -> str:
         return self.log.read_text()

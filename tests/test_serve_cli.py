@@ -19,6 +19,7 @@ import pytest
 from runtime.model import Seq2Seq
 
 from support.devices import DEVICES
+from support.processes import default_sigint
 from support.reliability import (
     BAD_INPUT,
     USAGE,
@@ -62,8 +63,9 @@ def launch(tmp_path: Path) -> Iterator:
     def start(*args: str) -> subprocess.Popen:
         log = tmp_path / f"serve-{len(started)}.log"
         with ray_env() as env, open(log, "w") as sink:
-            process = subprocess.Popen([sys.executable, "-m", "cli", "serve", *args], env=env,
-                                       stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            process = subprocess.Popen([sys.executable, "-m", "cli", "serve", *args], env=env, stdout=sink,
+                                       stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                       preexec_fn=default_sigint)  # the test stops it with Ctrl-C
         process.log = log  # type: ignore[attr-defined]
         started.append(process)
         deadline = time.monotonic() + START_TIMEOUT

@@ -6,11 +6,12 @@ import subprocess
 from typing import Iterator
 
 
-def _default_sigint() -> None:
+def default_sigint() -> None:
+    """A child's `preexec_fn`: SIGINT back to its default. A shell without job control (a CI script, `cmd &` in a
+    script) starts background jobs with SIGINT ignored, children inherit that, and Python keeps an inherited SIG_IGN:
+    a child the test interrupts on purpose would never see its Ctrl-C."""
     import signal
 
-    # A shell that starts jobs in the background ignores SIGINT for them, and children inherit that;
-    # the tests send SIGINT on purpose, so the child gets the default handler back.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -18,7 +19,7 @@ def _default_sigint() -> None:
 def child_process(args: list[str], **kwargs: object) -> Iterator[subprocess.Popen]:
     """Popen that receives SIGINT whatever the test runner inherited, and is killed if the test leaves it running."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint, **kwargs)
+                            preexec_fn=default_sigint, **kwargs)
     try:
         yield proc
     finally:
