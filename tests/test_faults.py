@@ -170,6 +170,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
 
 # ---- whole commands, killed or racing ----
 
+@pytest.mark.slow  # real processes killed at chosen moments: the longest of the fault tests
 def test_sigkill_during_train_force_leaves_the_old_or_the_new_checkpoint(tmp_path: Path,
                                                                         reference: tuple[Path, float]) -> None:
     ref, seconds = reference
@@ -186,6 +187,7 @@ def test_sigkill_during_train_force_leaves_the_old_or_the_new_checkpoint(tmp_pat
     assert our_siblings(out) == [] and not partial_dir(out).exists()
 
 
+@pytest.mark.slow  # real processes killed at chosen moments: the longest of the fault tests
 def test_sigkill_during_export_force_leaves_the_old_or_the_new_export(tmp_path: Path,
                                                                       reference: tuple[Path, float]) -> None:
     ref, _ = reference
@@ -205,6 +207,7 @@ def test_sigkill_during_export_force_leaves_the_old_or_the_new_export(tmp_path: 
     assert our_siblings(out) == []
 
 
+@pytest.mark.slow  # real processes killed at chosen moments: the longest of the fault tests
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path: Path, reference: tuple[Path, float]) -> None:
     ref, _ = reference
     out = tmp_path / "ck"

@@ -111,6 +111,7 @@ def test_loss_ignores_padding():
     torch.testing.assert_close(sequence_loss(log_probs, target), by_hand)
 
 
+@pytest.mark.slow  # trains to an accuracy target
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_learns_to_reverse_short_digit_strings(cell):
     """A few hundred Adam steps on a copy-reversed task: greedy decoding gets most sequences exactly right."""

@@ -3,6 +3,7 @@ stops cleanly on Ctrl-C; and the two-node shape: the same command with --address
 of two one-CPU nodes on this box, one replica per node, the model shipped to the replicas by Ray."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -195,6 +196,11 @@ if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
                                                        says=("provider 'cuda'", "CUDA"))
 
 
+# `serve` imports Ray before it refuses anything, and importing Ray changes the importing process (its
+# environment): each row gets a process of its own.
+SERVE_CASES = {name: dataclasses.replace(row, process=True) for name, row in SERVE_CASES.items()}
+
+
 @pytest.mark.parametrize("name", list(SERVE_CASES))
 def test_serve_refuses(workspace: Path, name: str) -> None:
     assert_refused(workspace, SERVE_CASES[name])
@@ -203,5 +209,5 @@ def test_serve_refuses(workspace: Path, name: str) -> None:
 def test_serve_refuses_a_port_in_use(workspace: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-        assert_refused(workspace, case(*SERVE, "--port", str(port), code=BAD_INPUT,
+        assert_refused(workspace, case(*SERVE, "--port", str(port), code=BAD_INPUT, process=True,
                                        says=(f"--port {port}", "already in use", "pick another --port")))

@@ -1,9 +1,11 @@
 """The reliability tables' machinery: a workspace built once per module and copied for each row, the rows
 (`Case`), and the checks that a refused command or call names its input, leaves no traceback and changes no file.
 
-Rows that end in a usage error (exit 2) run in-process through click's CliRunner: click parses and refuses them
-before any work, so a process of their own proves nothing more and costs most of a second. Every other row runs
-`python -m cli` in a real subprocess (`run_cli`)."""
+Rows run in-process through click's CliRunner (`run_in_process`): a refusal is decided by the command's own code,
+which a process of its own would only start more slowly (most of a second, most of it importing torch); the
+process is checked to be left as it was (environment, working directory, signal handlers, torch threads). A row
+that needs a real process (a signal, a lock held by another process, a torch-free interpreter) says so
+(`process=True`) and runs `python -m cli` in a subprocess (`run_cli`)."""
 from __future__ import annotations
 
 import hashlib
@@ -99,11 +101,12 @@ class Case:
     code: int
     fragments: tuple[str, ...]
     stdin: str | None = None
+    process: bool = False  # run in a subprocess of its own
 
 
-def case(*args: str, code: int, says: tuple[str, ...], stdin: str | None = None) -> Case:
+def case(*args: str, code: int, says: tuple[str, ...], stdin: str | None = None, process: bool = False) -> Case:
     """A row of the table."""
-    return Case(tuple(args), code, says, stdin)
+    return Case(tuple(args), code, says, stdin, process)
 
 
 def run_cli(case_dir: Path, case: Case) -> subprocess.CompletedProcess:
@@ -124,22 +127,47 @@ def run_in_process(case_dir: Path, case: Case) -> subprocess.CompletedProcess:
 
     home = case_dir.parent / HOME
     args = [a.replace("{home}", str(home)) for a in case.args]
+    before = process_state()
     cwd = os.getcwd()
     os.chdir(case_dir)
     try:
         result = CliRunner().invoke(main, args, input=case.stdin, env={"HOME": str(home)}, prog_name="seq2onnx")
     finally:
         os.chdir(cwd)
+    after = process_state()
+    if before[-1] is None:  # torch was first loaded by this command: its threads are torch's own default
+        after = (*after[:-1], None)
+    changed = {name: (was, now) for name, was, now in zip(STATE_PARTS, before, after) if was != now}
+    if "environment" in changed:
+        was, now = changed["environment"]
+        changed["environment"] = {k: (was.get(k), now.get(k)) for k in {*was, *now} if was.get(k) != now.get(k)}
+    assert not changed, f"a refused command changed its process: {changed}"
     stderr = result.stderr
     if result.exc_info is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(*result.exc_info))
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)
 
 
+# Variables pytest, and torch and Ray on first use of some of their parts, set for themselves: not ours to judge.
+FOREIGN_VARIABLES = ("PYTEST_CURRENT_TEST", "TORCH", "RAY_")
+STATE_PARTS = ("environment", "working directory", "SIGINT handler", "SIGTERM handler", "torch threads")
+
+
+def process_state() -> tuple[Any, ...]:
+    """What a command could leave changed in its process: environment (FOREIGN_VARIABLES aside), working
+    directory, SIGINT and SIGTERM handlers, PyTorch's threads (when loaded)."""
+    import signal
+
+    torch = sys.modules.get("torch")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_VARIABLES)}
+    return (environment, os.getcwd(), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM),
+            torch.get_num_threads() if torch is not None else None)
+
+
 def assert_refused(workspace: Path, case: Case) -> None:
     """The row's exit code and one `Error:` line holding its fragments; no traceback; no file changed."""
     before = tree_hash(workspace.parent)
-    result = (run_in_process if case.code == USAGE else run_cli)(workspace, case)
+    result = (run_cli if case.process else run_in_process)(workspace, case)
     assert result.returncode == case.code, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
