@@ -233,7 +233,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
     if nodes > 1:
         click.echo(f"waiting for {nodes} machines to join the rendezvous at {endpoint} (up to {wait_s} s; the same "
                    "command must run on each)", err=True)
-    all_stopped = f"every process of the run has stopped; {_kept(state_file)}"
+
+    def all_stopped() -> str:  # what was kept, as it is when the run stops
+        return f"every process of the run has stopped; {_kept(state_file)}"
+
     try:
         run(parse_args(torchrun_args(launch, forwarded_args(ctx))))
     except RendezvousTimeoutError:
@@ -258,10 +261,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         raise failed from None
     except SignalException as err:
         if err.sigval == signal.SIGTERM:
-            raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped}") from None
-        raise Interrupted(f"interrupted; {all_stopped}") from None
+            raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped()}") from None
+        raise Interrupted(f"interrupted; {all_stopped()}") from None
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; {all_stopped}") from None
+        raise Interrupted(f"interrupted; {all_stopped()}") from None
 
 
 def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:

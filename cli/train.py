@@ -5,6 +5,7 @@ Only click, numpy and the stdlib are imported at module level, so `--help` works
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
 from training.torchrun import launched
 
-from .common import FiniteFloatRange, check_threads_option, require_torch
+from .common import FiniteFloatRange, Interrupted, check_threads_option, require_torch
 from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
 from .train_options import (
     NPZ_SUFFIX,
@@ -206,12 +207,18 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     try:
         if launching:  # every rank runs this command again, under torchrun
             check_checkpoint_destination(out, force=force or resume)
+            if resume:  # nothing to resume is said before the lock, which would make --out's parents
+                check_resumable(out, resume, force)
             with exclusive(out):  # a run writing there already is said first, before what its files look like
                 check_resumable(out, resume, force)
             launch(ctx, launch_opts, threads, partial_dir(out) / CHECKPOINT_STATE_FILE, quieted)
             return
         dist = start() if launched() else None
         run_training(ctx, opts, data_kind(opts["data"]), out, save_every, resume, force, quiet, dist)
+    except KeyboardInterrupt:  # before or after the epochs (during them, training.ranks.stopped_early says it)
+        if launched() and os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 says it, once for the run
+            raise click.exceptions.Exit(Interrupted("").exit_code) from None  # (Interrupted: further Ctrl-C ignored)
+        raise
     except Exception as err:
         shown = as_click(err, dist)
         if shown is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -447,6 +448,7 @@ def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path:
     assert f"Error: {rank_says}" in output and "rerun with --resume" in output  # rank 0
     assert "rank 1" not in output  # the other ranks stop quietly: the user stopped them
     assert launcher_says in output and output.count("Error") == 2, output
+    assert f"{launcher_says}; the last saved state is in " in output, output  # what is kept when it stops
     assert "Traceback" not in output
     assert load_train_state(partial_dir(out) / CHECKPOINT_STATE_FILE)["epoch"] >= 1
     assert sorted(p.name for p in partial_dir(out).iterdir()) == [CHECKPOINT_STATE_FILE]
@@ -494,6 +496,25 @@ def test_machines_started_with_different_options_are_refused(launched: Any, tmp_
         assert said.count(f"started with different options: {option} is") == 1, said
         assert "Traceback" not in said
     assert not (tmp_path / "ckpt").exists() and not partial_dir(tmp_path / "ckpt").exists()
+
+
+def test_ctrl_c_before_the_first_epoch_is_said_once(launched: Any, tmp_path: Path) -> None:
+    """Ctrl-C while the ranks load their data (a large file keeps them there): rank 0 says it, the other rank
+    leaves quietly, and the launcher says nothing was kept."""
+    rng = random.Random(0)
+    lines = (" ".join(rng.choice("0123456789") for _ in range(rng.randint(3, 8))) for _ in range(100_000))
+    (tmp_path / "big.tsv").write_text("".join(f"{s}\t{s[::-1]}\n" for s in lines))
+    run_ = launched(seq2onnx("train", "--data", "big.tsv", "--hidden-dim", "16", "--embedding-dim", "8",
+                             "--eval-beam", "0", "--quiet", "--epochs", "2", "--out", "ckpt", "--nproc-per-node", "2"))
+    wait_for(lambda: any(tmp_path.glob(".ckpt*lock")) or run_.proc.poll() is not None, 120, "rank 0's lock")
+    os.killpg(run_.proc.pid, signal.SIGINT)
+    assert run_.proc.wait(STOP_WITHIN_S) == 130, run_.output()
+    wait_for(run_.all_gone, 10, "every process of the run to exit")
+    output = run_.output()
+    ranks_said = [line for line in output.splitlines() if line.startswith("Error: ") and "every process" not in line]
+    assert len(ranks_said) <= 1, output  # rank 0's line (none when it stopped before its handlers were in place)
+    assert "Error: interrupted; every process of the run has stopped; no training state was saved yet" in output
+    assert "Traceback" not in output
 
 
 def test_interrupting_the_rendezvous_host_stops_the_other_machine_with_one_line(launched: Any,

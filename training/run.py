@@ -106,6 +106,8 @@ def run(plan: RunPlan, hooks: RunHooks, dist: Dist | None = None) -> None:
     with ExitStack() as held:
         def prepare() -> tuple[dict[str, Any], str, dict[str, Any] | None]:
             check_checkpoint_destination(out, force=plan.force or plan.resume)  # protected paths: before any lock
+            if plan.resume and find_resume_state(out) is None:  # before the lock, which would make out's parents
+                raise _nothing_to_resume(out)
             held.enter_context(exclusive(out))  # one writer per --out for the whole run, its .partial state included
             return _setup(plan, hooks, dist)
 
