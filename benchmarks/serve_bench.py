@@ -1,22 +1,22 @@
-"""Load on `seq2onnx serve` (Ray Serve over HTTP) against the same requests decoded in-process, side by side.
+"""Load on `seq2onnx serve` over HTTP, both backends, against the same requests decoded in-process, side by side.
 
     python benchmarks/serve_bench.py [MODEL_DIR] [--requests 400] [--duration 15] [--concurrency 1 8 32]
-                                     [--replicas 1 2] [--beam 1] [--threads 2] [--json FILE]
+                                     [--replicas 1 2] [--beam 1] [--threads 2] [--server-threads 1]
+                                     [--no-ray] [--json FILE] [--plot FILE.png]
 
 Each request is one text (MODEL_DIR: artifacts/dates), drawn seeded from fixed dates, greedy unless --beam. A cell
 (one mode, one concurrency N): N workers send back to back, after 2 warm-up requests each, until --requests are
 done or --duration s have passed; --max-total skips or shortens cells past it. Modes, in this order:
-  in-process    Seq2Seq.load(threads=--threads).translate_batch([text]) from N threads: no HTTP, Ray or batching.
-  serve R       a local Ray (2 CPUs), Serve on 127.0.0.1, build_app(ServeConfig(num_cpus=2/R, max_batch_size=32)):
-                R=1 decodes on 2 onnxruntime threads, R=2 on 1 each. The client: one httpx.AsyncClient (a pool of
-                N connections) in this process, on the same 2 cores.
+  in-process    Seq2Seq.load(threads=--threads).translate_batch([text]) from N threads: no HTTP, no batching.
+  serve         `seq2onnx serve MODEL_DIR` (the default: one process, FastAPI on uvicorn) as a process of its own,
+                --num-cpus --server-threads, --max-batch-size 32, --batch-wait-ms as given.
+  serve --ray R a local Ray (2 CPUs), Serve on 127.0.0.1, build_app(ServeConfig(num_cpus=2/R, max_batch_size=32)):
+                R=1 decodes on 2 onnxruntime threads, R=2 on 1 each; then the same with Ray's documented
+                throughput options (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for the whole Ray, access log off), "opt".
+The client: one aiohttp session (a pool of N connections) in this process, on the same 2 cores.
 Per cell: requests answered, errors (non-200 or none), throughput, p50/p99 client latency, and requests per decode
-from x-seq2onnx-batch-requests (requests / sum of 1/b: a batch of 8 counts once). Then throughput ratios.
-
-Found (2 shared cores, load 1-12, 4 runs): serve peaks at 70-110 req/s against 800-1450 in-process (0.04-0.10x);
-2 replicas over 1 swings from 0.7x to 1.4x between runs. At 32 workers, ~100 req/s, top shows the proxy actor at
-~65% of a core, the replica(s) ~70% together, this client ~40%: ~18 ms of CPU per request, against ~1 ms to
-decode one in-process, so the cores go to per-request Python, not the model; and Ray's actors run at nice 15.
+from x-seq2onnx-batch-requests (requests / sum of 1/b: a batch of 8 counts once). Then throughput ratios, and with
+--plot a PNG of p50/p99 latency against throughput, one line per mode.
 """
 from __future__ import annotations
 
@@ -26,9 +26,13 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from runtime.model import Seq2Seq
@@ -47,6 +50,9 @@ RAY_CPUS = 2
 MAX_BATCH = 32
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage-stats reporting from a benchmark cluster
 APP_NAME = "serve-bench"
+READY = "Ctrl-C stops"  # the server's ready line
+IN_PROCESS = "in-process"
+THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}  # Ray Serve's documented high-throughput switch
 WARMUP_PER_WORKER = 2
 REQUEST_TIMEOUT_S = 30.0
 TEXTS = ("tuesday, march 3 2015", "3/3/15", "03 mar 2015", "march 3, 2015", "2015.03.03", "3 march 2015",
@@ -95,6 +101,7 @@ class Cell:
     replicas_seen: set[str] = field(default_factory=set)
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    phase: str = ""
 
     def figures(self) -> dict[str, Any]:
         """The cell's row: counts, throughput, latency percentiles, requests per decode."""
@@ -135,17 +142,21 @@ def in_process_cell(model: Seq2Seq, texts: list[str], concurrency: int, requests
     return cell
 
 
-async def http_worker(client: httpx.AsyncClient, texts: list[str], budget: Budget, beam: int, cell: Cell) -> None:
+async def http_worker(session: Any, url: str, texts: list[str], budget: Budget, beam: int, cell: Cell) -> None:
     """POST one text per request until the budget runs out."""
+    import aiohttp
+
     while (i := budget.take()) is not None:
         start = time.perf_counter()
         try:
-            reply = await client.post("/v1/translate", json={"texts": [texts[i % len(texts)]], "beam_size": beam})
-        except httpx.HTTPError as exc:
+            async with session.post(f"{url}/v1/translate", json={"texts": [texts[i % len(texts)]],
+                                                                 "beam_size": beam}) as reply:
+                text = await reply.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             cell.failures.append(repr(exc))
             continue
-        if reply.status_code != 200:
-            cell.failures.append(f"HTTP {reply.status_code}: {reply.text[:200]}")
+        if reply.status != 200:
+            cell.failures.append(f"HTTP {reply.status}: {text[:200]}")
             continue
         cell.latencies_ms.append((time.perf_counter() - start) * 1e3)
         cell.batches.append(int(reply.headers["x-seq2onnx-batch-requests"]))
@@ -154,11 +165,16 @@ async def http_worker(client: httpx.AsyncClient, texts: list[str], budget: Budge
 
 async def http_cell(url: str, texts: list[str], concurrency: int, requests: int, seconds: float, beam: int,
                     mode: str) -> Cell:
-    """`concurrency` async workers sharing one client (one pool of `concurrency` connections)."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
+    """`concurrency` async workers sharing one aiohttp session (a pool of `concurrency` connections). aiohttp, not
+    httpx: measured here, an httpx AsyncClient alone tops out near 250 requests/s at 32 connections (700 at 1),
+    aiohttp near 5,000 (1,750 at 1) against the same trivial route, so httpx would measure itself."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         async def run(budget: Budget, cell: Cell) -> None:
-            await asyncio.gather(*(http_worker(client, texts, budget, beam, cell) for _ in range(concurrency)))
+            await asyncio.gather(*(http_worker(session, url, texts, budget, beam, cell) for _ in range(concurrency)))
 
         await run(Budget(WARMUP_PER_WORKER * concurrency, seconds), Cell(mode, concurrency))
         cell = Cell(mode, concurrency)
@@ -168,28 +184,114 @@ async def http_cell(url: str, texts: list[str], concurrency: int, requests: int,
         return cell
 
 
+WRK_SCRIPT = """wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local texts = {%s}
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format(nil, nil, nil, '{"texts": ["' .. texts[(i %% #texts) + 1] .. '"], "beam_size": %d}')
+end
+"""
+WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def wrk_cell(url: str, texts: list[str], concurrency: int, seconds: float, beam: int, mode: str,
+             script: Path) -> dict[str, Any]:
+    """wrk (C, Debian's package) at `concurrency` connections for `seconds`: what it reports, and the requests per
+    decode from the server's /metrics before and after (for Ray: the replica that answers /metrics)."""
+    script.write_text(WRK_SCRIPT % (", ".join(json.dumps(x) for x in texts), beam))
+    before = decode_counts(url)
+    threads = min(2, concurrency)
+    done = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency",
+                           "-s", str(script), f"{url}/v1/translate"], capture_output=True, text=True, check=True)
+    after = decode_counts(url)
+    out = done.stdout
+    latency = {q: float(v) * WRK_UNITS[unit] for q, v, unit in re.findall(r"\n\s+(50|99)%\s+([0-9.]+)(us|ms|s)\b", out)}
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = sum(int(n) for n in re.findall(r"Non-2xx or 3xx responses: (\d+)", out))
+    errors += sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    decodes = after[1] - before[1]
+    return {"mode": mode, "concurrency": concurrency, "requests": total, "errors": errors,
+            "first_error": None, "seconds": seconds,
+            "throughput": float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1)),
+            "p50_ms": latency.get("50", float("nan")), "p99_ms": latency.get("99", float("nan")),
+            "mean_batch": (after[0] - before[0]) / decodes if decodes else None, "replicas_seen": None}
+
+
+def decode_counts(url: str) -> tuple[float, float]:
+    """(requests decoded, decodes) so far, from the server's /metrics (items per request: one here)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = {name: float(value) for name, value in
+             re.findall(r"^seq2onnx_batch_items_(sum|count) ([0-9.e+]+)$", text, re.MULTILINE)}
+    return found.get("sum", 0.0), found.get("count", 0.0)
+
+
 @contextlib.contextmanager
-def local_serve() -> Iterator[str]:
-    """A local Ray and Serve on 127.0.0.1 -> the base URL; Serve and Ray shut down whatever happens."""
+def local_serve(optimized: bool = False) -> Iterator[str]:
+    """A local Ray and Serve on 127.0.0.1 -> the base URL (`optimized`: Ray Serve's throughput options, set before
+    Ray starts so that every Serve process reads them); Serve and Ray shut down whatever happens."""
     import ray
     from ray import serve
 
-    os.environ.update(RAY_ENV)  # before ray.init: Ray's child processes inherit it
+    extra = {**RAY_ENV, **(THROUGHPUT_ENV if optimized else {})}
+    saved = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)  # before ray.init: Ray's child processes inherit it
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # this script's progress lines say what happens
     # address='local': a new Ray of our own, never one that another process on this machine has started
     ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # after ray.init, which sets its own: ends in finally
     try:
-        with socket.socket() as sock:  # a free port, found after Ray has taken its own
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S})
+        port = free_port()  # after Ray has taken its own
+        logs = {"enable_access_log": False, "log_level": "WARNING"} if optimized else None
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S},
+                    logging_config=logs)
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()
         ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         progress("Serve and Ray shut down")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server_process(model_dir: Path, threads: int, batch_wait_ms: float, log: Path) -> Iterator[str]:
+    """`seq2onnx serve MODEL_DIR` in a process of its own -> the base URL once it is ready; SIGTERM at the end."""
+    port = free_port()
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(model_dir), "--port", str(port),
+                                 "--num-cpus", str(threads), "--max-batch-size", str(MAX_BATCH), "--batch-wait-ms",
+                                 str(batch_wait_ms)], stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while READY not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"seq2onnx serve did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        progress("seq2onnx serve stopped")
 
 
 def deploy(model_dir: Path, replicas: int, batch_wait_ms: float) -> None:
@@ -211,59 +313,124 @@ def cell_seconds(args: argparse.Namespace) -> float:
     return min(args.duration, args.max_total - (time.monotonic() - START))
 
 
-def run_all(args: argparse.Namespace, texts: list[str]) -> list[Cell]:
-    """Every mode at every concurrency, in-process first (before Ray starts), then each replica count."""
-    cells: list[Cell] = []
+def run_all(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
+    """Every mode at every concurrency, in --rounds interleaved rounds: each round measures in-process, then each
+    server, at one concurrency after another. Phases: the one-process server; then (unless --no-ray) Ray Serve with
+    each replica count, default and optimized (Ray up for the whole phase, in-process measured beside it)."""
+    rows: list[dict[str, Any]] = []
     model = Seq2Seq.load(args.model_dir, threads=args.threads)
-    for n in args.concurrency:
-        if (seconds := cell_seconds(args)) > 1:
-            cells.append(in_process_cell(model, texts, n, args.requests, seconds, args.beam,
-                                         f"in-process ({args.threads} thr)"))
-            report(cells[-1])
-    del model
-    with local_serve() as url:
-        progress(f"Serve on {url}")
-        for replicas in args.replicas:
-            if cell_seconds(args) <= 1:
-                break
-            deploy(args.model_dir, replicas, args.batch_wait_ms)
-            progress(f"deployed {replicas} replica(s) at {RAY_CPUS / replicas:g} CPUs each")
+
+    def interleaved(phase: str, servers: dict[str, str], tmp: Path) -> None:
+        for _ in range(args.rounds):
             for n in args.concurrency:
-                if (seconds := cell_seconds(args)) > 1:
-                    cells.append(asyncio.run(http_cell(url, texts, n, args.requests, seconds, args.beam,
-                                                       serve_mode(replicas))))
-                    report(cells[-1])
-    return cells
+                if (seconds := cell_seconds(args)) <= 1:
+                    return
+                found = [in_process_cell(model, texts, n, args.requests, seconds, args.beam, IN_PROCESS).figures()]
+                for mode, url in servers.items():
+                    if args.client == "wrk":
+                        found.append(wrk_cell(url, texts, n, seconds, args.beam, mode, tmp / "post.lua"))
+                    else:
+                        found.append(asyncio.run(http_cell(url, texts, n, args.requests, seconds, args.beam,
+                                                           mode)).figures())
+                for row in found:
+                    rows.append({**row, "phase": phase})
+                    report(row)
+
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        with server_process(args.model_dir, args.server_threads, args.batch_wait_ms, tmp / "serve.log") as url:
+            progress(f"seq2onnx serve on {url}")
+            interleaved("one process", {"serve": url}, tmp)
+        for optimized in ([] if args.no_ray else [False, True]):
+            with local_serve(optimized) as url:
+                progress(f"Ray Serve on {url}{' (throughput options)' if optimized else ''}")
+                for replicas in args.replicas:
+                    if cell_seconds(args) <= 1:
+                        break
+                    deploy(args.model_dir, replicas, args.batch_wait_ms)
+                    progress(f"deployed {replicas} replica(s) at {RAY_CPUS / replicas:g} CPUs each")
+                    mode = serve_mode(replicas, optimized)
+                    interleaved(mode, {mode: url}, tmp)
+    return rows
 
 
-def report(cell: Cell) -> None:
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (phase, mode, concurrency): medians over the rounds (throughput, p50, p99, batch), summed
+    counts, and each round's throughput."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["phase"], row["mode"], row["concurrency"]), []).append(row)
+    out = []
+    for (phase, mode, n), group in groups.items():
+        def median(key: str, group: list[dict[str, Any]] = group) -> float | None:
+            values = [r[key] for r in group if r[key] is not None]
+            return float(np.median(values)) if values else None
+
+        out.append({"phase": phase, "mode": mode, "concurrency": n, "requests": sum(r["requests"] for r in group),
+                    "errors": sum(r["errors"] for r in group),
+                    "first_error": next((r["first_error"] for r in group if r["first_error"]), None),
+                    "throughput": median("throughput"), "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"),
+                    "mean_batch": median("mean_batch"), "rounds": [r["throughput"] for r in group]})
+    return out
+
+
+def report(f: dict[str, Any]) -> None:
     """A progress line for a finished cell."""
-    f = cell.figures()
     first = f" (first: {f['first_error']})" if f["errors"] else ""
     progress(f"{f['mode']}, concurrency {f['concurrency']}: {f['requests']} requests in {f['seconds']:.1f} s, "
              f"{f['errors']} errors{first}, {f['throughput']:.1f} req/s")
 
 
-def serve_mode(replicas: int) -> str:
-    """A serve mode's name in the table."""
-    return f"serve {replicas} replica{'s' * (replicas > 1)}"
+def serve_mode(replicas: int, optimized: bool = False) -> str:
+    """A Ray Serve mode's name in the table."""
+    return f"serve --ray {replicas}r{' opt' if optimized else ''}"
 
 
-def ratios(rows: list[dict[str, Any]], replicas: list[int], levels: list[int]) -> list[tuple[str, int, float]]:
-    """(what, concurrency, throughput ratio): each serve mode over in-process, most replicas over fewest."""
-    tput = {(r["mode"].split(" (")[0], r["concurrency"]): r["throughput"] for r in rows}
-    modes = [serve_mode(n) for n in sorted(replicas)]
-    pairs = [(mode, "in-process") for mode in modes] + ([(modes[-1], modes[0])] if len(modes) > 1 else [])
-    return [(f"{a} / {b}", c, tput[a, c] / tput[b, c]) for a, b in pairs for c in levels
-            if (a, c) in tput and tput.get((b, c))]
+def ratios(rows: list[dict[str, Any]], levels: list[int]) -> list[tuple[str, int, float]]:
+    """(what, concurrency, throughput ratio): every server mode over in-process measured beside it (same phase)."""
+    tput = {(r["phase"], r["mode"], r["concurrency"]): r["throughput"] for r in rows}
+    found = []
+    for phase, mode in dict.fromkeys((r["phase"], r["mode"]) for r in rows if r["mode"] != IN_PROCESS):
+        for c in levels:
+            if (phase, mode, c) in tput and tput.get((phase, IN_PROCESS, c)):
+                found.append((f"{mode} / in-process", c, tput[phase, mode, c] / tput[phase, IN_PROCESS, c]))
+    return found
+
+
+def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+    """p50 (solid) and p99 (dashed) latency against throughput, one colour per mode, a point per concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    ax = fig.subplots()
+    for phase, mode in dict.fromkeys((r["phase"], r["mode"]) for r in rows):
+        mine = sorted((r for r in rows if (r["phase"], r["mode"]) == (phase, mode)), key=lambda r: r["concurrency"])
+        mode = mode if mode != IN_PROCESS else f"in-process (beside {phase})"
+        x = [r["throughput"] for r in mine]
+        line = ax.plot(x, [r["p50_ms"] for r in mine], "-o", label=f"{mode} p50")[0]
+        ax.plot(x, [r["p99_ms"] for r in mine], "--", color=line.get_color(), label=f"{mode} p99")
+        for r in mine:
+            ax.annotate(str(r["concurrency"]), (r["throughput"], r["p50_ms"]), fontsize="x-small")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("throughput, requests/s (log)")
+    ax.set_ylabel("client latency, ms (log): p50 solid, p99 dashed; labels: concurrent clients")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small")
+    ax.set_title(title, fontsize="medium")
+    fig.savefig(path, dpi=100)
 
 
 def table(rows: list[dict[str, Any]], found: list[tuple[str, int, float]]) -> str:
     """The figures as a fixed-width table, then the ratios."""
-    lines = [f"{'mode':<24}{'conc':>5}{'requests':>10}{'errors':>8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'batch':>7}"]
+    lines = [f"{'phase':<18}{'mode':<20}{'conc':>5}{'requests':>10}{'errors':>8}{'req/s':>9}{'p50 ms':>9}"
+             f"{'p99 ms':>9}{'batch':>7}"]
     for r in rows:
-        batch = "-" if r["mode"].startswith("in-process") else f"{r['mean_batch'] or 0:.2f}"
-        lines.append(f"{r['mode']:<24}{r['concurrency']:>5}{r['requests']:>10}{r['errors']:>8}"
+        batch = "-" if r["mode"] == IN_PROCESS else f"{r['mean_batch'] or 0:.2f}"
+        lines.append(f"{r['phase']:<18}{r['mode']:<20}{r['concurrency']:>5}{r['requests']:>10}{r['errors']:>8}"
                      f"{r['throughput']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{batch:>7}")
     lines.append("")
     lines += [f"throughput {what:<36} concurrency {c:>3}: {ratio:5.2f}x" for what, c, ratio in found]
@@ -275,13 +442,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model_dir", nargs="?", type=Path, default=DEFAULT_MODEL, help="a token model's export")
     p.add_argument("--requests", type=int, default=400, help="at most this many requests per cell")
-    p.add_argument("--duration", type=float, default=15.0, help="at most this many seconds per cell")
-    p.add_argument("--max-total", type=float, default=240.0, help="seconds for the whole run, Ray start included")
+    p.add_argument("--duration", type=float, default=10.0, help="at most this many seconds per cell")
+    p.add_argument("--max-total", type=float, default=600.0, help="seconds for the whole run, Ray starts included")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="workers sending at once")
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="replica counts to deploy in turn")
     p.add_argument("--beam", type=int, default=1, help="beam_size (1: greedy)")
     p.add_argument("--threads", type=int, default=2, choices=[1, 2], help="in-process onnxruntime threads")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="Serve's batch wait (ServeConfig)")
+    p.add_argument("--server-threads", type=int, default=1, choices=[1, 2],
+                   help="the one-process server's decoding threads (serve --num-cpus)")
+    p.add_argument("--no-ray", action="store_true", help="leave out the Ray Serve modes")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; a cell's figures are their medians")
+    p.add_argument("--client", choices=["wrk", "aiohttp"], default="wrk" if shutil.which("wrk") else "aiohttp",
+                   help="the HTTP load generator: wrk (C; Debian's wrk package) when installed, else aiohttp")
+    p.add_argument("--plot", type=Path, default=None, help="also write a latency-vs-throughput PNG")
+    p.add_argument("--batch-wait-ms", type=float, default=0.0, help="the servers' batch wait (serve --batch-wait-ms)")
     p.add_argument("--seed", type=int, default=0, help="seeds the draw of texts")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to FILE")
     args = p.parse_args(argv)
@@ -289,8 +463,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--requests, --concurrency, --replicas and --beam must be at least 1; --duration above 0")
     if not (args.model_dir / "manifest.json").is_file():
         p.error(f"{args.model_dir}: no manifest.json there; pass an export directory of a token model")
-    if args.json and not args.json.parent.is_dir():  # said now, not after minutes of load
-        p.error(f"--json {args.json}: its directory does not exist")
+    for name, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not path.parent.is_dir():  # said now, not after minutes of load
+            p.error(f"{name} {path}: its directory does not exist")
     return args
 
 
@@ -299,11 +474,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     texts = draw_texts(args.requests, args.seed)
     load = os.getloadavg()
-    rows = [cell.figures() for cell in run_all(args, texts)]
-    found = ratios(rows, args.replicas, args.concurrency)
+    rows = aggregate(run_all(args, texts))
+    found = ratios(rows, args.concurrency)
     print(f"{args.model_dir.name}: one text per request, beam {args.beam}, at most {args.requests} requests or "
-          f"{args.duration:g} s per cell; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
+          f"{args.duration:g} s per cell, {args.rounds} interleaved rounds (req/s: their median); in-process on "
+          f"{args.threads} thread(s), the one-process server on {args.server_threads}; client {args.client}; load "
+          f"average {load[0]:.2f} "
+          f"before, {os.getloadavg()[0]:.2f} after")
     print(table(rows, found))
+    if args.plot:
+        plot(rows, f"{args.model_dir.name}: one text per request, beam {args.beam}, 2 cores", args.plot)
+        progress(f"wrote {args.plot}")
     if args.json:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         figures = {"settings": settings, "cells": rows, "load_average": [load[0], os.getloadavg()[0]],

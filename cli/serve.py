@@ -1,16 +1,15 @@
-"""`seq2onnx serve MODEL_DIR`: deploy the model on Ray Serve and serve HTTP until Ctrl-C (or SIGTERM).
+"""`seq2onnx serve MODEL_DIR`: serve the model over HTTP until Ctrl-C or SIGTERM: in this process (FastAPI on
+uvicorn, `serving.server`) by default; on Ray Serve with --ray, implied by --address and by --replicas other than
+1 (`cli.serve_ray`). Both run the same app and service: routes, schemas, limits, error shapes, batching.
 
-Everything that can be checked here is checked before Ray starts: the options, the model (loaded once in this
+Everything that can be checked here is checked before anything starts: the options, the model (loaded once in this
 process), and that the port is free."""
 from __future__ import annotations
 
 import errno
 import re
-import signal
 import socket
-import time
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -20,21 +19,21 @@ from runtime.sessions import PROVIDERS
 from serving.config import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_DECODING,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_REQUEST_TIMEOUT_S,
     MAX_BATCH_LIMIT,
-    Replicas,
+    MAX_QUEUE_LIMIT,
     ServeConfig,
     parse_replicas,
 )
 
-from .cluster import check_reachable, join_failed
-from .common import Interrupted, require
+from .cluster import check_reachable
+from .common import require
 
 APP_NAME = "seq2onnx"
-PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
-
-
-class Stopped(Exception):
-    """SIGTERM: stop serving as Ctrl-C does."""
+PROXY_LOCATIONS = ("head", "every-node")
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0  # as serving.server's: --help stays free of uvicorn's import
+RAY_ONLY = ("proxy_location", "name")  # options that mean something on Ray Serve only
 
 
 def _replicas_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -88,158 +87,104 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the HTTP server listens on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP port.")
 @click.option("--replicas", default="1", show_default=True, callback=_replicas_option,
-              help="N replicas, MIN:MAX autoscaling bounds, or 'auto' (1 to what the cluster's CPUs hold).")
+              help="Ray Serve: N replicas, MIN:MAX autoscaling bounds, or 'auto' (1 to what the cluster's CPUs "
+                   "hold); other than 1 implies --ray.")
 @click.option("--num-cpus", type=click.FloatRange(0.01, 1024), default=1.0, show_default=True,
-              help="CPUs reserved per replica; onnxruntime runs that many intra-op threads (at least 1).")
+              help="CPUs for decoding (per replica on Ray, where they are reserved); onnxruntime runs that many "
+                   "intra-op threads (at least 1).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider in every replica.")
 @click.option("--max-batch-size", type=click.IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
               help="Most items (sources or texts) decoded together, summed over merged requests; also the most "
                    "items one request may hold.")
-@click.option("--batch-wait-ms", type=click.FloatRange(0, 10_000), default=5.0, show_default=True,
-              help="How long a batch waits for more requests after its first.")
+@click.option("--batch-wait-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
+              help="How long a request may wait for company before its decode starts. 0: a batch is what waits "
+                   "when the decoder is free (requests that arrive during a decode form the next one).")
 @click.option("--max-body-bytes", type=click.IntRange(1024, 1 << 30), default=DEFAULT_MAX_BODY_BYTES,
               show_default=True, help="Largest request body accepted (413 beyond).")
-@click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
-              help="Seconds before a request is answered 408 instead of waiting on.")
-@click.option("--proxy-location", type=click.Choice(["head", "every-node"]), default="every-node", show_default=True,
-              help="Where Serve runs HTTP proxies: every node (put a load balancer in front) or the head only.")
+@click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=DEFAULT_REQUEST_TIMEOUT_S,
+              show_default=True, help="Seconds before a request is answered 408 instead of waiting on; its decode "
+                                      "stops once no request of its batch waits.")
+@click.option("--proxy-location", type=click.Choice(PROXY_LOCATIONS), default="every-node", show_default=True,
+              help="Ray Serve: where it runs HTTP proxies, every node (put a load balancer in front) or the head "
+                   "only.")
 @click.option("--max-decoding-length", type=click.IntRange(1, MAX_TARGET_LEN), default=DEFAULT_MAX_DECODING,
               show_default=True, help="Most output tokens (points: target_len) a request may ask for; the model's "
                                       "own length is always allowed.")
 @click.option("--name", default=APP_NAME, show_default=True, callback=_name_option,
-              help="The Serve application's name (one per model on a shared cluster).")
+              help="Ray Serve: the application's name (one per model on a shared cluster).")
 @click.option("--route-prefix", default="/", show_default=True, callback=_prefix_option,
               help="URL prefix of the routes, for several models behind one Serve.")
 @click.option("--address", default=None,
               help="Deploy onto an existing Ray cluster (ray start --head prints it); the model directory is "
-                   "shipped to its nodes. Default: start Ray on this machine.")
-def serve_command(model_dir: Path, host: str, port: int, replicas: str, num_cpus: float, provider: str,
-                  max_batch_size: int, batch_wait_ms: float, max_body_bytes: int, max_decoding_length: int,
-                  request_timeout: float, proxy_location: str, name: str, route_prefix: str,
-                  address: str | None) -> None:
-    """Serve the exported model in MODEL_DIR over HTTP on Ray Serve, with dynamic batching.
+                   "shipped to its nodes. Implies --ray. Default: start Ray on this machine (with --ray).")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Serve on Ray Serve (replicas, autoscaling, several machines) instead of in this process.")
+@click.option("--max-queue", type=click.IntRange(1, MAX_QUEUE_LIMIT), default=DEFAULT_MAX_QUEUE, show_default=True,
+              help="Most items (sources or texts) waiting for a decode, per process or replica; a request beyond "
+                   "it is answered 503 with Retry-After at once.")
+@click.option("--shutdown-timeout", type=click.FloatRange(0, 3600), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+              show_default=True, help="On Ctrl-C or SIGTERM, how long the requests under way may take to finish "
+                                      "(this process; not on Ray).")
+@click.pass_context
+def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, replicas: str, num_cpus: float,
+                  provider: str, max_batch_size: int, batch_wait_ms: float, max_body_bytes: int,
+                  max_decoding_length: int, request_timeout: float, proxy_location: str, name: str,
+                  route_prefix: str, address: str | None, use_ray: bool, max_queue: int,
+                  shutdown_timeout: float) -> None:
+    """Serve the exported model in MODEL_DIR over HTTP, with dynamic batching: in this process by default, or on
+    Ray Serve with --ray.
 
-    POST /v1/predict (point models) or /v1/translate (token models); GET /v1/model, /healthz; /docs."""
-    require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve")
+    POST /v1/predict (point models) or /v1/translate (token models); GET /v1/model, /healthz, /readyz, /metrics;
+    /docs."""
+    use_ray = use_ray or address is not None or replicas != "1"
+    _refuse_ray_only(ctx, use_ray)
+    if use_ray:
+        require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
+    else:
+        require(("fastapi", "uvicorn", "prometheus_client"), "FastAPI, uvicorn and prometheus-client", "serve", "serve")
     kind = check_model(model_dir, provider)
     if address is None:
         check_port_free(host, port)
     else:
         check_reachable(address)
-    import ray
-    from ray import serve
+    config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
+                         batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
+                         max_decoding_length=max_decoding_length, max_queue=max_queue,
+                         request_timeout_s=request_timeout)
+    if use_ray:
+        from .serve_ray import RayPlan, serve_on_ray
 
-    started, deployed = _start_ray(address, model_dir), False
-    try:
-        config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
-                             batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
-                             max_decoding_length=max_decoding_length, replicas=_resolve_replicas(replicas, num_cpus))
-        url = _http_url(serve.status(), name, host, port)
-        deployed = True  # from here on, what is on the cluster under `name` is ours to remove
-        http = {"host": host, "port": port, "request_timeout_s": request_timeout}
-        _deploy(model_dir, config, http, PROXY_LOCATIONS[proxy_location], name, route_prefix, address is not None)
-        route = route_prefix.rstrip("/") + ("/v1/predict" if kind == "points" else "/v1/translate")
-        click.echo(f"serve: {model_dir} at {url}{route_prefix.rstrip('/')} (POST {route}; GET /v1/model, /healthz; "
-                   f"docs at /docs); {_describe(config.replicas)} of {num_cpus:g} CPU each; Ray at "
-                   f"{ray.get_runtime_context().gcs_address}; Ctrl-C stops", err=True)
-        _wait()
-    except KeyboardInterrupt:  # Ctrl-C before the server was up (after, _wait returns)
-        raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
-    finally:
-        if deployed or started:
-            _stop(name, on_cluster=not started)
-        if started:
-            ray.shutdown()
+        serve_on_ray(RayPlan(model_dir, kind, host, port, name, route_prefix, proxy_location, address, replicas),
+                     config)
+    else:
+        _serve_here(model_dir, kind, config, host, port, route_prefix, shutdown_timeout)
     click.echo("serve: stopped", err=True)
 
 
-def _http_url(status: Any, name: str, host: str, port: int) -> str:
-    """Refuse a name already deployed on the cluster; the URL clients use (a running Serve keeps its own HTTP
-    options, whatever --host/--port/--request-timeout/--proxy-location say)."""
-    if name in status.applications:
-        raise click.ClickException(f"--name {name}: an application of that name already runs on this Ray cluster; "
-                                   "pick another --name (and --route-prefix), or stop that one first")
-    if status.proxies:
-        click.echo("serve: note: Serve already runs on this cluster, so its HTTP proxy keeps the options it was "
-                   "started with; --host, --port, --request-timeout and --proxy-location do not apply", err=True)
-        return "(the running Serve's address)"
-    return f"http://{host}:{port}"
+def _refuse_ray_only(ctx: click.Context, use_ray: bool) -> None:
+    """Ray Serve's own options, given without Ray, are usage errors rather than silently ignored."""
+    from click.core import ParameterSource
+
+    given = [name for name in RAY_ONLY if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+    if given and not use_ray:
+        flag = "--" + given[0].replace("_", "-")
+        raise click.BadParameter(f"is for Ray Serve; add --ray, or drop {flag}", ctx=ctx, param_hint=f"'{flag}'")
 
 
-def _start_ray(address: str | None, model_dir: Path) -> bool:
-    """Connect to the cluster at `address`, shipping the model directory as this job's working directory (Ray
-    uploads it, and every replica starts in its own copy on whatever node), or start a local Ray; True when this
-    process started it."""
-    import ray
+def _serve_here(model_dir: Path, kind: str, config: ServeConfig, host: str, port: int, prefix: str,
+                shutdown_timeout: float) -> None:
+    """The one-process server until Ctrl-C or SIGTERM, stopped gracefully."""
+    from serving.server import Listen, serve_forever
 
-    try:
-        if address is None:
-            ray.init(address="local", include_dashboard=False)  # never attach to a Ray someone else runs here
-        else:
-            ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        if address is None:
-            raise click.ClickException(f"serve: could not start a local Ray ({_first_line(exc)})") from None
-        raise join_failed(address, _first_line(exc)) from None
-    return address is None
+    route = prefix.rstrip("/") + ("/v1/predict" if kind == "points" else "/v1/translate")
 
+    def ready(service: object) -> None:
+        click.echo(f"serve: {model_dir} at http://{host}:{port}{prefix.rstrip('/')} (POST {route}; GET /v1/model, "
+                   f"/healthz, /readyz, /metrics; docs at /docs); this process, {config.threads} decoding "
+                   "thread(s); Ctrl-C stops", err=True)
 
-def _resolve_replicas(text: str, num_cpus: float) -> Replicas:
-    import ray
-
-    return parse_replicas(text, ray.cluster_resources().get("CPU"), num_cpus)
-
-
-def _deploy(model_dir: Path, config: ServeConfig, http: dict[str, Any], proxy_location: str, name: str,
-            route_prefix: str, shipped: bool) -> None:
-    """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
-    from ray import serve
-
-    from serving.app import build_app
-
-    serve.start(http_options=http, proxy_location=proxy_location)
-    app = build_app(None if shipped else model_dir, config)  # None: each replica's working directory
-    try:
-        serve.run(app, name=name, route_prefix=route_prefix)
-    except Exception as exc:  # Serve raises its own types for a deployment that failed to start
-        raise click.ClickException(f"serve: the deployment failed to start: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
-
-
-def _describe(replicas: Replicas) -> str:
-    return (f"{replicas.low} replica{'s' if replicas.low > 1 else ''}" if replicas.fixed
-            else f"{replicas.low} to {replicas.high} replicas (autoscaling)")
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Stopped
-
-
-def _wait() -> None:
-    """Block until Ctrl-C or SIGTERM."""
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        while True:
-            time.sleep(1.0)
-    except (KeyboardInterrupt, Stopped):
-        click.echo("serve: stopping", err=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _stop(name: str, on_cluster: bool) -> None:
-    """Remove what this command deployed: its application on a shared cluster, all of Serve on its own Ray."""
-    from ray import serve
-
-    try:
-        if on_cluster:
-            serve.delete(name)
-        else:
-            serve.shutdown()
-    except Exception as exc:  # stopping must not hide why we stop; say what could not be cleaned
-        click.echo(f"serve: note: could not stop Serve cleanly ({_first_line(exc)})", err=True)
+    stopped_by = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready)
+    if stopped_by is None:
+        raise click.ClickException(f"serve: the server at {host}:{port} stopped by itself (see above)")
+    click.echo("serve: stopping", err=True)

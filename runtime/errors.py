@@ -27,6 +27,11 @@ class UsageError(Seq2OnnxError, ValueError):
         self.param = param
 
 
+class Cancelled(Seq2OnnxError, RuntimeError):
+    """A decode stopped between two steps because its caller's `cancel` said so (a deadline passed, the client
+    went away); nothing was returned."""
+
+
 class MissingExtraError(Seq2OnnxError, RuntimeError):
     """An optional dependency (an extra of the install) that this use needs is not installed."""
 

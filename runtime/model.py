@@ -20,7 +20,7 @@ from .contract import (
 from .errors import InputError, IntegrityError, brief
 from .fused import GreedyLoop
 from .manifest import Manifest, read_manifest
-from .points import check_mask, check_outputs, check_source, check_target_len, greedy_decode
+from .points import Cancel, check_mask, check_outputs, check_source, check_target_len, greedy_decode, stoppable
 from .sessions import (
     CUDA,
     check_device_id,
@@ -111,9 +111,12 @@ class Seq2Seq:
         return list(self._step.get_providers())
 
     def predict(
-        self, source: Any, target_len: int | None = None, source_mask: Any = None, return_attention: bool = False
+        self, source: Any, target_len: int | None = None, source_mask: Any = None, return_attention: bool = False,
+        cancel: Cancel | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray | None]:
-        """Decode (N, Ls, F) sources -> (N, Lt, F) points [and attention (N, [heads,] Lt, Ls)]."""
+        """Decode (N, Ls, F) sources -> (N, Lt, F) points [and attention (N, [heads,] Lt, Ls)]. `cancel`, if
+        given, is asked before every decoder step (the greedy loop graph: before its one call); when it returns
+        True the decode stops with `runtime.errors.Cancelled` (a service's deadline, a client gone)."""
         if self.spec.kind != "points":
             raise InputError(f"source: {self.path} is a token model, which takes texts; call translate_batch(texts)")
         src = check_source(source, self.spec)
@@ -123,27 +126,28 @@ class Seq2Seq:
             outputs, attention = self._empty(src, steps)
         elif self._greedy is not None:
             states = self._encode({"source": src, "source_mask": mask})
-            outputs, attention = self._greedy.points({**states, "source_mask": mask}, steps)
+            points = self._greedy.points if cancel is None else stoppable(self._greedy.points, cancel)
+            outputs, attention = points({**states, "source_mask": mask}, steps)
             check_outputs(src, outputs, attention)
         else:
             run_encoder, run_step = ((self._encode, self._decode_step) if self.io_binding
                                      else (self.run_encoder, self.run_step))  # run_* may be replaced by a caller
-            outputs, attention = greedy_decode(run_encoder, run_step, self.step_inputs, src, mask, steps)
+            outputs, attention = greedy_decode(run_encoder, run_step, self.step_inputs, src, mask, steps, cancel)
             check_outputs(src, outputs, attention)
         return (outputs, attention) if return_attention else outputs
 
-    def translate_batch(self, texts: Any, **options: Any) -> list[list[Translation]]:
+    def translate_batch(self, texts: Any, cancel: Cancel | None = None, **options: Any) -> list[list[Translation]]:
         """Texts -> n-best Translations per text; options as in `runtime.tokens` (CTranslate2's names).
 
         With return_attention, each Translation carries (len, Ls) weights: a transformer's are its last decoder
         layer's cross-attention averaged over heads. A transformer refuses sources and max_decoding_length beyond
-        its spec.max_positions."""
+        its spec.max_positions. `cancel`: as for `predict`."""
         if self.spec.kind != "tokens":
             raise InputError(f"texts: {self.path} is a point model, which takes numeric sources; call predict(source)")
         unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
         if unknown:
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
-        return translate(self._token_steps, self.vocabularies, texts, **options)
+        return translate(self._token_steps, self.vocabularies, texts, cancel=cancel, **options)
 
     @property
     def token_steps(self) -> TokenSteps | None:

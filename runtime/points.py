@@ -4,11 +4,11 @@ loop: encode once, then step, feed the prediction back, stop."""
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from .errors import InputError, brief, one_line
+from .errors import Cancelled, InputError, brief, one_line
 from .spec import ModelSpec
 
 MAX_TARGET_LEN = 10_000
@@ -140,13 +140,29 @@ def check_outputs(source: np.ndarray, outputs: np.ndarray, attention: np.ndarray
 
 # A graph runner takes a feed {input name: array} and returns {output name: array}.
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Cancel = Callable[[], bool]  # asked between decoder steps: True stops the decode
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stoppable(step: F, cancel: Cancel) -> F:
+    """`step` that first asks `cancel` and raises Cancelled when it says stop: one check per decoder step, in
+    every decoding loop (points, greedy, beam, sampling), without the loops knowing."""
+    def checked(*args: Any) -> Any:
+        if cancel():
+            raise Cancelled("decode: cancelled by its caller between two steps (a deadline passed or the client "
+                            "went away)")
+        return step(*args)
+
+    return checked  # type: ignore[return-value]
 
 
 def greedy_decode(
     run_encoder: Runner, run_step: Runner, step_inputs: list[str],
-    source: np.ndarray, source_mask: np.ndarray, target_len: int,
+    source: np.ndarray, source_mask: np.ndarray, target_len: int, cancel: Cancel | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Decode `target_len` points -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None."""
+    """Decode `target_len` points -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None; `cancel` is
+    asked before every step (see `stoppable`)."""
+    run_step = run_step if cancel is None else stoppable(run_step, cancel)
     states = run_encoder({"source": source, "source_mask": source_mask})
     states["source_mask"] = source_mask
     feed = {name: states[name] for name in step_inputs}

@@ -32,6 +32,7 @@ from .contract import DECODER_STEP_FILE, FEEDBACK, VOCAB_FILES, graph_io, state_
 from .errors import InputError, IntegrityError, brief
 from .fused import GreedyLoop
 from .manifest import Manifest, read_regular_file, sha256_bytes
+from .points import Cancel, stoppable
 from .search import beam_search, greedy_search, sample
 from .spec import ModelSpec
 from .vocab import BOS, EOS, VocabError, Vocabulary
@@ -153,8 +154,10 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
               num_hypotheses: int = 1, length_penalty: float = 1.0, max_decoding_length: int | None = None,
               min_decoding_length: int = 0, sampling_topk: int = 1,
               sampling_topp: float = 1.0, sampling_temperature: float = 1.0, seed: int | None = None,
-              return_attention: bool = False) -> list[list[Translation]]:
-    """Encode the texts once, decode with the chosen strategy, and turn ids back into text."""
+              return_attention: bool = False, cancel: Cancel | None = None) -> list[list[Translation]]:
+    """Encode the texts once, decode with the chosen strategy, and turn ids back into text. `cancel` is asked
+    before every decoder step (the greedy loop graph: before its one call): True stops with Cancelled."""
+    step = steps.step if cancel is None else stoppable(steps.step, cancel)
     texts = check_texts(texts)
     max_decoding_length = check_decoding_length(steps.spec, max_decoding_length)
     if not texts:
@@ -168,16 +171,17 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")
     if beam_size != 1 or num_hypotheses != 1:
-        found = beam_search(steps.step, state, steps.batch_axes, beam_size=beam_size, num_hypotheses=num_hypotheses,
+        found = beam_search(step, state, steps.batch_axes, beam_size=beam_size, num_hypotheses=num_hypotheses,
                             length_penalty=length_penalty, **common)
     elif sampling:
-        found = [[h] for h in sample(steps.step, state, steps.batch_axes, sampling_temperature=sampling_temperature,
+        found = [[h] for h in sample(step, state, steps.batch_axes, sampling_temperature=sampling_temperature,
                                      sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, **common)]
     elif steps.greedy is not None:  # one call: the export's greedy loop graph
         check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
-        found = [[h] for h in steps.greedy.tokens(state, max_decoding_length, min_decoding_length, return_attention)]
+        tokens = steps.greedy.tokens if cancel is None else stoppable(steps.greedy.tokens, cancel)
+        found = [[h] for h in tokens(state, max_decoding_length, min_decoding_length, return_attention)]
     else:
-        found = [[h] for h in greedy_search(steps.step, state, steps.batch_axes, **common)]
+        found = [[h] for h in greedy_search(step, state, steps.batch_axes, **common)]
     target = vocabularies["target"]
     return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]

@@ -12,9 +12,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from runtime.errors import InputError, Seq2OnnxError
+from runtime.errors import Cancelled, InputError, Seq2OnnxError
 from runtime.model import Seq2Seq
-from runtime.points import check_mask, check_source, check_target_len
+from runtime.points import Cancel, check_mask, check_source, check_target_len
 from runtime.tokens import TRANSLATE_OPTIONS, Translation, check_texts
 
 
@@ -107,19 +107,22 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
     return TokenJob(texts, options)
 
 
-def decode_points(model: Seq2Seq, jobs: Sequence[PointJob]) -> list[Decoded]:
-    """Decode point jobs, merged by target length -> per job (outputs (n, Lt, F), attention or None)."""
+def decode_points(model: Seq2Seq, jobs: Sequence[PointJob], cancel: Cancel | None = None) -> list[Decoded]:
+    """Decode point jobs, merged by target length -> per job (outputs (n, Lt, F), attention or None). `cancel`:
+    asked between decoder steps; True stops the decode (runtime.errors.Cancelled)."""
     groups: dict[int, list[int]] = {}
     for i, job in enumerate(jobs):
         groups.setdefault(job.target_len, []).append(i)
     found: dict[int, Decoded] = {}
     for target_len, members in groups.items():
         merged = [jobs[i] for i in members]
-        found.update(zip(members, _guarded(lambda js, n=target_len: _points_together(model, js, n), merged)))
+        found.update(zip(members, _guarded(lambda js, n=target_len: _points_together(model, js, n, cancel),
+                                           merged)))
     return [found[i] for i in range(len(jobs))]
 
 
-def _points_together(model: Seq2Seq, jobs: Sequence[PointJob], target_len: int) -> list[Any]:
+def _points_together(model: Seq2Seq, jobs: Sequence[PointJob], target_len: int,
+                     cancel: Cancel | None = None) -> list[Any]:
     """One predict for all jobs: right-pad to the longest source, mask the padding, split and un-pad."""
     longest = max(job.source.shape[1] for job in jobs)
     features = jobs[0].source.shape[2]
@@ -132,7 +135,8 @@ def _points_together(model: Seq2Seq, jobs: Sequence[PointJob], target_len: int) 
         source[start:start + job.rows, :length] = job.source
         mask[start:start + job.rows, :, :length] = job.mask
         start += job.rows
-    outputs, attention = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
+    outputs, attention = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True,
+                                       cancel=cancel)
     results, start = [], 0
     for job in jobs:
         part = slice(start, start + job.rows)
@@ -142,22 +146,24 @@ def _points_together(model: Seq2Seq, jobs: Sequence[PointJob], target_len: int) 
     return results
 
 
-def decode_texts(model: Seq2Seq, jobs: Sequence[TokenJob]) -> list[Decoded]:
-    """Translate token jobs, merged by options (sampling jobs alone) -> per job its n-best Translations."""
+def decode_texts(model: Seq2Seq, jobs: Sequence[TokenJob], cancel: Cancel | None = None) -> list[Decoded]:
+    """Translate token jobs, merged by options (sampling jobs alone) -> per job its n-best Translations.
+    `cancel`: as for `decode_points`."""
     groups: dict[Any, list[int]] = {}
     for i, job in enumerate(jobs):
         groups.setdefault(job.key if job.key is not None else ("alone", i), []).append(i)
     found: dict[int, Decoded] = {}
     for members in groups.values():
         merged = [jobs[i] for i in members]
-        found.update(zip(members, _guarded(lambda js: _texts_together(model, js), merged)))
+        found.update(zip(members, _guarded(lambda js: _texts_together(model, js, cancel), merged)))
     return [found[i] for i in range(len(jobs))]
 
 
-def _texts_together(model: Seq2Seq, jobs: Sequence[TokenJob]) -> list[list[list[Translation]]]:
+def _texts_together(model: Seq2Seq, jobs: Sequence[TokenJob],
+                    cancel: Cancel | None = None) -> list[list[list[Translation]]]:
     """One translate_batch for all jobs (equal options), split back per job."""
     texts = [text for job in jobs for text in job.texts]
-    found = model.translate_batch(texts, **jobs[0].options)
+    found = model.translate_batch(texts, cancel=cancel, **jobs[0].options)
     results, start = [], 0
     for job in jobs:
         results.append(found[start:start + job.rows])
@@ -170,6 +176,8 @@ def _guarded(decode: Callable[[list[Any]], list[Any]], jobs: list[Any]) -> list[
     rows = sum(job.rows for job in jobs)
     try:
         return [Decoded(value, rows, len(jobs)) for value in decode(jobs)]
+    except Cancelled:  # the caller stopped the decode: no one waits for any of these
+        raise
     except Seq2OnnxError as exc:
         if len(jobs) == 1:
             return [Decoded(exc, rows, 1)]

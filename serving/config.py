@@ -13,6 +13,9 @@ from runtime.sessions import PROVIDERS
 MAX_BATCH_LIMIT = 4096
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_MAX_DECODING = 512  # beam search cost grows faster than the length: 50,000 steps held a replica for minutes
+DEFAULT_MAX_QUEUE = 256  # items waiting for a decode (8 full default batches); beyond it a request gets 503 at once
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+MAX_QUEUE_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -29,16 +32,20 @@ class Replicas:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How each replica loads and batches. max_batch_size counts items (points sources or texts), summed
-    over the requests merged into one decode; a request may hold at most that many."""
+    """How each server (the one process, or each Ray Serve replica) loads, batches and bounds its work.
+    max_batch_size counts items (points sources or texts), summed over the requests merged into one decode; a
+    request may hold at most that many. max_queue: items that may wait for a decode (503 beyond);
+    request_timeout_s: how long a request may wait for its answer (408 beyond, and its decode stops)."""
 
     provider: str = "auto"
     num_cpus: float = 1.0
     max_batch_size: int = 32
-    batch_wait_ms: float = 5.0
+    batch_wait_ms: float = 0.0  # requests that arrive during a decode form the next batch anyway
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_decoding_length: int = DEFAULT_MAX_DECODING
     replicas: Replicas = Replicas(1, 1)
+    max_queue: int = DEFAULT_MAX_QUEUE
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -48,6 +55,8 @@ class ServeConfig:
         _check_number("batch_wait_ms", self.batch_wait_ms, 0.0, 10_000.0)
         _check_number("max_body_bytes", self.max_body_bytes, 1024, 1 << 30, integer=True)
         _check_number("max_decoding_length", self.max_decoding_length, 1, MAX_TARGET_LEN, integer=True)
+        _check_number("max_queue", self.max_queue, 1, MAX_QUEUE_LIMIT, integer=True)
+        _check_number("request_timeout_s", self.request_timeout_s, 0.01, 3600.0)
         if not 1 <= self.replicas.low <= self.replicas.high:
             raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")
 
@@ -58,9 +67,9 @@ class ServeConfig:
 
     @property
     def max_ongoing_requests(self) -> int:
-        """Twice a full batch of one-item requests: Serve's default (5) would silently cap every batch, and the
-        next batch can gather while one decodes."""
-        return 2 * self.max_batch_size
+        """What Serve lets through to a replica: a full queue and a batch under way (each request holds at least
+        one item), so the service's own bound decides (503 with Retry-After), not Serve's default of 5."""
+        return self.max_queue + self.max_batch_size
 
 
 def _check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> None:

@@ -6,6 +6,7 @@ import json
 from typing import Any, Awaitable, Callable
 
 from .config import DEFAULT_MAX_BODY_BYTES
+from .service import service_of
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -14,7 +15,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 class BodyLimit:
-    """ASGI middleware: refuse a body over `app.state.max_body_bytes` with 413, by its Content-Length before
+    """ASGI middleware: refuse a body over the served model's max_body_bytes with 413, by its Content-Length before
     reading, and by counting when it is streamed without one (raising inside receive() would reach the client as
     FastAPI's 400, so the body is read here first, bounded, and replayed)."""
 
@@ -24,8 +25,8 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        state = getattr(scope.get("app"), "state", None)
-        limit = int(getattr(state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+        service = service_of(scope.get("app"))
+        limit = service.config.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return await _too_large(send, declared.decode("latin-1"), limit)

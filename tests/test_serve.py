@@ -1,6 +1,7 @@
-"""Ray Serve, for real: a local Ray (2 CPUs, no dashboard), Serve on a free 127.0.0.1 port, the shipped squares
-(points) and dates (tokens, two replicas) models deployed once for the module and torn down at its end.
-Requests go through HTTP (httpx) and through deployment handles."""
+"""Both backends, for real, serving the shipped squares (points, under /points) and dates (tokens, under /tokens)
+models, set up once for the module and torn down at its end: the one-process server (uvicorn in a thread of this
+process, on a free 127.0.0.1 port) and Ray Serve (a local Ray, 2 CPUs, no dashboard; dates on two replicas).
+Requests go through HTTP (httpx); on Ray also through deployment handles, and a replica is killed."""
 from __future__ import annotations
 
 import json
@@ -20,9 +21,7 @@ from runtime.model import Seq2Seq
 from serving.app import build_app
 from serving.config import Replicas, ServeConfig
 
-from support.serve import DATES, SQUARES, free_port, local_ray
-
-pytestmark = pytest.mark.ray
+from support.serve import DATES, SQUARES, embedded, free_port, local_ray
 
 SCORE_RTOL = 1e-5  # merged batches may round a log-prob differently in the last float32 bits
 POINT_TOL = 1e-6
@@ -32,24 +31,42 @@ TEXTS = ["march 3 1999", "3/3/15", "tuesday, march 3 2015", "12 dec 2001", "1/2/
          "saturday, january 1 2000", "5.6.07"]
 
 
+COMMON = dict(num_cpus=0.25, batch_wait_ms=50.0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
+
+
 @dataclass
 class Served:
     url: str
     client: httpx.Client
+    backend: str
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    """Both models deployed; batches wait 50 ms so that concurrent requests meet."""
+def on_ray() -> Iterator[Served]:
+    """Both models deployed on Ray Serve; batches wait 50 ms so that concurrent requests meet."""
     with local_ray():
         port = free_port()  # after Ray has taken its own ports
         serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 30})
-        common = dict(num_cpus=0.25, batch_wait_ms=50.0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
-        serve.run(build_app(SQUARES, ServeConfig(**common)), name="points", route_prefix="/points")
-        serve.run(build_app(DATES, ServeConfig(**common, replicas=Replicas(2, 2))), name="tokens",
+        serve.run(build_app(SQUARES, ServeConfig(**COMMON)), name="points", route_prefix="/points")
+        serve.run(build_app(DATES, ServeConfig(**COMMON, replicas=Replicas(2, 2))), name="tokens",
                   route_prefix="/tokens")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield Served(f"http://127.0.0.1:{port}", client)
+            yield Served(f"http://127.0.0.1:{port}", client, "ray")
+
+
+@pytest.fixture(scope="module")
+def here() -> Iterator[Served]:
+    """Both models on the one-process server; batches wait 50 ms so that concurrent requests meet."""
+    port = free_port()
+    with embedded({"/points": (SQUARES, ServeConfig(**COMMON)), "/tokens": (DATES, ServeConfig(**COMMON))}, port):
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield Served(f"http://127.0.0.1:{port}", client, "embedded")
+
+
+@pytest.fixture(scope="module", params=["embedded", pytest.param("ray", marks=pytest.mark.ray)])
+def served(request: pytest.FixtureRequest) -> Served:
+    """Each backend in turn."""
+    return request.getfixturevalue("here" if request.param == "embedded" else "on_ray")
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +131,8 @@ def test_http_translate_equals_in_process(served: Served, dates: Seq2Seq, option
         np.testing.assert_allclose(got, want[0][0].attention, rtol=1e-5, atol=1e-6)
 
 
-def test_deployment_handles_equal_http(served: Served, dates: Seq2Seq, squares: Seq2Seq) -> None:
+@pytest.mark.ray
+def test_deployment_handles_equal_http(on_ray: Served, dates: Seq2Seq, squares: Seq2Seq) -> None:
     found = serve.get_app_handle("tokens").translate.remote(TEXTS[:2], beam_size=3).result(timeout_s=30)
     assert_same_translations(found, dates.translate_batch(TEXTS[:2], beam_size=3))
     source = [[[-1.0, -1.0], [-1.0, 1.0]]]
@@ -166,10 +184,11 @@ def test_concurrent_texts_batch_and_match_one_at_a_time(served: Served, dates: S
         assert_same_translations(reply.json()["translations"], want)
 
 
-def test_two_replicas_both_serve(served: Served) -> None:
+@pytest.mark.ray
+def test_two_replicas_both_serve(on_ray: Served) -> None:
     seen = set()
     for _ in range(60):
-        reply = served.client.post("/tokens/v1/translate", json={"texts": ["3/3/15"]})
+        reply = on_ray.client.post("/tokens/v1/translate", json={"texts": ["3/3/15"]})
         seen.add(reply.headers["x-seq2onnx-replica"])
         if len(seen) == 2:
             break
@@ -260,7 +279,8 @@ def _replaced(app: str, before: list[str]) -> bool:
     return len(set(now) - set(before)) == 1 and len(now) == 2 and _running_replicas(app) == 2
 
 
-def test_killed_replica_is_replaced_and_no_request_hangs(served: Served) -> None:
+@pytest.mark.ray
+def test_killed_replica_is_replaced_and_no_request_hangs(on_ray: Served) -> None:
     """Four clients post for ~6 s while one of the two replicas is killed: every request ends (200, or an error
     status with a body) within its timeout, and Serve brings the deployment back to two serving replicas."""
     before = _replica_actors("tokens")
@@ -269,7 +289,7 @@ def test_killed_replica_is_replaced_and_no_request_hangs(served: Served) -> None
     stop = time.monotonic() + 6
 
     def client() -> None:
-        with httpx.Client(base_url=served.url, timeout=20) as own:
+        with httpx.Client(base_url=on_ray.url, timeout=20) as own:
             for _ in range(300):
                 if time.monotonic() > stop:
                     return
@@ -304,7 +324,7 @@ def test_killed_replica_is_replaced_and_no_request_hangs(served: Served) -> None
     seen: set[str] = set()
     deadline = time.monotonic() + 30  # the proxy learns of the new replica shortly after Serve reports it
     while len(seen) < 2 and time.monotonic() < deadline:
-        reply = served.client.post("/tokens/v1/translate", json={"texts": ["3/3/15"]})
+        reply = on_ray.client.post("/tokens/v1/translate", json={"texts": ["3/3/15"]})
         assert reply.status_code == 200
         seen.add(reply.headers["x-seq2onnx-replica"])
         time.sleep(0.05)

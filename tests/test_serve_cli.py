@@ -1,6 +1,7 @@
-"""`seq2onnx serve` as a user runs it: a real subprocess that starts its own Ray, serves HTTP on 127.0.0.1 and
-stops cleanly on Ctrl-C; and the two-node shape: the same command with --address onto a `ray.cluster_utils.Cluster`
-of two one-CPU nodes on this box, one replica per node, the model shipped to the replicas by Ray."""
+"""`seq2onnx serve` as a user runs it: a real subprocess that serves HTTP on 127.0.0.1 (in its own process, or on a
+Ray it starts with --ray) and stops cleanly on Ctrl-C; and the two-node shape: the same command with --address onto
+a `ray.cluster_utils.Cluster` of two one-CPU nodes on this box, one replica per node, the model shipped to the
+replicas by Ray. Then the reliability table's serve rows."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,6 @@ from support.reliability import (
     write,
 )
 from support.serve import DATES, SQUARES, free_port, ray_env, wait_healthy
-
-pytestmark = pytest.mark.ray
 
 START_TIMEOUT = 150  # Ray start + Serve + replicas, on a loaded 2-core CI box
 STOP_TIMEOUT = 60
@@ -101,9 +100,10 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT) -> str:
     return err
 
 
-def test_serve_command_serves_and_stops_on_ctrl_c(launch) -> None:
+@pytest.mark.parametrize("backend", [(), pytest.param(("--ray",), marks=pytest.mark.ray)], ids=["here", "ray"])
+def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ...]) -> None:
     port = free_port()
-    process = launch(str(DATES), "--port", str(port), "--num-cpus", "1", "--max-batch-size", "8")
+    process = launch(str(DATES), "--port", str(port), "--num-cpus", "1", "--max-batch-size", "8", *backend)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(f"{url}/healthz", START_TIMEOUT, process)
     reply = httpx.post(f"{url}/v1/translate", json={"texts": ["march 3 1999", "3/3/15"], "beam_size": 3},
@@ -118,6 +118,7 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch) -> None:
     assert f"at http://127.0.0.1:{port}" in err
 
 
+@pytest.mark.ray
 def test_two_node_cluster_one_replica_per_node(launch) -> None:
     """Two one-CPU nodes; --replicas 2 at one CPU each must place one replica on each node."""
     from ray.cluster_utils import Cluster
@@ -153,7 +154,7 @@ def test_two_node_cluster_one_replica_per_node(launch) -> None:
             cluster.shutdown()
 
 
-# The reliability table's serve rows: every refusal happens before Ray starts (each row takes about a second).
+# The reliability table's serve rows: every refusal happens before anything starts.
 def setup_serve_workspace(case_dir: Path) -> None:
     """The shipped point model, a directory that is not an export, and a file."""
     shutil.copytree(SQUARES, case_dir / "model")
@@ -190,15 +191,20 @@ SERVE_CASES: dict[str, Case] = {
                                        says=("--host 192.0.2.254", "cannot listen there")),
     "--provider tpu": case(*SERVE, "--provider", "tpu", code=USAGE, says=("--provider", "'tpu'")),
     "--proxy-location moon": case(*SERVE, "--proxy-location", "moon", code=USAGE, says=("--proxy-location",)),
+    "--proxy-location without --ray": case(*SERVE, "--proxy-location", "head", code=USAGE,
+                                           says=("--proxy-location", "is for Ray Serve; add --ray")),
+    "--name without --ray": case(*SERVE, "--name", "dates", code=USAGE, says=("--name", "add --ray")),
+    "--max-queue 0": case(*SERVE, "--max-queue", "0", code=USAGE, says=("--max-queue", "1<=x")),
+    "--shutdown-timeout -1": case(*SERVE, "--shutdown-timeout", "-1", code=USAGE, says=("--shutdown-timeout",)),
 }
 if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
     SERVE_CASES["--provider cuda without CUDA"] = case(*SERVE, "--provider", "cuda", code=BAD_INPUT,
                                                        says=("provider 'cuda'", "CUDA"))
 
 
-# `serve` imports Ray before it refuses anything, and importing Ray changes the importing process (its
-# environment): each row gets a process of its own.
-SERVE_CASES = {name: dataclasses.replace(row, process=True) for name, row in SERVE_CASES.items()}
+# `serve --address` imports Ray before it refuses anything, and importing Ray changes the importing process (its
+# environment): those rows get a process of their own.
+SERVE_CASES = {name: dataclasses.replace(row, process="--address" in row.args) for name, row in SERVE_CASES.items()}
 
 
 @pytest.mark.parametrize("name", list(SERVE_CASES))
@@ -209,5 +215,5 @@ def test_serve_refuses(workspace: Path, name: str) -> None:
 def test_serve_refuses_a_port_in_use(workspace: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-        assert_refused(workspace, case(*SERVE, "--port", str(port), code=BAD_INPUT, process=True,
+        assert_refused(workspace, case(*SERVE, "--port", str(port), code=BAD_INPUT,
                                        says=(f"--port {port}", "already in use", "pick another --port")))

@@ -71,3 +71,38 @@ def wait_healthy(url: str, timeout: float, process: object = None) -> None:
                 return
         time.sleep(0.5)
     raise AssertionError(f"{url} did not answer 200 within {timeout} s")
+
+
+@contextlib.contextmanager
+def embedded(mounts: dict[str, tuple[Path, object]], port: int) -> Iterator[dict[str, object]]:
+    """The one-process server in a thread of this process, on 127.0.0.1:`port`: one app per prefix
+    ({prefix: (model_dir, ServeConfig)}), each over its own service; stopped (and joined) at the end. Yields the
+    services by prefix."""
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from serving.http import attach, create_app
+    from serving.server import Server, load_service
+
+    outer = FastAPI()
+    services = {prefix: load_service(model_dir, config) for prefix, (model_dir, config) in mounts.items()}
+    for prefix, service in services.items():
+        outer.mount(prefix, attach(create_app(), service))
+    server = Server(uvicorn.Config(outer, host="127.0.0.1", port=port, log_level="warning", lifespan="off"),
+                    lambda: None)
+    thread = threading.Thread(target=server.run, name="embedded-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the embedded server did not start"
+    try:
+        yield services
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        for service in services.values():
+            service.close()
+        assert not thread.is_alive(), "the embedded server did not stop"

@@ -1,0 +1,157 @@
+"""`seq2onnx serve --ray`: deploy the model on Ray Serve (a local Ray, or a cluster's with --address) and serve
+until Ctrl-C or SIGTERM. The same HTTP app and service as the one-process server run in every replica."""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from serving.config import Replicas, ServeConfig, parse_replicas
+
+from .cluster import join_failed
+from .common import Interrupted
+
+PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
+SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first
+
+
+class Stopped(Exception):
+    """SIGTERM: stop serving as Ctrl-C does."""
+
+
+@dataclass(frozen=True)
+class RayPlan:
+    """Where and how the application runs on Ray."""
+
+    model_dir: Path
+    kind: str
+    host: str
+    port: int
+    name: str
+    route_prefix: str
+    proxy_location: str
+    address: str | None
+    replicas: str  # N, MIN:MAX or auto: resolved once Ray runs
+
+
+def serve_on_ray(plan: RayPlan, config: ServeConfig) -> None:
+    """Start (or join) Ray, deploy, serve until stopped, then remove what was deployed."""
+    import ray
+    from ray import serve
+
+    started, deployed = _start_ray(plan.address, plan.model_dir), False
+    try:
+        config = dataclasses.replace(config, replicas=_resolve_replicas(plan.replicas, config.num_cpus))
+        url = _http_url(serve.status(), plan.name, plan.host, plan.port)
+        deployed = True  # from here on, what is on the cluster under `name` is ours to remove
+        http = {"host": plan.host, "port": plan.port,
+                "request_timeout_s": config.request_timeout_s + SERVE_TIMEOUT_MARGIN_S}
+        _deploy(plan, config, http)
+        route = plan.route_prefix.rstrip("/") + ("/v1/predict" if plan.kind == "points" else "/v1/translate")
+        click.echo(f"serve: {plan.model_dir} at {url}{plan.route_prefix.rstrip('/')} (POST {route}; GET /v1/model, "
+                   f"/healthz, /readyz, /metrics; docs at /docs); Ray Serve, {_describe(config.replicas)} of "
+                   f"{config.num_cpus:g} CPU each; Ray at {ray.get_runtime_context().gcs_address}; Ctrl-C stops",
+                   err=True)
+        _wait()
+    except KeyboardInterrupt:  # Ctrl-C before the server was up (after, _wait returns)
+        raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
+    finally:
+        if deployed or started:
+            _stop(plan.name, on_cluster=not started)
+        if started:
+            ray.shutdown()
+
+
+def _http_url(status: Any, name: str, host: str, port: int) -> str:
+    """Refuse a name already deployed on the cluster; the URL clients use (a running Serve keeps its own HTTP
+    options, whatever --host/--port/--request-timeout/--proxy-location say)."""
+    if name in status.applications:
+        raise click.ClickException(f"--name {name}: an application of that name already runs on this Ray cluster; "
+                                   "pick another --name (and --route-prefix), or stop that one first")
+    if status.proxies:
+        click.echo("serve: note: Serve already runs on this cluster, so its HTTP proxy keeps the options it was "
+                   "started with; --host, --port, --request-timeout and --proxy-location do not apply", err=True)
+        return "(the running Serve's address)"
+    return f"http://{host}:{port}"
+
+
+def _start_ray(address: str | None, model_dir: Path) -> bool:
+    """Connect to the cluster at `address`, shipping the model directory as this job's working directory (Ray
+    uploads it, and every replica starts in its own copy on whatever node), or start a local Ray; True when this
+    process started it."""
+    import ray
+
+    try:
+        if address is None:
+            ray.init(address="local", include_dashboard=False)  # never attach to a Ray someone else runs here
+        else:
+            ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        if address is None:
+            raise click.ClickException(f"serve: could not start a local Ray ({_first_line(exc)})") from None
+        raise join_failed(address, _first_line(exc)) from None
+    return address is None
+
+
+def _resolve_replicas(text: str, num_cpus: float) -> Replicas:
+    import ray
+
+    return parse_replicas(text, ray.cluster_resources().get("CPU"), num_cpus)
+
+
+def _deploy(plan: RayPlan, config: ServeConfig, http: dict[str, Any]) -> None:
+    """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
+    from ray import serve
+
+    from serving.app import build_app
+
+    serve.start(http_options=http, proxy_location=PROXY_LOCATIONS[plan.proxy_location])
+    app = build_app(None if plan.address is not None else plan.model_dir, config)  # None: each replica's workdir
+    try:
+        serve.run(app, name=plan.name, route_prefix=plan.route_prefix)
+    except Exception as exc:  # Serve raises its own types for a deployment that failed to start
+        raise click.ClickException(f"serve: the deployment failed to start: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _describe(replicas: Replicas) -> str:
+    return (f"{replicas.low} replica{'s' if replicas.low > 1 else ''}" if replicas.fixed
+            else f"{replicas.low} to {replicas.high} replicas (autoscaling)")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Stopped
+
+
+def _wait() -> None:
+    """Block until Ctrl-C or SIGTERM."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        while True:
+            time.sleep(1.0)
+    except (KeyboardInterrupt, Stopped):
+        click.echo("serve: stopping", err=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(name: str, on_cluster: bool) -> None:
+    """Remove what this command deployed: its application on a shared cluster, all of Serve on its own Ray."""
+    from ray import serve
+
+    try:
+        if on_cluster:
+            serve.delete(name)
+        else:
+            serve.shutdown()
+    except Exception as exc:  # stopping must not hide why we stop; say what could not be cleaned
+        click.echo(f"serve: note: could not stop Serve cleanly ({_first_line(exc)})", err=True)

@@ -1,0 +1,196 @@
+"""One loaded model behind an asyncio micro-batcher: what every server embeds (the one-process HTTP server, and each
+Ray Serve replica). No Ray here.
+
+- A bounded queue: a request that would take the waiting items past `max_queue` is refused at once (Overloaded,
+  HTTP 503 with Retry-After), rather than waiting minutes behind the others.
+- Batches: the first waiting request waits at most `batch_wait_ms` for company, up to `max_batch_size` items;
+  then one decode runs off the event loop, in the model's own thread, so the loop keeps accepting. Requests merge
+  by `serving.batching`'s rules (sampling never merges; one bad request fails alone).
+- Deadlines: a request waits at most its timeout (HTTP 408). When every request of a batch has given up (timed
+  out, or its client went away), the decode stops between two steps and the thread takes the next batch.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from runtime.errors import Cancelled, Seq2OnnxError
+from runtime.model import Seq2Seq
+
+from .batching import Decoded, PointJob, TokenJob, decode_points, decode_texts, point_job, token_job
+from .config import ServeConfig
+from .metrics import Metrics
+
+Job = PointJob | TokenJob
+Decode = Callable[[Seq2Seq, Sequence[Any], Callable[[], bool]], list[Decoded]]
+
+
+class Overloaded(Seq2OnnxError, RuntimeError):
+    """The queue is full: HTTP 503, with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(Seq2OnnxError, TimeoutError):
+    """A request not answered within its timeout: HTTP 408; its decode is stopped once no one waits for it."""
+
+
+@dataclass
+class Pending:
+    """A request in the queue or in the decode under way: its job, the answer to come, and whether it gave up."""
+
+    job: Job
+    answer: asyncio.Future
+    given_up: bool = False
+
+
+@dataclass
+class Batcher:
+    """Requests of one kind gathered into decodes, one decode at a time in `executor`."""
+
+    model: Seq2Seq
+    decode: Decode
+    config: ServeConfig
+    executor: ThreadPoolExecutor
+    metrics: Metrics
+    waiting: deque[Pending] = field(default_factory=deque)
+    queued_items: int = 0
+    _wake: asyncio.Event | None = None
+    _worker: asyncio.Task | None = None
+
+    async def submit(self, job: Job, timeout_s: float) -> Decoded:
+        """Queue `job` and wait for its result (Overloaded at once when the queue is full; DeadlineExceeded after
+        `timeout_s`)."""
+        if self.queued_items + job.rows > self.config.max_queue:
+            raise Overloaded(f"this server is busy: {self.queued_items} items wait already, at most "
+                             f"{self.config.max_queue} may (serve --max-queue); retry shortly",
+                             retry_after_s=max(1, math.ceil(self.config.batch_wait_ms / 1000)))
+        pending = Pending(job, asyncio.get_running_loop().create_future())
+        self._enqueue(pending)
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.answer), timeout_s)
+        except TimeoutError:
+            pending.given_up = True
+            raise DeadlineExceeded(f"request: not answered within {timeout_s:g} s (serve --request-timeout); its "
+                                   "decode was stopped; ask for less (fewer items, a shorter output), or retry"
+                                   ) from None
+        except asyncio.CancelledError:  # the client went away: no one reads the answer
+            pending.given_up = True
+            raise
+
+    def _enqueue(self, pending: Pending) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self.waiting.append(pending)
+        self.queued_items += pending.job.rows
+        self.metrics.queue_items.inc(pending.job.rows)
+        self._wake.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._work())
+
+    async def _work(self) -> None:
+        """Gather a batch, decode it in the model's thread, answer; until the queue is empty."""
+        loop = asyncio.get_running_loop()
+        while self.waiting:
+            batch = await self._gather()
+            if not batch:
+                continue
+            items = sum(p.job.rows for p in batch)
+            self.metrics.batch_items.observe(items)
+            started = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self.executor, self.decode, self.model,
+                                                     [p.job for p in batch], _all_given_up(batch))
+            except Cancelled:  # every request of the batch had given up: no one to answer
+                results = [Decoded(DeadlineExceeded("request: given up"), items, len(batch))] * len(batch)
+            except Exception as exc:  # a bug, not a user error (those are each request's own result)
+                results = [Decoded(exc, items, len(batch))] * len(batch)
+            finally:
+                self.metrics.decode_seconds.observe(time.perf_counter() - started)
+            for pending, result in zip(batch, results):
+                if not pending.answer.done():
+                    pending.answer.set_result(result)
+
+    async def _gather(self) -> list[Pending]:
+        """The next batch: the first waiting request and whoever arrives within batch_wait_ms, up to
+        max_batch_size items; requests that gave up while waiting are dropped."""
+        deadline = time.monotonic() + self.config.batch_wait_ms / 1000
+        while self._items_waiting() < self.config.max_batch_size and time.monotonic() < deadline:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                break
+        batch, items = [], 0
+        while self.waiting and items + self.waiting[0].job.rows <= self.config.max_batch_size:
+            pending = self.waiting.popleft()
+            self.queued_items -= pending.job.rows
+            self.metrics.queue_items.dec(pending.job.rows)
+            if not pending.given_up:
+                batch.append(pending)
+                items += pending.job.rows
+        return batch
+
+    def _items_waiting(self) -> int:
+        return self.queued_items
+
+
+class Service:
+    """The model, its two batchers (points and texts: one decodes at a time, in the model's one thread), the
+    server's bounds and its metrics."""
+
+    def __init__(self, model: Seq2Seq, config: ServeConfig, name: str, node: str | None = None,
+                 metrics: Metrics | None = None) -> None:
+        self.model, self.config, self.name = model, config, name
+        self.node = node or socket.gethostname()  # the machine (a Ray replica: its node id)
+        self.metrics = metrics or Metrics()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seq2onnx-decode")
+        self.points = Batcher(model, decode_points, config, self.executor, self.metrics)
+        self.texts = Batcher(model, decode_texts, config, self.executor, self.metrics)
+
+    @property
+    def ready(self) -> bool:
+        """Loaded, and the queue has room."""
+        return self.points.queued_items + self.texts.queued_items < self.config.max_queue
+
+    async def predict(self, source: Any, source_mask: Any, target_len: int | None) -> Decoded:
+        job = point_job(self.model, source, source_mask, target_len, self.config.max_batch_size,
+                        self.config.max_decoding_length)
+        return await self.points.submit(job, self.config.request_timeout_s)
+
+    async def translate(self, texts: Any, options: dict[str, Any]) -> Decoded:
+        job = token_job(self.model, texts, options, self.config.max_batch_size, self.config.max_decoding_length)
+        return await self.texts.submit(job, self.config.request_timeout_s)
+
+    def close(self) -> None:
+        """Stop the decode thread once what it holds is done."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _all_given_up(batch: list[Pending]) -> Callable[[], bool]:
+    """A decode's `cancel`: stop once no request of its batch waits for the answer."""
+    return lambda: all(pending.given_up for pending in batch)
+
+
+# The one service of a process that serves through an app it did not build: Ray Serve hands each replica its own
+# copy of the ingress app, after the replica's __init__ has run, so the replica cannot attach to that copy.
+_PROCESS_SERVICE: list[Service] = []
+
+
+def serve_in_this_process(service: Service) -> None:
+    """Make `service` the answer of every app of this process that has none attached (a Ray replica's)."""
+    _PROCESS_SERVICE[:] = [service]
+
+
+def service_of(app: Any) -> Service | None:
+    """The service `app` serves: the one attached to it, else this process's."""
+    attached = getattr(getattr(app, "state", None), "service", None)
+    return attached if attached is not None else next(iter(_PROCESS_SERVICE), None)

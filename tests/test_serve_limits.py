@@ -1,0 +1,159 @@
+"""What a loaded server does, on both backends (the one-process server in a thread of this process, and Ray Serve):
+a full queue answers 503 with Retry-After at once and the server stays healthy; a request past its deadline gets 408
+and its decode stops, freeing the worker; /metrics counts what was sent. The one-process server stopped by SIGTERM
+under load answers what it had accepted and exits 0."""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from serving.config import ServeConfig
+
+from support.processes import default_sigint
+from support.serve import DATES, embedded, free_port, local_ray, ray_env
+
+TIMEOUT_S = 1.5  # the servers' request timeout
+MAX_QUEUE = 2
+# 16 rows, 10,000 steps: about 4 s of decoding here, which a deadline must cut short
+LONG = {"texts": ["3/3/15"], "beam_size": 16, "min_decoding_length": 10_000, "max_decoding_length": 10_000}
+SHORT = {"texts": ["3/3/15"]}
+COMMON = dict(num_cpus=1, max_batch_size=8, batch_wait_ms=5.0, max_decoding_length=10_000)
+CONFIGS = {"/deadline": ServeConfig(**COMMON, request_timeout_s=TIMEOUT_S),  # a short deadline
+           "/queue": ServeConfig(**COMMON, max_queue=MAX_QUEUE, request_timeout_s=30)}  # a short queue
+
+
+@pytest.fixture(scope="module", params=["embedded", pytest.param("ray", marks=pytest.mark.ray)])
+def base(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The dates model served under /deadline and /queue (CONFIGS), by each backend in turn."""
+    if request.param == "embedded":
+        port = free_port()
+        with embedded({prefix: (DATES, config) for prefix, config in CONFIGS.items()}, port):
+            yield f"http://127.0.0.1:{port}"
+        return
+    from ray import serve
+
+    from serving.app import build_app
+
+    with local_ray():
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 30})
+        for prefix, config in CONFIGS.items():
+            serve.run(build_app(DATES, config), name=prefix.strip("/"), route_prefix=prefix)
+        yield f"http://127.0.0.1:{port}"
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample's value in Prometheus text (0 when absent)."""
+    shown = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(f"{name}{{{shown}}}" if labels else name) + r" ([0-9.e+-]+)"
+    found = re.search(pattern, text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_deadline_stops_the_decode_and_frees_the_worker(base: str) -> None:
+    url = f"{base}/deadline"
+    started = time.monotonic()
+    long = httpx.post(f"{url}/v1/translate", json=LONG, timeout=30)
+    waited = time.monotonic() - started
+    assert long.status_code == 408, long.text
+    assert "--request-timeout" in long.json()["error"] and TIMEOUT_S <= waited < TIMEOUT_S + 1.5
+    # Had the decode run on, this would wait the ~4 s it had left; stopped between two steps, it does not.
+    started = time.monotonic()
+    short = httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30)
+    freed_after = time.monotonic() - started
+    assert short.status_code == 200 and freed_after < 1.0, (short.status_code, freed_after)
+    print(f"408 after {waited:.2f} s (timeout {TIMEOUT_S} s); the next request answered {freed_after * 1000:.0f} ms "
+          "later")
+
+
+def test_a_full_queue_answers_503_at_once_and_stays_healthy(base: str) -> None:
+    url = f"{base}/queue"
+    with ThreadPoolExecutor(4) as pool:
+        busy = pool.submit(httpx.post, f"{url}/v1/translate", json=LONG, timeout=30)  # about 4 s
+        time.sleep(0.3)  # the long decode under way: what comes now waits in the queue
+        queued = [pool.submit(httpx.post, f"{url}/v1/translate", json=SHORT, timeout=30) for _ in range(MAX_QUEUE)]
+        time.sleep(0.2)
+        started = time.monotonic()
+        refused = httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30)
+        refused_in = time.monotonic() - started
+        alive, ready = httpx.get(f"{url}/healthz", timeout=5), httpx.get(f"{url}/readyz", timeout=5)
+        answers = [future.result() for future in queued]
+        busy.result()
+    assert refused.status_code == 503 and refused.headers["retry-after"].isdigit(), refused.text
+    assert "--max-queue" in refused.json()["error"] and refused_in < 0.5
+    assert alive.status_code == 200 and ready.status_code == 503
+    assert [a.status_code for a in answers] == [200] * MAX_QUEUE  # they waited their turn
+    assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+
+
+def test_metrics_count_the_requests_sent(base: str) -> None:
+    url = f"{base}/queue"
+    before = httpx.get(f"{url}/metrics", timeout=5).text
+    sent = {"200": 3, "400": 2, "422": 1}
+    for _ in range(sent["200"]):
+        assert httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30).status_code == 200
+    for _ in range(sent["400"]):
+        assert httpx.post(f"{url}/v1/translate", json={"texts": [" "]}, timeout=30).status_code == 400
+    assert httpx.post(f"{url}/v1/translate", json={"texts": ["a"], "beam": 2}, timeout=30).status_code == 422
+    after = httpx.get(f"{url}/metrics", timeout=5).text
+    for status, count in sent.items():
+        got = metric(after, "seq2onnx_requests_total", route="/v1/translate", status=status) - \
+            metric(before, "seq2onnx_requests_total", route="/v1/translate", status=status)
+        assert got == count, (status, got, after)
+    decoded = metric(after, "seq2onnx_batch_items_count") - metric(before, "seq2onnx_batch_items_count")
+    assert decoded >= sent["200"]  # the 400s fail while decoding: checked each on its own
+    assert "seq2onnx_queue_items 0.0" in after and "seq2onnx_decode_duration_seconds_bucket" in after
+
+
+@pytest.mark.slow  # a server process under load for seconds
+def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any) -> None:
+    """The one-process server: clients post until well after SIGTERM. Every request is answered (200) or refused
+    at connect (the server no longer listens); none hangs, none is dropped after it was accepted."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with ray_env(), open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port)], stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + 60
+        while "Ctrl-C stops" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        outcomes: list[str] = []
+        stop = time.monotonic() + 4
+
+        def client() -> None:
+            with httpx.Client(timeout=20) as own:
+                while time.monotonic() < stop:
+                    try:
+                        reply = own.post(f"http://127.0.0.1:{port}/v1/translate", json={"texts": ["3/3/15"] * 4})
+                        outcomes.append(str(reply.status_code))
+                    except httpx.ConnectError:
+                        outcomes.append("refused")
+                        time.sleep(0.05)
+                    except httpx.HTTPError as exc:
+                        outcomes.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert set(outcomes) <= {"200", "refused"}, sorted(set(outcomes))
+    assert outcomes.count("200") > 10 and "serve: stopped" in log.read_text()
