@@ -202,8 +202,8 @@ def wrk_cell(url: str, texts: list[str], concurrency: int, seconds: float, beam:
     decode from the server's /metrics before and after (for Ray: the replica that answers /metrics)."""
     script.write_text(WRK_SCRIPT % (", ".join(json.dumps(x) for x in texts), beam))
     before = decode_counts(url)
-    threads = min(2, concurrency)
-    done = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency",
+    # one client thread: it keeps up, and leaves the most CPU to the server
+    done = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency",
                            "-s", str(script), f"{url}/v1/translate"], capture_output=True, text=True, check=True)
     after = decode_counts(url)
     out = done.stdout

@@ -184,7 +184,8 @@ def _serve_here(model_dir: Path, kind: str, config: ServeConfig, host: str, port
                    f"/healthz, /readyz, /metrics; docs at /docs); this process, {config.threads} decoding "
                    "thread(s); Ctrl-C stops", err=True)
 
-    stopped_by = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready)
+    stopped_by, service = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready)
     if stopped_by is None:
         raise click.ClickException(f"serve: the server at {host}:{port} stopped by itself (see above)")
-    click.echo("serve: stopping", err=True)
+    answered, unanswered = service.metrics.totals()
+    click.echo(f"serve: {answered} request(s) answered, {unanswered} ended without an answer", err=True)

@@ -22,8 +22,16 @@ class Metrics:
         self.batch_items = Histogram("seq2onnx_batch_items", "Items (sources or texts) decoded together",
                                      buckets=ITEM_BUCKETS, registry=self.registry)
         self.queue_items = Gauge("seq2onnx_queue_items", "Items waiting for a decode", registry=self.registry)
+        self.unanswered = Counter("seq2onnx_unanswered", "Requests that ended without an answer: cut off at shutdown "
+                                  "(past --shutdown-timeout), or their client went away", registry=self.registry)
         self.decode_seconds = Histogram("seq2onnx_decode_duration_seconds", "Time one batched decode takes",
                                         buckets=LATENCY_BUCKETS_S, registry=self.registry)
+
+    def totals(self) -> tuple[int, int]:
+        """(requests answered, requests that ended without an answer) so far."""
+        answered = sum(s.value for m in self.requests.collect() for s in m.samples if s.name.endswith("_total"))
+        unanswered = sum(s.value for m in self.unanswered.collect() for s in m.samples if s.name.endswith("_total"))
+        return int(answered), int(unanswered)
 
     def text(self) -> bytes:
         """Every metric, in the text exposition format."""

@@ -78,19 +78,19 @@ def make_server(service: Service, listen: Listen, on_ready: Callable[[], None] =
     """A server of `service`'s app at `listen` (not started: `run()` it, or `serve()` it in a loop)."""
     app = attach(create_app(listen.prefix), service)
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=listen.shutdown_timeout_s,
+                            lifespan="off", timeout_graceful_shutdown=listen.shutdown_timeout_s, proxy_headers=False,
                             server_header=False)
     return Server(config, on_ready)
 
 
 def serve_forever(model_dir: str | Path, config: ServeConfig, listen: Listen,
-                  on_ready: Callable[[Service], None] = lambda service: None) -> int | None:
-    """Serve until SIGINT or SIGTERM, then stop gracefully; the signal that stopped it (None: it stopped by
-    itself, e.g. the port was taken)."""
+                  on_ready: Callable[[Service], None] = lambda service: None) -> tuple[int | None, Service]:
+    """Serve until SIGINT or SIGTERM, then stop gracefully: (the signal that stopped it, None when it stopped by
+    itself, e.g. the port was taken; the service, whose metrics tell what was answered)."""
     service = load_service(model_dir, config)
     server = make_server(service, listen, lambda: on_ready(service))
     try:
         server.run()
     finally:
         service.close()
-    return server.stopped_by
+    return server.stopped_by, service

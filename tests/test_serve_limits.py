@@ -116,8 +116,11 @@ def test_metrics_count_the_requests_sent(base: str) -> None:
 
 @pytest.mark.slow  # a server process under load for seconds
 def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any) -> None:
-    """The one-process server: clients post until well after SIGTERM. Every request is answered (200) or refused
-    at connect (the server no longer listens); none hangs, none is dropped after it was accepted."""
+    """The one-process server: clients post until well after SIGTERM. None hangs; every request the server took up
+    is answered (it says how many it answered and that none ended without an answer, and that many 200s arrived);
+    the others never reached it: refused at connect once it stopped listening, or sent on a kept-alive connection
+    it was closing as idle (closed or reset under the request; a client retries those). The server's own count is
+    what proves nothing it took up was dropped."""
     port = free_port()
     log = tmp_path / "serve.log"
     with ray_env(), open(log, "w") as sink:
@@ -138,8 +141,8 @@ def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any)
                     try:
                         reply = own.post(f"http://127.0.0.1:{port}/v1/translate", json={"texts": ["3/3/15"] * 4})
                         outcomes.append(str(reply.status_code))
-                    except httpx.ConnectError:
-                        outcomes.append("refused")
+                    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):  # see the docstring
+                        outcomes.append("not taken up")
                         time.sleep(0.05)
                     except httpx.HTTPError as exc:
                         outcomes.append(type(exc).__name__)
@@ -155,5 +158,7 @@ def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert set(outcomes) <= {"200", "refused"}, sorted(set(outcomes))
-    assert outcomes.count("200") > 10 and "serve: stopped" in log.read_text()
+    said = log.read_text()
+    assert set(outcomes) <= {"200", "not taken up"}, sorted(set(outcomes))
+    assert f"serve: {outcomes.count('200')} request(s) answered, 0 ended without an answer" in said, said[-1000:]
+    assert outcomes.count("200") > 10 and "serve: stopped" in said
