@@ -1,6 +1,6 @@
 """Load on `seq2onnx serve` over HTTP, both backends, against the same requests decoded in-process, side by side.
 
-    python benchmarks/serve_bench.py [MODEL_DIR] [--requests 400] [--duration 15] [--concurrency 1 8 32]
+    python benchmarks/serve_bench.py [MODEL_DIR] [--requests 100000] [--duration 5] [--concurrency 1 8 32]
                                      [--replicas 1 2] [--beam 1] [--threads 2] [--server-threads 1]
                                      [--no-ray] [--json FILE] [--plot FILE.png]
 
@@ -13,6 +13,8 @@ done or --duration s have passed; --max-total skips or shortens cells past it. M
   serve --ray R a local Ray (2 CPUs), Serve on 127.0.0.1, build_app(ServeConfig(num_cpus=2/R, max_batch_size=32)):
                 R=1 decodes on 2 onnxruntime threads, R=2 on 1 each; then the same with Ray's documented
                 throughput options (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for the whole Ray, access log off), "opt".
+                Those options also start "direct ingress": each replica listens on a port of its own (Ray's range
+                30000-31000, on Serve's host), bypassing the proxy; with one replica, "opt direct" posts there.
 The client: one aiohttp session (a pool of N connections) in this process, on the same 2 cores.
 Per cell: requests answered, errors (non-200 or none), throughput, p50/p99 client latency, and requests per decode
 from x-seq2onnx-batch-requests (requests / sum of 1/b: a batch of 8 counts once). Then throughput ratios, and with
@@ -53,6 +55,7 @@ APP_NAME = "serve-bench"
 READY = "Ctrl-C stops"  # the server's ready line
 IN_PROCESS = "in-process"
 THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}  # Ray Serve's documented high-throughput switch
+DIRECT_PORTS = range(30000, 31000)  # Ray Serve's default direct-ingress HTTP ports (RAY_SERVE_DIRECT_INGRESS_*)
 WARMUP_PER_WORKER = 2
 REQUEST_TIMEOUT_S = 30.0
 TEXTS = ("tuesday, march 3 2015", "3/3/15", "03 mar 2015", "march 3, 2015", "2015.03.03", "3 march 2015",
@@ -308,9 +311,30 @@ def deploy(model_dir: Path, replicas: int, batch_wait_ms: float) -> None:
     serve.run(build_app(model_dir, config), name=APP_NAME, route_prefix="/")
 
 
-def cell_seconds(args: argparse.Namespace) -> float:
-    """This cell's wall-time cap: --duration, or what is left of --max-total."""
-    return min(args.duration, args.max_total - (time.monotonic() - START))
+def direct_url() -> str | None:
+    """The base URL of the one replica's own HTTP port (direct ingress), or None when there is none. Ray does not
+    publish it: a loopback port listening in Ray's range whose /healthz names a replica, as this app's does."""
+    import urllib.request
+
+    listening = set()
+    with open("/proc/net/tcp") as table:
+        for line in list(table)[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, port = local.split(":")
+            if state == "0A" and address == "0100007F" and int(port, 16) in DIRECT_PORTS:  # LISTEN on 127.0.0.1
+                listening.add(int(port, 16))
+    for port in sorted(listening):
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
+                if "replica" in json.loads(reply.read()):
+                    return f"http://127.0.0.1:{port}"
+    return None
+
+
+def cell_seconds(args: argparse.Namespace) -> float | None:
+    """This cell's wall-time cap: --duration, or what is left of --max-total; None when less than a second is left."""
+    left = args.max_total - (time.monotonic() - START)
+    return min(args.duration, left) if left > 1 else None
 
 
 def run_all(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
@@ -323,7 +347,7 @@ def run_all(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
     def interleaved(phase: str, servers: dict[str, str], tmp: Path) -> None:
         for _ in range(args.rounds):
             for n in args.concurrency:
-                if (seconds := cell_seconds(args)) <= 1:
+                if (seconds := cell_seconds(args)) is None:
                     return
                 found = [in_process_cell(model, texts, n, args.requests, seconds, args.beam, IN_PROCESS).figures()]
                 for mode, url in servers.items():
@@ -345,12 +369,15 @@ def run_all(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
             with local_serve(optimized) as url:
                 progress(f"Ray Serve on {url}{' (throughput options)' if optimized else ''}")
                 for replicas in args.replicas:
-                    if cell_seconds(args) <= 1:
+                    if cell_seconds(args) is None:
                         break
                     deploy(args.model_dir, replicas, args.batch_wait_ms)
                     progress(f"deployed {replicas} replica(s) at {RAY_CPUS / replicas:g} CPUs each")
                     mode = serve_mode(replicas, optimized)
-                    interleaved(mode, {mode: url}, tmp)
+                    servers = {mode: url}
+                    if optimized and replicas == 1 and (direct := direct_url()):
+                        servers[f"{mode} direct"] = direct
+                    interleaved(mode, servers, tmp)
     return rows
 
 
@@ -386,32 +413,45 @@ def serve_mode(replicas: int, optimized: bool = False) -> str:
     return f"serve --ray {replicas}r{' opt' if optimized else ''}"
 
 
-def ratios(rows: list[dict[str, Any]], levels: list[int]) -> list[tuple[str, int, float]]:
-    """(what, concurrency, throughput ratio): every server mode over in-process measured beside it (same phase)."""
-    tput = {(r["phase"], r["mode"], r["concurrency"]): r["throughput"] for r in rows}
+def ratios(rows: list[dict[str, Any]], levels: list[int]) -> list[tuple[str, int, float, list[float]]]:
+    """(what, concurrency, ratio, each round's ratio): every server mode's throughput over in-process's measured
+    just before it in the same round (same phase); the ratio is the median of the rounds' ratios, so that a round
+    the shared machine slowed weighs on both sides at once."""
+    rounds = {(r["phase"], r["mode"], r["concurrency"]): r["rounds"] for r in rows}
     found = []
     for phase, mode in dict.fromkeys((r["phase"], r["mode"]) for r in rows if r["mode"] != IN_PROCESS):
         for c in levels:
-            if (phase, mode, c) in tput and tput.get((phase, IN_PROCESS, c)):
-                found.append((f"{mode} / in-process", c, tput[phase, mode, c] / tput[phase, IN_PROCESS, c]))
+            if (phase, mode, c) in rounds and (phase, IN_PROCESS, c) in rounds:
+                each = [s / i for s, i in zip(rounds[phase, mode, c], rounds[phase, IN_PROCESS, c]) if i]
+                if each:
+                    found.append((f"{mode} / in-process", c, float(np.median(each)), each))
     return found
 
 
 def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
-    """p50 (solid) and p99 (dashed) latency against throughput, one colour per mode, a point per concurrency."""
+    """p50 (solid) and p99 (dashed) latency against throughput, a point per concurrency: one colour per server
+    mode; in-process, measured beside each of them, in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 6), layout="constrained")
+    fig = Figure(figsize=(11, 6), layout="constrained")
     ax = fig.subplots()
+    colours = iter(matplotlib.colormaps["tab10"](i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9))  # 7 is grey
+    labelled = False
     for phase, mode in dict.fromkeys((r["phase"], r["mode"]) for r in rows):
         mine = sorted((r for r in rows if (r["phase"], r["mode"]) == (phase, mode)), key=lambda r: r["concurrency"])
-        mode = mode if mode != IN_PROCESS else f"in-process (beside {phase})"
         x = [r["throughput"] for r in mine]
-        line = ax.plot(x, [r["p50_ms"] for r in mine], "-o", label=f"{mode} p50")[0]
-        ax.plot(x, [r["p99_ms"] for r in mine], "--", color=line.get_color(), label=f"{mode} p99")
+        if mode == IN_PROCESS:
+            label = None if labelled else "in-process (beside each server) p50 / p99"
+            ax.plot(x, [r["p50_ms"] for r in mine], "-", color="0.6", lw=1, label=label)
+            ax.plot(x, [r["p99_ms"] for r in mine], "--", color="0.6", lw=1)
+            labelled = True
+            continue
+        colour = next(colours, "black")
+        ax.plot(x, [r["p50_ms"] for r in mine], "-o", color=colour, label=f"{mode} p50")
+        ax.plot(x, [r["p99_ms"] for r in mine], "--", color=colour, label=f"{mode} p99")
         for r in mine:
             ax.annotate(str(r["concurrency"]), (r["throughput"], r["p50_ms"]), fontsize="x-small")
     ax.set_xscale("log")
@@ -419,21 +459,22 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     ax.set_xlabel("throughput, requests/s (log)")
     ax.set_ylabel("client latency, ms (log): p50 solid, p99 dashed; labels: concurrent clients")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="x-small")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(title, fontsize="medium")
     fig.savefig(path, dpi=100)
 
 
-def table(rows: list[dict[str, Any]], found: list[tuple[str, int, float]]) -> str:
+def table(rows: list[dict[str, Any]], found: list[tuple[str, int, float, list[float]]]) -> str:
     """The figures as a fixed-width table, then the ratios."""
-    lines = [f"{'phase':<18}{'mode':<20}{'conc':>5}{'requests':>10}{'errors':>8}{'req/s':>9}{'p50 ms':>9}"
+    lines = [f"{'phase':<20}{'mode':<26}{'conc':>5}{'requests':>10}{'errors':>8}{'req/s':>9}{'p50 ms':>9}"
              f"{'p99 ms':>9}{'batch':>7}"]
     for r in rows:
         batch = "-" if r["mode"] == IN_PROCESS else f"{r['mean_batch'] or 0:.2f}"
-        lines.append(f"{r['phase']:<18}{r['mode']:<20}{r['concurrency']:>5}{r['requests']:>10}{r['errors']:>8}"
+        lines.append(f"{r['phase']:<20}{r['mode']:<26}{r['concurrency']:>5}{r['requests']:>10}{r['errors']:>8}"
                      f"{r['throughput']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{batch:>7}")
     lines.append("")
-    lines += [f"throughput {what:<36} concurrency {c:>3}: {ratio:5.2f}x" for what, c, ratio in found]
+    lines += [f"throughput {what:<42} concurrency {c:>3}: {ratio:5.2f}x  (rounds: "
+              f"{', '.join(f'{x:.2f}' for x in each)})" for what, c, ratio, each in found]
     return "\n".join(lines)
 
 
@@ -441,9 +482,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model_dir", nargs="?", type=Path, default=DEFAULT_MODEL, help="a token model's export")
-    p.add_argument("--requests", type=int, default=400, help="at most this many requests per cell")
-    p.add_argument("--duration", type=float, default=10.0, help="at most this many seconds per cell")
-    p.add_argument("--max-total", type=float, default=600.0, help="seconds for the whole run, Ray starts included")
+    p.add_argument("--requests", type=int, default=100_000,
+                   help="at most this many requests per cell (in-process and aiohttp; wrk runs --duration)")
+    p.add_argument("--duration", type=float, default=5.0, help="at most this many seconds per cell")
+    p.add_argument("--max-total", type=float, default=900.0, help="seconds for the whole run, Ray starts included")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="workers sending at once")
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="replica counts to deploy in turn")
     p.add_argument("--beam", type=int, default=1, help="beam_size (1: greedy)")
@@ -488,7 +530,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         figures = {"settings": settings, "cells": rows, "load_average": [load[0], os.getloadavg()[0]],
-                   "ratios": [{"what": w, "concurrency": c, "ratio": r} for w, c, r in found]}
+                   "ratios": [{"what": w, "concurrency": c, "ratio": r, "rounds": e} for w, c, r, e in found]}
         args.json.write_text(json.dumps(figures, indent=2, sort_keys=True))
         progress(f"wrote {args.json}")
 

@@ -1,0 +1,36 @@
+"""benchmarks/serve_bench.py runs as a user runs it: the one-process server in a process of its own, the aiohttp
+client (CI has no wrk), in-process beside it; the table, ratios, JSON and PNG come out, with no errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.serve import DATES, ray_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow  # a server process and two 1 s cells per round
+def test_serve_bench_prints_and_writes_its_figures(tmp_path: Any) -> None:
+    out, png = tmp_path / "serve.json", tmp_path / "serve.png"
+    with ray_env():
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), str(DATES), "--no-ray",
+                               "--client", "aiohttp", "--rounds", "2", "--duration", "1", "--concurrency", "1", "4",
+                               "--json", str(out), "--plot", str(png)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    cells = {(c["mode"], c["concurrency"]): c for c in figures["cells"]}
+    assert set(cells) == {(mode, n) for mode in ("in-process", "serve") for n in (1, 4)}
+    for cell in cells.values():
+        assert cell["errors"] == 0 and cell["throughput"] > 0 and len(cell["rounds"]) == 2, cell
+    assert cells["serve", 4]["mean_batch"] >= 1  # requests per decode, read from the server's /metrics
+    ratios = {(r["what"], r["concurrency"]): r for r in figures["ratios"]}
+    assert set(ratios) == {("serve / in-process", 1), ("serve / in-process", 4)}
+    assert all(len(r["rounds"]) == 2 and r["ratio"] > 0 for r in ratios.values())
+    assert "throughput serve / in-process" in done.stdout and png.read_bytes()[:4] == b"\x89PNG"
