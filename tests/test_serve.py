@@ -334,7 +334,7 @@ def test_killed_replica_is_replaced_and_no_request_hangs(on_ray: Served) -> None
 
 def test_runtime_never_imports_ray() -> None:
     """The runtime (and the CLI's group and infer) loads neither Ray nor the serving package; cli.serve loads no Ray
-    until a command runs."""
+    until a command runs; the one-process server (app, service, uvicorn) loads no Ray at all."""
     import subprocess
     import sys
 
@@ -342,9 +342,11 @@ def test_runtime_never_imports_ray() -> None:
             "first = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'serving', 'pyarrow', 'fastapi')); "
             "import cli.serve; "
             "then = sorted(m for m in ('ray', 'fastapi', 'pyarrow', 'serving.app') if m in sys.modules); "
-            "print(json.dumps([first, then]))")
+            "import serving.server, serving.http, serving.service; "
+            "served = sorted(m for m in ('ray', 'pyarrow', 'serving.app') if m in sys.modules); "
+            "print(json.dumps([first, then, served]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(done.stdout) == [[], []]
+    assert json.loads(done.stdout) == [[], [], []]
 
 
 def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq) -> None:
