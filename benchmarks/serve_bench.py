@@ -501,10 +501,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seeds the draw of texts")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to FILE")
     args = p.parse_args(argv)
-    if min(args.concurrency + args.replicas + [args.requests, args.beam]) < 1 or args.duration <= 0:
-        p.error("--requests, --concurrency, --replicas and --beam must be at least 1; --duration above 0")
-    if not (args.model_dir / "manifest.json").is_file():
+    if min(args.concurrency + args.replicas + [args.requests, args.beam, args.rounds]) < 1 or args.duration <= 0:
+        p.error("--requests, --concurrency, --replicas, --beam and --rounds must be at least 1; --duration above 0")
+    if args.max_total < 10:
+        p.error(f"--max-total: expected at least 10 s (the server's start alone takes about 1 s), got {args.max_total:g}")
+    manifest = args.model_dir / "manifest.json"
+    if not manifest.is_file():
         p.error(f"{args.model_dir}: no manifest.json there; pass an export directory of a token model")
+    kind = json.loads(manifest.read_text()).get("spec", {}).get("kind", "points")  # a spec without one: points
+    if kind != "tokens":
+        p.error(f"{args.model_dir}: a {kind} model; this benchmark posts texts, so it needs a token model's export "
+                "(e.g. artifacts/dates)")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401 -- said now, not after minutes of load
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install -e '.[plot]'")
     for name, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not path.parent.is_dir():  # said now, not after minutes of load
             p.error(f"{name} {path}: its directory does not exist")
@@ -524,15 +536,21 @@ def main(argv: list[str] | None = None) -> None:
           f"average {load[0]:.2f} "
           f"before, {os.getloadavg()[0]:.2f} after")
     print(table(rows, found))
-    if args.plot:
-        plot(rows, f"{args.model_dir.name}: one text per request, beam {args.beam}, 2 cores", args.plot)
-        progress(f"wrote {args.plot}")
     if args.json:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         figures = {"settings": settings, "cells": rows, "load_average": [load[0], os.getloadavg()[0]],
                    "ratios": [{"what": w, "concurrency": c, "ratio": r, "rounds": e} for w, c, r, e in found]}
         args.json.write_text(json.dumps(figures, indent=2, sort_keys=True))
         progress(f"wrote {args.json}")
+    if args.plot and rows:
+        plot(rows, f"{args.model_dir.name}: one text per request, beam {args.beam}, {os.cpu_count()} CPUs", args.plot)
+        progress(f"wrote {args.plot}")
+    failed = [r for r in rows if r["errors"]]
+    if not rows or failed:  # figures of failed requests are no figures
+        what = (f"{len(failed)} cell(s) had failed requests (first: {failed[0]['mode']}, concurrency "
+                f"{failed[0]['concurrency']}: {failed[0]['first_error']})" if failed
+                else f"nothing was measured: --max-total {args.max_total:g} s ran out first")
+        sys.exit(f"serve_bench: {what}")
 
 
 if __name__ == "__main__":

@@ -180,9 +180,10 @@ def _serve_here(model_dir: Path, kind: str, config: ServeConfig, host: str, port
     route = prefix.rstrip("/") + ("/v1/predict" if kind == "points" else "/v1/translate")
 
     def ready(service: object) -> None:
-        click.echo(f"serve: {model_dir} at http://{host}:{port}{prefix.rstrip('/')} (POST {route}; GET /v1/model, "
-                   f"/healthz, /readyz, /metrics; docs at /docs); this process, {config.threads} decoding "
-                   "thread(s); Ctrl-C stops", err=True)
+        under = prefix.rstrip("/")
+        click.echo(f"serve: {model_dir} at http://{host}:{port}{under} (POST {route}; GET {under}/v1/model, "
+                   f"{under}/healthz, {under}/readyz, {under}/metrics; docs at {under}/docs); this process, "
+                   f"{config.threads} decoding thread(s); Ctrl-C stops", err=True)
 
     stopped_by, service = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready)
     if stopped_by is None:

@@ -44,27 +44,36 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig) -> None:
     import ray
     from ray import serve
 
-    started, deployed = _start_ray(plan.address, plan.model_dir), False
+    # SIGTERM while Ray starts stops as Ctrl-C does: what had started is shut down, never left running
+    previous, started, deployed = signal.signal(signal.SIGTERM, _on_sigterm), plan.address is None, False
     try:
+        _start_ray(plan.address, plan.model_dir)
+        signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init sets a handler of its own
         config = dataclasses.replace(config, replicas=_resolve_replicas(plan.replicas, config.num_cpus))
         url = _http_url(serve.status(), plan.name, plan.host, plan.port)
         deployed = True  # from here on, what is on the cluster under `name` is ours to remove
         http = {"host": plan.host, "port": plan.port,
                 "request_timeout_s": config.request_timeout_s + SERVE_TIMEOUT_MARGIN_S}
         _deploy(plan, config, http)
-        route = plan.route_prefix.rstrip("/") + ("/v1/predict" if plan.kind == "points" else "/v1/translate")
-        click.echo(f"serve: {plan.model_dir} at {url}{plan.route_prefix.rstrip('/')} (POST {route}; GET /v1/model, "
-                   f"/healthz, /readyz, /metrics; docs at /docs); Ray Serve, {_describe(config.replicas)} of "
+        under = plan.route_prefix.rstrip("/")
+        route = under + ("/v1/predict" if plan.kind == "points" else "/v1/translate")
+        click.echo(f"serve: {plan.model_dir} at {url}{under} (POST {route}; GET {under}/v1/model, {under}/healthz, "
+                   f"{under}/readyz, {under}/metrics; docs at {under}/docs); Ray Serve, {_describe(config.replicas)} of "
                    f"{config.num_cpus:g} CPU each; Ray at {ray.get_runtime_context().gcs_address}; Ctrl-C stops",
                    err=True)
         _wait()
-    except KeyboardInterrupt:  # Ctrl-C before the server was up (after, _wait returns)
+    except (KeyboardInterrupt, Stopped):  # Ctrl-C or SIGTERM before the server was up (after, _wait returns)
+        raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
+    except SystemExit as exc:  # SIGTERM inside ray.init, whose own handler exits with the signal's number
+        if exc.code != signal.SIGTERM:
+            raise
         raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
     finally:
-        if deployed or started:
+        if deployed or (started and ray.is_initialized()):
             _stop(plan.name, on_cluster=not started)
         if started:
-            ray.shutdown()
+            ray.shutdown()  # also the processes of a local Ray interrupted while it started
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _http_url(status: Any, name: str, host: str, port: int) -> str:

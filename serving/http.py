@@ -7,6 +7,8 @@ request timeout, 503 (with Retry-After) the queue full. Every decode answer says
 `x-seq2onnx-batch-requests` / `-rows` and which server answered in `x-seq2onnx-replica`. No Ray here."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -35,7 +37,13 @@ from .schemas import (
 from .service import DeadlineExceeded, Overloaded, Service, service_of
 
 REFUSALS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 408, 413, 422, 503)}
-ROUTES = "POST /v1/predict, POST /v1/translate, GET /v1/model, GET /healthz, GET /readyz, GET /metrics, GET /docs"
+ROUTES = (("POST", "/v1/predict"), ("POST", "/v1/translate"), ("GET", "/v1/model"), ("GET", "/healthz"),
+          ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/docs"))
+
+
+def routes(prefix: str = "") -> str:
+    """Every route, as a client spells it (under `prefix`)."""
+    return ", ".join(f"{method} {prefix.rstrip('/')}{path}" for method, path in ROUTES)
 
 
 def _tolist(array: Any) -> Any:
@@ -184,7 +192,28 @@ class Front:
         return self.app.state
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        route = self.routes.get(_route_path(scope)) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._answer(scope, receive, tracked)
+        except asyncio.CancelledError:  # the server's shutdown cut it off (past --shutdown-timeout)
+            if started:
+                raise
+            # answered in JSON, not uvicorn's plain 500 and a traceback; it stays counted as ended without an answer
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                await _send_json(send, 503, {"error": "this server is shutting down and stopped this request "
+                                             "before it was answered (serve --shutdown-timeout); retry"},
+                                 {"retry-after": "1", "connection": "close"})
+
+    async def _answer(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        route = self.routes.get(_route_path(scope)) if scope["method"] == "POST" else None
         service = service_of(self.app) if route is not None else None
         declared = dict(scope["headers"]).get(b"content-length", b"") if service is not None else b""
         if not declared.isdigit() or int(declared) > service.config.max_body_bytes:
@@ -265,9 +294,12 @@ async def _send_json(send: Any, status: int, payload: dict[str, Any], headers: d
 
 def create_app(prefix: str = "") -> Front:
     """A fresh app (routes under `prefix`), to `attach` a service to before it serves."""
-    app = FastAPI(title="seq2onnx", version=runtime.__version__,
+    under = prefix.rstrip("/")
+    app = FastAPI(title="seq2onnx", version=runtime.__version__, docs_url=f"{under}/docs",
+                  openapi_url=f"{under}/openapi.json", redoc_url=f"{under}/redoc",
                   summary="Encoder-decoder models with attention, exported to ONNX")
-    app.include_router(router, prefix=prefix.rstrip("/"))
+    app.state.route_prefix = under
+    app.include_router(router, prefix=under)
     app.add_middleware(BodyLimit)
     app.add_middleware(Measured)  # outermost: it sees the body limit's 413 too
     app.add_exception_handler(RequestValidationError, _invalid)
@@ -278,14 +310,29 @@ def create_app(prefix: str = "") -> Front:
     return Front(app, decode_routes)
 
 
+# a field of the other kind's route: the model's kind decides which route the client meant
+OTHER_KIND = {"texts": ("tokens", "texts: this server's model is a token model, which takes texts; POST "
+                                  '{"texts": [...]} to /v1/translate'),
+              "source": ("points", "source: this server's model is a point model, which takes numeric sources; POST "
+                                   '{"source": [[[x, y], ...]]} to /v1/predict')}
+
+
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return JSONResponse({"error": describe_validation(exc.errors())}, status_code=422)
+    errors = exc.errors()
+    for error in errors:
+        field_name = error.get("loc", ())[-1] if error.get("type") == "extra_forbidden" else None
+        kind, message = OTHER_KIND.get(field_name, (None, ""))
+        if kind is not None and (service := _service(request)) is not None and service.model.spec.kind == kind:
+            return JSONResponse({"error": message}, status_code=400)  # as the reverse mistakes are answered
+    return JSONResponse({"error": describe_validation(errors, request.headers.get("content-type"))}, status_code=422)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """404, 405 and the like in the same shape as every other refusal."""
+    under = request.scope.get("root_path", "") + getattr(request.app.state, "route_prefix", "")  # Ray's, ours
     return JSONResponse({"error": f"{request.method} {request.url.path}: {str(exc.detail).lower()}; the routes are "
-                                  f"{ROUTES}"}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+                                  f"{routes(under)}"}, status_code=exc.status_code,
+                        headers=getattr(exc, "headers", None))
 
 
 def refusal(exc: Seq2OnnxError) -> tuple[int, dict[str, Any], dict[str, str]]:

@@ -68,18 +68,20 @@ async def _too_large(send: Send, given: str, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def describe_validation(errors: list[dict[str, Any]]) -> str:
-    """pydantic errors -> one line: each failing field's place, the problem and the value given (first three)."""
+def describe_validation(errors: list[dict[str, Any]], content_type: str | None = None) -> str:
+    """pydantic errors -> one line: each failing field's place, the problem and the value given (first three);
+    `content_type`: the request's, named when the body was not taken as JSON."""
     parts = []
     for error in errors[:3]:
         if error.get("type") == "json_invalid":  # loc is ("body", character offset)
             reason = (error.get("ctx") or {}).get("error", "malformed")
-            parts.append(f"body: not valid JSON ({reason} at character {error.get('loc', ('', '?'))[-1]})")
+            parts.append(f"body: not valid JSON ({reason}; character {error.get('loc', ('', '?'))[-1]})")
             continue
         place = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
         given = error.get("input")
         if place == "body" and isinstance(given, (bytes, str)):  # a body FastAPI did not parse as JSON
-            parts.append("body: expected a JSON object, sent with Content-Type: application/json")
+            parts.append("body: expected a JSON object sent as Content-Type: application/json, got "
+                         + (f"Content-Type: {_short(content_type)}" if content_type else "no Content-Type"))
             continue
         shown = "" if error.get("type") == "missing" else f", got {_short(given)}"
         parts.append(f"{place}: {error.get('msg', 'invalid').lower()}{shown}")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from runtime.errors import Cancelled, Seq2OnnxError
 from runtime.model import Seq2Seq
 
-from .batching import Decoded, PointJob, TokenJob, decode_points, decode_texts, point_job, token_job
+from .batching import Decoded, PointJob, RequestTooLarge, TokenJob, decode_points, decode_texts, point_job, token_job
 from .config import ServeConfig
 from .metrics import Metrics
 
@@ -69,8 +69,12 @@ class Batcher:
     async def submit(self, job: Job, timeout_s: float) -> Decoded:
         """Queue `job` and wait for its result (Overloaded at once when the queue is full; DeadlineExceeded after
         `timeout_s`)."""
+        if job.rows > self.config.max_queue:  # it would never fit: not a matter of waiting
+            raise RequestTooLarge(f"{job.rows} items in one request; this server queues at most "
+                                  f"{self.config.max_queue} (serve --max-queue); split the request or raise "
+                                  "--max-queue")
         if self.queued_items + job.rows > self.config.max_queue:
-            raise Overloaded(f"this server is busy: {self.queued_items} items wait already, at most "
+            raise Overloaded(f"this server is busy: {self.queued_items} item(s) wait already, at most "
                              f"{self.config.max_queue} may (serve --max-queue); retry shortly",
                              retry_after_s=max(1, math.ceil(self.config.batch_wait_ms / 1000)))
         pending = Pending(job, asyncio.get_running_loop().create_future())

@@ -211,6 +211,9 @@ BAD_REQUESTS = {
     "too many texts": ("/tokens/v1/translate", {"texts": ["3/3/15"] * (MAX_BATCH + 1)}, 413, "--max-batch-size"),
     "points to a token model": ("/tokens/v1/predict", {"source": [[[1.0, 2.0]]]}, 400, "/v1/translate"),
     "texts to a point model": ("/points/v1/translate", {"texts": ["3/3/15"]}, 400, "/v1/predict"),
+    "texts to a token model's predict": ("/tokens/v1/predict", {"texts": ["3/3/15"]}, 400, "POST {\"texts\""),
+    "points to a point model's translate": ("/points/v1/translate", {"source": [[[1.0, 2.0]]]}, 400,
+                                            "to /v1/predict"),
     "ragged source": ("/points/v1/predict", {"source": [[[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]]]}, 400, "source"),
     "wrong feature count": ("/points/v1/predict", {"source": [[[1.0, 2.0, 3.0]]]}, 400, "source"),
     "NaN point": ("/points/v1/predict", b'{"source": [[[NaN, 1.0]]]}', 400, "finite"),
@@ -227,9 +230,9 @@ BAD_REQUESTS = {
     "length_penalty 1000": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 2, "length_penalty": 1000.0}, 400,
                             "length_penalty"),
     "plain-text body": ("/tokens/v1/translate", ("text/plain", b'{"texts": ["3/3/15"]}'), 422,
-                        "Content-Type: application/json"),
+                        'Content-Type: application/json, got Content-Type: "text/plain"'),
     "GET on a POST route": ("/tokens/v1/translate", "GET", 405, "GET /tokens/v1/translate"),
-    "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are"),
+    "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict"),
     "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
     "oversized body": ("/points/v1/predict", b"[" + b"1," * MAX_BODY + b"1]", 413, "--max-body-bytes"),
 }
@@ -372,3 +375,24 @@ def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq
         want, alphas = squares.predict(job.source, target_len=job.target_len, return_attention=True)
         np.testing.assert_allclose(result.value[0], want, rtol=POINT_TOL, atol=POINT_TOL)
         np.testing.assert_allclose(result.value[1], alphas, rtol=POINT_TOL, atol=POINT_TOL)
+
+
+def test_a_route_prefix_holds_every_route_docs_included(dates: Seq2Seq) -> None:
+    """serve --route-prefix on the one process: the routes, the docs and the 404's list of routes all under it."""
+    from fastapi.testclient import TestClient
+
+    from serving.config import ServeConfig
+    from serving.http import attach, create_app
+    from serving.service import Service
+
+    service = Service(dates, ServeConfig(), name="prefixed")
+    try:
+        with TestClient(attach(create_app("/dates"), service)) as client:
+            assert client.get("/dates/v1/model").status_code == 200
+            assert client.get("/dates/docs").status_code == 200 and client.get("/dates/openapi.json").is_success
+            assert client.post("/dates/v1/translate", json={"texts": ["3/3/15"]}).status_code == 200
+            missing = client.get("/v1/model")
+            assert missing.status_code == 404 and "GET /dates/v1/model" in missing.json()["error"]
+            assert client.get("/docs").status_code == 404
+    finally:
+        service.close()

@@ -34,3 +34,25 @@ def test_serve_bench_prints_and_writes_its_figures(tmp_path: Any) -> None:
     assert set(ratios) == {("serve / in-process", 1), ("serve / in-process", 4)}
     assert all(len(r["rounds"]) == 2 and r["ratio"] > 0 for r in ratios.values())
     assert "throughput serve / in-process" in done.stdout and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _parse(*argv: str) -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import serve_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return serve_bench.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv, said", [
+    ((str(ROOT / "artifacts" / "squares"),), "a points model; this benchmark posts texts"),
+    (("--rounds", "0"), "--rounds must be at least 1"),
+    (("--max-total", "1"), "--max-total: expected at least 10 s"),
+    (("--json", "/nonexistent/dir/x.json"), "its directory does not exist"),
+], ids=["points-model", "no-rounds", "no-time", "json-dir"])
+def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], said: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        _parse(*argv)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err

@@ -119,6 +119,36 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
 
 
 @pytest.mark.ray
+def test_sigterm_while_ray_starts_stops_what_had_started(tmp_path: Path) -> None:
+    """SIGTERM once Ray's first processes exist, before serving: a one-line message, and none of Ray's processes
+    left behind (they were, when SIGTERM killed the command at once)."""
+    log = tmp_path / "serve.log"
+    with ray_env() as env, open(log, "w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--ray", "--port",
+                                    str(free_port())], env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while len(group_members(process.pid)) < 2 and time.monotonic() < deadline:  # Ray's GCS has started
+            assert process.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        assert READY not in log.read_text()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=STOP_TIMEOUT)
+        deadline = time.monotonic() + 20  # Ray's helpers exit right after the driver
+        while group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = group_members(process.pid)
+    finally:
+        if process.poll() is None or group_members(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    said = log.read_text()
+    assert process.returncode == 130 and "serve: interrupted while starting" in said, said[-3000:]
+    assert "Traceback" not in said and not left, (left, said[-3000:])
+
+
+@pytest.mark.ray
 def test_two_node_cluster_one_replica_per_node(launch) -> None:
     """Two one-CPU nodes; --replicas 2 at one CPU each must place one replica on each node."""
     from ray.cluster_utils import Cluster

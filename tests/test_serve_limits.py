@@ -95,6 +95,13 @@ def test_a_full_queue_answers_503_at_once_and_stays_healthy(base: str) -> None:
     assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
 
 
+def test_a_request_larger_than_the_queue_is_413_not_503(base: str) -> None:
+    """A request with more items than the queue can ever hold would get 503 'retry shortly' for ever: it is 413."""
+    reply = httpx.post(f"{base}/queue/v1/translate", json={"texts": ["3/3/15"] * (MAX_QUEUE + 1)}, timeout=30)
+    assert reply.status_code == 413 and "--max-queue" in reply.json()["error"], reply.text
+    assert httpx.post(f"{base}/queue/v1/translate", json={"texts": ["3/3/15"] * MAX_QUEUE}, timeout=30).is_success
+
+
 def test_metrics_count_the_requests_sent(base: str) -> None:
     url = f"{base}/queue"
     before = httpx.get(f"{url}/metrics", timeout=5).text
@@ -162,3 +169,32 @@ def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any)
     assert set(outcomes) <= {"200", "not taken up"}, sorted(set(outcomes))
     assert f"serve: {outcomes.count('200')} request(s) answered, 0 ended without an answer" in said, said[-1000:]
     assert outcomes.count("200") > 10 and "serve: stopped" in said
+
+
+@pytest.mark.slow  # a server process and a decode of seconds
+def test_a_request_cut_off_at_shutdown_gets_a_json_503(tmp_path: Any) -> None:
+    """SIGTERM with a long decode under way and a short --shutdown-timeout: the request gets a JSON 503 that says
+    why (not uvicorn's plain-text 500), nothing prints a traceback, the server exits 0 and counts it unanswered."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with ray_env(), open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port),
+                                 "--shutdown-timeout", "0.5", "--max-decoding-length", "10000"], stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "Ctrl-C stops" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(httpx.post, f"http://127.0.0.1:{port}/v1/translate", json=LONG, timeout=30)
+            time.sleep(1.0)  # the decode under way (about 4 s of it)
+            proc.send_signal(signal.SIGTERM)
+            reply = long.result()
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = log.read_text()
+    assert reply.status_code == 503 and "--shutdown-timeout" in reply.json()["error"], reply.text
+    assert "Traceback" not in said and "serve: 0 request(s) answered, 1 ended without an answer" in said, said
