@@ -107,7 +107,8 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
     if mask.shape == (n, length):
         mask = mask[:, None, :]  # (N, 1, L)
     if mask.shape != (n, 1, length):
-        raise InputError(f"source_mask: expected shape ({n}, 1, {length}) to match source, got {_describe(mask)}")
+        raise InputError(f"source_mask: expected shape ({n}, {length}) or ({n}, 1, {length}) to match source, "
+                         f"got {_describe(mask)}")
     if mask.dtype != bool:
         valid = np.isin(mask, MASK_VALUES)
         if not valid.all():

@@ -262,7 +262,7 @@ def test_bad_target_len_is_refused(dot, bad):
 
 
 @pytest.mark.parametrize("mask,match", [
-    (np.ones((2, 1, 3), bool), r"source_mask: expected shape \(2, 1, 2\)"),
+    (np.ones((2, 1, 3), bool), r"source_mask: expected shape \(2, 2\) or \(2, 1, 2\)"),
     (np.full((2, 1, 2), 0.5, np.float32), r"source_mask: expected only 0 and 1 values, got 0.5 in item 0"),
     (np.array([[[1.0, np.nan]], [[1.0, 1.0]]]), r"got nan in item 0"),
     (np.full((2, 1, 2), "1"), r"source_mask: expected bool or 0/1 numbers, got shape \(2, 1, 2\) dtype <U1"),
