@@ -16,8 +16,9 @@ from ray.serve import Application
 
 from runtime.model import Seq2Seq
 
+from .answers import predict_body, translate_body
 from .config import ServeConfig
-from .http import create_app, predict_body, translate_body
+from .http import create_app
 from .schemas import TranslateRequest
 from .service import Service, serve_in_this_process
 

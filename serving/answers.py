@@ -1,0 +1,60 @@
+"""What every backend and both HTTP paths answer: decode bodies, batch headers, refusals as (status, body,
+headers), and the count of each request in the metrics."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from runtime.errors import Seq2OnnxError, one_line
+
+from .batching import Decoded, RequestTooLarge
+from .service import DeadlineExceeded, Overloaded, Service
+
+
+def _tolist(array: Any) -> Any:
+    return None if array is None else array.tolist()
+
+
+def hypothesis(h: Any) -> dict[str, Any]:
+    """A runtime Translation as a JSON-ready dict."""
+    return {"text": h.text, "tokens": h.tokens, "ids": h.ids, "score": h.score, "log_prob": h.log_prob,
+            "attention": _tolist(h.attention)}
+
+
+def predict_body(service: Service, done: Decoded, return_attention: bool) -> dict[str, Any]:
+    """The /v1/predict answer of a decoded request (its own error raised)."""
+    if isinstance(done.value, Exception):
+        raise done.value
+    outputs, attention = done.value
+    return {"outputs": outputs.tolist(), "attention": _tolist(attention) if return_attention else None,
+            "export_id": service.model.manifest.export_id}
+
+
+def translate_body(service: Service, done: Decoded) -> dict[str, Any]:
+    """The /v1/translate answer of a decoded request (its own error raised)."""
+    if isinstance(done.value, Exception):
+        raise done.value
+    return {"translations": [[hypothesis(h) for h in hyps] for hyps in done.value],
+            "export_id": service.model.manifest.export_id}
+
+
+def batch_headers(service: Service, done: Decoded) -> dict[str, str]:
+    return {"x-seq2onnx-batch-requests": str(done.batch_requests), "x-seq2onnx-batch-rows": str(done.batch_rows),
+            "x-seq2onnx-replica": service.name}
+
+
+def refusal(exc: Seq2OnnxError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) of a request refused by the runtime or the service."""
+    if isinstance(exc, Overloaded):
+        return 503, {"error": one_line(exc)}, {"retry-after": str(exc.retry_after_s)}
+    status = 413 if isinstance(exc, RequestTooLarge) else 408 if isinstance(exc, DeadlineExceeded) else 400
+    return status, {"error": one_line(exc)}, {}
+
+
+def count(service: Service, route: str, status: int | None, started: float) -> None:
+    """One request in the metrics: answered with `status`, or (None) ended without an answer."""
+    if status is None:
+        service.metrics.unanswered.inc()
+        return
+    service.metrics.requests.labels(route, str(status)).inc()
+    service.metrics.latency.labels(route).observe(time.perf_counter() - started)
