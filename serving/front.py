@@ -38,17 +38,17 @@ class Front:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = False
+        responded = False
 
         async def tracked(message: dict[str, Any]) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal responded
+            responded = responded or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self._answer(scope, receive, tracked)
         except asyncio.CancelledError:  # the server's shutdown cut it off (past --shutdown-timeout)
-            if started:
+            if responded:
                 raise
             # answered in JSON, not uvicorn's plain 500 and a traceback; it stays counted as ended without an answer
             with contextlib.suppress(Exception):  # the connection may be gone already
