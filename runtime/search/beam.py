@@ -15,89 +15,77 @@ best score max(S / (n + 1) ** length_penalty, S / max_decoding_length ** length_
 in length): stopping never loses a hypothesis this beam search would still have found. With length_penalty = 0
 an input stops as soon as its best live beam falls behind, so beam_size=1 is greedy search; with
 length_penalty > 0 the bound is looser and inputs tend to run longer.
+
+Speed, not semantics: entries named `constant` (what a step never changes: encoder memory, keys, masks) are
+expanded to the k beams once and selected again only when inputs finish, in whole blocks of k rows; the rest of the
+state is reordered by parent beam every step. Finished hypotheses and the stopping rule are arrays over inputs
+(runtime.search.nbest), and token paths and attention are parent pointers read back once at the end
+(runtime.search.trace), so a step costs a fixed handful of numpy calls whatever the batch.
 """
 from __future__ import annotations
-
-from functools import partial
 
 import numpy as np
 
 from runtime.errors import InputError
 
+from .nbest import NBest, normed
 from .step import (
     BatchAxes,
     Hypothesis,
     State,
     StepFn,
     call_step,
+    check_constant,
     check_decoding,
     check_float,
     check_int,
     forbid_eos,
     select,
 )
+from .trace import Trace
 
 MAX_LENGTH_PENALTY = 50  # lengths up to 10,000 (MAX_TARGET_LEN) ** +-50 stay finite in float64
 
 
-def _normed(total: float, length: int, length_penalty: float) -> float:
-    """total / length ** length_penalty in float64, saturating where a large |length_penalty| overflows (Python's
-    float power would raise OverflowError instead)."""
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        return float(np.float64(total) / np.float64(length) ** length_penalty)
-
-
-def _best_bound(live: np.ndarray, n: int, max_len: int, length_penalty: float) -> float:
-    """The best score any continuation of live beams with sums `live` after `n` tokens could reach."""
-    if n >= max_len or not np.isfinite(live).any():
-        return -np.inf
-    best = live.max()
-    return max(_normed(best, n + 1, length_penalty), _normed(best, max_len, length_penalty))
-
-
-def _candidates(live: np.ndarray, log_probs: np.ndarray, n: int, k: int) -> tuple[np.ndarray, ...]:
-    """Each input's best min(2k, kV) extensions, best first (ties: lower beam, then lower token): sum, beam, token."""
-    vocab = log_probs.shape[1]
+def _candidates(live: np.ndarray, log_probs: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+    """Each input's best min(2k, kV) extensions, best first (ties: lower beam, then lower token): sum, beam, token.
+    `rows` is arange(n)[:, None]; the best m are picked by argpartition, so boundary ties fall as they always did."""
+    n, vocab = len(rows), log_probs.shape[1]
     cand = (live[:, None] + log_probs).reshape(n, k * vocab)  # (n, k * V), float64
     m = min(2 * k, k * vocab)
-    top = np.argpartition(-cand, m - 1, axis=1)[:, :m] if m < k * vocab else np.tile(np.arange(m), (n, 1))
-    top = np.sort(top, axis=1)  # so that the stable sort below breaks ties by flat index, as argmax does
-    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(cand, top, 1), 1, kind="stable"), 1)  # (n, m)
-    return np.take_along_axis(cand, top, 1), top // vocab, top % vocab  # (n, m) each
+    neg = -cand
+    top = neg.argpartition(m - 1, axis=1)[:, :m] if m < k * vocab else np.broadcast_to(np.arange(m), (n, m))
+    top = top[rows, np.lexsort((top, neg[rows, top]))]  # (n, m): descending sum, ties by flat index, as argmax
+    return (cand[rows, top], *np.divmod(top, vocab))
 
 
-def _finish(history: np.ndarray, attention: np.ndarray | None, step_attention: np.ndarray | None, length: int,
-            length_penalty: float, parent: int, total: float, token: int | None) -> Hypothesis:
-    """Row `parent`'s path as a hypothesis: ended by eos (token None; eos is not output) or by max length."""
-    tokens = history[parent].tolist() + ([] if token is None else [token])
-    att = None if attention is None else attention[parent]  # (t, ..., Ls)
-    if att is not None and token is not None:
-        att = np.concatenate([att, step_attention[parent][None]])  # (t + 1, ..., Ls)
-    return Hypothesis(tokens, _normed(total, length, length_penalty), float(total), att)
-
-
-def _collect(found: list[Hypothesis], new: list[Hypothesis], live: np.ndarray, n_tokens: int, max_len: int,
-             num_hypotheses: int, length_penalty: float) -> tuple[list[Hypothesis], bool]:
-    """An input's n-best with `new` added, and whether it is done: full, and no live beam can beat the worst."""
-    found = sorted(found + new, key=lambda h: -h.score)[:num_hypotheses]
-    full = len(found) == num_hypotheses
-    return found, full and _best_bound(live, n_tokens, max_len, length_penalty) <= found[-1].score
-
-
-def _extend(sums: np.ndarray, beams: np.ndarray, tokens: np.ndarray, eos_id: int,
+def _extend(sums: np.ndarray, beams: np.ndarray, tokens: np.ndarray, is_eos: np.ndarray, rows: np.ndarray,
             k: int) -> tuple[np.ndarray, ...]:
     """The k best non-eos candidates of each input: parent beam, token, sum, each (n, k); eos fillers are dead."""
-    pick = np.argsort(tokens == eos_id, axis=1, kind="stable")[:, :k]  # (n, k): non-eos first, rank order kept
-    beam, token, total = (np.take_along_axis(a, pick, 1) for a in (beams, tokens, sums))
-    return beam, token, np.where(token == eos_id, -np.inf, total)
+    if not np.count_nonzero(is_eos[:, :k]):  # the common case: the k best are all non-eos
+        return beams[:, :k], tokens[:, :k], sums[:, :k]
+    pick = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # (n, k): non-eos first, rank order kept
+    beam, token, total = beams[rows, pick], tokens[rows, pick], sums[rows, pick]
+    return beam, token, np.where(is_eos[rows, pick], -np.inf, total)
 
 
-def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, bos_id: int, eos_id: int,
-                beam_size: int = 2, num_hypotheses: int = 1, length_penalty: float = 1.0,
-                max_decoding_length: int = 256, min_decoding_length: int = 0,
-                return_attention: bool = False) -> list[list[Hypothesis]]:
-    """Up to num_hypotheses hypotheses per input, best score first (see the module docstring for the rules)."""
-    check_decoding(state, batch_axes, batch_size, bos_id, eos_id, max_decoding_length, min_decoding_length)
+def _record_ends(found: NBest, inputs: np.ndarray, rows: np.ndarray, t: int, last: bool, length_penalty: float,
+                 ranked: tuple[np.ndarray, ...], kept: tuple[np.ndarray, ...], is_eos: np.ndarray) -> None:
+    """Add step t's finished hypotheses: an eos among an input's first k candidates (ranked: sums, beams, tokens
+    (n, m)), then, at max length, every live beam as it is (kept: beams, tokens, sums (n, k)). Input i owns rows
+    i*k .. i*k + k - 1. Two merges keep the same n-best as one over both: each is a stable sort, then a cut."""
+    k = kept[0].shape[1]
+    if np.count_nonzero(is_eos[:, :k]):
+        sums, beams = ranked[0][:, :k], ranked[1][:, :k]  # (n, k) each
+        found.add(inputs, is_eos[:, :k] & np.isfinite(sums), normed(sums, t + 1, length_penalty), sums, t,
+                  rows * k + beams, -1)
+    if last:
+        beam, token, total = kept
+        found.add(inputs, np.isfinite(total), normed(total, t + 1, length_penalty), total, t, rows * k + beam, token)
+
+
+def check_beam(beam_size: int, num_hypotheses: int, length_penalty: float) -> tuple[int, float]:
+    """beam_size, length_penalty checked; num_hypotheses must be in [1, beam_size]."""
     k = check_int("beam_size", beam_size, 1)
     check_int("num_hypotheses", num_hypotheses, 1, k)
     length_penalty = check_float("length_penalty", length_penalty)
@@ -105,42 +93,53 @@ def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: i
         raise InputError(f"length_penalty must be from -{MAX_LENGTH_PENALTY} to {MAX_LENGTH_PENALTY}, got "
                          f"{length_penalty:g}; scores divide by length ** length_penalty, which leaves float64 "
                          "beyond that (usual values: 0 to 2)")
-    kept: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    return k, length_penalty
+
+
+def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, bos_id: int, eos_id: int,
+                beam_size: int = 2, num_hypotheses: int = 1, length_penalty: float = 1.0,
+                max_decoding_length: int = 256, min_decoding_length: int = 0, return_attention: bool = False,
+                constant: frozenset[str] = frozenset()) -> list[list[Hypothesis]]:
+    """Up to num_hypotheses hypotheses per input, best score first (see the module docstring for the rules);
+    `constant` names the state entries the step never changes."""
+    check_decoding(state, batch_axes, batch_size, bos_id, eos_id, max_decoding_length, min_decoding_length)
+    k, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
+    constant = check_constant(constant, state)
+    found, trace = NBest(batch_size, num_hypotheses), Trace()
     inputs = np.arange(batch_size)  # the input each live block of k rows decodes
     state = select(state, np.repeat(inputs, k), batch_axes)  # rows (B * k,): input b owns rows b*k .. b*k+k-1
+    fixed = {name: state[name] for name in constant}  # expanded once; selected again only when inputs finish
     tokens = np.full(batch_size * k, bos_id, dtype=np.int64)  # (B * k,)
-    history = np.zeros((batch_size * k, 0), dtype=np.int64)  # (B * k, t)
     # Only the first beam of each input is live at step 0, so the beam does not fill with k copies of one path.
-    live = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], batch_size)  # (B * k,)
-    attention: np.ndarray | None = None  # (B * k, t, ..., Ls)
+    live = np.full((batch_size, k), -np.inf)  # (B, k)
+    live[:, 0] = 0.0
+    live = live.reshape(-1)  # (B * k,)
+    rows = np.arange(batch_size)[:, None]  # (n, 1): the live inputs' positions
+    first = rows * k  # (n, 1): input i owns rows i*k .. i*k + k - 1
     for t in range(max_decoding_length):
         result = call_step(step, tokens, state, batch_axes, eos_id, return_attention)
         log_probs = forbid_eos(result.log_probs, eos_id, t, min_decoding_length)
-        n = len(inputs)
-        top_sum, beam_of, token_of = _candidates(live, log_probs, n, k)  # (n, m) each
-        is_eos = token_of == eos_id
-        next_beam, next_token, next_live = _extend(top_sum, beam_of, token_of, eos_id, k)  # (n, k) each
-        rows = (np.arange(n)[:, None] * k + next_beam).reshape(-1)  # (n * k,) flat parent row of each new beam
-        step_attention = result.attention if return_attention else None  # (n * k, ..., Ls)
-        if step_attention is not None and attention is None:
-            attention = np.zeros((n * k, 0) + step_attention.shape[1:], step_attention.dtype)  # (n * k, 0, ..., Ls)
-        end = partial(_finish, history, attention, step_attention, t + 1, length_penalty)
-        done = np.zeros(n, dtype=bool)
-        for i in range(n):
-            new = [end(i * k + beam_of[i, r], top_sum[i, r], None)
-                   for r in np.flatnonzero(is_eos[i, :k] & np.isfinite(top_sum[i, :k]))]
-            if t + 1 == max_decoding_length:  # live beams end here as they are
-                new += [end(i * k + next_beam[i, j], next_live[i, j], int(next_token[i, j]))
-                        for j in np.flatnonzero(np.isfinite(next_live[i]))]
-            kept[inputs[i]], done[i] = _collect(kept[inputs[i]], new, next_live[i], t + 1, max_decoding_length,
-                                                num_hypotheses, length_penalty)
-        if done.all() or t + 1 == max_decoding_length:
+        ranked = _candidates(live, log_probs, rows, k)  # sums, beams, tokens: (n, m) each
+        is_eos = ranked[2] == eos_id  # (n, m)
+        kept = _extend(*ranked, is_eos, rows, k)  # beams, tokens, sums: (n, k) each
+        if return_attention:
+            trace.attend(result.attention)
+        last = t + 1 == max_decoding_length
+        _record_ends(found, inputs, rows, t, last, length_penalty, ranked, kept, is_eos)
+        if last:
             break
-        keep = np.flatnonzero(~done)  # reorder and drop finished inputs with one select
-        rows = rows.reshape(n, k)[keep].reshape(-1)  # (n_keep * k,)
-        state = select(result.state, rows, batch_axes)
-        history = np.concatenate([history[rows], next_token[keep].reshape(-1, 1)], axis=1)  # (n_keep * k, t + 1)
-        if step_attention is not None:
-            attention = np.concatenate([attention[rows], step_attention[rows][:, None]], axis=1)
-        tokens, live, inputs = next_token[keep].reshape(-1), next_live[keep].reshape(-1), inputs[keep]
-    return kept
+        parents, next_tokens, next_live = first + kept[0], kept[1], kept[2]  # (n, k) each
+        done = found.done(inputs, next_live, t + 1, max_decoding_length, length_penalty)  # None: none can be
+        if done is not None and np.count_nonzero(done):  # drop finished inputs: their k rows leave every array
+            if done.all():
+                break
+            keep = np.flatnonzero(~done)
+            parents, next_tokens, next_live, inputs = parents[keep], next_tokens[keep], next_live[keep], inputs[keep]
+            rows = np.arange(len(keep))[:, None]  # (n_keep, 1)
+            first = rows * k  # (n_keep, 1)
+            fixed = select(fixed, (keep[:, None] * k + np.arange(k)).reshape(-1), batch_axes)  # (n_keep * k,)
+        parents, tokens, live = parents.reshape(-1), next_tokens.reshape(-1), next_live.reshape(-1)  # (n * k,)
+        moving = {name: value for name, value in result.state.items() if name not in constant}
+        state = {**select(moving, parents, batch_axes), **fixed}
+        trace.push(parents, tokens)
+    return found.hypotheses(trace)

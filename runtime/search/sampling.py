@@ -11,11 +11,12 @@ from .step import BatchAxes, Hypothesis, State, StepFn, check_int
 def sample(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, bos_id: int, eos_id: int,
            max_decoding_length: int, min_decoding_length: int = 0, sampling_temperature: float = 1.0,
            sampling_topk: int = 0, sampling_topp: float = 1.0, seed: int | None = None,
-           return_attention: bool = False) -> list[Hypothesis]:
+           return_attention: bool = False, constant: frozenset[str] = frozenset()) -> list[Hypothesis]:
     """One sampled Hypothesis per input; the same call with the same `seed` gives the same output.
 
     Filters run temperature -> top-k (0 = off) -> top-p (1.0 = off) on the step's log-probs. Scores and log_probs
     are sums of the model's own log-probs of the drawn tokens, before any filter, so they compare with greedy's.
+    `constant` names the state entries the step never changes.
     """
     check_temperature("sampling_temperature", sampling_temperature)
     check_int("sampling_topk", sampling_topk, 0)
@@ -30,4 +31,4 @@ def sample(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, b
         return np.argmax(logits + rng.gumbel(size=logits.shape), axis=1)  # (B,)
 
     return rollout(step, state, batch_axes, batch_size, bos_id, eos_id, max_decoding_length,
-                   min_decoding_length, return_attention, pick)
+                   min_decoding_length, return_attention, pick, constant)

@@ -7,6 +7,11 @@ A step function feeds one token per batch row and returns the next-token log-pro
 `state` holds everything per-row the decoder needs (recurrent hidden/cell, encoder memory, source mask, caches);
 `batch_axes[name]` says which axis of `state[name]` is the batch axis. Strategies never look inside the state:
 they reorder (beam) or shrink (finished rows) it with `select` only, so they work for any model.
+
+`constant` names the entries a step reads but never changes (encoder memory, keys, source mask, cross-attention
+keys/values): the strategies hold them themselves and feed them to every step, so a step may return only what it
+changes. Beam search expands them once per beam and selects them again only when inputs finish, instead of
+reordering them with the rest of the state at every step.
 """
 from __future__ import annotations
 
@@ -49,8 +54,18 @@ def select(state: State, index: np.ndarray, batch_axes: BatchAxes) -> State:
     """Rows `index` of every state entry, taken along its batch axis (beam reorder, dropping finished rows).
     An entry on an accelerator (an onnxruntime OrtValue kept there by IO binding) is copied to the host first:
     its `numpy()`; the next step moves it back."""
-    return {name: np.take(value if isinstance(value, np.ndarray) else value.numpy(), index, axis=batch_axes[name])
+    return {name: (value if isinstance(value, np.ndarray) else value.numpy()).take(index, axis=batch_axes[name])
             for name, value in state.items()}
+
+
+def check_constant(constant: object, state: State) -> frozenset[str]:
+    """`constant` as a frozenset of names of `state`'s entries, else an InputError naming what is wrong."""
+    if not isinstance(constant, (set, frozenset)) or not all(isinstance(name, str) for name in constant):
+        raise InputError(f"constant must be a set of state entry names, got {brief(constant)}")
+    unknown = sorted(constant - state.keys())
+    if unknown:
+        raise InputError(f"constant names {unknown}, which the state does not hold; state entries: {sorted(state)}")
+    return frozenset(constant)
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -105,8 +120,8 @@ def call_step(step: StepFn, tokens: np.ndarray, state: State, batch_axes: BatchA
     if log_probs.ndim != 2 or log_probs.shape[0] != rows or log_probs.shape[1] <= eos_id:
         raise InputError(f"step must return log_probs of shape ({rows}, V) with V > eos_id={eos_id}, "
                          f"got shape {log_probs.shape}")
-    unknown = sorted(set(result.state) - set(batch_axes))
-    if unknown:
+    if not result.state.keys() <= batch_axes.keys():  # a subset test: cheap on the path taken every step
+        unknown = sorted(result.state.keys() - batch_axes.keys())
         raise InputError(f"step returned state {unknown} with no entry in batch_axes; declare their batch axes")
     if need_attention and (result.attention is None or result.attention.shape[0] != rows):
         shape = None if result.attention is None else result.attention.shape
