@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime.atomic import STAGING_SUFFIX, sibling, staged_directory
-from runtime.contract import GREEDY_FILE, VOCAB_FILES
-from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, QUANTIZATIONS
+from runtime.contract import FAST_FILES, GREEDY_FILE, VOCAB_FILES
+from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, INT8, QUANTIZATIONS
 from runtime.destination import normalized
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
@@ -21,7 +21,7 @@ from training.tokens.base import TokenModel
 
 from .atomic import check_destination
 from .errors import ExportError
-from .graphs import MAX_OPSET, MIN_OPSET, export_graphs, export_greedy
+from .graphs import MAX_OPSET, MIN_OPSET, export_fast, export_graphs, export_greedy
 from .kinds import KINDS
 from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, raise_on_failure, report
@@ -149,11 +149,12 @@ def export_model(
         write_manifest(staging, manifest)
         if mode != FP32:
             data = quality_data if quality_data is not None else checkpoint_data(source, spec)
-            reduce_precision(staging, out, spec, manifest, mode, quality_tol, accept_quality_loss, data, on_quality)
+            reduce_precision(staging, out, model, spec, manifest, mode, quality_tol, accept_quality_loss, data,
+                             on_quality)
     return out
 
 
-def reduce_precision(staging: Path, out: Path, spec: ModelSpec, manifest: dict[str, Any], mode: str,
+def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, manifest: dict[str, Any], mode: str,
                      tol: QualityTolerance, accept: bool, data: Any,
                      on_quality: Callable[[list[QualityRow]], None] | None) -> None:
     """Convert the checked float32 graphs in `staging` to `mode`, compare them with a float32 copy (beside `out`,
@@ -161,6 +162,10 @@ def reduce_precision(staging: Path, out: Path, spec: ModelSpec, manifest: dict[s
     reference_dir = sibling(out, STAGING_SUFFIX)  # a killed export's copy is tidied like its staging directory
     shutil.copytree(staging, reference_dir)
     try:
+        for name in FAST_FILES.values():  # float32: rebuilt from the weights for int8, left out for float16
+            (staging / name).unlink(missing_ok=True)
+        if mode == INT8 and spec.kind == "tokens" and spec.is_transformer:
+            export_fast(model, spec, staging, manifest["export_id"], int8=True)
         convert_graphs(staging, spec, mode)
         if (staging / GREEDY_FILE).exists():  # the greedy loop wraps the step: rebuilt around the converted one
             export_greedy(staging, spec, manifest["export_id"])

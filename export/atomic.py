@@ -6,13 +6,15 @@ from pathlib import Path
 from runtime.contract import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
+    FAST_FILES,
     GREEDY_FILE,
     MANIFEST_FILE,
     VOCAB_FILES,
 )
 from runtime.destination import check_destination as check_writable
 
-EXPORT_FILES = frozenset({MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, GREEDY_FILE, *VOCAB_FILES.values()})
+EXPORT_FILES = frozenset({MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, GREEDY_FILE, *VOCAB_FILES.values(),
+                          *FAST_FILES.values()})
 
 
 def check_destination(out: Path, force: bool) -> None:

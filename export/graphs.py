@@ -15,11 +15,13 @@ from runtime.contract import (
     DYNAMIC_DIMS,
     ENCODER_FILE,
     EXPORT_ID_KEY,
+    FAST_FILES,
     FEEDBACK,
     GRAPH_KEY,
     GREEDY_FILE,
     SPEC_KEY,
     Dims,
+    fast_graph_io,
     graph_io,
     greedy_io,
 )
@@ -29,6 +31,7 @@ from .errors import ExportError
 from .examples import EXAMPLE_SIZES
 from .fused import write_greedy_graph
 from .kinds import KINDS
+from .tokens.fast import FAST_BUILDERS
 
 MIN_OPSET, MAX_OPSET = 14, 20
 
@@ -82,6 +85,18 @@ def export_graphs(model: Any, spec: ModelSpec, out_dir: Path, opset: int, export
             )
         finish_graph(path, io, spec, export_id, file_name)
     export_greedy(out_dir, spec, export_id)
+    if spec.kind == "tokens" and spec.is_transformer:
+        export_fast(model, spec, out_dir, export_id)
+
+
+def export_fast(model: Any, spec: ModelSpec, out_dir: Path, export_id: str, int8: bool = False) -> None:
+    """Write a transformer's fast graphs (`export.tokens.fast`; int8: their weights quantized), with the same
+    metadata and checks."""
+    io = fast_graph_io(spec)
+    for role, build in FAST_BUILDERS.items():
+        path = out_dir / FAST_FILES[role]
+        onnx.save(build(model, spec, "", int8=int8), str(path))
+        finish_graph(path, io[role], spec, export_id, FAST_FILES[role])
 
 
 def export_greedy(out_dir: Path, spec: ModelSpec, export_id: str) -> None:

@@ -42,6 +42,7 @@ from runtime.defaults import (
 )
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
+from runtime.tokens import TokenSteps
 from runtime.vocab import BOS, EOS
 
 from .errors import ExportError
@@ -178,17 +179,34 @@ def _token_set(name: str, reference: Seq2Seq, candidate: Seq2Seq, batches: Seque
     the step log-prob difference."""
     count = sum(len(ids) for ids, _ in batches)
     rows = []
-    fused = reference.token_steps.greedy is not None and candidate.token_steps.greedy is not None
-    for search in ("greedy", f"beam{QUALITY_BEAM}", *(["greedy_loop"] if fused else [])):
-        pairs = [pair for ids, lengths in batches
-                 for pair in zip(_decode(reference, ids, lengths, max_len, search),
-                                 _decode(candidate, ids, lengths, max_len, search))]
-        exact = sum(a == b for a, b in pairs) / len(pairs)
-        rows += [_row(f"{name} {search}", count, "exact_match", exact, _limit(tol, "min_exact_match"), at_least=True),
-                 _row(f"{name} {search}", count, "token_agreement", token_agreement(pairs),
-                      _limit(tol, "min_token_agreement"), at_least=True)]
-    worst = max(_log_prob_diff(reference, candidate, ids, lengths, max_len) for ids, lengths in batches)
-    return rows + [_row(f"{name} greedy", count, "step.log_probs.max_abs", worst, None)]
+    ref_views, cand_views = _views(reference), _views(candidate)
+    for prefix in [p for p in ref_views if p in cand_views]:  # the traced graphs, then a transformer's fast ones
+        ref, cand = ref_views[prefix], cand_views[prefix]
+        fused = ref.greedy is not None and cand.greedy is not None
+        for search in ("greedy", f"beam{QUALITY_BEAM}", *(["greedy_loop"] if fused else [])):
+            pairs = [pair for ids, lengths in batches
+                     for pair in zip(_decode(ref, ids, lengths, max_len, search),
+                                     _decode(cand, ids, lengths, max_len, search))]
+            case = f"{name} {prefix}{search}"
+            rows += [_row(case, count, "exact_match", sum(a == b for a, b in pairs) / len(pairs),
+                          _limit(tol, "min_exact_match"), at_least=True),
+                     _row(case, count, "token_agreement", token_agreement(pairs), _limit(tol, "min_token_agreement"),
+                          at_least=True)]
+        worst = max(_log_prob_diff(ref, cand, ids, lengths, max_len) for ids, lengths in batches)
+        rows.append(_row(f"{name} {prefix}greedy", count, "step.log_probs.max_abs", worst, None))
+    return rows
+
+
+def _views(runtime: Seq2Seq) -> dict[str, TokenSteps]:
+    """The graphs a token export decodes with, by row-name prefix: the traced ones, and a transformer's fast
+    fused-kernel and wide ones."""
+    steps = runtime.token_steps
+    views = {"": steps}
+    if steps.fast is not None:
+        views["fast "] = steps.fast.only(wide=False)
+        if steps.fast.wide is not None:
+            views["wide "] = steps.fast.only(wide=True)
+    return views
 
 
 def token_agreement(pairs: Sequence[tuple[list[int], list[int]]]) -> float:
@@ -201,23 +219,20 @@ def token_agreement(pairs: Sequence[tuple[list[int], list[int]]]) -> float:
     return equal / total if total else 1.0
 
 
-def _decode(runtime: Seq2Seq, ids: np.ndarray, lengths: np.ndarray, max_len: int, search: str) -> list[list[int]]:
+def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, max_len: int, search: str) -> list[list[int]]:
     """Token ids of the best hypothesis per row (without bos/eos)."""
-    steps = runtime.token_steps
     common = dict(batch_size=len(ids), bos_id=BOS, eos_id=EOS, max_decoding_length=max_len)
     if search == "greedy":
         return [h.tokens for h in greedy_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, **common)]
     if search == "greedy_loop":
-        return [h.tokens for h in steps.greedy.tokens(steps.encode(ids, lengths), max_len, 0, False)]
+        return [h.tokens for h in steps.greedy_tokens(ids, lengths, max_len, 0, False)]
     found = beam_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, beam_size=QUALITY_BEAM,
                         num_hypotheses=1, **common)
     return [hyps[0].tokens for hyps in found]
 
 
-def _log_prob_diff(reference: Seq2Seq, candidate: Seq2Seq, ids: np.ndarray, lengths: np.ndarray,
-                   n_steps: int) -> float:
+def _log_prob_diff(ref: TokenSteps, cand: TokenSteps, ids: np.ndarray, lengths: np.ndarray, n_steps: int) -> float:
     """Max abs difference of the step log-probs, both sides fed the reference's greedy choices."""
-    ref, cand = reference.token_steps, candidate.token_steps
     ref_state, cand_state = ref.encode(ids, lengths), cand.encode(ids, lengths)
     tokens = np.full(len(ids), BOS, dtype=np.int64)
     worst = 0.0

@@ -228,11 +228,49 @@ def greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
 
 
 def optional_graph_io(spec: ModelSpec) -> GraphIO:
-    """Graphs an export may also hold, keyed by file name: the greedy loop."""
-    return {GREEDY_FILE: greedy_io(spec)}
+    """Graphs an export may also hold, keyed by file name: the greedy loop, and a transformer's fast graphs."""
+    fast = {FAST_FILES[role]: io for role, io in fast_graph_io(spec).items()} if spec.is_transformer else {}
+    return {GREEDY_FILE: greedy_io(spec), **fast}
 
 
 # Keys of each graph's metadata_props (shown by Netron; the runtime checks the export id).
 EXPORT_ID_KEY = "seq2onnx.export_id"
 SPEC_KEY = "seq2onnx.spec"
 GRAPH_KEY = "seq2onnx.graph"
+
+
+# A transformer's fast graphs (built by `export.tokens.fast`): the same decode as the traced graphs with a per-layer
+# state, one encoder and two step/greedy pairs over it: onnxruntime's fused `com.microsoft` kernels (fewest nodes:
+# small batches) and batched MatMuls ("wide": faster from WIDE_ROWS rows up). Optional; no attention weights.
+FAST_FILES = {"encoder": "fast_encoder.onnx", "step": "fast_decoder_step.onnx", "greedy": "fast_greedy.onnx",
+              "wide_step": "wide_decoder_step.onnx", "wide_greedy": "wide_greedy.onnx"}
+
+
+def fast_state(spec: ModelSpec, past: str | int = PAST_LEN) -> dict[str, Dims]:
+    """The fast step's state: positions, each layer's self-attention cache past_i (2: keys then values), its cross
+    keys/values, and the source lengths (int32) the cross-attention masks by."""
+    out: dict[str, Dims] = {"positions": [BATCH]}
+    for i in range(spec.layers):
+        out[f"past_{i}"] = [2, BATCH, spec.n_heads, past, spec.head_dim]
+    for i in range(spec.layers):
+        out[f"cross_keys_{i}"] = [BATCH, spec.n_heads, SOURCE_LEN, spec.head_dim]
+        out[f"cross_values_{i}"] = [BATCH, spec.n_heads, SOURCE_LEN, spec.head_dim]
+    out["memory_lengths"] = [BATCH]
+    return out
+
+
+def fast_feedback(spec: ModelSpec) -> dict[str, str]:
+    """Fast step outputs fed back as the next step's inputs."""
+    return {"next_positions": "positions", **{f"present_{i}": f"past_{i}" for i in range(spec.layers)}}
+
+
+def fast_graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
+    """The fast graphs' inputs and outputs, keyed by FAST_FILES' roles."""
+    sources = {"source_ids": [BATCH, SOURCE_LEN], "source_lengths": [BATCH]}
+    step_out: dict[str, Dims] = {"log_probs": [BATCH, spec.target_vocab_size], "next_positions": [BATCH]}
+    step_out.update({f"present_{i}": [2, BATCH, spec.n_heads, PRESENT_LEN, spec.head_dim] for i in range(spec.layers)})
+    step = {"inputs": {"previous_tokens": [BATCH], **fast_state(spec)}, "outputs": step_out}
+    greedy = {"inputs": {**sources, "max_length": [], "min_length": []},
+              "outputs": {"tokens": [BATCH, DECODE_LEN], "token_log_probs": [BATCH, DECODE_LEN]}}
+    return {"encoder": {"inputs": sources, "outputs": fast_state(spec, 0)}, "step": step, "greedy": greedy,
+            "wide_step": step, "wide_greedy": greedy}

@@ -20,8 +20,8 @@ from .vocab import EOS
 class GreedyLoop:
     """A greedy loop session with its declared I/O; thread-safe like the session."""
 
-    def __init__(self, spec: ModelSpec, run: Runner) -> None:
-        io = greedy_io(spec)
+    def __init__(self, spec: ModelSpec, run: Runner, io: dict[str, dict] | None = None) -> None:
+        io = greedy_io(spec) if io is None else io  # the traced loop's, or a transformer's fast loop's
         self.spec = spec
         self._run = run  # the greedy loop session's runner (errors typed, inputs on the host or the device)
         self.inputs, self.outputs = list(io["inputs"]), list(io["outputs"])

@@ -13,9 +13,12 @@ from .contract import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
     EXPORT_ID_KEY,
+    FAST_FILES,
     FEEDBACK,
     GREEDY_FILE,
     SPEC_KEY,
+    fast_feedback,
+    fast_graph_io,
 )
 from .errors import InputError, IntegrityError, brief
 from .fused import GreedyLoop
@@ -32,6 +35,8 @@ from .sessions import (
 )
 from .spec import ModelSpec
 from .tokens import TRANSLATE_OPTIONS, TokenSteps, Translation, load_vocabularies, translate
+
+FAST_NAMES = frozenset(FAST_FILES.values())
 
 
 class Seq2Seq:
@@ -61,31 +66,36 @@ class Seq2Seq:
         self._greedy = (GreedyLoop(manifest.spec, runner(sessions[GREEDY_FILE], io[GREEDY_FILE][1], GREEDY_FILE,
                                                          io_binding, set(), device_id))
                         if GREEDY_FILE in sessions else None)
-        self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy)
+        fast = _fast_steps(manifest.spec, sessions, io_binding, device_id)
+        self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy, fast=fast)
                              if manifest.spec.kind == "tokens" else None)
 
     @classmethod
     def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None, fused: bool = True,
-             io_binding: bool | None = None, device_id: int = 0) -> "Seq2Seq":
+             io_binding: bool | None = None, device_id: int = 0, fast: bool = True) -> "Seq2Seq":
         """Load an export directory, verifying version, hashes, graph I/O, spec and export id.
 
         fused: decode greedily with the export's greedy loop graph (one call per request) when it has one;
         False decodes with the step loop (one call per output) and does not load that graph.
+        fast: decode with a transformer export's fast graphs (onnxruntime's fused kernels) when it has them and no
+        attention is asked for; False uses the traced graphs only and does not load the fast ones.
         io_binding: keep the encoder's outputs and the decoder state on the execution device between calls
         (runtime.binding); None: on where the sessions run on CUDA, off on the CPU, where it only adds calls.
         device_id: the CUDA device (GPU ordinal) the sessions and bound state use."""
         threads = check_threads(threads)  # arguments first: nothing is read for a call that cannot succeed
         device_id = check_device_id(device_id)
         requested_providers(provider)
-        if not isinstance(fused, bool):
-            raise InputError(f"fused: expected True or False, got {brief(fused)}")
+        for name, flag in (("fused", fused), ("fast", fast)):
+            if not isinstance(flag, bool):
+                raise InputError(f"{name}: expected True or False, got {brief(flag)}")
         if io_binding is not None and not isinstance(io_binding, bool):
             raise InputError(f"io_binding: expected True or False or None, got {brief(io_binding)}")
         path = _model_dir(path)
         manifest = read_manifest(path)
         sessions = {}
         for name, entry in manifest.graphs.items():
-            if name == GREEDY_FILE and not fused:
+            greedy = name in (GREEDY_FILE, FAST_FILES["greedy"], FAST_FILES["wide_greedy"])
+            if (greedy and not fused) or (name in FAST_NAMES and not fast):
                 continue
             data = read_graph(path, name, entry["sha256"])
             session = open_session(data, provider, threads, str(path / name), device_id)
@@ -164,6 +174,25 @@ class Seq2Seq:
 
     def __repr__(self) -> str:
         return f"Seq2Seq(path={str(self.path)!r}, attention={self.spec.attention!r}, providers={self.providers})"
+
+
+def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id: int) -> TokenSteps | None:
+    """A transformer's fast graphs as TokenSteps (with their greedy loop when loaded), or None without them."""
+    if FAST_FILES["step"] not in sessions:
+        return None
+    io = fast_graph_io(spec)
+    feedback = fast_feedback(spec)
+
+    def run(role: str, keep: set[str]) -> Runner:
+        name = FAST_FILES[role]
+        return runner(sessions[name], list(io[role]["outputs"]), name, bind, keep, device_id)
+
+    def greedy(role: str) -> GreedyLoop | None:
+        return GreedyLoop(spec, run(role, set()), io[role]) if FAST_FILES[role] in sessions else None
+
+    wide = (run("wide_step", set(feedback)), greedy("wide_greedy")) if FAST_FILES["wide_step"] in sessions else None
+    return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
+                      greedy("greedy"), io["step"]["inputs"], feedback, wide=wide)
 
 
 def _model_dir(path: Any) -> Path:

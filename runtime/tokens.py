@@ -18,6 +18,7 @@ row t, so longer sources and a larger `max_decoding_length` are refused rather t
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from runtime.search.step import BatchAxes, State, StepResult, check_int
+from runtime.search.step import BatchAxes, Hypothesis, State, StepResult, check_int
 
 from .binding import Runner
-from .contract import DECODER_STEP_FILE, FEEDBACK, VOCAB_FILES, graph_io, state_batch_axes
+from .contract import BATCH, DECODER_STEP_FILE, FEEDBACK, VOCAB_FILES, Dims, graph_io
 from .errors import InputError, IntegrityError, brief
 from .fused import GreedyLoop
 from .manifest import Manifest, read_regular_file, sha256_bytes
@@ -40,20 +41,37 @@ from .vocab import BOS, EOS, VocabError, Vocabulary
 MAX_SOURCE_TOKENS = 1024  # longer inputs are refused: attention memory grows with them, and no model here saw them
 MAX_VOCAB_BYTES = 64 << 20
 PREVIOUS = "previous_tokens"  # the step input that takes the previous token
+# Rows from which a transformer's wide graphs (batched MatMul attention) beat the fused-kernel ones (CPU, dates
+# transformer, benchmarks/ct2_bench.py): onnxruntime's attention kernels cost ~2 us per (row, head) pair.
+WIDE_ROWS = 8
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
                      "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
 
 
 class TokenSteps:
-    """Encode once with the encoder session, then step with the step session; sessions are thread-safe."""
+    """Encode once with the encoder session, then step with the step session; sessions are thread-safe.
 
-    def __init__(self, spec: ModelSpec, encoder: Runner, step: Runner, greedy: GreedyLoop | None = None) -> None:
-        io = graph_io(spec)
+    `step_inputs` and `feedback` say what the step reads and which of its outputs go back as which inputs: the
+    contract's (`graph_io`, `FEEDBACK`) for the traced graphs, or a transformer's fast graphs' (`fast_graph_io`,
+    `fast_feedback`). `fast`: the same model's fast twin, which `translate` decodes with when it can (no
+    attention asked for). A greedy loop that reads the sources itself (the fast one) encodes inside its one call."""
+
+    def __init__(self, spec: ModelSpec, encoder: Runner, step: Runner, greedy: GreedyLoop | None = None,
+                 step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
+                 fast: "TokenSteps | None" = None, wide: tuple[Runner, GreedyLoop | None] | None = None) -> None:
+        inputs = graph_io(spec)[DECODER_STEP_FILE]["inputs"] if step_inputs is None else step_inputs
         self.spec = spec
         self._encoder, self._step = encoder, step  # runners: typed errors; with IO binding, state on the device
         self.greedy = greedy  # the greedy loop graph, when the export has one and it is switched on
-        self.state_names = [name for name in io[DECODER_STEP_FILE]["inputs"] if name != PREVIOUS]
-        self.batch_axes: BatchAxes = state_batch_axes(spec)
+        self.fast = fast
+        self.wide = wide  # a step and greedy loop over the same state for `wide_rows` rows and more, or None
+        self.wide_rows = WIDE_ROWS
+        self.feedback = FEEDBACK if feedback is None else feedback
+        self.state_names = [name for name in inputs if name != PREVIOUS]
+        self.batch_axes: BatchAxes = {name: inputs[name].index(BATCH) for name in self.state_names}
+        # What a step reads but never feeds back (memory, keys, masks, cross-attention keys/values): beam search
+        # expands it once per beam instead of reordering it every step.
+        self.constant = frozenset(self.state_names) - frozenset(self.feedback.values())
 
     def encode(self, source_ids: np.ndarray, source_lengths: np.ndarray) -> State:
         """ids (N, L) int64 right-padded, lengths (N,) int64 -> the state the first step reads."""
@@ -63,9 +81,26 @@ class TokenSteps:
     def step(self, tokens: np.ndarray, state: State) -> StepResult:
         """One decoder step for every row: the StepFn the strategies drive."""
         feed = {PREVIOUS: tokens.astype(np.int64, copy=False), **state}
-        result = self._step(feed)
-        fed_back = {FEEDBACK[name]: value for name, value in result.items() if name in FEEDBACK}
+        result = (self._step if self.wide is None or len(tokens) < self.wide_rows else self.wide[0])(feed)
+        fed_back = {self.feedback[name]: value for name, value in result.items() if name in self.feedback}
         return StepResult(result["log_probs"], {**state, **fed_back}, result.get("alphas"))
+
+    def only(self, wide: bool) -> "TokenSteps":
+        """A view that always runs the wide graphs (wide) or never does (for parity tools)."""
+        view = copy.copy(self)
+        view.wide, view.wide_rows = (self.wide, 1) if wide else (None, WIDE_ROWS)
+        return view
+
+    def greedy_tokens(self, source_ids: np.ndarray, source_lengths: np.ndarray, max_length: int, min_length: int,
+                      return_attention: bool) -> list[Hypothesis]:
+        """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call."""
+        greedy = self.greedy
+        if self.wide is not None and self.wide[1] is not None and len(source_ids) >= self.wide_rows:
+            greedy = self.wide[1]
+        sources = {"source_ids": source_ids, "source_lengths": source_lengths}
+        reads_sources = set(sources) <= set(greedy.inputs)
+        state = sources if reads_sources else self.encode(source_ids, source_lengths)
+        return greedy.tokens(state, max_length, min_length, return_attention)
 
 
 @dataclass(frozen=True)
@@ -157,29 +192,33 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
               return_attention: bool = False, cancel: Cancel | None = None) -> list[list[Translation]]:
     """Encode the texts once, decode with the chosen strategy, and turn ids back into text. `cancel` is asked
     before every decoder step (the greedy loop graph: before its one call): True stops with Cancelled."""
+    if steps.fast is not None and not return_attention:  # the fast graphs carry no attention weights
+        steps = steps.fast
     step = steps.step if cancel is None else stoppable(steps.step, cancel)
     texts = check_texts(texts)
     max_decoding_length = check_decoding_length(steps.spec, max_decoding_length)
     if not texts:
         return []
     ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec)
-    state = steps.encode(ids, lengths)
     common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, min_decoding_length=min_decoding_length,
-                  max_decoding_length=max_decoding_length, return_attention=return_attention)
+                  max_decoding_length=max_decoding_length, return_attention=return_attention,
+                  constant=steps.constant)
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
     if sampling and beam_size != 1:
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")
+    greedy_loop = not sampling and beam_size == 1 and num_hypotheses == 1 and steps.greedy is not None
+    state = None if greedy_loop else steps.encode(ids, lengths)
     if beam_size != 1 or num_hypotheses != 1:
         found = beam_search(step, state, steps.batch_axes, beam_size=beam_size, num_hypotheses=num_hypotheses,
                             length_penalty=length_penalty, **common)
     elif sampling:
         found = [[h] for h in sample(step, state, steps.batch_axes, sampling_temperature=sampling_temperature,
                                      sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, **common)]
-    elif steps.greedy is not None:  # one call: the export's greedy loop graph
+    elif greedy_loop:  # one call (with the encoder's, two): the export's greedy loop graph
         check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
-        tokens = steps.greedy.tokens if cancel is None else stoppable(steps.greedy.tokens, cancel)
-        found = [[h] for h in tokens(state, max_decoding_length, min_decoding_length, return_attention)]
+        tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
+        found = [[h] for h in tokens(ids, lengths, max_decoding_length, min_decoding_length, return_attention)]
     else:
         found = [[h] for h in greedy_search(step, state, steps.batch_axes, **common)]
     target = vocabularies["target"]

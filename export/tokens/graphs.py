@@ -22,6 +22,7 @@ from export.examples import (
 from runtime.contract import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
+    FAST_FILES,
     FEEDBACK,
     GREEDY_FILE,
     graph_io,
@@ -101,6 +102,23 @@ TRANSFORMER_DOCS = {
     "1) back as past_keys/past_values. Beam search reorders every state input along its batch axis (1 for the "
     "caches).",
 }
+FAST_DOCS = {
+    FAST_FILES["encoder"]: "seq2onnx transformer fast encoder (onnxruntime com.microsoft kernels): run once per "
+    "request. source_ids (batch, source_len; right-padded with 0) and source_lengths (batch) -> the fast step's "
+    "first state: positions (zeros), an empty cache past_i (2, batch, heads, 0, head_dim) per decoder layer, each "
+    "layer's cross_keys_i/cross_values_i (batch, heads, source_len, head_dim) and memory_lengths (batch, int32).",
+    FAST_FILES["step"]: "seq2onnx transformer fast decoder step (onnxruntime com.microsoft kernels): run once per "
+    "output token. previous_tokens (batch; 1 = bos first) and the state -> log_probs (batch, vocab); feed "
+    "next_positions back as positions and present_i (2, batch, heads, past_len + 1, head_dim) as past_i. No "
+    "attention weights: use decoder_step.onnx for those.",
+    FAST_FILES["greedy"]: "seq2onnx transformer fast greedy decode (onnxruntime com.microsoft kernels): the "
+    "encoder and the greedy loop in one graph. source_ids, source_lengths, max_length (int64 scalar, >= 1) and "
+    "min_length (eos forbidden while fewer tokens are decoded) -> tokens (batch, decode_len; after a row's eos: 0) "
+    "and token_log_probs (0 after eos); argmax ties: the lowest id.",
+}
+WIDE = " Attention in batched MatMuls instead of the fused kernels: faster for many rows (runtime.tokens.WIDE_ROWS)."
+FAST_DOCS.update({FAST_FILES["wide_step"]: FAST_DOCS[FAST_FILES["step"]] + WIDE,
+                  FAST_FILES["wide_greedy"]: FAST_DOCS[FAST_FILES["greedy"]] + WIDE})
 GREEDY_DOCS = {
     GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder; the "
     "first token is bos, each next one the argmax (ties: lowest id). The encoder's state, max_length (int64 scalar, "
@@ -111,7 +129,7 @@ GREEDY_DOCS = {
 
 def graph_docs(spec: ModelSpec) -> dict[str, str]:
     """Each graph's doc string (shown by Netron): how to feed it and what to feed back."""
-    return {**(TRANSFORMER_DOCS if spec.is_transformer else RECURRENT_DOCS), **GREEDY_DOCS}
+    return {**({**TRANSFORMER_DOCS, **FAST_DOCS} if spec.is_transformer else RECURRENT_DOCS), **GREEDY_DOCS}
 
 
 def traced(model: TokenModel, spec: ModelSpec) -> Traced:

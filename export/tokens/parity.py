@@ -11,6 +11,7 @@ tokens and decoding steps (the runtime refuses more).
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -98,11 +99,20 @@ def _case_rows(case: str, runtime: Seq2Seq, model: TokenModel, ids: np.ndarray, 
                tol: Tolerance, max_len: int) -> list[Row]:
     """Every check of one batch: graph rows over PARITY_STEPS (a transformer's full-sequence row too), then decode
     rows up to `max_len` tokens."""
-    steps, n_steps = runtime.token_steps, position_limit(model.spec, PARITY_STEPS)
-    rows = [_graph_row(case, steps, model, ids, lengths, tol, n_steps)]
-    if model.spec.is_transformer:
-        rows.append(_sequence_row(case, steps, model, ids, lengths, tol, n_steps))
-    return rows + _decode_rows(case, steps, model, ids, lengths, position_limit(model.spec, max_len))
+    plain, n_steps = runtime.token_steps, position_limit(model.spec, PARITY_STEPS)
+    rows = []
+    variants = [(plain, "")]
+    if plain.fast is not None:  # a transformer's fast graphs, fused-kernel and wide: the same checks
+        variants.append((plain.fast.only(wide=False), "fast."))
+        if plain.fast.wide is not None:
+            variants.append((plain.fast.only(wide=True), "wide."))
+    for steps, prefix in variants:
+        case_rows = [_graph_row(case, steps, model, ids, lengths, tol, n_steps)]
+        if model.spec.is_transformer:
+            case_rows.append(_sequence_row(case, steps, model, ids, lengths, tol, n_steps))
+        case_rows += _decode_rows(case, steps, model, ids, lengths, position_limit(model.spec, max_len))
+        rows += [dataclasses.replace(row, output=prefix + row.output) for row in case_rows]
+    return rows
 
 
 def _graph_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
@@ -156,7 +166,7 @@ def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarra
         want = search(step, state, axes, **common, **extra)
         rows.append(_ids_row(case, ids, max_len, name, got, want))
         if name == "greedy.ids" and steps.greedy is not None:  # the greedy loop graph: what translate runs
-            fused = steps.greedy.tokens(steps.encode(ids, lengths), max_len, 0, False)
+            fused = steps.greedy_tokens(ids, lengths, max_len, 0, False)
             rows.append(_ids_row(case, ids, max_len, "greedy_loop.ids", fused, want))
     return rows
 

@@ -1,0 +1,285 @@
+"""The transformer written directly in onnxruntime's fused CPU/CUDA kernels (the `com.microsoft` domain): one
+`Attention` node per self-attention (Q/K/V projection, attention and the grown cache), one `MultiHeadAttention`
+per cross-attention over keys/values the encoder projected once, `SkipLayerNormalization` for every residual add
+and the LayerNorm after it, and plain MatMul/Add/Relu for the rest. A decoder step of the 2+2-layer `dates`
+transformer is ~30 kernels where the traced graph runs ~160 (Shape/Gather/Unsqueeze/Concat chains for every view).
+
+`Net` collects the nodes and weights; `encoder` and `decoder` append one stack each, reading the model's weights,
+so the fast step graph, the fast greedy loop and the fast encoder all run the same nodes. What they compute is the
+traced graphs' arithmetic (and PyTorch's), checked before anything is written (`export.tokens.fast`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime.spec import ModelSpec
+from training.tokens.transformer import Decoder, Encoder, MultiHeadAttention, Residual, TransformerSeq2Seq
+
+MS = "com.microsoft"
+FLOAT, INT64, INT32, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
+LN_EPSILON = 1e-5  # nn.LayerNorm's default, which every norm of the model uses
+
+
+class Net:
+    """Nodes and initializers of a graph under construction; every name gets `prefix`. `skip_norm`: residual adds
+    and LayerNorms as one SkipLayerNormalization (fewest nodes; but its CPU kernel costs ~8x Add + Add +
+    LayerNormalization from ~64 rows up, so wide graphs write those three)."""
+
+    def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False) -> None:
+        self.prefix, self.skip_norm, self.int8 = prefix, skip_norm, int8
+        self.nodes, self.weights, self._count = [], [], 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{self.prefix}{hint}_{self._count}"
+
+    def weight(self, hint: str, array: np.ndarray | torch.Tensor) -> str:
+        """An initializer (float32 for floating tensors)."""
+        if isinstance(array, torch.Tensor):
+            array = array.detach().cpu().numpy()
+        array = np.asarray(array, np.float32 if np.issubdtype(array.dtype, np.floating) else array.dtype, order="C")
+        name = self.name(hint)
+        self.weights.append(numpy_helper.from_array(array, name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str | None = None,
+           **attrs: object) -> list[str]:
+        """Append a node; returns its output names."""
+        names = outputs if isinstance(outputs, list) else [self.name(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(op_type), domain=domain,
+                                           **attrs))
+        return names
+
+    def one(self, op_type: str, inputs: list[str], domain: str | None = None, **attrs: object) -> str:
+        return self.op(op_type, inputs, 1, domain, **attrs)[0]
+
+    def matmul(self, x: str, w: torch.Tensor, b: torch.Tensor | None = None) -> str:
+        """x (..., in) @ w (in, out) (+ b): MatMul (+ Add); int8: one DynamicQuantizeMatMul, its bias included."""
+        if not self.int8:
+            out = self.one("MatMul", [x, self.weight("w", w)])
+            return out if b is None else self.one("Add", [out, self.weight("b", b)])
+        q, scale = int8_columns(w.detach().cpu().numpy())
+        inputs = [x, self.weight("w_int8", q), self.weight("w_scale", scale),
+                  self.weight("w_zero", np.zeros_like(scale, dtype=np.int8))]
+        return self.one("DynamicQuantizeMatMul", inputs + ([self.weight("b", b)] if b is not None else []), MS)
+
+    def linear(self, x: str, layer: torch.nn.Linear, bias: bool = True) -> str:
+        """x (..., in) -> x W^T (+ b) (..., out)."""
+        return self.matmul(x, layer.weight.T, layer.bias if bias else None)
+
+
+INT8_MAX = 63  # 7-bit weights, as export.quantize's reduce_range: u8 x s8 sums cannot saturate without VNNI
+
+
+def int8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w (in, out) float -> int8 weights in [-63, 63] and one scale per output column (symmetric)."""
+    scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / INT8_MAX  # (out,)
+    return np.clip(np.round(w / scale), -INT8_MAX, INT8_MAX).astype(np.int8), scale.astype(np.float32)
+
+
+class Stream:
+    """The residual stream of a pre- or post-norm stack: `x` is the running sum; `inner` what the next sub-layer
+    reads (LN(x) in pre-norm, x in post-norm). `add` folds the residual add, the sub-layer's output bias and the
+    next LayerNorm into one SkipLayerNormalization."""
+
+    def __init__(self, net: Net, pre: bool, x: str, inner: str) -> None:
+        self.net, self.pre, self.x, self.inner = net, pre, x, inner
+
+    def add(self, sub: str, bias: torch.Tensor, after: Residual, next_norm: torch.nn.Module | None) -> None:
+        """x = x + sub + bias; then inner = next_norm(x) (pre) or x = after.norm(x) (post)."""
+        net = self.net
+        if self.pre:
+            if next_norm is None or isinstance(next_norm, torch.nn.Identity):
+                self.x = net.one("Add", [net.one("Add", [sub, net.weight("b", bias)]), self.x])
+                self.inner = self.x
+                return
+            norm = _skip_norm(net, sub, self.x, next_norm, bias)
+            self.inner, self.x = norm[0], norm[3]
+        else:
+            self.x = _skip_norm(net, sub, self.x, after.norm, bias)[0]
+            self.inner = self.x
+
+
+def _skip_norm(net: Net, sub: str, skip: str, norm: torch.nn.LayerNorm, bias: torch.Tensor | None) -> list[str]:
+    """LN(sub + skip + bias) and (4th output) the sum itself, as SkipLayerNormalization does."""
+    gamma, beta = net.weight("gamma", norm.weight), net.weight("beta", norm.bias)
+    if not net.skip_norm:
+        total = net.one("Add", [sub if bias is None else net.one("Add", [sub, net.weight("bias", bias)]), skip])
+        return [net.one("LayerNormalization", [total, gamma, beta], axis=-1, epsilon=LN_EPSILON), "", "", total]
+    inputs = [sub, skip, gamma, beta] + ([net.weight("bias", bias)] if bias is not None else [])
+    return net.op("SkipLayerNormalization", inputs, 4, MS, epsilon=LN_EPSILON)
+
+
+def start(net: Net, pre: bool, tokens: str, positions: str, first: Residual) -> Stream:
+    """The stream at embedding + position: both (.., S, E) or positions (S, E); pre-norm reads first.norm of it."""
+    if pre:
+        norm = _skip_norm(net, tokens, positions, first.norm, None)
+        return Stream(net, pre, norm[3], norm[0])
+    x = net.one("Add", [tokens, positions])
+    return Stream(net, pre, x, x)
+
+
+def qkv(net: Net, attention: MultiHeadAttention) -> tuple[str, str]:
+    """The merged (E, 3E) Q/K/V weights and (3E,) bias of one attention."""
+    w = torch.cat([attention.queries.weight, attention.keys.weight, attention.values.weight]).T  # (E, 3E)
+    b = torch.cat([attention.queries.bias, attention.keys.bias, attention.values.bias])  # (3E,)
+    return net.weight("qkv_w", w), net.weight("qkv_b", b)
+
+
+def _next_norm(layers: list, i: int, final: torch.nn.Module, pick: str) -> torch.nn.Module:
+    """The LayerNorm that reads the stream after layer i's last sub-layer: the next layer's first, or the final."""
+    return getattr(layers[i + 1], pick).norm if i + 1 < len(layers) else final
+
+
+def encoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, ids: str, lengths32: str) -> str:
+    """ids (B, L) int64 and lengths (B,) int32 -> memory (B, L, E)."""
+    layers: list[Encoder] = list(model.encoder_layers)
+    pre = spec.norm == "pre"
+    table = model.positions.learned.weight if model.positions.learned is not None else model.positions.table
+    length = net.one("Shape", [ids], start=1, end=2)  # (1,)
+    positions = net.one("Slice", [net.weight("positions", table), net.weight("zero", np.array([0], np.int64)),
+                                  length, net.weight("axis0", np.array([0], np.int64))])  # (L, E)
+    tokens = net.one("Gather", [net.weight("source_embedding", model.source_embedding.weight), ids])  # (B, L, E)
+    stream = start(net, pre, tokens, positions, layers[0].res1)
+    for i, layer in enumerate(layers):
+        w, b = qkv(net, layer.attention)
+        att = net.one("Attention", [stream.inner, w, b, lengths32], MS, num_heads=spec.n_heads)  # (B, L, E)
+        stream.add(net.linear(att, layer.attention.fc_attn, bias=False), layer.attention.fc_attn.bias, layer.res1,
+                   layer.res2.norm)
+        hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, L, F)
+        stream.add(net.linear(hidden, layer.ffn.linear2, bias=False), layer.ffn.linear2.bias, layer.res2,
+                   _next_norm(layers, i, model.encoder_norm, "res1"))
+    return stream.inner if pre else stream.x
+
+
+def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) -> list[str]:
+    """memory (B, L, E) -> every decoder layer's cross keys and values (B, h, L, d), k0, v0, k1, v1, ... in one
+    MatMul for all layers."""
+    layers: list[Decoder] = list(model.decoder_layers)
+    w = torch.cat([torch.cat([l.cross_attention.keys.weight, l.cross_attention.values.weight]) for l in layers])
+    b = torch.cat([torch.cat([l.cross_attention.keys.bias, l.cross_attention.values.bias]) for l in layers])
+    kv = net.matmul(memory, w.T, b)  # (B, L, 2 layers E)
+    shape = np.array([0, 0, 2 * len(layers), spec.n_heads, spec.head_dim], np.int64)
+    kv = net.one("Reshape", [kv, net.weight("shape", shape)])  # (B, L, 2 layers, h, d)
+    kv = net.one("Transpose", [kv], perm=[2, 0, 3, 1, 4])  # (2 layers, B, h, L, d)
+    sizes = net.weight("sizes", np.ones(2 * len(layers), np.int64))
+    parts = net.op("Split", [kv, sizes], 2 * len(layers), axis=0)  # (1, B, h, L, d) each
+    axis = net.weight("axis0", np.array([0], np.int64))
+    return [net.one("Squeeze", [p, axis]) for p in parts]  # (B, h, L, d) each
+
+
+class Fused:
+    """Attention in onnxruntime's own kernels: fewest nodes (best at small batch), but the CPU kernels loop over
+    (row, head) pairs, so they cost ~2 us per pair (285 us for 64 rows x 4 heads)."""
+
+    def __init__(self, lengths32: str) -> None:
+        self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
+
+    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                       past: str) -> tuple[str, str]:
+        """x (B, 1, E), past (2, B, h, t, d) -> context (B, 1, E) before fc_attn, present (2, B, h, t + 1, d)."""
+        w, b = qkv(net, attention)
+        context, present = net.op("Attention", [x, w, b, "", past], 2, MS, num_heads=spec.n_heads)
+        return context, present
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        """x (B, 1, E), keys/values (B, h, Ls, d) -> context (B, 1, E) before fc_attn."""
+        queries = attention.queries
+        query = net.linear(x, queries, bias=False)  # (B, 1, E); the kernel adds the bias
+        bias = torch.cat([queries.bias, torch.zeros(2 * queries.bias.numel())])  # (3E,): keys, values projected
+        return net.one("MultiHeadAttention", [query, keys, values, net.weight("q_b", bias), self.lengths32], MS,
+                       num_heads=spec.n_heads)
+
+
+class Batched:
+    """Attention in batched MatMuls over (row, head) (CTranslate2's layout for one query token: splitting heads
+    is a reshape, no transpose): more nodes, but 2-3x faster than the fused kernels from ~16 rows up."""
+
+    def __init__(self, mask_bias: str) -> None:
+        self.mask_bias = mask_bias  # (B, 1, 1, Ls): 0 where a source token is read, -inf on padding
+
+    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                       past: str) -> tuple[str, str]:
+        h, d = spec.n_heads, spec.head_dim
+        w, b = _scaled_qkv(attention, d)
+        projected = net.matmul(x, w, b)  # (B, 1, 3E)
+        split = net.one("Reshape", [projected, net.weight("shape", np.array([0, 3, h, 1, d], np.int64))])
+        split = net.one("Transpose", [split], perm=[1, 0, 2, 3, 4])  # (3, B, h, 1, d): q, k, v
+        query, new = net.op("Split", [split, net.weight("sizes", np.array([1, 2], np.int64))], 2, axis=0)
+        present = net.one("Concat", [past, new], axis=3)  # (2, B, h, t + 1, d)
+        keys, values = net.op("Split", [present, net.weight("halves", np.array([1, 1], np.int64))], 2, axis=0)
+        weights = net.one("Softmax", [net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 2, 4, 3])])],
+                          axis=-1)  # (1, B, h, 1, t + 1)
+        context = net.one("MatMul", [weights, values])  # (1, B, h, 1, d)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))]), present
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        h, d = spec.n_heads, spec.head_dim
+        scale = 1.0 / np.sqrt(d)
+        query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B, 1, E)
+        query = net.one("Reshape", [query, net.weight("heads", np.array([0, h, 1, d], np.int64))])  # (B, h, 1, d)
+        scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, 1, Ls)
+        weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
+        context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
+
+
+def _scaled_qkv(attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merged Q/K/V weights (E, 3E) and bias (3E,), the queries' part scaled by 1/sqrt(d)."""
+    scale = torch.tensor(1.0 / np.sqrt(head_dim), dtype=torch.float32)
+    w = torch.cat([attention.queries.weight * scale, attention.keys.weight, attention.values.weight]).T
+    b = torch.cat([attention.queries.bias * scale, attention.keys.bias, attention.values.bias])
+    return w, b
+
+
+def mask_bias(net: Net, lengths32: str, keys: str) -> str:
+    """(B, 1, 1, Ls) additive mask: 0 for source positions < length, -inf after; Ls from keys (B, h, Ls, d)."""
+    length = net.one("Cast", [net.one("Squeeze", [net.one("Shape", [keys], start=2, end=3)])], to=INT32)
+    index = net.one("Range", [net.weight("zero", np.array(0, np.int32)), length,
+                              net.weight("one", np.array(1, np.int32))])  # (Ls,)
+    lengths = net.one("Unsqueeze", [lengths32, net.weight("axis1", np.array([1], np.int64))])  # (B, 1)
+    bias = net.one("Where", [net.one("Less", [index, lengths]), net.weight("zero_f", np.array(0.0, np.float32)),
+                             net.weight("minus_inf", np.array(-np.inf, np.float32))])  # (B, Ls)
+    return net.one("Reshape", [bias, net.weight("shape", np.array([0, 1, 1, -1], np.int64))])
+
+
+def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
+            cross: list[str], attend: Fused | Batched) -> tuple[str, list[str]]:
+    """One step: token embeddings (B, 1, E), position rows (B, 1, E) or (1, E), each layer's past (2, B, h, t, d)
+    and cross keys/values (B, h, Ls, d) -> log-probs (B, 1, V) and each layer's present (2, B, h, t + 1, d)."""
+    layers: list[Decoder] = list(model.decoder_layers)
+    pre = spec.norm == "pre"
+    stream = start(net, pre, tokens, positions, layers[0].res1)
+    presents = []
+    for i, layer in enumerate(layers):
+        context, present = attend.self_attention(net, spec, stream.inner, layer.self_attention, pasts[i])
+        presents.append(present)
+        stream.add(net.linear(context, layer.self_attention.fc_attn, bias=False), layer.self_attention.fc_attn.bias,
+                   layer.res1, layer.res2.norm)
+        context = attend.cross_attention(net, spec, stream.inner, layer.cross_attention, cross[2 * i],
+                                         cross[2 * i + 1])
+        stream.add(net.linear(context, layer.cross_attention.fc_attn, bias=False),
+                   layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm)
+        hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
+        stream.add(net.linear(hidden, layer.ffn.linear2, bias=False), layer.ffn.linear2.bias, layer.res3,
+                   _next_norm(layers, i, model.decoder_norm, "res1"))
+    out = stream.inner if pre else stream.x  # (B, 1, E)
+    weight = model.target_embedding.weight if model.output is None else model.output.weight  # (V, E)
+    bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): -inf on <pad>, <s>
+    logits = net.matmul(out, weight.T, bias)  # (B, 1, V)
+    return net.one("LogSoftmax", [logits], axis=-1), presents  # (B, 1, V)
+
+
+def graph(net: Net, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+          doc: str) -> onnx.GraphProto:
+    return helper.make_graph(net.nodes, name, inputs, outputs, initializer=net.weights, doc_string=doc)
+
+
+def tensor(name: str, elem: int, dims: list) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, dims)
+

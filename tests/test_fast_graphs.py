@@ -1,0 +1,130 @@
+"""A transformer's fast graphs (export.tokens.fast): written beside the traced ones, parity-checked at export, and
+decoding exactly what the traced graphs decode, on both sides of the fused/wide switch (runtime.tokens.WIDE_ROWS)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
+from runtime.errors import InputError, IntegrityError
+from runtime.model import Seq2Seq
+from runtime.search import beam_search, greedy_search
+from runtime.tokens import WIDE_ROWS
+from runtime.vocab import BOS, EOS
+
+from support.models import export_token_model, toy_token_spec
+
+SCORE_RTOL = 1e-4
+VARIANTS = {"pre": dict(), "post-learned-tied": dict(norm="post", positional="learned", tie_embeddings=True,
+                                                     layers=3, n_heads=4)}
+TEXTS = ["the cat sat", "a dog ran", "the cat ran on the mat", "a bird flew", "the dog sat", "a cat",
+         "the mat", "a dog sat on the cat", "the bird ran", "a mat flew"]
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def fast_export(request, tmp_path_factory):
+    fields = dict(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    spec = toy_token_spec(**{**fields, **VARIANTS[request.param]})
+    return export_token_model(spec, tmp_path_factory.mktemp("fast") / "model")
+
+
+def _texts(n: int) -> list[str]:
+    return [TEXTS[i % len(TEXTS)] for i in range(n)]
+
+
+def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
+    manifest = json.loads((fast_export.path / MANIFEST_FILE).read_text())
+    assert set(FAST_FILES.values()) <= set(manifest["graphs"])
+    assert manifest["parity"]["passed"]
+    text = json.dumps(manifest["parity"]["summary"])
+    for prefix in ("fast.", "wide."):
+        for output in ("step.log_probs", "sequence.log_probs", "greedy.ids", "greedy_loop.ids", "beam.ids"):
+            assert prefix + output in text
+    fused = onnx.load(str(fast_export.path / FAST_FILES["step"]))
+    traced = onnx.load(str(fast_export.path / DECODER_STEP_FILE))
+    ops = {n.op_type for n in fused.graph.node}
+    assert {"Attention", "MultiHeadAttention", "SkipLayerNormalization"} <= ops
+    assert len(fused.graph.node) * 3 < len(traced.graph.node)  # the point of it: a third of the nodes, or fewer
+    wide = {n.op_type for n in onnx.load(str(fast_export.path / FAST_FILES["wide_step"])).graph.node}
+    assert not wide & {"Attention", "MultiHeadAttention", "SkipLayerNormalization"}
+    for name in FAST_FILES.values():
+        for value in onnx.load(str(fast_export.path / name)).graph.input:
+            dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            assert "batch" in dims or value.name in ("max_length", "min_length"), (name, value.name, dims)
+
+
+@pytest.mark.parametrize("rows", [1, 3, WIDE_ROWS, WIDE_ROWS + 3])
+@pytest.mark.parametrize("options", [dict(), dict(beam_size=3, num_hypotheses=2), dict(min_decoding_length=4),
+                                     dict(sampling_topk=0, seed=7), dict(beam_size=2, length_penalty=0.5)],
+                         ids=["greedy", "beam3", "min_len", "sampling", "beam2"])
+def test_fast_graphs_decode_what_the_traced_graphs_decode(fast_export, rows, options):
+    fast, traced = Seq2Seq.load(fast_export.path), Seq2Seq.load(fast_export.path, fast=False)
+    assert fast.token_steps.fast is not None and traced.token_steps.fast is None
+    texts = _texts(rows)
+    got = fast.translate_batch(texts, max_decoding_length=12, **options)
+    want = traced.translate_batch(texts, max_decoding_length=12, **options)
+    assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in want]
+    np.testing.assert_allclose([h.score for hyps in got for h in hyps], [h.score for hyps in want for h in hyps],
+                               rtol=SCORE_RTOL)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_fused_and_wide_steps_agree_with_the_traced_step_at_every_step(fast_export, rows):
+    runtime = Seq2Seq.load(fast_export.path)
+    plain, fast = runtime.token_steps, runtime.token_steps.fast
+    ids, lengths = runtime.vocabularies["source"].encode_batch(_texts(rows), add_eos=True)
+    common = dict(batch_size=rows, bos_id=BOS, eos_id=EOS, max_decoding_length=10)
+    want = greedy_search(plain.step, plain.encode(ids, lengths), plain.batch_axes, **common)
+    for wide in (False, True):
+        view = fast.only(wide)
+        got = greedy_search(view.step, view.encode(ids, lengths), view.batch_axes, **common)
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=SCORE_RTOL)
+        beams = beam_search(view.step, view.encode(ids, lengths), view.batch_axes, beam_size=4, **common)
+        plain_beams = beam_search(plain.step, plain.encode(ids, lengths), plain.batch_axes, beam_size=4, **common)
+        assert [[h.tokens for h in b] for b in beams] == [[h.tokens for h in b] for b in plain_beams]
+
+
+def test_attention_requests_decode_with_the_traced_graphs(fast_export):
+    runtime = Seq2Seq.load(fast_export.path)
+    with_attention = runtime.translate_batch(_texts(3), max_decoding_length=8, return_attention=True)
+    without = runtime.translate_batch(_texts(3), max_decoding_length=8)
+    assert all(h.attention is not None and h.attention.shape[0] == len(h.ids) for hyps in with_attention
+               for h in hyps)
+    assert [h[0].ids for h in with_attention] == [h[0].ids for h in without]
+
+
+def test_fast_flag_is_checked_and_false_loads_no_fast_graph(fast_export):
+    with pytest.raises(InputError, match="fast: expected True or False"):
+        Seq2Seq.load(fast_export.path, fast="no")
+    assert Seq2Seq.load(fast_export.path, fast=False).token_steps.fast is None
+    without_loop = Seq2Seq.load(fast_export.path, fused=False).token_steps.fast
+    assert without_loop is not None and without_loop.greedy is None and without_loop.wide[1] is None
+
+
+def test_an_export_without_fast_graphs_still_loads_and_decodes(fast_export, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(fast_export.path, old)
+    manifest = json.loads((old / MANIFEST_FILE).read_text())
+    for name in FAST_FILES.values():
+        del manifest["graphs"][name]
+        (old / name).unlink()
+    (old / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    runtime = Seq2Seq.load(old)
+    assert runtime.token_steps.fast is None
+    want = Seq2Seq.load(fast_export.path).translate_batch(_texts(2), beam_size=2, max_decoding_length=8)
+    assert [h[0].ids for h in runtime.translate_batch(_texts(2), beam_size=2, max_decoding_length=8)] == \
+        [h[0].ids for h in want]
+
+
+def test_an_altered_fast_graph_is_refused(fast_export, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(fast_export.path, bad)
+    with open(bad / FAST_FILES["wide_greedy"], "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(IntegrityError, match="wide_greedy.onnx"):
+        Seq2Seq.load(bad)
