@@ -45,6 +45,8 @@ class LoopKind:
     carried: Callable[[set[str]], set[str]]
     body: Callable[[onnx.GraphProto, dict[str, str], ModelSpec], tuple[onnx.GraphProto, list[str]]]
     outer: Callable[[list[onnx.NodeProto], list[TensorProto], ModelSpec, list[str]], tuple[str, list[str], Shapes]]
+    # After the loop: the batch-first outputs {name: value} -> the values the graph outputs (default: as they are).
+    finish: Callable[[list[onnx.NodeProto], list[TensorProto], dict[str, str]], dict[str, str]] | None = None
 
 
 def graph_names(graph: onnx.GraphProto) -> set[str]:
@@ -143,8 +145,12 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
     scan_names = {name: f"{LOOP}stacked_{name}" for name in io["outputs"]}
     nodes.append(helper.make_node("Loop", [length, LOOP + "true", *initial], [*finals, *scan_names.values()],
                                   name=LOOP + "greedy", body=body))
+    first = {name: name if loop.finish is None else f"{LOOP}batch_first_{name}" for name in io["outputs"]}
     for name in io["outputs"]:
-        batch_first(nodes, weights, scan_names[name], name, *shapes[name])
+        batch_first(nodes, weights, scan_names[name], first[name], *shapes[name])
+    if loop.finish is not None:
+        for name, produced in loop.finish(nodes, weights, first).items():
+            nodes.append(helper.make_node("Identity", [produced], [name]))
     for i, node in enumerate(nodes):
         node.name = node.name or f"{LOOP}outer{i}"
     return helper.make_graph(nodes, "seq2onnx_greedy_loop", inputs, outputs, initializer=weights)

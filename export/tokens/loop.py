@@ -1,6 +1,7 @@
 """The greedy loop graph of a token model (machinery: `export.fused`): carry the previous token, which rows have
-finished and the fed-back state; pick the argmax in the body (ties: the lowest id, as numpy), forbid eos below
-`min_length`, and stop once every row has emitted eos."""
+finished and the fed-back state; pick the argmax in the body (TopK; ties: the lowest id, as numpy), forbid eos below
+`min_length`, and stop once every row has emitted eos; after the loop, blank what rows decoded past their eos.
+The body adds 9 nodes to the step's (it added 16 before TopK, the precomputed eos table and the blanking after)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,34 +20,26 @@ def carried(step_inputs: set[str]) -> set[str]:
 
 
 def token_body(graph: onnx.GraphProto, rename: dict[str, str], spec: ModelSpec) -> tuple[onnx.GraphProto, list[str]]:
-    """Tokens: carry (previous_tokens, finished, fed-back state); pick the argmax, forbid eos below min_length, scan
-    the chosen tokens, their log-probs and alphas, and continue while any row is live."""
+    """Tokens: carry (previous_tokens, finished, fed-back state); add the step's eos penalty (from a table the outer
+    graph builds once), pick the argmax with TopK (ties: the lowest id), scan the chosen tokens, their log-probs and
+    alphas, and continue while any row has not emitted eos. Rows that ended keep decoding: `finish` blanks them."""
     types = elem_types(graph)
     feedback = [(fed, out) for out, fed in FEEDBACK.items() if out in types and fed in types]
     nodes, weights = body_nodes(graph, rename)
-    eos_penalty = np.zeros(spec.target_vocab_size, dtype=np.float32)
-    eos_penalty[EOS] = -np.inf
-    weights += [const(LOOP + "eos_penalty", eos_penalty), const(LOOP + "no_penalty", np.zeros_like(eos_penalty)),
-                const(LOOP + "eos", np.array(EOS, dtype=np.int64)), const(LOOP + "pad", np.array(PAD, dtype=np.int64)),
-                const(LOOP + "zero", np.array(0.0, dtype=np.float32)), const(LOOP + "axis1", np.array([1], np.int64))]
+    weights += [const(LOOP + "eos", np.array(EOS, dtype=np.int64)), const(LOOP + "k", np.array([1], np.int64)),
+                const(LOOP + "half", np.array(0.5, dtype=np.float32)), const(LOOP + "axis1", np.array([1], np.int64))]
     L = LOOP
     nodes += [
-        helper.make_node("Less", [L + "iter", "min_length"], [L + "early"]),
-        helper.make_node("Where", [L + "early", L + "eos_penalty", L + "no_penalty"], [L + "penalty"]),
+        helper.make_node("Gather", [L + "penalties", L + "iter"], [L + "penalty"]),  # (V,)
         helper.make_node("Add", [rename["log_probs"], L + "penalty"], [L + "log_probs"]),  # (B, V)
-        helper.make_node("ArgMax", [L + "log_probs"], [L + "best"], axis=1, keepdims=0),  # (B,)
-        helper.make_node("Unsqueeze", [L + "best", L + "axis1"], [L + "best_col"]),  # (B, 1)
-        helper.make_node("GatherElements", [L + "log_probs", L + "best_col"], [L + "best_lp_col"], axis=1),
-        helper.make_node("Squeeze", [L + "best_lp_col", L + "axis1"], [L + "best_lp"]),  # (B,)
-        helper.make_node("Where", [L + "finished_in", L + "pad", L + "best"], [L + "next_previous_tokens"]),
-        helper.make_node("Where", [L + "finished_in", L + "zero", L + "best_lp"], [L + "scan_token_log_probs"]),
-        helper.make_node("Identity", [L + "next_previous_tokens"], [L + "scan_tokens"]),
-        helper.make_node("Equal", [L + "best", L + "eos"], [L + "is_eos"]),
-        helper.make_node("Or", [L + "finished_in", L + "is_eos"], [L + "finished_out"]),
-        helper.make_node("Not", [L + "finished_out"], [L + "live"]),
-        helper.make_node("Cast", [L + "live"], [L + "live_int"], to=TensorProto.INT64),
-        helper.make_node("ReduceMax", [L + "live_int"], [L + "any_live"], keepdims=0),  # () over every row
-        helper.make_node("Cast", [L + "any_live"], [L + "cond_out"], to=TensorProto.BOOL),
+        helper.make_node("TopK", [L + "log_probs", L + "k"], [L + "scan_token_log_probs", L + "scan_tokens"],
+                         axis=1),  # (B, 1) each
+        helper.make_node("Squeeze", [L + "scan_tokens", L + "axis1"], [L + "next_previous_tokens"]),  # (B,)
+        helper.make_node("Equal", [L + "scan_tokens", L + "eos"], [L + "is_eos"]),
+        helper.make_node("Or", [L + "finished_in", L + "is_eos"], [L + "finished_out"]),  # (B, 1)
+        helper.make_node("Cast", [L + "finished_out"], [L + "finished_float"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMin", [L + "finished_float"], [L + "all_finished"], keepdims=0),  # ()
+        helper.make_node("Less", [L + "all_finished", L + "half"], [L + "cond_out"]),  # any row live
     ]
     outputs = [value(L + "cond_out", TensorProto.BOOL, []), value(L + "next_previous_tokens", TensorProto.INT64),
                value(L + "finished_out", TensorProto.BOOL)]
@@ -63,16 +56,33 @@ def token_body(graph: onnx.GraphProto, rename: dict[str, str], spec: ModelSpec) 
     return body, ["previous_tokens", "finished"] + [fed for fed, _ in feedback]
 
 
+def penalties(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: ModelSpec) -> None:
+    """LOOP/penalties (max_length, V): row t adds -inf to eos while t < min_length, else 0."""
+    eos_penalty = np.zeros(spec.target_vocab_size, dtype=np.float32)
+    eos_penalty[EOS] = -np.inf
+    weights += [const(LOOP + "eos_penalty", eos_penalty), const(LOOP + "no_penalty", np.zeros_like(eos_penalty)),
+                const(LOOP + "zero_i", np.array(0, np.int64)), const(LOOP + "one_i", np.array(1, np.int64)),
+                const(LOOP + "axis_1", np.array([1], np.int64))]
+    nodes += [helper.make_node("Range", [LOOP + "zero_i", "max_length", LOOP + "one_i"], [LOOP + "steps"]),  # (T,)
+              helper.make_node("Less", [LOOP + "steps", "min_length"], [LOOP + "early_steps"]),
+              helper.make_node("Unsqueeze", [LOOP + "early_steps", LOOP + "axis_1"], [LOOP + "early_column"]),
+              helper.make_node("Where", [LOOP + "early_column", LOOP + "eos_penalty", LOOP + "no_penalty"],
+                               [LOOP + "penalties"])]  # (T, V)
+
+
 def outer(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: ModelSpec,
           carried: list[str]) -> tuple[str, list[str], Shapes]:
     """The loop's length input (max_length), its carried values' first values (bos, none finished, the encoder's
-    state), and the batch-first shape of each scan output: tokens and token_log_probs (batch, decode_len), alphas
-    (batch, decode_len, source_len)."""
+    state), the eos penalty table, and the batch-first shape of each scan output: tokens and token_log_probs
+    (batch, decode_len), alphas (batch, decode_len, source_len)."""
     first, first_axis = next(iter(state_batch_axes(spec).items()))
     batch = dim(nodes, weights, first, first_axis)
-    weights += [const(LOOP + "bos", np.array([BOS], np.int64)), const(LOOP + "false", np.array([False]))]
+    weights += [const(LOOP + "bos", np.array([BOS], np.int64)), const(LOOP + "false", np.array([[False]])),
+                const(LOOP + "one", np.array([1], np.int64))]
     nodes += [helper.make_node("Expand", [LOOP + "bos", batch], [LOOP + "first_tokens"]),
-              helper.make_node("Expand", [LOOP + "false", batch], [LOOP + "first_finished"])]
+              helper.make_node("Concat", [batch, LOOP + "one"], [LOOP + "column"], axis=0),  # [B, 1]
+              helper.make_node("Expand", [LOOP + "false", LOOP + "column"], [LOOP + "first_finished"])]
+    penalties(nodes, weights, spec)
     initial = [LOOP + "first_tokens", LOOP + "first_finished", *carried[2:]]
     source_len = dim(nodes, weights, "source_mask", 1) if spec.has_attention else ""
     shapes = {"tokens": ([batch], [1, 0]), "token_log_probs": ([batch], [1, 0]),
@@ -80,4 +90,21 @@ def outer(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: ModelSp
     return "max_length", initial, shapes
 
 
-LOOP_KIND = LoopKind(carried, token_body, outer)
+def finish(nodes: list[onnx.NodeProto], weights: list[TensorProto], produced: dict[str, str]) -> dict[str, str]:
+    """After a row's first eos: tokens 0 (<pad>) and log-probs 0 (the loop ran on until every row had ended)."""
+    L = LOOP
+    weights += [const(L + "eos_id", np.array(EOS, np.int64)), const(L + "pad", np.array(PAD, np.int64)),
+                const(L + "zero_f", np.array(0.0, np.float32)), const(L + "time_axis", np.array(1, np.int64)),
+                const(L + "none", np.array(0, np.int64))]
+    nodes += [helper.make_node("Equal", [produced["tokens"], L + "eos_id"], [L + "eos_at"]),  # (B, T)
+              helper.make_node("Cast", [L + "eos_at"], [L + "eos_count"], to=TensorProto.INT64),
+              helper.make_node("CumSum", [L + "eos_count", L + "time_axis"], [L + "eos_so_far"]),
+              helper.make_node("Sub", [L + "eos_so_far", L + "eos_count"], [L + "eos_before"]),
+              helper.make_node("Greater", [L + "eos_before", L + "none"], [L + "after_eos"]),
+              helper.make_node("Where", [L + "after_eos", L + "pad", produced["tokens"]], [L + "tokens_out"]),
+              helper.make_node("Where", [L + "after_eos", L + "zero_f", produced["token_log_probs"]],
+                               [L + "token_log_probs_out"])]
+    return {**produced, "tokens": L + "tokens_out", "token_log_probs": L + "token_log_probs_out"}
+
+
+LOOP_KIND = LoopKind(carried, token_body, outer, finish)
