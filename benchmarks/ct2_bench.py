@@ -1,0 +1,267 @@
+"""seq2onnx against CTranslate2 on the same transformer: outputs cross-checked token for token, then decode times.
+
+    python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 20] [--batches 1,64] [--beams 1,5]
+                                   [--threads 1,2] [--json OUT.json] [--plot OUT.png]
+
+CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported twice through the public API
+(`export_model`: float32, and `quantize="int8"` as `seq2onnx export --quantize int8`; whatever graphs the export
+writes, `Seq2Seq.load` picks up) and converted once with benchmarks/ct2_convert.py; CTranslate2 quantizes that
+float32 model itself when loaded with compute_type "int8". All of it lives in a temporary directory.
+
+Cross-check first (float32; benchmarks/ct2_check.py, whose docstring lists where CTranslate2's semantics differ
+from ours): greedy and beam ids identical on CHECK_TEXTS held-out `dates` sources, log-probs within its tolerance;
+a disagreement stops the run before any timing.
+
+Timing: sources are the held-out `dates` texts of exactly SOURCE_TOKENS characters (12 tokens, 13 encoder positions
+with the </s>), repeated in order to fill a batch. Every case (batch, beam) decodes exactly --steps tokens per
+hypothesis on both sides (min = max = --steps; checked on the warm-up outputs). Decoders of a case, each side x
+precision x thread count: seq2onnx `Seq2Seq.load(dir, threads=t).translate_batch(texts, ...)` (text in, text out)
+and CT2 `Translator(dir, device="cpu", compute_type=..., intra_threads=t, inter_threads=1).translate_batch(tokens,
+...)` (tokens in, tokens out). After WARMUP untimed calls each, --repeats rounds run every decoder once, in turn, so
+drift hits all alike. Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2
+(> 1: seq2onnx is slower).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import ctranslate2
+import numpy as np
+import onnxruntime as ort
+from ct2_check import check_failures, cross_check, ct2_ids
+from ct2_convert import ConversionError, convert, source_tokens
+
+from export.api import QualityLossWarning, export_model
+from runtime.errors import MissingExtraError
+from runtime.model import Seq2Seq
+from runtime.plot import require_matplotlib
+from runtime.vocab import Vocabulary
+from training.checkpoint import CheckpointError
+from training.tokens.builtin import DATES
+from training.tokens.data import load_text_dataset
+
+SOURCE_TOKENS = 12  # tokens of a timed source (dates: characters); its encoder reads 13 positions with the </s>
+CHECK_TEXTS = 256  # held-out sources of any length for the cross-check
+WARMUP = 2
+PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+Key = tuple[str, str, int]  # (side, precision, threads)
+Ids = list[list[int]]
+
+
+def held_out(vocab: Vocabulary) -> tuple[list[str], list[str]]:
+    """(cross-check sources, timed sources of SOURCE_TOKENS tokens of `vocab`) from the `dates` test split."""
+    _, test = load_text_dataset(DATES)
+    timed = [s for s in test.sources if len(vocab.tokenize(s)) == SOURCE_TOKENS]
+    if not timed:
+        raise click.ClickException(f"no held-out {DATES} source is {SOURCE_TOKENS} tokens long in the checkpoint's "
+                                   f"{vocab.tokenizer!r} source vocabulary; pass a checkpoint trained on {DATES}")
+    return list(test.sources[:CHECK_TEXTS]), timed
+
+
+def prepare(checkpoint: Path, root: Path, note: Callable[[str], None]) -> dict[str, Path]:
+    """The CT2 conversion 'ct2' (first: it refuses anything but a transformer at once) and the exports 'fp32' and
+    'int8' of `checkpoint`, under `root`."""
+    dirs = {"ct2": root / "ct2", "fp32": root / "fp32", "int8": root / "int8"}
+    note(f"converting {checkpoint} for CTranslate2 and exporting it (fp32, then int8) ...")
+    try:
+        convert(checkpoint, dirs["ct2"])
+    except (ConversionError, CheckpointError) as err:
+        raise click.ClickException(str(err)) from None
+    export_model(checkpoint, dirs["fp32"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", QualityLossWarning)
+        export_model(checkpoint, dirs["int8"], quantize="int8", accept_quality_loss=True)
+    for warning in caught:
+        note(f"note: {warning.message}")  # a timing run takes the int8 graphs as they are
+    return dirs
+
+
+def load(dirs: dict[str, Path], threads: list[int]) -> dict[Key, Any]:
+    """Every decoder, loaded once: (side, precision, threads) -> a Seq2Seq or a ctranslate2.Translator."""
+    loaded: dict[Key, Any] = {}
+    for precision, compute_type in PRECISIONS.items():
+        for t in threads:
+            loaded["seq2onnx", precision, t] = Seq2Seq.load(dirs[precision], provider="cpu", threads=t)
+            loaded["ct2", precision, t] = ctranslate2.Translator(str(dirs["ct2"]), device="cpu",
+                                                                 compute_type=compute_type, intra_threads=t,
+                                                                 inter_threads=1)
+    return loaded
+
+
+def decoders(loaded: dict[Key, Any], model: Seq2Seq, texts: list[str], beam: int,
+             steps: int) -> dict[Key, Callable[[], Ids]]:
+    """Each decoder as a call decoding `texts` to `steps` ids per text (checked in `measure`)."""
+    options = dict(beam_size=beam, min_decoding_length=steps, max_decoding_length=steps)
+    tokens = source_tokens(texts, model.vocabularies["source"], model.spec)
+
+    def call(key: Key, runner: Any) -> Callable[[], Ids]:
+        if key[0] == "ct2":
+            return lambda: ct2_ids(runner.translate_batch(tokens, **options), model)
+        return lambda: [h[0].ids for h in runner.translate_batch(texts, **options)]
+    return {key: call(key, runner) for key, runner in loaded.items()}
+
+
+def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int) -> dict[Key, list[float]]:
+    """Seconds per call of each decoder over `repeats` interleaved rounds, after WARMUP calls and the length check."""
+    for key, call in calls.items():
+        for _ in range(WARMUP):
+            lengths = {len(ids) for ids in call()}
+        if lengths != {steps}:
+            raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, expected "
+                                       f"exactly --steps {steps} for every hypothesis")
+    times: dict[Key, list[float]] = {key: [] for key in calls}
+    for _ in range(repeats):
+        for key, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[key].append(time.perf_counter() - start)
+    return times
+
+
+def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str, Any]:
+    """A case's medians per decoder, each side's best thread count, and the ratios seq2onnx / CT2."""
+    medians = {key: statistics.median(t) for key, t in times.items()}
+    row: dict[str, Any] = {"batch": batch, "beam": beam, "decoders": [
+        {"side": s, "precision": p, "threads": t, "median_s": m, "times_s": times[s, p, t]}
+        for (s, p, t), m in medians.items()]}
+    for precision in PRECISIONS:
+        for side in ("seq2onnx", "ct2"):
+            best = min((m, t) for (s, p, t), m in medians.items() if (s, p) == (side, precision))
+            row[f"{side}_{precision}"] = {"median_s": best[0], "threads": best[1]}
+        row[f"ratio_{precision}"] = row[f"seq2onnx_{precision}"]["median_s"] / row[f"ct2_{precision}"]["median_s"]
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio |, ms at the best thread count."""
+    def cell(entry: dict[str, Any]) -> str:
+        return f"{entry['median_s'] * 1e3:.2f} ms ({entry['threads']}t)"
+
+    lines = ["| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio |", "|---" * 7 + "|"]
+    for r in rows:
+        lines.append(f"| batch {r['batch']} beam {r['beam']} | {cell(r['seq2onnx_fp32'])} | {cell(r['ct2_fp32'])} | "
+                     f"{r['ratio_fp32']:.2f} | {cell(r['seq2onnx_int8'])} | {cell(r['ct2_int8'])} | "
+                     f"{r['ratio_int8']:.2f} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, the SIMD flags that matter for int8, load (`uptime`) and versions."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    try:
+        uptime = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        uptime = f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    return {"cpu": fields.get("model name", "unknown"), "flags": {f: f in flags for f in CPU_FLAGS},
+            "cpus": len(os.sched_getaffinity(0)), "uptime": uptime, "ctranslate2": ctranslate2.__version__,
+            "onnxruntime": ort.__version__}
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bars of each case's four best medians (log scale)."""
+    import matplotlib
+    matplotlib.use("Agg")  # a file, never a window
+    import matplotlib.pyplot as plt
+
+    names = [("seq2onnx_fp32", "seq2onnx fp32"), ("ct2_fp32", "CT2 fp32"), ("seq2onnx_int8", "seq2onnx int8"),
+             ("ct2_int8", "CT2 int8")]
+    x, width = np.arange(len(rows)), 0.2
+    fig, ax = plt.subplots(figsize=(1.8 * len(rows) + 3, 4))
+    for i, (key, label) in enumerate(names):
+        ax.bar(x + (i - 1.5) * width, [r[key]["median_s"] * 1e3 for r in rows], width, label=label)
+    ax.set_xticks(x, [f"b{r['batch']} beam {r['beam']}" for r in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per translate_batch (median, best threads)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    """'1,64' -> [1, 64], each >= 1."""
+    try:
+        numbers = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not numbers or min(numbers) < 1:
+        raise click.BadParameter(f"expected integers >= 1, got {value!r}")
+    return numbers
+
+
+@click.command()
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="A transformer checkpoint (seq2onnx train --arch transformer).")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Output tokens per hypothesis (min = max decoding length).")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True, help="Timed rounds per case.")
+@click.option("--batches", default="1,64", show_default=True, callback=int_list, help="Batch sizes, comma-separated.")
+@click.option("--beams", default="1,5", show_default=True, callback=int_list, help="Beam sizes (1: greedy).")
+@click.option("--threads", default="1,2", show_default=True, callback=int_list,
+              help="Intra-op thread counts; each side is reported at its best.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write every figure (each decoder's times, the cross-check, the machine) here.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a bar chart (PNG) of the best medians here.")
+def main(checkpoint: Path, steps: int, repeats: int, batches: list[int], beams: list[int], threads: list[int],
+         json_out: Path | None, plot_out: Path | None) -> None:
+    """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
+    def note(line: str) -> None:
+        click.echo(line, err=True)
+
+    if plot_out is not None:
+        try:
+            require_matplotlib()  # before a minute of work, not after
+        except MissingExtraError as err:
+            raise click.ClickException(str(err)) from None
+    info = machine()
+    note(f"{info['cpu']}, {info['cpus']} CPUs, flags {info['flags']}\nuptime: {info['uptime']}")
+    with tempfile.TemporaryDirectory(prefix="ct2-bench-") as tmp:
+        dirs = prepare(checkpoint, Path(tmp), note)
+        model = Seq2Seq.load(dirs["fp32"], provider="cpu")
+        check_texts, texts = held_out(model.vocabularies["source"])
+        translator = ctranslate2.Translator(str(dirs["ct2"]), device="cpu", compute_type="float32")
+        check = cross_check(model, translator, check_texts, steps)
+        note(f"cross-check (fp32, {len(check_texts)} held-out sources): {json.dumps(check)}")
+        wrong = check_failures(check)
+        if wrong:
+            raise click.ClickException("seq2onnx and CTranslate2 disagree: " + "; ".join(wrong))
+        loaded, rows = load(dirs, threads), []
+        graphs = {p: sorted(loaded["seq2onnx", p, threads[0]].manifest.graphs) for p in PRECISIONS}
+        note(f"seq2onnx graphs: {graphs}")
+        for batch in batches:
+            batch_texts = (texts * (batch // len(texts) + 1))[:batch]
+            for beam in beams:
+                note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(threads)} decoders ...")
+                rows.append(summarise(batch, beam, measure(decoders(loaded, model, batch_texts, beam, steps),
+                                                           repeats, steps)))
+    click.echo(f"{info['cpu']}; {info['flags']}; uptime: {machine()['uptime']}")
+    click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats}; "
+               "ratio = seq2onnx / CT2 (> 1: seq2onnx slower)")
+    click.echo(table(rows))
+    if json_out is not None:
+        figures = {"machine": info, "uptime_after": machine()["uptime"], "steps": steps, "repeats": repeats,
+                   "source_tokens": SOURCE_TOKENS, "graphs": graphs, "cross_check": check, "cases": rows}
+        json_out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+        note(f"wrote {json_out}")
+    if plot_out is not None:
+        plot(rows, plot_out)
+        note(f"wrote {plot_out}")
+
+
+if __name__ == "__main__":
+    main()

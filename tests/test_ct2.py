@@ -1,0 +1,139 @@
+"""benchmarks/ct2_convert.py: a converted transformer decodes in CTranslate2 exactly as in PyTorch and in the seq2onnx
+runtime (ids equal, log-probs close), for every norm, position and tying choice; non-transformers and occupied
+destinations are refused with typed errors."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+try:
+    from ct2_check import check_failures, cross_check  # noqa: E402
+    from ct2_check import main as check_main  # noqa: E402
+    from ct2_convert import ConversionError, convert, convert_model, main, source_tokens  # noqa: E402
+finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
+
+from runtime.destination import DestinationError  # noqa: E402
+from runtime.model import Seq2Seq  # noqa: E402
+from runtime.vocab import BOS, EOS  # noqa: E402
+from training.build import build_token_model  # noqa: E402
+
+from support.models import toy_token_spec, toy_vocabularies  # noqa: E402
+
+LOG_PROB_ATOL = 1e-4  # float32 through two runtimes' kernels; a misplaced weight is off by far more
+MAX_LEN = 6
+VARIANTS = [dict(), dict(norm="post"), dict(positional="learned", tie_embeddings=True),
+            dict(reverse_source=True, n_heads=4, layers=1)]
+
+
+def toy_sources() -> list[str]:
+    from training.tokens.builtin import toy_translation
+
+    return list(toy_translation()[0].sources)
+
+
+def jittered_transformer(seed: int, **fields: object):
+    """A seeded tiny transformer whose every weight (layer norms included) is moved off its initial value, so a
+    gamma/beta or bias mapped to the wrong place shows."""
+    torch.manual_seed(seed)
+    sizes = {"d_model": 16, "d_ff": 24, "n_heads": 2, "layers": 2, "max_positions": 16, **fields}
+    model = build_token_model(toy_token_spec(arch="transformer", **sizes)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    return model
+
+
+def ct2_ids(results: list, target) -> list[list[int]]:
+    index = {token: i for i, token in enumerate(target.tokens)}
+    return [[index[token] for token in r.hypotheses[0]] for r in results]
+
+
+@pytest.mark.parametrize("fields", VARIANTS, ids=["pre", "post", "learned-tied", "reversed-4heads-1layer"])
+def test_ct2_greedy_and_log_probs_equal_pytorch(tmp_path, fields, one_torch_thread):
+    source, target = toy_vocabularies()
+    model = jittered_transformer(seed=3, **fields)
+    translator = ctranslate2.Translator(str(convert_model(model, (source, target), tmp_path / "ct2")), device="cpu",
+                                        intra_threads=1)
+    texts = toy_sources()
+    ids, lengths = source.encode_batch(texts, add_eos=True, reverse=model.spec.reverse_source)  # (N, L), (N,)
+    expected = model.greedy(torch.from_numpy(ids), torch.from_numpy(lengths), MAX_LEN)
+    tokens = source_tokens(texts, source, model.spec)
+    got = ct2_ids(translator.translate_batch(tokens, beam_size=1, min_decoding_length=0,
+                                             max_decoding_length=MAX_LEN), target)
+    assert got == expected
+    assert len({len(e) for e in expected}) > 1 or expected[0]  # the decodes are not all empty: a real comparison
+
+    gold = [e + [EOS] for e in expected]
+    scored = translator.score_batch(tokens, [[target.tokens[i] for i in e] for e in expected])
+    for row, (g, s) in enumerate(zip(gold, scored)):
+        target_in = torch.tensor([[BOS] + g[:-1]])  # (1, T): BOS, then all but the closing EOS
+        with torch.no_grad():
+            log_probs = model(torch.from_numpy(ids[row: row + 1, : lengths[row]]), torch.from_numpy(lengths[row:row + 1]),
+                              target_in)[0]  # (T, V)
+        np.testing.assert_allclose(s.log_probs, log_probs[torch.arange(len(g)), torch.tensor(g)].numpy(),
+                                   atol=LOG_PROB_ATOL, rtol=0)
+
+
+def test_ct2_matches_the_seq2onnx_runtime(tmp_path, transformer_export):
+    """The exported runtime and CT2 agree (greedy, beam 5, forced lengths under CT2's </s> rule, log-probs)."""
+    converted = convert_model(transformer_export.model, (transformer_export.source, transformer_export.target),
+                              tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)
+    check = cross_check(Seq2Seq.load(transformer_export.path, provider="cpu", threads=1), translator, toy_sources(),
+                        steps=MAX_LEN)
+    assert check_failures(check) == [], check
+
+
+def test_a_recurrent_checkpoint_is_refused_by_name(tmp_path):
+    from click.testing import CliRunner
+
+    from training.checkpoint import save_checkpoint
+    from training.tokens.data import describe_text_dataset, load_text_dataset
+    from training.tokens.trainer import TokenTrainConfig
+
+    torch.manual_seed(0)
+    spec = toy_token_spec(hidden_dim=8, embedding_dim=6)
+    train, test = load_text_dataset("toy-translation")
+    checkpoint = save_checkpoint(tmp_path / "gru", build_token_model(spec), spec, TokenTrainConfig(epochs=1),
+                                 {"train_loss": [1.0], "val_exact": [0.0], "val_token": [0.0]},
+                                 describe_text_dataset("toy-translation", train, test),
+                                 vocabularies=toy_vocabularies())
+    with pytest.raises(ConversionError, match=r"checkpoint '.*gru'.*needs a transformer.*got a recurrent token model"):
+        convert(checkpoint, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    result = CliRunner().invoke(main, [str(checkpoint), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "got a recurrent token model" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_existing_destination_is_kept_without_force(tmp_path):
+    vocabularies = toy_vocabularies()
+    out = convert_model(jittered_transformer(seed=1), vocabularies, tmp_path / "ct2")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(DestinationError, match="already exists there; pass --force"):
+        convert_model(jittered_transformer(seed=2), vocabularies, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    convert_model(jittered_transformer(seed=2), vocabularies, out, force=True)
+    assert (out / "model.bin").read_bytes() != before["model.bin"]
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(DestinationError, match="files seq2onnx did not write"):
+        convert_model(jittered_transformer(seed=1), vocabularies, out, force=True)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+
+@pytest.mark.parametrize("command, usage", [(main, "CHECKPOINT OUT"), (check_main, "EXPORT_DIR CT2_DIR")])
+def test_help_of_each_script(command, usage):
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(command, ["--help"])
+    assert result.exit_code == 0 and usage in result.output
