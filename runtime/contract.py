@@ -28,7 +28,8 @@ SOURCE_LEN = "source_len"
 PAST_LEN = "past_len"  # transformer self-attention cache: tokens decoded so far
 PRESENT_LEN = "present_len"  # the grown cache a step returns: past_len + 1
 DECODE_LEN = "decode_len"  # the greedy loop graph: steps run (points: target_len; tokens: until every row ended)
-DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN, DECODE_LEN)
+HYPOTHESES = "hypotheses"  # a transformer's beam search graph: the n-best slots per input (num_hypotheses)
+DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN, DECODE_LEN, HYPOTHESES)
 
 # Dims are symbolic names (str) or fixed sizes (int).
 Dims = list[str | int]
@@ -243,7 +244,8 @@ GRAPH_KEY = "seq2onnx.graph"
 # state, one encoder and two step/greedy pairs over it: onnxruntime's fused `com.microsoft` kernels (fewest nodes:
 # small batches) and batched MatMuls ("wide": faster from WIDE_ROWS rows up). Optional; no attention weights.
 FAST_FILES = {"encoder": "fast_encoder.onnx", "step": "fast_decoder_step.onnx", "greedy": "fast_greedy.onnx",
-              "wide_step": "wide_decoder_step.onnx", "wide_greedy": "wide_greedy.onnx"}
+              "beam": "fast_beam.onnx", "wide_step": "wide_decoder_step.onnx", "wide_greedy": "wide_greedy.onnx",
+              "wide_beam": "wide_beam.onnx"}
 
 
 def fast_state(spec: ModelSpec, past: str | int = PAST_LEN) -> dict[str, Dims]:
@@ -272,5 +274,9 @@ def fast_graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
     step = {"inputs": {"previous_tokens": [BATCH], **fast_state(spec)}, "outputs": step_out}
     greedy = {"inputs": {**sources, "max_length": [], "min_length": []},
               "outputs": {"tokens": [BATCH, DECODE_LEN], "token_log_probs": [BATCH, DECODE_LEN]}}
+    options = {"max_length": [], "min_length": [], "beam_size": [], "num_hypotheses": [], "length_penalty": []}
+    beam = {"inputs": {**sources, **options},
+            "outputs": {"scores": [BATCH, HYPOTHESES], "log_probs": [BATCH, HYPOTHESES],
+                        "tokens": [BATCH, HYPOTHESES, DECODE_LEN], "lengths": [BATCH, HYPOTHESES]}}
     return {"encoder": {"inputs": sources, "outputs": fast_state(spec, 0)}, "step": step, "greedy": greedy,
-            "wide_step": step, "wide_greedy": greedy}
+            "beam": beam, "wide_step": step, "wide_greedy": greedy, "wide_beam": beam}

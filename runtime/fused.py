@@ -49,3 +49,24 @@ class GreedyLoop:
             out.append(Hypothesis(tokens=tokens[row, :n].tolist(), score=log_prob, log_prob=log_prob,
                                   attention=None if attention is None else attention[row, :n]))
         return out
+
+
+class BeamGraph:
+    """A transformer's beam search graph (`export.tokens.beam`): encoder and search in one call; thread-safe."""
+
+    def __init__(self, run: Runner) -> None:
+        self._run = run
+
+    def hypotheses(self, source_ids: np.ndarray, source_lengths: np.ndarray, beam_size: int, num_hypotheses: int,
+                   length_penalty: float, max_length: int, min_length: int) -> list[list[Hypothesis]]:
+        """Up to num_hypotheses Hypotheses per input, best first, as `runtime.search.beam_search` finds them (the
+        arguments checked by the caller)."""
+        scalars = {"max_length": max_length, "min_length": min_length, "beam_size": beam_size,
+                   "num_hypotheses": num_hypotheses}
+        feed = {"source_ids": source_ids, "source_lengths": source_lengths,
+                "length_penalty": np.array(length_penalty, np.float64),
+                **{name: np.array(value, np.int64) for name, value in scalars.items()}}
+        result = self._run(feed)
+        scores, log_probs, tokens, lengths = (result[n] for n in ("scores", "log_probs", "tokens", "lengths"))
+        return [[Hypothesis(tokens[b, j, :lengths[b, j]].tolist(), float(scores[b, j]), float(log_probs[b, j]))
+                 for j in range(scores.shape[1]) if np.isfinite(scores[b, j])] for b in range(scores.shape[0])]

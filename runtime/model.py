@@ -21,7 +21,7 @@ from .contract import (
     fast_graph_io,
 )
 from .errors import InputError, IntegrityError, brief
-from .fused import GreedyLoop
+from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_manifest
 from .points import Cancel, check_mask, check_outputs, check_source, check_target_len, greedy_decode, stoppable
 from .sessions import (
@@ -34,7 +34,7 @@ from .sessions import (
     session_io,
 )
 from .spec import ModelSpec
-from .tokens import TRANSLATE_OPTIONS, TokenSteps, Translation, load_vocabularies, translate
+from .tokens import TRANSLATE_OPTIONS, Graphs, TokenSteps, Translation, load_vocabularies, translate
 
 FAST_NAMES = frozenset(FAST_FILES.values())
 
@@ -75,8 +75,9 @@ class Seq2Seq:
              io_binding: bool | None = None, device_id: int = 0, fast: bool = True) -> "Seq2Seq":
         """Load an export directory, verifying version, hashes, graph I/O, spec and export id.
 
-        fused: decode greedily with the export's greedy loop graph (one call per request) when it has one;
-        False decodes with the step loop (one call per output) and does not load that graph.
+        fused: decode greedily with the export's greedy loop graph (one call per request) when it has one, and
+        (a transformer's fast graphs) beam search with its beam graph; False decodes with the step loop (one call
+        per output) and does not load those graphs.
         fast: decode with a transformer export's fast graphs (onnxruntime's fused kernels) when it has them and no
         attention is asked for; False uses the traced graphs only and does not load the fast ones.
         io_binding: keep the encoder's outputs and the decoder state on the execution device between calls
@@ -94,7 +95,7 @@ class Seq2Seq:
         manifest = read_manifest(path)
         sessions = {}
         for name, entry in manifest.graphs.items():
-            greedy = name in (GREEDY_FILE, FAST_FILES["greedy"], FAST_FILES["wide_greedy"])
+            greedy = name in (GREEDY_FILE, *(FAST_FILES[r] for r in ("greedy", "wide_greedy", "beam", "wide_beam")))
             if (greedy and not fused) or (name in FAST_NAMES and not fast):
                 continue
             data = read_graph(path, name, entry["sha256"])
@@ -190,9 +191,13 @@ def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id
     def greedy(role: str) -> GreedyLoop | None:
         return GreedyLoop(spec, run(role, set()), io[role]) if FAST_FILES[role] in sessions else None
 
-    wide = (run("wide_step", set(feedback)), greedy("wide_greedy")) if FAST_FILES["wide_step"] in sessions else None
+    def beam(role: str) -> BeamGraph | None:
+        return BeamGraph(run(role, set())) if FAST_FILES[role] in sessions else None
+
+    wide = (Graphs(run("wide_step", set(feedback)), greedy("wide_greedy"), beam("wide_beam"))
+            if FAST_FILES["wide_step"] in sessions else None)
     return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
-                      greedy("greedy"), io["step"]["inputs"], feedback, wide=wide)
+                      greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide)
 
 
 def _model_dir(path: Any) -> Path:

@@ -22,7 +22,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,10 +31,11 @@ from runtime.search.step import BatchAxes, Hypothesis, State, StepResult, check_
 from .binding import Runner
 from .contract import BATCH, DECODER_STEP_FILE, FEEDBACK, VOCAB_FILES, Dims, graph_io
 from .errors import InputError, IntegrityError, brief
-from .fused import GreedyLoop
+from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_regular_file, sha256_bytes
 from .points import Cancel, stoppable
 from .search import beam_search, greedy_search, sample
+from .search.beam import check_beam
 from .spec import ModelSpec
 from .vocab import BOS, EOS, VocabError, Vocabulary
 
@@ -58,13 +59,15 @@ class TokenSteps:
 
     def __init__(self, spec: ModelSpec, encoder: Runner, step: Runner, greedy: GreedyLoop | None = None,
                  step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
-                 fast: "TokenSteps | None" = None, wide: tuple[Runner, GreedyLoop | None] | None = None) -> None:
+                 fast: "TokenSteps | None" = None, beam: BeamGraph | None = None,
+                 wide: "Graphs | None" = None) -> None:
         inputs = graph_io(spec)[DECODER_STEP_FILE]["inputs"] if step_inputs is None else step_inputs
         self.spec = spec
         self._encoder, self._step = encoder, step  # runners: typed errors; with IO binding, state on the device
         self.greedy = greedy  # the greedy loop graph, when the export has one and it is switched on
         self.fast = fast
-        self.wide = wide  # a step and greedy loop over the same state for `wide_rows` rows and more, or None
+        self.beam = beam  # the beam search graph (a transformer's fast graphs), or None
+        self.wide = wide  # a step, greedy loop and beam graph over the same state for `wide_rows` rows and more
         self.wide_rows = WIDE_ROWS
         self.feedback = FEEDBACK if feedback is None else feedback
         self.state_names = [name for name in inputs if name != PREVIOUS]
@@ -81,9 +84,15 @@ class TokenSteps:
     def step(self, tokens: np.ndarray, state: State) -> StepResult:
         """One decoder step for every row: the StepFn the strategies drive."""
         feed = {PREVIOUS: tokens.astype(np.int64, copy=False), **state}
-        result = (self._step if self.wide is None or len(tokens) < self.wide_rows else self.wide[0])(feed)
+        result = self.graphs(len(tokens)).step(feed)
         fed_back = {self.feedback[name]: value for name, value in result.items() if name in self.feedback}
         return StepResult(result["log_probs"], {**state, **fed_back}, result.get("alphas"))
+
+    def graphs(self, rows: int) -> "Graphs":
+        """The graphs that decode `rows` rows (batch x beam) fastest: the wide ones from `wide_rows` up."""
+        if self.wide is not None and rows >= self.wide_rows:
+            return self.wide
+        return Graphs(self._step, self.greedy, self.beam)
 
     def only(self, wide: bool) -> "TokenSteps":
         """A view that always runs the wide graphs (wide) or never does (for parity tools)."""
@@ -94,13 +103,19 @@ class TokenSteps:
     def greedy_tokens(self, source_ids: np.ndarray, source_lengths: np.ndarray, max_length: int, min_length: int,
                       return_attention: bool) -> list[Hypothesis]:
         """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call."""
-        greedy = self.greedy
-        if self.wide is not None and self.wide[1] is not None and len(source_ids) >= self.wide_rows:
-            greedy = self.wide[1]
+        greedy = self.graphs(len(source_ids)).greedy
         sources = {"source_ids": source_ids, "source_lengths": source_lengths}
         reads_sources = set(sources) <= set(greedy.inputs)
         state = sources if reads_sources else self.encode(source_ids, source_lengths)
         return greedy.tokens(state, max_length, min_length, return_attention)
+
+
+class Graphs(NamedTuple):
+    """One variant's graphs over a shared state: the step, and the greedy loop and beam search graphs (or None)."""
+
+    step: Runner
+    greedy: GreedyLoop | None = None
+    beam: BeamGraph | None = None
 
 
 @dataclass(frozen=True)
@@ -208,11 +223,19 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")
     greedy_loop = not sampling and beam_size == 1 and num_hypotheses == 1 and steps.greedy is not None
-    state = None if greedy_loop else steps.encode(ids, lengths)
-    if beam_size != 1 or num_hypotheses != 1:
+    beam = steps.graphs(len(texts) * beam_size).beam if isinstance(beam_size, int) and not sampling else None
+    state = None if greedy_loop or beam is not None else steps.encode(ids, lengths)
+    if beam is not None and (beam_size != 1 or num_hypotheses != 1):  # one call: the export's beam graph
+        k, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
+        check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
+        run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)
+        found = run(ids, lengths, k, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length)
+    elif beam_size != 1 or num_hypotheses != 1:
+        state = steps.encode(ids, lengths) if state is None else state
         found = beam_search(step, state, steps.batch_axes, beam_size=beam_size, num_hypotheses=num_hypotheses,
                             length_penalty=length_penalty, **common)
     elif sampling:
+        state = steps.encode(ids, lengths) if state is None else state
         found = [[h] for h in sample(step, state, steps.batch_axes, sampling_temperature=sampling_temperature,
                                      sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, **common)]
     elif greedy_loop:  # one call (with the encoder's, two): the export's greedy loop graph
@@ -220,6 +243,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
         found = [[h] for h in tokens(ids, lengths, max_decoding_length, min_decoding_length, return_attention)]
     else:
+        state = steps.encode(ids, lengths) if state is None else state
         found = [[h] for h in greedy_search(step, state, steps.batch_axes, **common)]
     target = vocabularies["target"]
     return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,

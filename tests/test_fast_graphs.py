@@ -42,7 +42,8 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
     assert manifest["parity"]["passed"]
     text = json.dumps(manifest["parity"]["summary"])
     for prefix in ("fast.", "wide."):
-        for output in ("step.log_probs", "sequence.log_probs", "greedy.ids", "greedy_loop.ids", "beam.ids"):
+        for output in ("step.log_probs", "sequence.log_probs", "greedy.ids", "greedy_loop.ids", "beam.ids",
+                       "beam_graph.ids", "beam_graph.scores"):
             assert prefix + output in text
     fused = onnx.load(str(fast_export.path / FAST_FILES["step"]))
     traced = onnx.load(str(fast_export.path / DECODER_STEP_FILE))
@@ -54,7 +55,7 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
     for name in FAST_FILES.values():
         for value in onnx.load(str(fast_export.path / name)).graph.input:
             dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
-            assert "batch" in dims or value.name in ("max_length", "min_length"), (name, value.name, dims)
+            assert "batch" in dims or dims == [], (name, value.name, dims)  # scalars: lengths and options
 
 
 @pytest.mark.parametrize("rows", [1, 3, WIDE_ROWS, WIDE_ROWS + 3])
@@ -128,3 +129,41 @@ def test_an_altered_fast_graph_is_refused(fast_export, tmp_path):
         f.write(b"\0")
     with pytest.raises(IntegrityError, match="wide_greedy.onnx"):
         Seq2Seq.load(bad)
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["fused", "wide"])
+def test_the_beam_graph_finds_what_the_numpy_beam_search_finds_to_the_bit(fast_export, wide):
+    """Random batches and options: the graph's n-best (ids, scores, log-probs) equals runtime.search.beam_search
+    driven by the same variant's step, bit for bit."""
+    fast = Seq2Seq.load(fast_export.path).token_steps.fast.only(wide)
+    vocab = Seq2Seq.load(fast_export.path).vocabularies["source"]
+    rng = np.random.default_rng(int(wide))
+    for _ in range(12):
+        rows = int(rng.integers(1, 5))
+        k = int(rng.integers(1, 6))
+        options = dict(beam_size=k, num_hypotheses=int(rng.integers(1, k + 1)),
+                       length_penalty=float(rng.choice([0.0, 0.5, 1.0, 2.0, -1.0])),
+                       max_decoding_length=int(rng.integers(1, 14)))
+        options["min_decoding_length"] = int(rng.integers(0, options["max_decoding_length"] + 1))
+        ids, lengths = vocab.encode_batch(list(rng.choice(TEXTS, rows)), add_eos=True)
+        graph = fast.graphs(rows * k).beam
+        got = graph.hypotheses(ids, lengths, k, options["num_hypotheses"], options["length_penalty"],
+                               options["max_decoding_length"], options["min_decoding_length"])
+        want = beam_search(fast.step, fast.encode(ids, lengths), fast.batch_axes, batch_size=rows, bos_id=BOS,
+                           eos_id=EOS, constant=fast.constant, **options)
+        assert [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in got] == \
+            [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in want], options
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(beam_size=0), "beam_size must be an int >= 1"),
+    (dict(beam_size=2, num_hypotheses=3), "num_hypotheses must be an int in \\[1, 2\\]"),
+    (dict(beam_size=2, length_penalty=60.0), "length_penalty must be from -50 to 50"),
+    (dict(beam_size=2, min_decoding_length=9, max_decoding_length=4), "min_decoding_length must be an int in"),
+    (dict(beam_size=2.5), "beam_size must be an int >= 1"),
+])
+def test_the_beam_graph_path_refuses_what_the_numpy_search_refuses(fast_export, options, message):
+    runtime = Seq2Seq.load(fast_export.path)
+    assert runtime.token_steps.fast.beam is not None
+    with pytest.raises(InputError, match=message):
+        runtime.translate_batch(_texts(2), **options)

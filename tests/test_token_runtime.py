@@ -153,7 +153,8 @@ def test_transformer_export_passes_the_full_sequence_parity_over_the_capped_matr
     parity = manifest["parity"]
     checks = {"step.log_probs", "sequence.log_probs", "greedy.ids", "greedy_loop.ids", "beam.ids"}
     graphs = ("", "fast.", "wide.")  # the traced graphs, then the fast ones: fused kernels, batched attention
-    assert parity["passed"] and set(parity["summary"]) == {g + c for g in graphs for c in checks}
+    beam_graph = {g + "beam_graph." + c for g in graphs[1:] for c in ("ids", "scores")}  # the fast ones' beam graphs
+    assert parity["passed"] and set(parity["summary"]) == {g + c for g in graphs for c in checks} | beam_graph
     limit = manifest["spec"]["max_positions"]  # 8: the matrix's 12-token sources and 12 steps stop there
     assert max(r["source_len"] for r in parity["cases"]) == limit
     assert {r["target_len"] for r in parity["cases"]} == {limit}

@@ -26,6 +26,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 from training.tokens.transformer import TransformerSeq2Seq
 
+from .beam import beam_model
 from .kernels import (
     BOOL,
     FLOAT,
@@ -183,4 +184,5 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
 
 
 FAST_BUILDERS = {"encoder": encoder_model, "step": step_model, "greedy": greedy_model,  # by FAST_FILES role
-                 "wide_step": partial(step_model, wide=True), "wide_greedy": partial(greedy_model, wide=True)}
+                 "beam": beam_model, "wide_step": partial(step_model, wide=True),
+                 "wide_greedy": partial(greedy_model, wide=True), "wide_beam": partial(beam_model, wide=True)}

@@ -115,10 +115,14 @@ FAST_DOCS = {
     "encoder and the greedy loop in one graph. source_ids, source_lengths, max_length (int64 scalar, >= 1) and "
     "min_length (eos forbidden while fewer tokens are decoded) -> tokens (batch, decode_len; after a row's eos: 0) "
     "and token_log_probs (0 after eos); argmax ties: the lowest id.",
+    FAST_FILES["beam"]: "seq2onnx transformer beam search (onnxruntime com.microsoft kernels): the encoder and "
+    "runtime.search.beam_search's rules in one graph. source_ids, source_lengths, max_length, min_length, "
+    "beam_size, num_hypotheses (int64 scalars) and length_penalty (float64 scalar) -> per input, best first: "
+    "scores and log_probs (batch, hypotheses; float64), tokens (batch, hypotheses, decode_len; eos excluded) and "
+    "lengths; a slot scored -inf holds no hypothesis.",
 }
 WIDE = " Attention in batched MatMuls instead of the fused kernels: faster for many rows (runtime.tokens.WIDE_ROWS)."
-FAST_DOCS.update({FAST_FILES["wide_step"]: FAST_DOCS[FAST_FILES["step"]] + WIDE,
-                  FAST_FILES["wide_greedy"]: FAST_DOCS[FAST_FILES["greedy"]] + WIDE})
+FAST_DOCS.update({FAST_FILES[f"wide_{role}"]: FAST_DOCS[FAST_FILES[role]] + WIDE for role in ("step", "greedy", "beam")})
 GREEDY_DOCS = {
     GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder; the "
     "first token is bos, each next one the argmax (ties: lowest id). The encoder's state, max_length (int64 scalar, "

@@ -37,10 +37,10 @@ class Net:
         return f"{self.prefix}{hint}_{self._count}"
 
     def weight(self, hint: str, array: np.ndarray | torch.Tensor) -> str:
-        """An initializer (float32 for floating tensors)."""
+        """An initializer: torch tensors as float32, numpy arrays in their own dtype."""
         if isinstance(array, torch.Tensor):
-            array = array.detach().cpu().numpy()
-        array = np.asarray(array, np.float32 if np.issubdtype(array.dtype, np.floating) else array.dtype, order="C")
+            array = array.detach().cpu().float().numpy()
+        array = np.asarray(array, order="C")
         name = self.name(hint)
         self.weights.append(numpy_helper.from_array(array, name))
         return name

@@ -168,6 +168,15 @@ def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarra
         if name == "greedy.ids" and steps.greedy is not None:  # the greedy loop graph: what translate runs
             fused = steps.greedy_tokens(ids, lengths, max_len, 0, False)
             rows.append(_ids_row(case, ids, max_len, "greedy_loop.ids", fused, want))
+        graph = steps.graphs(len(ids) * PARITY_BEAM).beam
+        if name == "beam.ids" and graph is not None:  # the beam search graph: ids, and scores equal to the bit
+            found = graph.hypotheses(ids, lengths, PARITY_BEAM, PARITY_BEAM, 1.0, max_len, 0)
+            rows.append(_ids_row(case, ids, max_len, "beam_graph.ids", found, want))
+            worst = max((abs(a.score - b.score) + abs(a.log_prob - b.log_prob) for x, y in zip(found, got)
+                         for a, b in zip(x, y)), default=0.0)
+            differing = sum(len(x) != len(y) for x, y in zip(found, got))
+            rows.append(Row(case, len(ids), ids.shape[1], max_len, "decode", "beam_graph.scores", worst,
+                            float(differing), worst == 0.0 and differing == 0))
     return rows
 
 
