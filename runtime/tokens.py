@@ -43,8 +43,9 @@ MAX_SOURCE_TOKENS = 1024  # longer inputs are refused: attention memory grows wi
 MAX_VOCAB_BYTES = 64 << 20
 PREVIOUS = "previous_tokens"  # the step input that takes the previous token
 # Rows from which a transformer's wide graphs (batched MatMul attention) beat the fused-kernel ones (CPU, dates
-# transformer, benchmarks/ct2_bench.py): onnxruntime's attention kernels cost ~2 us per (row, head) pair.
-WIDE_ROWS = 8
+# transformer, 1 thread: greedy and beam graphs break even at 4-6 rows): onnxruntime's attention kernels cost
+# ~1-2 us per (row, head) pair.
+WIDE_ROWS = 6
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
                      "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
 

@@ -19,6 +19,7 @@ from runtime.vocab import BOS, EOS
 from support.models import export_token_model, toy_token_spec
 
 SCORE_RTOL = 1e-4
+BEAM_RTOL = 1e-6  # the beam graph against the numpy search over the same step: float32 rounding only
 VARIANTS = {"pre": dict(), "post-learned-tied": dict(norm="post", positional="learned", tie_embeddings=True,
                                                      layers=3, n_heads=4)}
 TEXTS = ["the cat sat", "a dog ran", "the cat ran on the mat", "a bird flew", "the dog sat", "a cat",
@@ -132,9 +133,10 @@ def test_an_altered_fast_graph_is_refused(fast_export, tmp_path):
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["fused", "wide"])
-def test_the_beam_graph_finds_what_the_numpy_beam_search_finds_to_the_bit(fast_export, wide):
-    """Random batches and options: the graph's n-best (ids, scores, log-probs) equals runtime.search.beam_search
-    driven by the same variant's step, bit for bit."""
+def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide):
+    """Random batches and options: the graph's n-best equals runtime.search.beam_search driven by the same
+    variant's step: the same ids in the same order, scores and log-probs within float32 rounding (the graph's
+    cross-attention reads an input's beams as one block)."""
     fast = Seq2Seq.load(fast_export.path).token_steps.fast.only(wide)
     vocab = Seq2Seq.load(fast_export.path).vocabularies["source"]
     rng = np.random.default_rng(int(wide))
@@ -151,8 +153,9 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds_to_the_bit(fast_e
                                options["max_decoding_length"], options["min_decoding_length"])
         want = beam_search(fast.step, fast.encode(ids, lengths), fast.batch_axes, batch_size=rows, bos_id=BOS,
                            eos_id=EOS, constant=fast.constant, **options)
-        assert [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in got] == \
-            [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in want], options
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want], options
+        np.testing.assert_allclose([(h.score, h.log_prob) for hyps in got for h in hyps],
+                                   [(h.score, h.log_prob) for hyps in want for h in hyps], rtol=BEAM_RTOL, atol=0)
 
 
 @pytest.mark.parametrize(("options", "message"), [

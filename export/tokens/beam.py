@@ -1,8 +1,8 @@
 """A transformer's beam search in one graph (fast_beam.onnx, wide_beam.onnx): the encoder, then an ONNX Loop whose
 body is the fast decoder step and `runtime.search.beam`'s rules written in ONNX ops, so one `run` decodes a batch.
 
-Rows are (batch x beam), input b owning rows b*k .. b*k+k-1; the cross-attention keys/values are expanded once per
-beam before the loop. Each step, as the numpy search: log-probs (eos at -inf below min_length) plus each row's summed
+Rows are (batch x beam), input b owning rows b*k .. b*k+k-1; the cross-attention keys/values stay once per input,
+and an input's k queries attend to them as one block (CTranslate2's layout; kernels.FoldedFused). Each step, as the numpy search: log-probs (eos at -inf below min_length) plus each row's summed
 log-prob (float64), the best min(2k, kV) extensions per input by TopK (ties: the lower flat index, as a stable sort),
 eos among the first k of them becomes a finished hypothesis scored sum / (t + 1) ** length_penalty, the first k
 non-eos stay live, and at max_length the live ones end as they are. Finished hypotheses merge into each input's
@@ -30,7 +30,8 @@ from .kernels import (
     FLOAT,
     INT32,
     INT64,
-    Batched,
+    FoldedBatched,
+    FoldedFused,
     Fused,
     Net,
     cross_kv,
@@ -63,11 +64,13 @@ class Outer:
         index = net.one("Range", [_c(net, "zero", 0), net.one("Squeeze", [self.batch]), _c(net, "one", 1)])  # (B,)
         self.base = net.one("Mul", [net.one("Unsqueeze", [index, _c(net, "ax1", [1])]), "beam_size"])  # (B, 1)
         shape_bk = net.one("Concat", [self.batch, self.k], axis=0)
-        owner = net.one("Reshape", [net.one("Expand", [net.one("Unsqueeze", [index, _c(net, "ax1", [1])]), shape_bk]),
-                                    _c(net, "flat", [-1])])  # (B * k,): the input each row decodes
-        self.cross = [net.one("Gather", [c, owner], axis=0) for c in cross]  # (B * k, h, Ls, d) each
-        lengths = net.one("Gather", [lengths32, owner], axis=0)  # (B * k,)
-        self.attend = Batched(mask_bias(net, lengths, self.cross[0])) if wide else Fused(lengths)
+        self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it together (kernels.FoldedFused)
+        if wide:
+            fold = net.one("Concat", [self.batch, _c(net, "fold", [-1, spec.n_heads, spec.head_dim])], axis=0)
+            self.attend = FoldedBatched(mask_bias(net, lengths32, cross[0]), fold)
+        else:
+            fold = net.one("Concat", [self.batch, _c(net, "fold", [-1, spec.d_model])], axis=0)
+            self.attend = FoldedFused(lengths32, fold)
         self.shape_bk = shape_bk
         vocab = spec.target_vocab_size
         self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, _c(net, "v", [vocab])])], axis=0)

@@ -229,6 +229,41 @@ class Batched:
         return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
 
 
+class FoldedFused(Fused):
+    """Fused, for beam search: the k beams of an input share its cross-attention keys/values (kept once per input,
+    not per row), so their queries attend as one (B, k, E) block, CTranslate2's layout: k times fewer (row, head)
+    pairs for the kernel. `fold`: the shape [B, -1, E]."""
+
+    def __init__(self, lengths32: str, fold: str) -> None:
+        super().__init__(lengths32)
+        self.fold = fold
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        block = net.one("Reshape", [x, self.fold])  # (B, k, E)
+        context = super().cross_attention(net, spec, block, attention, keys, values)  # (B, k, E)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, spec.d_model], np.int64))])
+
+
+class FoldedBatched(Batched):
+    """Batched, for beam search: an input's k queries against its one copy of the cross keys/values, (B, h, k, d)
+    by (B, h, d, Ls) (see FoldedFused). `fold`: the shape [B, -1, h, d]."""
+
+    def __init__(self, mask_bias: str, fold: str) -> None:
+        super().__init__(mask_bias)
+        self.fold = fold
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        scale = 1.0 / np.sqrt(spec.head_dim)
+        query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B * k, 1, E)
+        query = net.one("Transpose", [net.one("Reshape", [query, self.fold])], perm=[0, 2, 1, 3])  # (B, h, k, d)
+        scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, k, Ls)
+        weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
+        context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, spec.d_model], np.int64))])
+
+
 def _scaled_qkv(attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Merged Q/K/V weights (E, 3E) and bias (3E,), the queries' part scaled by 1/sqrt(d)."""
     scale = torch.tensor(1.0 / np.sqrt(head_dim), dtype=torch.float32)
@@ -249,7 +284,7 @@ def mask_bias(net: Net, lengths32: str, keys: str) -> str:
 
 
 def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
-            cross: list[str], attend: Fused | Batched) -> tuple[str, list[str]]:
+            cross: list[str], attend: Fused | Batched) -> tuple[str, list[str]]:  # or their Folded kinds
     """One step: token embeddings (B, 1, E), position rows (B, 1, E) or (1, E), each layer's past (2, B, h, t, d)
     and cross keys/values (B, h, Ls, d) -> log-probs (B, 1, V) and each layer's present (2, B, h, t + 1, d)."""
     layers: list[Decoder] = list(model.decoder_layers)

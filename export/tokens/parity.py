@@ -110,7 +110,7 @@ def _case_rows(case: str, runtime: Seq2Seq, model: TokenModel, ids: np.ndarray, 
         case_rows = [_graph_row(case, steps, model, ids, lengths, tol, n_steps)]
         if model.spec.is_transformer:
             case_rows.append(_sequence_row(case, steps, model, ids, lengths, tol, n_steps))
-        case_rows += _decode_rows(case, steps, model, ids, lengths, position_limit(model.spec, max_len))
+        case_rows += _decode_rows(case, steps, model, ids, lengths, position_limit(model.spec, max_len), tol)
         rows += [dataclasses.replace(row, output=prefix + row.output) for row in case_rows]
     return rows
 
@@ -154,7 +154,7 @@ def _sequence_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarr
 
 
 def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
-                 max_len: int = PARITY_STEPS) -> list[Row]:
+                 max_len: int = PARITY_STEPS, tol: Tolerance = Tolerance()) -> list[Row]:
     """Greedy and beam ids through the runtime vs the same searches driven by PyTorch (differing sequences)."""
     axes = state_batch_axes(model.spec)
     common = dict(batch_size=len(ids), bos_id=BOS, eos_id=EOS, max_decoding_length=max_len)
@@ -169,15 +169,23 @@ def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarra
             fused = steps.greedy_tokens(ids, lengths, max_len, 0, False)
             rows.append(_ids_row(case, ids, max_len, "greedy_loop.ids", fused, want))
         graph = steps.graphs(len(ids) * PARITY_BEAM).beam
-        if name == "beam.ids" and graph is not None:  # the beam search graph: ids, and scores equal to the bit
-            found = graph.hypotheses(ids, lengths, PARITY_BEAM, PARITY_BEAM, 1.0, max_len, 0)
+        if name == "beam.ids" and graph is not None:  # the beam search graph: its ids, and its scores against
+            found = graph.hypotheses(ids, lengths, PARITY_BEAM, PARITY_BEAM, 1.0, max_len, 0)  # the numpy search's
             rows.append(_ids_row(case, ids, max_len, "beam_graph.ids", found, want))
-            worst = max((abs(a.score - b.score) + abs(a.log_prob - b.log_prob) for x, y in zip(found, got)
-                         for a, b in zip(x, y)), default=0.0)
-            differing = sum(len(x) != len(y) for x, y in zip(found, got))
-            rows.append(Row(case, len(ids), ids.shape[1], max_len, "decode", "beam_graph.scores", worst,
-                            float(differing), worst == 0.0 and differing == 0))
+            rows.append(_scores_row(case, ids, max_len, found, got, tol))
     return rows
+
+
+def _scores_row(case: str, ids: np.ndarray, max_len: int, found: list, got: list, tol: Tolerance) -> Row:
+    """The beam graph's scores and log-probs against the numpy search's over the same graphs (float32 rounding
+    apart: its cross-attention reads an input's beams as one block)."""
+    pairs = [(a, b) for x, y in zip(found, got) for a, b in zip(x, y)]
+    graph = np.array([[a.score, a.log_prob] for a, _ in pairs] or np.zeros((0, 2)))
+    numpy = np.array([[b.score, b.log_prob] for _, b in pairs] or np.zeros((0, 2)))
+    same_count = all(len(x) == len(y) for x, y in zip(found, got))
+    max_abs, max_rel, ok = diffs(graph, numpy, tol.atol, tol.rtol) if pairs else (0.0, 0.0, True)
+    return Row(case, len(ids), ids.shape[1], max_len, "decode", "beam_graph.scores", max_abs, max_rel,
+               ok and same_count)
 
 
 def _ids_row(case: str, ids: np.ndarray, max_len: int, name: str, got: list, want: list) -> Row:
