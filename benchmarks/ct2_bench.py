@@ -17,8 +17,10 @@ with the </s>), repeated in order to fill a batch. Every case (batch, beam) deco
 hypothesis on both sides (min = max = --steps; checked on the warm-up outputs). Decoders of a case, each side x
 precision x thread count: seq2onnx `Seq2Seq.load(dir, threads=t).translate_batch(texts, ...)` (text in, text out)
 and CT2 `Translator(dir, device="cpu", compute_type=..., intra_threads=t, inter_threads=1).translate_batch(tokens,
-...)` (tokens in, tokens out). After WARMUP untimed calls each, --repeats rounds run every decoder once, in turn, so
-drift hits all alike. Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2
+...)` (tokens in, tokens out). After WARMUP untimed calls each, --repeats rounds run every decoder in turn, so drift hits
+all alike; in a round each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for
+every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a
+service under load runs it, not right after seven other decoders evicted it. Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2
 (> 1: seq2onnx is slower).
 """
 from __future__ import annotations
@@ -53,6 +55,7 @@ from training.tokens.data import load_text_dataset
 SOURCE_TOKENS = 12  # tokens of a timed source (dates: characters); its encoder reads 13 positions with the </s>
 CHECK_TEXTS = 256  # held-out sources of any length for the cross-check
 WARMUP = 2
+SAMPLE_S = 0.02  # --inner 0: calls in a row per sample, so that a sample lasts about this long
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 Key = tuple[str, str, int]  # (side, precision, threads)
@@ -112,20 +115,26 @@ def decoders(loaded: dict[Key, Any], model: Seq2Seq, texts: list[str], beam: int
     return {key: call(key, runner) for key, runner in loaded.items()}
 
 
-def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int) -> dict[Key, list[float]]:
-    """Seconds per call of each decoder over `repeats` interleaved rounds, after WARMUP calls and the length check."""
+def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int, inner: int) -> dict[Key, list[float]]:
+    """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
+    in a row, their mean), after WARMUP calls and the length check."""
+    slowest = 0.0
     for key, call in calls.items():
         for _ in range(WARMUP):
+            start = time.perf_counter()
             lengths = {len(ids) for ids in call()}
+            slowest = max(slowest, time.perf_counter() - start)
         if lengths != {steps}:
             raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, expected "
                                        f"exactly --steps {steps} for every hypothesis")
+    inner = inner or max(1, round(SAMPLE_S / slowest))  # 0: enough calls for one SAMPLE_S sample, the same for all
     times: dict[Key, list[float]] = {key: [] for key in calls}
     for _ in range(repeats):
         for key, call in calls.items():
             start = time.perf_counter()
-            call()
-            times[key].append(time.perf_counter() - start)
+            for _ in range(inner):
+                call()
+            times[key].append((time.perf_counter() - start) / inner)
     return times
 
 
@@ -209,6 +218,9 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
               help="Output tokens per hypothesis (min = max decoding length).")
 @click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True, help="Timed rounds per case.")
+@click.option("--inner", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Calls of each decoder in a row per round, their mean one sample (a service under steady load "
+                   "keeps its model in cache); 0: enough for ~20 ms, the same for every decoder of a case.")
 @click.option("--batches", default="1,64", show_default=True, callback=int_list, help="Batch sizes, comma-separated.")
 @click.option("--beams", default="1,5", show_default=True, callback=int_list, help="Beam sizes (1: greedy).")
 @click.option("--threads", default="1,2", show_default=True, callback=int_list,
@@ -217,8 +229,8 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
               help="Write every figure (each decoder's times, the cross-check, the machine) here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a bar chart (PNG) of the best medians here.")
-def main(checkpoint: Path, steps: int, repeats: int, batches: list[int], beams: list[int], threads: list[int],
-         json_out: Path | None, plot_out: Path | None) -> None:
+def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[int], beams: list[int],
+         threads: list[int], json_out: Path | None, plot_out: Path | None) -> None:
     """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
     def note(line: str) -> None:
         click.echo(line, err=True)
@@ -248,7 +260,7 @@ def main(checkpoint: Path, steps: int, repeats: int, batches: list[int], beams: 
             for beam in beams:
                 note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(threads)} decoders ...")
                 rows.append(summarise(batch, beam, measure(decoders(loaded, model, batch_texts, beam, steps),
-                                                           repeats, steps)))
+                                                           repeats, steps, inner)))
     click.echo(f"{info['cpu']}; {info['flags']}; uptime: {machine()['uptime']}")
     click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats}; "
                "ratio = seq2onnx / CT2 (> 1: seq2onnx slower)")

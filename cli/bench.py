@@ -245,8 +245,11 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
             eager = Eager(checkpoint, model_dir, first)
         except input_errors() as exc:
             raise click.ClickException(str(exc)) from None
+    fused = next((m for (_, _, kind), m in models.items() if kind == "fused"), None)
+    steps = getattr(fused, "token_steps", None)  # loaded with fused=True: holds the beam graph if the export has it
+    beam_graph = steps is not None and steps.fast is not None and steps.fast.beam is not None
     cells = grid(providers, thread_counts, loops, values["batches"], values["source_lens"], values["target_lens"],
-                 values["beams"])
+                 values["beams"], beam_graph)
     records = run_cells(cells, models, floor_sessions(providers, thread_counts), eager, spec,
                         first.vocabularies.get("source"), warmup, repeats)
     torch_version = None if eager is None else eager.torch_version

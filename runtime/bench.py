@@ -94,10 +94,12 @@ class Cell:
 
 
 def grid(providers: tuple[str, ...], threads: tuple[int, ...], loops: tuple[str, ...], batches: tuple[int, ...],
-         sources: tuple[int, ...], targets: tuple[int, ...], beams: tuple[int | None, ...]) -> list[Cell]:
-    """Every combination; the fused loop is greedy only, so it gets no beam > 1 cells."""
+         sources: tuple[int, ...], targets: tuple[int, ...], beams: tuple[int | None, ...],
+         beam_graph: bool = False) -> list[Cell]:
+    """Every combination; the fused loop gets beam > 1 cells only where the export has a beam search graph (a
+    transformer's fast graphs)."""
     cells = [Cell(*values) for values in itertools.product(providers, threads, loops, batches, sources, targets, beams)]
-    return [c for c in cells if not (c.loop == "fused" and (c.beam or 1) > 1)]
+    return [c for c in cells if beam_graph or not (c.loop == "fused" and (c.beam or 1) > 1)]
 
 
 @dataclass(frozen=True)
