@@ -40,15 +40,15 @@ class GreedyLoop:
         result = self._run(feed)
         tokens, log_probs = result["tokens"], result["token_log_probs"]  # (N, T), (N, T)
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
-        out = []
-        for row in range(tokens.shape[0]):
-            ends = np.flatnonzero(tokens[row] == EOS)
-            n = int(ends[0]) if ends.size else tokens.shape[1]  # eos is not part of the output
-            scored = n + 1 if ends.size else n
-            log_prob = float(np.cumsum(log_probs[row, :scored], dtype=np.float64)[-1]) if scored else 0.0  # in order
-            out.append(Hypothesis(tokens=tokens[row, :n].tolist(), score=log_prob, log_prob=log_prob,
-                                  attention=None if attention is None else attention[row, :n]))
-        return out
+        ends = tokens == EOS  # (N, T)
+        ended = ends.any(axis=1)
+        kept = np.where(ended, ends.argmax(axis=1), tokens.shape[1])  # (N,): eos is not part of the output
+        scored = kept + ended  # the eos's log-prob counts
+        sums = np.cumsum(log_probs, axis=1, dtype=np.float64)  # (N, T): in order, as the step loop sums them
+        totals = np.where(scored > 0, sums[np.arange(len(sums)), np.maximum(scored - 1, 0)], 0.0).tolist()
+        return [Hypothesis(tokens=tokens[row, :n].tolist(), score=totals[row], log_prob=totals[row],
+                           attention=None if attention is None else attention[row, :n])
+                for row, n in enumerate(kept.tolist())]
 
 
 class BeamGraph:
