@@ -25,20 +25,17 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
+from .attention import FoldedBatched, FoldedFused, Fused, mask_bias
 from .kernels import (
     BOOL,
     FLOAT,
     INT32,
     INT64,
-    FoldedBatched,
-    FoldedFused,
-    Fused,
     Net,
     cross_kv,
     decoder,
     encoder,
     graph,
-    mask_bias,
     tensor,
 )
 

@@ -26,6 +26,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 from training.tokens.transformer import TransformerSeq2Seq
 
+from .attention import Batched, Fused, mask_bias
 from .beam import beam_model
 from .kernels import (
     BOOL,
@@ -33,14 +34,11 @@ from .kernels import (
     INT32,
     INT64,
     MS,
-    Batched,
-    Fused,
     Net,
     cross_kv,
     decoder,
     encoder,
     graph,
-    mask_bias,
     tensor,
 )
 

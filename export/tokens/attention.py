@@ -1,0 +1,125 @@
+"""Attention for one decoder step, in two kinds over the same state (`export.tokens.kernels.decoder` takes either):
+onnxruntime's fused kernels (Fused: fewest nodes, best for few rows) and batched MatMuls (Batched: faster from
+`runtime.tokens.WIDE_ROWS` rows up); the Folded kinds let a beam's k queries read their input's one copy of the
+cross-attention keys/values as a block."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from runtime.spec import ModelSpec
+from training.tokens.transformer import MultiHeadAttention
+
+from .kernels import INT32, MS, Net, qkv
+
+
+class Fused:
+    """Attention in onnxruntime's own kernels: fewest nodes (best at small batch), but the CPU kernels loop over
+    (row, head) pairs, so they cost ~2 us per pair (285 us for 64 rows x 4 heads)."""
+
+    def __init__(self, lengths32: str) -> None:
+        self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
+
+    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                       past: str) -> tuple[str, str]:
+        """x (B, 1, E), past (2, B, h, t, d) -> context (B, 1, E) before fc_attn, present (2, B, h, t + 1, d)."""
+        w, b = qkv(net, attention)
+        context, present = net.op("Attention", [x, w, b, "", past], 2, MS, num_heads=spec.n_heads)
+        return context, present
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        """x (B, 1, E), keys/values (B, h, Ls, d) -> context (B, 1, E) before fc_attn."""
+        queries = attention.queries
+        query = net.linear(x, queries, bias=False)  # (B, 1, E); the kernel adds the bias
+        bias = torch.cat([queries.bias, torch.zeros(2 * queries.bias.numel())])  # (3E,): keys, values projected
+        return net.one("MultiHeadAttention", [query, keys, values, net.weight("q_b", bias), self.lengths32], MS,
+                       num_heads=spec.n_heads)
+
+
+class Batched:
+    """Attention in batched MatMuls over (row, head) (CTranslate2's layout for one query token: splitting heads
+    is a reshape, no transpose): more nodes, but 2-3x faster than the fused kernels from ~16 rows up."""
+
+    def __init__(self, mask_bias: str) -> None:
+        self.mask_bias = mask_bias  # (B, 1, 1, Ls): 0 where a source token is read, -inf on padding
+
+    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                       past: str) -> tuple[str, str]:
+        h, d = spec.n_heads, spec.head_dim
+        w, b = _scaled_qkv(attention, d)
+        projected = net.matmul(x, w, b)  # (B, 1, 3E)
+        split = net.one("Reshape", [projected, net.weight("shape", np.array([0, 3, h, 1, d], np.int64))])
+        split = net.one("Transpose", [split], perm=[1, 0, 2, 3, 4])  # (3, B, h, 1, d): q, k, v
+        query, new = net.op("Split", [split, net.weight("sizes", np.array([1, 2], np.int64))], 2, axis=0)
+        present = net.one("Concat", [past, new], axis=3)  # (2, B, h, t + 1, d)
+        keys, values = net.op("Split", [present, net.weight("halves", np.array([1, 1], np.int64))], 2, axis=0)
+        weights = net.one("Softmax", [net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 2, 4, 3])])],
+                          axis=-1)  # (1, B, h, 1, t + 1)
+        context = net.one("MatMul", [weights, values])  # (1, B, h, 1, d)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))]), present
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        h, d = spec.n_heads, spec.head_dim
+        scale = 1.0 / np.sqrt(d)
+        query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B, 1, E)
+        query = net.one("Reshape", [query, net.weight("heads", np.array([0, h, 1, d], np.int64))])  # (B, h, 1, d)
+        scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, 1, Ls)
+        weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
+        context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
+
+
+class FoldedFused(Fused):
+    """Fused, for beam search: the k beams of an input share its cross-attention keys/values (kept once per input,
+    not per row), so their queries attend as one (B, k, E) block, CTranslate2's layout: k times fewer (row, head)
+    pairs for the kernel. `fold`: the shape [B, -1, E]."""
+
+    def __init__(self, lengths32: str, fold: str) -> None:
+        super().__init__(lengths32)
+        self.fold = fold
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        block = net.one("Reshape", [x, self.fold])  # (B, k, E)
+        context = super().cross_attention(net, spec, block, attention, keys, values)  # (B, k, E)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, spec.d_model], np.int64))])
+
+
+class FoldedBatched(Batched):
+    """Batched, for beam search: an input's k queries against its one copy of the cross keys/values, (B, h, k, d)
+    by (B, h, d, Ls) (see FoldedFused). `fold`: the shape [B, -1, h, d]."""
+
+    def __init__(self, mask_bias: str, fold: str) -> None:
+        super().__init__(mask_bias)
+        self.fold = fold
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
+                        values: str) -> str:
+        scale = 1.0 / np.sqrt(spec.head_dim)
+        query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B * k, 1, E)
+        query = net.one("Transpose", [net.one("Reshape", [query, self.fold])], perm=[0, 2, 1, 3])  # (B, h, k, d)
+        scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, k, Ls)
+        weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
+        context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, spec.d_model], np.int64))])
+
+
+def _scaled_qkv(attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merged Q/K/V weights (E, 3E) and bias (3E,), the queries' part scaled by 1/sqrt(d)."""
+    scale = torch.tensor(1.0 / np.sqrt(head_dim), dtype=torch.float32)
+    w = torch.cat([attention.queries.weight * scale, attention.keys.weight, attention.values.weight]).T
+    b = torch.cat([attention.queries.bias * scale, attention.keys.bias, attention.values.bias])
+    return w, b
+
+
+def mask_bias(net: Net, lengths32: str, keys: str) -> str:
+    """(B, 1, 1, Ls) additive mask: 0 for source positions < length, -inf after; Ls from keys (B, h, Ls, d)."""
+    length = net.one("Cast", [net.one("Squeeze", [net.one("Shape", [keys], start=2, end=3)])], to=INT32)
+    index = net.one("Range", [net.weight("zero", np.array(0, np.int32)), length,
+                              net.weight("one", np.array(1, np.int32))])  # (Ls,)
+    lengths = net.one("Unsqueeze", [lengths32, net.weight("axis1", np.array([1], np.int64))])  # (B, 1)
+    bias = net.one("Where", [net.one("Less", [index, lengths]), net.weight("zero_f", np.array(0.0, np.float32)),
+                             net.weight("minus_inf", np.array(-np.inf, np.float32))])  # (B, Ls)
+    return net.one("Reshape", [bias, net.weight("shape", np.array([0, 1, 1, -1], np.int64))])
