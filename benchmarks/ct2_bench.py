@@ -209,7 +209,20 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
     if not numbers or min(numbers) < 1:
         raise click.BadParameter(f"expected integers >= 1, got {value!r}")
-    return numbers
+    return list(dict.fromkeys(numbers))  # each once, in the order given
+
+
+def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> None:
+    """--json and --plot: an existing folder, a .png plot, and no existing file replaced without --force."""
+    for path, flag in ((json_out, "--json"), (plot_out, "--plot")):
+        if path is None:
+            continue
+        if not path.parent.is_dir():
+            raise click.BadParameter(f"{path}: the folder {path.parent} does not exist", param_hint=flag)
+        if path.exists() and not force:
+            raise click.BadParameter(f"{path} exists; pass --force to replace it", param_hint=flag)
+    if plot_out is not None and plot_out.suffix.lower() != ".png":
+        raise click.BadParameter(f"{plot_out}: expected a .png file", param_hint="--plot")
 
 
 @click.command()
@@ -229,15 +242,17 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
               help="Write every figure (each decoder's times, the cross-check, the machine) here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a bar chart (PNG) of the best medians here.")
+@click.option("--force", is_flag=True, help="Replace an existing --json / --plot file.")
 def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[int], beams: list[int],
-         threads: list[int], json_out: Path | None, plot_out: Path | None) -> None:
+         threads: list[int], json_out: Path | None, plot_out: Path | None, force: bool) -> None:
     """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
     def note(line: str) -> None:
         click.echo(line, err=True)
 
+    check_outputs(json_out, plot_out, force)  # before a minute of work, not after
     if plot_out is not None:
         try:
-            require_matplotlib()  # before a minute of work, not after
+            require_matplotlib()
         except MissingExtraError as err:
             raise click.ClickException(str(err)) from None
     info = machine()
@@ -245,6 +260,9 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
     with tempfile.TemporaryDirectory(prefix="ct2-bench-") as tmp:
         dirs = prepare(checkpoint, Path(tmp), note)
         model = Seq2Seq.load(dirs["fp32"], provider="cpu")
+        if steps > model.spec.max_positions:
+            raise click.BadParameter(f"{steps} is more than this transformer's max_positions "
+                                     f"{model.spec.max_positions} (output token t reads row t)", param_hint="--steps")
         check_texts, texts = held_out(model.vocabularies["source"])
         translator = ctranslate2.Translator(str(dirs["ct2"]), device="cpu", compute_type="float32")
         check = cross_check(model, translator, check_texts, steps)

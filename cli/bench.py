@@ -27,9 +27,11 @@ from runtime.bench import (
     ort_call,
 )
 from runtime.bench_report import best_rows, format_best, format_table, plot_latency
+from runtime.contract import FAST_FILES
 from runtime.errors import Seq2OnnxError
-from runtime.infer_tokens import MAX_BATCH, MAX_BEAM
+from runtime.infer_tokens import MAX_BATCH
 from runtime.points import MAX_TARGET_LEN
+from runtime.search.beam import MAX_BEAM
 from runtime.sessions import CPU, PROVIDERS, max_threads
 
 from .common import check_threads_option as check_threads
@@ -222,14 +224,16 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
     from runtime.manifest import read_manifest
 
     try:
-        spec = read_manifest(model_dir).spec
+        manifest = read_manifest(model_dir)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
+    spec = manifest.spec
     values = resolve_grid(click.get_current_context(), model_dir, spec, axes)
-    if loop == "fused" and spec.kind == "tokens" and 1 not in values["beams"]:
+    beam_graph = FAST_FILES["beam"] in manifest.graphs  # a transformer's fast graphs: beam search in one call too
+    if loop == "fused" and spec.kind == "tokens" and 1 not in values["beams"] and not beam_graph:
         raise click.UsageError(f"--loop fused times the greedy loop graph, which decodes with beam 1, but the grid's "
                                f"beam sizes are {list(values['beams'])}; add --beam 1, or pass --loop step for beam "
-                               "search")
+                               "search (only a transformer's export has a beam search graph)")
     check_destinations(json_path, plot_path, force)
     if checkpoint is not None:
         require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")

@@ -41,10 +41,10 @@ class FiniteFloatRange(click.FloatRange):
     """A FloatRange that also refuses nan and +-inf, which pass every range comparison."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):  # said first: 'inf is not in the range' would hide what is wrong
             self.fail(f"expected a finite number, got {value!r}", param, ctx)
-        return number
+        return super().convert(number, param, ctx)
 
     def _describe_range(self) -> str:
         # click renders an unbounded range as 'x<=None'; say what is accepted instead

@@ -20,7 +20,7 @@ from runtime.evaluate import (
     no_progress,
 )
 from runtime.infer_tokens import MAX_BATCH as MAX_BATCH_SIZE
-from runtime.infer_tokens import MAX_BEAM
+from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
 from runtime.sessions import PROVIDERS
 from training.tokens.data import MAX_LEN_MARGIN
 
@@ -97,7 +97,8 @@ def accuracy_target(data: str, split: str, exact: float) -> dict[str, Any] | Non
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Score only the first N pairs of the split.")
 @click.option("--beam", type=click.IntRange(0, MAX_BEAM), default=DEFAULT_BEAM, show_default=True,
               help="Beam size scored beside greedy; 0 skips beam search.")
-@click.option("--length-penalty", type=FiniteFloatRange(), default=1.0, show_default=True,
+@click.option("--length-penalty", type=FiniteFloatRange(-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY), default=1.0,
+              show_default=True,
               help="Beam score = log-prob / length ** penalty.")
 @click.option("--batch-size", type=click.IntRange(1, MAX_BATCH_SIZE), default=DEFAULT_BATCH_SIZE, show_default=True,
               help="Sources per translate_batch call.")

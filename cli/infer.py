@@ -127,9 +127,9 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--device-id", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
-              help="Greedy decoding in the export's greedy loop graph, one onnxruntime call per batch; --no-fused "
-                   "runs the step loop, one call per output (the same results). Exports without the graph, and "
-                   "beam search and sampling, always use the step loop.")
+              help="Greedy decoding in the export's greedy loop graph, and a transformer's beam search in its beam "
+                   "graph, one onnxruntime call per batch; --no-fused runs the step loop, one call per output (the "
+                   "same results). Exports without the graphs, and sampling, always use the step loop.")
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
 @click.option("--ray", "on_ray", is_flag=True,
               help="Decode on Ray Data, one model per actor, into --output FILE.jsonl (needs the 'serve' extra).")

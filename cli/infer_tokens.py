@@ -12,13 +12,13 @@ from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import (
     DEFAULT_BATCH_SIZE,
     MAX_BATCH,
-    MAX_BEAM,
     POINT_SUFFIXES,
     SAMPLING,
     TOKEN_ONLY,
 )
 from runtime.manifest import read_manifest
 from runtime.points import MAX_TARGET_LEN
+from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
 
 from .common import FiniteFloatRange
 
@@ -35,7 +35,7 @@ def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "at most its max_positions)."),
         click.option("--min-len", type=click.IntRange(0, MAX_TARGET_LEN), default=0, show_default=True,
                      help="Token models: fewest output tokens before </s> may end an output."),
-        click.option("--length-penalty", type=FiniteFloatRange(), default=None,
+        click.option("--length-penalty", type=FiniteFloatRange(-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY), default=None,
                      help="Token models, with --beam > 1: score = log-prob / length ** penalty (default 1)."),
         click.option("--sample", is_flag=True, help="Token models: draw each token at random instead of searching."),
         click.option("--top-k", type=click.IntRange(0), default=None,

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from runtime.contract import graph_io, optional_graph_io
+from runtime.contract import FAST_FILES, graph_io, optional_graph_io
 from runtime.defaults import FP16, INT8
 from runtime.spec import ModelSpec
 
@@ -80,6 +80,10 @@ def precision_entry(model_dir: Path, spec: ModelSpec, mode: str) -> dict[str, An
     common = {"weights": mode, "io": "float32", "float32_ops": kept,
               "parity": "measured on the float32 graphs before conversion; 'quality' compares the converted ones "
                         "with them"}
+    if mode == INT8 and set(FAST_FILES.values()) & set(graphs):  # rebuilt from the weights, not converted
+        common["fast_graphs"] = ("DynamicQuantizeMatMul: int8 weights in [-63, 63] with one scale per output column, "
+                                 "activations quantized per call; the self-attention's Q/K/V projection (inside "
+                                 "the Attention kernel) float32")
     if mode == INT8:
         return {**common, "activations": "uint8, quantized per call (dynamic)", "per_channel": False,
                 "reduce_range": True, "tool": f"onnxruntime.quantization.quantize_dynamic "

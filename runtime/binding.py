@@ -10,16 +10,19 @@ the host first (its `numpy()`), and the next call moves it back.
 """
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
 import onnxruntime as ort
 
-from .errors import InputError, brief, one_line
+from .errors import Cancelled, InputError, brief, one_line
 
 DEVICE_TYPES = {"CUDAExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
-# A graph runner takes a feed {input name: array} and returns {output name: array (or device value)}.
-Runner = Callable[[dict[str, Any]], dict[str, Any]]
+# A graph runner takes a feed {input name: array} (and optionally a `cancel` to watch the run with) and returns
+# {output name: array (or device value)}.
+Runner = Callable[..., dict[str, Any]]
 
 
 def shape_of(value: Any) -> tuple[int, ...]:
@@ -28,23 +31,78 @@ def shape_of(value: Any) -> tuple[int, ...]:
     return tuple(shape() if callable(shape) else shape)
 
 
+class Watchdog:
+    """One daemon thread that asks the `cancel` of every watched run, each POLL_S, and sets onnxruntime's terminate
+    flag on the run whose caller says stop: a graph that decodes in one call (the greedy loop, the beam graph)
+    stops within milliseconds, between two of its kernels, instead of running to its end."""
+
+    POLL_S = 0.005
+
+    def __init__(self) -> None:
+        self._runs: dict[int, tuple[ort.RunOptions, Callable[[], bool]]] = {}
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, options: ort.RunOptions, cancel: Callable[[], bool]) -> None:
+        with self._wake:
+            self._runs[id(options)] = (options, cancel)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="seq2onnx-watchdog", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def unwatch(self, options: ort.RunOptions) -> None:
+        with self._wake:
+            self._runs.pop(id(options), None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._runs:
+                    self._wake.wait()
+                runs = list(self._runs.values())
+            for options, cancel in runs:
+                try:
+                    stop = bool(cancel())
+                except Exception:  # a broken cancel must not kill the watchdog; the run's own check reports it
+                    stop = False
+                if stop:
+                    options.terminate = True
+            time.sleep(self.POLL_S)
+
+
+WATCHDOG = Watchdog()
+
+
 class SessionRunner:
     """`session.run` by output name, onnxruntime's untyped failures (memory for a huge batch, a bad hand-made feed)
-    raised as InputError naming the graph."""
+    raised as InputError naming the graph. With `cancel`, the run is watched (`Watchdog`) and stops with Cancelled
+    as soon as `cancel()` says so."""
 
     def __init__(self, session: Any, outputs: list[str], name: str) -> None:
         self.session, self.outputs, self.name = session, list(outputs), name
 
-    def __call__(self, feed: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, feed: dict[str, Any], cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
+        options = None
+        if cancel is not None:
+            options = ort.RunOptions()
+            options.log_severity_level = 4  # a terminated run is not an error worth logging
+            WATCHDOG.watch(options, cancel)
         try:
-            return dict(zip(self.outputs, self._run(feed)))
+            return dict(zip(self.outputs, self._run(feed, options)))
         except Exception as exc:
+            if options is not None and options.terminate:
+                raise Cancelled(f"{self.name}: cancelled by its caller while it ran (a deadline passed or the "
+                                "client went away)") from None
             shapes = {k: shape_of(v) for k, v in feed.items()}
             raise InputError(f"{self.name}: onnxruntime could not run on inputs of shapes {brief(shapes)} "
                              f"({one_line(exc)}); pass a smaller batch or shorter sources") from None
+        finally:
+            if options is not None:
+                WATCHDOG.unwatch(options)
 
-    def _run(self, feed: dict[str, Any]) -> list[Any]:
-        return self.session.run(self.outputs, feed)
+    def _run(self, feed: dict[str, Any], options: ort.RunOptions | None = None) -> list[Any]:
+        return self.session.run(self.outputs, feed, options)
 
 
 class BoundRunner(SessionRunner):
@@ -57,7 +115,7 @@ class BoundRunner(SessionRunner):
         self.device = DEVICE_TYPES.get(session.get_providers()[0], "cpu")
         self.device_id = device_id if self.device != "cpu" else 0
 
-    def _run(self, feed: dict[str, Any]) -> list[Any]:
+    def _run(self, feed: dict[str, Any], options: ort.RunOptions | None = None) -> list[Any]:
         binding = self.session.io_binding()
         for name, value in feed.items():
             if isinstance(value, ort.OrtValue):
@@ -67,7 +125,7 @@ class BoundRunner(SessionRunner):
         for name in self.outputs:
             kept = name in self.keep
             binding.bind_output(name, self.device if kept else "cpu", self.device_id if kept else 0)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, options)
         return [v if name in self.keep else v.numpy() for name, v in zip(self.outputs, binding.get_outputs())]
 
 

@@ -13,6 +13,7 @@ from runtime.search.step import Hypothesis, State
 
 from .binding import Runner
 from .contract import greedy_io
+from .points import Cancel  # asked while a one-call graph runs too: True stops it (runtime.errors.Cancelled)
 from .spec import ModelSpec
 from .vocab import EOS
 
@@ -26,18 +27,21 @@ class GreedyLoop:
         self._run = run  # the greedy loop session's runner (errors typed, inputs on the host or the device)
         self.inputs, self.outputs = list(io["inputs"]), list(io["outputs"])
 
-    def points(self, states: dict[str, np.ndarray], target_len: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Encoder states (and source_mask) -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None."""
+    def points(self, states: dict[str, np.ndarray], target_len: int,
+               cancel: Cancel | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Encoder states (and source_mask) -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None; `cancel`
+        stops the run while it runs (Cancelled)."""
         feed = {name: states[name] for name in self.inputs if name != "target_len"}
         feed["target_len"] = np.array(target_len, dtype=np.int64)  # >= 1: checked by the caller
-        result = self._run(feed)
+        result = self._run(feed, cancel)
         return result["outputs"], result.get("alphas")
 
-    def tokens(self, state: State, max_length: int, min_length: int, return_attention: bool) -> list[Hypothesis]:
+    def tokens(self, state: State, max_length: int, min_length: int, return_attention: bool,
+               cancel: Cancel | None = None) -> list[Hypothesis]:
         """The encoder's state -> one Hypothesis per row: tokens before its eos, summed log-prob with the eos."""
         feed = {**{name: state[name] for name in self.inputs if name in state},
                 "max_length": np.array(max_length, dtype=np.int64), "min_length": np.array(min_length, np.int64)}
-        result = self._run(feed)
+        result = self._run(feed, cancel)
         tokens, log_probs = result["tokens"], result["token_log_probs"]  # (N, T), (N, T)
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
         ends = tokens == EOS  # (N, T)
@@ -58,15 +62,16 @@ class BeamGraph:
         self._run = run
 
     def hypotheses(self, source_ids: np.ndarray, source_lengths: np.ndarray, beam_size: int, num_hypotheses: int,
-                   length_penalty: float, max_length: int, min_length: int) -> list[list[Hypothesis]]:
+                   length_penalty: float, max_length: int, min_length: int,
+                   cancel: Cancel | None = None) -> list[list[Hypothesis]]:
         """Up to num_hypotheses Hypotheses per input, best first, as `runtime.search.beam_search` finds them (the
-        arguments checked by the caller)."""
+        arguments checked by the caller); `cancel` stops the run while it runs (Cancelled)."""
         scalars = {"max_length": max_length, "min_length": min_length, "beam_size": beam_size,
                    "num_hypotheses": num_hypotheses}
         feed = {"source_ids": source_ids, "source_lengths": source_lengths,
                 "length_penalty": np.array(length_penalty, np.float64),
                 **{name: np.array(value, np.int64) for name, value in scalars.items()}}
-        result = self._run(feed)
+        result = self._run(feed, cancel)
         scores, log_probs, tokens, lengths = (result[n] for n in ("scores", "log_probs", "tokens", "lengths"))
         return [[Hypothesis(tokens[b, j, :lengths[b, j]].tolist(), float(scores[b, j]), float(log_probs[b, j]))
                  for j in range(scores.shape[1]) if np.isfinite(scores[b, j])] for b in range(scores.shape[0])]

@@ -23,7 +23,7 @@ from .vocab import EOS_TOKEN, UNK, Vocabulary
 TOKEN_OUTPUT_SUFFIXES = (".jsonl",)
 POINT_SUFFIXES = (".npy", ".npz", ".json")  # what point models read; a token model reads text lines
 MAX_LINE_BYTES = 1 << 20  # one input line, read no further; the source token limit refuses far shorter lines
-MAX_BEAM, MAX_BATCH = 256, 4096  # rows = batch * beam; beyond these a decode only exhausts memory
+MAX_BATCH = 4096  # rows = batch * beam (beam: at most runtime.search.beam.MAX_BEAM); beyond, memory runs out
 DEFAULT_BATCH_SIZE = 32
 ATTENTION_DECIMALS = 6  # float32 weights printed in full would triple the JSON for no information
 UTF8_BOM = b"\xef\xbb\xbf"

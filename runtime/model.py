@@ -138,7 +138,7 @@ class Seq2Seq:
         elif self._greedy is not None:
             states = self._encode({"source": src, "source_mask": mask})
             points = self._greedy.points if cancel is None else stoppable(self._greedy.points, cancel)
-            outputs, attention = points({**states, "source_mask": mask}, steps)
+            outputs, attention = points({**states, "source_mask": mask}, steps, cancel)  # watched while it runs
             check_outputs(src, outputs, attention)
         else:
             run_encoder, run_step = ((self._encode, self._decode_step) if self.io_binding

@@ -35,7 +35,7 @@ from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_regular_file, sha256_bytes
 from .points import Cancel, stoppable
 from .search import beam_search, greedy_search, sample
-from .search.beam import check_beam
+from .search.beam import MAX_BEAM, check_beam
 from .spec import ModelSpec
 from .vocab import BOS, EOS, VocabError, Vocabulary
 
@@ -102,13 +102,14 @@ class TokenSteps:
         return view
 
     def greedy_tokens(self, source_ids: np.ndarray, source_lengths: np.ndarray, max_length: int, min_length: int,
-                      return_attention: bool) -> list[Hypothesis]:
-        """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call."""
+                      return_attention: bool, cancel: Cancel | None = None) -> list[Hypothesis]:
+        """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call;
+        `cancel` is watched while the loop runs."""
         greedy = self.graphs(len(source_ids)).greedy
         sources = {"source_ids": source_ids, "source_lengths": source_lengths}
         reads_sources = set(sources) <= set(greedy.inputs)
         state = sources if reads_sources else self.encode(source_ids, source_lengths)
-        return greedy.tokens(state, max_length, min_length, return_attention)
+        return greedy.tokens(state, max_length, min_length, return_attention, cancel)
 
 
 class Graphs(NamedTuple):
@@ -208,11 +209,16 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
               return_attention: bool = False, cancel: Cancel | None = None) -> list[list[Translation]]:
     """Encode the texts once, decode with the chosen strategy, and turn ids back into text. `cancel` is asked
     before every decoder step (the greedy loop graph: before its one call): True stops with Cancelled."""
+    texts = check_texts(texts)
+    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length)
+    check_int("beam_size", beam_size, 1, MAX_BEAM)  # every option checked, even for no texts
+    check_beam(beam_size, num_hypotheses, length_penalty)
+    check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
+    if not isinstance(return_attention, bool):
+        raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
     if steps.fast is not None and not return_attention:  # the fast graphs carry no attention weights
         steps = steps.fast
     step = steps.step if cancel is None else stoppable(steps.step, cancel)
-    texts = check_texts(texts)
-    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length)
     if not texts:
         return []
     ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec)
@@ -229,8 +235,8 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     if beam is not None and (beam_size != 1 or num_hypotheses != 1):  # one call: the export's beam graph
         k, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
         check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
-        run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)
-        found = run(ids, lengths, k, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length)
+        run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
+        found = run(ids, lengths, k, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length, cancel)
     elif beam_size != 1 or num_hypotheses != 1:
         state = steps.encode(ids, lengths) if state is None else state
         found = beam_search(step, state, steps.batch_axes, beam_size=beam_size, num_hypotheses=num_hypotheses,
@@ -242,7 +248,8 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     elif greedy_loop:  # one call (with the encoder's, two): the export's greedy loop graph
         check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
         tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
-        found = [[h] for h in tokens(ids, lengths, max_decoding_length, min_decoding_length, return_attention)]
+        found = [[h] for h in tokens(ids, lengths, max_decoding_length, min_decoding_length, return_attention,
+                                     cancel)]
     else:
         state = steps.encode(ids, lengths) if state is None else state
         found = [[h] for h in greedy_search(step, state, steps.batch_axes, **common)]

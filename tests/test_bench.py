@@ -261,3 +261,11 @@ if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
 @pytest.mark.parametrize("name", list(BENCH_CASES))
 def test_bench_refuses(workspace: Path, name: str) -> None:
     assert_refused(workspace, BENCH_CASES[name])
+
+
+def test_fused_beam_cells_alone_on_a_transformer_export(transformer_export: Any) -> None:
+    """--loop fused --beam 5: a transformer's export decodes beam search in its beam graph, so the cells exist."""
+    result = bench(transformer_export.path, *grid_args([1], [3], [4], [5]), "--loop", "fused", *QUICK, "--json", "-")
+    assert result.returncode == 0, result.stderr
+    cells = json.loads(result.stdout)["cells"]
+    assert {(c["loop"], c["beam"]) for c in cells} == {("fused", 5)}

@@ -15,6 +15,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
+    from ct2_bench import main as bench_main  # noqa: E402
     from ct2_check import check_failures, cross_check  # noqa: E402
     from ct2_check import main as check_main  # noqa: E402
     from ct2_convert import ConversionError, convert, convert_model, main, source_tokens  # noqa: E402
@@ -137,3 +138,19 @@ def test_help_of_each_script(command, usage):
 
     result = CliRunner().invoke(command, ["--help"])
     assert result.exit_code == 0 and usage in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--plot", "{tmp}/chart.txt"], "expected a .png file"),
+    (["--json", "{tmp}/missing/out.json"], "does not exist"),
+    (["--json", "{tmp}/kept.json"], "exists; pass --force to replace it"),
+])
+def test_the_benchmark_refuses_bad_outputs_before_any_work(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    (tmp_path / "kept.json").write_text("mine")
+    checkpoint = ROOT / "artifacts" / "dates-checkpoint"  # refused later (not a transformer): never reached here
+    result = CliRunner().invoke(bench_main, ["--checkpoint", str(checkpoint),
+                                             *(a.format(tmp=tmp_path) for a in args)])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert (tmp_path / "kept.json").read_text() == "mine"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import onnx
 import pytest
 
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
-from runtime.errors import InputError, IntegrityError
+from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.tokens import WIDE_ROWS
@@ -159,14 +160,37 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (dict(beam_size=0), "beam_size must be an int >= 1"),
+    (dict(beam_size=0), "beam_size must be an int in \\[1, 256\\]"),
+    (dict(beam_size=257), "beam_size must be an int in \\[1, 256\\]"),
+    (dict(beam_size=True), "beam_size must be an int in"),
     (dict(beam_size=2, num_hypotheses=3), "num_hypotheses must be an int in \\[1, 2\\]"),
     (dict(beam_size=2, length_penalty=60.0), "length_penalty must be from -50 to 50"),
+    (dict(length_penalty=float("nan")), "length_penalty must be a finite float"),
     (dict(beam_size=2, min_decoding_length=9, max_decoding_length=4), "min_decoding_length must be an int in"),
-    (dict(beam_size=2.5), "beam_size must be an int >= 1"),
+    (dict(beam_size=2.5), "beam_size must be an int in"),
+    (dict(return_attention="yes"), "return_attention: expected True or False"),
 ])
-def test_the_beam_graph_path_refuses_what_the_numpy_search_refuses(fast_export, options, message):
+@pytest.mark.parametrize("texts", [2, 0], ids=["texts", "no texts"])
+def test_the_beam_graph_path_refuses_what_the_numpy_search_refuses(fast_export, options, message, texts):
     runtime = Seq2Seq.load(fast_export.path)
     assert runtime.token_steps.fast.beam is not None
     with pytest.raises(InputError, match=message):
-        runtime.translate_batch(_texts(2), **options)
+        runtime.translate_batch(_texts(texts), **options)  # options are checked even when there is nothing to do
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=32), dict()], ids=["beam graph", "greedy graph"])
+def test_a_one_call_graph_stops_while_it_runs_when_cancel_says_so(fast_export, options):
+    """The watchdog terminates the run: cancel says stop from its second question on (the first is asked before
+    the call), and the decode ends with Cancelled long before it would have finished."""
+    runtime = Seq2Seq.load(fast_export.path, threads=1)
+    texts = _texts(64 if options else 4096)
+    long = dict(min_decoding_length=32, max_decoding_length=32, **options)
+    start = time.monotonic()
+    runtime.translate_batch(texts, **long)
+    whole = time.monotonic() - start
+    asked = []
+    start = time.monotonic()
+    with pytest.raises(Cancelled, match="cancelled by its caller while it ran"):
+        runtime.translate_batch(texts, cancel=lambda: asked.append(1) or len(asked) > 1, **long)
+    assert time.monotonic() - start < whole / 2, (time.monotonic() - start, whole)
+    assert runtime.translate_batch(_texts(2), **options)  # the session is fine afterwards

@@ -67,7 +67,7 @@ def test_beam_n_best_and_seeded_sampling(token_export):
     (["one " * 2000], {}, "more than the 1024 allowed"),
     (["one"], {"beam": 3}, "unknown options ['beam']"),
     (["one"], {"beam_size": 3, "sampling_topk": 5}, "sampling needs beam_size 1"),
-    (["one"], {"beam_size": 0}, "beam_size must be an int >= 1"),
+    (["one"], {"beam_size": 0}, "beam_size must be an int in [1, 256]"),
     (["one"], {"sampling_topp": 1.5, "sampling_topk": 0}, "sampling_topp"),
 ])
 def test_bad_translate_inputs_are_one_line_input_errors(token_export, texts, options, message):

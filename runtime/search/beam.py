@@ -44,6 +44,7 @@ from .step import (
 )
 from .trace import Trace
 
+MAX_BEAM = 256  # translate_batch's and the CLI's limit: wider beams only exhaust memory (100,000: 5-8 GB, one text)
 MAX_LENGTH_PENALTY = 50  # lengths up to 10,000 (MAX_TARGET_LEN) ** +-50 stay finite in float64
 
 
