@@ -208,51 +208,46 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
               sampling_topp: float = 1.0, sampling_temperature: float = 1.0, seed: int | None = None,
               return_attention: bool = False, cancel: Cancel | None = None) -> list[list[Translation]]:
     """Encode the texts once, decode with the chosen strategy, and turn ids back into text. `cancel` is asked
-    before every decoder step (the greedy loop graph: before its one call): True stops with Cancelled."""
+    before every decoder step (a one-call graph, the greedy loop or the beam graph: before it, and while it runs):
+    True stops with Cancelled."""
     texts = check_texts(texts)
     max_decoding_length = check_decoding_length(steps.spec, max_decoding_length)
     check_int("beam_size", beam_size, 1, MAX_BEAM)  # every option checked, even for no texts
-    check_beam(beam_size, num_hypotheses, length_penalty)
+    _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
     check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
     if not isinstance(return_attention, bool):
         raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
-    if steps.fast is not None and not return_attention:  # the fast graphs carry no attention weights
-        steps = steps.fast
-    step = steps.step if cancel is None else stoppable(steps.step, cancel)
-    if not texts:
-        return []
-    ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec)
-    common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, min_decoding_length=min_decoding_length,
-                  max_decoding_length=max_decoding_length, return_attention=return_attention,
-                  constant=steps.constant)
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
     if sampling and beam_size != 1:
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")
-    greedy_loop = not sampling and beam_size == 1 and num_hypotheses == 1 and steps.greedy is not None
-    beam = steps.graphs(len(texts) * beam_size).beam if isinstance(beam_size, int) and not sampling else None
-    state = None if greedy_loop or beam is not None else steps.encode(ids, lengths)
-    if beam is not None and (beam_size != 1 or num_hypotheses != 1):  # one call: the export's beam graph
-        k, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
-        check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
+    if steps.fast is not None and not return_attention:  # the fast graphs carry no attention weights
+        steps = steps.fast
+    if not texts:
+        return []
+    ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec)
+    step = steps.step if cancel is None else stoppable(steps.step, cancel)
+    common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, min_decoding_length=min_decoding_length,
+                  max_decoding_length=max_decoding_length, return_attention=return_attention,
+                  constant=steps.constant)
+    beam = steps.graphs(len(texts) * beam_size).beam  # a transformer's beam search graph, or None
+    if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
         run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
-        found = run(ids, lengths, k, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length, cancel)
+        found = run(ids, lengths, beam_size, num_hypotheses, length_penalty, max_decoding_length,
+                    min_decoding_length, cancel)
     elif beam_size != 1 or num_hypotheses != 1:
-        state = steps.encode(ids, lengths) if state is None else state
-        found = beam_search(step, state, steps.batch_axes, beam_size=beam_size, num_hypotheses=num_hypotheses,
-                            length_penalty=length_penalty, **common)
+        found = beam_search(step, steps.encode(ids, lengths), steps.batch_axes, beam_size=beam_size,
+                            num_hypotheses=num_hypotheses, length_penalty=length_penalty, **common)
     elif sampling:
-        state = steps.encode(ids, lengths) if state is None else state
-        found = [[h] for h in sample(step, state, steps.batch_axes, sampling_temperature=sampling_temperature,
-                                     sampling_topk=sampling_topk, sampling_topp=sampling_topp, seed=seed, **common)]
-    elif greedy_loop:  # one call (with the encoder's, two): the export's greedy loop graph
-        check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
+        found = [[h] for h in sample(step, steps.encode(ids, lengths), steps.batch_axes, seed=seed,
+                                     sampling_temperature=sampling_temperature, sampling_topk=sampling_topk,
+                                     sampling_topp=sampling_topp, **common)]
+    elif steps.greedy is not None:  # one call (two where the encoder is its own graph): the greedy loop graph
         tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
         found = [[h] for h in tokens(ids, lengths, max_decoding_length, min_decoding_length, return_attention,
                                      cancel)]
     else:
-        state = steps.encode(ids, lengths) if state is None else state
-        found = [[h] for h in greedy_search(step, state, steps.batch_axes, **common)]
+        found = [[h] for h in greedy_search(step, steps.encode(ids, lengths), steps.batch_axes, **common)]
     target = vocabularies["target"]
     return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]
