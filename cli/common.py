@@ -43,7 +43,8 @@ class FiniteFloatRange(click.FloatRange):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):  # said first: 'inf is not in the range' would hide what is wrong
-            self.fail(f"expected a finite number, got {value!r}", param, ctx)
+            bounds = "" if self.min is None and self.max is None else f" in {self._describe_range()}"
+            self.fail(f"expected a finite number{bounds}, got {value!r}", param, ctx)
         return super().convert(number, param, ctx)
 
     def _describe_range(self) -> str:
