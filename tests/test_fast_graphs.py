@@ -194,3 +194,17 @@ def test_a_one_call_graph_stops_while_it_runs_when_cancel_says_so(fast_export, o
         runtime.translate_batch(texts, cancel=lambda: asked.append(1) or len(asked) > 1, **long)
     assert time.monotonic() - start < whole / 2, (time.monotonic() - start, whole)
     assert runtime.translate_batch(_texts(2), **options)  # the session is fine afterwards
+
+
+@pytest.mark.parametrize("options", [dict(), dict(beam_size=3), dict(sampling_topk=0, seed=3)],
+                         ids=["greedy", "beam", "sampling"])
+def test_io_binding_decodes_the_fast_graphs_as_the_plain_runner_does(fast_export, options):
+    """IO binding (on by default with CUDA; forced here on the CPU) keeps the fast step's fed-back cache bound."""
+    bound, plain = Seq2Seq.load(fast_export.path, io_binding=True), Seq2Seq.load(fast_export.path)
+    for rows in (1, WIDE_ROWS + 1):
+        for fused in (True, False):
+            got = Seq2Seq.load(fast_export.path, io_binding=True, fused=fused).translate_batch(
+                _texts(rows), max_decoding_length=10, **options)
+            want = plain.translate_batch(_texts(rows), max_decoding_length=10, **options)
+            assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in want]
+    assert bound.token_steps.fast is not None
