@@ -36,6 +36,7 @@ from .kernels import (
     decoder,
     encoder,
     graph,
+    position_table,
     tensor,
 )
 
@@ -181,7 +182,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
     net = Net("beam/", skip_norm=isinstance(o.attend, Fused), int8=int8)
     names = {n: f"beam/{n}" for n in CARRIED}
     pasts = [f"beam/past_{i}" for i in range(spec.layers)]
-    table = (model.positions.learned.weight if model.positions.learned is not None else model.positions.table)
+    table = position_table(model)
     tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), names["tokens"]])
     positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), "beam/iter"])  # (1, E)
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
@@ -208,7 +209,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
 def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
                int8: bool = False) -> onnx.ModelProto:
     """The beam search graph, declared as `contract.fast_graph_io(spec)["beam"]`."""
-    from .fast import _inputs, _model, _types  # fast.py lists this builder among its graphs
+    from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]
     net = Net(skip_norm=False, int8=int8)
@@ -218,6 +219,5 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
                   body=_body(model, spec, outer, int8))
     for name, value in zip(("scores", "log_probs", "tokens", "lengths"), outs[4:8]):
         net.op("Identity", [value], [name])
-    types = {**_types(spec), "length_penalty": DOUBLE, "beam_size": INT64, "num_hypotheses": INT64,
-             "scores": DOUBLE, "log_probs": DOUBLE, "lengths": INT64}
+    types = {**TYPES, "length_penalty": DOUBLE, "scores": DOUBLE, "log_probs": DOUBLE}
     return _model(graph(net, "fast_beam", _inputs(io["inputs"], types), _inputs(io["outputs"], types), doc))

@@ -39,6 +39,7 @@ from .kernels import (
     decoder,
     encoder,
     graph,
+    position_table,
     tensor,
 )
 
@@ -47,13 +48,14 @@ MS_OPSET = 1
 
 
 def _inputs(io: dict, types: dict[str, int]) -> list[onnx.ValueInfoProto]:
+    """Typed value infos of declared inputs or outputs: `types`, float32 for the rest."""
     return [tensor(name, types.get(name, FLOAT), dims) for name, dims in io.items()]
 
 
-def _types(spec: ModelSpec) -> dict[str, int]:
-    ints = ["source_ids", "source_lengths", "previous_tokens", "positions", "next_positions", "max_length",
-            "min_length", "tokens"]
-    return {**{n: INT64 for n in ints}, "memory_lengths": INT32}
+INTS = ("source_ids", "source_lengths", "previous_tokens", "positions", "next_positions", "max_length", "min_length",
+        "tokens", "beam_size", "num_hypotheses", "lengths")
+# Element types of the fast graphs' inputs and outputs; the rest are float32.
+TYPES = {**{n: INT64 for n in INTS}, "memory_lengths": INT32}
 
 
 def _model(g: onnx.GraphProto) -> onnx.ModelProto:
@@ -61,10 +63,6 @@ def _model(g: onnx.GraphProto) -> onnx.ModelProto:
                                                 helper.make_opsetid(MS, MS_OPSET)])
     model.ir_version = 8
     return model
-
-
-def _table(model: TransformerSeq2Seq):
-    return model.positions.learned.weight if model.positions.learned is not None else model.positions.table
 
 
 def _first_state(net: Net, spec: ModelSpec, lengths: str) -> list[str]:
@@ -89,8 +87,8 @@ def encoder_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, int8: bo
         produced.update({f"past_{i}": empty, f"cross_keys_{i}": cross[2 * i], f"cross_values_{i}": cross[2 * i + 1]})
     for name in io["outputs"]:  # graph outputs under their declared names
         net.op("Identity", [produced[name]], [name])
-    return _model(graph(net, "fast_encoder", _inputs(io["inputs"], _types(spec)),
-                        _inputs(io["outputs"], _types(spec)), doc))
+    return _model(graph(net, "fast_encoder", _inputs(io["inputs"], TYPES),
+                        _inputs(io["outputs"], TYPES), doc))
 
 
 def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
@@ -101,7 +99,7 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     axis1 = net.weight("axis1", np.array([1], np.int64))
     tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight),
                                 net.one("Unsqueeze", ["previous_tokens", axis1])])  # (B, 1, E)
-    positions = net.one("Gather", [net.weight("positions", _table(model)),
+    positions = net.one("Gather", [net.weight("positions", position_table(model)),
                                    net.one("Unsqueeze", ["positions", axis1])])  # (B, 1, E)
     pasts = [f"past_{i}" for i in range(spec.layers)]
     cross = [f"cross_{kv}_{i}" for i in range(spec.layers) for kv in ("keys", "values")]
@@ -110,8 +108,8 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     net.op("Add", ["positions", net.weight("one", np.array(1, np.int64))], ["next_positions"])
     for i, present in enumerate(presents):
         net.op("Identity", [present], [f"present_{i}"])
-    return _model(graph(net, "fast_decoder_step", _inputs(io["inputs"], _types(spec)),
-                        _inputs(io["outputs"], _types(spec)), doc))
+    return _model(graph(net, "fast_decoder_step", _inputs(io["inputs"], TYPES),
+                        _inputs(io["outputs"], TYPES), doc))
 
 
 def _penalties(net: Net, spec: ModelSpec) -> str:
@@ -130,7 +128,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     """The loop body: (iter, cond, last token (B, 1), finished (B, 1, 1), past_i...) -> (cond, token, finished,
     present_i..., scanned token and log-prob (B, 1, 1))."""
     net = Net("body/", skip_norm=isinstance(attend, Fused), int8=int8)
-    table = _table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), the stream's (S, E) skip
+    table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), the stream's (S, E) skip
     tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), "body/last"])
     positions = net.one("Gather", [net.weight("positions", table), "body/iter"])  # (1, E)
     pasts = [f"body/past_{i}" for i in range(spec.layers)]
@@ -177,8 +175,8 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
     after = net.one("Greater", [net.one("Sub", [seen, is_eos]), net.weight("zero", np.array(0, np.int64))])
     net.op("Where", [after, net.weight("pad", np.array(PAD, np.int64)), tokens], ["tokens"])
     net.op("Where", [after, net.weight("zero_f", np.array(0.0, np.float32)), log_probs], ["token_log_probs"])
-    return _model(graph(net, "fast_greedy", _inputs(io["inputs"], _types(spec)),
-                        _inputs(io["outputs"], _types(spec)), doc))
+    return _model(graph(net, "fast_greedy", _inputs(io["inputs"], TYPES),
+                        _inputs(io["outputs"], TYPES), doc))
 
 
 FAST_BUILDERS = {"encoder": encoder_model, "step": step_model, "greedy": greedy_model,  # by FAST_FILES role

@@ -140,11 +140,16 @@ def _next_norm(layers: list, i: int, final: torch.nn.Module, pick: str) -> torch
     return getattr(layers[i + 1], pick).norm if i + 1 < len(layers) else final
 
 
+def position_table(model: TransformerSeq2Seq) -> torch.Tensor:
+    """(max_positions, E): the sinusoids, or the learned table."""
+    return model.positions.learned.weight if model.positions.learned is not None else model.positions.table
+
+
 def encoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, ids: str, lengths32: str) -> str:
     """ids (B, L) int64 and lengths (B,) int32 -> memory (B, L, E)."""
     layers: list[Encoder] = list(model.encoder_layers)
     pre = spec.norm == "pre"
-    table = model.positions.learned.weight if model.positions.learned is not None else model.positions.table
+    table = position_table(model)
     length = net.one("Shape", [ids], start=1, end=2)  # (1,)
     positions = net.one("Slice", [net.weight("positions", table), net.weight("zero", np.array([0], np.int64)),
                                   length, net.weight("axis0", np.array([0], np.int64))])  # (L, E)
