@@ -17,11 +17,11 @@ with the </s>), repeated in order to fill a batch. Every case (batch, beam) deco
 hypothesis on both sides (min = max = --steps; checked on the warm-up outputs). Decoders of a case, each side x
 precision x thread count: seq2onnx `Seq2Seq.load(dir, threads=t).translate_batch(texts, ...)` (text in, text out)
 and CT2 `Translator(dir, device="cpu", compute_type=..., intra_threads=t, inter_threads=1).translate_batch(tokens,
-...)` (tokens in, tokens out). After WARMUP untimed calls each, --repeats rounds run every decoder in turn, so drift hits
-all alike; in a round each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for
-every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a
-service under load runs it, not right after seven other decoders evicted it. Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2
-(> 1: seq2onnx is slower).
+...)` (tokens in, tokens out). After WARMUP untimed calls each, --repeats rounds run every decoder in turn, so drift
+hits all alike; in a round each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count
+for every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a
+service under load runs it, not right after seven other decoders evicted it. Figures are medians; each side is
+reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is slower).
 """
 from __future__ import annotations
 

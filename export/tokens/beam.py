@@ -2,13 +2,14 @@
 body is the fast decoder step and `runtime.search.beam`'s rules written in ONNX ops, so one `run` decodes a batch.
 
 Rows are (batch x beam), input b owning rows b*k .. b*k+k-1; the cross-attention keys/values stay once per input,
-and an input's k queries attend to them as one block (CTranslate2's layout; kernels.FoldedFused). Each step, as the numpy search: log-probs (eos at -inf below min_length) plus each row's summed
-log-prob (float64), the best min(2k, kV) extensions per input by TopK (ties: the lower flat index, as a stable sort),
-eos among the first k of them becomes a finished hypothesis scored sum / (t + 1) ** length_penalty, the first k
-non-eos stay live, and at max_length the live ones end as they are. Finished hypotheses merge into each input's
-n-best by one TopK over (n-best, new) (ties: earlier first, as a stable sort). An input is done when its n-best is
-full and no live beam can beat the worst (the same bound); done inputs keep running, masked, until all are done.
-Token histories are kept per row (batch x beam, max_length), reordered with the caches.
+and an input's k queries attend to them as one block (CTranslate2's layout; kernels.FoldedFused). Each step, as the
+numpy search: log-probs (eos at -inf below min_length) plus each row's summed log-prob (float64), the best min(2k,
+kV) extensions per input by TopK (ties: the lower flat index, as a stable sort), eos among the first k of them
+becomes a finished hypothesis scored sum / (t + 1) ** length_penalty, the first k non-eos stay live, and at
+max_length the live ones end as they are. Finished hypotheses merge into each input's n-best by one TopK over
+(n-best, new) (ties: earlier first, as a stable sort). An input is done when its n-best is full and no live beam can
+beat the worst (the same bound); done inputs keep running, masked, until all are done. Token histories are kept per
+row (batch x beam, max_length), reordered with the caches.
 
 Inputs: source_ids, source_lengths, max_length, min_length, beam_size, num_hypotheses (int64 scalars) and
 length_penalty (float64 scalar). Outputs (batch, num_hypotheses[, max_length]): scores, log_probs (float64), tokens

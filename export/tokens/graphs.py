@@ -122,7 +122,8 @@ FAST_DOCS = {
     "lengths; a slot scored -inf holds no hypothesis.",
 }
 WIDE = " Attention in batched MatMuls instead of the fused kernels: faster for many rows (runtime.tokens.WIDE_ROWS)."
-FAST_DOCS.update({FAST_FILES[f"wide_{role}"]: FAST_DOCS[FAST_FILES[role]] + WIDE for role in ("step", "greedy", "beam")})
+FAST_DOCS.update({FAST_FILES[f"wide_{role}"]: FAST_DOCS[FAST_FILES[role]] + WIDE
+                  for role in ("step", "greedy", "beam")})
 GREEDY_DOCS = {
     GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder; the "
     "first token is bos, each next one the argmax (ties: lowest id). The encoder's state, max_length (int64 scalar, "

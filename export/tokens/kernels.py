@@ -4,10 +4,10 @@ per cross-attention over keys/values the encoder projected once, `SkipLayerNorma
 and the LayerNorm after it, and plain MatMul/Add/Relu for the rest. A decoder step of the 2+2-layer `dates`
 transformer is ~34 kernels where the traced graph runs ~120 (Shape/Gather/Unsqueeze/Concat chains for every view).
 
-`Net` collects the nodes and weights; `encoder` and `decoder` append one stack each, reading the model's weights,
-so the fast step graph, the greedy and beam loops and the fast encoder all run the same nodes; the decoder's
-attention comes in the kinds of `export.tokens.attention` (fused kernels, or batched MatMuls for many rows). What they compute is the
-traced graphs' arithmetic (and PyTorch's), checked before anything is written (`export.tokens.fast`).
+`Net` collects the nodes and weights; `encoder` and `decoder` append one stack each, reading the model's weights, so
+the fast step graph, the greedy and beam loops and the fast encoder all run the same nodes; the decoder's attention
+comes in the kinds of `export.tokens.attention` (fused kernels, or batched MatMuls for many rows). What they compute
+is the traced graphs' arithmetic (and PyTorch's), checked before anything is written (`export.tokens.fast`).
 """
 from __future__ import annotations
 
