@@ -9,13 +9,17 @@ becomes a finished hypothesis scored sum / (t + 1) ** length_penalty, the first 
 max_length the live ones end as they are. Finished hypotheses merge into each input's n-best by one TopK over
 (n-best, new) (ties: earlier first, as a stable sort). An input is done when its n-best is full and no live beam can
 beat the worst (the same bound); done inputs keep running, masked, until all are done. Token histories are kept per
-row (batch x beam, max_length), reordered with the caches.
+row (batch x beam, max_length), reordered with the caches. The finishing work (new hypotheses, the n-best merge, the
+stopping rule: ~50 kernels) sits in an If that runs only at a step where some input has an eos among its first k
+candidates, at the last step, or once some input's n-best is full; at every other step nothing it computes changes.
 
 Inputs: source_ids, source_lengths, max_length, min_length, beam_size, num_hypotheses (int64 scalars) and
 length_penalty (float64 scalar). Outputs (batch, num_hypotheses[, max_length]): scores, log_probs (float64), tokens
 and lengths (int64); a slot with score -inf holds no hypothesis.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -26,7 +30,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import FoldedBatched, FoldedFused, Fused, mask_bias
+from .attention import FoldedBatched, FoldedFused, mask_bias
 from .kernels import (
     BOOL,
     FLOAT,
@@ -42,7 +46,9 @@ from .kernels import (
 )
 
 DOUBLE = TensorProto.DOUBLE
-CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths"]
+CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths", "full"]
+# The finishing If's outputs: the n-best (scores, log-probs, tokens, lengths), done, any n-best full, cond.
+FINISH_TYPES = [DOUBLE, DOUBLE, INT64, INT64, BOOL, BOOL, BOOL]
 
 
 def _c(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
@@ -77,6 +83,9 @@ class Outer:
                                  net.one("Mul", [self.k, _c(net, "v", [vocab])])])  # (1,): min(2k, kV)
         self.m_scalar = net.one("Squeeze", [self.m])
         self.rank = net.one("Range", [_c(net, "zero", 0), self.m_scalar, _c(net, "one", 1)])  # (m,)
+        self.rank_after = net.one("Add", [self.rank, self.m_scalar])  # an eos candidate's sort key: after every other
+        self.k_last = net.one("Sub", ["beam_size", _c(net, "one", 1)])  # a kept candidate's last rank without an eos
+        self.last_iter = net.one("Sub", ["max_length", _c(net, "one", 1)])
         steps = net.one("Range", [_c(net, "zero", 0), "max_length", _c(net, "one", 1)])  # (T,)
         self.steps = steps
         self.shape_bkt = net.one("Concat", [shape_bk, net.one("Reshape", ["max_length", _c(net, "one_d", [1])])],
@@ -92,14 +101,14 @@ class Outer:
 
 
 def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
-    """The carried values' first values: bos, live [0, -inf, ...] per input, empty history and n-best, no input
-    done, empty caches."""
+    """The carried values' first values: bos, live [0, -inf, ...] per input (R, 1, 1), empty history and n-best,
+    no input done or full, empty caches."""
     column = net.one("Concat", [o.rows, _c(net, "one_d", [1])], axis=0)
     tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), column])  # (B * k, 1)
     beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
     first = net.one("Where", [net.one("Equal", [beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (k,)
-    live = net.one("Reshape", [net.one("Expand", [first, o.shape_bk]), _c(net, "flat", [-1])])  # (B * k,)
+    live = net.one("Reshape", [net.one("Expand", [first, o.shape_bk]), _c(net, "cube", [-1, 1, 1])])  # (B * k, 1, 1)
     history = net.one("ConstantOfShape", [net.one("Concat", [o.rows, net.one("Reshape", [
         "max_length", _c(net, "one_d", [1])])], axis=0)], value=helper.make_tensor("z", INT64, [1], [0]))
     done = net.one("ConstantOfShape", [o.batch], value=helper.make_tensor("f", BOOL, [1], [False]))
@@ -108,51 +117,61 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
     log_probs = net.one("Expand", [_c(net, "zero_d", 0.0, np.float64), shape_bh])
     hyp_tokens = net.one("ConstantOfShape", [o.shape_bht], value=helper.make_tensor("z", INT64, [1], [0]))
     lengths = net.one("Expand", [_c(net, "zero", 0), shape_bh])
+    full = _c(net, "false", False, bool)
     empty = net.one("ConstantOfShape", [net.one("Concat", [_c(net, "two", [2]), o.rows, _c(
         net, "hd", [spec.n_heads, 0, spec.head_dim])], axis=0)], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
-    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths] + [empty] * spec.layers
+    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths, full] + [empty] * spec.layers
 
 
-def _select(net: Net, o: Outer, log_probs: str, live: str) -> tuple[str, ...]:
-    """The step's log-probs (B * k, 1, V) and live sums -> the ranked candidates (sums, beams, tokens, eos: (B, m))
-    and the k kept (beams, tokens, sums with eos fillers at -inf: (B, k))."""
+class Ranked(NamedTuple):
+    """One step's candidates: each input's best m extensions (sums, flat index beam * V + token, is_eos: (B, m))
+    and the k kept as live beams (beams, tokens, sums: (B, k)), and where they sit among the m (pick)."""
+
+    sums: str
+    index: str
+    is_eos: str
+    pick: str
+    beams: str
+    tokens: str
+    kept: str
+
+
+def _select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
+    """The step's log-probs (B * k, 1, V) and live sums (B * k, 1, 1) -> the ranked candidates and the k kept: the
+    first k non-eos in rank order (there are always k: at most one eos per beam among the 2k)."""
     step = net.one("Gather", [o.penalties, "beam/iter"])  # (V,): -inf on eos below min_length
     wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B * k, 1, V)
-    sums = net.one("Add", [net.one("Squeeze", [wide, _c(net, "ax1", [1])]),
-                           net.one("Unsqueeze", [live, _c(net, "ax1", [1])])])  # (B * k, V)
-    sums, index = net.op("TopK", [net.one("Reshape", [sums, o.kv]), o.m], 2, axis=1)  # (B, m)
+    flat = net.one("Reshape", [net.one("Add", [wide, live]), o.kv])  # (B, k * V)
+    sums, index = net.op("TopK", [flat, o.m], 2, axis=1)  # (B, m): ties by the lower index, as a stable sort
     vocab = _c(net, "v", o.spec.target_vocab_size)
-    beams, tokens = net.one("Div", [index, vocab]), net.one("Mod", [index, vocab])
-    is_eos = net.one("Equal", [tokens, _c(net, "eos", EOS)])
-    key = net.one("Add", [net.one("Mul", [net.one("Cast", [is_eos], to=INT64), o.m_scalar]), o.rank])
-    _, pick = net.op("TopK", [key, o.k], 2, axis=1, largest=0)  # (B, k): non-eos first, in rank order
-    kept = [net.one("GatherElements", [a, pick], axis=1) for a in (beams, tokens, sums)]
-    kept[2] = net.one("Where", [net.one("Equal", [kept[1], _c(net, "eos", EOS)]),
-                                _c(net, "minus_inf", -np.inf, np.float64), kept[2]])
-    return sums, beams, tokens, is_eos, *kept
+    is_eos = net.one("Equal", [net.one("Mod", [index, vocab]), _c(net, "eos", EOS)])
+    key = net.one("Where", [is_eos, o.rank_after, o.rank])  # (B, m): non-eos first, in rank order
+    _, pick = net.op("TopK", [key, o.k], 2, axis=1, largest=0)  # (B, k)
+    kept_index = net.one("GatherElements", [index, pick], axis=1)
+    beams, tokens = net.one("Div", [kept_index, vocab]), net.one("Mod", [kept_index, vocab])
+    return Ranked(sums, index, is_eos, pick, beams, tokens, net.one("GatherElements", [sums, pick], axis=1))
 
 
-def _ends(net: Net, o: Outer, ranked: tuple[str, ...], history: str, grown: str, done: str) -> tuple[str, ...]:
+def _ends(net: Net, o: Outer, r: Ranked, history: str, grown: str, done: str, last: str) -> tuple[str, ...]:
     """This step's finished hypotheses: eos among the first k candidates, and at max_length the live beams;
     scores, log-probs, tokens (B, 2k, T) and lengths, -inf where none (or the input is done)."""
-    sums, beams, _, is_eos, _, _, live = ranked
-    zero, k = _c(net, "zero_d1", [0]), o.k
-    first = [net.one("Slice", [a, zero, k, _c(net, "ax1", [1])]) for a in (sums, beams, is_eos)]  # (B, k)
+    zero, k, axis = _c(net, "zero_d1", [0]), o.k, _c(net, "ax1", [1])
+    sums, index, is_eos = (net.one("Slice", [a, zero, k, axis]) for a in (r.sums, r.index, r.is_eos))  # (B, k)
+    beams = net.one("Div", [index, _c(net, "v", o.spec.target_vocab_size)])
     step_len = net.one("Add", ["beam/iter", _c(net, "one", 1)])
     norm = net.one("Pow", [net.one("Cast", [step_len], to=DOUBLE), "length_penalty"])
-    running = net.one("Unsqueeze", [net.one("Not", [done]), _c(net, "ax1", [1])])  # (B, 1)
+    running = net.one("Unsqueeze", [net.one("Not", [done]), axis])  # (B, 1)
     minus_inf = _c(net, "minus_inf", -np.inf, np.float64)
-    found = net.one("And", [net.one("And", [first[2], net.one("Greater", [first[0], minus_inf])]), running])
-    last = net.one("Equal", [step_len, "max_length"])
-    ending = net.one("And", [net.one("And", [net.one("Greater", [live, minus_inf]), running]), last])
-    scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [first[0], norm]), minus_inf]),
-                                net.one("Where", [ending, net.one("Div", [live, norm]), minus_inf])], axis=1)
-    log_probs = net.one("Concat", [first[0], live], axis=1)  # (B, 2k)
-    parents = net.one("Gather", [history, net.one("Add", [o.base, first[1]])], axis=0)  # (B, k, T): eos excluded
+    found = net.one("And", [net.one("And", [is_eos, net.one("Greater", [sums, minus_inf])]), running])
+    ending = net.one("And", [net.one("And", [net.one("Greater", [r.kept, minus_inf]), running]), last])
+    scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
+                                net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
+    log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
+    parents = net.one("Gather", [history, net.one("Add", [o.base, beams])], axis=0)  # (B, k, T): eos excluded
     tokens = net.one("Concat", [parents, net.one("Reshape", [grown, o.shape_bkt])], axis=1)  # (B, 2k, T)
     lengths = net.one("Concat", [net.one("Expand", ["beam/iter", o.shape_bk]),
                                  net.one("Expand", [step_len, o.shape_bk])], axis=1)
-    return scores, log_probs, tokens, lengths, last, step_len
+    return scores, log_probs, tokens, lengths, step_len
 
 
 def _merge(net: Net, o: Outer, old: list[str], new: tuple[str, ...]) -> list[str]:
@@ -165,8 +184,10 @@ def _merge(net: Net, o: Outer, old: list[str], new: tuple[str, ...]) -> list[str
     return [scores, log_probs, tokens, lengths]
 
 
-def _done(net: Net, o: Outer, scores: str, live: str, last: str, step_len: str, done: str) -> str:
-    """done or (n-best full and no live beam can beat the worst): (B,)."""
+def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
+          last: str) -> tuple[str, str, str]:
+    """done or (n-best full and no live beam can beat the worst): (B,); whether any input's n-best is full; and
+    whether any input is still running (the loop's condition)."""
     worst = net.one("ReduceMin", [scores], axes=[1], keepdims=1)  # (B, 1): -inf while not full
     minus_inf = _c(net, "minus_inf", -np.inf, np.float64)
     full = net.one("Greater", [worst, minus_inf])
@@ -176,31 +197,56 @@ def _done(net: Net, o: Outer, scores: str, live: str, last: str, step_len: str, 
     bound = net.one("Max", [net.one("Div", [best, after]), net.one("Div", [best, o.max_pow])])
     bound = net.one("Where", [last, minus_inf, bound])
     stops = net.one("And", [full, net.one("LessOrEqual", [bound, worst])])  # (B, 1)
-    return net.one("Or", [done, net.one("Squeeze", [stops, _c(net, "ax1", [1])])])
+    done = net.one("Or", [done, net.one("Squeeze", [stops, _c(net, "ax1", [1])])])
+    any_full = net.one("Greater", [net.one("ReduceMax", [worst], keepdims=0), minus_inf])
+    least = net.one("ReduceMin", [net.one("Cast", [done], to=FLOAT)], keepdims=0)
+    return done, any_full, net.one("Less", [least, _c(net, "half", 0.5, np.float32)])
+
+
+def _finish(o: Outer, r: Ranked, names: dict[str, str], grown: str, last: str) -> onnx.GraphProto:
+    """The If branch that records this step's finished hypotheses and tests the stopping rule: (n-best, done,
+    any input full, loop condition)."""
+    net = Net("beam/finish/")
+    ends = _ends(net, o, r, names["history"], grown, names["done"], last)
+    best = _merge(net, o, [names[n] for n in CARRIED[4:8]], ends[:4])
+    outs = [*best, *_done(net, o, best[0], r.kept, ends[4], names["done"], last)]
+    return graph(net, "beam_finish", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
+
+
+def _unchanged(names: dict[str, str]) -> onnx.GraphProto:
+    """The If branch for a step that finishes nothing and where no input's n-best is full: nothing changes."""
+    net = Net("beam/same/")
+    outs = [net.one("Identity", [names[n]]) for n in ("scores", "log_probs", "hyp_tokens", "lengths", "done",
+                                                       "full")]
+    outs.append(net.one("Identity", [_c(net, "true", True, bool)]))
+    return graph(net, "beam_same", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
 
 
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> onnx.GraphProto:
-    net = Net("beam/", skip_norm=isinstance(o.attend, Fused), int8=int8)
+    net = Net("beam/", skip_norm=False, int8=int8)  # k rows per input: Add + LayerNormalization is faster here
     names = {n: f"beam/{n}" for n in CARRIED}
     pasts = [f"beam/past_{i}" for i in range(spec.layers)]
     table = position_table(model)
     tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), names["tokens"]])
     positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), "beam/iter"])  # (1, E)
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
-    ranked = _select(net, o, log_probs, names["live"])
-    parents = net.one("Reshape", [net.one("Add", [o.base, ranked[4]]), _c(net, "flat", [-1])])  # (B * k,)
-    chosen = net.one("Reshape", [ranked[5], _c(net, "column", [-1, 1])])  # (B * k, 1)
+    r = _select(net, o, log_probs, names["live"])
+    parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
+    chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])  # (B * k, 1)
     at_step = net.one("Equal", [o.steps, "beam/iter"])  # (T,)
     grown = net.one("Where", [at_step, chosen, net.one("Gather", [names["history"], parents], axis=0)])
-    ends = _ends(net, o, ranked, names["history"], grown, names["done"])
-    best = _merge(net, o, [names[n] for n in CARRIED[4:]], ends[:4])
-    done = _done(net, o, best[0], ranked[6], ends[4], ends[5], names["done"])
-    least = net.one("ReduceMin", [net.one("Cast", [done], to=FLOAT)], keepdims=0)
-    cond = net.one("Less", [least, _c(net, "half", 0.5, np.float32)])
-    live = net.one("Reshape", [ranked[6], _c(net, "flat", [-1])])
-    outs = [cond, chosen, live, grown, done, *best]
+    last = net.one("Equal", ["beam/iter", o.last_iter])
+    # Only a step where an input finishes a hypothesis (an eos among its first k candidates: a kept candidate
+    # then sits at rank k or later), the last step, or one after some n-best filled up can change the n-best or
+    # end an input: every other step skips that work (~50 kernels) in one If.
+    eos_first = net.one("Greater", [net.one("ReduceMax", [r.pick], keepdims=0), o.k_last])
+    work = net.one("Or", [net.one("Or", [eos_first, last]), names["full"]])
+    after = net.op("If", [work], len(FINISH_TYPES), then_branch=_finish(o, r, names, grown, last),
+                   else_branch=_unchanged(names))
+    live = net.one("Reshape", [r.kept, _c(net, "cube", [-1, 1, 1])])  # (B * k, 1, 1)
+    outs = [after[6], chosen, live, grown, after[4], *after[:4], after[5]]
     outs += [net.one("Gather", [p, parents], axis=1) for p in presents]  # the caches follow their rows
-    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64] + [FLOAT] * spec.layers
+    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL] + [FLOAT] * spec.layers
     inputs = [tensor("beam/iter", INT64, []), tensor("beam/cond", BOOL, [])]
     inputs += [tensor(names[n], t, None) for n, t in zip(CARRIED, types[1:])] + [tensor(p, FLOAT, None)
                                                                                 for p in pasts]
