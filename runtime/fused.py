@@ -7,6 +7,8 @@ inside the loop (masked) until every row has ended, where the step loop drops th
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from runtime.search.step import Hypothesis, State
@@ -44,15 +46,16 @@ class GreedyLoop:
         result = self._run(feed, cancel)
         tokens, log_probs = result["tokens"], result["token_log_probs"]  # (N, T), (N, T)
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
-        ends = tokens == EOS  # (N, T)
-        ended = ends.any(axis=1)
-        kept = np.where(ended, ends.argmax(axis=1), tokens.shape[1])  # (N,): eos is not part of the output
-        scored = kept + ended  # the eos's log-prob counts
-        sums = np.cumsum(log_probs, axis=1, dtype=np.float64)  # (N, T): in order, as the step loop sums them
-        totals = np.where(scored > 0, sums[np.arange(len(sums)), np.maximum(scored - 1, 0)], 0.0).tolist()
-        return [Hypothesis(tokens=tokens[row, :n].tolist(), score=totals[row], log_prob=totals[row],
-                           attention=None if attention is None else attention[row, :n])
-                for row, n in enumerate(kept.tolist())]
+        # The graph leaves 0 after a row's eos, tokens and log-probs alike, so a row's score is the in-order
+        # float64 sum of its whole row (as the step loop sums them: adding 0.0 changes no sum).
+        totals = np.cumsum(log_probs, axis=1, dtype=np.float64)[:, -1].tolist() if tokens.shape[1] else \
+            [0.0] * len(tokens)
+        out = []
+        for row, ids in enumerate(tokens.tolist()):
+            n = ids.index(EOS) if EOS in ids else len(ids)  # eos is not part of the output
+            out.append(Hypothesis(tokens=ids[:n], score=totals[row], log_prob=totals[row],
+                                  attention=None if attention is None else attention[row, :n]))
+        return out
 
 
 class BeamGraph:
@@ -72,6 +75,7 @@ class BeamGraph:
                 "length_penalty": np.array(length_penalty, np.float64),
                 **{name: np.array(value, np.int64) for name, value in scalars.items()}}
         result = self._run(feed, cancel)
-        scores, log_probs, tokens, lengths = (result[n] for n in ("scores", "log_probs", "tokens", "lengths"))
-        return [[Hypothesis(tokens[b, j, :lengths[b, j]].tolist(), float(scores[b, j]), float(log_probs[b, j]))
-                 for j in range(scores.shape[1]) if np.isfinite(scores[b, j])] for b in range(scores.shape[0])]
+        scores, log_probs, tokens, lengths = (result[n].tolist() for n in ("scores", "log_probs", "tokens",
+                                                                           "lengths"))
+        return [[Hypothesis(ids[:n], score, log_prob) for score, log_prob, ids, n in zip(*slots)
+                 if math.isfinite(score)] for slots in zip(scores, log_probs, tokens, lengths)]

@@ -201,14 +201,14 @@ class Vocabulary:
         array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
         if array.ndim != 1:
             raise VocabError(f"ids must be one sequence (1-D), got shape {array.shape}; decode rows one at a time")
-        kept: list[int] = []
-        for position, i in enumerate(array.tolist()):
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.tokens):
-                raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
-            if i == EOS:
-                break
-            if i >= len(SPECIAL_TOKENS) or i == UNK:
-                kept.append(i)
+        values = array.tolist()
+        if array.dtype.kind not in "iu" or (array.size and not 0 <= min(values) <= max(values) < len(self.tokens)):
+            for position, i in enumerate(values):  # find the first offender, to name it
+                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.tokens):
+                    raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
+        if EOS in values:
+            values = values[:values.index(EOS)]
+        kept = [i for i in values if i >= len(SPECIAL_TOKENS) or i == UNK]
         if self.tokenizer == "subword":
             return str(self._tokenizer_object().decode([i for i in kept if i != UNK], skip_special_tokens=True))
         return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
