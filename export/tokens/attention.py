@@ -1,31 +1,45 @@
 """Attention for one decoder step, in two kinds over the same state (`export.tokens.kernels.decoder` takes either):
 onnxruntime's fused kernels (Fused: fewest nodes, best for few rows) and batched MatMuls (Batched: faster from
 `runtime.tokens.WIDE_ROWS` rows up); the Folded kinds let a beam's k queries read their input's one copy of the
-cross-attention keys/values as a block."""
+cross-attention keys/values as a block. Halves is Batched with the keys and values cached apart, for the wide loop
+graphs, whose cache no other graph reads.
+
+A kind says how its self-attention cache looks: CACHES tensors per layer, rows on CACHE_AXIS, and `empty_cache`
+makes a layer's before the first step."""
 from __future__ import annotations
 
 import numpy as np
 import torch
+from onnx import helper
 
 from runtime.spec import ModelSpec
 from training.tokens.transformer import MultiHeadAttention
 
-from .kernels import INT32, MS, Net, qkv
+from .kernels import FLOAT, INT32, MS, Net, qkv
 
 
 class Fused:
     """Attention in onnxruntime's own kernels: fewest nodes (best at small batch), but the CPU kernels loop over
     (row, head) pairs, so they cost ~2 us per pair (285 us for 64 rows x 4 heads)."""
 
+    CACHES, CACHE_AXIS = 1, 1  # one cache per layer, (2, rows, h, t, d): keys then values (the state's past_i)
+
     def __init__(self, lengths32: str) -> None:
         self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
 
+    @staticmethod
+    def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
+        """A layer's cache before the first step, for `rows` (1,) rows."""
+        shape = net.one("Concat", [net.weight("two", np.array([2], np.int64)), rows,
+                                   net.weight("hd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))], axis=0)
+        return [net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))]
+
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
-                       past: str) -> tuple[str, str]:
-        """x (B, 1, E), past (2, B, h, t, d) -> context (B, 1, E) before fc_attn, present (2, B, h, t + 1, d)."""
+                       past: list[str]) -> tuple[str, list[str]]:
+        """x (B, 1, E), past [(2, B, h, t, d)] -> context (B, 1, E) before fc_attn, [present (2, B, h, t + 1, d)]."""
         w, b = qkv(net, attention)
-        context, present = net.op("Attention", [x, w, b, "", past], 2, MS, num_heads=spec.n_heads)
-        return context, present
+        context, present = net.op("Attention", [x, w, b, "", *past], 2, MS, num_heads=spec.n_heads)
+        return context, [present]
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
                         values: str) -> str:
@@ -41,23 +55,26 @@ class Batched:
     """Attention in batched MatMuls over (row, head) (CTranslate2's layout for one query token: splitting heads
     is a reshape, no transpose): more nodes, but 2-3x faster than the fused kernels from ~16 rows up."""
 
+    CACHES, CACHE_AXIS = Fused.CACHES, Fused.CACHE_AXIS
+    empty_cache = Fused.empty_cache
+
     def __init__(self, mask_bias: str) -> None:
         self.mask_bias = mask_bias  # (B, 1, 1, Ls): 0 where a source token is read, -inf on padding
 
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
-                       past: str) -> tuple[str, str]:
+                       past: list[str]) -> tuple[str, list[str]]:
         h, d = spec.n_heads, spec.head_dim
         w, b = _scaled_qkv(attention, d)
         projected = net.matmul(x, w, b)  # (B, 1, 3E)
         split = net.one("Reshape", [projected, net.weight("shape", np.array([0, 3, h, 1, d], np.int64))])
         split = net.one("Transpose", [split], perm=[1, 0, 2, 3, 4])  # (3, B, h, 1, d): q, k, v
         query, new = net.op("Split", [split, net.weight("sizes", np.array([1, 2], np.int64))], 2, axis=0)
-        present = net.one("Concat", [past, new], axis=3)  # (2, B, h, t + 1, d)
+        present = net.one("Concat", [*past, new], axis=3)  # (2, B, h, t + 1, d)
         keys, values = net.op("Split", [present, net.weight("halves", np.array([1, 1], np.int64))], 2, axis=0)
         weights = net.one("Softmax", [net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 2, 4, 3])])],
                           axis=-1)  # (1, B, h, 1, t + 1)
         context = net.one("MatMul", [weights, values])  # (1, B, h, 1, d)
-        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))]), present
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))]), [present]
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
                         values: str) -> str:
@@ -69,6 +86,35 @@ class Batched:
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
         return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
+
+
+class Halves(Batched):
+    """Batched, with each layer's keys and values cached apart, (rows, h, t, d) each: one Concat per half grows
+    them, where Batched's one cache is grown by a Concat and then split into its halves again, copying the whole
+    cache twice a step (~0.1 ms per layer at 320 rows)."""
+
+    CACHES, CACHE_AXIS = 2, 0
+
+    @staticmethod
+    def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
+        shape = net.one("Concat", [rows, net.weight("htd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))],
+                        axis=0)
+        empty = net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
+        return [empty, empty]
+
+    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                       past: list[str]) -> tuple[str, list[str]]:
+        """x (B, 1, E), past [keys, values (B, h, t, d)] -> context (B, 1, E) before fc_attn, [keys, values
+        (B, h, t + 1, d)]."""
+        e, heads = spec.d_model, net.weight("heads", np.array([0, spec.n_heads, 1, spec.head_dim], np.int64))
+        w, b = _scaled_qkv(attention, spec.head_dim)
+        parts = net.op("Split", [net.matmul(x, w, b), net.weight("sizes", np.array([e, e, e], np.int64))], 3,
+                       axis=-1)  # (B, 1, E) each
+        query, key, value = (net.one("Reshape", [p, heads]) for p in parts)  # (B, h, 1, d): one token
+        keys, values = (net.one("Concat", [old, new], axis=2) for old, new in zip(past, (key, value)))
+        scores = net.one("FusedMatMul", [query, keys], MS, transB=1)  # (B, h, 1, t + 1)
+        context = net.one("MatMul", [net.one("Softmax", [scores], axis=-1), values])  # (B, h, 1, d)
+        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, e], np.int64))]), [keys, values]
 
 
 class FoldedFused(Fused):
@@ -104,6 +150,10 @@ class FoldedBatched(Batched):
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
         return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, spec.d_model], np.int64))])
+
+
+class FoldedHalves(Halves, FoldedBatched):
+    """Halves' self-attention and FoldedBatched's cross-attention: the wide beam graph's kind."""
 
 
 def _scaled_qkv(attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import FoldedBatched, FoldedFused, mask_bias
+from .attention import FoldedFused, FoldedHalves, mask_bias
 from .kernels import (
     BOOL,
     FLOAT,
@@ -72,7 +72,7 @@ class Outer:
         self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it together (kernels.FoldedFused)
         if wide:
             fold = net.one("Concat", [self.batch, _c(net, "fold", [-1, spec.n_heads, spec.head_dim])], axis=0)
-            self.attend = FoldedBatched(mask_bias(net, lengths32, cross[0]), fold)
+            self.attend = FoldedHalves(mask_bias(net, lengths32, cross[0]), fold)
         else:
             fold = net.one("Concat", [self.batch, _c(net, "fold", [-1, spec.d_model])], axis=0)
             self.attend = FoldedFused(lengths32, fold)
@@ -118,9 +118,8 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
     hyp_tokens = net.one("ConstantOfShape", [o.shape_bht], value=helper.make_tensor("z", INT64, [1], [0]))
     lengths = net.one("Expand", [_c(net, "zero", 0), shape_bh])
     full = _c(net, "false", False, bool)
-    empty = net.one("ConstantOfShape", [net.one("Concat", [_c(net, "two", [2]), o.rows, _c(
-        net, "hd", [spec.n_heads, 0, spec.head_dim])], axis=0)], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
-    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths, full] + [empty] * spec.layers
+    empty = o.attend.empty_cache(net, spec, o.rows)
+    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths, full] + empty * spec.layers
 
 
 class Ranked(NamedTuple):
@@ -225,7 +224,7 @@ def _unchanged(names: dict[str, str]) -> onnx.GraphProto:
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> onnx.GraphProto:
     net = Net("beam/", skip_norm=False, int8=int8)  # k rows per input: Add + LayerNormalization is faster here
     names = {n: f"beam/{n}" for n in CARRIED}
-    pasts = [f"beam/past_{i}" for i in range(spec.layers)]
+    pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
     table = position_table(model)
     tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), names["tokens"]])
     positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), "beam/iter"])  # (1, E)
@@ -245,8 +244,8 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
                    else_branch=_unchanged(names))
     live = net.one("Reshape", [r.kept, _c(net, "cube", [-1, 1, 1])])  # (B * k, 1, 1)
     outs = [after[6], chosen, live, grown, after[4], *after[:4], after[5]]
-    outs += [net.one("Gather", [p, parents], axis=1) for p in presents]  # the caches follow their rows
-    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL] + [FLOAT] * spec.layers
+    outs += [net.one("Gather", [p, parents], axis=o.attend.CACHE_AXIS) for p in presents]  # caches follow rows
+    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL] + [FLOAT] * len(presents)
     inputs = [tensor("beam/iter", INT64, []), tensor("beam/cond", BOOL, [])]
     inputs += [tensor(names[n], t, None) for n, t in zip(CARRIED, types[1:])] + [tensor(p, FLOAT, None)
                                                                                 for p in pasts]

@@ -9,7 +9,8 @@ values, grown by one per step; `cross_keys_i`/`cross_values_i` (batch, heads, so
 `memory_lengths` (batch,) int32, which a step only reads; `positions` (batch,). The greedy graph is the encoder and
 the greedy loop in one graph (one `run` per batch): the loop carries the last token (batch, 1), which rows emitted
 eos, and the caches; it picks the argmax with TopK (ties: the lowest id, as numpy), forbids eos below min_length
-and stops once every row emitted eos. After the loop, tokens after a row's eos are 0 and their log-probs 0.
+and stops once every row emitted eos. After the loop, tokens after a row's eos are 0 and their log-probs 0. The
+wide greedy loop caches a layer's keys and values apart (attention.Halves): no other graph reads its cache.
 
 These graphs carry no attention weights: asking for attention decodes with the traced graphs instead.
 """
@@ -26,7 +27,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import Batched, Fused, mask_bias
+from .attention import Batched, Fused, Halves, mask_bias
 from .beam import beam_model
 from .kernels import (
     BOOL,
@@ -69,10 +70,7 @@ def _first_state(net: Net, spec: ModelSpec, lengths: str) -> list[str]:
     """positions 0 (B,) and an empty cache (2, B, h, 0, d) per layer, shaped from lengths (B,)."""
     batch = net.one("Shape", [lengths])  # (1,)
     positions = net.one("ConstantOfShape", [batch], value=helper.make_tensor("z", INT64, [1], [0]))
-    shape = net.one("Concat", [net.weight("two", np.array([2], np.int64)), batch,
-                               net.weight("hd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))], axis=0)
-    empty = net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
-    return [positions, empty]
+    return [positions, *Fused.empty_cache(net, spec, batch)]
 
 
 def encoder_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, int8: bool = False) -> onnx.ModelProto:
@@ -131,7 +129,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), the stream's (S, E) skip
     tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), "body/last"])
     positions = net.one("Gather", [net.weight("positions", table), "body/iter"])  # (1, E)
-    pasts = [f"body/past_{i}" for i in range(spec.layers)]
+    pasts = [f"body/past_{i}" for i in range(spec.layers * attend.CACHES)]
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, cross, attend)
     log_probs = net.one("Add", [log_probs, net.one("Gather", [penalties, "body/iter"])])  # (B, 1, V)
     best_lp, best = net.op("TopK", [log_probs, net.weight("k", np.array([1], np.int64))], 2, axis=-1)  # (B, 1, 1)
@@ -155,16 +153,16 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
     net.op("Cast", ["source_lengths"], ["memory_lengths"], to=INT32)
     memory = encoder(net, model, spec, "source_ids", "memory_lengths")
     cross = cross_kv(net, model, spec, memory)
-    attend = Batched(mask_bias(net, "memory_lengths", cross[0])) if wide else Fused("memory_lengths")
-    _, empty = _first_state(net, spec, "source_lengths")
+    attend = Halves(mask_bias(net, "memory_lengths", cross[0])) if wide else Fused("memory_lengths")
     batch = net.one("Shape", ["source_lengths"])  # (1,)
+    empty = attend.empty_cache(net, spec, batch)
     column = net.one("Concat", [batch, net.weight("one", np.array([1], np.int64))], axis=0)  # [B, 1]
     first = net.one("Expand", [net.weight("bos", np.array([[BOS]], np.int64)), column])  # (B, 1)
     cube = net.one("Concat", [column, net.weight("one", np.array([1], np.int64))], axis=0)  # [B, 1, 1]
     none = net.one("Expand", [net.weight("false", np.array([[[False]]])), cube])  # (B, 1, 1)
     true = net.weight("true", np.array(True))
-    n_out = 2 + spec.layers + 2
-    outs = net.op("Loop", ["max_length", true, first, none, *[empty] * spec.layers], n_out,
+    n_out = 2 + spec.layers * attend.CACHES + 2
+    outs = net.op("Loop", ["max_length", true, first, none, *empty * spec.layers], n_out,
                   body=_body(model, spec, cross, _penalties(net, spec), attend, int8))
     flat = net.weight("flat", np.array([0, -1], np.int64))  # (T, B, 1, 1) -> (T, B)
     tokens = net.one("Transpose", [net.one("Reshape", [outs[-2], flat])], perm=[1, 0])  # (B, T)

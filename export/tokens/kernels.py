@@ -184,15 +184,17 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
 
 def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
             cross: list[str], attend: Fused | Batched) -> tuple[str, list[str]]:  # or their Folded kinds
-    """One step: token embeddings (B, 1, E), position rows (B, 1, E) or (1, E), each layer's past (2, B, h, t, d)
-    and cross keys/values (B, h, Ls, d) -> log-probs (B, 1, V) and each layer's present (2, B, h, t + 1, d)."""
+    """One step: token embeddings (B, 1, E), position rows (B, 1, E) or (1, E), the self-attention caches
+    (`attend.CACHES` per layer, layer by layer) and cross keys/values (B, h, Ls, d) -> log-probs (B, 1, V) and the
+    grown caches, in the same order."""
     layers: list[Decoder] = list(model.decoder_layers)
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)
     presents = []
     for i, layer in enumerate(layers):
-        context, present = attend.self_attention(net, spec, stream.inner, layer.self_attention, pasts[i])
-        presents.append(present)
+        caches = pasts[i * attend.CACHES:(i + 1) * attend.CACHES]
+        context, grown = attend.self_attention(net, spec, stream.inner, layer.self_attention, caches)
+        presents.extend(grown)
         stream.add(net.linear(context, layer.self_attention.fc_attn, bias=False), layer.self_attention.fc_attn.bias,
                    layer.res1, layer.res2.norm)
         context = attend.cross_attention(net, spec, stream.inner, layer.cross_attention, cross[2 * i],
