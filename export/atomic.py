@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.contract import (
+    BEAM_STEP_FILE,
     DECODER_STEP_FILE,
     ENCODER_FILE,
     FAST_FILES,
@@ -13,8 +14,8 @@ from runtime.contract import (
 )
 from runtime.destination import check_destination as check_writable
 
-EXPORT_FILES = frozenset({MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, GREEDY_FILE, *VOCAB_FILES.values(),
-                          *FAST_FILES.values()})
+EXPORT_FILES = frozenset({MANIFEST_FILE, ENCODER_FILE, DECODER_STEP_FILE, GREEDY_FILE, BEAM_STEP_FILE,
+                          *VOCAB_FILES.values(), *FAST_FILES.values()})
 
 
 def check_destination(out: Path, force: bool) -> None:

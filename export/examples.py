@@ -6,15 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.contract import BATCH, PAST_LEN, PRESENT_LEN, SOURCE_LEN
+from runtime.contract import BATCH, PAST_LEN, PRESENT_LEN, ROWS, SOURCE_LEN
 
 EXAMPLE_BATCH, EXAMPLE_SOURCE_LEN = 3, 5
+EXAMPLE_BEAM = 2  # a beam step is traced on EXAMPLE_BATCH inputs of this many rows each
 EXAMPLE_LENGTHS = (5, 2, 4)  # token models: right-padded rows of unequal length
 # Token models: the step is traced on the state after this many steps, so a transformer's cache is not empty (0)
 # and does not grow to 1 in the example either.
 EXAMPLE_PAST_LEN = 2
 EXAMPLE_SIZES = {BATCH: EXAMPLE_BATCH, SOURCE_LEN: EXAMPLE_SOURCE_LEN, PAST_LEN: EXAMPLE_PAST_LEN,
-                 PRESENT_LEN: EXAMPLE_PAST_LEN + 1}
+                 PRESENT_LEN: EXAMPLE_PAST_LEN + 1, ROWS: EXAMPLE_BATCH * EXAMPLE_BEAM}
 # A transformer's position table must hold the examples' positions: every source token, and the traced step's.
 MIN_EXPORT_POSITIONS = max(EXAMPLE_SOURCE_LEN, EXAMPLE_PAST_LEN + 1)
 

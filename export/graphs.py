@@ -11,6 +11,7 @@ import onnx
 import torch
 
 from runtime.contract import (
+    BEAM_STEP_FILE,
     DECODER_STEP_FILE,
     DYNAMIC_DIMS,
     ENCODER_FILE,
@@ -24,6 +25,8 @@ from runtime.contract import (
     fast_graph_io,
     graph_io,
     greedy_io,
+    has_beam_step,
+    token_beam_step_io,
 )
 from runtime.spec import ModelSpec
 
@@ -31,6 +34,7 @@ from .errors import ExportError
 from .examples import EXAMPLE_SIZES
 from .fused import write_greedy_graph
 from .kinds import KINDS
+from .tokens import graphs as token_graphs
 from .tokens.fast import FAST_BUILDERS
 
 MIN_OPSET, MAX_OPSET = 14, 20
@@ -68,25 +72,39 @@ def check_example_shapes(what: str, declared: dict[str, Dims], states: dict[str,
 
 
 def export_graphs(model: Any, spec: ModelSpec, out_dir: Path, opset: int, export_id: str) -> None:
-    """Export encoder.onnx and decoder_step.onnx into out_dir, then fix up and check them."""
+    """Export encoder.onnx and decoder_step.onnx into out_dir, then fix up and check them; then the optional graphs
+    the model has: the greedy loop, a recurrent model's beam step, a transformer's fast graphs."""
     model.eval()
     modules = graph_modules(model, spec)
     for file_name, io in graph_io(spec).items():
-        module, args = modules[file_name]
-        module.eval()  # the exporter restores the module's mode afterwards: a wrapper left in training mode would
-        # switch the model's dropout back on for the parity checks that follow
-        path = out_dir / file_name
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tracer warnings about python ints; dims are checked below
-            torch.onnx.export(
-                module, args, str(path), input_names=list(io["inputs"]), output_names=list(io["outputs"]),
-                dynamic_axes={**dynamic_axes(io["inputs"]), **dynamic_axes(io["outputs"])},
-                opset_version=opset, dynamo=False, do_constant_folding=True,
-            )
-        finish_graph(path, io, spec, export_id, file_name)
+        export_module(*modules[file_name], out_dir / file_name, io, opset)
+        finish_graph(out_dir / file_name, io, spec, export_id, file_name)
     export_greedy(out_dir, spec, export_id)
+    if has_beam_step(spec):
+        io = token_beam_step_io(spec)
+        with torch.no_grad():
+            encoder, args = modules[ENCODER_FILE]
+            states = dict(zip(encoder.output_names, encoder(*args)))
+        module, args = token_graphs.beam_step(model, spec, states)
+        check_example_shapes("beam step input", io["inputs"], dict(zip(io["inputs"], args)))
+        export_module(module, args, out_dir / BEAM_STEP_FILE, io, opset)
+        finish_graph(out_dir / BEAM_STEP_FILE, io, spec, export_id, BEAM_STEP_FILE)
     if spec.kind == "tokens" and spec.is_transformer:
         export_fast(model, spec, out_dir, export_id)
+
+
+def export_module(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, io: dict[str, dict[str, Dims]],
+                  opset: int) -> None:
+    """The legacy exporter on one module, with the declared names and symbolic dims."""
+    module.eval()  # the exporter restores the module's mode afterwards: a wrapper left in training mode would
+    # switch the model's dropout back on for the parity checks that follow
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about python ints; dims are checked afterwards
+        torch.onnx.export(
+            module, args, str(path), input_names=list(io["inputs"]), output_names=list(io["outputs"]),
+            dynamic_axes={**dynamic_axes(io["inputs"]), **dynamic_axes(io["outputs"])},
+            opset_version=opset, dynamo=False, do_constant_folding=True,
+        )
 
 
 def export_fast(model: Any, spec: ModelSpec, out_dir: Path, export_id: str, int8: bool = False) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from runtime.contract import FAST_FILES, graph_io, optional_graph_io
+from runtime.contract import BEAM_STEP_FILE, FAST_FILES, graph_io, optional_graph_io
 from runtime.defaults import FP16, INT8
 from runtime.spec import ModelSpec
 
@@ -60,7 +60,7 @@ def convert_graphs(model_dir: Path, spec: ModelSpec, mode: str) -> None:
     if mode not in MODES:
         raise ExportError(f"precision mode: expected one of {MODES}, got {mode!r}")
     converted = {}
-    for name in graph_io(spec):
+    for name in converted_graphs(model_dir, spec):
         original = onnx.load(str(Path(model_dir) / name))
         converted[name] = quantize_int8(original) if mode == INT8 else to_float16(original)
         keep_identity(original, converted[name], name)
@@ -71,11 +71,18 @@ def convert_graphs(model_dir: Path, spec: ModelSpec, mode: str) -> None:
         onnx.save(graph, str(Path(model_dir) / name))
 
 
+def converted_graphs(model_dir: Path, spec: ModelSpec) -> list[str]:
+    """The graphs a conversion rewrites: the encoder and step, and a recurrent model's beam step when there is one
+    (the greedy loop is rebuilt around the converted step; a transformer's fast graphs from the weights)."""
+    beam = [BEAM_STEP_FILE] if (Path(model_dir) / BEAM_STEP_FILE).exists() else []
+    return [*graph_io(spec), *beam]
+
+
 def precision_entry(model_dir: Path, spec: ModelSpec, mode: str) -> dict[str, Any]:
     """The manifest's account of a conversion: what became what, with which tool, and what stayed float32."""
     present = {**graph_io(spec), **optional_graph_io(spec)}  # the greedy loop, when there is one
     graphs = {name: onnx.load(str(Path(model_dir) / name)) for name in present if (Path(model_dir) / name).exists()}
-    own = {name: g for name, g in graphs.items() if name in graph_io(spec)}  # the greedy loop only wraps the step
+    own = {name: g for name, g in graphs.items() if name in converted_graphs(model_dir, spec)}  # not the loops
     kept = _float_weight_ops(own) if mode == INT8 else _fp32_ops(own)
     common = {"weights": mode, "io": "float32", "float32_ops": kept,
               "parity": "measured on the float32 graphs before conversion; 'quality' compares the converted ones "

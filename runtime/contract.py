@@ -13,6 +13,9 @@ DECODER_STEP_FILE = "decoder_step.onnx"
 # Optional: the whole greedy loop in one graph (an ONNX Loop around the step), written by exports since format 1.1;
 # exports without it load and decode with the step loop.
 GREEDY_FILE = "greedy_loop.onnx"
+# Optional: a recurrent model's step for beam search, reading what attention reads once per input (exports without
+# it expand that once per beam, as before).
+BEAM_STEP_FILE = "beam_step.onnx"
 MANIFEST_FILE = "manifest.json"
 # Token models ship their vocabularies beside the graphs, hashed in the manifest like the graphs.
 VOCAB_FILES = {"source": "source_vocab.json", "target": "target_vocab.json"}
@@ -29,7 +32,8 @@ PAST_LEN = "past_len"  # transformer self-attention cache: tokens decoded so far
 PRESENT_LEN = "present_len"  # the grown cache a step returns: past_len + 1
 DECODE_LEN = "decode_len"  # the greedy loop graph: steps run (points: target_len; tokens: until every row ended)
 HYPOTHESES = "hypotheses"  # a transformer's beam search graph: the n-best slots per input (num_hypotheses)
-DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN, DECODE_LEN, HYPOTHESES)
+ROWS = "rows"  # a beam step's rows: batch x beam, input b owning rows b*k .. b*k + k - 1
+DYNAMIC_DIMS = (BATCH, SOURCE_LEN, PAST_LEN, PRESENT_LEN, DECODE_LEN, HYPOTHESES, ROWS)
 
 # Dims are symbolic names (str) or fixed sizes (int).
 Dims = list[str | int]
@@ -228,10 +232,31 @@ def greedy_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
     return DECLARED[spec.kind].greedy(spec)
 
 
+def has_beam_step(spec: ModelSpec) -> bool:
+    """Whether an export of `spec` may hold a beam step: recurrent token models with attention (a transformer's
+    beam search runs in its beam graph; without attention nothing is read once per input)."""
+    return spec.kind == "tokens" and not spec.is_transformer and spec.has_attention
+
+
+def token_beam_step_io(spec: ModelSpec) -> dict[str, dict[str, Dims]]:
+    """The beam step: the decoder step over `rows` (batch x beam, k consecutive rows per input) where the recurrent
+    state (what the step feeds back) has a row per beam and what attention reads (keys, memory or values,
+    source_mask) one per input: an input's k queries attend to its one copy together."""
+    def per_row(dims: Dims) -> Dims:
+        return [ROWS if d == BATCH else d for d in dims]
+
+    fed_back = set(FEEDBACK.values())
+    state = {name: per_row(dims) if name in fed_back else dims for name, dims in token_decoder_state(spec).items()}
+    outputs = {name: per_row(dims) for name, dims in token_decoder_outputs(spec).items()}
+    return {"inputs": {"previous_tokens": [ROWS], **state}, "outputs": outputs}
+
+
 def optional_graph_io(spec: ModelSpec) -> GraphIO:
-    """Graphs an export may also hold, keyed by file name: the greedy loop, and a transformer's fast graphs."""
+    """Graphs an export may also hold, keyed by file name: the greedy loop, a recurrent model's beam step, and a
+    transformer's fast graphs."""
     fast = {FAST_FILES[role]: io for role, io in fast_graph_io(spec).items()} if spec.is_transformer else {}
-    return {GREEDY_FILE: greedy_io(spec), **fast}
+    beam = {BEAM_STEP_FILE: token_beam_step_io(spec)} if has_beam_step(spec) else {}
+    return {GREEDY_FILE: greedy_io(spec), **beam, **fast}
 
 
 # Keys of each graph's metadata_props (shown by Netron; the runtime checks the export id).

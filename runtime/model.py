@@ -10,6 +10,7 @@ import numpy as np
 
 from .binding import BoundRunner, Runner, SessionRunner, runner
 from .contract import (
+    BEAM_STEP_FILE,
     DECODER_STEP_FILE,
     ENCODER_FILE,
     EXPORT_ID_KEY,
@@ -67,8 +68,11 @@ class Seq2Seq:
                                                          io_binding, set(), device_id))
                         if GREEDY_FILE in sessions else None)
         fast = _fast_steps(manifest.spec, sessions, io_binding, device_id)
-        self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy, fast=fast)
-                             if manifest.spec.kind == "tokens" else None)
+        beam_step = (runner(sessions[BEAM_STEP_FILE], io[BEAM_STEP_FILE][1], BEAM_STEP_FILE, io_binding,
+                            {out for out in io[BEAM_STEP_FILE][1] if out in FEEDBACK}, device_id)
+                     if BEAM_STEP_FILE in sessions else None)
+        self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy, fast=fast,
+                                        beam_step=beam_step) if manifest.spec.kind == "tokens" else None)
 
     @classmethod
     def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None, fused: bool = True,

@@ -61,13 +61,14 @@ class TokenSteps:
     def __init__(self, spec: ModelSpec, encoder: Runner, step: Runner, greedy: GreedyLoop | None = None,
                  step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
                  fast: "TokenSteps | None" = None, beam: BeamGraph | None = None,
-                 wide: "Graphs | None" = None) -> None:
+                 wide: "Graphs | None" = None, beam_step: Runner | None = None) -> None:
         inputs = graph_io(spec)[DECODER_STEP_FILE]["inputs"] if step_inputs is None else step_inputs
         self.spec = spec
         self._encoder, self._step = encoder, step  # runners: typed errors; with IO binding, state on the device
         self.greedy = greedy  # the greedy loop graph, when the export has one and it is switched on
         self.fast = fast
         self.beam = beam  # the beam search graph (a transformer's fast graphs), or None
+        self._beam_step = beam_step  # a recurrent model's beam step (constant context once per input), or None
         self.wide = wide  # a step, greedy loop and beam graph over the same state for `wide_rows` rows and more
         self.wide_rows = WIDE_ROWS
         self.feedback = FEEDBACK if feedback is None else feedback
@@ -84,8 +85,21 @@ class TokenSteps:
 
     def step(self, tokens: np.ndarray, state: State) -> StepResult:
         """One decoder step for every row: the StepFn the strategies drive."""
+        return self._run_step(self.graphs(len(tokens)).step, tokens, state)
+
+    @property
+    def has_beam_step(self) -> bool:
+        """Whether `beam_step` can run: the export has a beam step graph."""
+        return self._beam_step is not None
+
+    def beam_step(self, tokens: np.ndarray, state: State) -> StepResult:
+        """One step over beam search's rows (batch x beam, k consecutive rows per input) where the `constant`
+        entries hold one row per input: beam_search(..., per_input=True) drives it."""
+        return self._run_step(self._beam_step, tokens, state)
+
+    def _run_step(self, run: Runner, tokens: np.ndarray, state: State) -> StepResult:
         feed = {PREVIOUS: tokens.astype(np.int64, copy=False), **state}
-        result = self.graphs(len(tokens)).step(feed)
+        result = run(feed)
         fed_back = {self.feedback[name]: value for name, value in result.items() if name in self.feedback}
         return StepResult(result["log_probs"], {**state, **fed_back}, result.get("alphas"))
 
@@ -235,9 +249,12 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
         found = run(ids, lengths, beam_size, num_hypotheses, length_penalty, max_decoding_length,
                     min_decoding_length, cancel)
-    elif beam_size != 1 or num_hypotheses != 1:
+    elif beam_size != 1 or num_hypotheses != 1:  # with a beam step, what attention reads stays once per input
+        fold = steps.has_beam_step
+        step = steps.beam_step if fold else steps.step
+        step = step if cancel is None else stoppable(step, cancel)
         found = beam_search(step, steps.encode(ids, lengths), steps.batch_axes, beam_size=beam_size,
-                            num_hypotheses=num_hypotheses, length_penalty=length_penalty, **common)
+                            num_hypotheses=num_hypotheses, length_penalty=length_penalty, per_input=fold, **common)
     elif sampling:
         found = [[h] for h in sample(step, steps.encode(ids, lengths), steps.batch_axes, seed=seed,
                                      sampling_temperature=sampling_temperature, sampling_topk=sampling_topk,

@@ -39,6 +39,8 @@ class Toy:
         self.mask = np.ones((batch, self.LS), np.float32)
         self.calls: list[int] = []
         self.omit_constant = False  # return only the entries a step changes
+        self.per_input = False  # the constant entries come once per input (beam_search(per_input=True))
+        self.beam = 1  # rows per input
 
     def state(self, batch: int) -> tuple[dict, dict]:
         state = {"hash": np.zeros(batch, np.int64), "memory": self.memory, "mask": self.mask}
@@ -46,8 +48,12 @@ class Toy:
 
     def step(self, tokens: np.ndarray, state: dict) -> StepResult:
         self.calls.append(len(tokens))
-        mem = state["memory"]  # (Ls, N, D)
-        assert mem.shape[1] == len(tokens) and state["mask"].shape == (len(tokens), self.LS)
+        mem, mask = state["memory"], state["mask"]  # (Ls, N, D), (N, Ls)
+        if self.per_input:  # beam_search(per_input=True): one copy per input, its k rows next to each other
+            k = len(tokens) // mem.shape[1]
+            assert k == self.beam and k * mem.shape[1] == len(tokens)
+            mem, mask = np.repeat(mem, k, axis=1), np.repeat(mask, k, axis=0)
+        assert mem.shape[1] == len(tokens) and mask.shape == (len(tokens), self.LS)
         h = (state["hash"] * 31 + tokens + 1) % self.H  # (N,)
         logits = self.w[h] + mem.sum(axis=0) @ self.p  # (N, V): quarters plus quarters, so ties stay exact
         log_probs = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
@@ -76,15 +82,19 @@ def nested(hyps: list) -> list[list]:
 
 def run_both(fast, slow, params: dict, batch: int, kw: dict) -> None:
     """Run the reference, then the fast strategy without and with the constant entries named (the step then
-    returning only what it changes), each on a fresh toy model; compare hypotheses and the batch sizes stepped."""
+    returning only what it changes), and beam search with them held once per input too, each on a fresh toy model;
+    compare hypotheses and the batch sizes stepped."""
     ref_model = Toy(batch=batch, **params)
     state, axes = ref_model.state(batch)
     ref = nested(slow(ref_model.step, state, axes, batch, 0, params["eos_id"], **kw))
-    for constant in (frozenset(), frozenset({"memory", "mask"})):
+    constant = frozenset({"memory", "mask"})
+    variants = [(frozenset(), {}), (constant, {})] + ([(constant, {"per_input": True})] if fast is beam_search else [])
+    for constant, extra in variants:
         model = Toy(batch=batch, **params)
         model.omit_constant = bool(constant)
+        model.per_input, model.beam = bool(extra), kw.get("beam_size", 1)
         state, axes = model.state(batch)
-        out = nested(fast(model.step, state, axes, batch, 0, params["eos_id"], constant=constant, **kw))
+        out = nested(fast(model.step, state, axes, batch, 0, params["eos_id"], constant=constant, **kw, **extra))
         assert [len(n) for n in out] == [len(n) for n in ref]
         assert_same([h for n in out for h in n], [h for n in ref for h in n])
         assert model.calls == ref_model.calls  # the same rows stepped: finished inputs leave at the same step
@@ -148,9 +158,15 @@ def test_token_models_decode_as_before(which, beam, n_best, lp, request):
     new = beam_search(steps.step, state, steps.batch_axes, len(texts), BOS, EOS, constant=steps.constant, **kw)
     ref = old.beam_search(steps.step, state, steps.batch_axes, len(texts), BOS, EOS, **kw)
     assert_same([h for n in new for h in n], [h for n in ref for h in n])
-    translated = model.translate_batch(texts, **kw)  # translate passes the constant set through
-    assert [[t.ids for t in n] for n in translated] == [[h.tokens for h in n] for n in new]
-    assert [[t.score for t in n] for n in translated] == [[h.score for h in n] for n in new]
+    translated = model.translate_batch(texts, **kw)  # translate passes the constant set through, and runs a
+    # recurrent export's beam step, whose attention reads its input's one copy of the memory: the same ids
+    folded = steps.has_beam_step
+    ours = beam_search(steps.beam_step if folded else steps.step, state, steps.batch_axes, len(texts), BOS, EOS,
+                       constant=steps.constant, per_input=folded, **kw)
+    assert [[t.ids for t in n] for n in translated] == [[h.tokens for h in n] for n in ours]
+    assert [[t.score for t in n] for n in translated] == [[h.score for h in n] for n in ours]
+    assert [[h.tokens for h in n] for n in ours] == [[h.tokens for h in n] for n in new]
+    np.testing.assert_allclose([h.score for n in ours for h in n], [h.score for n in new for h in n], rtol=1e-5)
 
 
 @pytest.mark.parametrize("constant, message", [("memory", "set of state entry names"), ({"nope"}, "nope")])

@@ -35,9 +35,10 @@ def test_export_ships_hashed_vocabularies_and_passes_parity(token_export):
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["vocabularies"]) == ["source", "target"]
     assert manifest["parity"]["passed"] and {r["output"] for r in manifest["parity"]["cases"]} == {
-        "step.log_probs", "greedy.ids", "greedy_loop.ids", "beam.ids"}
-    assert sorted(p.name for p in out.iterdir()) == ["decoder_step.onnx", "encoder.onnx", "greedy_loop.onnx",
-                                                     "manifest.json", "source_vocab.json", "target_vocab.json"]
+        "step.log_probs", "greedy.ids", "greedy_loop.ids", "beam.ids", "beam_step.ids", "beam_step.scores"}
+    assert sorted(p.name for p in out.iterdir()) == ["beam_step.onnx", "decoder_step.onnx", "encoder.onnx",
+                                                     "greedy_loop.onnx", "manifest.json", "source_vocab.json",
+                                                     "target_vocab.json"]
 
 
 def test_translate_greedy_equals_the_pytorch_reference(token_export):

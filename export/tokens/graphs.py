@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from export.cells import ExplicitGRU
 from export.errors import ExportError
 from export.examples import (
     EXAMPLE_BATCH,
+    EXAMPLE_BEAM,
     EXAMPLE_LENGTHS,
     EXAMPLE_PAST_LEN,
     EXAMPLE_SOURCE_LEN,
@@ -20,12 +20,15 @@ from export.examples import (
     Traced,
 )
 from runtime.contract import (
+    BEAM_STEP_FILE,
     DECODER_STEP_FILE,
     ENCODER_FILE,
     FAST_FILES,
     FEEDBACK,
     GREEDY_FILE,
+    ROWS,
     graph_io,
+    token_beam_step_io,
     token_decoder_outputs,
     token_decoder_state,
 )
@@ -48,11 +51,13 @@ class TokenEncoderGraph(nn.Module):
 
 
 class TokenStepGraph(nn.Module):
-    """One step: previous_tokens (N,) and the state -> log_probs (N, V), the fed-back state, alphas."""
+    """One step: previous_tokens (N,) and the state -> log_probs (N, V), the fed-back state, alphas. `folded`
+    (recurrent models with attention): the beam step, whose rows are batch x beam and whose attention reads its
+    inputs once per input (`TokenSeq2Seq.folded_step`; contract.token_beam_step_io)."""
 
-    def __init__(self, model: TokenModel, spec: ModelSpec) -> None:
+    def __init__(self, model: TokenModel, spec: ModelSpec, folded: bool = False) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.folded = model, folded
         gru = isinstance(model, TokenSeq2Seq) and spec.cell == "gru"  # an LSTM keeps its op: as fast (cells.py)
         self.cell = ExplicitGRU(model.decoder.rnn) if gru else None
         self.input_names = ["previous_tokens", *token_decoder_state(spec)]
@@ -62,7 +67,7 @@ class TokenStepGraph(nn.Module):
         feed = dict(zip(self.input_names, inputs))
         previous = feed.pop("previous_tokens")
         if self.cell is None:
-            log_probs, state, alphas = self.model.step(previous, feed)
+            log_probs, state, alphas = (self.model.folded_step if self.folded else self.model.step)(previous, feed)
         else:
             log_probs, state, alphas = self.gru_step(previous, feed)
         produced = {"log_probs": log_probs, "alphas": alphas}
@@ -71,15 +76,16 @@ class TokenStepGraph(nn.Module):
 
     def gru_step(self, previous: torch.Tensor,
                  state: TensorState) -> tuple[torch.Tensor, TensorState, torch.Tensor | None]:
-        """`TokenSeq2Seq.step` (that is `TokenDecoder.step`) with the explicit cell in place of the GRU."""
+        """`TokenSeq2Seq.step` (or `folded_step`) with the explicit cell in place of the GRU."""
         decoder = self.model.decoder
         features, hidden = self.cell(decoder.embedding(previous), state["hidden"])  # (N, H), (layers, N, H)
-        alphas = None
-        if decoder.attention is not None:
+        context = alphas = None
+        if self.folded:
+            queries = features.view(state["source_mask"].shape[0], -1, features.shape[-1])  # (B, k, H)
+            context, alphas = (x.flatten(0, 1) for x in decoder.attention.folded(queries, state))
+        elif decoder.attention is not None:
             context, alphas = decoder.attention(features, state)  # (N, D), (N, L)
-            features = torch.cat([features, context], dim=-1)  # (N, H + D)
-        log_probs = F.log_softmax(decoder._logits(features), dim=-1)  # (N, V)
-        return log_probs, {**state, "hidden": hidden}, alphas
+        return decoder.emit(features, context), {**state, "hidden": hidden}, alphas
 
 
 RECURRENT_DOCS = {
@@ -88,6 +94,10 @@ RECURRENT_DOCS = {
     "keys and source_mask.",
     DECODER_STEP_FILE: "seq2onnx token decoder step: run once per output token. previous_tokens (batch; 1 = bos at "
     "the first step) and the state -> log_probs (batch, vocab); feed hidden_out[/cell_out] back as hidden[/cell].",
+    BEAM_STEP_FILE: "seq2onnx token beam step: the decoder step over beam search's rows (rows = batch x beam, input "
+    "b owning rows b*k .. b*k + k - 1). previous_tokens (rows), hidden[/cell] (layers, rows, hidden) and what "
+    "attention reads, once per input (keys, memory or values, source_mask: batch first) -> log_probs (rows, "
+    "vocab), hidden_out[/cell_out] and alphas (rows, source_len); an input's k queries attend to it together.",
 }
 TRANSFORMER_DOCS = {
     ENCODER_FILE: "seq2onnx transformer encoder: run once per request. source_ids (batch, source_len; right-padded "
@@ -149,3 +159,13 @@ def traced(model: TokenModel, spec: ModelSpec) -> Traced:
                         generator=gen)  # (N, Ls)
     return Traced(TokenEncoderGraph(model, spec), TokenStepGraph(model, spec), (ids, torch.tensor(EXAMPLE_LENGTHS)),
                   {"previous_tokens": torch.full((EXAMPLE_BATCH,), BOS_ID)}, steps=EXAMPLE_PAST_LEN)
+
+
+def beam_step(model: TokenModel, spec: ModelSpec, states: dict[str, torch.Tensor]) -> tuple[nn.Module, tuple]:
+    """The beam step's export module and example arguments: the encoder's `states` for EXAMPLE_BATCH inputs, the
+    recurrent state repeated for EXAMPLE_BEAM rows per input, what attention reads once per input."""
+    io = token_beam_step_io(spec)["inputs"]
+    rows = {name: states[name].repeat_interleave(EXAMPLE_BEAM, dim=dims.index(ROWS))
+            for name, dims in io.items() if name in states and ROWS in dims}
+    feed = {**states, **rows, "previous_tokens": torch.full((EXAMPLE_BATCH * EXAMPLE_BEAM,), BOS_ID)}
+    return TokenStepGraph(model, spec, folded=True), tuple(feed[name] for name in io)

@@ -172,19 +172,25 @@ def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarra
         if name == "beam.ids" and graph is not None:  # the beam search graph: its ids, and its scores against
             found = graph.hypotheses(ids, lengths, PARITY_BEAM, PARITY_BEAM, 1.0, max_len, 0)  # the numpy search's
             rows.append(_ids_row(case, ids, max_len, "beam_graph.ids", found, want))
-            rows.append(_scores_row(case, ids, max_len, found, got, tol))
+            rows.append(_scores_row(case, ids, max_len, found, got, tol, "beam_graph"))
+        if name == "beam.ids" and steps.has_beam_step:  # the beam step: what translate's beam search runs
+            found = search(steps.beam_step, steps.encode(ids, lengths), steps.batch_axes, **common, **extra,
+                           constant=steps.constant, per_input=True)
+            rows.append(_ids_row(case, ids, max_len, "beam_step.ids", found, want))
+            rows.append(_scores_row(case, ids, max_len, found, got, tol, "beam_step"))
     return rows
 
 
-def _scores_row(case: str, ids: np.ndarray, max_len: int, found: list, got: list, tol: Tolerance) -> Row:
-    """The beam graph's scores and log-probs against the numpy search's over the same graphs (float32 rounding
-    apart: its cross-attention reads an input's beams as one block)."""
+def _scores_row(case: str, ids: np.ndarray, max_len: int, found: list, got: list, tol: Tolerance,
+                graph: str) -> Row:
+    """A one-call beam graph's, or the beam step's, scores and log-probs against the numpy search's over the step
+    graph (float32 rounding apart: their attention reads an input's beams as one block)."""
     pairs = [(a, b) for x, y in zip(found, got) for a, b in zip(x, y)]
-    graph = np.array([[a.score, a.log_prob] for a, _ in pairs] or np.zeros((0, 2)))
+    ours = np.array([[a.score, a.log_prob] for a, _ in pairs] or np.zeros((0, 2)))
     numpy = np.array([[b.score, b.log_prob] for _, b in pairs] or np.zeros((0, 2)))
     same_count = all(len(x) == len(y) for x, y in zip(found, got))
-    max_abs, max_rel, ok = diffs(graph, numpy, tol.atol, tol.rtol) if pairs else (0.0, 0.0, True)
-    return Row(case, len(ids), ids.shape[1], max_len, "decode", "beam_graph.scores", max_abs, max_rel,
+    max_abs, max_rel, ok = diffs(ours, numpy, tol.atol, tol.rtol) if pairs else (0.0, 0.0, True)
+    return Row(case, len(ids), ids.shape[1], max_len, "decode", f"{graph}.scores", max_abs, max_rel,
                ok and same_count)
 
 

@@ -18,7 +18,9 @@ length_penalty > 0 the bound is looser and inputs tend to run longer.
 
 Speed, not semantics: entries named `constant` (what a step never changes: encoder memory, keys, masks) are
 expanded to the k beams once and selected again only when inputs finish, in whole blocks of k rows; the rest of the
-state is reordered by parent beam every step. Finished hypotheses and the stopping rule are arrays over inputs
+state is reordered by parent beam every step. With `per_input`, the step reads the constant entries once per input
+(a beam step graph, whose rows attend to their input's one copy together): they are never expanded, and are
+selected by input when inputs finish. Finished hypotheses and the stopping rule are arrays over inputs
 (runtime.search.nbest), and token paths and attention are parent pointers read back once at the end
 (runtime.search.trace), so a step costs a fixed handful of numpy calls whatever the batch.
 """
@@ -100,15 +102,19 @@ def check_beam(beam_size: int, num_hypotheses: int, length_penalty: float) -> tu
 def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, bos_id: int, eos_id: int,
                 beam_size: int = 2, num_hypotheses: int = 1, length_penalty: float = 1.0,
                 max_decoding_length: int = 256, min_decoding_length: int = 0, return_attention: bool = False,
-                constant: frozenset[str] = frozenset()) -> list[list[Hypothesis]]:
+                constant: frozenset[str] = frozenset(), per_input: bool = False) -> list[list[Hypothesis]]:
     """Up to num_hypotheses hypotheses per input, best score first (see the module docstring for the rules);
-    `constant` names the state entries the step never changes."""
+    `constant` names the state entries the step never changes; `per_input`: the step reads those once per input."""
     check_decoding(state, batch_axes, batch_size, bos_id, eos_id, max_decoding_length, min_decoding_length)
     k, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
     constant = check_constant(constant, state)
+    if not isinstance(per_input, bool):
+        raise InputError(f"per_input: expected True or False, got {per_input!r}")
     found, trace = NBest(batch_size, num_hypotheses), Trace()
     inputs = np.arange(batch_size)  # the input each live block of k rows decodes
-    state = select(state, np.repeat(inputs, k), batch_axes)  # rows (B * k,): input b owns rows b*k .. b*k+k-1
+    expanded = {name: value for name, value in state.items() if not (per_input and name in constant)}
+    state = {**state, **select(expanded, np.repeat(inputs, k), batch_axes)}  # rows (B * k,): input b owns rows
+    # b*k .. b*k+k-1
     fixed = {name: state[name] for name in constant}  # expanded once; selected again only when inputs finish
     tokens = np.full(batch_size * k, bos_id, dtype=np.int64)  # (B * k,)
     # Only the first beam of each input is live at step 0, so the beam does not fill with k copies of one path.
@@ -138,7 +144,8 @@ def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: i
             parents, next_tokens, next_live, inputs = parents[keep], next_tokens[keep], next_live[keep], inputs[keep]
             rows = np.arange(len(keep))[:, None]  # (n_keep, 1)
             first = rows * k  # (n_keep, 1)
-            fixed = select(fixed, (keep[:, None] * k + np.arange(k)).reshape(-1), batch_axes)  # (n_keep * k,)
+            fixed = select(fixed, keep if per_input else (keep[:, None] * k + np.arange(k)).reshape(-1),
+                           batch_axes)  # (n_keep[ * k],)
         parents, tokens, live = parents.reshape(-1), next_tokens.reshape(-1), next_live.reshape(-1)  # (n * k,)
         moving = {name: value for name, value in result.state.items() if name not in constant}
         state = {**select(moving, parents, batch_axes), **fixed}

@@ -99,6 +99,17 @@ class TokenAttention(nn.Module):
         alphas = torch.softmax(scores.masked_fill(~states["source_mask"], float("-inf")), dim=-1)  # (N, L)
         return torch.bmm(alphas[:, None, :], states["memory"]).squeeze(1), alphas  # (N, D), (N, L)
 
+    def folded(self, query: torch.Tensor, states: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` for k queries per source (a beam's rows): query (B, k, H) against keys (B, L, H), memory
+        (B, L, D) and source_mask (B, L) held once per source -> context (B, k, D), alphas (B, k, L)."""
+        keys = states["keys"]
+        if self.kind == "additive":
+            scores = self.v(torch.tanh(self.query(query)[:, :, None, :] + keys[:, None])).squeeze(-1)  # (B, k, L)
+        else:
+            scores = torch.bmm(query, keys.transpose(1, 2))  # (B, k, L)
+        alphas = torch.softmax(scores.masked_fill(~states["source_mask"][:, None, :], float("-inf")), dim=-1)
+        return torch.bmm(alphas, states["memory"]), alphas  # (B, k, D), (B, k, L)
+
 
 class MultiHeadTokenAttention(nn.Module):
     """Multi-head attention: each of `n_heads` heads scores (W_q q)_h . (W_k m)_h / sqrt(d_k) over its own
@@ -131,6 +142,17 @@ class MultiHeadTokenAttention(nn.Module):
         context = torch.matmul(alphas, states["values"])  # (N, heads, 1, d_k)
         joined = context.squeeze(2).flatten(1)  # (N, H)
         return self.out(joined), alphas.squeeze(2).mean(dim=1)  # (N, H), (N, L)
+
+    def folded(self, query: torch.Tensor, states: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` for k queries per source: query (B, k, H), keys/values (B, heads, L, d_k) and source_mask
+        (B, L) held once per source -> context (B, k, H), alphas (B, k, L)."""
+        b, k = query.shape[0], query.shape[1]
+        q = self.query(query).view(b, k, self.heads, self.d_k).transpose(1, 2)  # (B, heads, k, d_k)
+        scores = torch.matmul(q, states["keys"].transpose(2, 3)) / math.sqrt(self.d_k)  # (B, heads, k, L)
+        alphas = torch.softmax(scores.masked_fill(~states["source_mask"][:, None, None, :], float("-inf")), dim=-1)
+        context = torch.matmul(alphas, states["values"])  # (B, heads, k, d_k)
+        joined = context.transpose(1, 2).reshape(b, k, -1)  # (B, k, H)
+        return self.out(joined), alphas.mean(dim=1)  # (B, k, H), (B, k, L)
 
 
 def build_attention(spec: ModelSpec) -> nn.Module | None:
@@ -170,14 +192,32 @@ class TokenDecoder(nn.Module):
              attend: dict[str, torch.Tensor]) -> tuple[torch.Tensor, State, torch.Tensor | None]:
         """previous (N,) ids, state (layers, N, H) x2, and what attention reads (the contract's names: keys,
         memory or values, source_mask) -> log_probs (N, V), new state, alphas (N, L) or None."""
+        features, state = self.advance(previous, state)  # (N, H)
+        context, alphas = self.attention(features, attend) if self.attention is not None else (None, None)
+        return self.emit(features, context), state, alphas
+
+    def folded_step(self, previous: torch.Tensor, state: State,
+                    attend: dict[str, torch.Tensor]) -> tuple[torch.Tensor, State, torch.Tensor]:
+        """`step` for a beam's rows: previous (R,) and state (layers, R, H) for R = B x k rows, input b owning rows
+        b*k .. b*k + k - 1, with what attention reads held once per input (B, ...): an input's k queries attend
+        together (`TokenAttention.folded`). Needs attention."""
+        features, state = self.advance(previous, state)  # (R, H)
+        context, alphas = self.attention.folded(features.view(attend["source_mask"].shape[0], -1,
+                                                              features.shape[-1]), attend)  # (B, k, D), (B, k, L)
+        return self.emit(features, context.flatten(0, 1)), state, alphas.flatten(0, 1)
+
+    def advance(self, previous: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """previous (N,) ids and state -> the top layer's output (N, H) and the new state."""
         h, c = state
         out, final = self.rnn(self.embedding(previous)[:, None, :], h if c is None else (h, c))  # (N, 1, H)
         h, c = final if isinstance(final, tuple) else (final, None)
-        features, alphas = out[:, 0], None  # (N, H)
-        if self.attention is not None:
-            context, alphas = self.attention(features, attend)
+        return out[:, 0], (h, c)
+
+    def emit(self, features: torch.Tensor, context: torch.Tensor | None) -> torch.Tensor:
+        """The top layer's output (N, H) and the attention's context (N, D) or None -> log_probs (N, V)."""
+        if context is not None:
             features = torch.cat([features, context], dim=-1)  # (N, H + D)
-        return F.log_softmax(self._logits(features), dim=-1), (h, c), alphas
+        return F.log_softmax(self._logits(features), dim=-1)
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         if self.spec.tie_embeddings:
@@ -210,6 +250,12 @@ class TokenSeq2Seq(TokenModel):
              state: TensorState) -> tuple[torch.Tensor, TensorState, torch.Tensor | None]:
         """previous (N,) ids and the state by the contract's names -> log_probs (N, V), next state, alphas (N, L)."""
         log_probs, (h, c), alphas = self.decoder.step(previous, (state["hidden"], state.get("cell")), state)
+        return log_probs, {**state, "hidden": h, **({} if c is None else {"cell": c})}, alphas
+
+    def folded_step(self, previous: torch.Tensor,
+                    state: TensorState) -> tuple[torch.Tensor, TensorState, torch.Tensor]:
+        """`step` for beam search's rows, what attention reads held once per input (`TokenDecoder.folded_step`)."""
+        log_probs, (h, c), alphas = self.decoder.folded_step(previous, (state["hidden"], state.get("cell")), state)
         return log_probs, {**state, "hidden": h, **({} if c is None else {"cell": c})}, alphas
 
     def forward(self, source: torch.Tensor, lengths: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
