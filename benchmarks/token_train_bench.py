@@ -19,7 +19,7 @@ import click
 import torch
 
 from runtime.defaults import arch_defaults
-from runtime.spec import ARCHS, NORMS, POSITIONALS
+from runtime.spec import NORMS, POSITIONALS, TRAINABLE_ARCHS
 from runtime.vocab import Vocabulary
 from training.tokens.builtin import ACCURACY_TARGETS, BUILTIN_LOADERS, REVERSE, TOKENIZER_OF
 from training.tokens.data import load_text_dataset
@@ -32,7 +32,7 @@ SPEC_OPTIONS = ("hidden_dim", "embedding_dim", "cell", "attention", "bidirection
 
 
 @click.command()
-@click.option("--arch", type=click.Choice(ARCHS), default="recurrent", show_default=True)
+@click.option("--arch", type=click.Choice(TRAINABLE_ARCHS), default="recurrent", show_default=True)
 @click.option("--data", type=click.Choice(sorted(BUILTIN_LOADERS)), default=REVERSE, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), default=None)

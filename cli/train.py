@@ -13,7 +13,7 @@ import click
 
 from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.defaults import DATASET_DEFAULTS, MAX_LR, SEED, TRANSFORMER_DEFAULTS
-from runtime.spec import ARCHS, ATTENTION_KINDS, CELLS, NORMS, POSITIONALS
+from runtime.spec import ATTENTION_KINDS, CELLS, NORMS, POSITIONALS, TRAINABLE_ARCHS
 from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
 from training.torchrun import launched
@@ -93,7 +93,7 @@ def _transformer_default(name: str) -> str:
                    f"F) and target (N, Lt, F). Token models: {TEXT_SETS}, PATH.tsv (source<TAB>target lines) or "
                    "SRC_PATH,TGT_PATH (line-aligned files). 20% of a user file is held out as test set. Built-ins with "
                    f"their own defaults for options not given: {_dataset_defaults()}.")
-@click.option("--arch", type=click.Choice(ARCHS), default="recurrent", show_default=True,
+@click.option("--arch", type=click.Choice(TRAINABLE_ARCHS), default="recurrent", show_default=True,
               help="Token models: a GRU/LSTM encoder-decoder with attention, or a transformer.")
 @click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True,
               help="additive: token models only; not for transformers (always multi-head).")

@@ -10,11 +10,13 @@ from typing import Any
 
 from runtime.contract import (
     FORMAT_VERSION,
+    GREEDY_FILE,
     MANIFEST_FILE,
     VOCAB_FILES,
     graph_io,
     optional_graph_io,
 )
+from runtime.declared import TokenContract
 from runtime.manifest import sha256_file
 from runtime.spec import ModelSpec
 
@@ -31,13 +33,20 @@ def producer_versions() -> dict[str, str]:
 
 
 def build_manifest(model_dir: Path, spec: ModelSpec, export_id: str, opset: int,
-                   parity: dict[str, Any] | None, source: str) -> dict[str, Any]:
+                   parity: dict[str, Any] | None, source: str,
+                   contract: TokenContract | None = None) -> dict[str, Any]:
     """The manifest for the graphs (the optional ones that exist: the greedy loop) and, for token models, the
-    vocabularies now in model_dir."""
-    present = {name: io for name, io in optional_graph_io(spec).items() if (model_dir / name).exists()}
+    vocabularies now in model_dir and the contract (a declared model's own, else the one its spec implies)."""
+    if spec.kind == "tokens" and contract is None:
+        contract = TokenContract.for_spec(spec)
+    if spec.is_declared:
+        required, optional = contract.graph_io(), {GREEDY_FILE: contract.greedy_io()}
+    else:
+        required, optional = graph_io(spec), optional_graph_io(spec)
+    present = {name: io for name, io in optional.items() if (model_dir / name).exists()}
     graphs = {
         name: {"file": name, "sha256": sha256_file(model_dir / name), **io}
-        for name, io in {**graph_io(spec), **present}.items()
+        for name, io in {**required, **present}.items()
     }
     vocabularies = {} if spec.kind != "tokens" else {
         side: {"file": name, "sha256": sha256_file(model_dir / name)} for side, name in VOCAB_FILES.items()}
@@ -52,6 +61,7 @@ def build_manifest(model_dir: Path, spec: ModelSpec, export_id: str, opset: int,
         "opset": opset,
         "producer": producer_versions(),
         "parity": parity,
+        **({"contract": contract.to_dict()} if contract is not None else {}),
     }
 
 

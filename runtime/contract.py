@@ -5,8 +5,9 @@ from typing import Callable, NamedTuple
 
 from .spec import ModelSpec
 
-FORMAT_VERSION = 1
-SUPPORTED_FORMAT_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = (1, 2)
+CONTRACT_SINCE = 2  # token models' manifests carry their contract (runtime.declared) from this version on
 
 ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"

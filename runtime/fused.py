@@ -23,9 +23,9 @@ from .vocab import EOS
 class GreedyLoop:
     """A greedy loop session with its declared I/O; thread-safe like the session."""
 
-    def __init__(self, spec: ModelSpec, run: Runner, io: dict[str, dict] | None = None) -> None:
-        io = greedy_io(spec) if io is None else io  # the traced loop's, or a transformer's fast loop's
-        self.spec = spec
+    def __init__(self, spec: ModelSpec, run: Runner, io: dict[str, dict] | None = None, eos: int = EOS) -> None:
+        io = greedy_io(spec) if io is None else io  # the traced loop's (a declared model's contract's), or a fast one's
+        self.spec, self.eos = spec, eos  # eos: the token model's own end id
         self._run = run  # the greedy loop session's runner (errors typed, inputs on the host or the device)
         self.inputs, self.outputs = list(io["inputs"]), list(io["outputs"])
 
@@ -52,7 +52,7 @@ class GreedyLoop:
             [0.0] * len(tokens)
         out = []
         for row, ids in enumerate(tokens.tolist()):
-            n = ids.index(EOS) if EOS in ids else len(ids)  # eos is not part of the output
+            n = ids.index(self.eos) if self.eos in ids else len(ids)  # eos is not part of the output
             out.append(Hypothesis(tokens=ids[:n], score=totals[row], log_prob=totals[row],
                                   attention=None if attention is None else attention[row, :n]))
         return out

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from .contract import (
+    CONTRACT_SINCE,
+    GREEDY_FILE,
     MANIFEST_FILE,
     SUPPORTED_FORMAT_VERSIONS,
     VOCAB_FILES,
     graph_io,
     optional_graph_io,
 )
+from .declared import ContractError, TokenContract
 from .errors import ManifestError, Seq2OnnxError, brief
 from .spec import ModelSpec, SpecError
 
@@ -50,6 +53,7 @@ class Manifest:
     export_id: str
     raw: dict[str, Any]
     vocabularies: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)  # token models: side -> entry
+    contract: TokenContract | None = None  # token models: what the graphs take and give (runtime.declared)
 
 
 def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError], missing: str) -> bytes:
@@ -100,14 +104,41 @@ def read_manifest(model_dir: Path) -> Manifest:
         spec = ModelSpec.from_dict(raw.get("spec"))
     except SpecError as exc:
         raise ManifestError(f"{path}: {exc}; re-export the model") from None
-    graphs = _read_graphs(path, raw.get("graphs"), spec)
+    contract = _read_contract(path, raw, version, spec)
+    graphs = _read_graphs(path, raw.get("graphs"), spec, contract)
     export_id = raw.get("export_id")
     if not isinstance(export_id, str) or not export_id:
         raise ManifestError(
             f"{path}: 'export_id' must be a non-empty string, got {brief(export_id)}; re-export the model"
         )
     vocabularies = _read_vocabularies(path, raw.get("vocabularies"), spec)
-    return Manifest(spec=spec, graphs=graphs, export_id=export_id, raw=raw, vocabularies=vocabularies)
+    return Manifest(spec=spec, graphs=graphs, export_id=export_id, raw=raw, vocabularies=vocabularies,
+                    contract=contract)
+
+
+def _read_contract(path: Path, raw: dict[str, Any], version: int, spec: ModelSpec) -> TokenContract | None:
+    """A token model's contract: the manifest's own (format 2), or its spec's (format 1, which predates it). One of
+    seq2onnx's own models must carry exactly its spec's; a declared model's is checked on its own."""
+    if spec.kind != "tokens":
+        if "contract" in raw:
+            raise ManifestError(f"{path}: a point model's manifest has no 'contract'; re-export the model")
+        return None
+    if version < CONTRACT_SINCE:
+        if spec.is_declared:
+            raise ManifestError(f"{path}: a declared model needs format_version {CONTRACT_SINCE} or later, got "
+                                f"{version}; re-export the model")
+        return TokenContract.for_spec(spec)
+    try:
+        contract = TokenContract.from_dict(raw.get("contract"))
+    except ContractError as exc:
+        raise ManifestError(f"{path}: 'contract': {exc}; re-export the model") from None
+    if not spec.is_declared and contract != TokenContract.for_spec(spec):
+        raise ManifestError(f"{path}: 'contract' differs from the one the spec implies; the spec or the contract was "
+                            "edited, re-export the model")
+    if contract.target_vocab_size != spec.target_vocab_size:
+        raise ManifestError(f"{path}: 'contract' decodes {contract.target_vocab_size} target ids, the spec's "
+                            f"target_vocab_size is {spec.target_vocab_size}; re-export the model")
+    return contract
 
 
 def _read_vocabularies(path: Path, entries: Any, spec: ModelSpec) -> dict[str, dict[str, str]]:
@@ -146,10 +177,15 @@ def _load_json(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _read_graphs(path: Path, graphs: Any, spec: ModelSpec) -> dict[str, dict[str, Any]]:
-    """Check each graph entry against what the spec implies; return them rebuilt from checked values. The step-loop
-    graphs are required; the greedy loop is optional (exports before it still load)."""
-    required, optional = graph_io(spec), optional_graph_io(spec)
+def _read_graphs(path: Path, graphs: Any, spec: ModelSpec,
+                 contract: TokenContract | None) -> dict[str, dict[str, Any]]:
+    """Check each graph entry against what the spec (a declared model: its contract) implies; return them rebuilt
+    from checked values. The step-loop graphs are required; the greedy loop is optional (exports before it still
+    load)."""
+    if spec.is_declared and contract is not None:
+        required, optional = contract.graph_io(), {GREEDY_FILE: contract.greedy_io()}
+    else:
+        required, optional = graph_io(spec), optional_graph_io(spec)
     allowed = {**required, **optional}
     if not isinstance(graphs, dict) or not set(required) <= set(graphs) <= set(allowed):
         got = sorted(graphs) if isinstance(graphs, dict) else graphs

@@ -21,6 +21,7 @@ from .contract import (
     fast_feedback,
     fast_graph_io,
 )
+from .declared import TokenContract
 from .errors import InputError, IntegrityError, brief
 from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_manifest
@@ -59,20 +60,25 @@ class Seq2Seq:
         # Decoding: with IO binding, the encoder's outputs and the step's fed-back state stay on the device.
         self._encode, self._decode_step = self.run_encoder, self.run_step
         if io_binding:
-            fed_back = {out for out in io[DECODER_STEP_FILE][1] if out in FEEDBACK}
+            feedback = FEEDBACK if manifest.contract is None else manifest.contract.feedback
+            fed_back = {out for out in io[DECODER_STEP_FILE][1] if out in feedback}
             self._encode = BoundRunner(sessions[ENCODER_FILE], io[ENCODER_FILE][1], ENCODER_FILE,
                                        set(io[ENCODER_FILE][1]), device_id)
             self._decode_step = BoundRunner(self._step, io[DECODER_STEP_FILE][1], DECODER_STEP_FILE, fed_back,
                                             device_id)
+        contract = manifest.contract  # token models: what the graphs take and give, special ids, source rules
+        loop_io = contract.greedy_io() if contract is not None else None
+        eos = {} if contract is None else {"eos": contract.specials.eos}
         self._greedy = (GreedyLoop(manifest.spec, runner(sessions[GREEDY_FILE], io[GREEDY_FILE][1], GREEDY_FILE,
-                                                         io_binding, set(), device_id))
+                                                         io_binding, set(), device_id), loop_io, **eos)
                         if GREEDY_FILE in sessions else None)
         fast = _fast_steps(manifest.spec, sessions, io_binding, device_id)
         beam_step = (runner(sessions[BEAM_STEP_FILE], io[BEAM_STEP_FILE][1], BEAM_STEP_FILE, io_binding,
                             {out for out in io[BEAM_STEP_FILE][1] if out in FEEDBACK}, device_id)
                      if BEAM_STEP_FILE in sessions else None)
         self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy, fast=fast,
-                                        beam_step=beam_step) if manifest.spec.kind == "tokens" else None)
+                                        beam_step=beam_step, contract=contract)
+                             if manifest.spec.kind == "tokens" else None)
 
     @classmethod
     def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None, fused: bool = True,
@@ -163,6 +169,11 @@ class Seq2Seq:
         if unknown:
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
         return translate(self._token_steps, self.vocabularies, texts, cancel=cancel, **options)
+
+    @property
+    def contract(self) -> TokenContract | None:
+        """A token model's contract (runtime.declared): its graphs' state, special ids, how it reads sources."""
+        return self.manifest.contract
 
     @property
     def token_steps(self) -> TokenSteps | None:

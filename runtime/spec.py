@@ -8,7 +8,10 @@ from typing import Any
 ATTENTION_KINDS = ("none", "dot", "additive", "multihead")
 CELLS = ("gru", "lstm")
 KINDS = ("points", "tokens")
-ARCHS = ("recurrent", "transformer")  # token models: GRU/LSTM encoder-decoder, or the transformer
+# Token models: GRU/LSTM encoder-decoder, the transformer, or a user's own model exported through a declared contract
+# (runtime.declared: its sizes and names live there; the spec keeps its vocabulary sizes and lengths).
+TRAINABLE_ARCHS = ("recurrent", "transformer")  # what `seq2onnx train` builds
+ARCHS = (*TRAINABLE_ARCHS, "declared")
 NORMS = ("pre", "post")  # transformer: LayerNorm before each sub-layer (and after the stack), or after each residual
 POSITIONALS = ("sinusoidal", "learned")
 DEFAULT_MAX_POSITIONS = 1024  # transformer position table: covers the runtime's longest source (1024 tokens)
@@ -73,6 +76,9 @@ class ModelSpec:
         (self._check_transformer if self.arch == "transformer" else self._check_not_transformer)()
         if self.attention != "multihead" and self.n_heads != 1:
             raise SpecError(f"spec field 'n_heads' must be 1 unless attention is 'multihead', got {self.n_heads}")
+        if self.arch == "declared":
+            self._check_declared()
+            return
         (self._check_tokens if self.kind == "tokens" else self._check_points)()
 
     def _fill_transformer(self) -> None:
@@ -116,6 +122,27 @@ class ModelSpec:
             wrong.update({} if self.attention in POINTS_ATTENTION else {"attention": self.attention})
             raise SpecError(f"spec fields {wrong} are for token models (kind 'tokens'); point models take "
                             f"{plain} and attention in {POINTS_ATTENTION}")
+
+    def _check_declared(self) -> None:
+        """A declared model: a token model whose graphs, state and special ids its contract declares; the spec holds
+        its vocabulary sizes, input_len (the longest source it was trained on) and target_len (the default longest
+        output), every other field at its default and attention 'none' (what it attends to is the contract's)."""
+        if self.kind != "tokens":
+            raise SpecError(f"spec field 'arch' is 'declared', which needs kind 'tokens', got {self.kind!r}")
+        for name in ("source_vocab_size", "target_vocab_size"):
+            _require_int(name, getattr(self, name), minimum=2)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        own = ("kind", "arch", "source_vocab_size", "target_vocab_size", "input_len", "target_len", "attention")
+        wrong = {k: getattr(self, k) for k in defaults if k not in own and getattr(self, k) != defaults[k]}
+        if wrong or self.attention != "none":
+            wrong.update({} if self.attention == "none" else {"attention": self.attention})
+            raise SpecError(f"spec fields {wrong} do not apply to a declared model (arch 'declared'): its contract "
+                            "holds its sizes; leave them out (attention: 'none')")
+
+    @property
+    def is_declared(self) -> bool:
+        """True for a user's own model exported through a declared contract."""
+        return self.arch == "declared"
 
     def _check_tokens(self) -> None:
         """Token models need embeddings and vocabularies holding at least the special tokens."""

@@ -29,7 +29,8 @@ import numpy as np
 from runtime.search.step import BatchAxes, Hypothesis, State, StepResult, check_int
 
 from .binding import Runner
-from .contract import BATCH, DECODER_STEP_FILE, FEEDBACK, VOCAB_FILES, Dims, graph_io
+from .contract import BATCH, VOCAB_FILES, Dims
+from .declared import TokenContract
 from .errors import InputError, IntegrityError, brief
 from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_regular_file, sha256_bytes
@@ -37,9 +38,8 @@ from .points import Cancel, stoppable
 from .search import beam_search, greedy_search, sample
 from .search.beam import MAX_BEAM, check_beam
 from .spec import ModelSpec
-from .vocab import BOS, EOS, VocabError, Vocabulary
+from .vocab import VocabError, Vocabulary
 
-MAX_SOURCE_TOKENS = 1024  # longer inputs are refused: attention memory grows with them, and no model here saw them
 MAX_VOCAB_BYTES = 64 << 20
 PREVIOUS = "previous_tokens"  # the step input that takes the previous token
 # Rows from which a transformer's wide graphs (batched MatMul attention) beat the fused-kernel ones (CPU, dates
@@ -61,8 +61,10 @@ class TokenSteps:
     def __init__(self, spec: ModelSpec, encoder: Runner, step: Runner, greedy: GreedyLoop | None = None,
                  step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
                  fast: "TokenSteps | None" = None, beam: BeamGraph | None = None,
-                 wide: "Graphs | None" = None, beam_step: Runner | None = None) -> None:
-        inputs = graph_io(spec)[DECODER_STEP_FILE]["inputs"] if step_inputs is None else step_inputs
+                 wide: "Graphs | None" = None, beam_step: Runner | None = None,
+                 contract: TokenContract | None = None) -> None:
+        self.contract = contract_for(spec, contract)  # special ids, how sources are read, limits
+        inputs = self.contract.step["inputs"] if step_inputs is None else step_inputs
         self.spec = spec
         self._encoder, self._step = encoder, step  # runners: typed errors; with IO binding, state on the device
         self.greedy = greedy  # the greedy loop graph, when the export has one and it is switched on
@@ -71,7 +73,7 @@ class TokenSteps:
         self._beam_step = beam_step  # a recurrent model's beam step (constant context once per input), or None
         self.wide = wide  # a step, greedy loop and beam graph over the same state for `wide_rows` rows and more
         self.wide_rows = WIDE_ROWS
-        self.feedback = FEEDBACK if feedback is None else feedback
+        self.feedback = self.contract.feedback if feedback is None else feedback
         self.state_names = [name for name in inputs if name != PREVIOUS]
         self.batch_axes: BatchAxes = {name: inputs[name].index(BATCH) for name in self.state_names}
         # What a step reads but never feeds back (memory, keys, masks, cross-attention keys/values): beam search
@@ -178,41 +180,62 @@ def check_texts(texts: Any) -> list[str]:
     return list(texts)
 
 
-def source_token_limit(spec: ModelSpec) -> int:
-    """The most source tokens (EOS included) a model reads: MAX_SOURCE_TOKENS, and a transformer's max_positions."""
-    return min(MAX_SOURCE_TOKENS, spec.max_positions) if spec.is_transformer else MAX_SOURCE_TOKENS
+def contract_for(spec: ModelSpec, contract: TokenContract | None = None) -> TokenContract:
+    """`contract`, or the one seq2onnx's own model of `spec` follows (a declared model's is its manifest's)."""
+    if contract is not None:
+        return contract
+    if spec.is_declared:
+        raise InputError("a declared model's contract comes from its manifest: pass the model's contract "
+                         "(Seq2Seq.contract)")
+    return TokenContract.for_spec(spec)
 
 
-def too_long(n: int, spec: ModelSpec) -> str:
-    """Why `n` source tokens (EOS included) are refused: the limit, and where it comes from."""
-    limit = source_token_limit(spec)
+def source_token_limit(spec: ModelSpec, contract: TokenContract | None = None) -> int:
+    """The most source tokens (its specials included) a model reads: MAX_SOURCE_TOKENS, a transformer's
+    max_positions, or a declared model's own bound."""
+    return contract_for(spec, contract).sources.max_len
+
+
+def too_long(n: int, spec: ModelSpec, contract: TokenContract | None = None) -> str:
+    """Why `n` source tokens (specials included) are refused: the limit, and where it comes from."""
+    limit = source_token_limit(spec, contract)
+    if spec.is_declared:
+        fixed = contract_for(spec, contract).sources.fixed_len is not None
+        return (f"{n} tokens with its specials, more than the {limit} this model reads"
+                f"{' (it was trained on sources of exactly that length)' if fixed else ''}")
     if spec.is_transformer and limit == spec.max_positions:
         return (f"{n} tokens with the closing </s>, more than this transformer's max_positions {limit} (source "
                 "token i reads row i of its position table)")
     return f"{n} tokens with the closing </s>, more than the {limit} allowed"
 
 
-def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded ids (N, L) and lengths (N,) as the trainer fed them (tokens, reversed when the model was trained
-    on reversed sources, then EOS), refusing over-long inputs by index."""
-    ids, lengths = vocab.encode_batch(texts, add_bos=False, add_eos=True, reverse=spec.reverse_source)
-    over = np.flatnonzero(lengths > source_token_limit(spec))
+def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec,
+                   contract: TokenContract | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids (N, L) and lengths (N,) as the model was trained on them (its tokens, reversed where it
+    was trained so, between the bos and eos it reads; padded to its fixed length if it has one), refusing over-long
+    inputs by index."""
+    rules = contract_for(spec, contract).sources
+    ids, lengths = vocab.encode_batch(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse)
+    over = np.flatnonzero(lengths > rules.max_len)
     if over.size:
         i = int(over[0])
-        raise InputError(f"texts[{i}]: {too_long(int(lengths[i]), spec)}; split the text")
+        raise InputError(f"texts[{i}]: {too_long(int(lengths[i]), spec, contract)}; split the text")
+    if rules.fixed_len is not None and ids.shape[1] < rules.fixed_len:  # (N, fixed_len): what the encoder reads
+        ids = np.pad(ids, ((0, 0), (0, rules.fixed_len - ids.shape[1])), constant_values=vocab.ids.filler)
     return ids, lengths
 
 
-def check_decoding_length(spec: ModelSpec, max_decoding_length: Any) -> int:
-    """max_decoding_length (None: the spec's target_len) as an int >= 1 that a transformer's position table
-    covers: output token t reads row t, so at most max_positions tokens."""
+def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: TokenContract | None = None) -> int:
+    """max_decoding_length (None: the spec's target_len) as an int >= 1 that the model can produce (a transformer:
+    output token t reads row t of its position table, so at most max_positions tokens)."""
     default = max_decoding_length is None
     length = check_int("max_decoding_length", spec.target_len if default else max_decoding_length, 1)
-    if spec.is_transformer and length > spec.max_positions:
+    limit = contract_for(spec, contract).max_decoding_length
+    if limit is not None and length > limit:
         given = f"the default, the spec's target_len {length}," if default else f"{length}"
-        raise InputError(f"max_decoding_length: {given} is more than this transformer's max_positions "
-                         f"{spec.max_positions} (output token t reads row t of its position table); pass "
-                         f"max_decoding_length <= {spec.max_positions}")
+        why = (f"this transformer's max_positions {limit} (output token t reads row t of its position table)"
+               if spec.is_transformer else f"the {limit} tokens this model can produce")
+        raise InputError(f"max_decoding_length: {given} is more than {why}; pass max_decoding_length <= {limit}")
     return length
 
 
@@ -225,7 +248,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     before every decoder step (a one-call graph, the greedy loop or the beam graph: before it, and while it runs):
     True stops with Cancelled."""
     texts = check_texts(texts)
-    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length)
+    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
     check_int("beam_size", beam_size, 1, MAX_BEAM)  # every option checked, even for no texts
     _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
     check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
@@ -239,9 +262,11 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         steps = steps.fast
     if not texts:
         return []
-    ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec)
+    ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec, steps.contract)
     step = steps.step if cancel is None else stoppable(steps.step, cancel)
-    common = dict(batch_size=len(texts), bos_id=BOS, eos_id=EOS, min_decoding_length=min_decoding_length,
+    specials = steps.contract.specials
+    common = dict(batch_size=len(texts), bos_id=specials.bos, eos_id=specials.eos,
+                  min_decoding_length=min_decoding_length,
                   max_decoding_length=max_decoding_length, return_attention=return_attention,
                   constant=steps.constant)
     beam = steps.graphs(len(texts) * beam_size).beam  # a transformer's beam search graph, or None

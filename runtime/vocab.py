@@ -13,6 +13,7 @@ import numpy as np
 
 from .atomic import write_file
 from .errors import Seq2OnnxError, brief
+from .specials import FIXED, Specials, SpecialsError
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3  # fixed ids: every vocabulary starts with these four
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
@@ -74,11 +75,14 @@ def _tokens_of(tokenizer: Any) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """Tokens (specials at ids 0..3, then the rest) and the tokenizer kind that splits text into them."""
+    """Tokens and the tokenizer kind that splits text into them. seq2onnx's own vocabularies hold the specials
+    <pad> <s> </s> <unk> at ids 0..3 (`specials` None); a declared model's (`specials` given) may put its own
+    anywhere, and lack pad or unk."""
 
     tokens: tuple[str, ...]
     tokenizer: str = "char"
     tokenizer_json: str | None = None  # subword only: the Hugging Face tokenizer, so one file holds everything
+    specials: Specials | None = None  # None: the fixed layout (runtime.specials.FIXED)
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _subword: list[Any] = field(init=False, repr=False, compare=False)  # the loaded Tokenizer, once used
 
@@ -89,24 +93,38 @@ class Vocabulary:
             raise VocabError(f"vocabulary 'tokens' must be a list of strings, got {type(self.tokens).__name__}")
         tokens = tuple(self.tokens)
         object.__setattr__(self, "tokens", tokens)
-        if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+        if self.specials is None and tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
             raise VocabError(f"vocabulary 'tokens' must start with the specials {list(SPECIAL_TOKENS)} "
                              f"(ids {PAD}..{UNK}), got {brief(list(tokens[:len(SPECIAL_TOKENS)]))}")
-        self._check_regular(tokens[len(SPECIAL_TOKENS):])
+        if self.specials is not None:
+            if not isinstance(self.specials, Specials):
+                raise VocabError(f"vocabulary 'specials' must be a Specials or None, got {brief(self.specials)}")
+            try:
+                self.specials.check_fits(len(tokens), "vocabulary")
+            except SpecialsError as err:
+                raise VocabError(str(err)) from None
+        special = self.ids.ids
+        self._check_regular(tuple(t for i, t in enumerate(tokens) if i not in special))
         if (self.tokenizer == "subword") != isinstance(self.tokenizer_json, str):
             raise VocabError(f"vocabulary 'tokenizer_json' must be the tokenizer's JSON text when tokenizer is "
                              f"'subword' and absent otherwise; got tokenizer {self.tokenizer!r} and "
                              f"tokenizer_json of type {type(self.tokenizer_json).__name__}")
-        regular = {t: i for i, t in enumerate(tokens) if i >= len(SPECIAL_TOKENS)}  # text never yields specials
+        regular = {t: i for i, t in enumerate(tokens) if i not in special}  # text never yields specials
         object.__setattr__(self, "_index", regular)
         object.__setattr__(self, "_subword", [])
+
+    @property
+    def ids(self) -> Specials:
+        """This vocabulary's special ids: its own, or the fixed layout."""
+        return FIXED if self.specials is None else self.specials
 
     def _check_regular(self, regular: tuple[str, ...]) -> None:
         """Every non-special token is a unique, non-empty string fitting the tokenizer kind."""
         bad = [t for t in regular if not isinstance(t, str) or not t]
         if bad:
             raise VocabError(f"vocabulary tokens must be non-empty strings, got {brief(bad[:5])}")
-        duplicates = sorted(t for t, c in Counter(regular).items() if c > 1 or t in SPECIAL_TOKENS)
+        reserved = SPECIAL_TOKENS if self.specials is None else ()
+        duplicates = sorted(t for t, c in Counter(regular).items() if c > 1 or t in reserved)
         if duplicates:
             raise VocabError(f"vocabulary tokens must be unique (the specials included), "
                              f"got repeated {brief(duplicates[:5])}")
@@ -186,14 +204,20 @@ class Vocabulary:
         return _split(text, self.tokenizer)
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = True) -> list[int]:
-        """Token ids of text; unknown tokens, and specials written in the text, become UNK."""
+        """Token ids of text; unknown tokens, and specials written in the text, become the unknown id (a
+        vocabulary without one refuses them by name)."""
         _check_text(text)
+        specials = self.ids
         if self.tokenizer == "subword":
             raw = self._tokenizer_object().encode(text, add_special_tokens=False).ids
-            ids = [UNK if i < len(SPECIAL_TOKENS) else i for i in raw]
+            ids = [specials.unk if i in specials.ids else i for i in raw]
         else:
-            ids = [self._index.get(t, UNK) for t in _split(text, self.tokenizer)]
-        return [BOS] * add_bos + ids + [EOS] * add_eos
+            ids = [self._index.get(t, specials.unk) for t in _split(text, self.tokenizer)]
+        if specials.unk is None and None in ids:
+            unknown = [t for t in _split(text, self.tokenizer) if t not in self._index] or ["(a special)"]
+            raise VocabError(f"text {brief(text)}: token {unknown[0]!r} is not in the vocabulary, which has no "
+                             "unknown-token id to stand for it; use tokens of the vocabulary")
+        return [specials.bos] * add_bos + ids + [specials.eos] * add_eos
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ids up to the first EOS; PAD and BOS are skipped, UNK reads as <unk> (subword: the tokenizer's
@@ -206,11 +230,14 @@ class Vocabulary:
             for position, i in enumerate(values):  # find the first offender, to name it
                 if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.tokens):
                     raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
-        if EOS in values:
-            values = values[:values.index(EOS)]
-        kept = [i for i in values if i >= len(SPECIAL_TOKENS) or i == UNK]
+        specials = self.ids
+        if specials.eos in values:
+            values = values[:values.index(specials.eos)]
+        skipped = specials.ids - {specials.unk}
+        kept = [i for i in values if i not in skipped]
         if self.tokenizer == "subword":
-            return str(self._tokenizer_object().decode([i for i in kept if i != UNK], skip_special_tokens=True))
+            return str(self._tokenizer_object().decode([i for i in kept if i != specials.unk],
+                                                       skip_special_tokens=True))
         return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,
@@ -220,9 +247,10 @@ class Vocabulary:
         if isinstance(texts, str):
             raise VocabError(f"texts must be a list of strings, got one string {brief(texts)}; wrap it in a list")
         rows = [self.encode(t, add_bos=False, add_eos=False) for t in texts]
-        rows = [[BOS] * add_bos + (r[::-1] if reverse else r) + [EOS] * add_eos for r in rows]
+        specials = self.ids
+        rows = [[specials.bos] * add_bos + (r[::-1] if reverse else r) + [specials.eos] * add_eos for r in rows]
         lengths = np.array([len(r) for r in rows], dtype=ID_DTYPE)  # (N,)
-        ids = np.full((len(rows), int(lengths.max(initial=0))), PAD, dtype=ID_DTYPE)  # (N, L)
+        ids = np.full((len(rows), int(lengths.max(initial=0))), specials.filler, dtype=ID_DTYPE)  # (N, L)
         for row, r in zip(ids, rows):
             row[: len(r)] = r
         return ids, lengths
@@ -235,6 +263,8 @@ class Vocabulary:
                                 "tokens": list(self.tokens)}
         if self.tokenizer_json is not None:
             data["tokenizer_json"] = self.tokenizer_json
+        if self.specials is not None:  # the fixed layout writes what it always wrote (and hashes the same)
+            data["specials"] = self.specials.to_dict()
         return data
 
     @classmethod
@@ -243,6 +273,7 @@ class Vocabulary:
         if not isinstance(data, dict):
             raise VocabError(f"vocabulary must be a JSON object, got {type(data).__name__}")
         expected = set(VOCAB_KEYS) | ({"tokenizer_json"} if data.get("tokenizer") == "subword" else set())
+        expected |= {"specials"} & set(data)  # optional: a declared model's own special ids
         unknown, missing = sorted(set(data) - expected), sorted(expected - set(data))
         if unknown or missing:
             raise VocabError(f"vocabulary keys must be {sorted(expected)}; unknown {unknown}, missing {missing}")
@@ -252,7 +283,11 @@ class Vocabulary:
                              f"this seq2onnx reads versions {list(SUPPORTED_VOCAB_VERSIONS)}")
         if not isinstance(data["tokens"], list):
             raise VocabError(f"vocabulary 'tokens' must be a list, got {type(data['tokens']).__name__}")
-        return cls(tuple(data["tokens"]), data["tokenizer"], data.get("tokenizer_json"))
+        try:
+            specials = Specials.from_dict(data["specials"]) if "specials" in data else None
+        except SpecialsError as err:
+            raise VocabError(f"vocabulary 'specials': {err}") from None
+        return cls(tuple(data["tokens"]), data["tokenizer"], data.get("tokenizer_json"), specials)
 
     def canonical_json(self) -> str:
         """The one text `sha256` hashes: sorted keys, no spaces, UTF-8 kept as is."""

@@ -19,6 +19,7 @@ from runtime.contract import (
     DYNAMIC_DIMS,
     ENCODER_FILE,
     EXPORT_ID_KEY,
+    FORMAT_VERSION,
     MANIFEST_FILE,
     SPEC_KEY,
     graph_io,
@@ -59,7 +60,7 @@ def test_manifest_contract(exported):
     text = (exported.path / MANIFEST_FILE).read_text()
     manifest = json.loads(text)
     assert text == json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    assert manifest["format_version"] == 1 and manifest["opset"] == 17
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["opset"] == 17
     assert manifest["spec"] == exported.spec.to_dict()
     assert {"torch", "onnx", "onnxruntime"} <= set(manifest["producer"])
     for name, io in graph_io(exported.spec).items():

@@ -278,7 +278,7 @@ CLI_CASES: dict[str, Case] = {
     "infer model not an export": case("infer", "userdata", "--input", "points.npy", code=BAD_INPUT,
                                       says=("userdata", "no manifest")),
     "infer model future format": case("infer", "oldformat", "--input", "points.npy", code=BAD_INPUT,
-                                      says=("format_version 99", "understood versions: [1]")),
+                                      says=("format_version 99", "understood versions: [1, 2]")),
     "infer model tampered": case("infer", "tampered", "--input", "points.npy", code=BAD_INPUT,
                                  says=("encoder.onnx", "sha256", "re-export")),
     # infer: inputs

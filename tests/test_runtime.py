@@ -79,7 +79,7 @@ def test_missing_manifest_is_a_manifest_error(copy_of):
 
 def test_unknown_format_version_names_the_understood_ones(copy_of):
     edit_manifest(copy_of, format_version=99)
-    with pytest.raises(ManifestError, match=r"format_version 99 .* understood versions: \[1\]"):
+    with pytest.raises(ManifestError, match=r"format_version 99 .* understood versions: \[1, 2\]"):
         Seq2Seq.load(copy_of)
 
 

@@ -31,7 +31,7 @@ from runtime.defaults import (
     arch_defaults,
 )
 from runtime.model import Seq2Seq
-from runtime.spec import ARCHS, ModelSpec
+from runtime.spec import TRAINABLE_ARCHS, ModelSpec
 from runtime.vocab import SPECIAL_TOKENS, Vocabulary
 from training.checkpoint import (
     TOKEN_CHECKPOINT_FILES,
@@ -421,7 +421,7 @@ def test_transformer_defaults_are_options_of_train() -> None:
     assert set(TRANSFORMER_DEFAULTS) <= set(TOKEN_DEFAULTS) | {"heads"}  # each one an option of train
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", TRAINABLE_ARCHS)
 @pytest.mark.parametrize("data", sorted(BUILTIN_LOADERS))
 def test_every_arch_and_built_in_set_has_defaults_that_build(arch: str, data: str) -> None:
     """The defaults tables agree with the spec's and the config's checks (heads divide d_model, and so on)."""

@@ -182,7 +182,7 @@ def test_dropout_is_active_in_training_only():
     (dict(dropout=float("nan")), "'dropout' must be a number in [0, 1)"),
     (dict(norm="middle"), "'norm' must be one of ('pre', 'post')"),
     (dict(positional="rotary"), "'positional' must be one of ('sinusoidal', 'learned')"),
-    (dict(arch="mamba"), "'arch' must be one of ('recurrent', 'transformer')"),
+    (dict(arch="mamba"), "'arch' must be one of ('recurrent', 'transformer', 'declared')"),
     (dict(kind="points", source_vocab_size=0, target_vocab_size=0), "needs kind 'tokens'"),
 ])
 def test_spec_refuses_bad_transformer_fields(fields, message):
