@@ -84,8 +84,47 @@ def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept
                                "or --dtype fp16, or drop them")
 
 
-@click.command("export", short_help="Export a checkpoint to ONNX, checked for parity first.")
-@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+ADAPTER_HELP = ("Your own model instead of a checkpoint: FUNCTION() in MODULE (importable from the current "
+                "directory or PYTHONPATH) returns an export.adapter.Seq2SeqAdapter declaring it (README: Bring your "
+                "own model).")
+
+
+def load_adapter(value: str) -> Any:
+    """--adapter MODULE:FUNCTION -> the Seq2SeqAdapter that FUNCTION() returns; what is wrong, as one line."""
+    import importlib
+    import os
+    import sys
+
+    from export.adapter import Seq2SeqAdapter
+    from runtime.errors import brief
+
+    module_name, sep, function = value.partition(":")
+    if not sep or not module_name or not function.isidentifier():
+        raise click.BadParameter(f"expected MODULE:FUNCTION (as in mymodel:make_adapter), got {value!r}",
+                                 param_hint="'--adapter'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a module beside the command, as `python -m` would find it
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: ModuleNotFoundError, or anything it raises while imported
+        raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); run seq2onnx where "
+                                 "the module is, or put its directory on PYTHONPATH", param_hint="'--adapter'") from None
+    make = getattr(module, function, None)
+    if not callable(make):
+        raise click.BadParameter(f"{module_name!r} has no function {function!r}", param_hint="'--adapter'")
+    try:
+        adapter = make()
+    except Exception as exc:  # the user's function
+        raise click.ClickException(f"--adapter {value}: {function}() failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(adapter, Seq2SeqAdapter):
+        raise click.BadParameter(f"{value} returned {brief(adapter)}, expected an export.adapter.Seq2SeqAdapter",
+                                 param_hint="'--adapter'")
+    return adapter
+
+
+@click.command("export", short_help="Export a checkpoint (or your own model) to ONNX, checked for parity first.")
+@click.argument("checkpoint", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--adapter", metavar="MODULE:FUNCTION", default=None, help=ADAPTER_HELP)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory to write the export to (a new one, or an earlier export with --force).")
 @click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
@@ -93,15 +132,19 @@ def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept
 @precision_options
 @click.option("--force", is_flag=True, help="Replace an existing export at --out.")
 @click.pass_context
-def export_command(ctx: click.Context, checkpoint: Path, out: Path, opset: int, atol: float, rtol: float,
-                   drift_atol: float, quantize: str | None, dtype: str, accept_quality_loss: bool,
-                   max_output_diff: float, max_attention_diff: float, min_exact_match: float,
-                   min_token_agreement: float, force: bool) -> None:
-    """Export CHECKPOINT to ONNX graphs + manifest, checked for parity before anything is written.
+def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | None, out: Path, opset: int,
+                   atol: float, rtol: float, drift_atol: float, quantize: str | None, dtype: str,
+                   accept_quality_loss: bool, max_output_diff: float, max_attention_diff: float,
+                   min_exact_match: float, min_token_agreement: float, force: bool) -> None:
+    """Export CHECKPOINT (or --adapter MODULE:FUNCTION, your own model) to ONNX graphs + manifest, checked for
+    parity before anything is written.
 
     With --quantize int8 or --dtype fp16 the float32 graphs are checked first, then converted and compared with
     them (real test data when the checkpoint's data can be reloaded, else random inputs); an export that loses
     more than the tolerances is refused unless --accept-quality-loss."""
+    if (checkpoint is None) == (adapter is None):
+        raise click.UsageError("pass a CHECKPOINT to export, or --adapter MODULE:FUNCTION for your own model "
+                               f"({'not both' if adapter else 'neither was given'})")
     check_precision(ctx, quantize, dtype, accept_quality_loss)
     require_torch()
     from export.api import QualityLossWarning, export_model
@@ -117,16 +160,18 @@ def export_command(ctx: click.Context, checkpoint: Path, out: Path, opset: int, 
     mode = quantize or dtype
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="'--opset'")
-    if normalized(out).resolve().is_relative_to(checkpoint.resolve()):
+    if checkpoint is not None and normalized(out).resolve().is_relative_to(checkpoint.resolve()):
         raise click.BadParameter(f"{out} is CHECKPOINT {checkpoint} or inside it; an export there would make the "
                                  "checkpoint hold files seq2onnx training does not write, choose a directory beside it",
                                  param_hint="'--out'")
     try:
         check_destination(normalized(out), force)  # a refused --out is said before any work
-        click.echo(f"exporting {checkpoint} (opset {opset}); checking parity over the shape matrix ...", err=True)
+        source = checkpoint if checkpoint is not None else load_adapter(adapter)
+        click.echo(f"exporting {checkpoint or adapter} (opset {opset}); checking parity over the shape matrix ...",
+                   err=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QualityLossWarning)
-            path = export_model(checkpoint, out, opset=opset, tol=tol, force=force, progress=True,
+            path = export_model(source, out, opset=opset, tol=tol, force=force, progress=True,
                                 on_parity=lambda rows: click.echo(format_table(rows, tol)),
                                 quantize=quantize, dtype=dtype, quality_tol=quality_tol,
                                 accept_quality_loss=accept_quality_loss,
@@ -156,24 +201,32 @@ def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | N
     return check_text_data(value)
 
 
-@click.command("verify", short_help="Compare a checkpoint and its export (PyTorch vs onnxruntime).")
-@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.command("verify", short_help="Compare a checkpoint (or your own model) and its export.")
+@click.argument("paths", nargs=-1, required=True, metavar="[CHECKPOINT] MODEL_DIR",
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--adapter", metavar="MODULE:FUNCTION", default=None,
+              help="Your own model, exported with export --adapter: compare it (PyTorch) with MODEL_DIR.")
 @tolerance_options
 @click.option("--data", "data", default=None, callback=check_verify_data,
               help="Also compare on this data: 'squares' or PATH.npz for point models; reverse, toy-translation, "
                    "lookup, dates, PATH.tsv or SRC,TGT for token models (default: the checkpoint's training data, "
                    "when it can still be found).")
 @user_errors
-def verify_command(checkpoint: Path, model_dir: Path, atol: float, rtol: float, drift_atol: float,
+def verify_command(paths: tuple[Path, ...], adapter: str | None, atol: float, rtol: float, drift_atol: float,
                    data: str | None) -> None:
-    """Compare PyTorch (CHECKPOINT) and onnxruntime (MODEL_DIR) across batches and lengths."""
+    """Compare PyTorch (CHECKPOINT, or --adapter MODULE:FUNCTION) and onnxruntime (MODEL_DIR) across batches and
+    lengths."""
+    if len(paths) != (1 if adapter else 2):
+        want = "MODEL_DIR alone with --adapter" if adapter else "CHECKPOINT MODEL_DIR (or --adapter and MODEL_DIR)"
+        raise click.UsageError(f"expected {want}, got {len(paths)} path(s): {' '.join(map(str, paths))}")
     require_torch()
     from export.parity import Tolerance
     from export.verify import input_errors, verify
 
+    model_dir = paths[-1]
     try:
-        passed = verify(checkpoint, model_dir, Tolerance(atol, rtol, drift_atol), data, show=click.echo,
+        source = paths[0] if adapter is None else load_adapter(adapter)
+        passed = verify(source, model_dir, Tolerance(atol, rtol, drift_atol), data, show=click.echo,
                         note=lambda line: click.echo(line, err=True))
     except UsageError:
         raise

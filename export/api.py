@@ -1,10 +1,12 @@
 """`export_model`: checkpoint or model object -> encoder.onnx, decoder_step.onnx, manifest.json."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +14,7 @@ from runtime.atomic import STAGING_SUFFIX, sibling, staged_directory
 from runtime.contract import FAST_FILES, GREEDY_FILE, VOCAB_FILES
 from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, INT8, QUANTIZATIONS
 from runtime.destination import normalized
+from runtime.errors import brief
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
@@ -19,6 +22,8 @@ from training.build import spec_from_model
 from training.points.models import EncoderDecoder
 from training.tokens.base import TokenModel
 
+from .adapted import Adapted, probe
+from .adapter import Seq2SeqAdapter
 from .atomic import check_destination
 from .errors import ExportError
 from .graphs import MAX_OPSET, MIN_OPSET, export_fast, export_graphs, export_greedy
@@ -40,8 +45,19 @@ class QualityLossWarning(UserWarning):
     """A reduced-precision export was published although it loses more than the stated tolerance."""
 
 
-def load_source(source: str | Path | EncoderDecoder | TokenModel) -> tuple[Any, ModelSpec, str]:
-    """A checkpoint directory or a model object -> (private copy of the model, spec, description)."""
+Source = str | Path | EncoderDecoder | TokenModel | Seq2SeqAdapter
+
+
+def load_source(source: Source) -> tuple[Any, ModelSpec, str]:
+    """A checkpoint directory, a model object or a declared model -> (private copy of the model, or the probed
+    adapter; spec; description). Anything else is an ExportError saying what is accepted."""
+    if isinstance(source, Seq2SeqAdapter):
+        adapted = probe(source)
+        return adapted, adapted.spec, f"adapter {source.name}"
+    if not isinstance(source, (str, Path, EncoderDecoder, TokenModel)):
+        raise ExportError(f"source: expected a checkpoint directory (str or Path), a seq2onnx model (EncoderDecoder, "
+                          f"TokenModel) or your own model declared as an export.adapter.Seq2SeqAdapter, got "
+                          f"{brief(source)}; see the README's 'Bring your own model'")
     if isinstance(source, TokenModel):
         return copy.deepcopy(source).eval(), source.spec, f"in-memory {type(source).__name__}"
     if isinstance(source, EncoderDecoder):
@@ -68,10 +84,16 @@ def check_vocabularies(spec: ModelSpec, vocabularies: tuple[Vocabulary, Vocabula
                           f"target_vocab_size) = {(spec.source_vocab_size, spec.target_vocab_size)}")
 
 
-def source_vocabularies(source: str | Path | EncoderDecoder | TokenModel, spec: ModelSpec,
+def source_vocabularies(source: Source, spec: ModelSpec,
                         given: tuple[Vocabulary, Vocabulary] | None) -> tuple[Vocabulary, Vocabulary] | None:
-    """The vocabularies to ship: a token checkpoint's own (a `given` pair must then be the same, by sha256), else
-    `given`, checked against the spec."""
+    """The vocabularies to ship: a token checkpoint's or a declared model's own (a `given` pair must then be the
+    same, by sha256), else `given`, checked against the spec."""
+    if isinstance(source, Seq2SeqAdapter):
+        own = (source.source_vocab, source.target_vocab)
+        if given is not None and [v.sha256 for v in given] != [v.sha256 for v in own]:
+            raise ExportError("vocabularies: a declared model ships its adapter's source_vocab and target_vocab; "
+                              "drop the argument")
+        return own
     from_checkpoint = spec.kind == "tokens" and not isinstance(source, (EncoderDecoder, TokenModel))
     if given is not None or not from_checkpoint:
         check_vocabularies(spec, given)
@@ -103,13 +125,13 @@ def checkpoint_data(source: Any, spec: ModelSpec, name: str | None = None) -> An
     """Real inputs to judge a reduced-precision export on: the test split of `name` (a data set name or path), else
     of the checkpoint's own data; texts for token models, (N, L, F) sources for point models. None when there are
     none (a model object, or data moved or changed since training)."""
-    if name is None and isinstance(source, (EncoderDecoder, TokenModel)):
+    if name is None and isinstance(source, (EncoderDecoder, TokenModel, Seq2SeqAdapter)):
         return None
     return KINDS[spec.kind].test_inputs(source, spec, name)
 
 
 def export_model(
-    source: str | Path | EncoderDecoder | TokenModel, out: str | Path, *, opset: int = DEFAULT_OPSET,
+    source: Source, out: str | Path, *, opset: int = DEFAULT_OPSET,
     tol: Tolerance = Tolerance(), force: bool = False, progress: bool = False,
     on_parity: Callable[[list[Row]], None] | None = None,
     vocabularies: tuple[Vocabulary, Vocabulary] | None = None,
@@ -119,8 +141,11 @@ def export_model(
 ) -> Path:
     """Export, check parity over the shape matrix, and only then move the result into `out`.
 
-    Token models ship their (source, target) vocabularies, hashed beside the graphs: a checkpoint's own (an explicit
-    `vocabularies` must equal them), or, for a model object, the `vocabularies` given.
+    `source`: a checkpoint directory, a seq2onnx model object, or your own model declared as an
+    `export.adapter.Seq2SeqAdapter` (probed against its declaration first; parity is then against its own PyTorch
+    functions, and its own greedy decode when it gives one). Token models ship their (source, target) vocabularies,
+    hashed beside the graphs: a checkpoint's or an adapter's own (an explicit `vocabularies` must equal them), or,
+    for a model object, the `vocabularies` given.
 
     `quantize='int8'` or `dtype='fp16'`: the float32 graphs are checked for parity first, then converted, then
     compared with the float32 ones (`export.quality`) on `quality_data` (texts or (N, L, F) sources; default: a
@@ -131,14 +156,24 @@ def export_model(
     mode = precision_mode(quantize, dtype)
     out = normalized(out)
     check_destination(out, force)  # before any work; checked again just before publishing
+    with restored_modes(source):
+        return _export(source, out, opset, tol, force, progress, on_parity, vocabularies, mode, quality_tol,
+                       accept_quality_loss, quality_data, on_quality)
+
+
+def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, progress: bool,
+            on_parity: Callable[[list[Row]], None] | None, vocabularies: tuple[Vocabulary, Vocabulary] | None,
+            mode: str, quality_tol: QualityTolerance, accept_quality_loss: bool, quality_data: Any,
+            on_quality: Callable[[list[QualityRow]], None] | None) -> Path:
     model, spec, described = load_source(source)
     vocabularies = source_vocabularies(source, spec, vocabularies)
+    contract = model.contract if isinstance(model, Adapted) else None
     export_id = uuid.uuid4().hex
     with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:
         export_graphs(model, spec, staging, opset, export_id)
         for side, vocab in zip(VOCAB_FILES, vocabularies or ()):
             vocab.save(staging / VOCAB_FILES[side])
-        manifest = build_manifest(staging, spec, export_id, opset, None, described)
+        manifest = build_manifest(staging, spec, export_id, opset, None, described, contract)
         write_manifest(staging, manifest)  # the runtime loads the staged copy for the parity run
         runtime = Seq2Seq.load(staging, provider="cpu")
         rows = KINDS[spec.kind].parity(model, runtime, tol, progress)
@@ -154,11 +189,25 @@ def export_model(
     return out
 
 
+@contextlib.contextmanager
+def restored_modes(source: Any) -> Iterator[None]:
+    """A declared model's modules go to eval mode for the export (dropout off) and back to their own mode after:
+    its modules are the user's own objects, not a private copy."""
+    modules = [m for root in source.modules for m in root.modules()] if isinstance(source, Seq2SeqAdapter) else []
+    modes = [m.training for m in modules]
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes):
+            module.training = mode
+
+
 def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, manifest: dict[str, Any], mode: str,
                      tol: QualityTolerance, accept: bool, data: Any,
                      on_quality: Callable[[list[QualityRow]], None] | None) -> None:
     """Convert the checked float32 graphs in `staging` to `mode`, compare them with a float32 copy (beside `out`,
     removed after), and record precision and quality in the manifest; raise QualityError beyond `tol`."""
+    contract = model.contract if isinstance(model, Adapted) else None
     reference_dir = sibling(out, STAGING_SUFFIX)  # a killed export's copy is tidied like its staging directory
     shutil.copytree(staging, reference_dir)
     try:
@@ -168,9 +217,10 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
             export_fast(model, spec, staging, manifest["export_id"], int8=True)
         convert_graphs(staging, spec, mode)
         if (staging / GREEDY_FILE).exists():  # the greedy loop wraps the step: rebuilt around the converted one
-            export_greedy(staging, spec, manifest["export_id"])
+            export_greedy(staging, spec, manifest["export_id"], contract)
         converted = {**build_manifest(staging, spec, manifest["export_id"], manifest["opset"], manifest["parity"],
-                                      manifest["source"]), "precision": precision_entry(staging, spec, mode)}
+                                      manifest["source"], contract),
+                     "precision": precision_entry(staging, spec, mode)}
         write_manifest(staging, converted)
         check_loads(staging, mode)
         rows = quality_report(Seq2Seq.load(reference_dir, provider="cpu"), Seq2Seq.load(staging, provider="cpu"),

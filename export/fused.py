@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -26,9 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime.contract import (
     DECODER_STEP_FILE,
     GREEDY_FILE,
-    greedy_io,
+    Dims,
 )
-from runtime.spec import ModelSpec
 
 from .errors import ExportError
 
@@ -39,14 +39,17 @@ Shapes = dict[str, tuple[list[str], list[int]]]  # scan output -> (its dims afte
 
 @dataclass(frozen=True)
 class LoopKind:
-    """What one model kind puts in the loop (`export.points.loop`, `export.tokens.loop`): which step inputs are
-    carried, the body around the step's nodes, and the outer graph's length input, first values and scan shapes."""
+    """What one model kind puts in the loop (`export.points.loop`, `export.tokens.loop`): the graph's declared I/O,
+    which step inputs are carried, the body around the step's nodes, and the outer graph's length input, first
+    values and scan shapes. Each reads `decl`, what the kind is declared by: a point model's spec, a token model's
+    contract (runtime.declared)."""
 
-    carried: Callable[[set[str]], set[str]]
-    body: Callable[[onnx.GraphProto, dict[str, str], ModelSpec], tuple[onnx.GraphProto, list[str]]]
-    outer: Callable[[list[onnx.NodeProto], list[TensorProto], ModelSpec, list[str]], tuple[str, list[str], Shapes]]
+    io: Callable[[Any], dict[str, dict[str, Dims]]]
+    carried: Callable[[set[str], Any], set[str]]
+    body: Callable[[onnx.GraphProto, dict[str, str], Any], tuple[onnx.GraphProto, list[str]]]
+    outer: Callable[[list[onnx.NodeProto], list[TensorProto], Any, list[str]], tuple[str, list[str], Shapes]]
     # After the loop: the batch-first outputs {name: value} -> the values the graph outputs (default: as they are).
-    finish: Callable[[list[onnx.NodeProto], list[TensorProto], dict[str, str]], dict[str, str]] | None = None
+    finish: Callable[[list[onnx.NodeProto], list[TensorProto], dict[str, str], Any], dict[str, str]] | None = None
 
 
 def graph_names(graph: onnx.GraphProto) -> set[str]:
@@ -130,17 +133,17 @@ def batch_first(nodes: list[onnx.NodeProto], weights: list[TensorProto], scan: s
               helper.make_node("Transpose", [scan + "_flat"], [out], perm=perm)]
 
 
-def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto, spec: ModelSpec,
+def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto, decl: Any,
                 loop: LoopKind) -> onnx.GraphProto:
     """Inputs as the contract declares, the Loop, and its scan outputs made batch-first."""
-    io = greedy_io(spec)
+    io = loop.io(decl)
     types = elem_types(step)
     inputs = [value(name, types.get(name, TensorProto.INT64), dims) for name, dims in io["inputs"].items()]
     outputs = [value(name, TensorProto.INT64 if name == "tokens" else TensorProto.FLOAT, dims)
                for name, dims in io["outputs"].items()]
     weights = [const(LOOP + "true", np.array(True))]
     nodes: list[onnx.NodeProto] = []
-    length, initial, shapes = loop.outer(nodes, weights, spec, carried)
+    length, initial, shapes = loop.outer(nodes, weights, decl, carried)
     finals = [f"{LOOP}final_{name}" for name in carried]
     scan_names = {name: f"{LOOP}stacked_{name}" for name in io["outputs"]}
     nodes.append(helper.make_node("Loop", [length, LOOP + "true", *initial], [*finals, *scan_names.values()],
@@ -149,33 +152,33 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
     for name in io["outputs"]:
         batch_first(nodes, weights, scan_names[name], first[name], *shapes[name])
     if loop.finish is not None:
-        for name, produced in loop.finish(nodes, weights, first).items():
+        for name, produced in loop.finish(nodes, weights, first, decl).items():
             nodes.append(helper.make_node("Identity", [produced], [name]))
     for i, node in enumerate(nodes):
         node.name = node.name or f"{LOOP}outer{i}"
     return helper.make_graph(nodes, "seq2onnx_greedy_loop", inputs, outputs, initializer=weights)
 
 
-def build_greedy_graph(step_path: Path, spec: ModelSpec, loop: LoopKind) -> onnx.ModelProto:
+def build_greedy_graph(step_path: Path, decl: Any, loop: LoopKind) -> onnx.ModelProto:
     """The greedy loop model around the step graph at `step_path` (metadata and checks: graphs.finish_graph)."""
     step = onnx.load(str(step_path))
-    io = greedy_io(spec)
+    io = loop.io(decl)
     step_inputs = {v.name for v in step.graph.input}
-    outer = step_inputs - loop.carried(step_inputs)
+    outer = step_inputs - loop.carried(step_inputs, decl)
     missing = sorted(outer - set(io["inputs"]))
     if missing:
         raise ExportError(f"{DECODER_STEP_FILE}: inputs {missing} are neither loop-carried nor greedy loop inputs")
     rename = rename_step(step.graph, outer)
-    body, carried = loop.body(step.graph, rename, spec)
-    graph = outer_graph(body, carried, step.graph, spec, loop)
+    body, carried = loop.body(step.graph, rename, decl)
+    graph = outer_graph(body, carried, step.graph, decl, loop)
     model = helper.make_model(graph, opset_imports=list(step.opset_import), producer_name=step.producer_name,
                               producer_version=step.producer_version)
     model.ir_version = step.ir_version
     return model
 
 
-def write_greedy_graph(out_dir: Path, spec: ModelSpec, loop: LoopKind) -> Path:
+def write_greedy_graph(out_dir: Path, decl: Any, loop: LoopKind) -> Path:
     """Build the greedy loop from out_dir's step graph and save it beside it (unchecked; see graphs.finish_graph)."""
     path = out_dir / GREEDY_FILE
-    onnx.save(build_greedy_graph(out_dir / DECODER_STEP_FILE, spec, loop), str(path))
+    onnx.save(build_greedy_graph(out_dir / DECODER_STEP_FILE, decl, loop), str(path))
     return path

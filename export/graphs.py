@@ -24,14 +24,25 @@ from runtime.contract import (
     Dims,
     fast_graph_io,
     graph_io,
-    greedy_io,
     has_beam_step,
     token_beam_step_io,
 )
+from runtime.declared import TokenContract
+from runtime.errors import one_line
 from runtime.spec import ModelSpec
 
+from .adapted import (
+    Adapted,
+    AdaptedEncoder,
+    AdaptedStep,
+    Tracing,
+    check_other_sizes,
+    example_sources,
+    untraceable,
+)
+from .adapter import AdapterError
 from .errors import ExportError
-from .examples import EXAMPLE_SIZES
+from .examples import EXAMPLE_BATCH, EXAMPLE_PAST_LEN, EXAMPLE_SIZES, EXAMPLE_SOURCE_LEN
 from .fused import write_greedy_graph
 from .kinds import KINDS
 from .tokens import graphs as token_graphs
@@ -74,6 +85,9 @@ def check_example_shapes(what: str, declared: dict[str, Dims], states: dict[str,
 def export_graphs(model: Any, spec: ModelSpec, out_dir: Path, opset: int, export_id: str) -> None:
     """Export encoder.onnx and decoder_step.onnx into out_dir, then fix up and check them; then the optional graphs
     the model has: the greedy loop, a recurrent model's beam step, a transformer's fast graphs."""
+    if isinstance(model, Adapted):
+        export_adapted(model, out_dir, opset, export_id)
+        return
     model.eval()
     modules = graph_modules(model, spec)
     for file_name, io in graph_io(spec).items():
@@ -91,6 +105,24 @@ def export_graphs(model: Any, spec: ModelSpec, out_dir: Path, opset: int, export
         finish_graph(out_dir / BEAM_STEP_FILE, io, spec, export_id, BEAM_STEP_FILE)
     if spec.kind == "tokens" and spec.is_transformer:
         export_fast(model, spec, out_dir, export_id)
+
+
+def keep_unused_inputs(path: Path, io: dict[str, dict[str, Dims]], args: dict[str, torch.Tensor]) -> None:
+    """Declared inputs the traced code never read (an encoder that ignores source_lengths) are pruned by the
+    exporter; put them back as graph inputs, so every graph takes what its contract declares."""
+    model = onnx.load(str(path))
+    present = {v.name for v in model.graph.input}
+    missing = [name for name in io["inputs"] if name not in present]
+    if not missing:
+        return
+    for name in missing:
+        elem = onnx.helper.np_dtype_to_tensor_dtype(args[name].numpy().dtype)
+        model.graph.input.append(onnx.helper.make_tensor_value_info(name, elem, io["inputs"][name]))
+    order = list(io["inputs"])
+    inputs = sorted(model.graph.input, key=lambda v: order.index(v.name) if v.name in order else len(order))
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    onnx.save(model, str(path))
 
 
 def export_module(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, io: dict[str, dict[str, Dims]],
@@ -117,10 +149,45 @@ def export_fast(model: Any, spec: ModelSpec, out_dir: Path, export_id: str, int8
         finish_graph(path, io[role], spec, export_id, FAST_FILES[role])
 
 
-def export_greedy(out_dir: Path, spec: ModelSpec, export_id: str) -> None:
-    """Write greedy_loop.onnx around out_dir's (final) decoder step, with the same metadata and checks."""
-    path = write_greedy_graph(out_dir, spec, KINDS[spec.kind].loop)
-    finish_graph(path, greedy_io(spec), spec, export_id, GREEDY_FILE)
+def export_greedy(out_dir: Path, spec: ModelSpec, export_id: str, contract: TokenContract | None = None) -> None:
+    """Write greedy_loop.onnx around out_dir's (final) decoder step, with the same metadata and checks; a token
+    model's loop follows its contract (a declared model's own, else its spec's)."""
+    loop = KINDS[spec.kind].loop
+    decl = (contract or TokenContract.for_spec(spec)) if spec.kind == "tokens" else spec
+    path = write_greedy_graph(out_dir, decl, loop)
+    finish_graph(path, loop.io(decl), spec, export_id, GREEDY_FILE)
+
+
+def export_adapted(adapted: Adapted, out_dir: Path, opset: int, export_id: str) -> None:
+    """A declared model's encoder.onnx and decoder_step.onnx, traced on example sources (the state advanced
+    EXAMPLE_PAST_LEN steps, so a growing axis is neither 0 nor 1), checked at other sizes than traced, and its
+    greedy loop."""
+    adapter, contract, spec = adapted.adapter, adapted.contract, adapted.spec
+    width = adapter.fixed_source_len or EXAMPLE_SOURCE_LEN
+    ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, EXAMPLE_BATCH, width, seed=0))
+    encoder, step = AdaptedEncoder(adapter), AdaptedStep(adapter, contract.has_attention)
+    with torch.no_grad():
+        state = dict(zip(encoder.output_names, encoder(ids, lengths)))
+        tokens = torch.full((EXAMPLE_BATCH,), contract.specials.bos, dtype=torch.int64)
+        for _ in range(EXAMPLE_PAST_LEN):
+            produced = dict(zip(contract.step["outputs"], step(tokens, *state.values())))
+            state.update({into: produced[out] for out, into in contract.feedback.items()})
+            tokens = produced["log_probs"].argmax(-1)
+    graphs = {ENCODER_FILE: (encoder, (ids, lengths)), DECODER_STEP_FILE: (step, (tokens, *state.values()))}
+    for file_name, (module, args) in graphs.items():
+        io = contract.graph_io()[file_name]
+        tracing = Tracing(adapter)
+        try:
+            with tracing.watch():
+                export_module(module, args, out_dir / file_name, io, opset)
+        except Exception as exc:  # the user's code under the tracer: name where it broke
+            where = untraceable(adapter, module, args, exc, tracing.where())
+            raise AdapterError(f"{file_name}: the model cannot be traced{where}: {type(exc).__name__}: "
+                               f"{one_line(exc)}") from exc
+        keep_unused_inputs(out_dir / file_name, io, dict(zip(io["inputs"], args)))
+        finish_graph(out_dir / file_name, io, spec, export_id, file_name)
+    check_other_sizes(adapted, out_dir)
+    export_greedy(out_dir, spec, export_id, contract)
 
 
 def finish_graph(path: Path, io: dict[str, dict[str, Dims]], spec: ModelSpec, export_id: str, file_name: str) -> None:

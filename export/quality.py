@@ -34,6 +34,7 @@ from export.tokens.parity import (
     position_limit,
     token_batch,
 )
+from export.tokens.sides import declared_sources
 from runtime.defaults import (
     MAX_ATTENTION_DIFF,
     MAX_OUTPUT_DIFF,
@@ -42,8 +43,8 @@ from runtime.defaults import (
 )
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
-from runtime.tokens import TokenSteps
-from runtime.vocab import BOS, EOS
+from runtime.tokens import TokenSteps, encode_sources
+from runtime.vocab import EOS
 
 from .errors import ExportError
 from .parity import REL_FLOOR
@@ -158,15 +159,17 @@ def _point_rows(case: Case, prefix: str, reference: tuple, candidate: tuple,
 
 def token_quality(reference: Seq2Seq, candidate: Seq2Seq, tol: QualityTolerance, texts: list[str]) -> list[QualityRow]:
     """Random-id batches as one set, then the real texts (at most MAX_TEXTS) as another."""
-    spec = reference.spec
-    batches = [token_batch(spec.source_vocab_size, n, position_limit(spec, length), seed=100 + i)
+    spec, contract, vocab = reference.spec, reference.contract, reference.vocabularies["source"]
+    batches = [declared_sources(contract, vocab, n, length, seed=100 + i) if spec.is_declared else
+               token_batch(spec.source_vocab_size, n, position_limit(spec, length), seed=100 + i)
                for i, (n, length) in enumerate(RANDOM_SETS)]
     max_len = position_limit(spec, max(PARITY_STEPS, spec.target_len + DATA_STEP_MARGIN))
+    if contract.max_decoding_length is not None:
+        max_len = min(max_len, contract.max_decoding_length)
     texts = fitting_texts(texts, reference)[:MAX_TEXTS]
     rows = _token_set("random ids", reference, candidate, batches, max_len, None if texts else tol)
     if texts:
-        vocab = reference.vocabularies["source"]
-        batches = [vocab.encode_batch(texts[i:i + TEXT_BATCH], add_eos=True, reverse=spec.reverse_source)
+        batches = [encode_sources(texts[i:i + TEXT_BATCH], vocab, spec, contract)
                    for i in range(0, len(texts), TEXT_BATCH)]
         rows += _token_set("texts", reference, candidate, batches, position_limit(spec, spec.target_len
                                                                                   + DATA_STEP_MARGIN), tol)
@@ -188,9 +191,10 @@ def _token_set(name: str, reference: Seq2Seq, candidate: Seq2Seq, batches: Seque
                      for pair in zip(_decode(ref, ids, lengths, max_len, search),
                                      _decode(cand, ids, lengths, max_len, search))]
             case = f"{name} {prefix}{search}"
+            agreement = token_agreement(pairs, ref.contract.specials.eos)
             rows += [_row(case, count, "exact_match", sum(a == b for a, b in pairs) / len(pairs),
                           _limit(tol, "min_exact_match"), at_least=True),
-                     _row(case, count, "token_agreement", token_agreement(pairs), _limit(tol, "min_token_agreement"),
+                     _row(case, count, "token_agreement", agreement, _limit(tol, "min_token_agreement"),
                           at_least=True)]
         worst = max(_log_prob_diff(ref, cand, ids, lengths, max_len) for ids, lengths in batches)
         rows.append(_row(f"{name} {prefix}greedy", count, "step.log_probs.max_abs", worst, None))
@@ -209,11 +213,11 @@ def _views(runtime: Seq2Seq) -> dict[str, TokenSteps]:
     return views
 
 
-def token_agreement(pairs: Sequence[tuple[list[int], list[int]]]) -> float:
-    """Fraction of positions equal, each pair compared up to its longer sequence, </s> appended to both."""
+def token_agreement(pairs: Sequence[tuple[list[int], list[int]]], eos: int = EOS) -> float:
+    """Fraction of positions equal, each pair compared up to its longer sequence, eos appended to both."""
     equal = total = 0
     for a, b in pairs:
-        a, b = [*a, EOS], [*b, EOS]
+        a, b = [*a, eos], [*b, eos]
         equal += sum(x == y for x, y in zip(a, b))
         total += max(len(a), len(b))
     return equal / total if total else 1.0
@@ -221,7 +225,8 @@ def token_agreement(pairs: Sequence[tuple[list[int], list[int]]]) -> float:
 
 def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, max_len: int, search: str) -> list[list[int]]:
     """Token ids of the best hypothesis per row (without bos/eos)."""
-    common = dict(batch_size=len(ids), bos_id=BOS, eos_id=EOS, max_decoding_length=max_len)
+    specials = steps.contract.specials
+    common = dict(batch_size=len(ids), bos_id=specials.bos, eos_id=specials.eos, max_decoding_length=max_len)
     if search == "greedy":
         return [h.tokens for h in greedy_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, **common)]
     if search == "greedy_loop":
@@ -234,11 +239,13 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, max_len: in
 def _log_prob_diff(ref: TokenSteps, cand: TokenSteps, ids: np.ndarray, lengths: np.ndarray, n_steps: int) -> float:
     """Max abs difference of the step log-probs, both sides fed the reference's greedy choices."""
     ref_state, cand_state = ref.encode(ids, lengths), cand.encode(ids, lengths)
-    tokens = np.full(len(ids), BOS, dtype=np.int64)
+    tokens = np.full(len(ids), ref.contract.specials.bos, dtype=np.int64)
     worst = 0.0
     for _ in range(n_steps):
         want, got = ref.step(tokens, ref_state), cand.step(tokens, cand_state)
-        worst = max(worst, float(np.abs(got.log_probs.astype(np.float64) - want.log_probs).max()))
+        both = np.isfinite(want.log_probs) & np.isfinite(got.log_probs)  # never-emitted ids: -inf on both sides
+        diff = np.abs(np.where(both, got.log_probs, 0.0).astype(np.float64) - np.where(both, want.log_probs, 0.0))
+        worst = max(worst, float(diff.max()))
         ref_state, cand_state, tokens = want.state, got.state, want.log_probs.argmax(-1)
     return worst
 

@@ -13,6 +13,7 @@ from runtime.spec import SpecError
 from training.checkpoint import CheckpointError, load_checkpoint_vocabularies
 from training.points.data import is_point_data
 
+from .adapted import Adapted
 from .api import checkpoint_data, export_model, load_source
 from .errors import VerifyError
 from .kinds import KINDS
@@ -27,8 +28,19 @@ def input_errors() -> tuple[type[Exception], ...]:
     return Seq2OnnxError, CheckpointError, SpecError
 
 
-def check_pair(checkpoint: Path, model_dir: Path, spec: Any, runtime: Any) -> None:
-    """The export must come from a model of the checkpoint's spec, and (tokens) with its vocabularies."""
+def check_pair(checkpoint: Any, model_dir: Path, spec: Any, runtime: Any, model: Any = None) -> None:
+    """The export must come from a model of the checkpoint's spec, and (tokens) with its vocabularies; a declared
+    model's export, from a model of the same contract and vocabularies."""
+    if isinstance(model, Adapted):
+        adapter = model.adapter
+        mine = {"source": adapter.source_vocab, "target": adapter.target_vocab}
+        differ = [side for side, vocab in runtime.vocabularies.items() if mine[side].sha256 != vocab.sha256]
+        if runtime.spec != spec or runtime.contract != model.contract or differ:
+            what = (f"the {' and '.join(differ)} vocabulary differs" if differ else
+                    "the contracts (state, its shapes, special ids) differ")
+            raise VerifyError(f"adapter {adapter.name!r} and {model_dir} are not a pair: {what}; they cannot be "
+                              "compared")
+        return
     if runtime.spec != spec:
         mine, theirs = dataclasses.asdict(spec), dataclasses.asdict(runtime.spec)  # defaults shown, not None
         fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
@@ -42,11 +54,12 @@ def check_pair(checkpoint: Path, model_dir: Path, spec: Any, runtime: Any) -> No
                               "the same ids would read as other text, so the two are not a pair")
 
 
-def verify(checkpoint: Path, model_dir: Path, tol: Tolerance, data: str | None, show: Say, note: Say) -> str:
-    """Compare CHECKPOINT (PyTorch) with MODEL_DIR (onnxruntime); the line saying all passed, else VerifyError."""
+def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, show: Say, note: Say) -> str:
+    """Compare CHECKPOINT (or a Seq2SeqAdapter: a declared model) in PyTorch with MODEL_DIR in onnxruntime; the
+    line saying all passed, else VerifyError."""
     model, spec, _ = load_source(checkpoint)
     runtime = Seq2Seq.load(model_dir, provider="cpu")
-    check_pair(checkpoint, model_dir, spec, runtime)
+    check_pair(checkpoint, model_dir, spec, runtime, model)
     precision = runtime.manifest.raw.get("precision")
     if isinstance(precision, dict) and precision.get("weights", "fp32") != "fp32":
         return verify_reduced(checkpoint, model_dir, runtime, tol, data, show, note)

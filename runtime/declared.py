@@ -144,9 +144,10 @@ class TokenContract:
             if name not in made:
                 raise ContractError(f"state {name!r} is read by the step but the encoder does not make it; encoder "
                                     f"outputs: {sorted(made)}")
-            first = [0 if d == PAST_LEN else d for d in dims]
-            if made[name] not in (dims, first):
-                raise ContractError(f"state {name!r}: the encoder makes {made[name]}, the step reads {dims}")
+            if len(made[name]) != len(dims) or not all(m == d or (d == PAST_LEN and _count(m, 0))
+                                                       for m, d in zip(made[name], dims)):
+                raise ContractError(f"state {name!r}: the encoder makes {made[name]}, the step reads {dims} (a "
+                                    f"{PAST_LEN!r} dim starts at a fixed size)")
         vocab = outputs.get("log_probs")
         if not (isinstance(vocab, list) and len(vocab) == 2 and vocab[0] == BATCH and _count(vocab[1], 2)):
             raise ContractError(f"step output 'log_probs' must be [{BATCH!r}, vocabulary size >= 2], got "

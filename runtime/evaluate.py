@@ -12,7 +12,7 @@ import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
 
-from .vocab import EOS, UNK
+from .vocab import EOS
 
 UNK_WARN_FRACTION = 0.10  # more unknown source tokens than this: the data is likely not the model's
 # (total, description) -> a context whose value has .update(n) (a tqdm bar), or is None for no progress
@@ -25,9 +25,10 @@ def no_progress(total: int, desc: str) -> AbstractContextManager[Any]:
 
 
 def unknown_fraction(vocab: Any, texts: tuple[str, ...]) -> float:
-    """The share of the texts' tokens that `vocab` maps to UNK (0 for no tokens)."""
+    """The share of the texts' tokens that `vocab` maps to its unknown id (0 for no tokens; a vocabulary without
+    one refuses unknown tokens instead, naming the first)."""
     ids = [i for text in texts for i in vocab.encode(text, add_eos=False)]
-    return sum(i == UNK for i in ids) / len(ids) if ids else 0.0
+    return sum(i == vocab.ids.unk for i in ids) / len(ids) if ids else 0.0
 
 
 def decode(model: Any, sources: tuple[str, ...], batch_size: int, progress: Progress, desc: str,
@@ -48,12 +49,13 @@ def decode(model: Any, sources: tuple[str, ...], batch_size: int, progress: Prog
     return found, seconds
 
 
-def score(found: list[list[int]], references: list[list[int]], max_len: int) -> dict[str, Any]:
-    """Exact flags, exact and token accuracy of hypotheses against references (see the module docstring)."""
+def score(found: list[list[int]], references: list[list[int]], max_len: int, eos: int = EOS) -> dict[str, Any]:
+    """Exact flags, exact and token accuracy of hypotheses against references (see the module docstring); `eos`:
+    the target vocabulary's end id."""
     flags, correct, total = [], 0, 0
     for ids, ref in zip(found, references):
-        predicted = ids + [EOS] if len(ids) < max_len else ids  # shorter than the limit: it stopped at EOS
-        reference = ref + [EOS]
+        predicted = ids + [eos] if len(ids) < max_len else ids  # shorter than the limit: it stopped at eos
+        reference = ref + [eos]
         flags.append(predicted == reference)
         correct += sum(p == r for p, r in zip(predicted, reference))
         total += len(reference)
@@ -64,7 +66,7 @@ def strategy_report(model: Any, sources: tuple[str, ...], references: list[list[
                     batch_size: int, progress: Progress, desc: str, **options: Any) -> dict[str, Any]:
     """Decode and score one strategy: accuracies, exact flags, seconds and sequences per second."""
     found, seconds = decode(model, sources, batch_size, progress, desc, max_decoding_length=max_len, **options)
-    figures = score(found, references, max_len)
+    figures = score(found, references, max_len, model.vocabularies["target"].ids.eos)
     return {**figures, "seconds": seconds, "sequences_per_s": len(sources) / seconds if seconds > 0 else None}
 
 
@@ -74,8 +76,8 @@ def evaluate(model: Any, pairs: Any, beam: int, length_penalty: float, batch_siz
     both decode at most (longest reference + EOS) + `margin` tokens."""
     references = [model.vocabularies["target"].encode(t, add_eos=False) for t in pairs.targets]
     max_len = max(len(r) for r in references) + 1 + margin
-    if model.spec.is_transformer:  # output token t reads row t of its position table
-        max_len = min(max_len, model.spec.max_positions)
+    if model.contract.max_decoding_length is not None:  # a transformer's position table, a fixed output buffer
+        max_len = min(max_len, model.contract.max_decoding_length)
     run = {"sources": pairs.sources, "references": references, "max_len": max_len, "batch_size": batch_size,
            "progress": progress}
     greedy = strategy_report(model, desc="greedy", **run)

@@ -17,8 +17,9 @@ import numpy as np
 from .errors import InputError, Seq2OnnxError, UsageError
 from .plot import MAX_ITEMS, Heatmap
 from .spec import ModelSpec
-from .tokens import Translation, source_token_limit, too_long
-from .vocab import EOS_TOKEN, UNK, Vocabulary
+from .declared import Sources, TokenContract
+from .tokens import Translation, contract_for, source_token_limit, too_long
+from .vocab import VocabError, Vocabulary
 
 TOKEN_OUTPUT_SUFFIXES = (".jsonl",)
 POINT_SUFFIXES = (".npy", ".npz", ".json")  # what point models read; a token model reads text lines
@@ -72,19 +73,23 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
         yield Item(i, text.removesuffix("\n").removesuffix("\r"), where)
 
 
-def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[Item],
-            spec: ModelSpec) -> Iterator[list[Item]]:
-    """Lists of up to `size` items; blank ones go to `skipped`, over-long ones (see `source_token_limit`) are
-    refused by place."""
+def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[Item], spec: ModelSpec,
+            contract: TokenContract | None = None) -> Iterator[list[Item]]:
+    """Lists of up to `size` items; blank ones go to `skipped`; over-long ones (see `source_token_limit`), and
+    ones holding tokens a vocabulary without an unknown id lacks, are refused by place."""
     batch: list[Item] = []
-    limit = source_token_limit(spec)
+    limit = source_token_limit(spec, contract)
+    rules = contract_for(spec, contract).sources
     for item in items:
         if not item.text.strip():
             skipped.append(item)
             continue
-        n = len(vocab.encode(item.text, add_eos=True))
+        try:
+            n = len(vocab.encode(item.text, add_bos=rules.add_bos, add_eos=rules.add_eos))
+        except VocabError as exc:
+            raise InputError(f"{item.where}: {exc}") from None
         if n > limit:
-            raise InputError(f"{item.where}: {too_long(n, spec)}; split it")
+            raise InputError(f"{item.where}: {too_long(n, spec, contract)}; split it")
         batch.append(item)
         if len(batch) == size:
             yield batch
@@ -93,10 +98,12 @@ def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[I
         yield batch
 
 
-def source_columns(vocab: Vocabulary, text: str, reverse: bool) -> list[str]:
-    """The source tokens in the order the model read them (reversed if it was trained so), </s> last."""
+def source_columns(vocab: Vocabulary, text: str, rules: Sources) -> list[str]:
+    """The source tokens in the order the model read them (reversed if it was trained so), between the bos and
+    eos it reads (</s> last, for seq2onnx's own)."""
     tokens = vocab.tokenize(text)
-    return (tokens[::-1] if reverse else tokens) + [EOS_TOKEN]
+    ends = [vocab.tokens[vocab.ids.bos]] * rules.add_bos, [vocab.tokens[vocab.ids.eos]] * rules.add_eos
+    return ends[0] + (tokens[::-1] if rules.reverse else tokens) + ends[1]
 
 
 def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> dict[str, Any]:
@@ -111,15 +118,19 @@ def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> di
     return doc if columns is None else {**doc, "source_tokens": columns}
 
 
-def heatmap(item: Item, best: Translation, vocab: Vocabulary, reverse: bool, max_len: int) -> Heatmap:
-    """The best hypothesis's attention with columns in reading order, labelled by tokens (* = read as <unk>)."""
+def heatmap(item: Item, best: Translation, vocab: Vocabulary, rules: Sources, max_len: int) -> Heatmap:
+    """The best hypothesis's attention with columns in reading order, labelled by tokens (* = read as unknown)."""
     tokens = vocab.tokenize(item.text)
     ids = vocab.encode(item.text, add_eos=False)
-    labels = [_visible(t) + "*" * (i == UNK) for t, i in zip(tokens, ids)] + [EOS_TOKEN]
-    order = (list(range(len(tokens)))[::-1] if reverse else list(range(len(tokens)))) + [len(tokens)]
+    unk = vocab.ids.unk
+    bos, eos = [vocab.tokens[vocab.ids.bos]] * rules.add_bos, [vocab.tokens[vocab.ids.eos]] * rules.add_eos
+    labels = bos + [_visible(t) + "*" * (i == unk) for t, i in zip(tokens, ids)] + eos
+    body = list(range(len(bos), len(bos) + len(tokens)))
+    order = list(range(len(bos))) + (body[::-1] if rules.reverse else body) + [len(bos) + len(tokens)] * len(eos)
     weights = best.attention[:, order]  # (Lt, Ls): column j is labels[j]
-    read = "reading order; the model read the tokens reversed" if reverse else "the order the model read them"
-    unknown = "; * = unknown to the model, read as <unk>" if UNK in ids else ""
+    read = ("reading order; the model read the tokens reversed" if rules.reverse else
+            "the order the model read them")
+    unknown = "; * = unknown to the model, read as its unknown token" if unk is not None and unk in ids else ""
     stop = "ended by </s>" if len(best.tokens) < max_len else f"stopped at {max_len} tokens"
     title = f"input {item.index}: {_short(item.text)}\n-> {_short(best.text)}  (score {best.score:.3f}; {stop})"
     return Heatmap(weights, [_visible(t) for t in best.tokens], labels, "output token",
@@ -166,28 +177,29 @@ class TokenRun:
     def check(self, model_dir: Path) -> None:
         """Refuse what this model cannot do: attention it does not have, an output bound beyond a transformer's
         position table, a --min-len beyond the output bound."""
-        spec = self.model.spec
-        if spec.is_transformer and self.max_len > spec.max_positions:
+        spec, limit = self.model.spec, self.model.contract.max_decoding_length
+        if limit is not None and self.max_len > limit:
             given = (f"--max-len {self.max_len}" if self.options["max_decoding_length"] is not None
                      else f"the model's target_len {self.max_len} (the default --max-len)")
-            raise UsageError(f"{given} is more than {model_dir}'s max_positions {spec.max_positions}: output "
-                             "token t reads row t of the transformer's position table; pass --max-len "
-                             f"{spec.max_positions} or less")
+            why = ("output token t reads row t of the transformer's position table" if spec.is_transformer else
+                   "the most tokens it can produce")
+            bound = f"max_positions {limit}" if spec.is_transformer else f"output limit {limit}"
+            raise UsageError(f"{given} is more than {model_dir}'s {bound}: {why}; pass --max-len {limit} or less")
         if self.options["min_decoding_length"] > self.max_len:
             raise UsageError(f"--min-len {self.options['min_decoding_length']} is more than the output bound "
                              f"{self.max_len} (--max-len, default the model's target_len); lower it")
         wanted = [flag for flag, on in (("--attention", self.attention), ("--plot", self.plot)) if on]
-        if wanted and not self.model.spec.has_attention:
-            raise InputError(f"{', '.join(wanted)}: {model_dir} has no attention (its spec says attention "
-                             "'none'), so there are no weights to return or draw; drop "
-                             f"{' and '.join(wanted)}")
+        if wanted and not self.model.contract.has_attention:
+            says = "its spec says attention 'none'" if not spec.is_declared else "its step gives no attention"
+            raise InputError(f"{', '.join(wanted)}: {model_dir} has no attention ({says}), so there are no weights "
+                             f"to return or draw; drop {' and '.join(wanted)}")
 
     def records(self, items: Iterable[Item],
                 progress: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
         """One JSON-ready record per non-blank input, in input order; `progress` hears of each batch after the
         first (a run of one batch says nothing)."""
-        reverse = self.model.spec.reverse_source
-        chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec)
+        rules = self.model.contract.sources
+        chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec, self.model.contract)
         for number, (batch, last) in enumerate(_with_last(chunks)):
             want = self.attention or (self.plot and len(self.shown) < MAX_ITEMS)
             options = {**self.options, "seed": batch_seed(self.options["seed"], number), "return_attention": want}
@@ -198,7 +210,7 @@ class TokenRun:
             for item, hyps in zip(batch, found):
                 if self.plot and len(self.shown) < MAX_ITEMS:
                     self.shown.append((item, hyps[0]))
-                columns = source_columns(self.vocab, item.text, reverse) if self.attention else None
+                columns = source_columns(self.vocab, item.text, rules) if self.attention else None
                 yield record(item, hyps, columns)
             self.decoded += len(batch)
             if progress is not None and not (number == 0 and last):
@@ -206,8 +218,8 @@ class TokenRun:
 
     def heatmaps(self) -> list[Heatmap]:
         """The attention maps of the first inputs' best hypotheses."""
-        reverse = self.model.spec.reverse_source
-        return [heatmap(item, best, self.vocab, reverse, self.max_len) for item, best in self.shown]
+        rules = self.model.contract.sources
+        return [heatmap(item, best, self.vocab, rules, self.max_len) for item, best in self.shown]
 
     def skipped_note(self) -> str:
         """A line naming the blank lines that were skipped."""

@@ -20,8 +20,9 @@ class SpecialsError(Seq2OnnxError, ValueError):
 @dataclass(frozen=True)
 class Specials:
     """bos starts every decode, eos ends a sequence (and closes each source where the model was trained so); pad
-    fills batches out to one length (None: the runtime pads with eos, which the lengths then exclude); unk stands
-    for tokens the vocabulary lacks (None: such text is refused, naming the token)."""
+    fills batches out to one length (None: the runtime pads with eos, which the lengths then exclude; it may be
+    bos's or eos's id, as in models trained so); unk stands for tokens the vocabulary lacks (None: such text is
+    refused, naming the token)."""
 
     bos: int
     eos: int
@@ -36,10 +37,14 @@ class Specials:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 optional = " or None" if role in ("pad", "unk") else ""
                 raise SpecialsError(f"special id {role!r} must be an int >= 0{optional}, got {brief(value)}")
-        given = {role: getattr(self, role) for role in ROLES if getattr(self, role) is not None}
+        # pad may share bos's or eos's id (the PyTorch tutorial pads with SOS 0); the others must differ
+        given = {role: getattr(self, role) for role in ("bos", "eos", "unk") if getattr(self, role) is not None}
         repeated = sorted(role for role, value in given.items() if list(given.values()).count(value) > 1)
+        if self.pad is not None and self.pad == self.unk:
+            repeated = sorted({*repeated, "pad", "unk"})
         if repeated:
-            raise SpecialsError(f"special ids must differ, got {given} ({' and '.join(repeated)} share an id)")
+            raise SpecialsError(f"special ids bos, eos and unk must differ (pad may be bos's or eos's), got "
+                                f"{self.to_dict()} ({' and '.join(repeated)} share an id)")
 
     @property
     def ids(self) -> frozenset[int]:

@@ -76,12 +76,12 @@ class TokenDecoder:
         index, texts = batch["index"], [str(t) for t in batch["text"]]
         lines = np.empty(len(texts), dtype=object)
         options = {**self.plan.options, "return_attention": self.plan.attention}
-        reverse = self.model.spec.reverse_source
+        rules = self.model.contract.sources
         for rows, number in self.groups(texts, batch["chunk"]):
             seed = batch_seed(options["seed"], number) if number is not None else options["seed"]
             found = self.model.translate_batch([texts[r] for r in rows], **{**options, "seed": seed})
             for r, hyps in zip(rows, found):
-                columns = source_columns(self.vocab, texts[r], reverse) if self.plan.attention else None
+                columns = source_columns(self.vocab, texts[r], rules) if self.plan.attention else None
                 lines[r] = json.dumps(record(Item(int(index[r]), texts[r], ""), hyps, columns))
         return {"index": index, "line": lines}
 
@@ -166,7 +166,7 @@ def decode_texts(texts: list[str], plan: Plan, actors: int | None = None) -> lis
     too long for the model is refused as `infer` refuses it (a click.ClickException naming texts[i])."""
     model = Seq2Seq.load(plan.model_dir, provider="cpu", fused=plan.fused)
     chunks = list(batches((Item(i, t, f"texts[{i}]") for i, t in enumerate(texts)), plan.batch_size,
-                          model.vocabularies["source"], [], model.spec))
+                          model.vocabularies["source"], [], model.spec, model.contract))
     make = partial(token_dataset, chunks)
     n = sum(map(len, chunks))
     return list(decode_rows(n, make, TokenDecoder, plan, actors or cluster_actors(plan), plan.batch_size,

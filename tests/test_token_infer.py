@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from runtime.declared import Sources
 from runtime.infer_tokens import Item, batch_seed, heatmap
 from runtime.model import Seq2Seq
 from runtime.plot import Heatmap
@@ -170,10 +171,11 @@ def test_heatmap_columns_are_in_reading_order():
     vocab = Vocabulary.build(["one is two"], "whitespace")
     weights = np.array([[0.1, 0.2, 0.3, 0.4], [0.5, 0.0, 0.5, 0.0]], np.float32)  # columns: two is zebra </s>
     best = Translation("1 la", ["1", "la"], [4, 5], -1.0, -1.0, weights)
-    drawn = heatmap(Item(4, "zebra is two", "--text #5"), best, vocab, reverse=True, max_len=TARGET_LEN)
+    drawn = heatmap(Item(4, "zebra is two", "--text #5"), best, vocab, Sources(reverse=True), max_len=TARGET_LEN)
     assert isinstance(drawn, Heatmap) and drawn.column_labels == ["zebra*", "is", "two", "</s>"]
     np.testing.assert_array_equal(drawn.weights, weights[:, [2, 1, 0, 3]])
-    assert drawn.row_labels == ["1", "la"] and "input 4: zebra is two" in drawn.title and "<unk>" in drawn.column_name
+    assert drawn.row_labels == ["1", "la"] and "input 4: zebra is two" in drawn.title
+    assert "unknown to the model" in drawn.column_name
 
 
 @pytest.mark.parametrize(("args", "code", "fragments"), [

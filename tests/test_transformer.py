@@ -23,6 +23,9 @@ from training.tokens.transformer import (
 
 VOCAB = 13
 ATOL = 1e-5
+# The property's random models reach log-probs of -30 and more, where float32 rounding alone is ~4e-6, and PyTorch's
+# threaded reductions round differently from run to run: an absolute bound alone failed once in hundreds of runs.
+PROPERTY_RTOL = 1e-5
 PROPERTY = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -84,7 +87,7 @@ def test_property_step_equals_full_sequence(heads, layers, norm, rows, steps, se
     target_in = torch.randint(4, VOCAB, (len(rows), steps), generator=gen)
     target_in[:, 0] = BOS_ID
     torch.testing.assert_close(stepped(model, source, lengths, target_in)[0], model(source, lengths, target_in),
-                               atol=ATOL, rtol=0)
+                               atol=ATOL, rtol=PROPERTY_RTOL)
 
 
 @torch.no_grad()

@@ -7,12 +7,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from export.fused import LOOP, LoopKind, Shapes, body_nodes, const, dim, elem_types, value
+from runtime.contract import point_greedy_io
 from runtime.spec import ModelSpec
 
 CARRIED = ("decoder_input", "hidden")
 
 
-def carried(step_inputs: set[str]) -> set[str]:
+def carried(step_inputs: set[str], spec: ModelSpec) -> set[str]:
     """The step inputs the loop carries: the previous output and the hidden state."""
     return set(CARRIED)
 
@@ -51,4 +52,4 @@ def outer(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: ModelSp
     return "target_len", list(carried), shapes
 
 
-LOOP_KIND = LoopKind(carried, point_body, outer)
+LOOP_KIND = LoopKind(point_greedy_io, carried, point_body, outer)

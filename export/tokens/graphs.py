@@ -142,8 +142,20 @@ GREEDY_DOCS = {
 }
 
 
+DECLARED_DOCS = {
+    ENCODER_FILE: "seq2onnx declared model's encoder (a user's own PyTorch model, exported through its declared "
+    "contract: manifest.json's 'contract' names every input, output, batch axis and special id). source_ids (batch, "
+    "source_len; right-padded) and source_lengths (batch) -> the state the first step reads.",
+    DECODER_STEP_FILE: "seq2onnx declared model's decoder step: run once per output token. previous_tokens (batch; "
+    "the contract's bos at the first step) and the state -> log_probs (batch, vocab) and NAME_out for each state "
+    "NAME the step changes, fed back as NAME; the others are read unchanged (manifest.json's 'contract').",
+}
+
+
 def graph_docs(spec: ModelSpec) -> dict[str, str]:
     """Each graph's doc string (shown by Netron): how to feed it and what to feed back."""
+    if spec.is_declared:
+        return {**DECLARED_DOCS, **GREEDY_DOCS}
     return {**({**TRANSFORMER_DOCS, **FAST_DOCS} if spec.is_transformer else RECURRENT_DOCS), **GREEDY_DOCS}
 
 

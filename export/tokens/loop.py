@@ -9,24 +9,25 @@ import onnx
 from onnx import TensorProto, helper
 
 from export.fused import LOOP, LoopKind, Shapes, body_nodes, const, dim, elem_types, value
-from runtime.contract import FEEDBACK, state_batch_axes
-from runtime.spec import ModelSpec
-from runtime.vocab import BOS, EOS, PAD
+from runtime.contract import SOURCE_LEN
+from runtime.declared import TokenContract
 
 
-def carried(step_inputs: set[str]) -> set[str]:
+def carried(step_inputs: set[str], contract: TokenContract) -> set[str]:
     """The step inputs the loop carries: the previous token and the state the step feeds back."""
-    return {"previous_tokens"} | {fed for fed in FEEDBACK.values() if fed in step_inputs}
+    return {"previous_tokens"} | {fed for fed in contract.feedback.values() if fed in step_inputs}
 
 
-def token_body(graph: onnx.GraphProto, rename: dict[str, str], spec: ModelSpec) -> tuple[onnx.GraphProto, list[str]]:
+def token_body(graph: onnx.GraphProto, rename: dict[str, str],
+               contract: TokenContract) -> tuple[onnx.GraphProto, list[str]]:
     """Tokens: carry (previous_tokens, finished, fed-back state); add the step's eos penalty (from a table the outer
     graph builds once), pick the argmax with TopK (ties: the lowest id), scan the chosen tokens, their log-probs and
     alphas, and continue while any row has not emitted eos. Rows that ended keep decoding: `finish` blanks them."""
     types = elem_types(graph)
-    feedback = [(fed, out) for out, fed in FEEDBACK.items() if out in types and fed in types]
+    feedback = [(fed, out) for out, fed in contract.feedback.items() if out in types and fed in types]
     nodes, weights = body_nodes(graph, rename)
-    weights += [const(LOOP + "eos", np.array(EOS, dtype=np.int64)), const(LOOP + "k", np.array([1], np.int64)),
+    weights += [const(LOOP + "eos", np.array(contract.specials.eos, dtype=np.int64)),
+                const(LOOP + "k", np.array([1], np.int64)),
                 const(LOOP + "half", np.array(0.5, dtype=np.float32)), const(LOOP + "axis1", np.array([1], np.int64))]
     L = LOOP
     nodes += [
@@ -45,7 +46,7 @@ def token_body(graph: onnx.GraphProto, rename: dict[str, str], spec: ModelSpec) 
                value(L + "finished_out", TensorProto.BOOL)]
     outputs += [value(rename[produced], types[produced]) for _, produced in feedback]  # the step's own values
     outputs += [value(L + "scan_tokens", TensorProto.INT64), value(L + "scan_token_log_probs", TensorProto.FLOAT)]
-    if spec.has_attention:
+    if contract.has_attention:
         outputs.append(value(rename["alphas"], types["alphas"]))
     inputs = [value(L + "iter", TensorProto.INT64, []), value(L + "cond_in", TensorProto.BOOL, []),
               value(rename["previous_tokens"], TensorProto.INT64), value(L + "finished_in", TensorProto.BOOL)]
@@ -56,10 +57,10 @@ def token_body(graph: onnx.GraphProto, rename: dict[str, str], spec: ModelSpec) 
     return body, ["previous_tokens", "finished"] + [fed for fed, _ in feedback]
 
 
-def penalties(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: ModelSpec) -> None:
+def penalties(nodes: list[onnx.NodeProto], weights: list[TensorProto], contract: TokenContract) -> None:
     """LOOP/penalties (max_length, V): row t adds -inf to eos while t < min_length, else 0."""
-    eos_penalty = np.zeros(spec.target_vocab_size, dtype=np.float32)
-    eos_penalty[EOS] = -np.inf
+    eos_penalty = np.zeros(contract.target_vocab_size, dtype=np.float32)
+    eos_penalty[contract.specials.eos] = -np.inf
     weights += [const(LOOP + "eos_penalty", eos_penalty), const(LOOP + "no_penalty", np.zeros_like(eos_penalty)),
                 const(LOOP + "zero_i", np.array(0, np.int64)), const(LOOP + "one_i", np.array(1, np.int64)),
                 const(LOOP + "axis_1", np.array([1], np.int64))]
@@ -70,30 +71,41 @@ def penalties(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: Mod
                                [LOOP + "penalties"])]  # (T, V)
 
 
-def outer(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: ModelSpec,
+def outer(nodes: list[onnx.NodeProto], weights: list[TensorProto], contract: TokenContract,
           carried: list[str]) -> tuple[str, list[str], Shapes]:
     """The loop's length input (max_length), its carried values' first values (bos, none finished, the encoder's
     state), the eos penalty table, and the batch-first shape of each scan output: tokens and token_log_probs
     (batch, decode_len), alphas (batch, decode_len, source_len)."""
-    first, first_axis = next(iter(state_batch_axes(spec).items()))
+    first, first_axis = next(iter(contract.batch_axes.items()))
     batch = dim(nodes, weights, first, first_axis)
-    weights += [const(LOOP + "bos", np.array([BOS], np.int64)), const(LOOP + "false", np.array([[False]])),
-                const(LOOP + "one", np.array([1], np.int64))]
+    weights += [const(LOOP + "bos", np.array([contract.specials.bos], np.int64)),
+                const(LOOP + "false", np.array([[False]])), const(LOOP + "one", np.array([1], np.int64))]
     nodes += [helper.make_node("Expand", [LOOP + "bos", batch], [LOOP + "first_tokens"]),
               helper.make_node("Concat", [batch, LOOP + "one"], [LOOP + "column"], axis=0),  # [B, 1]
               helper.make_node("Expand", [LOOP + "false", LOOP + "column"], [LOOP + "first_finished"])]
-    penalties(nodes, weights, spec)
+    penalties(nodes, weights, contract)
     initial = [LOOP + "first_tokens", LOOP + "first_finished", *carried[2:]]
-    source_len = dim(nodes, weights, "source_mask", 1) if spec.has_attention else ""
+    source_len = _source_len(nodes, weights, contract) if contract.has_attention else ""
     shapes = {"tokens": ([batch], [1, 0]), "token_log_probs": ([batch], [1, 0]),
               "alphas": ([batch, source_len], [1, 0, 2])}
     return "max_length", initial, shapes
 
 
-def finish(nodes: list[onnx.NodeProto], weights: list[TensorProto], produced: dict[str, str]) -> dict[str, str]:
-    """After a row's first eos: tokens 0 (<pad>) and log-probs 0 (the loop ran on until every row had ended)."""
+def _source_len(nodes: list[onnx.NodeProto], weights: list[TensorProto], contract: TokenContract) -> str:
+    """A 1-D tensor holding the attention's source length: a state input's source_len dim, else the fixed one."""
+    width = contract.step["outputs"]["alphas"][1]
+    if isinstance(width, int):
+        weights.append(const(LOOP + "source_width", np.array([width], np.int64)))
+        return LOOP + "source_width"
+    name, dims = next((name, dims) for name, dims in contract.state.items() if SOURCE_LEN in dims)
+    return dim(nodes, weights, name, dims.index(SOURCE_LEN))
+
+
+def finish(nodes: list[onnx.NodeProto], weights: list[TensorProto], produced: dict[str, str],
+           contract: TokenContract) -> dict[str, str]:
+    """After a row's first eos: tokens 0 and log-probs 0 (the loop ran on until every row had ended)."""
     L = LOOP
-    weights += [const(L + "eos_id", np.array(EOS, np.int64)), const(L + "pad", np.array(PAD, np.int64)),
+    weights += [const(L + "eos_id", np.array(contract.specials.eos, np.int64)), const(L + "pad", np.array(0, np.int64)),
                 const(L + "zero_f", np.array(0.0, np.float32)), const(L + "time_axis", np.array(1, np.int64)),
                 const(L + "none", np.array(0, np.int64))]
     nodes += [helper.make_node("Equal", [produced["tokens"], L + "eos_id"], [L + "eos_at"]),  # (B, T)
@@ -107,4 +119,4 @@ def finish(nodes: list[onnx.NodeProto], weights: list[TensorProto], produced: di
     return {**produced, "tokens": L + "tokens_out", "token_log_probs": L + "token_log_probs_out"}
 
 
-LOOP_KIND = LoopKind(carried, token_body, outer, finish)
+LOOP_KIND = LoopKind(TokenContract.greedy_io, carried, token_body, outer, finish)

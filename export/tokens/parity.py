@@ -13,27 +13,30 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from export.errors import VerifyError
 from export.parity import Row, Say, Tolerance, diffs
-from runtime.contract import state_batch_axes
 from runtime.errors import UsageError
 from runtime.model import Seq2Seq
-from runtime.search import beam_search, greedy_search
+from runtime.search import Hypothesis, beam_search, greedy_search
 from runtime.spec import ModelSpec
 from runtime.tokens import (
     TokenSteps,  # the type of runtime.token_steps
+    encode_sources,
     source_token_limit,
 )
-from runtime.vocab import BOS, EOS, PAD
+from runtime.vocab import BOS, EOS, VocabError
 from training.checkpoint import read_data_description
 from training.data import DataError
 from training.points.data import is_point_data
-from training.tokens.base import TokenModel, torch_steps
+from training.tokens.base import TokenModel
 from training.tokens.data import load_text_dataset, reload_text_dataset
+
+from .sides import OwnModel, TorchSide, side_of, token_batch  # noqa: F401  (token_batch: export.quality's too)
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
 DATA_BATCHES = (1, 8, 64)  # real texts: consecutive chunks of these sizes, each padded to its longest row
@@ -42,64 +45,62 @@ PARITY_BEAM = 3
 DATA_STEP_MARGIN = 2  # real texts decode up to the longest training target (EOS included) plus this
 
 
-def token_batch(spec_vocab: int, n: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Random right-padded ids (n, length) and lengths (n,), with real lengths varying inside the batch."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, length + 1, size=n).astype(np.int64)
-    ids = rng.integers(EOS + 2, spec_vocab, size=(n, length)).astype(np.int64)  # no specials inside sources
-    ids[np.arange(length)[None, :] >= lengths[:, None]] = PAD
-    return ids, lengths
-
-
 def position_limit(spec: ModelSpec, wanted: int) -> int:
     """`wanted` source tokens or decoding steps, at most a transformer's max_positions."""
     return min(wanted, spec.max_positions) if spec.is_transformer else wanted
 
 
 def fitting_texts(texts: list[str], runtime: Seq2Seq) -> list[str]:
-    """The texts a transformer's position table covers (EOS included); the runtime refuses the others."""
-    spec, vocab = runtime.spec, runtime.vocabularies["source"]
-    if not spec.is_transformer:
-        return texts
-    limit = source_token_limit(spec)  # the runtime's own bound, so parity checks exactly what it accepts
-    return [t for t in texts if len(vocab.encode(t, add_eos=True)) <= limit]
+    """The texts the model reads (specials included: a transformer's position table, a declared model's bound);
+    the runtime refuses the others."""
+    contract, vocab = runtime.contract, runtime.vocabularies["source"]
+    rules = contract.sources
+    limit = source_token_limit(runtime.spec, contract)  # the runtime's own bound: parity checks what it accepts
+    return [t for t in texts if _fits(vocab, t, rules) and len(vocab.encode(t, rules.add_bos, rules.add_eos)) <= limit]
 
 
-def run_token_parity(model: TokenModel, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
-    """Every check of every case, measured before judging."""
-    spec = model.spec
+def _fits(vocab: Any, text: str, rules: Any) -> bool:
+    """Whether the vocabulary can encode the text (one without an unknown id refuses unseen tokens)."""
+    try:
+        vocab.encode(text, rules.add_bos, rules.add_eos)
+    except VocabError:
+        return False
+    return True
+
+
+def run_token_parity(model: Any, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
+    """Every check of every case, measured before judging: `model` is a token model or a probed adapter."""
+    side = side_of(model)
     rows = []
     for i, (n, length) in enumerate(TOKEN_CASES):
-        length = position_limit(spec, length)
-        ids, lengths = token_batch(spec.source_vocab_size, n, length, seed=i)
-        rows.extend(_case_rows(f"b{n} s{length}", runtime, model, ids, lengths, tol, PARITY_STEPS))
+        ids, lengths = side.sources(n, length, seed=i)
+        rows.extend(_case_rows(f"b{n} s{ids.shape[1]}", runtime, side, ids, lengths, tol, PARITY_STEPS))
     return rows
 
 
-def run_token_data_parity(model: TokenModel, runtime: Seq2Seq, texts: list[str], name: str,
-                          tol: Tolerance) -> list[Row]:
+def run_token_data_parity(model: Any, runtime: Seq2Seq, texts: list[str], name: str, tol: Tolerance) -> list[Row]:
     """The same checks on real texts, encoded as the runtime encodes them, in batches of DATA_BATCHES sizes
-    (texts beyond a transformer's position table are left out: see `fitting_texts`)."""
-    vocab = runtime.vocabularies["source"]
+    (texts the model cannot read are left out: see `fitting_texts`)."""
+    side, vocab = side_of(model), runtime.vocabularies["source"]
     texts = fitting_texts(texts, runtime)
-    max_len = model.spec.target_len + DATA_STEP_MARGIN
+    max_len = side.spec.target_len + DATA_STEP_MARGIN
     rows, start = [], 0
     for n in DATA_BATCHES:
         chunk = texts[start:start + n]
         start += n
         if not chunk:
             break
-        ids, lengths = vocab.encode_batch(chunk, add_eos=True, reverse=model.spec.reverse_source)
-        rows.extend(_case_rows(f"{name} b{len(chunk)} s{ids.shape[1]}", runtime, model, ids, lengths, tol,
+        ids, lengths = encode_sources(chunk, vocab, runtime.spec, runtime.contract)
+        rows.extend(_case_rows(f"{name} b{len(chunk)} s{ids.shape[1]}", runtime, side, ids, lengths, tol,
                                max_len))
     return rows
 
 
-def _case_rows(case: str, runtime: Seq2Seq, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
+def _case_rows(case: str, runtime: Seq2Seq, side: TorchSide, ids: np.ndarray, lengths: np.ndarray,
                tol: Tolerance, max_len: int) -> list[Row]:
     """Every check of one batch: graph rows over PARITY_STEPS (a transformer's full-sequence row too), then decode
     rows up to `max_len` tokens."""
-    plain, n_steps = runtime.token_steps, position_limit(model.spec, PARITY_STEPS)
+    plain, n_steps = runtime.token_steps, position_limit(side.spec, PARITY_STEPS)
     rows = []
     variants = [(plain, "")]
     if plain.fast is not None:  # a transformer's fast graphs, fused-kernel and wide: the same checks
@@ -107,27 +108,29 @@ def _case_rows(case: str, runtime: Seq2Seq, model: TokenModel, ids: np.ndarray, 
         if plain.fast.wide is not None:
             variants.append((plain.fast.only(wide=True), "wide."))
     for steps, prefix in variants:
-        case_rows = [_graph_row(case, steps, model, ids, lengths, tol, n_steps)]
-        if model.spec.is_transformer:
-            case_rows.append(_sequence_row(case, steps, model, ids, lengths, tol, n_steps))
-        case_rows += _decode_rows(case, steps, model, ids, lengths, position_limit(model.spec, max_len), tol)
+        case_rows = [_graph_row(case, steps, side, ids, lengths, tol, n_steps)]
+        if isinstance(side, OwnModel) and side.spec.is_transformer:
+            case_rows.append(_sequence_row(case, steps, side.model, ids, lengths, tol, n_steps))
+        case_rows += _decode_rows(case, steps, side, ids, lengths, position_limit(side.spec, max_len), tol)
         rows += [dataclasses.replace(row, output=prefix + row.output) for row in case_rows]
     return rows
 
 
-def _graph_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
+def _graph_row(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray, lengths: np.ndarray,
                tol: Tolerance, n_steps: int = PARITY_STEPS) -> Row:
     """Step log-probs, both sides fed PyTorch's greedy choices, worst absolute and relative difference."""
     ort_state = steps.encode(ids, lengths)
-    torch_state, torch_step = torch_steps(model, ids, lengths)
-    tokens = np.full(len(ids), BOS, dtype=np.int64)
+    torch_state, torch_step = side.steps(ids, lengths)
+    tokens = np.full(len(ids), side.contract.specials.bos, dtype=np.int64)
     worst_abs = worst_rel = 0.0
     ok = True
     for _ in range(n_steps):
         got, want = steps.step(tokens, ort_state), torch_step(tokens, torch_state)
-        diff = np.abs(got.log_probs - want.log_probs)
+        both = np.isfinite(want.log_probs) & np.isfinite(got.log_probs)  # never-emitted ids: -inf on both sides
+        diff = np.abs(np.where(both, got.log_probs, 0.0) - np.where(both, want.log_probs, 0.0))
         worst_abs = max(worst_abs, float(diff.max()))
-        worst_rel = max(worst_rel, float((diff / np.maximum(np.abs(want.log_probs), 1e-12)).max()))
+        worst_rel = max(worst_rel, float((diff / np.maximum(np.abs(np.where(both, want.log_probs, 1.0)),
+                                                            1e-12)).max()))
         ok &= bool(np.allclose(got.log_probs, want.log_probs, atol=tol.atol, rtol=tol.rtol))
         ort_state, torch_state, tokens = got.state, want.state, want.log_probs.argmax(-1)
     return Row(case, len(ids), ids.shape[1], n_steps, "graph", "step.log_probs", worst_abs, worst_rel, ok)
@@ -153,21 +156,26 @@ def _sequence_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarr
                *diffs(got_all, want, tol.atol, tol.rtol))
 
 
-def _decode_rows(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
+def _decode_rows(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray, lengths: np.ndarray,
                  max_len: int = PARITY_STEPS, tol: Tolerance = Tolerance()) -> list[Row]:
-    """Greedy and beam ids through the runtime vs the same searches driven by PyTorch (differing sequences)."""
-    axes = state_batch_axes(model.spec)
-    common = dict(batch_size=len(ids), bos_id=BOS, eos_id=EOS, max_decoding_length=max_len)
+    """Greedy and beam ids through the runtime vs the same searches driven by PyTorch (differing sequences); a
+    declared model's own greedy decode too, when it gave one."""
+    specials = side.contract.specials
+    common = dict(batch_size=len(ids), bos_id=specials.bos, eos_id=specials.eos, max_decoding_length=max_len)
     rows = []
     for name, search, extra in (("greedy.ids", greedy_search, {}),
                                 ("beam.ids", beam_search, {"beam_size": PARITY_BEAM, "num_hypotheses": PARITY_BEAM})):
         got = search(steps.step, steps.encode(ids, lengths), steps.batch_axes, **common, **extra)
-        state, step = torch_steps(model, ids, lengths)
-        want = search(step, state, axes, **common, **extra)
+        state, step = side.steps(ids, lengths)
+        want = search(step, state, side.contract.batch_axes, **common, **extra)
         rows.append(_ids_row(case, ids, max_len, name, got, want))
         if name == "greedy.ids" and steps.greedy is not None:  # the greedy loop graph: what translate runs
             fused = steps.greedy_tokens(ids, lengths, max_len, 0, False)
             rows.append(_ids_row(case, ids, max_len, "greedy_loop.ids", fused, want))
+        if name == "greedy.ids" and side.reference is not None:  # the model's own decode, untouched
+            own = side.reference(torch.from_numpy(ids), torch.from_numpy(lengths), max_len)
+            rows.append(_ids_row(case, ids, max_len, "reference.ids", got,
+                                 [Hypothesis([int(i) for i in row], 0.0, 0.0) for row in own]))
         graph = steps.graphs(len(ids) * PARITY_BEAM).beam
         if name == "beam.ids" and graph is not None:  # the beam search graph: its ids, and its scores against
             found = graph.hypotheses(ids, lengths, PARITY_BEAM, PARITY_BEAM, 1.0, max_len, 0)  # the numpy search's
@@ -204,12 +212,12 @@ def _ids(found: object) -> list:
     return [h.tokens for h in found] if isinstance(found, list) else found.tokens
 
 
-def parity(model: TokenModel, runtime: Seq2Seq, tol: Tolerance, progress: bool = False) -> list[Row]:
+def parity(model: Any, runtime: Seq2Seq, tol: Tolerance, progress: bool = False) -> list[Row]:
     """What every export checks: random ids over TOKEN_CASES (`run_token_parity`)."""
     return run_token_parity(model, runtime, tol)
 
 
-def verify_rows(checkpoint: Path, data: str | None, model: TokenModel, runtime: Seq2Seq, tol: Tolerance,
+def verify_rows(checkpoint: Path, data: str | None, model: Any, runtime: Seq2Seq, tol: Tolerance,
                 note: Say) -> list[Row]:
     """Token models: the random-id matrix, then real texts (--data, else the checkpoint's own data if found):
     step log-probs within tolerance (transformers: also the cached step against the full-sequence decoder at every
@@ -218,6 +226,10 @@ def verify_rows(checkpoint: Path, data: str | None, model: TokenModel, runtime: 
         raise UsageError(f"{data!r} is point data; {checkpoint} is a token model: pass a text data set",
                          param="--data")
     rows = run_token_parity(model, runtime, tol)
+    if data is None and not isinstance(side_of(model), OwnModel):
+        note("note: a declared model has no training data on record; comparing on random ids only (pass --data "
+             "to compare on real texts)")
+        return rows
     try:
         train, test = load_text_dataset(data) if data is not None else reload_text_dataset(
             read_data_description(checkpoint) or {})
@@ -230,8 +242,10 @@ def verify_rows(checkpoint: Path, data: str | None, model: TokenModel, runtime: 
     for name, pairs in (("test", test), ("train", train)):
         left_out = len(pairs.sources) - len(fitting_texts(list(pairs.sources), runtime))
         if left_out:
-            note(f"note: {left_out} {name} text(s) are longer than the transformer's max_positions "
-                 f"{runtime.spec.max_positions} (</s> included), which the runtime refuses; comparing on the others")
+            why = (f"longer than the transformer's max_positions {runtime.spec.max_positions} (</s> included)"
+                   if runtime.spec.is_transformer else "longer than the model reads, or hold tokens its vocabulary "
+                   "lacks")
+            note(f"note: {left_out} {name} text(s) are {why}, which the runtime refuses; comparing on the others")
         rows += run_token_data_parity(model, runtime, list(pairs.sources), name, tol)
     return rows
 
