@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,6 @@ import numpy as np
 import onnxruntime as ort
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from runtime.contract import BATCH, DECODER_STEP_FILE, ENCODER_FILE, PAST_LEN, PRESENT_LEN, SOURCE_LEN, Dims
 from runtime.declared import SOURCE_INPUTS, Sources, TokenContract
@@ -94,34 +94,29 @@ class Tracing:
         return f" in {self.stack[-1]}" if self.stack else ""
 
 
-class _Spot(TorchDispatchMode):
-    """Notes the innermost running module the first time an aten operator of one name runs."""
-
-    def __init__(self, op: str, tracing: Tracing) -> None:
-        super().__init__()
-        self.op, self.tracing, self.where = op, tracing, ""
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if not self.where and func._schema.name == self.op:
-            self.where = self.tracing.where()
-        return func(*args, **(kwargs or {}))
-
-
 def untraceable(adapter: Seq2SeqAdapter, module: torch.nn.Module, args: tuple, exc: Exception,
                 where: str) -> str:
     """Where tracing `module` broke: the module running when the tracer raised, or, for an operator the exporter
-    cannot convert (found after tracing), the module that runs it (found by running the module again)."""
+    cannot convert (found after tracing), the module that runs it: the scope a TorchScript trace records for it
+    (the wrapper holds the adapter's modules as `parts`: parts.1.gru is modules[1].gru)."""
     op = re.search(r"operator '([\w:.]+)'", str(exc))
     if where or op is None:
         return where
-    tracing = Tracing(adapter)
-    spot = _Spot(op.group(1), tracing)
     try:
-        with torch.no_grad(), tracing.watch(), spot:
-            module(*args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's warnings about Python values: not what is wrong
+            graph = torch.jit.trace(module, args, check_trace=False, strict=False).inlined_graph
     except Exception:  # only looking: the export's own error is what is reported
-        pass
-    return spot.where
+        return ""
+    scopes = [node.scopeName() for node in graph.nodes() if node.kind() == op.group(1)]
+    path = re.search(r"parts\.(\d+)((?:\.[\w]+)*)$", scopes[0].split("/")[-1].replace("__module.", "")) \
+        if scopes else None
+    if path is None:
+        return ""
+    root = adapter.modules[int(path.group(1))]
+    inner = path.group(2).lstrip(".")
+    found = root.get_submodule(inner) if inner else root
+    return f" in modules[{path.group(1)}]{'.' + inner if inner else ''} ({type(found).__name__})"
 
 
 def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> Any:
@@ -336,13 +331,22 @@ def check_other_sizes(adapted: Adapted, out_dir: Path) -> None:
     _check_shapes(produced, contract.step["outputs"], {**sizes, **grown}, DECODER_STEP_FILE, what)
 
 
+MHA_HINT = ("; nn.MultiheadAttention (and nn.Transformer, which uses it) bakes its sequence lengths into a traced "
+            "graph: give such a model fixed lengths (fixed_source_len, a fixed-size output buffer; see the README)")
+
+
 def _run(session: Any, feed: dict[str, np.ndarray], name: str, what: str) -> dict[str, np.ndarray]:
     try:
         return dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
     except Exception as exc:  # onnxruntime's own errors
-        raise AdapterError(f"{name} fails at {what} (it was traced at other sizes): {one_line(exc)}; a size was "
-                           "baked into the graph: compute shapes from tensors (x.shape[0]), not from Python ints "
-                           "or constants") from None
+        text = one_line(exc)
+        node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
+        shapes = re.search(r"Input shape:\{[^}]*\}, requested shape:\{[^}]*\}", text)
+        said = (f"its {node.group(1)} node {node.group(2)!r} fails{': ' + shapes.group(0) if shapes else ''}"
+                if node else text[:300])
+        hint = MHA_HINT if node and "attn" in node.group(2) else ""
+        raise AdapterError(f"{name} fails at {what}, other sizes than it was traced at ({said}): a size was baked "
+                           f"into the graph; compute shapes from tensors (x.shape[0]), not Python ints{hint}") from None
 
 
 def _check_shapes(values: dict[str, np.ndarray], declared: dict[str, Dims], sizes: dict[str, int | None],

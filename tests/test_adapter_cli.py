@@ -1,0 +1,110 @@
+"""The foreign models through the command line and HTTP, as a user runs them: `seq2onnx export --adapter
+MODULE:FUNCTION`, `verify --adapter`, `infer`, `eval` on a TSV, and `serve` (the one-process server, a real HTTP
+client), each compared with the model's own PyTorch decode or the in-process runtime."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cli.main import main
+from runtime.model import Seq2Seq
+from runtime.tokens import encode_sources
+from serving.config import ServeConfig
+
+from support.foreign import FOREIGN, corpus, trained
+from support.serve import embedded, free_port
+
+MODULE = '''
+from support.foreign import trained
+
+
+def tutorial():
+    return trained("tutorial").adapter()
+
+
+def luong():
+    return trained("luong").adapter()
+
+
+def transformer():
+    return trained("transformer").adapter()
+'''
+TEXTS = [p[0] for p in corpus(6, seed=11)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("byo")
+    (path / "foreign_models.py").write_text(MODULE)
+    (path / "data.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in corpus(120, seed=5)))
+    return path
+
+
+def run(workdir: Path, *args: str):
+    """`seq2onnx ARGS` in `workdir`, as a user in the directory that holds their module."""
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        return CliRunner().invoke(main, list(args), prog_name="seq2onnx", catch_exceptions=False)
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module", params=list(FOREIGN))
+def exported(request, workdir) -> Path:
+    result = run(workdir, "export", "--adapter", f"foreign_models:{request.param}", "--out", request.param)
+    assert result.exit_code == 0, result.output
+    assert "reference.ids" in result.output and "wrote" in result.output
+    return workdir / request.param
+
+
+def test_verify_compares_the_model_with_its_export(exported, workdir):
+    result = run(workdir, "verify", "--adapter", f"foreign_models:{exported.name}", exported.name)
+    assert result.exit_code == 0, result.output
+    assert "all" in result.output and "checks within" in result.output
+
+
+def test_verify_refuses_another_models_export(exported, workdir):
+    other = next(k for k in FOREIGN if k != exported.name)
+    result = run(workdir, "verify", "--adapter", f"foreign_models:{other}", exported.name)
+    assert result.exit_code == 1 and "are not a pair" in result.output
+
+
+def test_infer_decodes_as_the_model_does(exported, workdir):
+    result = run(workdir, "infer", exported.name, *[a for t in TEXTS for a in ("--text", t)])
+    assert result.exit_code == 0, result.output
+    got = [json.loads(line)["hypotheses"][0]["text"] for line in result.output.splitlines()]
+    model = trained(exported.name)
+    runtime = Seq2Seq.load(exported)
+    ids, lengths = encode_sources(TEXTS, runtime.vocabularies["source"], runtime.spec, runtime.contract)
+    own = model.greedy(torch.from_numpy(ids), torch.from_numpy(lengths), runtime.spec.target_len)
+    assert got == [model.target.decode(row) for row in own]
+
+
+def test_eval_scores_a_tsv(exported, workdir):
+    result = run(workdir, "eval", exported.name, "--data", "data.tsv")
+    assert result.exit_code == 0, result.output
+    assert "greedy  exact" in result.output and "beam 5" in result.output
+
+
+def test_serve_answers_as_the_runtime_does(exported):
+    runtime = Seq2Seq.load(exported, threads=1)
+    port = free_port()
+    with embedded({"": (exported, ServeConfig(batch_wait_ms=5.0))}, port):
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            answer = client.post("/v1/translate", json={"texts": TEXTS, "beam_size": 3, "num_hypotheses": 2})
+            info = client.get("/v1/model").json()
+    assert answer.status_code == 200, answer.text
+    want = runtime.translate_batch(TEXTS, beam_size=3, num_hypotheses=2)
+    got = answer.json()["translations"]
+    assert [[h["ids"] for h in hyps] for hyps in got] == [[t.ids for t in hyps] for hyps in want]
+    np.testing.assert_allclose([h["score"] for hyps in got for h in hyps], [t.score for hyps in want for t in hyps],
+                               rtol=1e-5)
+    assert info["kind"] == "tokens"

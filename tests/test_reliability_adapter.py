@@ -1,0 +1,225 @@
+"""The reliability table, declared-model rows: a bad declaration (`export --adapter`, `export_model(adapter)`,
+`verify --adapter`) is refused with exit code 1 or 2 and one `Error:` line naming what is wrong, and nothing is
+written. The declarations live in a module of the workspace, `bad_models.py`, as a user's would."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from support.reliability import (
+    BAD_INPUT,
+    USAGE,
+    Case,
+    assert_api_refused,
+    assert_refused,
+    case,
+    workspace_fixtures,
+    write,
+)
+
+BAD_MODELS = '''
+"""Declarations gone wrong, one per function (tests/test_reliability_adapter.py)."""
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from export.adapter import State
+from support.foreign import trained
+
+
+def good():
+    return trained("luong").adapter()
+
+
+def wrong_batch_axis():
+    adapter = good()
+    return replace(adapter, state={**adapter.state, "h": State(batch_axis=1)})
+
+
+def undeclared_state():
+    adapter, model = good(), trained("luong")
+    return replace(adapter, encode=lambda ids, lengths: {**model.encode(ids, lengths), "extra": ids})
+
+
+def wrong_step_shape():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores, {**changed, "feed": changed["feed"][:, :5]}, attention
+    return replace(adapter, step=step)
+
+
+def wrong_scores():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores[:, :5], changed, attention
+    return replace(adapter, step=step)
+
+
+def growing_but_not_grown():
+    adapter = good()
+    return replace(adapter, state={**adapter.state, "h": State(batch_axis=0, grows=1)})
+
+
+def reserved_name():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):
+        state = model.encode(ids, lengths)
+        return {**state, "log_probs": state.pop("h")}
+    return replace(adapter, encode=encode, state={"log_probs": State(0), **{k: v for k, v in adapter.state.items()
+                                                                            if k != "h"}})
+
+
+def baked_length():
+    """nn.Transformer over variable-length sources: nn.MultiheadAttention bakes the traced length in."""
+    adapter = trained("transformer").adapter()
+    return replace(adapter, fixed_source_len=None)
+
+
+class Spectral(nn.Module):
+    def forward(self, x):
+        return torch.fft.fft(x).real
+
+
+def untraceable():
+    adapter, model = good(), trained("luong")
+    spectral = Spectral()
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores, {**changed, "feed": spectral(changed["feed"])}, attention
+    return replace(adapter, step=step, modules=(model, spectral))
+
+
+class Broken(nn.Module):
+    def forward(self, state):
+        return state["cell"]
+
+
+def raises_in_step():
+    adapter, model = good(), trained("luong")
+    broken = Broken()
+
+    def step(tokens, state):
+        broken(state)
+        return model.step(tokens, state)
+    return replace(adapter, step=step, modules=(model, broken))
+
+
+def not_an_adapter():
+    return 42
+
+
+def fails():
+    raise RuntimeError("no weights here")
+'''
+
+
+def setup_adapter_workspace(case_dir: Path) -> None:
+    write(case_dir / "bad_models.py", BAD_MODELS)
+
+
+template, workspace = workspace_fixtures("reliability_adapter", setup_adapter_workspace)
+
+
+def export(function: str, code: int = BAD_INPUT, *says: str) -> Case:
+    return case("export", "--adapter", f"bad_models:{function}", "--out", "o", code=code, says=says)
+
+
+CLI_CASES: dict[str, Case] = {
+    "wrong batch axis": export("wrong_batch_axis", BAD_INPUT, "state 'h'", "batch_axis 1 does not hold the batch",
+                               "the batch is on axis 0"),
+    "undeclared state": export("undeclared_state", BAD_INPUT, "encode returned", "undeclared ['extra']"),
+    "step output shape": export("wrong_step_shape", BAD_INPUT, "step output 'feed' has shape (3, 5)",
+                                "feeds back as 'feed', which is (3, 20)"),
+    "scores shape": export("wrong_scores", BAD_INPUT, "step's scores", "target vocabulary 12", "got (3, 5)"),
+    "growing but not grown": export("growing_but_not_grown", BAD_INPUT, "step output 'h'", "axis 1 grows by one"),
+    "reserved state name": export("reserved_name", BAD_INPUT, "state names ['log_probs'] are taken"),
+    "a baked-in length": export("baked_length", BAD_INPUT, "encoder.onnx fails at batch 5", "baked into the graph"),
+    "an untraceable op": export("untraceable", BAD_INPUT, "decoder_step.onnx: the model cannot be traced",
+                                "in modules[1] (Spectral)", "aten::fft_fft"),
+    "a step that raises": export("raises_in_step", BAD_INPUT, "step failed in modules[1] (Broken)", "KeyError",
+                                 "'cell'"),
+    "not an adapter": export("not_an_adapter", USAGE, "--adapter", "returned 42", "Seq2SeqAdapter"),
+    "a failing function": export("fails", BAD_INPUT, "--adapter bad_models:fails", "fails() failed",
+                                 "no weights here"),
+    "no such module": case("export", "--adapter", "nomodule:make", "--out", "o", code=USAGE,
+                           says=("--adapter", "cannot import 'nomodule'", "PYTHONPATH")),
+    "no such function": case("export", "--adapter", "bad_models:nothing", "--out", "o", code=USAGE,
+                             says=("--adapter", "has no function 'nothing'")),
+    "no colon": case("export", "--adapter", "bad_models", "--out", "o", code=USAGE,
+                     says=("--adapter", "expected MODULE:FUNCTION")),
+    "both sources": case("export", ".", "--adapter", "bad_models:good", "--out", "o", code=USAGE,
+                         says=("CHECKPOINT", "--adapter", "not both")),
+    "neither source": case("export", "--out", "o", code=USAGE, says=("CHECKPOINT", "--adapter", "neither")),
+    "verify: two paths with --adapter": case("verify", ".", ".", "--adapter", "bad_models:good", code=USAGE,
+                                             says=("MODEL_DIR alone with --adapter",)),
+}
+
+
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_a_bad_declaration_is_refused_with_one_line(workspace, name):
+    assert_refused(workspace, CLI_CASES[name])
+
+
+def _api(make: str):
+    def call(case_dir: Path):
+        import importlib
+        import sys
+
+        from export.api import export_model
+
+        sys.path.insert(0, str(case_dir))
+        try:
+            module = importlib.import_module("bad_models")
+            return export_model(getattr(module, make)() if make else torch_module(), case_dir / "o")
+        finally:
+            sys.path.remove(str(case_dir))
+    return call
+
+
+def torch_module():
+    """What a new user tries first: the model object itself."""
+    from support.foreign import trained
+
+    return trained("tutorial").encoder
+
+
+API_CASES = {
+    "export_model(an nn.Module)": (_api(""), ("source: expected a checkpoint directory", "Seq2SeqAdapter",
+                                              "EncoderRNN")),
+    "export_model(wrong batch axis)": (_api("wrong_batch_axis"), ("state 'h'", "batch_axis 1")),
+}
+
+
+@pytest.mark.parametrize("name", list(API_CASES))
+def test_the_api_refuses_a_bad_declaration_by_name(workspace, name):
+    from export.errors import ExportError
+
+    call, says = API_CASES[name]
+    assert_api_refused(workspace, call, ExportError, says)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (dict(scores="probs"), "scores must be one of ('log_probs', 'logits')"),
+    (dict(state={}), "state must map each state tensor's name to a State"),
+    (dict(never_emit=(3,)), "never_emit must hold target ids"),
+    (dict(fixed_source_len=1), "fixed_source_len must be an int >= 2"),
+    (dict(source_vocab=["a"]), "source_vocab must be a runtime.vocab.Vocabulary"),
+    (dict(output_limit=3), "output_limit must be None or an int >= max_decoding_length"),
+])
+def test_a_declaration_is_checked_when_it_is_made(change, says):
+    from export.adapter import AdapterError
+
+    from support.foreign import trained
+
+    adapter = trained("luong").adapter()
+    with pytest.raises(AdapterError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        replace(adapter, **change)
