@@ -57,9 +57,10 @@ def check_thread_counts(ctx: click.Context, param: click.Parameter, values: tupl
     return unique(tuple(check_threads(ctx, param, value) for value in values))
 
 
-def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[str, tuple[int, ...]]) -> dict:
+def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[str, tuple[int, ...]],
+                 contract: Any = None) -> dict:
     """The grid's axes: the values given, else the kind's defaults; values the model cannot take are usage errors."""
-    from runtime.tokens import source_token_limit
+    from runtime.tokens import contract_for
 
     axes = {name: unique(given) for name, given in values.items()}
     if spec.kind == "points":
@@ -67,20 +68,24 @@ def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[st
             raise click.UsageError(f"--beam: {model_dir} is a point model, which decodes greedily; beam sizes are "
                                    "for token models, drop --beam")
         return {name: axes[name] or POINT_DEFAULTS.get(name, (None,)) for name in axes}
-    limit = source_token_limit(spec) - 1  # the closing </s> is a source token too
-    longest_target = spec.max_positions if spec.is_transformer else MAX_TARGET_LEN
+    contract = contract_for(spec, contract)
+    rules = contract.sources
+    specials = int(rules.add_bos) + int(rules.add_eos)
+    limit = rules.max_len - specials  # the source's own specials count too
+    longest_target = contract.max_decoding_length or MAX_TARGET_LEN
     defaults = {"batches": TOKEN_BATCHES, "beams": TOKEN_BEAMS, "source_lens": (min(spec.input_len, limit),),
                 "target_lens": (min(spec.target_len, longest_target),)}
     axes = {name: axes[name] or defaults[name] for name in axes}
     too_long = [n for n in axes["source_lens"] if n > limit]
     if too_long:
-        raise click.BadParameter(f"{too_long[0]} tokens: {model_dir} reads at most {limit} source tokens (and the "
-                                 "closing </s>); pass a shorter --source-len", ctx, param_hint="'--source-len'")
+        raise click.BadParameter(f"{too_long[0]} tokens: {model_dir} reads at most {limit} source tokens (and "
+                                 f"{specials} special); pass a shorter --source-len", ctx, param_hint="'--source-len'")
     too_long = [n for n in axes["target_lens"] if n > longest_target]
     if too_long:
-        raise click.BadParameter(f"{too_long[0]}: {model_dir} is a transformer with max_positions {longest_target} "
-                                 "(output token t reads row t of its position table); pass a shorter --target-len",
-                                 ctx, param_hint="'--target-len'")
+        why = ("is a transformer with max_positions {} (output token t reads row t of its position table)"
+               if spec.is_transformer else "produces at most {} tokens").format(longest_target)
+        raise click.BadParameter(f"{too_long[0]}: {model_dir} {why}; pass a shorter --target-len", ctx,
+                                 param_hint="'--target-len'")
     return axes
 
 
@@ -147,7 +152,8 @@ def run_cells(cells: list[Cell], models: dict, floors: dict, eager: Any, spec: A
         model = models[(cell.provider, cell.threads, cell.loop)]
         try:
             if (cell.batch, cell.source_len) not in inputs:
-                inputs[(cell.batch, cell.source_len)] = make_inputs(spec, vocab, cell.batch, cell.source_len)
+                inputs[(cell.batch, cell.source_len)] = make_inputs(spec, vocab, cell.batch, cell.source_len,
+                                                                    contract=model.contract)
             given = inputs[(cell.batch, cell.source_len)]
             calls = {"ort": ort_call(model, cell, given), "floor": floor_call(floors[(cell.provider, cell.threads)],
                                                                              cell.calls)}
@@ -228,7 +234,10 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     spec = manifest.spec
-    values = resolve_grid(click.get_current_context(), model_dir, spec, axes)
+    if checkpoint is not None and spec.is_declared:
+        raise click.UsageError(f"--checkpoint: {model_dir} is a declared model (exported with --adapter), whose "
+                               "PyTorch side is your own code, not a checkpoint; drop --checkpoint to time onnxruntime")
+    values = resolve_grid(click.get_current_context(), model_dir, spec, axes, manifest.contract)
     beam_graph = FAST_FILES["beam"] in manifest.graphs  # a transformer's fast graphs: beam search in one call too
     if loop == "fused" and spec.kind == "tokens" and 1 not in values["beams"] and not beam_graph:
         raise click.UsageError(f"--loop fused times the greedy loop graph, which decodes with beam 1, but the grid's "

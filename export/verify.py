@@ -57,19 +57,20 @@ def check_pair(checkpoint: Any, model_dir: Path, spec: Any, runtime: Any, model:
 def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, show: Say, note: Say) -> str:
     """Compare CHECKPOINT (or a Seq2SeqAdapter: a declared model) in PyTorch with MODEL_DIR in onnxruntime; the
     line saying all passed, else VerifyError."""
-    model, spec, _ = load_source(checkpoint)
+    model, spec, described = load_source(checkpoint)
     runtime = Seq2Seq.load(model_dir, provider="cpu")
     check_pair(checkpoint, model_dir, spec, runtime, model)
+    name = described if isinstance(model, Adapted) else checkpoint
     precision = runtime.manifest.raw.get("precision")
     if isinstance(precision, dict) and precision.get("weights", "fp32") != "fp32":
-        return verify_reduced(checkpoint, model_dir, runtime, tol, data, show, note)
+        return verify_reduced(checkpoint, model_dir, runtime, tol, data, show, note, name)
     rows = KINDS[spec.kind].verify_rows(checkpoint, data, model, runtime, tol, note)
     show(format_table(rows, tol))
     failed = [r for r in rows if not r.ok]
     if failed:
         source = runtime.manifest.raw.get("source")
         raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} says it was exported "
-                          f"from {source!r}: if that is not {checkpoint}, the two are not a pair")
+                          f"from {source!r}: if that is not {name}, the two are not a pair")
     return f"all {len(rows)} checks within {tol}"
 
 
@@ -85,15 +86,15 @@ def recorded_quality(model_dir: Path, runtime: Any) -> tuple[QualityTolerance, d
                           "model") from None
 
 
-def verify_reduced(checkpoint: Path, model_dir: Path, runtime: Any, tol: Tolerance, data: str | None, show: Say,
-                   note: Say) -> str:
+def verify_reduced(checkpoint: Any, model_dir: Path, runtime: Any, tol: Tolerance, data: str | None, show: Say,
+                   note: Say, name: Any = None) -> str:
     """An int8/fp16 export: export CHECKPOINT at float32 into a temporary directory (parity against PyTorch at
     --atol/--rtol/--drift-atol), then compare MODEL_DIR with it at the quality tolerances its manifest records."""
     if data is not None and is_point_data(data) != (runtime.spec.kind == "points"):
-        raise UsageError(f"{data!r} does not fit {checkpoint}, a {runtime.spec.kind} model", param="--data")
+        raise UsageError(f"{data!r} does not fit {name or checkpoint}, a {runtime.spec.kind} model", param="--data")
     qtol, recorded = recorded_quality(model_dir, runtime)
     mode = runtime.manifest.raw["precision"]["weights"]
-    note(f"{model_dir} is an {mode} export: checking a float32 export of {checkpoint} against PyTorch, then "
+    note(f"{model_dir} is an {mode} export: checking a float32 export of {name or checkpoint} against PyTorch, then "
          f"{model_dir} against that float32 export ({qtol})")
     with tempfile.TemporaryDirectory() as tmp:
         reference = Seq2Seq.load(export_model(checkpoint, Path(tmp) / "fp32", tol=tol, progress=True,

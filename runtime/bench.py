@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from .declared import TokenContract
 from .errors import InputError
 from .spec import ModelSpec
-from .tokens import encode_sources
-from .vocab import JOINERS, SPECIAL_TOKENS, Vocabulary
+from .tokens import contract_for, encode_sources
+from .vocab import JOINERS, Vocabulary
 
 FORMAT = "seq2onnx-bench/1"  # the JSON document's "format"
 LOOPS = ("step", "fused")  # the Python step loop, or the fused greedy Loop graph (when the runtime and model have it)
@@ -167,23 +168,26 @@ class Inputs:
     texts: tuple[str, ...] = ()
 
 
-def make_inputs(spec: ModelSpec, vocab: Vocabulary | None, batch: int, source_len: int, seed: int = 0) -> Inputs:
-    """Seeded random inputs of exactly the cell's size."""
+def make_inputs(spec: ModelSpec, vocab: Vocabulary | None, batch: int, source_len: int, seed: int = 0,
+                contract: TokenContract | None = None) -> Inputs:
+    """Seeded random inputs of exactly the cell's size (token models: `source_len` tokens of text, each source
+    also holding the specials the model reads)."""
     rng = np.random.default_rng([seed, batch, source_len])
     if spec.kind == "points":
         source = rng.normal(size=(batch, source_len, spec.n_features)).astype(np.float32)  # (N, Ls, F)
         return Inputs(source=source, mask=np.ones((batch, 1, source_len), dtype=bool))  # (N, 1, Ls)
     texts = tuple(fixed_length_text(vocab, source_len, rng) for _ in range(batch))
-    _, lengths = encode_sources(list(texts), vocab, spec)
-    if set(lengths.tolist()) != {source_len + 1}:  # + the closing </s>
+    _, lengths = encode_sources(list(texts), vocab, spec, contract)
+    rules = contract_for(spec, contract).sources
+    if set(lengths.tolist()) != {source_len + rules.add_bos + rules.add_eos}:  # + the specials it reads
         raise InputError(f"source_len: texts of exactly {source_len} tokens could not be made from this vocabulary, "
-                         f"got {sorted(set(lengths.tolist()))} with </s>; pass another --source-len")
+                         f"got {sorted(set(lengths.tolist()))} with its specials; pass another --source-len")
     return Inputs(texts=texts)
 
 
 def fixed_length_text(vocab: Vocabulary, length: int, rng: np.random.Generator) -> str:
     """A text that `vocab` splits into exactly `length` known tokens (never special, never blank)."""
-    regular = [i for i, t in enumerate(vocab.tokens) if i >= len(SPECIAL_TOKENS) and t.strip()]  # never blank
+    regular = [i for i, t in enumerate(vocab.tokens) if i not in vocab.ids.ids and t.strip()]  # never blank
     if not regular:
         raise InputError("vocabulary: no regular token to build benchmark texts from; the model's source vocabulary "
                          "holds only the special tokens and whitespace")

@@ -14,10 +14,10 @@ from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from .declared import Sources, TokenContract
 from .errors import InputError, Seq2OnnxError, UsageError
 from .plot import MAX_ITEMS, Heatmap
 from .spec import ModelSpec
-from .declared import Sources, TokenContract
 from .tokens import Translation, contract_for, source_token_limit, too_long
 from .vocab import VocabError, Vocabulary
 

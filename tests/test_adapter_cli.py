@@ -108,3 +108,39 @@ def test_serve_answers_as_the_runtime_does(exported):
     np.testing.assert_allclose([h["score"] for hyps in got for h in hyps], [t.score for hyps in want for t in hyps],
                                rtol=1e-5)
     assert info["kind"] == "tokens"
+
+
+def test_bench_times_a_declared_model(exported, workdir):
+    result = run(workdir, "bench", exported.name, "--batch", "2", "--beam", "1", "--beam", "3", "--threads", "1",
+                 "--repeats", "2", "--warmup", "1", "--json", "-")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output[result.output.index("{"):])
+    assert {(r["beam"], r["batch"]) for r in doc["cells"]} >= {(1, 2), (3, 2)}
+
+
+def test_an_int8_export_of_a_declared_model_loads_and_decodes(workdir, tmp_path):
+    result = run(workdir, "export", "--adapter", "foreign_models:luong", "--out", str(tmp_path / "int8"),
+                 "--quantize", "int8", "--accept-quality-loss")
+    assert result.exit_code == 0, result.output
+    runtime = Seq2Seq.load(tmp_path / "int8")
+    assert runtime.manifest.raw["precision"]["weights"] == "int8" and runtime.spec.is_declared
+    assert len(runtime.translate_batch(TEXTS, beam_size=2)) == len(TEXTS)
+
+
+def readme_example() -> str:
+    """The python block of the README's 'Bring your own model' section, as a user copies it into mymodel.py."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Bring your own model"):]
+    return section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python"))]
+
+
+def test_the_readmes_example_exports_verifies_and_decodes(tmp_path):
+    (tmp_path / "mymodel.py").write_text(readme_example())
+    exported = run(tmp_path, "export", "--adapter", "mymodel:make_adapter", "--out", "models/mine")
+    assert exported.exit_code == 0, exported.output
+    verified = run(tmp_path, "verify", "--adapter", "mymodel:make_adapter", "models/mine")
+    assert verified.exit_code == 0, verified.output
+    decoded = run(tmp_path, "infer", "models/mine", "--text", "je suis froid", "--beam", "3", "--attention")
+    assert decoded.exit_code == 0, decoded.output
+    record = json.loads(decoded.output)
+    assert len(record["source_tokens"]) == 4 and len(record["hypotheses"][0]["attention"][0]) == 4
