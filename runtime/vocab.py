@@ -58,15 +58,16 @@ def _parse_tokenizer(text: str) -> Any:
                          "save it with Tokenizer.save(path)") from err
 
 
-def _tokens_of(tokenizer: Any) -> tuple[str, ...]:
-    """The tokenizer's tokens in id order; ids must be 0..n-1 with the four specials first."""
+def _tokens_of(tokenizer: Any, fixed: bool = True) -> tuple[str, ...]:
+    """The tokenizer's tokens in id order; ids must be 0..n-1, with the four specials first (`fixed`: seq2onnx's
+    own layout; a declared model's vocabulary names its own special ids)."""
     vocab = tokenizer.get_vocab(with_added_tokens=True)  # {token: id}
     by_id = sorted(vocab.items(), key=lambda item: item[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise VocabError(f"tokenizer ids must be 0..{len(by_id) - 1} without gaps; got {len(by_id)} tokens "
                          f"with ids from {by_id[0][1] if by_id else None} to {by_id[-1][1] if by_id else None}")
     tokens = tuple(t for t, _ in by_id)
-    if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+    if fixed and tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
         raise VocabError(f"a subword tokenizer must hold the specials {list(SPECIAL_TOKENS)} at ids 0..3, "
                          f"got {list(tokens[:len(SPECIAL_TOKENS)])}; train it with "
                          f"special_tokens={list(SPECIAL_TOKENS)} (in that order) as the trainer's first tokens")
@@ -165,16 +166,17 @@ class Vocabulary:
         return cls(SPECIAL_TOKENS + tuple(kept), kind)
 
     @classmethod
-    def from_tokenizer_json(cls, text: str) -> Vocabulary:
-        """A subword vocabulary holding a Hugging Face `tokenizers` JSON (specials <pad> <s> </s> <unk> at 0..3)."""
+    def from_tokenizer_json(cls, text: str, specials: Specials | None = None) -> Vocabulary:
+        """A subword vocabulary holding a Hugging Face `tokenizers` JSON: seq2onnx's layout (specials <pad> <s> </s>
+        <unk> at ids 0..3), or a declared model's own `specials`."""
         if not isinstance(text, str):
             raise VocabError(f"tokenizer JSON must be text, got {type(text).__name__}")
-        return cls(_tokens_of(_parse_tokenizer(text)), "subword", text)
+        return cls(_tokens_of(_parse_tokenizer(text), fixed=specials is None), "subword", text, specials)
 
     @classmethod
-    def from_tokenizer_file(cls, path: str | Path) -> Vocabulary:
+    def from_tokenizer_file(cls, path: str | Path, specials: Specials | None = None) -> Vocabulary:
         """`from_tokenizer_json` on the file a `Tokenizer.save(path)` wrote."""
-        return cls.from_tokenizer_json(_read_text(Path(path), "tokenizer file"))
+        return cls.from_tokenizer_json(_read_text(Path(path), "tokenizer file"), specials)
 
     # -- text <-> ids ----------------------------------------------------------------------------------------------
 
@@ -185,7 +187,7 @@ class Vocabulary:
         """The loaded subword tokenizer; checked once against `tokens` (a racing second load is harmless)."""
         if not self._subword:
             tokenizer = _parse_tokenizer(self.tokenizer_json or "")
-            if _tokens_of(tokenizer) != self.tokens:
+            if _tokens_of(tokenizer, fixed=self.specials is None) != self.tokens:
                 raise VocabError("vocabulary 'tokens' do not match its tokenizer_json's vocabulary; "
                                  "rebuild it with Vocabulary.from_tokenizer_json")
             self._subword.append(tokenizer)

@@ -106,3 +106,12 @@ def test_greedy_search_over_the_pytorch_side_is_the_models_own_decode(foreign):
                                                       adapter.max_decoding_length)
     assert isinstance(AdaptedEncoder(adapter), torch.nn.Module) and isinstance(AdaptedStep(adapter, False),
                                                                                torch.nn.Module)
+
+
+def test_io_binding_decodes_the_same(foreign):
+    """IO binding (forced on the CPU, as the CUDA path runs it) keeps the contract's fed-back state bound."""
+    _, _, path = foreign
+    plain, bound = Seq2Seq.load(path), Seq2Seq.load(path, io_binding=True, fused=False)
+    for options in (dict(), dict(beam_size=3, num_hypotheses=2)):
+        assert [[t.ids for t in n] for n in bound.translate_batch(TEXTS, **options)] == \
+            [[t.ids for t in n] for n in plain.translate_batch(TEXTS, **options)]

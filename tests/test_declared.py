@@ -128,3 +128,20 @@ def test_a_declared_spec_holds_only_what_applies():
         ModelSpec(kind="tokens", arch="declared", source_vocab_size=7, target_vocab_size=9)  # attention 'dot'
     with pytest.raises(SpecError, match="needs kind 'tokens'"):
         ModelSpec(arch="declared", attention="none")
+
+
+def test_a_subword_vocabulary_with_its_own_special_ids(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(["red green blue", "green gold pink"] * 20,
+                                  trainers.WordPieceTrainer(vocab_size=60, special_tokens=["[SEP]", "[CLS]", "[UNK]"]))
+    tokenizer.save(str(tmp_path / "t.json"))
+    ids = Specials(bos=1, eos=0, unk=2)  # [CLS] starts, [SEP] ends, as a BERT-style tokenizer lays them out
+    vocab = Vocabulary.from_tokenizer_file(tmp_path / "t.json", ids)
+    encoded = vocab.encode("red gold")
+    assert encoded[-1] == 0 and 2 not in encoded and vocab.decode(encoded) == "red gold"
+    assert Vocabulary.from_dict(vocab.to_dict()) == vocab
+    with pytest.raises(VocabError, match="must hold the specials"):
+        Vocabulary.from_tokenizer_file(tmp_path / "t.json")  # seq2onnx's own layout: <pad> <s> </s> <unk> first
