@@ -185,6 +185,9 @@ def progress(record: dict[str, Any]) -> str:
 
 def describe(spec: Any) -> str:
     """'tokens model: gru, hidden 128, dot attention' (or a transformer's d_model and layers)."""
+    if spec.is_declared:
+        return (f"declared tokens model (its own architecture; vocabularies {spec.source_vocab_size} and "
+                f"{spec.target_vocab_size})")
     body = f"transformer d_model {spec.d_model}, {spec.layers} layers" if spec.is_transformer else (
         f"{spec.cell}, hidden {spec.hidden_dim}, {spec.attention} attention")
     return f"{spec.kind} model: {body}"

@@ -18,6 +18,7 @@ from runtime.evaluate import (
     evaluate,
     format_report,
     no_progress,
+    readable_pairs,
 )
 from runtime.infer_tokens import MAX_BATCH as MAX_BATCH_SIZE
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
@@ -116,7 +117,15 @@ def eval_command(model_dir: Path, data: str, split: str, limit: int | None, beam
     """Decode --data's held-out pairs with the exported token model in MODEL_DIR and print greedy and beam
     accuracy (exact: the hypothesis stopped with exactly the reference's target ids) and speed."""
     model = load_token_model(model_dir, provider, threads)
-    pairs = load_pairs(data, split, limit)
+    pairs, left_out = readable_pairs(model, load_pairs(data, split, limit))
+    if left_out:
+        total = left_out + (len(pairs.sources) if pairs is not None else 0)
+        if pairs is None:
+            raise click.ClickException(f"--data {data}: none of the {total} {split} pairs can be read by {model_dir}'s "
+                                       "vocabularies, which have no unknown id for the tokens they lack; pass data in "
+                                       "the model's own words")
+        click.echo(f"note: {left_out} of {total} {split} pairs hold tokens {model_dir}'s vocabularies lack (they "
+                   "have no unknown id); left out", err=True)
     shares, warnings = data_warnings(model, pairs)
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)

@@ -84,9 +84,20 @@ def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept
                                "or --dtype fp16, or drop them")
 
 
+OWN_PACKAGES = ("cli", "export", "runtime", "serving", "training")  # a user's module of one of these names is shadowed
 ADAPTER_HELP = ("Your own model instead of a checkpoint: FUNCTION() in MODULE (importable from the current "
                 "directory or PYTHONPATH) returns an export.adapter.Seq2SeqAdapter declaring it (README: Bring your "
                 "own model).")
+
+
+def declared_export(path: Path) -> bool:
+    """Whether `path` holds an export of a declared model (exported with --adapter)."""
+    import json
+
+    try:
+        return json.loads((path / "manifest.json").read_text())["spec"].get("arch") == "declared"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def load_adapter(value: str) -> Any:
@@ -102,6 +113,10 @@ def load_adapter(value: str) -> Any:
     if not sep or not module_name or not function.isidentifier():
         raise click.BadParameter(f"expected MODULE:FUNCTION (as in mymodel:make_adapter), got {value!r}",
                                  param_hint="'--adapter'")
+    if module_name.split(".")[0] in OWN_PACKAGES:
+        raise click.BadParameter(f"{module_name!r} is the name of one of seq2onnx's own packages "
+                                 f"({', '.join(OWN_PACKAGES)}), which would be imported instead of yours; rename your "
+                                 f"module (say, my_{module_name.split('.')[0]}.py)", param_hint="'--adapter'")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a module beside the command, as `python -m` would find it
     try:
@@ -111,7 +126,8 @@ def load_adapter(value: str) -> Any:
                                  "the module is, or put its directory on PYTHONPATH", param_hint="'--adapter'") from None
     make = getattr(module, function, None)
     if not callable(make):
-        raise click.BadParameter(f"{module_name!r} has no function {function!r}", param_hint="'--adapter'")
+        has = "no function" if make is None else f"a {type(make).__name__}, not a function, named"
+        raise click.BadParameter(f"{module_name!r} has {has} {function!r}", param_hint="'--adapter'")
     try:
         adapter = make()
     except Exception as exc:  # the user's function
@@ -218,6 +234,8 @@ def verify_command(paths: tuple[Path, ...], adapter: str | None, atol: float, rt
     lengths."""
     if len(paths) != (1 if adapter else 2):
         want = "MODEL_DIR alone with --adapter" if adapter else "CHECKPOINT MODEL_DIR (or --adapter and MODEL_DIR)"
+        if not adapter and len(paths) == 1 and declared_export(paths[0]):
+            want = f"--adapter MODULE:FUNCTION: {paths[0]} holds a declared model, whose PyTorch side is your own code"
         raise click.UsageError(f"expected {want}, got {len(paths)} path(s): {' '.join(map(str, paths))}")
     require_torch()
     from export.parity import Tolerance

@@ -8,7 +8,9 @@ axis is a fixed size. Anything that does not fit the declaration is an AdapterEr
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +68,22 @@ def random_sources(rules: Sources, vocab: Vocabulary, n: int, width: int, seed: 
         out[row, :len(row_ids)] = row_ids
         lengths[row] = len(row_ids)
     return out, lengths
+
+
+@contextlib.contextmanager
+def quiet_native_stdout() -> Iterator[None]:
+    """File descriptor 1 to /dev/null for the block: when an operator cannot be exported, torch.onnx's C++ side
+    prints the whole TorchScript graph there (70 lines and more) before raising; the error names what failed. For
+    the export's duration only (it is not a server's concern)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class Tracing:
@@ -133,8 +151,19 @@ def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> A
 
 def _tensor_dict(value: Any, what: str) -> dict[str, torch.Tensor]:
     if not isinstance(value, dict) or not all(isinstance(v, torch.Tensor) for v in value.values()):
-        raise AdapterError(f"{what} must return a dict of name: torch.Tensor, got {brief(value)}")
+        raise AdapterError(f"{what} must be a dict of name: torch.Tensor, got {_what(value)}")
     return value
+
+
+def _what(value: Any) -> str:
+    """What a value is, without printing tensors' numbers: types and shapes."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor {tuple(value.shape)}"
+    if isinstance(value, dict):
+        return "a dict of " + ", ".join(f"{k!r}: {_what(v)}" for k, v in list(value.items())[:6])
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of " + ", ".join(_what(v) for v in value[:6])
+    return brief(value)
 
 
 def check_encoded(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], n: int) -> None:
@@ -196,18 +225,25 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
     """(scores (n, V), the changed state, attention (n, width) or None), each as declared."""
     if not isinstance(out, tuple) or len(out) not in (2, 3):
         raise AdapterError(f"step must return (scores, next_state) or (scores, next_state, attention), got "
-                           f"{brief(out)}")
+                           f"{_what(out)}")
     scores, changed, attention = (*out, None)[:3]
     size = len(adapter.target_vocab)
     if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (n, size) or not scores.is_floating_point():
-        got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else brief(scores)
+        got = f"{scores.dtype} {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else _what(scores)
         raise AdapterError(f"step's scores must be a float tensor (batch {n}, target vocabulary {size}), got {got}")
+    if torch.isnan(scores).any():
+        raise AdapterError(f"step's scores hold NaN (for {int(torch.isnan(scores).any(-1).sum())} of {n} rows); a "
+                           "model that yields NaN cannot be decoded")
     changed = _tensor_dict(changed, "step's next state")
     missing = sorted(set(adapter.changing) - set(changed))
     extra = sorted(set(changed) - set(adapter.state))
     if missing or extra:
         raise AdapterError(f"step's next state holds {sorted(changed)}; it must hold every state tensor declared "
                            f"changes=True {adapter.changing} (missing {missing}) and no undeclared one ({extra})")
+    for name in sorted(set(changed) - set(adapter.changing)):  # returned, but declared read-only
+        if changed[name].shape != state[name].shape or not torch.equal(changed[name], state[name]):
+            raise AdapterError(f"step changed {name!r}, which is declared changes=False (read unchanged by every "
+                               f"step); declare it State(changes=True), or leave it as it was")
     for name in adapter.changing:
         want = list(state[name].shape)
         grows = adapter.state[name].grows
@@ -221,7 +257,7 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
             raise AdapterError(f"step output {name!r} is {changed[name].dtype}, but {name!r} is "
                                f"{state[name].dtype}; a state keeps its dtype")
     if attention is not None and (not isinstance(attention, torch.Tensor) or tuple(attention.shape) != (n, width)):
-        got = tuple(attention.shape) if isinstance(attention, torch.Tensor) else brief(attention)
+        got = tuple(attention.shape) if isinstance(attention, torch.Tensor) else _what(attention)
         raise AdapterError(f"step's attention must be (batch {n}, source length {width}) or None, got {got}")
     return scores, changed, attention
 
@@ -247,7 +283,7 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
     for _ in range(2):  # two steps: shapes hold, growing axes grow
         out = run_declared(adapter, "step", adapter.step, tokens, dict(state))
         scores, changed, alphas = check_step(adapter, state, out, n, width)
-        state, tokens = {**state, **changed}, scores.argmax(-1)
+        state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
     return Adapted(adapter, build_contract(adapter, dims, alphas is not None), declared_spec(adapter))
 
 
@@ -269,7 +305,7 @@ def build_contract(adapter: Seq2SeqAdapter, dims: dict[str, Dims], attention: bo
 
 
 def declared_spec(adapter: Seq2SeqAdapter) -> ModelSpec:
-    return ModelSpec(kind="tokens", arch="declared", attention="none", source_vocab_size=len(adapter.source_vocab),
+    return ModelSpec(kind="tokens", arch="declared", source_vocab_size=len(adapter.source_vocab),
                      target_vocab_size=len(adapter.target_vocab),
                      input_len=adapter.fixed_source_len or adapter.max_source_len,
                      target_len=adapter.max_decoding_length)
@@ -320,33 +356,41 @@ def check_other_sizes(adapted: Adapted, out_dir: Path) -> None:
     width = adapter.fixed_source_len or OTHER_WIDTH
     ids, lengths = example_sources(adapter, OTHER_BATCH, width, seed=2)
     sizes = {BATCH: OTHER_BATCH, SOURCE_LEN: width}
-    sessions = {name: ort.InferenceSession(str(out_dir / name), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # its own red log line of the failure would come before ours, which says it
+    sessions = {name: ort.InferenceSession(str(out_dir / name), options, providers=["CPUExecutionProvider"])
                 for name in (ENCODER_FILE, DECODER_STEP_FILE)}
     what = f"batch {OTHER_BATCH} and {width}-token sources"
-    state = _run(sessions[ENCODER_FILE], {"source_ids": ids, "source_lengths": lengths}, ENCODER_FILE, what)
+    state = _run(adapter, sessions[ENCODER_FILE], {"source_ids": ids, "source_lengths": lengths}, ENCODER_FILE, what)
     _check_shapes(state, contract.encoder["outputs"], sizes, ENCODER_FILE, what)
     tokens = np.full(OTHER_BATCH, contract.specials.bos, np.int64)
-    produced = _run(sessions[DECODER_STEP_FILE], {"previous_tokens": tokens, **state}, DECODER_STEP_FILE, what)
+    produced = _run(adapter, sessions[DECODER_STEP_FILE], {"previous_tokens": tokens, **state}, DECODER_STEP_FILE,
+                    what)
     grown = {PRESENT_LEN: None}  # a growing axis: one more than its input's, checked by the contract's feedback
     _check_shapes(produced, contract.step["outputs"], {**sizes, **grown}, DECODER_STEP_FILE, what)
 
 
-MHA_HINT = ("; nn.MultiheadAttention (and nn.Transformer, which uses it) bakes its sequence lengths into a traced "
-            "graph: give such a model fixed lengths (fixed_source_len, a fixed-size output buffer; see the README)")
+MHA_HINT = ("; this model uses nn.MultiheadAttention, which (as nn.Transformer, which uses it) bakes its sequence "
+            "lengths into a traced graph: give it fixed lengths (fixed_source_len=..., and a fixed-size output buffer "
+            "with output_limit=...; see the README's Bring your own model)")
 
 
-def _run(session: Any, feed: dict[str, np.ndarray], name: str, what: str) -> dict[str, np.ndarray]:
+def _run(adapter: Seq2SeqAdapter, session: Any, feed: dict[str, np.ndarray], name: str,
+         what: str) -> dict[str, np.ndarray]:
     try:
         return dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
     except Exception as exc:  # onnxruntime's own errors
         text = one_line(exc)
         node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
         shapes = re.search(r"Input shape:\{[^}]*\}, requested shape:\{[^}]*\}", text)
-        said = (f"its {node.group(1)} node {node.group(2)!r} fails{': ' + shapes.group(0) if shapes else ''}"
+        part = re.match(r"/parts\.(\d+)/", node.group(2)) if node else None
+        where = f" in modules[{part.group(1)}]" if part else ""
+        said = (f"its {node.group(1)} node {node.group(2)!r}{where} fails{': ' + shapes.group(0) if shapes else ''}"
                 if node else text[:300])
-        hint = MHA_HINT if node and "attn" in node.group(2) else ""
+        mha = any(isinstance(m, torch.nn.MultiheadAttention) for root in adapter.modules for m in root.modules())
         raise AdapterError(f"{name} fails at {what}, other sizes than it was traced at ({said}): a size was baked "
-                           f"into the graph; compute shapes from tensors (x.shape[0]), not Python ints{hint}") from None
+                           "into the graph; compute shapes from tensors (x.shape[0]), not Python ints"
+                           f"{MHA_HINT if mha else ''}") from None
 
 
 def _check_shapes(values: dict[str, np.ndarray], declared: dict[str, Dims], sizes: dict[str, int | None],

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from runtime.atomic import STAGING_SUFFIX, sibling, staged_directory
 from runtime.contract import FAST_FILES, GREEDY_FILE, VOCAB_FILES
 from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, INT8, QUANTIZATIONS
@@ -55,9 +57,11 @@ def load_source(source: Source) -> tuple[Any, ModelSpec, str]:
         adapted = probe(source)
         return adapted, adapted.spec, f"adapter {source.name}"
     if not isinstance(source, (str, Path, EncoderDecoder, TokenModel)):
+        hint = (" (a function: call it, export_model(make_adapter()))" if callable(source)
+                and not isinstance(source, torch.nn.Module) else "")
         raise ExportError(f"source: expected a checkpoint directory (str or Path), a seq2onnx model (EncoderDecoder, "
                           f"TokenModel) or your own model declared as an export.adapter.Seq2SeqAdapter, got "
-                          f"{brief(source)}; see the README's 'Bring your own model'")
+                          f"{brief(source)}{hint}; see the README's 'Bring your own model'")
     if isinstance(source, TokenModel):
         return copy.deepcopy(source).eval(), source.spec, f"in-memory {type(source).__name__}"
     if isinstance(source, EncoderDecoder):

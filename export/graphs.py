@@ -38,6 +38,7 @@ from .adapted import (
     Tracing,
     check_other_sizes,
     example_sources,
+    quiet_native_stdout,
     untraceable,
 )
 from .adapter import AdapterError
@@ -178,7 +179,7 @@ def export_adapted(adapted: Adapted, out_dir: Path, opset: int, export_id: str) 
         io = contract.graph_io()[file_name]
         tracing = Tracing(adapter)
         try:
-            with tracing.watch():
+            with tracing.watch(), quiet_native_stdout():
                 export_module(module, args, out_dir / file_name, io, opset)
         except Exception as exc:  # the user's code under the tracer: name where it broke
             where = untraceable(adapter, module, args, exc, tracing.where())

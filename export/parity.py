@@ -94,7 +94,12 @@ def raise_on_failure(rows: list[Row], tol: Tolerance) -> None:
     """One ParityError listing every failing output of every case."""
     failures = [r for r in rows if not r.ok]
     if failures:
-        lines = [f"  {r.case}: {r.output} max_abs={r.max_abs:.3g} max_rel={r.max_rel:.3g}" for r in failures]
+        lines = [f"  {r.case}: {r.output} " + (f"{r.max_abs:.0f} sequences differ" if r.output.endswith(".ids") else
+                                               f"max_abs={r.max_abs:.3g} max_rel={r.max_rel:.3g}") for r in failures]
+        if all(r.output == "reference.ids" for r in failures):  # onnxruntime agrees with PyTorch: the reference not
+            raise ParityError(f"your reference decode differs from greedy search over your own step function (in "
+                              f"PyTorch and onnxruntime alike) in {len(failures)} of the cases; check its eos and tie "
+                              "handling, its lengths and special ids, or leave reference out:\n" + "\n".join(lines))
         raise ParityError(f"onnxruntime and PyTorch differ beyond {tol} in {len(failures)} of {len(rows)} checks:\n"
                           + "\n".join(lines))
 

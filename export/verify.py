@@ -33,11 +33,14 @@ def check_pair(checkpoint: Any, model_dir: Path, spec: Any, runtime: Any, model:
     model's export, from a model of the same contract and vocabularies."""
     if isinstance(model, Adapted):
         adapter = model.adapter
+        if not runtime.spec.is_declared:
+            raise VerifyError(f"{model_dir} holds one of seq2onnx's own {runtime.spec.kind} models, not a declared "
+                              f"one; compare it with its checkpoint: seq2onnx verify CHECKPOINT {model_dir}")
         mine = {"source": adapter.source_vocab, "target": adapter.target_vocab}
-        differ = [side for side, vocab in runtime.vocabularies.items() if mine[side].sha256 != vocab.sha256]
+        differ = [f"the {side} vocabulary differs ({len(mine[side])} tokens, the export's {len(vocab)})"
+                  for side, vocab in runtime.vocabularies.items() if mine[side].sha256 != vocab.sha256]
         if runtime.spec != spec or runtime.contract != model.contract or differ:
-            what = (f"the {' and '.join(differ)} vocabulary differs" if differ else
-                    "the contracts (state, its shapes, special ids) differ")
+            what = "; ".join(differ) or "the contracts (state, its shapes, special ids) differ"
             raise VerifyError(f"adapter {adapter.name!r} and {model_dir} are not a pair: {what}; they cannot be "
                               "compared")
         return

@@ -12,7 +12,7 @@ import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
 
-from .vocab import EOS
+from .vocab import EOS, VocabError
 
 UNK_WARN_FRACTION = 0.10  # more unknown source tokens than this: the data is likely not the model's
 # (total, description) -> a context whose value has .update(n) (a tqdm bar), or is None for no progress
@@ -22,6 +22,25 @@ Progress = Callable[[int, str], AbstractContextManager[Any]]
 def no_progress(total: int, desc: str) -> AbstractContextManager[Any]:
     """Progress that shows nothing."""
     return nullcontext(None)
+
+
+def readable_pairs(model: Any, pairs: Any) -> tuple[Any, int]:
+    """The pairs the model's vocabularies can encode (None when none can), and how many were left out: a
+    vocabulary without an unknown id (a declared model's may have none) cannot stand for a token it lacks."""
+    vocabularies = model.vocabularies
+    if all(v.ids.unk is not None for v in vocabularies.values()):
+        return pairs, 0
+    kept = [i for i, texts in enumerate(zip(pairs.sources, pairs.targets))
+            if all(_encodable(vocabularies[side], text) for side, text in zip(("source", "target"), texts))]
+    return (pairs.subset(kept) if kept else None), len(pairs.sources) - len(kept)
+
+
+def _encodable(vocab: Any, text: str) -> bool:
+    try:
+        vocab.encode(text, add_eos=False)
+    except VocabError:
+        return False
+    return True
 
 
 def unknown_fraction(vocab: Any, texts: tuple[str, ...]) -> float:

@@ -103,7 +103,9 @@ def source_columns(vocab: Vocabulary, text: str, rules: Sources) -> list[str]:
     eos it reads (</s> last, for seq2onnx's own)."""
     tokens = vocab.tokenize(text)
     ends = [vocab.tokens[vocab.ids.bos]] * rules.add_bos, [vocab.tokens[vocab.ids.eos]] * rules.add_eos
-    return ends[0] + (tokens[::-1] if rules.reverse else tokens) + ends[1]
+    columns = ends[0] + (tokens[::-1] if rules.reverse else tokens) + ends[1]
+    padding = [vocab.tokens[vocab.ids.filler]] * ((rules.fixed_len or 0) - len(columns))  # a fixed-length model
+    return columns + padding  # attends over its padding too: those columns are part of its weights
 
 
 def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> dict[str, Any]:
@@ -127,7 +129,9 @@ def heatmap(item: Item, best: Translation, vocab: Vocabulary, rules: Sources, ma
     labels = bos + [_visible(t) + "*" * (i == unk) for t, i in zip(tokens, ids)] + eos
     body = list(range(len(bos), len(bos) + len(tokens)))
     order = list(range(len(bos))) + (body[::-1] if rules.reverse else body) + [len(bos) + len(tokens)] * len(eos)
-    weights = best.attention[:, order]  # (Lt, Ls): column j is labels[j]
+    pad = list(range(len(order), rules.fixed_len or 0))  # a fixed-length model's padding, which it attends to
+    labels += [vocab.tokens[vocab.ids.filler]] * len(pad)
+    weights = best.attention[:, order + pad]  # (Lt, Ls): column j is labels[j]
     read = ("reading order; the model read the tokens reversed" if rules.reverse else
             "the order the model read them")
     unknown = "; * = unknown to the model, read as its unknown token" if unk is not None and unk in ids else ""

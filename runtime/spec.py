@@ -23,6 +23,8 @@ N_SPECIAL_TOKENS = 4  # pad, bos, eos, unk: a token vocabulary holds at least th
 ADDED_FIELDS = ("kind", "layers", "bidirectional", "embedding_dim", "source_vocab_size", "target_vocab_size",
                 "tie_embeddings", "reverse_source", "arch", "d_model", "d_ff", "norm", "positional",
                 "max_positions", "dropout")
+# What a declared model's spec holds (its contract holds the rest): runtime.declared.
+DECLARED_FIELDS = ("kind", "arch", "source_vocab_size", "target_vocab_size", "input_len", "target_len")
 # Transformer fields and their values on every other model.
 TRANSFORMER_FIELDS = {"d_model": 0, "d_ff": 0, "norm": "pre", "positional": "sinusoidal", "max_positions": 0,
                       "dropout": 0.0}
@@ -77,6 +79,8 @@ class ModelSpec:
         if self.attention != "multihead" and self.n_heads != 1:
             raise SpecError(f"spec field 'n_heads' must be 1 unless attention is 'multihead', got {self.n_heads}")
         if self.arch == "declared":
+            if self.attention == "dot":  # left at the dataclass's default: a declared model's attention is its own
+                object.__setattr__(self, "attention", "none")
             self._check_declared()
             return
         (self._check_tokens if self.kind == "tokens" else self._check_points)()
@@ -125,8 +129,8 @@ class ModelSpec:
 
     def _check_declared(self) -> None:
         """A declared model: a token model whose graphs, state and special ids its contract declares; the spec holds
-        its vocabulary sizes, input_len (the longest source it was trained on) and target_len (the default longest
-        output), every other field at its default and attention 'none' (what it attends to is the contract's)."""
+        its vocabulary sizes, input_len (the longest source it reads) and target_len (the default longest output),
+        every other field at its default and attention 'none' (what it attends to is the contract's)."""
         if self.kind != "tokens":
             raise SpecError(f"spec field 'arch' is 'declared', which needs kind 'tokens', got {self.kind!r}")
         for name in ("source_vocab_size", "target_vocab_size"):
@@ -179,7 +183,9 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form, the inverse of `from_dict`; added fields at their defaults are left out, so point
-        models write exactly what older readers expect."""
+        models write exactly what older readers expect; a declared model writes only the fields that apply."""
+        if self.is_declared:
+            return {k: getattr(self, k) for k in DECLARED_FIELDS}
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ADDED_FIELDS or v != defaults[k]}
 
@@ -192,7 +198,8 @@ class ModelSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecError(f"model spec has unknown fields {unknown}; known fields are {sorted(known)}")
-        missing = sorted(known - set(data) - set(ADDED_FIELDS))
+        optional = set(ADDED_FIELDS) | (known - set(DECLARED_FIELDS) if data.get("arch") == "declared" else set())
+        missing = sorted(known - set(data) - optional)
         if missing:
             raise SpecError(f"model spec is missing fields {missing}")
         return cls(**data)

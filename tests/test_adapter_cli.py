@@ -94,6 +94,22 @@ def test_eval_scores_a_tsv(exported, workdir):
     assert "greedy  exact" in result.output and "beam 5" in result.output
 
 
+def test_eval_leaves_out_pairs_a_vocabulary_without_unk_cannot_read(workdir, tmp_path):
+    """The tutorial's vocabularies have no unknown id: pairs with words they lack are left out, with a note."""
+    model = "tutorial"
+    if not (workdir / model).exists():
+        assert run(workdir, "export", "--adapter", f"foreign_models:{model}", "--out", model).exit_code == 0
+    pairs = corpus(40, seed=3)
+    (tmp_path / "mixed.tsv").write_text("".join(f"{s} purple\t{t}\n" if i % 2 else f"{s}\t{t}\n"
+                                                for i, (s, t) in enumerate(pairs)))
+    result = run(workdir, "eval", model, "--data", str(tmp_path / "mixed.tsv"), "--split", "train")
+    assert result.exit_code == 0, result.output
+    assert "pairs hold tokens" in result.output and "left out" in result.output
+    (tmp_path / "foreign.tsv").write_text("".join(f"{s} purple\t{t}\n" for s, t in pairs))
+    result = run(workdir, "eval", model, "--data", str(tmp_path / "foreign.tsv"), "--split", "train")
+    assert result.exit_code == 1 and "none of the" in result.output and "no unknown id" in result.output
+
+
 def test_serve_answers_as_the_runtime_does(exported):
     runtime = Seq2Seq.load(exported, threads=1)
     port = free_port()
@@ -143,4 +159,6 @@ def test_the_readmes_example_exports_verifies_and_decodes(tmp_path):
     decoded = run(tmp_path, "infer", "models/mine", "--text", "je suis froid", "--beam", "3", "--attention")
     assert decoded.exit_code == 0, decoded.output
     record = json.loads(decoded.output)
-    assert len(record["source_tokens"]) == 4 and len(record["hypotheses"][0]["attention"][0]) == 4
+    # the model reads sources padded to 10 tokens and attends over all 10: the padding columns are shown too
+    assert record["source_tokens"] == ["je", "suis", "froid", "EOS"] + ["SOS"] * 6
+    np.testing.assert_allclose(np.sum(record["hypotheses"][0]["attention"], axis=1), 1.0, atol=1e-5)

@@ -124,8 +124,12 @@ def test_a_declared_spec_holds_only_what_applies():
     spec = ModelSpec(kind="tokens", arch="declared", attention="none", source_vocab_size=7, target_vocab_size=9,
                      input_len=10, target_len=12)
     assert spec.is_declared and ModelSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict() == {"kind": "tokens", "arch": "declared", "source_vocab_size": 7, "target_vocab_size": 9,
+                              "input_len": 10, "target_len": 12}  # only what applies: the contract holds the rest
     with pytest.raises(SpecError, match="do not apply to a declared model"):
-        ModelSpec(kind="tokens", arch="declared", source_vocab_size=7, target_vocab_size=9)  # attention 'dot'
+        ModelSpec(kind="tokens", arch="declared", source_vocab_size=7, target_vocab_size=9, hidden_dim=32)
+    with pytest.raises(SpecError, match="do not apply to a declared model"):
+        ModelSpec(kind="tokens", arch="declared", source_vocab_size=7, target_vocab_size=9, attention="additive")
     with pytest.raises(SpecError, match="needs kind 'tokens'"):
         ModelSpec(arch="declared", attention="none")
 

@@ -113,6 +113,32 @@ def raises_in_step():
     return replace(adapter, step=step, modules=(model, broken))
 
 
+def changes_a_constant():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores, {**changed, "memory": state["memory"] * 2}, attention
+    return replace(adapter, step=step)
+
+
+def nan_scores():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores * float("nan"), changed, attention
+    return replace(adapter, step=step)
+
+
+def wrong_reference():
+    adapter, model = good(), trained("luong")
+    return replace(adapter, reference=lambda ids, lengths, n: [row[::-1] for row in model.greedy(ids, lengths, n)])
+
+
+NOT_A_FUNCTION = 3
+
+
 def not_an_adapter():
     return 42
 
@@ -139,7 +165,8 @@ CLI_CASES: dict[str, Case] = {
     "undeclared state": export("undeclared_state", BAD_INPUT, "encode returned", "undeclared ['extra']"),
     "step output shape": export("wrong_step_shape", BAD_INPUT, "step output 'feed' has shape (3, 5)",
                                 "feeds back as 'feed', which is (3, 20)"),
-    "scores shape": export("wrong_scores", BAD_INPUT, "step's scores", "target vocabulary 12", "got (3, 5)"),
+    "scores shape": export("wrong_scores", BAD_INPUT, "step's scores", "target vocabulary 12",
+                           "got torch.float32 (3, 5)"),
     "growing but not grown": export("growing_but_not_grown", BAD_INPUT, "step output 'h'", "axis 1 grows by one"),
     "reserved state name": export("reserved_name", BAD_INPUT, "state names ['log_probs'] are taken"),
     "a baked-in length": export("baked_length", BAD_INPUT, "encoder.onnx fails at batch 5", "baked into the graph"),
@@ -147,7 +174,16 @@ CLI_CASES: dict[str, Case] = {
                                 "in modules[1] (Spectral)", "aten::fft_fft"),
     "a step that raises": export("raises_in_step", BAD_INPUT, "step failed in modules[1] (Broken)", "KeyError",
                                  "'cell'"),
+    "a constant the step changes": export("changes_a_constant", BAD_INPUT, "step changed 'memory'",
+                                          "declared changes=False"),
+    "NaN scores": export("nan_scores", BAD_INPUT, "step's scores hold NaN"),
+    "a reference that disagrees": export("wrong_reference", BAD_INPUT, "your reference decode differs",
+                                         "over your own step function", "leave reference out"),
     "not an adapter": export("not_an_adapter", USAGE, "--adapter", "returned 42", "Seq2SeqAdapter"),
+    "not a function": export("NOT_A_FUNCTION", USAGE, "--adapter", "has a int, not a function, named"),
+    "a module named like seq2onnx's": case("export", "--adapter", "training:make", "--out", "o", code=USAGE,
+                                           says=("'training' is the name of one of seq2onnx's own packages",
+                                                 "rename your module")),
     "a failing function": export("fails", BAD_INPUT, "--adapter bad_models:fails", "fails() failed",
                                  "no weights here"),
     "no such module": case("export", "--adapter", "nomodule:make", "--out", "o", code=USAGE,

@@ -128,6 +128,9 @@ def _graph_row(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray, l
         got, want = steps.step(tokens, ort_state), torch_step(tokens, torch_state)
         both = np.isfinite(want.log_probs) & np.isfinite(got.log_probs)  # never-emitted ids: -inf on both sides
         diff = np.abs(np.where(both, got.log_probs, 0.0) - np.where(both, want.log_probs, 0.0))
+        odd = (np.isnan(got.log_probs) | np.isnan(want.log_probs)) | (np.isinf(got.log_probs) != np.isinf(
+            want.log_probs))  # NaN, or -inf on one side only: no tolerance covers it
+        diff = np.where(odd, np.inf, diff)
         worst_abs = max(worst_abs, float(diff.max()))
         worst_rel = max(worst_rel, float((diff / np.maximum(np.abs(np.where(both, want.log_probs, 1.0)),
                                                             1e-12)).max()))
