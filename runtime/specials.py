@@ -5,7 +5,7 @@ through a declared contract names its own ids (the PyTorch tutorial's translatio
 or unknown id), and its vocabularies and decoding follow them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Seq2OnnxError, brief
@@ -28,6 +28,7 @@ class Specials:
     eos: int
     pad: int | None = None
     unk: int | None = None
+    _ids: frozenset[int] = field(init=False, repr=False, compare=False)  # every id given, computed once
 
     def __post_init__(self) -> None:
         for role in ROLES:
@@ -45,11 +46,12 @@ class Specials:
         if repeated:
             raise SpecialsError(f"special ids bos, eos and unk must differ (pad may be bos's or eos's), got "
                                 f"{self.to_dict()} ({' and '.join(repeated)} share an id)")
+        object.__setattr__(self, "_ids", frozenset(getattr(self, r) for r in ROLES if getattr(self, r) is not None))
 
     @property
     def ids(self) -> frozenset[int]:
         """Every special id given."""
-        return frozenset(getattr(self, role) for role in ROLES if getattr(self, role) is not None)
+        return self._ids
 
     @property
     def filler(self) -> int:
