@@ -7,28 +7,21 @@ batch, an axis that follows the source width is `source_len`, a declared growing
 axis is a fixed size. Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import sys
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import torch
 import torch.nn.functional as F
 
-from runtime.contract import BATCH, DECODER_STEP_FILE, ENCODER_FILE, PAST_LEN, PRESENT_LEN, SOURCE_LEN, Dims
+from runtime.contract import BATCH, PAST_LEN, PRESENT_LEN, SOURCE_LEN, Dims
 from runtime.declared import SOURCE_INPUTS, Sources, TokenContract
-from runtime.errors import brief, one_line
+from runtime.errors import brief
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
 
 from .adapter import AdapterError, Seq2SeqAdapter
+from .tracing import run_declared
 
 PROBE_BATCHES = (3, 2)
 PROBE_WIDTHS = (5, 7)  # source widths (tokens, specials included) when the model does not fix one
@@ -68,85 +61,6 @@ def random_sources(rules: Sources, vocab: Vocabulary, n: int, width: int, seed: 
         out[row, :len(row_ids)] = row_ids
         lengths[row] = len(row_ids)
     return out, lengths
-
-
-@contextlib.contextmanager
-def quiet_native_stdout() -> Iterator[None]:
-    """File descriptor 1 to /dev/null for the block: when an operator cannot be exported, torch.onnx's C++ side
-    prints the whole TorchScript graph there (70 lines and more) before raising; the error names what failed. For
-    the export's duration only (it is not a server's concern)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-class Tracing:
-    """Which of the adapter's modules is running (forward hooks on every submodule), so an error raised while
-    probing or tracing names the innermost one."""
-
-    def __init__(self, adapter: Seq2SeqAdapter) -> None:
-        self.modules = [(f"modules[{i}]{'.' + name if name else ''} ({type(m).__name__})", m)
-                        for i, root in enumerate(adapter.modules) for name, m in root.named_modules()]
-        self.stack: list[str] = []
-
-    @contextlib.contextmanager
-    def watch(self) -> Iterator[None]:
-        handles = []
-        for label, module in self.modules:
-            handles.append(module.register_forward_pre_hook(lambda m, a, label=label: self.stack.append(label)))
-            handles.append(module.register_forward_hook(lambda m, a, o: self.stack.pop() and None))
-        self.stack.clear()
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    def where(self) -> str:
-        return f" in {self.stack[-1]}" if self.stack else ""
-
-
-def untraceable(adapter: Seq2SeqAdapter, module: torch.nn.Module, args: tuple, exc: Exception,
-                where: str) -> str:
-    """Where tracing `module` broke: the module running when the tracer raised, or, for an operator the exporter
-    cannot convert (found after tracing), the module that runs it: the scope a TorchScript trace records for it
-    (the wrapper holds the adapter's modules as `parts`: parts.1.gru is modules[1].gru)."""
-    op = re.search(r"operator '([\w:.]+)'", str(exc))
-    if where or op is None:
-        return where
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's warnings about Python values: not what is wrong
-            graph = torch.jit.trace(module, args, check_trace=False, strict=False).inlined_graph
-    except Exception:  # only looking: the export's own error is what is reported
-        return ""
-    scopes = [node.scopeName() for node in graph.nodes() if node.kind() == op.group(1)]
-    path = re.search(r"parts\.(\d+)((?:\.[\w]+)*)$", scopes[0].split("/")[-1].replace("__module.", "")) \
-        if scopes else None
-    if path is None:
-        return ""
-    root = adapter.modules[int(path.group(1))]
-    inner = path.group(2).lstrip(".")
-    found = root.get_submodule(inner) if inner else root
-    return f" in modules[{path.group(1)}]{'.' + inner if inner else ''} ({type(found).__name__})"
-
-
-def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> Any:
-    """Call the adapter's encode or step (eager, no grad); a failure inside names the module it happened in."""
-    tracing = Tracing(adapter)
-    try:
-        with torch.no_grad(), tracing.watch():
-            return call(*args)
-    except AdapterError:
-        raise
-    except Exception as exc:  # the user's code: any error, reported with where it happened
-        raise AdapterError(f"{what} failed{tracing.where()}: {type(exc).__name__}: {one_line(exc)}") from exc
 
 
 def _tensor_dict(value: Any, what: str) -> dict[str, torch.Tensor]:
@@ -344,60 +258,3 @@ class AdaptedStep(torch.nn.Module):
             log_probs = log_probs.index_fill(1, self.never, float("-inf"))
         return (log_probs, *(changed[name] for name in self.adapter.changing),
                 *((attention,) if self.attention else ()))
-
-
-OTHER_BATCH, OTHER_WIDTH = 5, 9  # sizes a graph is run at after export, other than those it was traced at
-
-
-def check_other_sizes(adapted: Adapted, out_dir: Path) -> None:
-    """Run the written encoder and step in onnxruntime at another batch size (and source width) than traced:
-    a size the tracer baked in fails here, or gives other shapes than declared, and is named."""
-    adapter, contract = adapted.adapter, adapted.contract
-    width = adapter.fixed_source_len or OTHER_WIDTH
-    ids, lengths = example_sources(adapter, OTHER_BATCH, width, seed=2)
-    sizes = {BATCH: OTHER_BATCH, SOURCE_LEN: width}
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # its own red log line of the failure would come before ours, which says it
-    sessions = {name: ort.InferenceSession(str(out_dir / name), options, providers=["CPUExecutionProvider"])
-                for name in (ENCODER_FILE, DECODER_STEP_FILE)}
-    what = f"batch {OTHER_BATCH} and {width}-token sources"
-    state = _run(adapter, sessions[ENCODER_FILE], {"source_ids": ids, "source_lengths": lengths}, ENCODER_FILE, what)
-    _check_shapes(state, contract.encoder["outputs"], sizes, ENCODER_FILE, what)
-    tokens = np.full(OTHER_BATCH, contract.specials.bos, np.int64)
-    produced = _run(adapter, sessions[DECODER_STEP_FILE], {"previous_tokens": tokens, **state}, DECODER_STEP_FILE,
-                    what)
-    grown = {PRESENT_LEN: None}  # a growing axis: one more than its input's, checked by the contract's feedback
-    _check_shapes(produced, contract.step["outputs"], {**sizes, **grown}, DECODER_STEP_FILE, what)
-
-
-MHA_HINT = ("; this model uses nn.MultiheadAttention, which (as nn.Transformer, which uses it) bakes its sequence "
-            "lengths into a traced graph: give it fixed lengths (fixed_source_len=..., and a fixed-size output buffer "
-            "with output_limit=...; see the README's Bring your own model)")
-
-
-def _run(adapter: Seq2SeqAdapter, session: Any, feed: dict[str, np.ndarray], name: str,
-         what: str) -> dict[str, np.ndarray]:
-    try:
-        return dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
-    except Exception as exc:  # onnxruntime's own errors
-        text = one_line(exc)
-        node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
-        shapes = re.search(r"Input shape:\{[^}]*\}, requested shape:\{[^}]*\}", text)
-        part = re.match(r"/parts\.(\d+)/", node.group(2)) if node else None
-        where = f" in modules[{part.group(1)}]" if part else ""
-        said = (f"its {node.group(1)} node {node.group(2)!r}{where} fails{': ' + shapes.group(0) if shapes else ''}"
-                if node else text[:300])
-        mha = any(isinstance(m, torch.nn.MultiheadAttention) for root in adapter.modules for m in root.modules())
-        raise AdapterError(f"{name} fails at {what}, other sizes than it was traced at ({said}): a size was baked "
-                           "into the graph; compute shapes from tensors (x.shape[0]), not Python ints"
-                           f"{MHA_HINT if mha else ''}") from None
-
-
-def _check_shapes(values: dict[str, np.ndarray], declared: dict[str, Dims], sizes: dict[str, int | None],
-                  name: str, what: str) -> None:
-    for out, dims in declared.items():
-        want = [sizes.get(d, d) if isinstance(d, str) else d for d in dims]
-        got = list(values[out].shape)
-        if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
-            raise AdapterError(f"{name} output {out!r} is {tuple(got)} at {what}, declared {dims}: a size was "
-                               "baked into the graph; compute shapes from tensors (x.shape[0]), not Python ints")

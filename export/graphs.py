@@ -31,23 +31,16 @@ from runtime.declared import TokenContract
 from runtime.errors import one_line
 from runtime.spec import ModelSpec
 
-from .adapted import (
-    Adapted,
-    AdaptedEncoder,
-    AdaptedStep,
-    Tracing,
-    check_other_sizes,
-    example_sources,
-    quiet_native_stdout,
-    untraceable,
-)
+from .adapted import Adapted, AdaptedEncoder, AdaptedStep, example_sources
 from .adapter import AdapterError
 from .errors import ExportError
 from .examples import EXAMPLE_BATCH, EXAMPLE_PAST_LEN, EXAMPLE_SIZES, EXAMPLE_SOURCE_LEN
 from .fused import write_greedy_graph
 from .kinds import KINDS
+from .sizes import check_other_sizes
 from .tokens import graphs as token_graphs
 from .tokens.fast import FAST_BUILDERS
+from .tracing import Tracing, quiet_native_stdout, untraceable
 
 MIN_OPSET, MAX_OPSET = 14, 20
 

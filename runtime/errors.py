@@ -36,6 +36,14 @@ class MissingExtraError(Seq2OnnxError, RuntimeError):
     """An optional dependency (an extra of the install) that this use needs is not installed."""
 
 
+class VocabError(Seq2OnnxError, ValueError):
+    """A vocabulary (built, loaded or rebuilt from a dict) is malformed, or an id is out of range."""
+
+
+class TokenizerUnavailableError(Seq2OnnxError, ImportError):
+    """A subword vocabulary needs the `tokenizers` package, which is not installed."""
+
+
 class ProviderError(Seq2OnnxError, RuntimeError):
     """The requested execution provider cannot run on this machine or install."""
 

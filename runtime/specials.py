@@ -11,6 +11,9 @@ from typing import Any
 from .errors import Seq2OnnxError, brief
 
 ROLES = ("bos", "eos", "pad", "unk")  # pad and unk may be absent (None)
+PAD, BOS, EOS, UNK = 0, 1, 2, 3  # seq2onnx's own fixed ids: every one of its vocabularies starts with these four
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # in id order
 
 
 class SpecialsError(Seq2OnnxError, ValueError):
@@ -76,4 +79,4 @@ class Specials:
         return cls(**data)
 
 
-FIXED = Specials(bos=1, eos=2, pad=0, unk=3)  # seq2onnx's own models: <pad> <s> </s> <unk>
+FIXED = Specials(bos=BOS, eos=EOS, pad=PAD, unk=UNK)  # seq2onnx's own models: <pad> <s> </s> <unk>

@@ -12,12 +12,23 @@ from typing import Any
 import numpy as np
 
 from .atomic import write_file
-from .errors import Seq2OnnxError, brief
-from .specials import FIXED, Specials, SpecialsError
+from .errors import TokenizerUnavailableError, VocabError, brief  # noqa: F401  (imported from here too)
+from .specials import (  # noqa: F401  (the fixed ids and tokens: imported from here across the project)
+    BOS,
+    BOS_TOKEN,
+    EOS,
+    EOS_TOKEN,
+    FIXED,
+    PAD,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    UNK,
+    UNK_TOKEN,
+    Specials,
+    SpecialsError,
+)
+from .subword import parse_tokenizer, tokens_of
 
-PAD, BOS, EOS, UNK = 0, 1, 2, 3  # fixed ids: every vocabulary starts with these four
-PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
-SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)  # in id order
 TOKENIZER_KINDS = ("char", "whitespace", "subword")
 JOINERS = {"char": "", "whitespace": " "}  # how `decode` glues tokens back into text
 ID_DTYPE = np.int64
@@ -25,53 +36,6 @@ VOCAB_FORMAT_VERSION = 1
 SUPPORTED_VOCAB_VERSIONS = (1,)
 VOCAB_KEYS = ("format_version", "tokenizer", "tokens")  # plus "tokenizer_json" for subword, only there
 MAX_VOCAB_FILE_BYTES = 64 << 20  # a large BPE tokenizer JSON is a few MiB; more is not a vocabulary
-SUBWORD_EXTRA = "text"  # the pyproject extra that installs `tokenizers`
-
-
-class VocabError(Seq2OnnxError, ValueError):
-    """A vocabulary (built, loaded or rebuilt from a dict) is malformed, or an id is out of range."""
-
-
-class TokenizerUnavailableError(Seq2OnnxError, ImportError):
-    """A subword vocabulary needs the `tokenizers` package, which is not installed."""
-
-
-def _import_tokenizer_class() -> Any:
-    """`tokenizers.Tokenizer`, imported only when a subword vocabulary is used."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as err:
-        raise TokenizerUnavailableError(
-            "tokenizer kind 'subword' needs the 'tokenizers' package, which is not installed; "
-            f"install the '{SUBWORD_EXTRA}' extra: pip install -e '.[{SUBWORD_EXTRA}]' in a seq2onnx checkout "
-            "(or pip install tokenizers)") from err
-    return Tokenizer
-
-
-def _parse_tokenizer(text: str) -> Any:
-    """A `tokenizers.Tokenizer` from its JSON text, refusing text it cannot read."""
-    tokenizer_class = _import_tokenizer_class()
-    try:
-        return tokenizer_class.from_str(text)
-    except Exception as err:  # tokenizers raises its own Exception subclasses for bad JSON
-        raise VocabError(f"tokenizer JSON is not a tokenizers file (the tokenizers package says: {err}); "
-                         "save it with Tokenizer.save(path)") from err
-
-
-def _tokens_of(tokenizer: Any, fixed: bool = True) -> tuple[str, ...]:
-    """The tokenizer's tokens in id order; ids must be 0..n-1, with the four specials first (`fixed`: seq2onnx's
-    own layout; a declared model's vocabulary names its own special ids)."""
-    vocab = tokenizer.get_vocab(with_added_tokens=True)  # {token: id}
-    by_id = sorted(vocab.items(), key=lambda item: item[1])
-    if [i for _, i in by_id] != list(range(len(by_id))):
-        raise VocabError(f"tokenizer ids must be 0..{len(by_id) - 1} without gaps; got {len(by_id)} tokens "
-                         f"with ids from {by_id[0][1] if by_id else None} to {by_id[-1][1] if by_id else None}")
-    tokens = tuple(t for t, _ in by_id)
-    if fixed and tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
-        raise VocabError(f"a subword tokenizer must hold the specials {list(SPECIAL_TOKENS)} at ids 0..3, "
-                         f"got {list(tokens[:len(SPECIAL_TOKENS)])}; train it with "
-                         f"special_tokens={list(SPECIAL_TOKENS)} (in that order) as the trainer's first tokens")
-    return tokens
 
 
 @dataclass(frozen=True)
@@ -171,7 +135,7 @@ class Vocabulary:
         <unk> at ids 0..3), or a declared model's own `specials`."""
         if not isinstance(text, str):
             raise VocabError(f"tokenizer JSON must be text, got {type(text).__name__}")
-        return cls(_tokens_of(_parse_tokenizer(text), fixed=specials is None), "subword", text, specials)
+        return cls(tokens_of(parse_tokenizer(text), fixed=specials is None), "subword", text, specials)
 
     @classmethod
     def from_tokenizer_file(cls, path: str | Path, specials: Specials | None = None) -> Vocabulary:
@@ -186,8 +150,8 @@ class Vocabulary:
     def _tokenizer_object(self) -> Any:
         """The loaded subword tokenizer; checked once against `tokens` (a racing second load is harmless)."""
         if not self._subword:
-            tokenizer = _parse_tokenizer(self.tokenizer_json or "")
-            if _tokens_of(tokenizer, fixed=self.specials is None) != self.tokens:
+            tokenizer = parse_tokenizer(self.tokenizer_json or "")
+            if tokens_of(tokenizer, fixed=self.specials is None) != self.tokens:
                 raise VocabError("vocabulary 'tokens' do not match its tokenizer_json's vocabulary; "
                                  "rebuild it with Vocabulary.from_tokenizer_json")
             self._subword.append(tokenizer)

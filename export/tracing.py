@@ -1,0 +1,97 @@
+"""Where a declared model's code breaks, said by module: forward hooks name the innermost running module of the
+adapter's own, a TorchScript trace names the one running an operator the exporter cannot convert, and torch.onnx's
+native dump of a failing graph is kept off the terminal (the error names what failed)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from runtime.errors import one_line
+
+from .adapter import AdapterError, Seq2SeqAdapter
+
+
+@contextlib.contextmanager
+def quiet_native_stdout() -> Iterator[None]:
+    """File descriptor 1 to /dev/null for the block: when an operator cannot be exported, torch.onnx's C++ side
+    prints the whole TorchScript graph there (70 lines and more) before raising; the error names what failed. For
+    the export's duration only (it is not a server's concern)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+class Tracing:
+    """Which of the adapter's modules is running (forward hooks on every submodule), so an error raised while
+    probing or tracing names the innermost one."""
+
+    def __init__(self, adapter: Seq2SeqAdapter) -> None:
+        self.modules = [(f"modules[{i}]{'.' + name if name else ''} ({type(m).__name__})", m)
+                        for i, root in enumerate(adapter.modules) for name, m in root.named_modules()]
+        self.stack: list[str] = []
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[None]:
+        handles = []
+        for label, module in self.modules:
+            handles.append(module.register_forward_pre_hook(lambda m, a, label=label: self.stack.append(label)))
+            handles.append(module.register_forward_hook(lambda m, a, o: self.stack.pop() and None))
+        self.stack.clear()
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def where(self) -> str:
+        return f" in {self.stack[-1]}" if self.stack else ""
+
+
+def untraceable(adapter: Seq2SeqAdapter, module: torch.nn.Module, args: tuple, exc: Exception,
+                where: str) -> str:
+    """Where tracing `module` broke: the module running when the tracer raised, or, for an operator the exporter
+    cannot convert (found after tracing), the module that runs it: the scope a TorchScript trace records for it
+    (the wrapper holds the adapter's modules as `parts`: parts.1.gru is modules[1].gru)."""
+    op = re.search(r"operator '([\w:.]+)'", str(exc))
+    if where or op is None:
+        return where
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's warnings about Python values: not what is wrong
+            graph = torch.jit.trace(module, args, check_trace=False, strict=False).inlined_graph
+    except Exception:  # only looking: the export's own error is what is reported
+        return ""
+    scopes = [node.scopeName() for node in graph.nodes() if node.kind() == op.group(1)]
+    path = re.search(r"parts\.(\d+)((?:\.[\w]+)*)$", scopes[0].split("/")[-1].replace("__module.", "")) \
+        if scopes else None
+    if path is None:
+        return ""
+    root = adapter.modules[int(path.group(1))]
+    inner = path.group(2).lstrip(".")
+    found = root.get_submodule(inner) if inner else root
+    return f" in modules[{path.group(1)}]{'.' + inner if inner else ''} ({type(found).__name__})"
+
+
+def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> Any:
+    """Call the adapter's encode or step (eager, no grad); a failure inside names the module it happened in."""
+    tracing = Tracing(adapter)
+    try:
+        with torch.no_grad(), tracing.watch():
+            return call(*args)
+    except AdapterError:
+        raise
+    except Exception as exc:  # the user's code: any error, reported with where it happened
+        raise AdapterError(f"{what} failed{tracing.where()}: {type(exc).__name__}: {one_line(exc)}") from exc

@@ -1,0 +1,47 @@
+"""Subword vocabularies: a Hugging Face `tokenizers` JSON read (the package is imported only when one is used)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import TokenizerUnavailableError, VocabError
+from .specials import SPECIAL_TOKENS
+
+SUBWORD_EXTRA = "text"  # the pyproject extra that installs `tokenizers`
+
+
+def _import_tokenizer_class() -> Any:
+    """`tokenizers.Tokenizer`, imported only when a subword vocabulary is used."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as err:
+        raise TokenizerUnavailableError(
+            "tokenizer kind 'subword' needs the 'tokenizers' package, which is not installed; "
+            f"install the '{SUBWORD_EXTRA}' extra: pip install -e '.[{SUBWORD_EXTRA}]' in a seq2onnx checkout "
+            "(or pip install tokenizers)") from err
+    return Tokenizer
+
+
+def parse_tokenizer(text: str) -> Any:
+    """A `tokenizers.Tokenizer` from its JSON text, refusing text it cannot read."""
+    tokenizer_class = _import_tokenizer_class()
+    try:
+        return tokenizer_class.from_str(text)
+    except Exception as err:  # tokenizers raises its own Exception subclasses for bad JSON
+        raise VocabError(f"tokenizer JSON is not a tokenizers file (the tokenizers package says: {err}); "
+                         "save it with Tokenizer.save(path)") from err
+
+
+def tokens_of(tokenizer: Any, fixed: bool = True) -> tuple[str, ...]:
+    """The tokenizer's tokens in id order; ids must be 0..n-1, with the four specials first (`fixed`: seq2onnx's
+    own layout; a declared model's vocabulary names its own special ids)."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)  # {token: id}
+    by_id = sorted(vocab.items(), key=lambda item: item[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise VocabError(f"tokenizer ids must be 0..{len(by_id) - 1} without gaps; got {len(by_id)} tokens "
+                         f"with ids from {by_id[0][1] if by_id else None} to {by_id[-1][1] if by_id else None}")
+    tokens = tuple(t for t, _ in by_id)
+    if fixed and tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+        raise VocabError(f"a subword tokenizer must hold the specials {list(SPECIAL_TOKENS)} at ids 0..3, "
+                         f"got {list(tokens[:len(SPECIAL_TOKENS)])}; train it with "
+                         f"special_tokens={list(SPECIAL_TOKENS)} (in that order) as the trainer's first tokens")
+    return tokens
