@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import click
 
+from runtime.contract import MANIFEST_FILE
 from runtime.defaults import (
     DEFAULT_ATOL,
     DEFAULT_DRIFT_ATOL,
@@ -95,7 +96,7 @@ def declared_export(path: Path) -> bool:
     import json
 
     try:
-        return json.loads((path / "manifest.json").read_text())["spec"].get("arch") == "declared"
+        return json.loads((path / MANIFEST_FILE).read_text())["spec"].get("arch") == "declared"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 

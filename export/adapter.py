@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from runtime.errors import brief
+from runtime.errors import brief, is_count
 from runtime.vocab import Vocabulary
 
 from .errors import ExportError
@@ -51,7 +50,7 @@ class State:
             value = getattr(self, name)
             if value is None and name == "grows":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_count(value):
                 raise AdapterError(f"State.{name} must be an axis (an int >= 0), got {brief(value)}")
         if not isinstance(self.changes, bool):
             raise AdapterError(f"State.changes must be True or False, got {brief(self.changes)}")
@@ -120,23 +119,20 @@ class Seq2SeqAdapter:
         object.__setattr__(self, "never_emit", tuple(self.never_emit))
 
     def _check_ints(self) -> None:
-        def count(value: Any, minimum: int) -> bool:
-            return not isinstance(value, bool) and isinstance(value, int) and value >= minimum
-
         for name in ("source_bos", "source_eos", "reverse_source"):
             if not isinstance(getattr(self, name), bool):
                 raise AdapterError(f"Seq2SeqAdapter.{name} must be True or False, got {brief(getattr(self, name))}")
         for name in ("max_source_len", "max_decoding_length"):
-            if not count(getattr(self, name), 1):
+            if not is_count(getattr(self, name), 1):
                 raise AdapterError(f"Seq2SeqAdapter.{name} must be an int >= 1, got {brief(getattr(self, name))}")
-        if self.output_limit is not None and not count(self.output_limit, self.max_decoding_length):
+        if self.output_limit is not None and not is_count(self.output_limit, self.max_decoding_length):
             raise AdapterError(f"Seq2SeqAdapter.output_limit must be None or an int >= max_decoding_length "
                                f"({self.max_decoding_length}), got {brief(self.output_limit)}")
-        if self.fixed_source_len is not None and not count(self.fixed_source_len, 2):
+        if self.fixed_source_len is not None and not is_count(self.fixed_source_len, 2):
             raise AdapterError(f"Seq2SeqAdapter.fixed_source_len must be an int >= 2 or None, got "
                                f"{brief(self.fixed_source_len)}")
         size = len(self.target_vocab)
-        bad = [i for i in self.never_emit if not count(i, 0) or i >= size or i == self.target_vocab.ids.eos]
+        bad = [i for i in self.never_emit if not is_count(i, 0) or i >= size or i == self.target_vocab.ids.eos]
         if bad:
             raise AdapterError(f"Seq2SeqAdapter.never_emit must hold target ids (0..{size - 1}) other than eos "
                                f"{self.target_vocab.ids.eos}, got {brief(bad)}")

@@ -28,7 +28,7 @@ from .contract import (
     Dims,
     graph_io,
 )
-from .errors import Seq2OnnxError, brief
+from .errors import Seq2OnnxError, brief, is_count
 from .spec import ModelSpec
 from .specials import FIXED, Specials, SpecialsError
 
@@ -59,7 +59,7 @@ class Sources:
             if not isinstance(getattr(self, name), bool):
                 raise ContractError(f"sources.{name} must be true or false, got {brief(getattr(self, name))}")
         for name, value in (("fixed_len", self.fixed_len), ("max_len", self.max_len)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and not is_count(value, 1):
                 raise ContractError(f"sources.{name} must be an int >= 1{' or None' * (name == 'fixed_len')}, "
                                     f"got {brief(value)}")
         if self.fixed_len is not None and self.max_len != self.fixed_len:
@@ -144,12 +144,12 @@ class TokenContract:
             if name not in made:
                 raise ContractError(f"state {name!r} is read by the step but the encoder does not make it; encoder "
                                     f"outputs: {sorted(made)}")
-            if len(made[name]) != len(dims) or not all(m == d or (d == PAST_LEN and _count(m, 0))
+            if len(made[name]) != len(dims) or not all(m == d or (d == PAST_LEN and is_count(m, 0))
                                                        for m, d in zip(made[name], dims)):
                 raise ContractError(f"state {name!r}: the encoder makes {made[name]}, the step reads {dims} (a "
                                     f"{PAST_LEN!r} dim starts at a fixed size)")
         vocab = outputs.get("log_probs")
-        if not (isinstance(vocab, list) and len(vocab) == 2 and vocab[0] == BATCH and _count(vocab[1], 2)):
+        if not (isinstance(vocab, list) and len(vocab) == 2 and vocab[0] == BATCH and is_count(vocab[1], 2)):
             raise ContractError(f"step output 'log_probs' must be [{BATCH!r}, vocabulary size >= 2], got "
                                 f"{brief(vocab)}")
         alphas = outputs.get("alphas")
@@ -159,10 +159,10 @@ class TokenContract:
             self.specials.check_fits(self.target_vocab_size, "target vocabulary")
         except SpecialsError as err:
             raise ContractError(str(err)) from None
-        bad = [i for i in self.never if not _count(i, 0) or i >= self.target_vocab_size or i == self.specials.eos]
+        bad = [i for i in self.never if not is_count(i, 0) or i >= self.target_vocab_size or i == self.specials.eos]
         if bad:
             raise ContractError(f"never-emitted ids must be target ids other than eos, got {brief(bad)}")
-        if self.max_decoding_length is not None and not _count(self.max_decoding_length, 1):
+        if self.max_decoding_length is not None and not is_count(self.max_decoding_length, 1):
             raise ContractError(f"max_decoding_length must be an int >= 1 or None, got "
                                 f"{brief(self.max_decoding_length)}")
 
@@ -233,10 +233,7 @@ def _check_graph(decl: Any, what: str) -> None:
         if not isinstance(decl[kind], dict) or not decl[kind]:
             raise ContractError(f"{what} {kind} must be a non-empty object of name: dims, got {brief(decl[kind])}")
         for name, dims in decl[kind].items():
-            if not isinstance(dims, list) or not all(isinstance(d, str) or _count(d, 0) for d in dims):
+            if not isinstance(dims, list) or not all(isinstance(d, str) or is_count(d, 0) for d in dims):
                 raise ContractError(f"{what} {kind[:-1]} {name!r}: dims must be a list of names and sizes, got "
                                     f"{brief(dims)}")
 
-
-def _count(value: Any, minimum: int) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= minimum

@@ -63,3 +63,8 @@ def brief(value: object) -> str:
     except Exception:  # a caller's object whose __repr__ fails still gets named
         text = f"<{type(value).__name__}>"
     return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 3] + "..."
+
+
+def is_count(value: object, minimum: int = 0) -> bool:
+    """Whether `value` is an int (never a bool) of at least `minimum`: a size, an id or an axis."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= minimum

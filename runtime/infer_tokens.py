@@ -135,7 +135,7 @@ def heatmap(item: Item, best: Translation, vocab: Vocabulary, rules: Sources, ma
     read = ("reading order; the model read the tokens reversed" if rules.reverse else
             "the order the model read them")
     unknown = "; * = unknown to the model, read as its unknown token" if unk is not None and unk in ids else ""
-    stop = "ended by </s>" if len(best.tokens) < max_len else f"stopped at {max_len} tokens"
+    stop = "ended by eos" if len(best.tokens) < max_len else f"stopped at {max_len} tokens"
     title = f"input {item.index}: {_short(item.text)}\n-> {_short(best.text)}  (score {best.score:.3f}; {stop})"
     return Heatmap(weights, [_visible(t) for t in best.tokens], labels, "output token",
                    f"source token ({read}){unknown}", title)

@@ -136,7 +136,7 @@ class ModelSpec:
         for name in ("source_vocab_size", "target_vocab_size"):
             _require_int(name, getattr(self, name), minimum=2)
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        own = ("kind", "arch", "source_vocab_size", "target_vocab_size", "input_len", "target_len", "attention")
+        own = (*DECLARED_FIELDS, "attention")
         wrong = {k: getattr(self, k) for k in defaults if k not in own and getattr(self, k) != defaults[k]}
         if wrong or self.attention != "none":
             wrong.update({} if self.attention == "none" else {"attention": self.attention})

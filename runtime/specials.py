@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import Seq2OnnxError, brief
+from .errors import Seq2OnnxError, brief, is_count
 
 ROLES = ("bos", "eos", "pad", "unk")  # pad and unk may be absent (None)
 PAD, BOS, EOS, UNK = 0, 1, 2, 3  # seq2onnx's own fixed ids: every one of its vocabularies starts with these four
@@ -38,7 +38,7 @@ class Specials:
             value = getattr(self, role)
             if value is None and role in ("pad", "unk"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_count(value):
                 optional = " or None" if role in ("pad", "unk") else ""
                 raise SpecialsError(f"special id {role!r} must be an int >= 0{optional}, got {brief(value)}")
         # pad may share bos's or eos's id (the PyTorch tutorial pads with SOS 0); the others must differ
