@@ -46,6 +46,10 @@ PREVIOUS = "previous_tokens"  # the step input that takes the previous token
 # transformer, 1 thread: greedy and beam graphs break even at 4-6 rows): onnxruntime's attention kernels cost
 # ~1-2 us per (row, head) pair.
 WIDE_ROWS = 6
+# Inputs from which the wide beam graph beats the fast one: the fast graph's attention kernels loop over (input,
+# head) pairs, an input's k beams one block (export.tokens.attention.AncestryFused); dates transformer, 1 thread:
+# beam 5 at 1-16 inputs 0.90-0.96x the wide graph's time, level at 32-64; beam 2 level at ~12.
+WIDE_BEAM_INPUTS = 16
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
                      "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
 
@@ -72,7 +76,7 @@ class TokenSteps:
         self.beam = beam  # the beam search graph (a transformer's fast graphs), or None
         self._beam_step = beam_step  # a recurrent model's beam step (constant context once per input), or None
         self.wide = wide  # a step, greedy loop and beam graph over the same state for `wide_rows` rows and more
-        self.wide_rows = WIDE_ROWS
+        self.wide_rows, self.wide_beam_inputs = WIDE_ROWS, WIDE_BEAM_INPUTS
         self.feedback = self.contract.feedback if feedback is None else feedback
         self.state_names = [name for name in inputs if name != PREVIOUS]
         self.batch_axes: BatchAxes = {name: inputs[name].index(BATCH) for name in self.state_names}
@@ -111,10 +115,18 @@ class TokenSteps:
             return self.wide
         return Graphs(self._step, self.greedy, self.beam)
 
+    def beam_graph(self, inputs: int) -> BeamGraph | None:
+        """The beam search graph that decodes `inputs` inputs fastest (the wide one from `wide_beam_inputs` up), or
+        None without one."""
+        if self.wide is not None and inputs >= self.wide_beam_inputs:
+            return self.wide.beam
+        return self.beam
+
     def only(self, wide: bool) -> "TokenSteps":
         """A view that always runs the wide graphs (wide) or never does (for parity tools)."""
         view = copy.copy(self)
-        view.wide, view.wide_rows = (self.wide, 1) if wide else (None, WIDE_ROWS)
+        view.wide, view.wide_rows, view.wide_beam_inputs = (self.wide, 1, 1) if wide else \
+            (None, WIDE_ROWS, WIDE_BEAM_INPUTS)
         return view
 
     def greedy_tokens(self, source_ids: np.ndarray, source_lengths: np.ndarray, max_length: int, min_length: int,
@@ -269,7 +281,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
                   min_decoding_length=min_decoding_length,
                   max_decoding_length=max_decoding_length, return_attention=return_attention,
                   constant=steps.constant)
-    beam = steps.graphs(len(texts) * beam_size).beam  # a transformer's beam search graph, or None
+    beam = steps.beam_graph(len(texts))  # a transformer's beam search graph, or None
     if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
         run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
         found = run(ids, lengths, beam_size, num_hypotheses, length_penalty, max_decoding_length,

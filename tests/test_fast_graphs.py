@@ -149,7 +149,7 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
                        max_decoding_length=int(rng.integers(1, 14)))
         options["min_decoding_length"] = int(rng.integers(0, options["max_decoding_length"] + 1))
         ids, lengths = vocab.encode_batch(list(rng.choice(TEXTS, rows)), add_eos=True)
-        graph = fast.graphs(rows * k).beam
+        graph = fast.beam_graph(rows)
         got = graph.hypotheses(ids, lengths, k, options["num_hypotheses"], options["length_penalty"],
                                options["max_decoding_length"], options["min_decoding_length"])
         want = beam_search(fast.step, fast.encode(ids, lengths), fast.batch_axes, batch_size=rows, bos_id=BOS,

@@ -1,11 +1,13 @@
-"""Attention for one decoder step, in two kinds over the same state (`export.tokens.kernels.decoder` takes either):
+"""Attention for one decoder step, in kinds over the same state (`export.tokens.kernels.decoder` takes any):
 onnxruntime's fused kernels (Fused: fewest nodes, best for few rows) and batched MatMuls (Batched: faster from
-`runtime.tokens.WIDE_ROWS` rows up); the Folded kinds let a beam's k queries read their input's one copy of the
-cross-attention keys/values as a block. Halves is Batched with the keys and values cached apart, for the wide loop
-graphs, whose cache no other graph reads.
+`runtime.tokens.WIDE_ROWS` rows up); Halves is Batched with the keys and values cached apart, for the wide loop
+graphs, whose cache no other graph reads. The Ancestry kinds are the beam graphs' (`export.tokens.beam`): an input's
+k beams are one (k, E) block that reads the input's one copy of the cross-attention keys/values, and its own
+append-only self-attention cache through a mask of the slots the beam's ancestors wrote, so picking beams reorders
+the mask, never the cache.
 
-A kind says how its self-attention cache looks: CACHES tensors per layer, rows on CACHE_AXIS, and `empty_cache`
-makes a layer's before the first step."""
+A kind says how its self-attention cache looks: CACHES tensors per layer, and `empty_cache` makes a layer's before
+the first step."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +24,7 @@ class Fused:
     """Attention in onnxruntime's own kernels: fewest nodes (best at small batch), but the CPU kernels loop over
     (row, head) pairs, so they cost ~2 us per pair (285 us for 64 rows x 4 heads)."""
 
-    CACHES, CACHE_AXIS = 1, 1  # one cache per layer, (2, rows, h, t, d): keys then values (the state's past_i)
+    CACHES = 1  # one cache per layer, (2, rows, h, t, d): keys then values (the state's past_i)
 
     def __init__(self, lengths32: str) -> None:
         self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
@@ -55,7 +57,7 @@ class Batched:
     """Attention in batched MatMuls over (row, head) (CTranslate2's layout for one query token: splitting heads
     is a reshape, no transpose): more nodes, but 2-3x faster than the fused kernels from ~16 rows up."""
 
-    CACHES, CACHE_AXIS = Fused.CACHES, Fused.CACHE_AXIS
+    CACHES = Fused.CACHES
     empty_cache = Fused.empty_cache
 
     def __init__(self, mask_bias: str) -> None:
@@ -93,7 +95,7 @@ class Halves(Batched):
     them, where Batched's one cache is grown by a Concat and then split into its halves again, copying the whole
     cache twice a step (~0.1 ms per layer at 320 rows)."""
 
-    CACHES, CACHE_AXIS = 2, 0
+    CACHES = 2
 
     @staticmethod
     def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
@@ -117,43 +119,72 @@ class Halves(Batched):
         return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, e], np.int64))]), [keys, values]
 
 
-class FoldedFused(Fused):
-    """Fused, for beam search: the k beams of an input share its cross-attention keys/values (kept once per input,
-    not per row), so their queries attend as one (B, k, E) block, CTranslate2's layout: k times fewer (row, head)
-    pairs for the kernel. `fold`: the shape [B, -1, E]."""
+class AncestryFused(Fused):
+    """Fused, for the beam graph, where the decoder's rows are blocks (B, k, E): an input's k beams attend as one
+    block, to its one copy of the cross-attention keys/values and to its own self-attention cache, which is
+    append-only, (2, B, h, k t, d) (step s's k keys at k s .. k s + k - 1), and never reordered when beams are
+    picked: `mask` (B, k, k t) int32, which the beam graph grows and reorders each step, lets a beam read only the
+    slots its ancestors wrote. k times fewer (row, head) pairs for the kernels (CTranslate2's layout), and no cache
+    Gather. `mask`: the name the body gives that step's mask."""
 
-    def __init__(self, lengths32: str, fold: str) -> None:
+    def __init__(self, lengths32: str, mask: str) -> None:
         super().__init__(lengths32)
-        self.fold = fold
+        self.mask = mask
 
-    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
-                        values: str) -> str:
-        block = net.one("Reshape", [x, self.fold])  # (B, k, E)
-        context = super().cross_attention(net, spec, block, attention, keys, values)  # (B, k, E)
-        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, spec.d_model], np.int64))])
+    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                       past: list[str]) -> tuple[str, list[str]]:
+        """x (B, k, E), past [(2, B, h, k t, d)] -> context (B, k, E) before fc_attn, [(2, B, h, k t + k, d)]."""
+        w, b = qkv(net, attention)
+        context, present = net.op("Attention", [x, w, b, self.mask, *past], 2, MS, num_heads=spec.n_heads)
+        return context, [present]
 
 
-class FoldedBatched(Batched):
-    """Batched, for beam search: an input's k queries against its one copy of the cross keys/values, (B, h, k, d)
-    by (B, h, d, Ls) (see FoldedFused). `fold`: the shape [B, -1, h, d]."""
+class AncestryHalves(Halves):
+    """Halves, for the wide beam graph, over AncestryFused's blocks and append-only caches: keys and values (1, B,
+    h, k t, d) apart, and `bias` (B, 1, k, k t) float, 0 on a beam's ancestors' slots and -inf elsewhere, in place
+    of the mask."""
 
-    def __init__(self, mask_bias: str, fold: str) -> None:
+    def __init__(self, mask_bias: str, bias: str) -> None:
         super().__init__(mask_bias)
-        self.fold = fold
+        self.bias = bias
+
+    @staticmethod
+    def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
+        """(1, B, h, 0, d) keys and values for `rows` (1,) inputs."""
+        return Halves.empty_cache(net, spec, net.one("Concat", [net.weight("one", np.array([1], np.int64)), rows],
+                                                      axis=0))
+
+    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                       past: list[str]) -> tuple[str, list[str]]:
+        """x (B, k, E), past [keys, values (1, B, h, k t, d)] -> context (B, k, E) before fc_attn, [keys, values
+        (1, B, h, k t + k, d)]."""
+        h, d = spec.n_heads, spec.head_dim
+        w, b = _scaled_qkv(attention, d)
+        split = net.one("Reshape", [net.matmul(x, w, b), net.weight("qkv", np.array([0, 0, 3, h, d], np.int64))])
+        split = net.one("Transpose", [split], perm=[2, 0, 3, 1, 4])  # (3, B, h, k, d)
+        query, key, value = net.op("Split", [split, net.weight("thirds", np.array([1, 1, 1], np.int64))], 3, axis=0)
+        keys, values = (net.one("Concat", [old, new], axis=3) for old, new in zip(past, (key, value)))
+        scores = net.one("Add", [net.one("FusedMatMul", [query, keys], MS, transB=1), self.bias])  # (1, B, h, k, kt)
+        context = net.one("MatMul", [net.one("Softmax", [scores], axis=-1), values])  # (1, B, h, k, d)
+        return _merge_heads(net, spec, net.one("Transpose", [context], perm=[1, 3, 0, 2, 4])), [keys, values]
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
                         values: str) -> str:
-        scale = 1.0 / np.sqrt(spec.head_dim)
-        query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B * k, 1, E)
-        query = net.one("Transpose", [net.one("Reshape", [query, self.fold])], perm=[0, 2, 1, 3])  # (B, h, k, d)
-        scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, k, Ls)
+        """x (B, k, E), keys/values (B, h, Ls, d) -> context (B, k, E) before fc_attn."""
+        h, d = spec.n_heads, spec.head_dim
+        scale = 1.0 / np.sqrt(d)
+        query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B, k, E)
+        query = net.one("Reshape", [query, net.weight("heads", np.array([0, 0, h, d], np.int64))])
+        query = net.one("Transpose", [query], perm=[0, 2, 1, 3])  # (B, h, k, d)
+        scores = net.one("FusedMatMul", [query, keys], MS, transB=1)  # (B, h, k, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
-        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, spec.d_model], np.int64))])
+        return _merge_heads(net, spec, context)
 
 
-class FoldedHalves(Halves, FoldedBatched):
-    """Halves' self-attention and FoldedBatched's cross-attention: the wide beam graph's kind."""
+def _merge_heads(net: Net, spec: ModelSpec, context: str) -> str:
+    """(B, k, [1,] h, d) -> (B, k, E)."""
+    return net.one("Reshape", [context, net.weight("merged", np.array([0, 0, spec.d_model], np.int64))])
 
 
 def _scaled_qkv(attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,15 +1,17 @@
 """A transformer's beam search in one graph (fast_beam.onnx, wide_beam.onnx): the encoder, then an ONNX Loop whose
 body is the fast decoder step and `runtime.search.beam`'s rules written in ONNX ops, so one `run` decodes a batch.
 
-Rows are (batch x beam), input b owning rows b*k .. b*k+k-1; the cross-attention keys/values stay once per input,
-and an input's k queries attend to them as one block (CTranslate2's layout; kernels.FoldedFused). Each step, as the
+Rows are (batch x beam), input b owning rows b*k .. b*k+k-1, and the decoder reads them as (B, k, E) blocks: an
+input's k queries attend as one block to its one copy of the cross-attention keys/values and to its own append-only
+self-attention cache, where step t writes slots k t .. k t + k - 1; a mask (B * k, k t) of the slots each beam's
+ancestors wrote is reordered when beams are picked, the caches never are (attention.AncestryFused). Each step, as the
 numpy search: log-probs (eos at -inf below min_length) plus each row's summed log-prob (float64), the best min(2k,
 kV) extensions per input by TopK (ties: the lower flat index, as a stable sort), eos among the first k of them
 becomes a finished hypothesis scored sum / (t + 1) ** length_penalty, the first k non-eos stay live, and at
 max_length the live ones end as they are. Finished hypotheses merge into each input's n-best by one TopK over
 (n-best, new) (ties: earlier first, as a stable sort). An input is done when its n-best is full and no live beam can
 beat the worst (the same bound); done inputs keep running, masked, until all are done. Token histories are kept per
-row (batch x beam, max_length), reordered with the caches. The finishing work (new hypotheses, the n-best merge, the
+row (batch x beam, max_length), reordered with the mask. The finishing work (new hypotheses, the n-best merge, the
 stopping rule: ~50 kernels) sits in an If that runs only at a step where some input has an eos among its first k
 candidates, at the last step, or once some input's n-best is full; at every other step nothing it computes changes.
 
@@ -30,7 +32,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import FoldedFused, FoldedHalves, mask_bias
+from .attention import AncestryFused, AncestryHalves, mask_bias
 from .kernels import (
     BOOL,
     FLOAT,
@@ -46,7 +48,8 @@ from .kernels import (
 )
 
 DOUBLE = TensorProto.DOUBLE
-CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths", "full"]
+CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths", "full", "ancestry"]
+STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by attention.Ancestry*
 # The finishing If's outputs: the n-best (scores, log-probs, tokens, lengths), done, any n-best full, cond.
 FINISH_TYPES = [DOUBLE, DOUBLE, INT64, INT64, BOOL, BOOL, BOOL]
 
@@ -69,13 +72,23 @@ class Outer:
         index = net.one("Range", [_c(net, "zero", 0), net.one("Squeeze", [self.batch]), _c(net, "one", 1)])  # (B,)
         self.base = net.one("Mul", [net.one("Unsqueeze", [index, _c(net, "ax1", [1])]), "beam_size"])  # (B, 1)
         shape_bk = net.one("Concat", [self.batch, self.k], axis=0)
-        self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it together (kernels.FoldedFused)
+        self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it as one block
+        # Row j of input b reads the cache slots its ancestors wrote: the mask starts each step with the slot it
+        # writes now (an identity block per input) and follows the rows when beams are picked.
+        beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
+        own = net.one("Equal", [net.one("Unsqueeze", [beam, _c(net, "ax1", [1])]),
+                                net.one("Unsqueeze", [beam, _c(net, "ax0", [0])])])  # (k, k)
+        own = net.one("Tile", [own, net.one("Concat", [self.batch, _c(net, "one_d", [1])], axis=0)])  # (B * k, k)
         if wide:
-            fold = net.one("Concat", [self.batch, _c(net, "fold", [-1, spec.n_heads, spec.head_dim])], axis=0)
-            self.attend = FoldedHalves(mask_bias(net, lengths32, cross[0]), fold)
+            self.attend = AncestryHalves(mask_bias(net, lengths32, cross[0]), STEP_MASK)
+            self.own = net.one("Where", [own, _c(net, "zero_f", 0.0, np.float32),
+                                         _c(net, "minus_inf_f", -np.inf, np.float32)])
+            self.mask_type, step_shape = FLOAT, [self.batch, _c(net, "one_d", [1]), self.k]  # (B, 1, k, k t)
         else:
-            fold = net.one("Concat", [self.batch, _c(net, "fold", [-1, spec.d_model])], axis=0)
-            self.attend = FoldedFused(lengths32, fold)
+            self.attend = AncestryFused(lengths32, STEP_MASK)
+            self.own = net.one("Cast", [own], to=INT32)
+            self.mask_type, step_shape = INT32, [self.batch, self.k]  # (B, k, k t)
+        self.step_shape = net.one("Concat", [*step_shape, _c(net, "minus_one", [-1])], axis=0)
         self.shape_bk = shape_bk
         vocab = spec.target_vocab_size
         self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, _c(net, "v", [vocab])])], axis=0)
@@ -101,14 +114,13 @@ class Outer:
 
 
 def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
-    """The carried values' first values: bos, live [0, -inf, ...] per input (R, 1, 1), empty history and n-best,
-    no input done or full, empty caches."""
-    column = net.one("Concat", [o.rows, _c(net, "one_d", [1])], axis=0)
-    tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), column])  # (B * k, 1)
+    """The carried values' first values: bos (B, k), live [0, -inf, ...] per input (B, k, 1), empty history and
+    n-best, no input done or full, no cache slot written, empty caches."""
+    tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), o.shape_bk])  # (B, k)
     beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
     first = net.one("Where", [net.one("Equal", [beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (k,)
-    live = net.one("Reshape", [net.one("Expand", [first, o.shape_bk]), _c(net, "cube", [-1, 1, 1])])  # (B * k, 1, 1)
+    live = net.one("Unsqueeze", [net.one("Expand", [first, o.shape_bk]), _c(net, "ax2", [2])])  # (B, k, 1)
     history = net.one("ConstantOfShape", [net.one("Concat", [o.rows, net.one("Reshape", [
         "max_length", _c(net, "one_d", [1])])], axis=0)], value=helper.make_tensor("z", INT64, [1], [0]))
     done = net.one("ConstantOfShape", [o.batch], value=helper.make_tensor("f", BOOL, [1], [False]))
@@ -118,8 +130,11 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
     hyp_tokens = net.one("ConstantOfShape", [o.shape_bht], value=helper.make_tensor("z", INT64, [1], [0]))
     lengths = net.one("Expand", [_c(net, "zero", 0), shape_bh])
     full = _c(net, "false", False, bool)
-    empty = o.attend.empty_cache(net, spec, o.rows)
-    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths, full] + empty * spec.layers
+    none = net.one("Concat", [o.rows, _c(net, "zero_d1", [0])], axis=0)  # [B * k, 0]: no slot written yet
+    ancestry = net.one("ConstantOfShape", [none], value=helper.make_tensor("z", o.mask_type, [1], [0]))
+    empty = o.attend.empty_cache(net, spec, o.batch)  # one append-only cache per input
+    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths, full, ancestry] + \
+        empty * spec.layers
 
 
 class Ranked(NamedTuple):
@@ -136,10 +151,10 @@ class Ranked(NamedTuple):
 
 
 def _select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
-    """The step's log-probs (B * k, 1, V) and live sums (B * k, 1, 1) -> the ranked candidates and the k kept: the
+    """The step's log-probs (B, k, V) and live sums (B, k, 1) -> the ranked candidates and the k kept: the
     first k non-eos in rank order (there are always k: at most one eos per beam among the 2k)."""
     step = net.one("Gather", [o.penalties, "beam/iter"])  # (V,): -inf on eos below min_length
-    wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B * k, 1, V)
+    wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B, k, V)
     flat = net.one("Reshape", [net.one("Add", [wide, live]), o.kv])  # (B, k * V)
     sums, index = net.op("TopK", [flat, o.m], 2, axis=1)  # (B, m): ties by the lower index, as a stable sort
     vocab = _c(net, "v", o.spec.target_vocab_size)
@@ -228,6 +243,8 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
     table = position_table(model)
     tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), names["tokens"]])
     positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), "beam/iter"])  # (1, E)
+    ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)  # (B * k, k t): this step's slots added
+    net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
     r = _select(net, o, log_probs, names["live"])
     parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
@@ -242,10 +259,11 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
     work = net.one("Or", [net.one("Or", [eos_first, last]), names["full"]])
     after = net.op("If", [work], len(FINISH_TYPES), then_branch=_finish(o, r, names, grown, last),
                    else_branch=_unchanged(names))
-    live = net.one("Reshape", [r.kept, _c(net, "cube", [-1, 1, 1])])  # (B * k, 1, 1)
-    outs = [after[6], chosen, live, grown, after[4], *after[:4], after[5]]
-    outs += [net.one("Gather", [p, parents], axis=o.attend.CACHE_AXIS) for p in presents]  # caches follow rows
-    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL] + [FLOAT] * len(presents)
+    live = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])])  # (B, k, 1)
+    outs = [after[6], r.tokens, live, grown, after[4], *after[:4], after[5]]
+    outs += [net.one("Gather", [ancestry, parents], axis=0), *presents]  # the mask follows rows; caches stay
+    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL, o.mask_type]
+    types += [FLOAT] * len(presents)
     inputs = [tensor("beam/iter", INT64, []), tensor("beam/cond", BOOL, [])]
     inputs += [tensor(names[n], t, None) for n, t in zip(CARRIED, types[1:])] + [tensor(p, FLOAT, None)
                                                                                 for p in pasts]
