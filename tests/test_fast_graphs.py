@@ -14,7 +14,7 @@ from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
-from runtime.tokens import WIDE_ROWS
+from runtime.tokens import WIDE_BEAM_INPUTS, WIDE_ROWS
 from runtime.vocab import BOS, EOS
 
 from support.models import export_token_model, toy_token_spec
@@ -208,3 +208,18 @@ def test_io_binding_decodes_the_fast_graphs_as_the_plain_runner_does(fast_export
             want = plain.translate_batch(_texts(rows), max_decoding_length=10, **options)
             assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in want]
     assert bound.token_steps.fast is not None
+
+
+def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wide_one_from_there(fast_export):
+    """The fast beam graph's attention reads an input's beams as one block, so the switch to the wide one goes by
+    inputs (WIDE_BEAM_INPUTS), not by rows as the step and greedy graphs' does; both find the same ids."""
+    fast = Seq2Seq.load(fast_export.path).token_steps.fast
+    assert fast.beam_graph(WIDE_BEAM_INPUTS - 1) is fast.beam
+    assert fast.beam_graph(WIDE_BEAM_INPUTS) is fast.wide.beam
+    assert fast.only(wide=True).beam_graph(1) is fast.wide.beam
+    assert fast.only(wide=False).beam_graph(WIDE_BEAM_INPUTS) is fast.beam
+    assert (WIDE_BEAM_INPUTS - 1) * 5 >= WIDE_ROWS  # rows alone would have picked the wide graph
+    vocab = Seq2Seq.load(fast_export.path).vocabularies["source"]
+    ids, lengths = vocab.encode_batch(_texts(WIDE_BEAM_INPUTS - 1), add_eos=True)
+    found = [graph.hypotheses(ids, lengths, 5, 2, 1.0, 9, 0) for graph in (fast.beam, fast.wide.beam)]
+    assert [[h.tokens for h in hyps] for hyps in found[0]] == [[h.tokens for h in hyps] for hyps in found[1]]
