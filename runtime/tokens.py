@@ -46,10 +46,11 @@ PREVIOUS = "previous_tokens"  # the step input that takes the previous token
 # transformer, 1 thread: greedy and beam graphs break even at 4-6 rows): onnxruntime's attention kernels cost
 # ~1-2 us per (row, head) pair.
 WIDE_ROWS = 6
-# Inputs from which the wide beam graph beats the fast one: the fast graph's attention kernels loop over (input,
-# head) pairs, an input's k beams one block (export.tokens.attention.AncestryFused); dates transformer, 1 thread:
-# beam 5 at 1-16 inputs 0.90-0.96x the wide graph's time, level at 32-64; beam 2 level at ~12.
-WIDE_BEAM_INPUTS = 16
+# Inputs from which the wide loop graphs beat the fast ones, where rows come in blocks (export.tokens.attention):
+# the fast beam graph's attention kernels loop over (input, head) pairs, an input's k beams one block (dates
+# transformer, 1 thread: beam 5 at 1-16 inputs 0.90-0.96x the wide graph's time, level at 32-64; beam 2 level at
+# ~12); the wide greedy loop pads the batch to blocks of 4 inputs (0.98x the fast loop's time at 8, 0.77x at 16).
+WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS = 8, 16
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
                      "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
 
@@ -76,7 +77,7 @@ class TokenSteps:
         self.beam = beam  # the beam search graph (a transformer's fast graphs), or None
         self._beam_step = beam_step  # a recurrent model's beam step (constant context once per input), or None
         self.wide = wide  # a step, greedy loop and beam graph over the same state for `wide_rows` rows and more
-        self.wide_rows, self.wide_beam_inputs = WIDE_ROWS, WIDE_BEAM_INPUTS
+        self.wide_rows, self.wide_greedy_inputs, self.wide_beam_inputs = WIDE_ROWS, WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS
         self.feedback = self.contract.feedback if feedback is None else feedback
         self.state_names = [name for name in inputs if name != PREVIOUS]
         self.batch_axes: BatchAxes = {name: inputs[name].index(BATCH) for name in self.state_names}
@@ -115,6 +116,13 @@ class TokenSteps:
             return self.wide
         return Graphs(self._step, self.greedy, self.beam)
 
+    def greedy_loop(self, inputs: int) -> GreedyLoop | None:
+        """The greedy loop graph that decodes `inputs` inputs fastest (the wide one from `wide_greedy_inputs` up), or
+        None without one."""
+        if self.wide is not None and inputs >= self.wide_greedy_inputs:
+            return self.wide.greedy
+        return self.greedy
+
     def beam_graph(self, inputs: int) -> BeamGraph | None:
         """The beam search graph that decodes `inputs` inputs fastest (the wide one from `wide_beam_inputs` up), or
         None without one."""
@@ -125,15 +133,15 @@ class TokenSteps:
     def only(self, wide: bool) -> "TokenSteps":
         """A view that always runs the wide graphs (wide) or never does (for parity tools)."""
         view = copy.copy(self)
-        view.wide, view.wide_rows, view.wide_beam_inputs = (self.wide, 1, 1) if wide else \
-            (None, WIDE_ROWS, WIDE_BEAM_INPUTS)
+        view.wide, view.wide_rows, view.wide_greedy_inputs, view.wide_beam_inputs = (self.wide, 1, 1, 1) if wide \
+            else (None, WIDE_ROWS, WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS)
         return view
 
     def greedy_tokens(self, source_ids: np.ndarray, source_lengths: np.ndarray, max_length: int, min_length: int,
                       return_attention: bool, cancel: Cancel | None = None) -> list[Hypothesis]:
         """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call;
         `cancel` is watched while the loop runs."""
-        greedy = self.graphs(len(source_ids)).greedy
+        greedy = self.greedy_loop(len(source_ids))
         sources = {"source_ids": source_ids, "source_lengths": source_lengths}
         reads_sources = set(sources) <= set(greedy.inputs)
         state = sources if reads_sources else self.encode(source_ids, source_lengths)

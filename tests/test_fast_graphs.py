@@ -8,14 +8,18 @@ import time
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
+import torch
 
+from export.tokens.fast import GROUP
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.tokens import WIDE_BEAM_INPUTS, WIDE_ROWS
 from runtime.vocab import BOS, EOS
+from training.build import build_token_model
 
 from support.models import export_token_model, toy_token_spec
 
@@ -90,6 +94,40 @@ def test_fused_and_wide_steps_agree_with_the_traced_step_at_every_step(fast_expo
         beams = beam_search(view.step, view.encode(ids, lengths), view.batch_axes, beam_size=4, **common)
         plain_beams = beam_search(plain.step, plain.encode(ids, lengths), plain.batch_axes, beam_size=4, **common)
         assert [[h.tokens for h in b] for b in beams] == [[h.tokens for h in b] for b in plain_beams]
+
+
+@pytest.fixture(scope="module")
+def ending_export(tmp_path_factory):
+    """A toy transformer whose rows end (emit eos) after 6 to 10 tokens, each at its own step: eos's logit raised
+    by 1.0 through the model's own never-output constant (which the graphs carry)."""
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    torch.manual_seed(0)
+    model = build_token_model(spec).eval()
+    model.never_output[EOS] = 1.0
+    return export_token_model(spec, tmp_path_factory.mktemp("ending") / "model", model=model)
+
+
+@pytest.mark.parametrize("min_length", [0, 8])
+def test_the_wide_greedy_loop_decodes_every_batch_size_as_the_traced_step(ending_export, min_length):
+    """The wide greedy loop reads blocks of GROUP inputs and pads the batch to a multiple of GROUP with inputs
+    that ended from the start: every padding (1 to GROUP + 3 inputs), rows ending at different steps, the same
+    tokens and scores as the traced step driven by the numpy greedy search."""
+    runtime = Seq2Seq.load(ending_export.path)
+    plain, wide = runtime.token_steps, runtime.token_steps.fast.only(wide=True)
+    for rows in range(1, GROUP + 4):
+        ids, lengths = runtime.vocabularies["source"].encode_batch(_texts(rows)[::-1], add_eos=True)
+        want = greedy_search(plain.step, plain.encode(ids, lengths), plain.batch_axes, batch_size=rows, bos_id=BOS,
+                             eos_id=EOS, max_decoding_length=12, min_decoding_length=min_length)
+        got = wide.greedy_tokens(ids, lengths, 12, min_length, False)
+        assert [h.tokens for h in got] == [h.tokens for h in want], rows
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=SCORE_RTOL)
+    assert len({len(h.tokens) for h in got}) > 1 and max(len(h.tokens) for h in got) < 12  # rows end, not alike
+    session = ort.InferenceSession(str(ending_export.path / FAST_FILES["wide_greedy"]))
+    for rows in range(1, GROUP + 1):  # the padding inputs count as ended: the loop stops with the last real row
+        ids, lengths = runtime.vocabularies["source"].encode_batch(_texts(rows), add_eos=True)
+        tokens = session.run(["tokens"], {"source_ids": ids, "source_lengths": lengths,
+                                          "max_length": np.array(30), "min_length": np.array(0)})[0]
+        assert tokens.shape == (rows, max(len(h.tokens) for h in wide.greedy_tokens(ids, lengths, 30, 0, False)) + 1)
 
 
 def test_attention_requests_decode_with_the_traced_graphs(fast_export):

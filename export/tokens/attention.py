@@ -1,10 +1,10 @@
 """Attention for one decoder step, in kinds over the same state (`export.tokens.kernels.decoder` takes any):
 onnxruntime's fused kernels (Fused: fewest nodes, best for few rows) and batched MatMuls (Batched: faster from
-`runtime.tokens.WIDE_ROWS` rows up); Halves is Batched with the keys and values cached apart, for the wide loop
-graphs, whose cache no other graph reads. The Ancestry kinds are the beam graphs' (`export.tokens.beam`): an input's
-k beams are one (k, E) block that reads the input's one copy of the cross-attention keys/values, and its own
-append-only self-attention cache through a mask of the slots the beam's ancestors wrote, so picking beams reorders
-the mask, never the cache.
+`runtime.tokens.WIDE_ROWS` rows up). The loop graphs read rows in blocks: in the beam graphs (`export.tokens.beam`;
+AncestryFused, BlockBatched) an input's k beams are one (k, E) block that reads the input's one copy of the
+cross-attention keys/values, and its own append-only self-attention cache through a mask of the slots the beam's
+ancestors wrote, so picking beams reorders the mask, never the cache; the wide greedy loop (BlockBatched) puts G
+inputs side by side in a block the same way.
 
 A kind says how its self-attention cache looks: CACHES tensors per layer, and `empty_cache` makes a layer's before
 the first step."""
@@ -90,35 +90,6 @@ class Batched:
         return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
 
 
-class Halves(Batched):
-    """Batched, with each layer's keys and values cached apart, (rows, h, t, d) each: one Concat per half grows
-    them, where Batched's one cache is grown by a Concat and then split into its halves again, copying the whole
-    cache twice a step (~0.1 ms per layer at 320 rows)."""
-
-    CACHES = 2
-
-    @staticmethod
-    def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
-        shape = net.one("Concat", [rows, net.weight("htd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))],
-                        axis=0)
-        empty = net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
-        return [empty, empty]
-
-    def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
-                       past: list[str]) -> tuple[str, list[str]]:
-        """x (B, 1, E), past [keys, values (B, h, t, d)] -> context (B, 1, E) before fc_attn, [keys, values
-        (B, h, t + 1, d)]."""
-        e, heads = spec.d_model, net.weight("heads", np.array([0, spec.n_heads, 1, spec.head_dim], np.int64))
-        w, b = _scaled_qkv(attention, spec.head_dim)
-        parts = net.op("Split", [net.matmul(x, w, b), net.weight("sizes", np.array([e, e, e], np.int64))], 3,
-                       axis=-1)  # (B, 1, E) each
-        query, key, value = (net.one("Reshape", [p, heads]) for p in parts)  # (B, h, 1, d): one token
-        keys, values = (net.one("Concat", [old, new], axis=2) for old, new in zip(past, (key, value)))
-        scores = net.one("FusedMatMul", [query, keys], MS, transB=1)  # (B, h, 1, t + 1)
-        context = net.one("MatMul", [net.one("Softmax", [scores], axis=-1), values])  # (B, h, 1, d)
-        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, e], np.int64))]), [keys, values]
-
-
 class AncestryFused(Fused):
     """Fused, for the beam graph, where the decoder's rows are blocks (B, k, E): an input's k beams attend as one
     block, to its one copy of the cross-attention keys/values and to its own self-attention cache, which is
@@ -139,10 +110,14 @@ class AncestryFused(Fused):
         return context, [present]
 
 
-class AncestryHalves(Halves):
-    """Halves, for the wide beam graph, over AncestryFused's blocks and append-only caches: keys and values (1, B,
-    h, k t, d) apart, and `bias` (B, 1, k, k t) float, 0 on a beam's ancestors' slots and -inf elsewhere, in place
-    of the mask."""
+class BlockBatched(Batched):
+    """Batched attention over blocks of k queries (B, k, E), each block one batch entry for the MatMuls: the wide
+    beam graph's (an input's k beams, with AncestryFused's append-only cache) and the wide greedy loop's (k
+    inputs side by side). Keys and values are cached apart, (1, B, h, k t, d) each, one Concat per half a step;
+    `bias` (broadcast to (B, 1, k, k t)) is 0 on the slots a query reads and -inf elsewhere, and `mask_bias`
+    (B, 1, k or 1, keys) masks the cross-attention's keys."""
+
+    CACHES = 2
 
     def __init__(self, mask_bias: str, bias: str) -> None:
         super().__init__(mask_bias)
@@ -150,9 +125,11 @@ class AncestryHalves(Halves):
 
     @staticmethod
     def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
-        """(1, B, h, 0, d) keys and values for `rows` (1,) inputs."""
-        return Halves.empty_cache(net, spec, net.one("Concat", [net.weight("one", np.array([1], np.int64)), rows],
-                                                      axis=0))
+        """(1, B, h, 0, d) keys and values for `rows` (1,) blocks."""
+        shape = net.one("Concat", [net.weight("one", np.array([1], np.int64)), rows,
+                                   net.weight("htd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))], axis=0)
+        empty = net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
+        return [empty, empty]
 
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                        past: list[str]) -> tuple[str, list[str]]:

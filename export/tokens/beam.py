@@ -32,7 +32,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import AncestryFused, AncestryHalves, mask_bias
+from .attention import AncestryFused, BlockBatched, mask_bias
 from .kernels import (
     BOOL,
     FLOAT,
@@ -49,7 +49,7 @@ from .kernels import (
 
 DOUBLE = TensorProto.DOUBLE
 CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths", "full", "ancestry"]
-STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by attention.Ancestry*
+STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by the attention kind
 # The finishing If's outputs: the n-best (scores, log-probs, tokens, lengths), done, any n-best full, cond.
 FINISH_TYPES = [DOUBLE, DOUBLE, INT64, INT64, BOOL, BOOL, BOOL]
 
@@ -80,7 +80,7 @@ class Outer:
                                 net.one("Unsqueeze", [beam, _c(net, "ax0", [0])])])  # (k, k)
         own = net.one("Tile", [own, net.one("Concat", [self.batch, _c(net, "one_d", [1])], axis=0)])  # (B * k, k)
         if wide:
-            self.attend = AncestryHalves(mask_bias(net, lengths32, cross[0]), STEP_MASK)
+            self.attend = BlockBatched(mask_bias(net, lengths32, cross[0]), STEP_MASK)
             self.own = net.one("Where", [own, _c(net, "zero_f", 0.0, np.float32),
                                          _c(net, "minus_inf_f", -np.inf, np.float32)])
             self.mask_type, step_shape = FLOAT, [self.batch, _c(net, "one_d", [1]), self.k]  # (B, 1, k, k t)
