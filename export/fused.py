@@ -133,6 +133,55 @@ def batch_first(nodes: list[onnx.NodeProto], weights: list[TensorProto], scan: s
               helper.make_node("Transpose", [scan + "_flat"], [out], perm=perm)]
 
 
+def _constant(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    """The value of an initializer or Constant node output `name` in `graph`, or None."""
+    for tensor in graph.initializer:
+        if tensor.name == name:
+            return numpy_helper.to_array(tensor)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] == name and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def squeeze_carried(body: onnx.GraphProto, carried: int) -> dict[int, int]:
+    """Carried values the body reads only as x[.., 0, ..] (one Gather of index 0) and feeds back as Unsqueeze(y)
+    on that axis (a GRU's (layers=1, N, H) hidden state, a point model's (N, 1, F) previous output): carry y
+    instead, so the two nodes leave the body (each is a kernel dispatch every step). Scans that read the
+    Unsqueeze's output read y (the outer graph reshapes every scan from the inputs' dims). Rewrites `body` in
+    place; returns {carried index: axis}, for the outer graph to take x[.., 0, ..] of the first values."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in body.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    producers = {name: node for node in body.node for name in node.output}
+    squeezed: dict[int, int] = {}
+    for i in range(carried):
+        x, fed = body.input[2 + i].name, body.output[1 + i].name
+        users, unsqueeze = consumers.get(x, []), producers.get(fed)
+        if len(users) != 1 or users[0].op_type != "Gather" or unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
+            continue
+        gather = users[0]
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+        index, axes = _constant(body, gather.input[1]), _constant(body, unsqueeze.input[1])
+        if gather.input[0] != x or index is None or index.shape != () or int(index) != 0 or axes is None \
+                or axes.tolist() != [axis]:
+            continue
+        narrow = unsqueeze.input[0]
+        for node in consumers.get(gather.output[0], []):  # they read the carried value itself now
+            node.input[:] = [x if name == gather.output[0] else name for name in node.input]
+        scans = [node for node in consumers.get(fed, []) if node.op_type == "Identity"]
+        for node in scans:  # a scan of the fed-back value reads it as carried
+            node.input[0] = narrow
+        body.output[1 + i].name = narrow
+        body.output[1 + i].type.tensor_type.ClearField("shape")
+        body.node.remove(gather)
+        if len(scans) == len(consumers.get(fed, [])) and fed not in {o.name for o in body.output}:
+            body.node.remove(unsqueeze)
+        squeezed[i] = axis
+    return squeezed
+
+
 def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto, decl: Any,
                 loop: LoopKind) -> onnx.GraphProto:
     """Inputs as the contract declares, the Loop, and its scan outputs made batch-first."""
@@ -141,9 +190,13 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
     inputs = [value(name, types.get(name, TensorProto.INT64), dims) for name, dims in io["inputs"].items()]
     outputs = [value(name, TensorProto.INT64 if name == "tokens" else TensorProto.FLOAT, dims)
                for name, dims in io["outputs"].items()]
-    weights = [const(LOOP + "true", np.array(True))]
+    weights = [const(LOOP + "true", np.array(True)), const(LOOP + "index_0", np.array(0, np.int64))]
     nodes: list[onnx.NodeProto] = []
     length, initial, shapes = loop.outer(nodes, weights, decl, carried)
+    for i, axis in squeeze_carried(body, len(initial)).items():  # the first value as the body now carries it
+        nodes.append(helper.make_node("Gather", [initial[i], LOOP + "index_0"], [f"{initial[i]}_narrow"],
+                                      axis=axis))
+        initial[i] = f"{initial[i]}_narrow"
     finals = [f"{LOOP}final_{name}" for name in carried]
     scan_names = {name: f"{LOOP}stacked_{name}" for name in io["outputs"]}
     nodes.append(helper.make_node("Loop", [length, LOOP + "true", *initial], [*finals, *scan_names.values()],

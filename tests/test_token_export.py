@@ -20,6 +20,7 @@ from runtime.contract import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
     FEEDBACK,
+    GREEDY_FILE,
     SOURCE_LEN,
     graph_io,
     state_batch_axes,
@@ -291,3 +292,25 @@ def test_a_position_table_shorter_than_the_export_examples_is_refused(tmp_path):
                                           f">= {MIN_EXPORT_POSITIONS}"):
         export_graphs(build_token_model(spec).eval(), spec, tmp_path, opset=17, export_id="test")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("n", "length"), [(1, 4), (4, 6)])
+def test_the_greedy_loop_graph_equals_pytorch_and_carries_a_one_layer_gru_state_narrow(exported, n, length):
+    """The greedy loop graph decodes what PyTorch decodes; where the step reads its hidden state only as hidden[0]
+    and writes it back unsqueezed (a one-layer GRU), the loop carries the (N, H) state itself and the two nodes
+    leave its body (export.fused.squeeze_carried)."""
+    from training.tokens.base import EOS_ID
+
+    model, spec, _, path = exported
+    ids, lengths = batch(n, length, seed=11 + n)
+    steps = runtime_steps(exported)
+    loop = onnx.load(str(path / GREEDY_FILE))
+    narrowed = [node for node in loop.graph.node if node.output[0].endswith("_narrow")]
+    assert len(narrowed) == (spec.cell == "gru" and spec.layers == 1 and not spec.is_transformer)
+    session = ort.InferenceSession(str(path / GREEDY_FILE), providers=["CPUExecutionProvider"])
+    state = steps.encode(ids, lengths)
+    feed = {i.name: state[i.name] if i.name in state else np.array(8 if i.name == "max_length" else 0)
+            for i in session.get_inputs()}
+    tokens = session.run(["tokens"], feed)[0].tolist()
+    got = [row[:row.index(EOS_ID)] if EOS_ID in row else row for row in tokens]
+    assert got == model.greedy(torch.from_numpy(ids), torch.from_numpy(lengths), max_len=8)

@@ -63,11 +63,11 @@ class DecoderStepGraph(nn.Module):
         feed = dict(zip(self.input_names, inputs))
         query, hidden = self.cell(feed["decoder_input"][:, 0], feed["hidden"])  # (N, H), (1, N, H)
         if not isinstance(self.decoder, DecoderAttn):
-            return self.decoder.regression(query).view(-1, 1, self.decoder.n_features), hidden
+            return self.decoder.regression(query).unsqueeze(1), hidden  # (N, 1, F): an Unsqueeze the loop can drop
         context, alphas = attend(self.decoder.attn, query, feed["keys_t"], feed["values"], feed["source_mask"])
         # DecoderAttn.readout on (N, 2H) rows: one Gemm, where the (N, 1, 2H) form is MatMul + Add
         features = torch.cat([context, query], dim=-1)  # (N, 2H)
-        return self.decoder.regression(features).view(-1, 1, self.decoder.n_features), hidden, alphas
+        return self.decoder.regression(features).unsqueeze(1), hidden, alphas
 
 
 def attend(attn: Attention | MultiHeadAttention, query: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor,
