@@ -1,0 +1,117 @@
+"""One loop graph of two exports of the same checkpoint, timed side by side: before and after a change to how the
+graphs are written (interleaved calls in one process, medians), after checking that they decode the same.
+
+    git worktree add /tmp/before <commit> && (cd /tmp/before && seq2onnx export CKPT --out /tmp/a)
+    seq2onnx export CKPT --out /tmp/b
+    python benchmarks/loop_graph_ab.py /tmp/a /tmp/b --graph fast_beam --batch 1 --beam 5 [--steps 20]
+
+--graph: fast_greedy, wide_greedy, fast_beam, wide_beam (a transformer's one-call graphs, encoder inside) or
+greedy_loop (every export's traced loop: each export's own encoder runs first, untimed). Token sources are random
+ids of --source-len tokens (some rows shorter), and decoding runs exactly --steps tokens (min = max length; --free:
+min length 0, rows end at their eos); point sources are random (batch, --source-len, F) and decode --steps points.
+Prints each side's median and the ratio after / before (< 1: the change is faster); 1 intra-op thread.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
+from runtime.manifest import read_manifest  # noqa: E402
+from runtime.sessions import session_options  # noqa: E402
+
+GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"], "fast_beam": FAST_FILES["beam"],
+          "wide_beam": FAST_FILES["wide_beam"], "greedy_loop": GREEDY_FILE}
+
+
+def session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
+
+
+def sources(spec, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
+    """A batch of random sources: token ids (the last row full length, the others 5 to `length`) or points."""
+    rng = np.random.default_rng(seed)
+    if spec.kind == "points":
+        return {"source": rng.standard_normal((batch, length, spec.n_features)).astype(np.float32),
+                "source_mask": np.ones((batch, 1, length), bool)}
+    lengths = rng.integers(min(5, length), length + 1, batch)
+    lengths[-1] = length
+    ids = np.zeros((batch, length), np.int64)
+    for row, n in enumerate(lengths):
+        ids[row, :n - 1] = rng.integers(4, spec.source_vocab_size, n - 1)
+        ids[row, n - 1] = 2  # </s>
+    return {"source_ids": ids, "source_lengths": lengths.astype(np.int64)}
+
+
+def feed(model_dir: Path, graph: str, loop: ort.InferenceSession, src: dict, steps: int, free: bool,
+         beam: int) -> dict[str, np.ndarray]:
+    """The loop graph's inputs: the sources (a fast graph) or the export's own encoder's outputs, and the options."""
+    values = dict(src)
+    if graph == "greedy_loop":
+        encoder = session(model_dir / ENCODER_FILE)
+        values.update(zip([o.name for o in encoder.get_outputs()],
+                          encoder.run(None, {i.name: src[i.name] for i in encoder.get_inputs()})))
+    values.update(max_length=np.array(steps), min_length=np.array(0 if free else steps), target_len=np.array(steps),
+                  beam_size=np.array(beam), num_hypotheses=np.array(1), length_penalty=np.array(1.0))
+    return {i.name: values[i.name] for i in loop.get_inputs()}
+
+
+@click.command()
+@click.argument("before", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("after", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--graph", type=click.Choice(sorted(GRAPHS)), required=True)
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--beam", type=click.IntRange(1), default=5, show_default=True, help="Beam size (beam graphs).")
+@click.option("--steps", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--source-len", type=click.IntRange(1), default=13, show_default=True)
+@click.option("--free", is_flag=True, help="Min length 0: rows end at their eos (tokens).")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--calls", type=click.IntRange(0), default=0, help="Timed calls per side per round (0: ~1 s).")
+def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: int, source_len: int, free: bool,
+         rounds: int, calls: int) -> None:
+    specs = [read_manifest(d).spec for d in (before, after)]
+    if specs[0] != specs[1]:
+        raise click.UsageError(f"{before} and {after} are exports of different models: {specs[0]} vs {specs[1]}")
+    limit = specs[0].max_positions if specs[0].is_transformer else None
+    if limit is not None and max(source_len, steps) > limit:
+        raise click.UsageError(f"--source-len {source_len} and --steps {steps} must be at most this transformer's "
+                               f"max_positions {limit}")
+    name = GRAPHS[graph]
+    for d in (before, after):
+        if not (d / name).is_file():
+            raise click.UsageError(f"{d} has no {name}")
+    src = sources(specs[0], batch, source_len, seed=0)
+    loops = {d: session(d / name) for d in (before, after)}
+    feeds = {d: feed(d, graph, loops[d], src, steps, free, beam) for d in (before, after)}
+    outs = {d: loops[d].run(None, feeds[d]) for d in (before, after)}
+    for a, b in zip(outs[before], outs[after]):
+        if a.dtype.kind in "iub" and not np.array_equal(a, b):
+            raise click.ClickException(f"the two exports decode different ids ({graph}): not the same model?")
+    diff = max((float(np.max(np.abs(a - b))) for a, b in zip(outs[before], outs[after])
+                if a.dtype.kind == "f" and a.size and np.isfinite(a).all()), default=0.0)
+    start = time.perf_counter()
+    loops[before].run(None, feeds[before])
+    calls = calls or max(5, int(1.0 / max(time.perf_counter() - start, 1e-6)))
+    click.echo(f"{graph} ({name}), batch {batch}, {steps} steps{' (free)' if free else ''}"
+               f"{f', beam {beam}' if 'beam' in graph else ''}; same ids, max float diff {diff:.2e}; "
+               f"{calls} interleaved calls per side per round")
+    for r in range(rounds):
+        times: dict[Path, list[float]] = {before: [], after: []}
+        for _ in range(calls):
+            for d in (before, after):
+                t = time.perf_counter()
+                loops[d].run(None, feeds[d])
+                times[d].append(time.perf_counter() - t)
+        b, a = (float(np.median(times[d])) * 1e3 for d in (before, after))
+        click.echo(f"round {r + 1}: before {b:.3f} ms, after {a:.3f} ms, after / before {a / b:.3f}")
+
+
+if __name__ == "__main__":
+    main()

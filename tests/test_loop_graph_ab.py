@@ -1,0 +1,44 @@
+"""benchmarks/loop_graph_ab.py: two exports of one checkpoint, checked to decode the same, then timed side by side;
+exports of different models, or a graph one of them lacks, are refused by name."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "loop_graph_ab.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--rounds", "1", "--calls", "3"],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("graph", "extra"), [("fast_beam", ["--beam", "3"]), ("wide_greedy", ["--batch", "5"]),
+                                              ("greedy_loop", ["--free"])])
+def test_two_exports_of_one_model_are_timed_side_by_side(transformer_export, tmp_path, graph, extra):
+    copy = tmp_path / "copy"
+    shutil.copytree(transformer_export.path, copy)
+    done = run(str(transformer_export.path), str(copy), "--graph", graph, "--steps", "6", "--source-len", "6", *extra)
+    assert done.returncode == 0, done.stderr
+    assert "same ids" in done.stdout and "after / before" in done.stdout
+
+
+def test_a_point_model_runs_its_own_encoder_first(exports, tmp_path):
+    path = exports["dot"].path
+    done = run(str(path), str(path), "--graph", "greedy_loop", "--steps", "5", "--source-len", "4")
+    assert done.returncode == 0, done.stderr
+    assert "greedy_loop (greedy_loop.onnx), batch 1, 5 steps" in done.stdout
+
+
+def test_exports_of_different_models_or_without_the_graph_are_refused(transformer_export, exports):
+    done = run(str(transformer_export.path), str(exports["dot"].path), "--graph", "greedy_loop")
+    assert done.returncode != 0 and "exports of different models" in done.stderr
+    done = run(str(exports["dot"].path), str(exports["dot"].path), "--graph", "fast_beam")
+    assert done.returncode != 0 and "has no fast_beam.onnx" in done.stderr
+    done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "99")
+    assert done.returncode != 0 and "must be at most this transformer's max_positions" in done.stderr
