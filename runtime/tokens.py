@@ -51,6 +51,10 @@ WIDE_ROWS = 6
 # transformer, 1 thread: beam 5 at 1-16 inputs 0.90-0.96x the wide graph's time, level at 32-64; beam 2 level at
 # ~12); the wide greedy loop pads the batch to blocks of 4 inputs (0.98x the fast loop's time at 8, 0.77x at 16).
 WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS = 8, 16
+# The widest beam the beam graphs run: an input's k beams read k * t cache slots each step through their ancestry
+# mask, k times the attention's arithmetic, so past 32 the step loop's beam search is faster (dates transformer,
+# batch 1-4, 40 tokens: the graph 0.66x its time at beam 16, 0.82x at 32, 1.06-1.09x at 64, 1.40x at 128).
+MAX_GRAPH_BEAM = 32
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
                      "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
 
@@ -123,9 +127,11 @@ class TokenSteps:
             return self.wide.greedy
         return self.greedy
 
-    def beam_graph(self, inputs: int) -> BeamGraph | None:
+    def beam_graph(self, inputs: int, beam_size: int) -> BeamGraph | None:
         """The beam search graph that decodes `inputs` inputs fastest (the wide one from `wide_beam_inputs` up), or
-        None without one."""
+        None without one or for a beam wider than MAX_GRAPH_BEAM (the step loop's search is faster there)."""
+        if beam_size > MAX_GRAPH_BEAM:
+            return None
         if self.wide is not None and inputs >= self.wide_beam_inputs:
             return self.wide.beam
         return self.beam
@@ -289,7 +295,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
                   min_decoding_length=min_decoding_length,
                   max_decoding_length=max_decoding_length, return_attention=return_attention,
                   constant=steps.constant)
-    beam = steps.beam_graph(len(texts))  # a transformer's beam search graph, or None
+    beam = steps.beam_graph(len(texts), beam_size)  # a transformer's beam search graph, or None
     if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
         run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
         found = run(ids, lengths, beam_size, num_hypotheses, length_penalty, max_decoding_length,

@@ -17,7 +17,7 @@ from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
-from runtime.tokens import WIDE_BEAM_INPUTS, WIDE_ROWS
+from runtime.tokens import MAX_GRAPH_BEAM, WIDE_BEAM_INPUTS, WIDE_ROWS
 from runtime.vocab import BOS, EOS
 from training.build import build_token_model
 
@@ -187,7 +187,7 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
                        max_decoding_length=int(rng.integers(1, 14)))
         options["min_decoding_length"] = int(rng.integers(0, options["max_decoding_length"] + 1))
         ids, lengths = vocab.encode_batch(list(rng.choice(TEXTS, rows)), add_eos=True)
-        graph = fast.beam_graph(rows)
+        graph = fast.beam_graph(rows, k)
         got = graph.hypotheses(ids, lengths, k, options["num_hypotheses"], options["length_penalty"],
                                options["max_decoding_length"], options["min_decoding_length"])
         want = beam_search(fast.step, fast.encode(ids, lengths), fast.batch_axes, batch_size=rows, bos_id=BOS,
@@ -252,10 +252,12 @@ def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wid
     """The fast beam graph's attention reads an input's beams as one block, so the switch to the wide one goes by
     inputs (WIDE_BEAM_INPUTS), not by rows as the step and greedy graphs' does; both find the same ids."""
     fast = Seq2Seq.load(fast_export.path).token_steps.fast
-    assert fast.beam_graph(WIDE_BEAM_INPUTS - 1) is fast.beam
-    assert fast.beam_graph(WIDE_BEAM_INPUTS) is fast.wide.beam
-    assert fast.only(wide=True).beam_graph(1) is fast.wide.beam
-    assert fast.only(wide=False).beam_graph(WIDE_BEAM_INPUTS) is fast.beam
+    assert fast.beam_graph(WIDE_BEAM_INPUTS - 1, 5) is fast.beam
+    assert fast.beam_graph(WIDE_BEAM_INPUTS, 5) is fast.wide.beam
+    assert fast.only(wide=True).beam_graph(1, 5) is fast.wide.beam
+    assert fast.only(wide=False).beam_graph(WIDE_BEAM_INPUTS, 5) is fast.beam
+    # wider beams than MAX_GRAPH_BEAM run the step loop's search (its attention does not grow with the beam)
+    assert fast.beam_graph(1, MAX_GRAPH_BEAM) is fast.beam and fast.beam_graph(1, MAX_GRAPH_BEAM + 1) is None
     assert (WIDE_BEAM_INPUTS - 1) * 5 >= WIDE_ROWS  # rows alone would have picked the wide graph
     vocab = Seq2Seq.load(fast_export.path).vocabularies["source"]
     ids, lengths = vocab.encode_batch(_texts(WIDE_BEAM_INPUTS - 1), add_eos=True)

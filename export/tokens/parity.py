@@ -179,7 +179,7 @@ def _decode_rows(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray,
             own = side.reference(torch.from_numpy(ids), torch.from_numpy(lengths), max_len)
             rows.append(_ids_row(case, ids, max_len, "reference.ids", got,
                                  [Hypothesis([int(i) for i in row], 0.0, 0.0) for row in own]))
-        graph = steps.beam_graph(len(ids))
+        graph = steps.beam_graph(len(ids), PARITY_BEAM)
         if name == "beam.ids" and graph is not None:  # the beam search graph: its ids, and its scores against
             found = graph.hypotheses(ids, lengths, PARITY_BEAM, PARITY_BEAM, 1.0, max_len, 0)  # the numpy search's
             rows.append(_ids_row(case, ids, max_len, "beam_graph.ids", found, want))
