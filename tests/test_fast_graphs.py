@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.tokens.fast import GROUP
+from export.tokens.fast import BLOCKS_UP_TO, GROUP
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
@@ -100,25 +100,27 @@ def test_fused_and_wide_steps_agree_with_the_traced_step_at_every_step(fast_expo
 def ending_export(tmp_path_factory):
     """A toy transformer whose rows end (emit eos) after 6 to 10 tokens, each at its own step: eos's logit raised
     by 1.0 through the model's own never-output constant (which the graphs carry)."""
-    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=128)
     torch.manual_seed(0)
     model = build_token_model(spec).eval()
     model.never_output[EOS] = 1.0
     return export_token_model(spec, tmp_path_factory.mktemp("ending") / "model", model=model)
 
 
+@pytest.mark.parametrize("max_length", [12, BLOCKS_UP_TO], ids=["blocks", "one input a block"])
 @pytest.mark.parametrize("min_length", [0, 8])
-def test_the_wide_greedy_loop_decodes_every_batch_size_as_the_traced_step(ending_export, min_length):
-    """The wide greedy loop reads blocks of GROUP inputs and pads the batch to a multiple of GROUP with inputs
-    that ended from the start: every padding (1 to GROUP + 3 inputs), rows ending at different steps, the same
-    tokens and scores as the traced step driven by the numpy greedy search."""
+def test_the_wide_greedy_loop_decodes_every_batch_size_as_the_traced_step(ending_export, min_length, max_length):
+    """The wide greedy loop reads blocks of GROUP inputs (one input a block where source_len + max_length passes
+    BLOCKS_UP_TO) and pads the batch to a multiple of the block with inputs that ended from the start: every
+    padding (1 to GROUP + 3 inputs), rows ending at different steps, the same tokens and scores as the traced step
+    driven by the numpy greedy search."""
     runtime = Seq2Seq.load(ending_export.path)
     plain, wide = runtime.token_steps, runtime.token_steps.fast.only(wide=True)
     for rows in range(1, GROUP + 4):
         ids, lengths = runtime.vocabularies["source"].encode_batch(_texts(rows)[::-1], add_eos=True)
         want = greedy_search(plain.step, plain.encode(ids, lengths), plain.batch_axes, batch_size=rows, bos_id=BOS,
-                             eos_id=EOS, max_decoding_length=12, min_decoding_length=min_length)
-        got = wide.greedy_tokens(ids, lengths, 12, min_length, False)
+                             eos_id=EOS, max_decoding_length=max_length, min_decoding_length=min_length)
+        got = wide.greedy_tokens(ids, lengths, max_length, min_length, False)
         assert [h.tokens for h in got] == [h.tokens for h in want], rows
         np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=SCORE_RTOL)
     assert len({len(h.tokens) for h in got}) > 1 and max(len(h.tokens) for h in got) < 12  # rows end, not alike

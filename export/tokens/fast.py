@@ -45,6 +45,11 @@ from .kernels import (
 )
 
 GROUP = 4  # inputs per block in the wide greedy loop (dates transformer, batch 64: attention 0.67x at 4, 0.71x at 8)
+# ... where source_len + max_length is at most this; longer decodes read one input a block, as each block's queries
+# read G times the keys (dates transformer, batch 64, 4 inputs a block, against the loop before blocks: 0.83x its
+# time at 13 + 20, 0.91-0.95x at 30 + 30, level at 50 + 50, 1.03-1.07x at 100 + 20, 1.21-1.27x at 100 + 100; one
+# input a block costs 1.00-1.13x, its transposes and bias adds).
+BLOCKS_UP_TO = 100
 STEP_BIAS = "body/step_bias"  # the wide greedy body's self-attention bias at this step, (G, G t)
 ONNX_OPSET = 17  # TopK, Split (num_outputs needs 18: below, Split takes explicit sizes), Shape start/end
 MS_OPSET = 1
@@ -191,17 +196,22 @@ def _time_last(net: Net, scan: str) -> str:
 
 
 def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -> tuple[str, str]:
-    """The wide greedy loop over blocks of GROUP inputs, (B/G, G, E) (the batch padded to a multiple of G with
-    inputs that count as ended from the start): each block attends as one, its G queries to the G inputs'
-    cross-attention keys/values side by side (B/G, h, G Ls, d) and to one self-attention cache where step t writes
-    slots G t .. G t + G - 1, each query through a bias (0 on its own input's keys and slots, -inf elsewhere): G
-    times fewer (input, head) products for the batched MatMuls (attention.BlockBatched).
+    """The wide greedy loop over blocks of G inputs, (B/G, G, E) (the batch padded to a multiple of G with inputs
+    that count as ended from the start): each block attends as one, its G queries to the G inputs' cross-attention
+    keys/values side by side (B/G, h, G Ls, d) and to one self-attention cache where step t writes slots G t ..
+    G t + G - 1, each query through a bias (0 on its own input's keys and slots, -inf elsewhere): G times fewer
+    (input, head) products for the batched MatMuls (attention.BlockBatched), each reading G times the keys. G is
+    GROUP where source_len + max_length <= BLOCKS_UP_TO, else 1 (one input a block: the per-input products).
     -> tokens and log-probs (B, T)."""
-    g, h, d = GROUP, spec.n_heads, spec.head_dim
+    h, d = spec.n_heads, spec.head_dim
     c = {name: net.weight(name, np.array(value, np.int64)) for name, value in
-         (("zero", [0]), ("zeros", [0, 0]), ("g", [g]), ("g_minus_one", [g - 1]))}
+         (("zero", [0]), ("zeros", [0, 0]), ("one", [1]), ("minus_one", [-1]), ("h", [h]), ("d", [d]))}
+    short = net.one("LessOrEqual", [net.one("Add", [net.one("Shape", ["source_ids"], start=1, end=2),
+                                                    net.one("Reshape", ["max_length", c["one"]])]),
+                                    net.weight("up_to", np.array([BLOCKS_UP_TO], np.int64))])
+    g = net.one("Where", [short, net.weight("group", np.array([GROUP], np.int64)), c["one"]])  # (1,): G
     batch = net.one("Shape", ["source_lengths"])  # (1,)
-    padded = net.one("Mul", [net.one("Div", [net.one("Add", [batch, c["g_minus_one"]]), c["g"]]), c["g"]])
+    padded = net.one("Mul", [net.one("Div", [net.one("Add", [batch, net.one("Sub", [g, c["one"]])]), g]), g])
     extra = net.one("Sub", [padded, batch])  # (1,): 0 .. G - 1 inputs that only fill the last block
     ids = net.one("Pad", ["source_ids", net.one("Concat", [c["zeros"], extra, c["zero"]], axis=0),
                           net.weight("pad_id", np.array(PAD, np.int64))])  # (B', L)
@@ -210,28 +220,33 @@ def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -
     cross = cross_kv(net, model, spec, encoder(net, model, spec, ids, lengths32))  # (B', h, Ls, d) each
     length = net.one("Shape", [cross[0]], start=2, end=3)  # (1,): Ls
     block_keys = net.one("Concat", [net.weight("block_keys", np.array([-1, 1, 1], np.int64)),
-                                    net.one("Mul", [length, c["g"]])], axis=0)  # [B'/G, 1, 1, G Ls]
+                                    net.one("Mul", [length, g])], axis=0)  # [B'/G, 1, 1, G Ls]
     padding = net.one("Reshape", [mask_bias(net, lengths32, cross[0]), block_keys])  # 0 / -inf per input's keys
-    by_input = net.one("Concat", [net.weight("blocks", np.array([-1, g, h], np.int64)), length,
-                                  net.weight("d", np.array([d], np.int64))], axis=0)  # [B'/G, G, h, Ls, d]
+    by_input = net.one("Concat", [c["minus_one"], g, c["h"], length, c["d"]], axis=0)  # [B'/G, G, h, Ls, d]
     side_by_side = net.weight("side_by_side", np.array([0, 0, -1, d], np.int64))  # -> (B'/G, h, G Ls, d)
     cross = [net.one("Reshape", [net.one("Transpose", [net.one("Reshape", [kv, by_input])], perm=[0, 2, 1, 3, 4]),
                                  side_by_side]) for kv in cross]
-    own = np.where(np.eye(g, dtype=bool), 0.0, -np.inf).astype(np.float32)  # (G, G): query j reads input j
-    own_keys = net.one("Reshape", [net.one("Expand", [net.weight("own_3d", own[:, :, None]),
-                                                      net.one("Concat", [c["g"], c["g"], length], axis=0)]),
-                                   net.weight("rows_g", np.array([g, -1], np.int64))])  # (G, G Ls)
+    index = net.one("Range", [net.weight("zero_s", np.array(0, np.int64)), net.one("Squeeze", [g]),
+                              net.weight("one_s", np.array(1, np.int64))])  # (G,)
+    mine = net.one("Equal", [net.one("Unsqueeze", [index, c["one"]]), net.one("Unsqueeze", [index, c["zero"]])])
+    own = net.one("Where", [mine, net.weight("zero_f", np.array(0.0, np.float32)),
+                            net.weight("minus_inf", np.array(-np.inf, np.float32))])  # (G, G): query j reads input j
+    own_keys = net.one("Reshape", [net.one("Expand", [net.one("Unsqueeze", [own, net.weight("two", np.array(
+        [2], np.int64))]), net.one("Concat", [g, g, length], axis=0)]), net.one("Concat", [g, c["minus_one"]],
+                                                                                 axis=0)])  # (G, G Ls)
     attend = BlockBatched(net.one("Add", [padding, own_keys]), STEP_BIAS)  # (B'/G, 1, G, G Ls)
-    blocks = net.one("Div", [padded, c["g"]])  # (1,)
+    blocks = net.one("Div", [padded, g])  # (1,)
     ended = net.one("Reshape", [net.one("GreaterOrEqual", [net.one("Range", [
         net.weight("zero_s", np.array(0, np.int64)), net.one("Squeeze", [padded]),
-        net.weight("one_s", np.array(1, np.int64))]), batch]), net.weight("cube", np.array([-1, g, 1], np.int64))])
+        net.weight("one_s", np.array(1, np.int64))]), batch]), net.one("Concat", [c["minus_one"], g, c["one"]],
+                                                                           axis=0)])  # (B'/G, G, 1)
     first = net.one("Expand", [net.weight("bos", np.array([[BOS]], np.int64)),
-                               net.one("Concat", [blocks, c["g"]], axis=0)])  # (B'/G, G)
-    no_slot = net.weight("no_slot", np.zeros((g, 0), np.float32))
+                               net.one("Concat", [blocks, g], axis=0)])  # (B'/G, G)
+    no_slot = net.one("ConstantOfShape", [net.one("Concat", [g, c["zero"]], axis=0)],
+                      value=helper.make_tensor("z", FLOAT, [1], [0.0]))  # (G, 0)
     outs = net.op("Loop", ["max_length", net.weight("true", np.array(True)), first, ended, no_slot,
                            *attend.empty_cache(net, spec, blocks) * spec.layers], 3 + 2 * spec.layers + 2,
-                  body=_body(model, spec, cross, _penalties(net, spec), attend, int8, net.weight("own", own)))
+                  body=_body(model, spec, cross, _penalties(net, spec), attend, int8, own))
     return tuple(net.one("Slice", [_time_last(net, scan), c["zero"], batch, c["zero"]]) for scan in outs[-2:])
 
 
