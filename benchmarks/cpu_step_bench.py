@@ -60,7 +60,7 @@ from runtime.points import greedy_decode
 from runtime.search import greedy_search
 from runtime.sessions import CPU, session_options
 from runtime.spec import ModelSpec
-from runtime.tokens import TokenSteps
+from runtime.token_steps import TokenSteps
 from runtime.vocab import BOS, EOS, Vocabulary
 from training.build import build_model
 from training.points.decode import reference_decode

@@ -53,7 +53,7 @@ from runtime.contract import (
 from runtime.defaults import DEFAULT_OPSET
 from runtime.sessions import open_session
 from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
-from runtime.tokens import TokenSteps
+from runtime.token_steps import TokenSteps
 from training.tokens.base import BOS_ID
 from training.tokens.transformer import TransformerSeq2Seq
 

@@ -60,7 +60,7 @@ def check_thread_counts(ctx: click.Context, param: click.Parameter, values: tupl
 def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[str, tuple[int, ...]],
                  contract: Any = None) -> dict:
     """The grid's axes: the values given, else the kind's defaults; values the model cannot take are usage errors."""
-    from runtime.tokens import contract_for
+    from runtime.token_steps import contract_for
 
     axes = {name: unique(given) for name, given in values.items()}
     if spec.kind == "points":

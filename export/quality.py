@@ -43,7 +43,8 @@ from runtime.defaults import (
 )
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
-from runtime.tokens import TokenSteps, encode_sources
+from runtime.token_steps import TokenSteps
+from runtime.tokens import encode_sources
 from runtime.vocab import EOS
 
 from .errors import ExportError

@@ -20,7 +20,8 @@ import numpy as np
 from .declared import TokenContract
 from .errors import InputError
 from .spec import ModelSpec
-from .tokens import contract_for, encode_sources
+from .token_steps import contract_for
+from .tokens import encode_sources
 from .vocab import JOINERS, Vocabulary
 
 FORMAT = "seq2onnx-bench/1"  # the JSON document's "format"

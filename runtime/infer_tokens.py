@@ -18,7 +18,8 @@ from .declared import Sources, TokenContract
 from .errors import InputError, Seq2OnnxError, UsageError
 from .plot import MAX_ITEMS, Heatmap
 from .spec import ModelSpec
-from .tokens import Translation, contract_for, source_token_limit, too_long
+from .token_steps import contract_for
+from .tokens import Translation, source_token_limit, too_long
 from .vocab import VocabError, Vocabulary
 
 TOKEN_OUTPUT_SUFFIXES = (".jsonl",)

@@ -36,7 +36,8 @@ from .sessions import (
     session_io,
 )
 from .spec import ModelSpec
-from .tokens import TRANSLATE_OPTIONS, Graphs, TokenSteps, Translation, load_vocabularies, translate
+from .token_steps import Graphs, TokenSteps
+from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 
 FAST_NAMES = frozenset(FAST_FILES.values())
 

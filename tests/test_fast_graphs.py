@@ -1,5 +1,5 @@
 """A transformer's fast graphs (export.tokens.fast): written beside the traced ones, parity-checked at export, and
-decoding exactly what the traced graphs decode, on both sides of the fused/wide switch (runtime.tokens.WIDE_ROWS)."""
+decoding exactly what the traced graphs decode, on both sides of the fused/wide switch (runtime.token_steps.WIDE_ROWS)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
-from runtime.tokens import MAX_GRAPH_BEAM, WIDE_BEAM_INPUTS, WIDE_ROWS
+from runtime.token_steps import MAX_GRAPH_BEAM, WIDE_BEAM_INPUTS, WIDE_ROWS
 from runtime.vocab import BOS, EOS
 from training.build import build_token_model
 

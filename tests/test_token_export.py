@@ -171,7 +171,7 @@ def runtime_steps(exported):
     """The exported graphs as a TokenSteps."""
     from runtime.binding import SessionRunner
     from runtime.contract import graph_io
-    from runtime.tokens import TokenSteps
+    from runtime.token_steps import TokenSteps
 
     _, spec, sessions, _ = exported
     io = graph_io(spec)

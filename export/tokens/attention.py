@@ -1,6 +1,6 @@
 """Attention for one decoder step, in kinds over the same state (`export.tokens.kernels.decoder` takes any):
 onnxruntime's fused kernels (Fused: fewest nodes, best for few rows) and batched MatMuls (Batched: faster from
-`runtime.tokens.WIDE_ROWS` rows up). The loop graphs read rows in blocks: in the beam graphs (`export.tokens.beam`;
+`runtime.token_steps.WIDE_ROWS` rows up). The loop graphs read rows in blocks: in the beam graphs (`export.tokens.beam`;
 AncestryFused, BlockBatched) an input's k beams are one (k, E) block that reads the input's one copy of the
 cross-attention keys/values, and its own append-only self-attention cache through a mask of the slots the beam's
 ancestors wrote, so picking beams reorders the mask, never the cache; the wide greedy loop (BlockBatched) puts G

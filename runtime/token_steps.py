@@ -1,0 +1,149 @@
+"""A token model's graphs as the search strategies drive them: `TokenSteps`.
+
+The encoder session turns padded source ids into the decoder state; the step session advances it one token. Inputs
+are fed by the contract's names, and step outputs are fed back by `contract.FEEDBACK`, so the same code drives any
+token model whose graphs follow the contract: a recurrent model's hidden_out/cell_out go back as hidden/cell; a
+transformer's next_positions go back as positions and its grown self-attention cache as its past. The step's
+`alphas` (N, Ls) become the StepResult's attention. Where an export has them, a transformer's fast and wide graphs,
+its greedy loop and beam graph decode in one call, each picked by how many rows or inputs it decodes.
+"""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import numpy as np
+
+from runtime.search.step import BatchAxes, Hypothesis, State, StepResult
+
+from .binding import Runner
+from .contract import BATCH, Dims
+from .declared import TokenContract
+from .errors import InputError
+from .fused import BeamGraph, GreedyLoop
+from .points import Cancel
+from .spec import ModelSpec
+
+PREVIOUS = "previous_tokens"  # the step input that takes the previous token
+# Rows from which a transformer's wide graphs (batched MatMul attention) beat the fused-kernel ones (CPU, dates
+# transformer, 1 thread: greedy and beam graphs break even at 4-6 rows): onnxruntime's attention kernels cost
+# ~1-2 us per (row, head) pair.
+WIDE_ROWS = 6
+# Inputs from which the wide loop graphs beat the fast ones, where rows come in blocks (export.tokens.attention):
+# the fast beam graph's attention kernels loop over (input, head) pairs, an input's k beams one block (dates
+# transformer, 1 thread: beam 5 at 1-16 inputs 0.90-0.96x the wide graph's time, level at 32-64; beam 2 level at
+# ~12); the wide greedy loop pads the batch to blocks of 4 inputs (0.98x the fast loop's time at 8, 0.77x at 16).
+WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS = 8, 16
+# The widest beam the beam graphs run: an input's k beams read k * t cache slots each step through their ancestry
+# mask, k times the attention's arithmetic, so past 32 the step loop's beam search is faster (dates transformer,
+# batch 1-4, 40 tokens: the graph 0.66x its time at beam 16, 0.82x at 32, 1.06-1.09x at 64, 1.40x at 128).
+MAX_GRAPH_BEAM = 32
+
+class TokenSteps:
+    """Encode once with the encoder session, then step with the step session; sessions are thread-safe.
+
+    `step_inputs` and `feedback` say what the step reads and which of its outputs go back as which inputs: the
+    contract's (`graph_io`, `FEEDBACK`) for the traced graphs, or a transformer's fast graphs' (`fast_graph_io`,
+    `fast_feedback`). `fast`: the same model's fast twin, which `translate` decodes with when it can (no
+    attention asked for). A greedy loop that reads the sources itself (the fast one) encodes inside its one call."""
+
+    def __init__(self, spec: ModelSpec, encoder: Runner, step: Runner, greedy: GreedyLoop | None = None,
+                 step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
+                 fast: "TokenSteps | None" = None, beam: BeamGraph | None = None,
+                 wide: "Graphs | None" = None, beam_step: Runner | None = None,
+                 contract: TokenContract | None = None) -> None:
+        self.contract = contract_for(spec, contract)  # special ids, how sources are read, limits
+        inputs = self.contract.step["inputs"] if step_inputs is None else step_inputs
+        self.spec = spec
+        self._encoder, self._step = encoder, step  # runners: typed errors; with IO binding, state on the device
+        self.greedy = greedy  # the greedy loop graph, when the export has one and it is switched on
+        self.fast = fast
+        self.beam = beam  # the beam search graph (a transformer's fast graphs), or None
+        self._beam_step = beam_step  # a recurrent model's beam step (constant context once per input), or None
+        self.wide = wide  # a step, greedy loop and beam graph over the same state, for many rows
+        self.always_wide = False  # a view (`only`) that runs the wide graphs whatever the rows
+        self.feedback = self.contract.feedback if feedback is None else feedback
+        self.state_names = [name for name in inputs if name != PREVIOUS]
+        self.batch_axes: BatchAxes = {name: inputs[name].index(BATCH) for name in self.state_names}
+        # What a step reads but never feeds back (memory, keys, masks, cross-attention keys/values): beam search
+        # expands it once per beam instead of reordering it every step.
+        self.constant = frozenset(self.state_names) - frozenset(self.feedback.values())
+
+    def encode(self, source_ids: np.ndarray, source_lengths: np.ndarray) -> State:
+        """ids (N, L) int64 right-padded, lengths (N,) int64 -> the state the first step reads."""
+        produced = self._encoder({"source_ids": source_ids, "source_lengths": source_lengths})
+        return {name: produced[name] for name in self.state_names}
+
+    def step(self, tokens: np.ndarray, state: State) -> StepResult:
+        """One decoder step for every row: the StepFn the strategies drive."""
+        return self._run_step(self.step_graph(len(tokens)), tokens, state)
+
+    @property
+    def has_beam_step(self) -> bool:
+        """Whether `beam_step` can run: the export has a beam step graph."""
+        return self._beam_step is not None
+
+    def beam_step(self, tokens: np.ndarray, state: State) -> StepResult:
+        """One step over beam search's rows (batch x beam, k consecutive rows per input) where the `constant`
+        entries hold one row per input: beam_search(..., per_input=True) drives it."""
+        return self._run_step(self._beam_step, tokens, state)
+
+    def _run_step(self, run: Runner, tokens: np.ndarray, state: State) -> StepResult:
+        feed = {PREVIOUS: tokens.astype(np.int64, copy=False), **state}
+        result = run(feed)
+        fed_back = {self.feedback[name]: value for name, value in result.items() if name in self.feedback}
+        return StepResult(result["log_probs"], {**state, **fed_back}, result.get("alphas"))
+
+    def _wide(self, count: int, threshold: int) -> bool:
+        """Whether the wide graphs decode `count` rows or inputs faster (from `threshold` up)."""
+        return self.wide is not None and (self.always_wide or count >= threshold)
+
+    def step_graph(self, rows: int) -> Runner:
+        """The step graph that decodes `rows` rows (batch x beam) fastest: the wide one from WIDE_ROWS up."""
+        return self.wide.step if self._wide(rows, WIDE_ROWS) else self._step
+
+    def greedy_loop(self, inputs: int) -> GreedyLoop | None:
+        """The greedy loop graph that decodes `inputs` inputs fastest (the wide one from WIDE_GREEDY_INPUTS up), or
+        None without one."""
+        return self.wide.greedy if self._wide(inputs, WIDE_GREEDY_INPUTS) else self.greedy
+
+    def beam_graph(self, inputs: int, beam_size: int) -> BeamGraph | None:
+        """The beam search graph that decodes `inputs` inputs fastest (the wide one from WIDE_BEAM_INPUTS up), or
+        None without one or for a beam wider than MAX_GRAPH_BEAM (the step loop's search is faster there)."""
+        if beam_size > MAX_GRAPH_BEAM:
+            return None
+        return self.wide.beam if self._wide(inputs, WIDE_BEAM_INPUTS) else self.beam
+
+    def only(self, wide: bool) -> "TokenSteps":
+        """A view that always runs the wide graphs (wide) or never does (for parity tools)."""
+        view = copy.copy(self)
+        view.wide, view.always_wide = (self.wide, True) if wide else (None, False)
+        return view
+
+    def greedy_tokens(self, source_ids: np.ndarray, source_lengths: np.ndarray, max_length: int, min_length: int,
+                      return_attention: bool, cancel: Cancel | None = None) -> list[Hypothesis]:
+        """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call;
+        `cancel` is watched while the loop runs."""
+        greedy = self.greedy_loop(len(source_ids))
+        sources = {"source_ids": source_ids, "source_lengths": source_lengths}
+        reads_sources = set(sources) <= set(greedy.inputs)
+        state = sources if reads_sources else self.encode(source_ids, source_lengths)
+        return greedy.tokens(state, max_length, min_length, return_attention, cancel)
+
+
+class Graphs(NamedTuple):
+    """One variant's graphs over a shared state: the step, and the greedy loop and beam search graphs (or None)."""
+
+    step: Runner
+    greedy: GreedyLoop | None = None
+    beam: BeamGraph | None = None
+
+
+def contract_for(spec: ModelSpec, contract: TokenContract | None = None) -> TokenContract:
+    """`contract`, or the one seq2onnx's own model of `spec` follows (a declared model's is its manifest's)."""
+    if contract is not None:
+        return contract
+    if spec.is_declared:
+        raise InputError("a declared model's contract comes from its manifest: pass the model's contract "
+                         "(Seq2Seq.contract)")
+    return TokenContract.for_spec(spec)
