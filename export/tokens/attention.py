@@ -32,9 +32,7 @@ class Fused:
     @staticmethod
     def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
         """A layer's cache before the first step, for `rows` (1,) rows."""
-        shape = net.one("Concat", [net.weight("two", np.array([2], np.int64)), rows,
-                                   net.weight("hd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))], axis=0)
-        return [net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))]
+        return [_no_steps(net, spec, 2, rows)]
 
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                        past: list[str]) -> tuple[str, list[str]]:
@@ -126,10 +124,7 @@ class BlockBatched(Batched):
     @staticmethod
     def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
         """(1, B, h, 0, d) keys and values for `rows` (1,) blocks."""
-        shape = net.one("Concat", [net.weight("one", np.array([1], np.int64)), rows,
-                                   net.weight("htd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))], axis=0)
-        empty = net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
-        return [empty, empty]
+        return [_no_steps(net, spec, 1, rows)] * 2
 
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                        past: list[str]) -> tuple[str, list[str]]:
@@ -157,6 +152,20 @@ class BlockBatched(Batched):
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
         return _merge_heads(net, spec, context)
+
+
+def _no_steps(net: Net, spec: ModelSpec, lead: int, rows: str) -> str:
+    """A cache of no steps yet, (lead, rows, h, 0, d) zeros, for `rows` (1,)."""
+    shape = net.one("Concat", [net.weight("lead", np.array([lead], np.int64)), rows,
+                               net.weight("hd", np.array([spec.n_heads, 0, spec.head_dim], np.int64))], axis=0)
+    return net.one("ConstantOfShape", [shape], value=helper.make_tensor("z", FLOAT, [1], [0.0]))
+
+
+def own_slots(net: Net, index: str) -> str:
+    """(n, n) bool, true on the diagonal, for `index` the (n,) range 0 .. n - 1: of a block's n new cache slots,
+    query j reads slot j (a beam its own, an input in a block its own)."""
+    axis = (net.weight("axis", np.array([a], np.int64)) for a in (1, 0))
+    return net.one("Equal", [net.one("Unsqueeze", [index, next(axis)]), net.one("Unsqueeze", [index, next(axis)])])
 
 
 def _merge_heads(net: Net, spec: ModelSpec, context: str) -> str:

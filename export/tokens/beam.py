@@ -32,7 +32,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import AncestryFused, BlockBatched, mask_bias
+from .attention import AncestryFused, BlockBatched, mask_bias, own_slots
 from .kernels import (
     BOOL,
     FLOAT,
@@ -75,10 +75,9 @@ class Outer:
         self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it as one block
         # Row j of input b reads the cache slots its ancestors wrote: the mask starts each step with the slot it
         # writes now (an identity block per input) and follows the rows when beams are picked.
-        beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
-        own = net.one("Equal", [net.one("Unsqueeze", [beam, _c(net, "ax1", [1])]),
-                                net.one("Unsqueeze", [beam, _c(net, "ax0", [0])])])  # (k, k)
-        own = net.one("Tile", [own, net.one("Concat", [self.batch, _c(net, "one_d", [1])], axis=0)])  # (B * k, k)
+        self.beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
+        own = net.one("Tile", [own_slots(net, self.beam), net.one("Concat", [self.batch, _c(net, "one_d", [1])],
+                                                                   axis=0)])  # (B * k, k)
         if wide:
             self.attend = BlockBatched(mask_bias(net, lengths32, cross[0]), STEP_MASK)
             self.own = net.one("Where", [own, _c(net, "zero_f", 0.0, np.float32),
@@ -117,8 +116,7 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
     """The carried values' first values: bos (B, k), live [0, -inf, ...] per input (B, k, 1), empty history and
     n-best, no input done or full, no cache slot written, empty caches."""
     tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), o.shape_bk])  # (B, k)
-    beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
-    first = net.one("Where", [net.one("Equal", [beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
+    first = net.one("Where", [net.one("Equal", [o.beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (k,)
     live = net.one("Unsqueeze", [net.one("Expand", [first, o.shape_bk]), _c(net, "ax2", [2])])  # (B, k, 1)
     history = net.one("ConstantOfShape", [net.one("Concat", [o.rows, net.one("Reshape", [

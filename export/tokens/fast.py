@@ -27,7 +27,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import Batched, BlockBatched, Fused, mask_bias
+from .attention import Batched, BlockBatched, Fused, mask_bias, own_slots
 from .beam import beam_model
 from .kernels import (
     BOOL,
@@ -226,20 +226,18 @@ def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -
     side_by_side = net.weight("side_by_side", np.array([0, 0, -1, d], np.int64))  # -> (B'/G, h, G Ls, d)
     cross = [net.one("Reshape", [net.one("Transpose", [net.one("Reshape", [kv, by_input])], perm=[0, 2, 1, 3, 4]),
                                  side_by_side]) for kv in cross]
-    index = net.one("Range", [net.weight("zero_s", np.array(0, np.int64)), net.one("Squeeze", [g]),
-                              net.weight("one_s", np.array(1, np.int64))])  # (G,)
-    mine = net.one("Equal", [net.one("Unsqueeze", [index, c["one"]]), net.one("Unsqueeze", [index, c["zero"]])])
-    own = net.one("Where", [mine, net.weight("zero_f", np.array(0.0, np.float32)),
+    steps = (net.weight("zero_s", np.array(0, np.int64)), net.weight("one_s", np.array(1, np.int64)))
+    index = net.one("Range", [steps[0], net.one("Squeeze", [g]), steps[1]])  # (G,)
+    own = net.one("Where", [own_slots(net, index), net.weight("zero_f", np.array(0.0, np.float32)),
                             net.weight("minus_inf", np.array(-np.inf, np.float32))])  # (G, G): query j reads input j
     own_keys = net.one("Reshape", [net.one("Expand", [net.one("Unsqueeze", [own, net.weight("two", np.array(
         [2], np.int64))]), net.one("Concat", [g, g, length], axis=0)]), net.one("Concat", [g, c["minus_one"]],
                                                                                  axis=0)])  # (G, G Ls)
     attend = BlockBatched(net.one("Add", [padding, own_keys]), STEP_BIAS)  # (B'/G, 1, G, G Ls)
     blocks = net.one("Div", [padded, g])  # (1,)
-    ended = net.one("Reshape", [net.one("GreaterOrEqual", [net.one("Range", [
-        net.weight("zero_s", np.array(0, np.int64)), net.one("Squeeze", [padded]),
-        net.weight("one_s", np.array(1, np.int64))]), batch]), net.one("Concat", [c["minus_one"], g, c["one"]],
-                                                                           axis=0)])  # (B'/G, G, 1)
+    rows = net.one("Range", [steps[0], net.one("Squeeze", [padded]), steps[1]])  # (B',)
+    ended = net.one("Reshape", [net.one("GreaterOrEqual", [rows, batch]),
+                                net.one("Concat", [c["minus_one"], g, c["one"]], axis=0)])  # (B'/G, G, 1)
     first = net.one("Expand", [net.weight("bos", np.array([[BOS]], np.int64)),
                                net.one("Concat", [blocks, g], axis=0)])  # (B'/G, G)
     no_slot = net.one("ConstantOfShape", [net.one("Concat", [g, c["zero"]], axis=0)],
