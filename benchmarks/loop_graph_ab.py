@@ -24,6 +24,7 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
+from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
 from runtime.sessions import session_options  # noqa: E402
 
@@ -76,7 +77,10 @@ def feed(model_dir: Path, graph: str, loop: ort.InferenceSession, src: dict, ste
 @click.option("--calls", type=click.IntRange(0), default=0, help="Timed calls per side per round (0: ~1 s).")
 def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: int, source_len: int, free: bool,
          rounds: int, calls: int) -> None:
-    specs = [read_manifest(d).spec for d in (before, after)]
+    try:
+        specs = [read_manifest(d).spec for d in (before, after)]
+    except Seq2OnnxError as exc:  # not an export, or an altered one: its one line, not a traceback
+        raise click.ClickException(str(exc)) from None
     if specs[0] != specs[1]:
         raise click.UsageError(f"{before} and {after} are exports of different models: {specs[0]} vs {specs[1]}")
     limit = specs[0].max_positions if specs[0].is_transformer else None
