@@ -12,7 +12,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from export.tokens.attention import FOLD_UP_TO, Folded, Fused, fold_cross
 from export.tokens.fast import BLOCKS_UP_TO, GROUP
+from export.tokens.kernels import FLOAT, INT32, MS, Net, tensor
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
@@ -26,7 +28,7 @@ from support.models import export_token_model, toy_token_spec
 SCORE_RTOL = 1e-4
 BEAM_RTOL = 1e-6  # the beam graph against the numpy search over the same step: float32 rounding only
 VARIANTS = {"pre": dict(), "post-learned-tied": dict(norm="post", positional="learned", tie_embeddings=True,
-                                                     layers=3, n_heads=4)}
+                                                     layers=3, n_heads=4, input_len=FOLD_UP_TO + 1)}  # not folded
 TEXTS = ["the cat sat", "a dog ran", "the cat ran on the mat", "a bird flew", "the dog sat", "a cat",
          "the mat", "a dog sat on the cat", "the bird ran", "a mat flew"]
 
@@ -62,6 +64,47 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         for value in onnx.load(str(fast_export.path / name)).graph.input:
             dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
             assert "batch" in dims or dims == [], (name, value.name, dims)  # scalars: lengths and options
+    for role in ("greedy", "beam"):  # the one-call graphs fold the cross-attention for short-source models only
+        loop = next(n for n in onnx.load(str(fast_export.path / FAST_FILES[role])).graph.node if n.op_type == "Loop")
+        body = {n.op_type for n in loop.attribute[0].g.node}
+        assert ("MultiHeadAttention" in body) == (fast_export.model.spec.input_len > FOLD_UP_TO), (role, body)
+        assert "Attention" in body
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_folded_cross_attention_equals_multi_head_attention(rows):
+    """Folded (S, bias, O made once) against MultiHeadAttention over the same keys/values, padding included."""
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=4, layers=2, max_positions=32)
+    torch.manual_seed(0)
+    model = build_token_model(spec)
+    h, d, e = spec.n_heads, spec.head_dim, spec.d_model
+    net = Net()
+    cross = fold_cross(net, model, spec, ["keys", "values"] * spec.layers, "lengths")
+    for i, layer in enumerate(model.decoder_layers):
+        fused = Fused("lengths").cross_attention(net, spec, "x", layer.cross_attention, ["keys", "values"])
+        folded = Folded("lengths").cross_attention(net, spec, "x", layer.cross_attention, cross[3 * i:3 * i + 3])
+        net.op("Identity", [fused], [f"fused_{i}"])
+        net.op("Identity", [folded], [f"folded_{i}"])
+    outputs = [tensor(f"{kind}_{i}", FLOAT, None) for i in range(spec.layers) for kind in ("fused", "folded")]
+    graph = onnx.helper.make_graph(net.nodes, "fold", [tensor("x", FLOAT, None), tensor("keys", FLOAT, None),
+                                                       tensor("values", FLOAT, None), tensor("lengths", INT32, None)],
+                                   outputs, initializer=net.weights)
+    model_proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                               onnx.helper.make_opsetid(MS, 1)])
+    model_proto.ir_version = 8
+    session = ort.InferenceSession(model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(rows)
+    feed = {"x": rng.normal(size=(3, rows, e)).astype(np.float32),
+            "keys": rng.normal(size=(3, h, 7, d)).astype(np.float32),
+            "values": rng.normal(size=(3, h, 7, d)).astype(np.float32),
+            "lengths": np.array([7, 2, 5], np.int32)}  # padded keys: never read
+    got = dict(zip([o.name for o in outputs], session.run(None, feed)))
+    for i in range(spec.layers):
+        np.testing.assert_allclose(got[f"folded_{i}"], got[f"fused_{i}"], rtol=1e-5, atol=1e-5)
+    feed["keys"][1, :, 2:] = 1e3  # what lies past an input's length changes nothing
+    feed["values"][1, :, 2:] = -1e3
+    again = dict(zip([o.name for o in outputs], session.run(None, feed)))
+    np.testing.assert_allclose(again["folded_0"], got["folded_0"], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("rows", [1, 3, WIDE_ROWS, WIDE_ROWS + 3])

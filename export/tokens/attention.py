@@ -15,7 +15,7 @@ import torch
 from onnx import helper
 
 from runtime.spec import ModelSpec
-from training.tokens.transformer import MultiHeadAttention
+from training.tokens.transformer import MultiHeadAttention, TransformerSeq2Seq
 
 from .kernels import FLOAT, INT32, MS, Net, qkv
 
@@ -25,6 +25,7 @@ class Fused:
     (row, head) pairs, so they cost ~2 us per pair (285 us for 64 rows x 4 heads)."""
 
     CACHES = 1  # one cache per layer, (2, rows, h, t, d): keys then values (the state's past_i)
+    CROSS = 2  # cross-attention tensors per layer: keys, values (B, h, Ls, d) (kernels.cross_kv)
 
     def __init__(self, lengths32: str) -> None:
         self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
@@ -41,21 +42,23 @@ class Fused:
         context, present = net.op("Attention", [x, w, b, "", *past], 2, MS, num_heads=spec.n_heads)
         return context, [present]
 
-    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
-                        values: str) -> str:
-        """x (B, 1, E), keys/values (B, h, Ls, d) -> context (B, 1, E) before fc_attn."""
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                        cross: list[str]) -> str:
+        """x (B, 1, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, 1, E), less its bias."""
+        keys, values = cross
         queries = attention.queries
         query = net.linear(x, queries, bias=False)  # (B, 1, E); the kernel adds the bias
         bias = torch.cat([queries.bias, torch.zeros(2 * queries.bias.numel())])  # (3E,): keys, values projected
-        return net.one("MultiHeadAttention", [query, keys, values, net.weight("q_b", bias), self.lengths32], MS,
-                       num_heads=spec.n_heads)
+        context = net.one("MultiHeadAttention", [query, keys, values, net.weight("q_b", bias), self.lengths32], MS,
+                          num_heads=spec.n_heads)
+        return net.linear(context, attention.fc_attn, bias=False)
 
 
 class Batched:
     """Attention in batched MatMuls over (row, head) (CTranslate2's layout for one query token: splitting heads
     is a reshape, no transpose): more nodes, but 2-3x faster than the fused kernels from ~16 rows up."""
 
-    CACHES = Fused.CACHES
+    CACHES, CROSS = Fused.CACHES, Fused.CROSS
     empty_cache = Fused.empty_cache
 
     def __init__(self, mask_bias: str) -> None:
@@ -76,8 +79,9 @@ class Batched:
         context = net.one("MatMul", [weights, values])  # (1, B, h, 1, d)
         return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))]), [present]
 
-    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
-                        values: str) -> str:
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                        cross: list[str]) -> str:
+        keys, values = cross
         h, d = spec.n_heads, spec.head_dim
         scale = 1.0 / np.sqrt(d)
         query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B, 1, E)
@@ -85,7 +89,8 @@ class Batched:
         scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, 1, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
-        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
+        context = net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
+        return net.linear(context, attention.fc_attn, bias=False)
 
 
 class AncestryFused(Fused):
@@ -140,9 +145,10 @@ class BlockBatched(Batched):
         context = net.one("MatMul", [net.one("Softmax", [scores], axis=-1), values])  # (1, B, h, k, d)
         return _merge_heads(net, spec, net.one("Transpose", [context], perm=[1, 3, 0, 2, 4])), [keys, values]
 
-    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention, keys: str,
-                        values: str) -> str:
-        """x (B, k, E), keys/values (B, h, Ls, d) -> context (B, k, E) before fc_attn."""
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                        cross: list[str]) -> str:
+        """x (B, k, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, k, E), less its bias."""
+        keys, values = cross
         h, d = spec.n_heads, spec.head_dim
         scale = 1.0 / np.sqrt(d)
         query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B, k, E)
@@ -151,7 +157,65 @@ class BlockBatched(Batched):
         scores = net.one("FusedMatMul", [query, keys], MS, transB=1)  # (B, h, k, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
-        return _merge_heads(net, spec, context)
+        return net.linear(_merge_heads(net, spec, context), attention.fc_attn, bias=False)
+
+
+class Folded(Fused):
+    """Fused self-attention; the cross-attention folded into per-input matrices that `fold_cross` makes once from
+    the keys and values: scores = x @ S^T + bias, where S (B, h Ls, E) is each head's keys times its query
+    projection (scaled) and bias (B, 1, h Ls) the keys times the query bias, plus the padding mask; and out =
+    softmax per head @ O, where O (B, h Ls, E) is each head's values times its rows of fc_attn. A step runs two
+    MatMuls, an Add, a Softmax and two Reshapes where Fused runs the query MatMul, MultiHeadAttention's
+    per-(row, head) products and the fc_attn MatMul (1 row, 13 source tokens: 2.6 against 5.0 us a layer a step).
+    Only the one-call graphs: their cross-attention state is their own."""
+
+    CROSS = 3  # S, bias, O per layer
+
+    def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
+                        cross: list[str]) -> str:
+        """x (B, k, E), cross [S, bias, O] -> fc_attn(context) (B, k, E), less its bias."""
+        keys_by, bias, out_by = cross
+        scores = net.one("Add", [net.one("FusedMatMul", [x, keys_by], MS, transB=1), bias])  # (B, k, h Ls)
+        heads = net.one("Reshape", [scores, net.weight("heads", np.array([0, 0, spec.n_heads, -1], np.int64))])
+        weights = net.one("Reshape", [net.one("Softmax", [heads], axis=-1),
+                                      net.weight("flat", np.array([0, 0, -1], np.int64))])  # (B, k, h Ls)
+        return net.one("MatMul", [weights, out_by])  # (B, k, E)
+
+
+class AncestryFolded(Folded, AncestryFused):
+    """AncestryFused's self-attention (the beam graph's blocks), Folded's cross-attention."""
+
+
+FOLD_UP_TO = 64  # the one-call graphs fold the cross-attention for models whose training sources (spec.input_len)
+# are at most this long: a step reads h times the keys' size in S and O, and making them costs h Ls E multiply-adds
+# per layer and input. dates transformer, fast greedy loop, batch 1, folded / not: 0.91-0.96 at 13 source tokens
+# (10-50 steps), 0.92-0.98 at 30, 0.98-1.02 at 60, 1.02-1.06 at 100.
+
+
+def folds(spec: ModelSpec) -> bool:
+    """Whether the one-call graphs fold the cross-attention (Folded, AncestryFolded)."""
+    return spec.input_len <= FOLD_UP_TO
+
+
+def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], lengths32: str) -> list[str]:
+    """Every decoder layer's keys, values (B, h, Ls, d) (k0, v0, k1, ...) -> its S, bias and O for Folded: one
+    MatMul each by a per-head constant, (h, d, E) or (h, d, 1), no transpose."""
+    h, d, e = spec.n_heads, spec.head_dim, spec.d_model
+    padding = mask_bias(net, lengths32, cross[0], [0, 1, -1, 1])  # (B, 1, Ls, 1)
+    by_row = net.weight("by_row", np.array([0, -1, e], np.int64))  # (B, h, Ls, E) -> (B, h Ls, E)
+    row = net.weight("row", np.array([0, 1, -1], np.int64))  # (B, h, Ls, 1) -> (B, 1, h Ls)
+    folded = []
+    for layer, keys, values in zip(model.decoder_layers, cross[0::2], cross[1::2]):
+        attention: MultiHeadAttention = layer.cross_attention
+        scale = 1.0 / np.sqrt(d)
+        queries = attention.queries.weight.detach().reshape(h, d, e) * scale  # (h, d, E): head i's rows
+        query_bias = attention.queries.bias.detach().reshape(h, d, 1) * scale
+        keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries)]), by_row])
+        bias = net.one("Add", [net.one("MatMul", [keys, net.weight("query_bias", query_bias)]), padding])
+        out = attention.fc_attn.weight.detach().T.reshape(h, d, e)  # (h, d, E): head i's rows of fc_attn^T
+        out_by = net.one("Reshape", [net.one("MatMul", [values, net.weight("out", out)]), by_row])
+        folded += [keys_by, net.one("Reshape", [bias, row]), out_by]
+    return folded
 
 
 def _no_steps(net: Net, spec: ModelSpec, lead: int, rows: str) -> str:
@@ -181,12 +245,13 @@ def _scaled_qkv(attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Ten
     return w, b
 
 
-def mask_bias(net: Net, lengths32: str, keys: str) -> str:
-    """(B, 1, 1, Ls) additive mask: 0 for source positions < length, -inf after; Ls from keys (B, h, Ls, d)."""
+def mask_bias(net: Net, lengths32: str, keys: str, shape: list[int] | None = None) -> str:
+    """(B, 1, 1, Ls) (or `shape`) additive mask: 0 for source positions < length, -inf after; Ls from keys
+    (B, h, Ls, d)."""
     length = net.one("Cast", [net.one("Squeeze", [net.one("Shape", [keys], start=2, end=3)])], to=INT32)
     index = net.one("Range", [net.weight("zero", np.array(0, np.int32)), length,
                               net.weight("one", np.array(1, np.int32))])  # (Ls,)
     lengths = net.one("Unsqueeze", [lengths32, net.weight("axis1", np.array([1], np.int64))])  # (B, 1)
     bias = net.one("Where", [net.one("Less", [index, lengths]), net.weight("zero_f", np.array(0.0, np.float32)),
                              net.weight("minus_inf", np.array(-np.inf, np.float32))])  # (B, Ls)
-    return net.one("Reshape", [bias, net.weight("shape", np.array([0, 1, 1, -1], np.int64))])
+    return net.one("Reshape", [bias, net.weight("shape", np.array(shape or [0, 1, 1, -1], np.int64))])

@@ -32,7 +32,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import AncestryFused, BlockBatched, mask_bias, own_slots
+from .attention import AncestryFolded, AncestryFused, BlockBatched, fold_cross, folds, mask_bias, own_slots
 from .kernels import (
     BOOL,
     FLOAT,
@@ -72,7 +72,7 @@ class Outer:
         index = net.one("Range", [_c(net, "zero", 0), net.one("Squeeze", [self.batch]), _c(net, "one", 1)])  # (B,)
         self.base = net.one("Mul", [net.one("Unsqueeze", [index, _c(net, "ax1", [1])]), "beam_size"])  # (B, 1)
         shape_bk = net.one("Concat", [self.batch, self.k], axis=0)
-        self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it as one block
+        self.cross = cross  # (B, h, Ls, d) each (or Folded's): an input's beams attend to it as one block
         # Row j of input b reads the cache slots its ancestors wrote: the mask starts each step with the slot it
         # writes now (an identity block per input) and follows the rows when beams are picked.
         self.beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
@@ -85,6 +85,9 @@ class Outer:
             self.mask_type, step_shape = FLOAT, [self.batch, _c(net, "one_d", [1]), self.k]  # (B, 1, k, k t)
         else:
             self.attend = AncestryFused(lengths32, STEP_MASK)
+            if folds(spec):
+                self.attend, self.cross = AncestryFolded(lengths32, STEP_MASK), fold_cross(net, model, spec, cross,
+                                                                                           lengths32)
             self.own = net.one("Cast", [own], to=INT32)
             self.mask_type, step_shape = INT32, [self.batch, self.k]  # (B, k, k t)
         self.step_shape = net.one("Concat", [*step_shape, _c(net, "minus_one", [-1])], axis=0)

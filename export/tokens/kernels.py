@@ -185,8 +185,8 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
 def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
             cross: list[str], attend: Fused | Batched) -> tuple[str, list[str]]:  # or their Ancestry kinds
     """One step: token embeddings (B, 1, E) (a beam graph's blocks: (B, k, E)), position rows (B, 1, E) or (1, E),
-    the self-attention caches (`attend.CACHES` per layer, layer by layer) and cross keys/values (B, h, Ls, d) ->
-    log-probs (B, 1, V) (blocks: (B, k, V)) and the grown caches, in the same order."""
+    the self-attention caches (`attend.CACHES` per layer, layer by layer) and the cross-attention's tensors
+    (`attend.CROSS` per layer: keys and values (B, h, Ls, d), or Folded's) -> log-probs (B, 1, V) (blocks: (B, k, V)) and the grown caches, in the same order."""
     layers: list[Decoder] = list(model.decoder_layers)
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)
@@ -197,10 +197,9 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
         presents.extend(grown)
         stream.add(net.linear(context, layer.self_attention.fc_attn, bias=False), layer.self_attention.fc_attn.bias,
                    layer.res1, layer.res2.norm)
-        context = attend.cross_attention(net, spec, stream.inner, layer.cross_attention, cross[2 * i],
-                                         cross[2 * i + 1])
-        stream.add(net.linear(context, layer.cross_attention.fc_attn, bias=False),
-                   layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm)
+        out = attend.cross_attention(net, spec, stream.inner, layer.cross_attention,
+                                     cross[i * attend.CROSS:(i + 1) * attend.CROSS])
+        stream.add(out, layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm)
         hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
         stream.add(net.linear(hidden, layer.ffn.linear2, bias=False), layer.ffn.linear2.bias, layer.res3,
                    _next_norm(layers, i, model.decoder_norm, "res1"))
