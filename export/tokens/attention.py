@@ -186,15 +186,16 @@ class AncestryFolded(Folded, AncestryFused):
     """AncestryFused's self-attention (the beam graph's blocks), Folded's cross-attention."""
 
 
-FOLD_UP_TO = 64  # the one-call graphs fold the cross-attention for models whose training sources (spec.input_len)
-# are at most this long: a step reads h times the keys' size in S and O, and making them costs h Ls E multiply-adds
-# per layer and input. dates transformer, fast greedy loop, batch 1, folded / not: 0.91-0.96 at 13 source tokens
-# (10-50 steps), 0.92-0.98 at 30, 0.98-1.02 at 60, 1.02-1.06 at 100.
+FOLD_UP_TO = 8192  # the one-call graphs fold the cross-attention where S, n_heads x source_len x d_model for the
+# model's training sources (spec.input_len), holds at most this many values: a step's two products do h times the
+# arithmetic of MultiHeadAttention's and save its per-(row, head) overhead, so the fold pays for small models only.
+# fast greedy loop, batch 1, 20 steps, folded / not (same weights): at h L E = 2048-8192, 0.91-0.96 (d_model 64 with
+# 4 or 8 heads, 128 with 4, 256 with 8); at 16384, 0.96-1.01; at 32768, 1.06-1.08; at 131072, 1.16.
 
 
 def folds(spec: ModelSpec) -> bool:
     """Whether the one-call graphs fold the cross-attention (Folded, AncestryFolded)."""
-    return spec.input_len <= FOLD_UP_TO
+    return spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO
 
 
 def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], lengths32: str) -> list[str]:
