@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import click
 import numpy as np
@@ -26,14 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
-from runtime.sessions import session_options  # noqa: E402
+from runtime.sessions import read_graph, session_options  # noqa: E402
 
 GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"], "fast_beam": FAST_FILES["beam"],
           "wide_beam": FAST_FILES["wide_beam"], "greedy_loop": GREEDY_FILE}
 
 
-def session(path: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
+def session(model_dir: Path, graphs: dict, name: str) -> ort.InferenceSession:
+    """A session of a graph the manifest lists, its sha256 checked (an altered file: IntegrityError, one line)."""
+    data = read_graph(model_dir, name, graphs[name]["sha256"])
+    return ort.InferenceSession(data, session_options(1), providers=["CPUExecutionProvider"])
 
 
 def sources(spec, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
@@ -51,12 +54,11 @@ def sources(spec, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
     return {"source_ids": ids, "source_lengths": lengths.astype(np.int64)}
 
 
-def feed(model_dir: Path, graph: str, loop: ort.InferenceSession, src: dict, steps: int, free: bool,
+def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: dict, steps: int, free: bool,
          beam: int) -> dict[str, np.ndarray]:
     """The loop graph's inputs: the sources (a fast graph) or the export's own encoder's outputs, and the options."""
     values = dict(src)
-    if graph == "greedy_loop":
-        encoder = session(model_dir / ENCODER_FILE)
+    if encoder is not None:
         values.update(zip([o.name for o in encoder.get_outputs()],
                           encoder.run(None, {i.name: src[i.name] for i in encoder.get_inputs()})))
     values.update(max_length=np.array(steps), min_length=np.array(0 if free else steps), target_len=np.array(steps),
@@ -78,9 +80,10 @@ def feed(model_dir: Path, graph: str, loop: ort.InferenceSession, src: dict, ste
 def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: int, source_len: int, free: bool,
          rounds: int, calls: int) -> None:
     try:
-        specs = [read_manifest(d).spec for d in (before, after)]
+        manifests = [read_manifest(d) for d in (before, after)]
     except Seq2OnnxError as exc:  # not an export, or an altered one: its one line, not a traceback
         raise click.ClickException(str(exc)) from None
+    specs = [m.spec for m in manifests]
     if specs[0] != specs[1]:
         raise click.UsageError(f"{before} and {after} are exports of different models: {specs[0]} vs {specs[1]}")
     limit = specs[0].max_positions if specs[0].is_transformer else None
@@ -88,33 +91,46 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
         raise click.UsageError(f"--source-len {source_len} and --steps {steps} must be at most this transformer's "
                                f"max_positions {limit}")
     name = GRAPHS[graph]
-    for d in (before, after):
-        if not (d / name).is_file():
+    for d, m in zip((before, after), manifests):
+        if name not in m.graphs:
             raise click.UsageError(f"{d} has no {name}")
     src = sources(specs[0], batch, source_len, seed=0)
-    loops = {d: session(d / name) for d in (before, after)}
-    feeds = {d: feed(d, graph, loops[d], src, steps, free, beam) for d in (before, after)}
-    outs = {d: loops[d].run(None, feeds[d]) for d in (before, after)}
-    for a, b in zip(outs[before], outs[after]):
+    sides = (0, 1)  # by side, not by path: the same export given twice is a control (two sessions, two lists)
+    try:
+        loops = [session(d, m.graphs, name) for d, m in zip((before, after), manifests)]
+        encoders = [session(d, m.graphs, ENCODER_FILE) if graph == "greedy_loop" else None
+                    for d, m in zip((before, after), manifests)]
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    feeds = [feed(encoders[i], loops[i], src, steps, free, beam) for i in sides]
+    outs = [loops[i].run(None, feeds[i]) for i in sides]
+    for a, b in zip(*outs):
         if a.dtype.kind in "iub" and not np.array_equal(a, b):
             raise click.ClickException(f"the two exports decode different ids ({graph}): not the same model?")
-    diff = max((float(np.max(np.abs(a - b))) for a, b in zip(outs[before], outs[after])
+    diff = max((float(np.max(np.abs(a - b))) for a, b in zip(*outs)
                 if a.dtype.kind == "f" and a.size and np.isfinite(a).all()), default=0.0)
     start = time.perf_counter()
-    loops[before].run(None, feeds[before])
+    loops[0].run(None, feeds[0])
     calls = calls or max(5, int(1.0 / max(time.perf_counter() - start, 1e-6)))
     click.echo(f"{graph} ({name}), batch {batch}, {steps} steps{' (free)' if free else ''}"
                f"{f', beam {beam}' if 'beam' in graph else ''}; same ids, max float diff {diff:.2e}; "
                f"{calls} interleaved calls per side per round")
     for r in range(rounds):
-        times: dict[Path, list[float]] = {before: [], after: []}
-        for _ in range(calls):
-            for d in (before, after):
-                t = time.perf_counter()
-                loops[d].run(None, feeds[d])
-                times[d].append(time.perf_counter() - t)
-        b, a = (float(np.median(times[d])) * 1e3 for d in (before, after))
+        times = interleaved([lambda i=i: loops[i].run(None, feeds[i]) for i in sides], calls)
+        b, a = (float(np.median(t)) * 1e3 for t in times)
         click.echo(f"round {r + 1}: before {b:.3f} ms, after {a:.3f} ms, after / before {a / b:.3f}")
+
+
+def interleaved(runs: list[Callable[[], object]], calls: int) -> list[list[float]]:
+    """`calls` timed calls of each run, in turn; seconds per call, one list per run (by position, so the same
+    export given twice still gets two sessions and two lists)."""
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(calls):
+        for run, samples in zip(runs, times):
+            t = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - t)
+    return times
 
 
 if __name__ == "__main__":

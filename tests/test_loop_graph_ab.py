@@ -44,3 +44,34 @@ def test_exports_of_different_models_or_without_the_graph_are_refused(transforme
     assert done.returncode != 0 and "has no fast_beam.onnx" in done.stderr
     done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "99")
     assert done.returncode != 0 and "must be at most this transformer's max_positions" in done.stderr
+
+
+def test_the_same_export_given_twice_is_timed_as_two_sides(transformer_export):
+    """Keyed by path, both sides' times once went into one list: an exact 1.000 by construction."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("loop_graph_ab", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    counts = [0, 0]
+
+    def side(i: int):
+        def run() -> None:
+            counts[i] += 1
+        return run
+
+    times = module.interleaved([side(0), side(1)], 4)
+    assert counts == [4, 4] and [len(t) for t in times] == [4, 4]
+    done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "3", "--source-len", "5")
+    assert done.returncode == 0, done.stderr
+    assert "3 interleaved calls per side" in done.stdout
+
+
+def test_an_altered_graph_is_refused_in_one_line(transformer_export, tmp_path):
+    copy = tmp_path / "altered"
+    shutil.copytree(transformer_export.path, copy)
+    graph = copy / "fast_greedy.onnx"
+    graph.write_bytes(graph.read_bytes()[:1000])  # truncated
+    done = run(str(transformer_export.path), str(copy), "--graph", "fast_greedy", "--steps", "3", "--source-len", "5")
+    assert done.returncode == 1, done.stdout
+    assert "does not match the manifest" in done.stderr and "Traceback" not in done.stderr
