@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,6 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from export.tokens import attention
 from export.tokens.attention import FOLD_UP_TO, Folded, Fused, fold_cross
 from export.tokens.fast import BLOCKS_UP_TO, GROUP
 from export.tokens.kernels import FLOAT, INT32, MS, Net, tensor
@@ -70,6 +72,37 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         spec = fast_export.model.spec
         assert ("MultiHeadAttention" in body) == (spec.n_heads * spec.input_len * spec.d_model > FOLD_UP_TO), role
         assert "Attention" in body
+
+
+def test_one_call_graphs_run_the_plain_body_for_sources_too_long_to_fold(tmp_path, monkeypatch):
+    """Where the model folds but its position table allows longer sources, an If picks the body per call."""
+    monkeypatch.setattr(attention, "FOLD_UP_TO", 2 * 16 * 5)  # 2 heads x d_model 16: sources of <= 5 tokens fold
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    exported = export_token_model(spec, tmp_path / "model")
+    manifest = json.loads((exported.path / MANIFEST_FILE).read_text())
+    assert manifest["parity"]["passed"]
+    assert {"b1 s1", "b2 s6"} <= {c["case"] for c in manifest["parity"]["cases"]}  # one case either side
+    for role in ("greedy", "beam"):
+        switch = next(n for n in onnx.load(str(exported.path / FAST_FILES[role])).graph.node if n.op_type == "If")
+        bodies = {a.name: {n.op_type for n in next(m for m in a.g.node if m.op_type == "Loop").attribute[0].g.node}
+                  for a in switch.attribute}
+        assert "MultiHeadAttention" not in bodies["then_branch"] and "MultiHeadAttention" in bodies["else_branch"]
+    for length, kernel in ((5, "FusedMatMul"), (6, "MultiHeadAttention")):  # which body ran: the profile says
+        options = ort.SessionOptions()
+        options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / f"profile_{length}")
+        session = ort.InferenceSession(str(exported.path / FAST_FILES["greedy"]), options,
+                                       providers=["CPUExecutionProvider"])
+        ids = np.array([[5] * (length - 1) + [EOS]], np.int64)
+        session.run(None, {"source_ids": ids, "source_lengths": np.array([length]), "max_length": np.array(2),
+                           "min_length": np.array(0)})
+        ran = {e.get("args", {}).get("op_name") for e in json.loads(Path(session.end_profiling()).read_text())}
+        assert kernel in ran and ({"FusedMatMul", "MultiHeadAttention"} - {kernel}).isdisjoint(ran), (length, ran)
+    fast, traced = Seq2Seq.load(exported.path), Seq2Seq.load(exported.path, fast=False)
+    texts = ["a cat", "the cat ran on the mat", "a dog sat on the cat the mat", "the dog sat"]
+    for options in (dict(), dict(beam_size=3, num_hypotheses=2)):
+        for batch in ([texts[0]], [texts[2]], texts):  # short only (folded), long only, mixed (padded to long)
+            got = [[h.ids for h in hyps] for hyps in fast.translate_batch(batch, **options)]
+            assert got == [[h.ids for h in hyps] for hyps in traced.translate_batch(batch, **options)]
 
 
 @pytest.mark.parametrize("rows", [1, 5])

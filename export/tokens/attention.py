@@ -10,14 +10,17 @@ A kind says how its self-attention cache looks: CACHES tensors per layer, and `e
 the first step."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
+import onnx
 import torch
 from onnx import helper
 
 from runtime.spec import ModelSpec
 from training.tokens.transformer import MultiHeadAttention, TransformerSeq2Seq
 
-from .kernels import FLOAT, INT32, MS, Net, qkv
+from .kernels import FLOAT, INT32, MS, Net, graph, qkv, tensor
 
 
 class Fused:
@@ -194,8 +197,38 @@ FOLD_UP_TO = 8192  # the one-call graphs fold the cross-attention where S, n_hea
 
 
 def folds(spec: ModelSpec) -> bool:
-    """Whether the one-call graphs fold the cross-attention (Folded, AncestryFolded)."""
+    """Whether the one-call graphs hold a folded body at all: for the model's training sources, S is small enough."""
     return spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO
+
+
+def plain_from(spec: ModelSpec) -> int | None:
+    """Where the graphs fold: the shortest source (tokens) that runs the plain body instead, or None where the
+    position table allows none that long (then there is no plain body)."""
+    length = FOLD_UP_TO // (spec.n_heads * spec.d_model) + 1
+    return length if length <= spec.max_positions else None
+
+
+def fold_loop(net: Net, spec: ModelSpec, loop_inputs: list[str], count: int, keep: list[int], types: list[int],
+              plain: Callable[[], onnx.GraphProto], folded: Callable[[Net], onnx.GraphProto]) -> list[str]:
+    """The decode Loop (`loop_inputs`, `count` outputs, `keep` of them returned, of `types`): with the plain body
+    (`plain()`) where the model does not fold; with the folded one (`folded(net)` writes the fold's nodes into `net`
+    and returns that body) where no source can be too long; else both, in an If on this call's sources (folded
+    where n_heads x source_len x d_model <= FOLD_UP_TO): sources longer than the model's training ones run the
+    plain body (folded, 200 source tokens where it trained on 29: beam 5 at batch 8 took 1.6x)."""
+    if not folds(spec) or plain_from(spec) is None:
+        body = plain() if not folds(spec) else folded(net)
+        outs = net.op("Loop", loop_inputs, count, body=body)
+        return [outs[i] for i in keep]
+    length = net.one("Shape", ["source_ids"], start=1, end=2)  # (1,)
+    size = net.one("Mul", [length, net.weight("heads_width", np.array([spec.n_heads * spec.d_model], np.int64))])
+    small = net.one("Squeeze", [net.one("LessOrEqual", [size, net.weight("up_to", np.array([FOLD_UP_TO],
+                                                                                             np.int64))])])
+    branches = []
+    for prefix in ("fold/", "plain/"):
+        branch = Net(prefix)
+        outs = branch.op("Loop", loop_inputs, count, body=folded(branch) if prefix == "fold/" else plain())
+        branches.append(graph(branch, prefix[:-1], [], [tensor(outs[i], t, None) for i, t in zip(keep, types)], ""))
+    return net.op("If", [small], len(keep), then_branch=branches[0], else_branch=branches[1])
 
 
 def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], lengths32: str) -> list[str]:

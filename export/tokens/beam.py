@@ -21,6 +21,7 @@ and lengths (int64); a slot with score -inf holds no hypothesis.
 """
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import numpy as np
@@ -32,7 +33,15 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import AncestryFolded, AncestryFused, BlockBatched, fold_cross, folds, mask_bias, own_slots
+from .attention import (
+    AncestryFolded,
+    AncestryFused,
+    BlockBatched,
+    fold_cross,
+    fold_loop,
+    mask_bias,
+    own_slots,
+)
 from .kernels import (
     BOOL,
     FLOAT,
@@ -63,7 +72,7 @@ class Outer:
 
     def __init__(self, net: Net, model: TransformerSeq2Seq, spec: ModelSpec, wide: bool) -> None:
         self.spec = spec
-        lengths32 = net.one("Cast", ["source_lengths"], to=INT32)
+        self.lengths32 = lengths32 = net.one("Cast", ["source_lengths"], to=INT32)
         cross = cross_kv(net, model, spec, encoder(net, model, spec, "source_ids", lengths32))
         self.batch = net.one("Shape", ["source_lengths"])  # (1,)
         self.k = net.one("Reshape", ["beam_size", _c(net, "one_d", [1])])  # (1,)
@@ -72,7 +81,7 @@ class Outer:
         index = net.one("Range", [_c(net, "zero", 0), net.one("Squeeze", [self.batch]), _c(net, "one", 1)])  # (B,)
         self.base = net.one("Mul", [net.one("Unsqueeze", [index, _c(net, "ax1", [1])]), "beam_size"])  # (B, 1)
         shape_bk = net.one("Concat", [self.batch, self.k], axis=0)
-        self.cross = cross  # (B, h, Ls, d) each (or Folded's): an input's beams attend to it as one block
+        self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it as one block
         # Row j of input b reads the cache slots its ancestors wrote: the mask starts each step with the slot it
         # writes now (an identity block per input) and follows the rows when beams are picked.
         self.beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
@@ -85,9 +94,6 @@ class Outer:
             self.mask_type, step_shape = FLOAT, [self.batch, _c(net, "one_d", [1]), self.k]  # (B, 1, k, k t)
         else:
             self.attend = AncestryFused(lengths32, STEP_MASK)
-            if folds(spec):
-                self.attend, self.cross = AncestryFolded(lengths32, STEP_MASK), fold_cross(net, model, spec, cross,
-                                                                                           lengths32)
             self.own = net.one("Cast", [own], to=INT32)
             self.mask_type, step_shape = INT32, [self.batch, self.k]  # (B, k, k t)
         self.step_shape = net.one("Concat", [*step_shape, _c(net, "minus_one", [-1])], axis=0)
@@ -280,9 +286,21 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     net = Net(skip_norm=False, int8=int8)
     outer = Outer(net, model, spec, wide)
     first = _first(net, outer, spec)
-    outs = net.op("Loop", ["max_length", _c(net, "true", True, bool), *first], len(first),
-                  body=_body(model, spec, outer, int8))
-    for name, value in zip(("scores", "log_probs", "tokens", "lengths"), outs[4:8]):
+    inputs = ["max_length", _c(net, "true", True, bool), *first]
+
+    def folded(where: Net) -> onnx.GraphProto:
+        view = copy.copy(outer)
+        view.attend = AncestryFolded(outer.lengths32, STEP_MASK)
+        view.cross = fold_cross(where, model, spec, outer.cross, outer.lengths32)
+        return _body(model, spec, view, int8)
+
+    def plain() -> onnx.GraphProto:
+        return _body(model, spec, outer, int8)
+    if wide:  # batched attention: no folded body
+        best = net.op("Loop", inputs, len(first), body=plain())[4:8]
+    else:
+        best = fold_loop(net, spec, inputs, len(first), [4, 5, 6, 7], FINISH_TYPES[:4], plain, folded)
+    for name, value in zip(("scores", "log_probs", "tokens", "lengths"), best):
         net.op("Identity", [value], [name])
     types = {**TYPES, "length_penalty": DOUBLE, "scores": DOUBLE, "log_probs": DOUBLE}
     return _model(graph(net, "fast_beam", _inputs(io["inputs"], types), _inputs(io["outputs"], types), doc))

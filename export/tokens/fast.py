@@ -27,7 +27,16 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import Batched, BlockBatched, Folded, Fused, fold_cross, folds, mask_bias, own_slots
+from .attention import (
+    Batched,
+    BlockBatched,
+    Folded,
+    Fused,
+    fold_cross,
+    fold_loop,
+    mask_bias,
+    own_slots,
+)
 from .beam import beam_model
 from .kernels import (
     BOOL,
@@ -170,17 +179,21 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         net.op("Cast", ["source_lengths"], ["memory_lengths"], to=INT32)
         memory = encoder(net, model, spec, "source_ids", "memory_lengths")
         attend, cross = Fused("memory_lengths"), cross_kv(net, model, spec, memory)
-        if folds(spec):
-            attend, cross = Folded("memory_lengths"), fold_cross(net, model, spec, cross, "memory_lengths")
         batch = net.one("Shape", ["source_lengths"])  # (1,)
         column = net.one("Concat", [batch, net.weight("one", np.array([1], np.int64))], axis=0)  # [B, 1]
         first = net.one("Expand", [net.weight("bos", np.array([[BOS]], np.int64)), column])  # (B, 1)
         cube = net.one("Concat", [column, net.weight("one", np.array([1], np.int64))], axis=0)  # [B, 1, 1]
         none = net.one("Expand", [net.weight("false", np.array([[[False]]])), cube])  # (B, 1, 1)
-        outs = net.op("Loop", ["max_length", net.weight("true", np.array(True)), first, none,
-                               *attend.empty_cache(net, spec, batch) * spec.layers], 2 + spec.layers + 2,
-                      body=_body(model, spec, cross, _penalties(net, spec), attend, int8))
-        tokens, log_probs = (_time_last(net, scan) for scan in outs[-2:])
+        inputs = ["max_length", net.weight("true", np.array(True)), first, none,
+                  *attend.empty_cache(net, spec, batch) * spec.layers]
+        penalties, count = _penalties(net, spec), 2 + spec.layers + 2
+
+        def folded(where: Net) -> onnx.GraphProto:
+            return _body(model, spec, fold_cross(where, model, spec, cross, "memory_lengths"), penalties,
+                         Folded("memory_lengths"), int8)
+        scans = fold_loop(net, spec, inputs, count, [count - 2, count - 1], [INT64, FLOAT],
+                          lambda: _body(model, spec, cross, penalties, attend, int8), folded)
+        tokens, log_probs = (_time_last(net, scan) for scan in scans)
     # after a row's first eos: 0 (<pad>) and log-prob 0, as the traced loop graph gives
     is_eos = net.one("Cast", [net.one("Equal", [tokens, net.weight("eos", np.array(EOS, np.int64))])], to=INT64)
     seen = net.one("CumSum", [is_eos, net.weight("axis", np.array(1, np.int64))])  # eos up to and including t

@@ -36,6 +36,7 @@ from training.points.data import is_point_data
 from training.tokens.base import TokenModel
 from training.tokens.data import load_text_dataset, reload_text_dataset
 
+from .attention import folds, plain_from
 from .sides import OwnModel, TorchSide, side_of, token_batch  # noqa: F401  (token_batch: export.quality's too)
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
@@ -72,10 +73,17 @@ def run_token_parity(model: Any, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
     """Every check of every case, measured before judging: `model` is a token model or a probed adapter."""
     side = side_of(model)
     rows = []
-    for i, (n, length) in enumerate(TOKEN_CASES):
+    for i, (n, length) in enumerate(TOKEN_CASES + _plain_case(side.spec)):
         ids, lengths = side.sources(n, length, seed=i)
         rows.extend(_case_rows(f"b{n} s{ids.shape[1]}", runtime, side, ids, lengths, tol, PARITY_STEPS))
     return rows
+
+
+def _plain_case(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """A transformer whose one-call graphs fold the cross-attention below a source length and run the plain body
+    from there: one more case, 2 inputs just long enough for the plain one (TOKEN_CASES are short)."""
+    length = plain_from(spec) if spec.is_transformer and folds(spec) else None
+    return () if length is None else ((2, length),)
 
 
 def run_token_data_parity(model: Any, runtime: Seq2Seq, texts: list[str], name: str, tol: Tolerance) -> list[Row]:
