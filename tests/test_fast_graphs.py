@@ -66,34 +66,39 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         for value in onnx.load(str(fast_export.path / name)).graph.input:
             dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
             assert "batch" in dims or dims == [], (name, value.name, dims)  # scalars: lengths and options
-    for role in ("greedy", "beam"):  # the one-call graphs fold the cross-attention for short-source models only
-        loop = next(n for n in onnx.load(str(fast_export.path / FAST_FILES[role])).graph.node if n.op_type == "Loop")
-        body = {n.op_type for n in loop.attribute[0].g.node}
-        spec = fast_export.model.spec
-        assert ("MultiHeadAttention" in body) == (spec.n_heads * spec.input_len * spec.d_model > FOLD_UP_TO), role
-        assert "Attention" in body
+    spec = fast_export.model.spec
+    for role in ("greedy", "beam"):  # the one-call graphs fold the cross-attention for small models only
+        nodes = onnx.load(str(fast_export.path / FAST_FILES[role])).graph.node
+        switch = [n for n in nodes if n.op_type == "If"]
+        assert bool(switch) == (spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO), role
+        branches = {a.name: a.g for a in switch[0].attribute} if switch else {}
+        loops = [next(n for n in branches[b].node if n.op_type == "Loop") for b in ("then_branch", "else_branch")] \
+            if switch else [next(n for n in nodes if n.op_type == "Loop")]
+        bodies = [{n.op_type for n in loop.attribute[0].g.node} for loop in loops]  # folded first, then plain
+        assert ["MultiHeadAttention" in body for body in bodies] == ([False, True] if switch else [True]), role
+        assert all("Attention" in body for body in bodies)
 
 
-def test_one_call_graphs_run_the_plain_body_for_sources_too_long_to_fold(tmp_path, monkeypatch):
-    """Where the model folds but its position table allows longer sources, an If picks the body per call."""
-    monkeypatch.setattr(attention, "FOLD_UP_TO", 2 * 16 * 5)  # 2 heads x d_model 16: sources of <= 5 tokens fold
+def test_one_call_graphs_run_the_plain_body_for_calls_too_large_to_fold(tmp_path, monkeypatch):
+    """An If picks the body per call: folded while inputs x heads x source_len x d_model <= FOLD_UP_TO."""
+    monkeypatch.setattr(attention, "FOLD_UP_TO", 2 * 16 * 5)  # 2 heads x d_model 16: 5 source tokens in all fold
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
     exported = export_token_model(spec, tmp_path / "model")
     manifest = json.loads((exported.path / MANIFEST_FILE).read_text())
     assert manifest["parity"]["passed"]
-    assert {"b1 s1", "b2 s6"} <= {c["case"] for c in manifest["parity"]["cases"]}  # one case either side
+    assert {"b1 s1", "b1 s7"} <= {c["case"] for c in manifest["parity"]["cases"]}  # one case either side
     for role in ("greedy", "beam"):
         switch = next(n for n in onnx.load(str(exported.path / FAST_FILES[role])).graph.node if n.op_type == "If")
         bodies = {a.name: {n.op_type for n in next(m for m in a.g.node if m.op_type == "Loop").attribute[0].g.node}
                   for a in switch.attribute}
         assert "MultiHeadAttention" not in bodies["then_branch"] and "MultiHeadAttention" in bodies["else_branch"]
-    for length, kernel in ((5, "FusedMatMul"), (6, "MultiHeadAttention")):  # which body ran: the profile says
-        options = ort.SessionOptions()
-        options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / f"profile_{length}")
+    for batch, length, kernel in ((1, 5, "FusedMatMul"), (1, 6, "MultiHeadAttention"), (2, 3, "MultiHeadAttention")):
+        options = ort.SessionOptions()  # which body ran: onnxruntime's profile says
+        options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / f"profile_{batch}_{length}")
         session = ort.InferenceSession(str(exported.path / FAST_FILES["greedy"]), options,
                                        providers=["CPUExecutionProvider"])
-        ids = np.array([[5] * (length - 1) + [EOS]], np.int64)
-        session.run(None, {"source_ids": ids, "source_lengths": np.array([length]), "max_length": np.array(2),
+        ids = np.array([[5] * (length - 1) + [EOS]] * batch, np.int64)
+        session.run(None, {"source_ids": ids, "source_lengths": np.full(batch, length), "max_length": np.array(2),
                            "min_length": np.array(0)})
         ran = {e.get("args", {}).get("op_name") for e in json.loads(Path(session.end_profiling()).read_text())}
         assert kernel in ran and ({"FusedMatMul", "MultiHeadAttention"} - {kernel}).isdisjoint(ran), (length, ran)

@@ -189,40 +189,30 @@ class AncestryFolded(Folded, AncestryFused):
     """AncestryFused's self-attention (the beam graph's blocks), Folded's cross-attention."""
 
 
-FOLD_UP_TO = 8192  # the one-call graphs fold the cross-attention where S, n_heads x source_len x d_model for the
-# model's training sources (spec.input_len), holds at most this many values: a step's two products do h times the
-# arithmetic of MultiHeadAttention's and save its per-(row, head) overhead, so the fold pays for small models only.
-# fast greedy loop, batch 1, 20 steps, folded / not (same weights): at h L E = 2048-8192, 0.91-0.96 (d_model 64 with
-# 4 or 8 heads, 128 with 4, 256 with 8); at 16384, 0.96-1.01; at 32768, 1.06-1.08; at 131072, 1.16.
+FOLD_UP_TO = 8192  # a call's sources fold where S for all of them, inputs x n_heads x source_len x d_model values a
+# layer, is at most this (32 KB): a step's two products do h times the arithmetic of MultiHeadAttention's and save
+# its per-(input, head) overhead, which pays for small models and batches only. fast greedy loop, batch 1, 20 steps,
+# folded / not (same weights): at h L E = 2048-8192, 0.91-0.96 (d_model 64 with 4 or 8 heads, 128 with 4, 256 with
+# 8); at 16384, 0.96-1.01; at 32768, 1.06-1.08; at 131072, 1.16. dates transformer at 29 source tokens: greedy at
+# batch 4, 1.03-1.04; beam 5 at batch 8, 1.04-1.07 (1.6 at 200 tokens).
 
 
 def folds(spec: ModelSpec) -> bool:
-    """Whether the one-call graphs hold a folded body at all: for the model's training sources, S is small enough."""
+    """Whether the one-call graphs hold a folded body: one input of the model's longest training source folds."""
     return spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO
-
-
-def plain_from(spec: ModelSpec) -> int | None:
-    """Where the graphs fold: the shortest source (tokens) that runs the plain body instead, or None where the
-    position table allows none that long (then there is no plain body)."""
-    length = FOLD_UP_TO // (spec.n_heads * spec.d_model) + 1
-    return length if length <= spec.max_positions else None
 
 
 def fold_loop(net: Net, spec: ModelSpec, loop_inputs: list[str], count: int, keep: list[int], types: list[int],
               plain: Callable[[], onnx.GraphProto], folded: Callable[[Net], onnx.GraphProto]) -> list[str]:
     """The decode Loop (`loop_inputs`, `count` outputs, `keep` of them returned, of `types`): with the plain body
-    (`plain()`) where the model does not fold; with the folded one (`folded(net)` writes the fold's nodes into `net`
-    and returns that body) where no source can be too long; else both, in an If on this call's sources (folded
-    where n_heads x source_len x d_model <= FOLD_UP_TO): sources longer than the model's training ones run the
-    plain body (folded, 200 source tokens where it trained on 29: beam 5 at batch 8 took 1.6x)."""
-    if not folds(spec) or plain_from(spec) is None:
-        body = plain() if not folds(spec) else folded(net)
-        outs = net.op("Loop", loop_inputs, count, body=body)
-        return [outs[i] for i in keep]
-    length = net.one("Shape", ["source_ids"], start=1, end=2)  # (1,)
-    size = net.one("Mul", [length, net.weight("heads_width", np.array([spec.n_heads * spec.d_model], np.int64))])
-    small = net.one("Squeeze", [net.one("LessOrEqual", [size, net.weight("up_to", np.array([FOLD_UP_TO],
-                                                                                             np.int64))])])
+    (`plain()`) where the model does not fold, else in an If on this call's sources (B, L): with the folded body
+    (`folded(branch)` writes the fold's nodes into the branch and returns that body) where B x n_heads x L x
+    d_model <= FOLD_UP_TO, the plain one for larger batches and longer sources."""
+    if not folds(spec):
+        return [net.op("Loop", loop_inputs, count, body=plain())[i] for i in keep]
+    size = net.one("ReduceProd", [net.one("Shape", ["source_ids"])], keepdims=0)  # B x L
+    small = net.one("LessOrEqual", [size, net.weight("up_to", np.array(FOLD_UP_TO // (spec.n_heads * spec.d_model),
+                                                                        np.int64))])
     branches = []
     for prefix in ("fold/", "plain/"):
         branch = Net(prefix)

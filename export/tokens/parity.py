@@ -36,7 +36,7 @@ from training.points.data import is_point_data
 from training.tokens.base import TokenModel
 from training.tokens.data import load_text_dataset, reload_text_dataset
 
-from .attention import folds, plain_from
+from .attention import FOLD_UP_TO, folds
 from .sides import OwnModel, TorchSide, side_of, token_batch  # noqa: F401  (token_batch: export.quality's too)
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
@@ -80,10 +80,12 @@ def run_token_parity(model: Any, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
 
 
 def _plain_case(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
-    """A transformer whose one-call graphs fold the cross-attention below a source length and run the plain body
-    from there: one more case, 2 inputs just long enough for the plain one (TOKEN_CASES are short)."""
-    length = plain_from(spec) if spec.is_transformer and folds(spec) else None
-    return () if length is None else ((2, length),)
+    """A transformer whose one-call graphs fold the cross-attention for small calls (attention.fold_loop): one more
+    case, just past the bound, so that their plain body is checked too (TOKEN_CASES may all fold)."""
+    if not (spec.is_transformer and folds(spec)):
+        return ()
+    length = position_limit(spec, max(length for _, length in TOKEN_CASES))
+    return ((FOLD_UP_TO // (spec.n_heads * spec.d_model * length) + 1, length),)
 
 
 def run_token_data_parity(model: Any, runtime: Seq2Seq, texts: list[str], name: str, tol: Tolerance) -> list[Row]:
