@@ -82,11 +82,15 @@ class Cell:
     source_len: int
     target_len: int
     beam: int | None
+    one_call: bool = False  # fused: the export's loop graphs read the sources (a transformer's fast graphs)
 
     @property
     def calls(self) -> int:
-        """session.run() calls one decode makes: the encoder, then one per step (fused: one Loop graph)."""
-        return FUSED_CALLS if self.loop == "fused" else 1 + self.target_len
+        """session.run() calls one decode makes: the encoder, then one per step (fused: one Loop graph, after the
+        encoder unless the graph holds it)."""
+        if self.loop != "fused":
+            return 1 + self.target_len
+        return 1 if self.one_call else FUSED_CALLS
 
     def describe(self) -> str:
         """'cpu 1 thread, step loop, batch 16, source 50, target 100[, beam 5]' for progress lines."""
@@ -99,8 +103,9 @@ def grid(providers: tuple[str, ...], threads: tuple[int, ...], loops: tuple[str,
          sources: tuple[int, ...], targets: tuple[int, ...], beams: tuple[int | None, ...],
          beam_graph: bool = False) -> list[Cell]:
     """Every combination; the fused loop gets beam > 1 cells only where the export has a beam search graph (a
-    transformer's fast graphs)."""
-    cells = [Cell(*values) for values in itertools.product(providers, threads, loops, batches, sources, targets, beams)]
+    transformer's fast graphs, which also hold the encoder: one call a decode)."""
+    cells = [Cell(*values, one_call=beam_graph and values[2] == "fused")
+             for values in itertools.product(providers, threads, loops, batches, sources, targets, beams)]
     return [c for c in cells if beam_graph or not (c.loop == "fused" and (c.beam or 1) > 1)]
 
 
