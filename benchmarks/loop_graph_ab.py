@@ -13,6 +13,7 @@ Prints each side's median and the ratio after / before (< 1: the change is faste
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -66,16 +67,19 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
     return {i.name: values[i.name] for i in loop.get_inputs()}
 
 
-@click.command()
+@click.command(help="Time one loop graph of two exports of the same checkpoint side by side (BEFORE and AFTER a "
+                    "change to how graphs are written), after checking that both decode the same ids.")
 @click.argument("before", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("after", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--graph", type=click.Choice(sorted(GRAPHS)), required=True)
-@click.option("--batch", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Inputs per call.")
 @click.option("--beam", type=click.IntRange(1), default=5, show_default=True, help="Beam size (beam graphs).")
-@click.option("--steps", type=click.IntRange(1), default=20, show_default=True)
-@click.option("--source-len", type=click.IntRange(1), default=13, show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=20, show_default=True,
+              help="Output tokens (points) per input: min = max length unless --free.")
+@click.option("--source-len", type=click.IntRange(1), default=13, show_default=True,
+              help="Source tokens (points) of the longest input; the others 5 or more.")
 @click.option("--free", is_flag=True, help="Min length 0: rows end at their eos (tokens).")
-@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True, help="Rounds, each its own medians.")
 @click.option("--calls", type=click.IntRange(0), default=0, help="Timed calls per side per round (0: ~1 s).")
 def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: int, source_len: int, free: bool,
          rounds: int, calls: int) -> None:
@@ -85,7 +89,9 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
         raise click.ClickException(str(exc)) from None
     specs = [m.spec for m in manifests]
     if specs[0] != specs[1]:
-        raise click.UsageError(f"{before} and {after} are exports of different models: {specs[0]} vs {specs[1]}")
+        fields = [f.name for f in dataclasses.fields(specs[0]) if getattr(specs[0], f.name) != getattr(specs[1], f.name)]
+        differ = ", ".join(f"{n} {getattr(specs[0], n)!r} vs {getattr(specs[1], n)!r}" for n in fields)
+        raise click.UsageError(f"{before} and {after} are exports of different models: {differ}")
     limit = specs[0].max_positions if specs[0].is_transformer else None
     if limit is not None and max(source_len, steps) > limit:
         raise click.UsageError(f"--source-len {source_len} and --steps {steps} must be at most this transformer's "

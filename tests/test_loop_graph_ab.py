@@ -38,6 +38,7 @@ def test_a_point_model_runs_its_own_encoder_first(exports, tmp_path):
 def test_exports_of_different_models_or_without_the_graph_are_refused(transformer_export, exports):
     done = run(str(transformer_export.path), str(exports["dot"].path), "--graph", "greedy_loop")
     assert done.returncode != 0 and "exports of different models" in done.stderr
+    assert "kind 'tokens' vs 'points'" in done.stderr and "ModelSpec(" not in done.stderr  # the fields that differ
     done = run(str(transformer_export.path), str(exports["dot"].path.parent), "--graph", "greedy_loop")
     assert done.returncode == 1 and "no manifest found" in done.stderr and "Traceback" not in done.stderr
     done = run(str(exports["dot"].path), str(exports["dot"].path), "--graph", "fast_beam")
