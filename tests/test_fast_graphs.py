@@ -72,11 +72,15 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         switch = [n for n in nodes if n.op_type == "If"]
         assert bool(switch) == (spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO), role
         branches = {a.name: a.g for a in switch[0].attribute} if switch else {}
-        loops = [next(n for n in branches[b].node if n.op_type == "Loop") for b in ("then_branch", "else_branch")] \
-            if switch else [next(n for n in nodes if n.op_type == "Loop")]
+        loops = [[n for n in branches[b].node if n.op_type == "Loop"] for b in ("then_branch", "else_branch")] \
+            if switch else [[n for n in nodes if n.op_type == "Loop"]]
+        assert [len(found) for found in loops] == [1] * len(loops), role  # one decode loop a body, run once
+        loops = [found[0] for found in loops]
         bodies = [{n.op_type for n in loop.attribute[0].g.node} for loop in loops]  # folded first, then plain
         assert ["MultiHeadAttention" in body for body in bodies] == ([False, True] if switch else [True]), role
         assert all("Attention" in body for body in bodies)
+        wide = onnx.load(str(fast_export.path / FAST_FILES["wide_" + role])).graph.node
+        assert [n.op_type for n in wide].count("Loop") == 1 and "If" not in {n.op_type for n in wide}, role
 
 
 def test_one_call_graphs_run_the_plain_body_for_calls_too_large_to_fold(tmp_path, monkeypatch):

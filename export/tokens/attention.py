@@ -4,10 +4,11 @@ onnxruntime's fused kernels (Fused: fewest nodes, best for few rows) and batched
 AncestryFused, BlockBatched) an input's k beams are one (k, E) block that reads the input's one copy of the
 cross-attention keys/values, and its own append-only self-attention cache through a mask of the slots the beam's
 ancestors wrote, so picking beams reorders the mask, never the cache; the wide greedy loop (BlockBatched) puts G
-inputs side by side in a block the same way.
+inputs side by side in a block the same way. For small calls the one-call graphs fold the cross-attention into
+per-input matrices made once (Folded, AncestryFolded; `fold_loop` picks the body per call).
 
-A kind says how its self-attention cache looks: CACHES tensors per layer, and `empty_cache` makes a layer's before
-the first step."""
+A kind says how its self-attention cache looks (CACHES tensors per layer, and `empty_cache` makes a layer's before
+the first step) and how many cross-attention tensors a layer reads (CROSS)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -203,13 +204,14 @@ def folds(spec: ModelSpec) -> bool:
 
 
 def fold_loop(net: Net, spec: ModelSpec, loop_inputs: list[str], count: int, keep: list[int], types: list[int],
-              plain: Callable[[], onnx.GraphProto], folded: Callable[[Net], onnx.GraphProto]) -> list[str]:
+              plain: Callable[[], onnx.GraphProto], folded: Callable[[Net], onnx.GraphProto] | None) -> list[str]:
     """The decode Loop (`loop_inputs`, `count` outputs, `keep` of them returned, of `types`): with the plain body
-    (`plain()`) where the model does not fold, else in an If on this call's sources (B, L): with the folded body
-    (`folded(branch)` writes the fold's nodes into the branch and returns that body) where B x n_heads x L x
-    d_model <= FOLD_UP_TO, the plain one for larger batches and longer sources."""
-    if not folds(spec):
-        return [net.op("Loop", loop_inputs, count, body=plain())[i] for i in keep]
+    (`plain()`) where the model does not fold (or `folded` is None), else in an If on this call's sources (B, L):
+    with the folded body (`folded(branch)` writes the fold's nodes into the branch and returns that body) where
+    B x n_heads x L x d_model <= FOLD_UP_TO, the plain one for larger batches and longer sources."""
+    if folded is None or not folds(spec):
+        outs = net.op("Loop", loop_inputs, count, body=plain())
+        return [outs[i] for i in keep]
     size = net.one("ReduceProd", [net.one("Shape", ["source_ids"])], keepdims=0)  # B x L
     small = net.one("LessOrEqual", [size, net.weight("up_to", np.array(FOLD_UP_TO // (spec.n_heads * spec.d_model),
                                                                         np.int64))])

@@ -286,20 +286,14 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     net = Net(skip_norm=False, int8=int8)
     outer = Outer(net, model, spec, wide)
     first = _first(net, outer, spec)
-    inputs = ["max_length", _c(net, "true", True, bool), *first]
 
-    def folded(where: Net) -> onnx.GraphProto:
+    def folded(where: Net) -> onnx.GraphProto:  # the cross-attention folded, for small calls (attention.fold_loop)
         view = copy.copy(outer)
         view.attend = AncestryFolded(outer.lengths32, STEP_MASK)
         view.cross = fold_cross(where, model, spec, outer.cross, outer.lengths32)
         return _body(model, spec, view, int8)
-
-    def plain() -> onnx.GraphProto:
-        return _body(model, spec, outer, int8)
-    if wide:  # batched attention: no folded body
-        best = net.op("Loop", inputs, len(first), body=plain())[4:8]
-    else:
-        best = fold_loop(net, spec, inputs, len(first), [4, 5, 6, 7], FINISH_TYPES[:4], plain, folded)
+    best = fold_loop(net, spec, ["max_length", _c(net, "true", True, bool), *first], len(first), [4, 5, 6, 7],
+                     FINISH_TYPES[:4], lambda: _body(model, spec, outer, int8), None if wide else folded)
     for name, value in zip(("scores", "log_probs", "tokens", "lengths"), best):
         net.op("Identity", [value], [name])
     types = {**TYPES, "length_penalty": DOUBLE, "scores": DOUBLE, "log_probs": DOUBLE}

@@ -10,7 +10,8 @@ values, grown by one per step; `cross_keys_i`/`cross_values_i` (batch, heads, so
 the greedy loop in one graph (one `run` per batch): the loop carries the last token (batch, 1), which rows emitted
 eos, and the caches; it picks the argmax with TopK (ties: the lowest id, as numpy), forbids eos below min_length
 and stops once every row emitted eos. After the loop, tokens after a row's eos are 0 and their log-probs 0. The
-wide greedy loop reads G inputs as one block (attention.BlockBatched): no other graph reads its cache.
+wide greedy loop reads G inputs as one block (attention.BlockBatched): no other graph reads its cache. The greedy
+and beam graphs run a folded cross-attention body for small calls, the plain one otherwise (attention.fold_loop).
 
 These graphs carry no attention weights: asking for attention decodes with the traced graphs instead.
 """

@@ -73,16 +73,16 @@ def run_token_parity(model: Any, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
     """Every check of every case, measured before judging: `model` is a token model or a probed adapter."""
     side = side_of(model)
     rows = []
-    for i, (n, length) in enumerate(TOKEN_CASES + _plain_case(side.spec)):
+    for i, (n, length) in enumerate(TOKEN_CASES + _plain_case(side.spec, runtime)):
         ids, lengths = side.sources(n, length, seed=i)
         rows.extend(_case_rows(f"b{n} s{ids.shape[1]}", runtime, side, ids, lengths, tol, PARITY_STEPS))
     return rows
 
 
-def _plain_case(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+def _plain_case(spec: ModelSpec, runtime: Seq2Seq) -> tuple[tuple[int, int], ...]:
     """A transformer whose one-call graphs fold the cross-attention for small calls (attention.fold_loop): one more
     case, just past the bound, so that their plain body is checked too (TOKEN_CASES may all fold)."""
-    if not (spec.is_transformer and folds(spec)):
+    if runtime.token_steps.fast is None or not folds(spec):
         return ()
     length = position_limit(spec, max(length for _, length in TOKEN_CASES))
     return ((FOLD_UP_TO // (spec.n_heads * spec.d_model * length) + 1, length),)
