@@ -17,11 +17,13 @@ with the </s>), repeated in order to fill a batch. Every case (batch, beam) deco
 hypothesis on both sides (min = max = --steps; checked on the warm-up outputs). Decoders of a case, each side x
 precision x thread count: seq2onnx `Seq2Seq.load(dir, threads=t).translate_batch(texts, ...)` (text in, text out)
 and CT2 `Translator(dir, device="cpu", compute_type=..., intra_threads=t, inter_threads=1).translate_batch(tokens,
-...)` (tokens in, tokens out). After WARMUP untimed calls each, --repeats rounds run every decoder in turn, so drift
-hits all alike; in a round each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count
-for every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a
-service under load runs it, not right after seven other decoders evicted it. Figures are medians; each side is
-reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is slower).
+...)` (tokens in, tokens out; with --ct2-text, text in and text out as ours: the call also splits the texts with
+the model's vocabulary and joins the output tokens). After WARMUP untimed calls each, --repeats rounds run every
+decoder in turn, so drift hits all alike; in a round each decoder runs --inner calls in a row (default: as many
+as last ~20 ms, the same count for every decoder of a case) and their mean is one sample, so a batch-1 call is
+timed with its model in cache, as a service under load runs it, not right after seven other decoders evicted it.
+Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is
+slower).
 """
 from __future__ import annotations
 
@@ -102,14 +104,25 @@ def load(dirs: dict[str, Path], threads: list[int]) -> dict[Key, Any]:
     return loaded
 
 
-def decoders(loaded: dict[Key, Any], model: Seq2Seq, texts: list[str], beam: int,
-             steps: int) -> dict[Key, Callable[[], Ids]]:
-    """Each decoder as a call decoding `texts` to `steps` ids per text (checked in `measure`)."""
+def decoders(loaded: dict[Key, Any], model: Seq2Seq, texts: list[str], beam: int, steps: int,
+             ct2_text: bool = False) -> dict[Key, Callable[[], Ids]]:
+    """Each decoder as a call decoding `texts` to `steps` ids per text (checked in `measure`). CT2 gets token
+    lists, its API; with `ct2_text` its call also does what ours does around the decoder: it splits the texts with
+    the same vocabulary and joins the output tokens into texts."""
     options = dict(beam_size=beam, min_decoding_length=steps, max_decoding_length=steps)
-    tokens = source_tokens(texts, model.vocabularies["source"], model.spec)
+    source, target = model.vocabularies["source"], model.vocabularies["target"]
+    tokens = source_tokens(texts, source, model.spec)
+
+    def ct2_text_call(runner: Any) -> Ids:
+        ids = ct2_ids(runner.translate_batch(source_tokens(texts, source, model.spec), **options), model)
+        for row in ids:
+            target.decode(row)  # the text a caller gets back, as ours returns it
+        return ids
 
     def call(key: Key, runner: Any) -> Callable[[], Ids]:
         if key[0] == "ct2":
+            if ct2_text:
+                return lambda: ct2_text_call(runner)
             return lambda: ct2_ids(runner.translate_batch(tokens, **options), model)
         return lambda: [h[0].ids for h in runner.translate_batch(texts, **options)]
     return {key: call(key, runner) for key, runner in loaded.items()}
@@ -243,8 +256,11 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a bar chart (PNG) of the best medians here.")
 @click.option("--force", is_flag=True, help="Replace an existing --json / --plot file.")
+@click.option("--ct2-text", is_flag=True,
+              help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
+                   "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
 def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[int], beams: list[int],
-         threads: list[int], json_out: Path | None, plot_out: Path | None, force: bool) -> None:
+         threads: list[int], json_out: Path | None, plot_out: Path | None, force: bool, ct2_text: bool) -> None:
     """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
     def note(line: str) -> None:
         click.echo(line, err=True)
@@ -277,14 +293,16 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
             batch_texts = (texts * (batch // len(texts) + 1))[:batch]
             for beam in beams:
                 note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(threads)} decoders ...")
-                rows.append(summarise(batch, beam, measure(decoders(loaded, model, batch_texts, beam, steps),
-                                                           repeats, steps, inner)))
+                calls = decoders(loaded, model, batch_texts, beam, steps, ct2_text)
+                rows.append(summarise(batch, beam, measure(calls, repeats, steps, inner)))
     click.echo(f"{info['cpu']}; {info['flags']}; uptime: {machine()['uptime']}")
     click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats}; "
-               "ratio = seq2onnx / CT2 (> 1: seq2onnx slower)")
+               "ratio = seq2onnx / CT2 (> 1: seq2onnx slower); CT2 "
+               + ("text in, text out (--ct2-text)" if ct2_text else "tokens in, tokens out"))
     click.echo(table(rows))
     if json_out is not None:
         figures = {"machine": info, "uptime_after": machine()["uptime"], "steps": steps, "repeats": repeats,
+                   "ct2_io": "text" if ct2_text else "tokens",
                    "source_tokens": SOURCE_TOKENS, "graphs": graphs, "cross_check": check, "cases": rows}
         json_out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
         note(f"wrote {json_out}")

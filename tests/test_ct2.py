@@ -15,6 +15,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
+    from ct2_bench import decoders  # noqa: E402
     from ct2_bench import main as bench_main  # noqa: E402
     from ct2_check import check_failures, cross_check  # noqa: E402
     from ct2_check import main as check_main  # noqa: E402
@@ -92,6 +93,25 @@ def test_ct2_matches_the_seq2onnx_runtime(tmp_path, transformer_export):
     check = cross_check(Seq2Seq.load(transformer_export.path, provider="cpu", threads=1), translator, toy_sources(),
                         steps=MAX_LEN)
     assert check_failures(check) == [], check
+
+
+def test_the_bench_times_ct2_tokens_or_text_in_and_out_and_both_decode_alike(tmp_path, transformer_export):
+    """--ct2-text: CT2's call splits the texts and joins its output too, as our translate_batch does; same ids."""
+    converted = convert_model(transformer_export.model, (transformer_export.source, transformer_export.target),
+                              tmp_path / "ct2")
+    model = Seq2Seq.load(transformer_export.path, provider="cpu", threads=1)
+    loaded = {("seq2onnx", "fp32", 1): model,
+              ("ct2", "fp32", 1): ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)}
+    texts = toy_sources()[:3]
+    for beam in (1, 2):
+        by_tokens = decoders(loaded, model, texts, beam, MAX_LEN)
+        by_text = decoders(loaded, model, texts, beam, MAX_LEN, ct2_text=True)
+        ours = by_tokens["seq2onnx", "fp32", 1]()
+        assert [len(ids) for ids in ours] == [MAX_LEN] * len(texts)
+        assert by_text["ct2", "fp32", 1]() == by_tokens["ct2", "fp32", 1]() == ours
+        texts[0] = texts[1]  # the text call splits the texts at every call; the token call split them once
+        assert by_text["ct2", "fp32", 1]()[0] == by_text["ct2", "fp32", 1]()[1] != by_tokens["ct2", "fp32", 1]()[0]
+        texts[:] = toy_sources()[:3]
 
 
 def test_a_recurrent_checkpoint_is_refused_by_name(tmp_path):
