@@ -29,9 +29,11 @@ from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
 from runtime.sessions import read_graph, session_options  # noqa: E402
+from runtime.spec import N_SPECIAL_TOKENS  # noqa: E402
+from runtime.vocab import EOS  # noqa: E402
 
-GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"], "fast_beam": FAST_FILES["beam"],
-          "wide_beam": FAST_FILES["wide_beam"], "greedy_loop": GREEDY_FILE}
+GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"],
+          "fast_beam": FAST_FILES["beam"], "wide_beam": FAST_FILES["wide_beam"], "greedy_loop": GREEDY_FILE}
 
 
 def session(model_dir: Path, graphs: dict, name: str) -> ort.InferenceSession:
@@ -50,8 +52,8 @@ def sources(spec, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
     lengths[-1] = length
     ids = np.zeros((batch, length), np.int64)
     for row, n in enumerate(lengths):
-        ids[row, :n - 1] = rng.integers(4, spec.source_vocab_size, n - 1)
-        ids[row, n - 1] = 2  # </s>
+        ids[row, :n - 1] = rng.integers(N_SPECIAL_TOKENS, spec.source_vocab_size, n - 1)  # no special
+        ids[row, n - 1] = EOS
     return {"source_ids": ids, "source_lengths": lengths.astype(np.int64)}
 
 
@@ -89,8 +91,9 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
         raise click.ClickException(str(exc)) from None
     specs = [m.spec for m in manifests]
     if specs[0] != specs[1]:
-        fields = [f.name for f in dataclasses.fields(specs[0]) if getattr(specs[0], f.name) != getattr(specs[1], f.name)]
-        differ = ", ".join(f"{n} {getattr(specs[0], n)!r} vs {getattr(specs[1], n)!r}" for n in fields)
+        fields = [f.name for f in dataclasses.fields(specs[0])]
+        differ = ", ".join(f"{n} {getattr(specs[0], n)!r} vs {getattr(specs[1], n)!r}" for n in fields
+                           if getattr(specs[0], n) != getattr(specs[1], n))
         raise click.UsageError(f"{before} and {after} are exports of different models: {differ}")
     limit = specs[0].max_positions if specs[0].is_transformer else None
     if limit is not None and max(source_len, steps) > limit:

@@ -39,6 +39,7 @@ WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS = 8, 16
 # batch 1-4, 40 tokens: the graph 0.66x its time at beam 16, 0.82x at 32, 1.06-1.09x at 64, 1.40x at 128).
 MAX_GRAPH_BEAM = 32
 
+
 class TokenSteps:
     """Encode once with the encoder session, then step with the step session; sessions are thread-safe.
 

@@ -1,5 +1,6 @@
 """A transformer's fast graphs (export.tokens.fast): written beside the traced ones, parity-checked at export, and
-decoding exactly what the traced graphs decode, on both sides of the fused/wide switch (runtime.token_steps.WIDE_ROWS)."""
+decoding exactly what the traced graphs decode, on both sides of the fused/wide switch
+(runtime.token_steps.WIDE_ROWS)."""
 from __future__ import annotations
 
 import json

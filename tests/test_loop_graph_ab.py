@@ -63,7 +63,8 @@ def test_the_same_export_given_twice_is_timed_as_two_sides(transformer_export):
 
     times = module.interleaved([side(0), side(1)], 4)
     assert counts == [4, 4] and [len(t) for t in times] == [4, 4]
-    done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "3", "--source-len", "5")
+    done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "3",
+               "--source-len", "5")
     assert done.returncode == 0, done.stderr
     assert "3 interleaved calls per side" in done.stdout
 

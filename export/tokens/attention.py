@@ -198,9 +198,14 @@ FOLD_UP_TO = 8192  # a call's sources fold where S for all of them, inputs x n_h
 # batch 4, 1.03-1.04; beam 5 at batch 8, 1.04-1.07 (1.6 at 200 tokens).
 
 
+def fold_tokens(spec: ModelSpec) -> int:
+    """The most source tokens a call may hold in all (inputs x source_len) and run the folded body."""
+    return FOLD_UP_TO // (spec.n_heads * spec.d_model)
+
+
 def folds(spec: ModelSpec) -> bool:
     """Whether the one-call graphs hold a folded body: one input of the model's longest training source folds."""
-    return spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO
+    return spec.input_len <= fold_tokens(spec)
 
 
 def fold_loop(net: Net, spec: ModelSpec, loop_inputs: list[str], count: int, keep: list[int], types: list[int],
@@ -213,8 +218,7 @@ def fold_loop(net: Net, spec: ModelSpec, loop_inputs: list[str], count: int, kee
         outs = net.op("Loop", loop_inputs, count, body=plain())
         return [outs[i] for i in keep]
     size = net.one("ReduceProd", [net.one("Shape", ["source_ids"])], keepdims=0)  # B x L
-    small = net.one("LessOrEqual", [size, net.weight("up_to", np.array(FOLD_UP_TO // (spec.n_heads * spec.d_model),
-                                                                        np.int64))])
+    small = net.one("LessOrEqual", [size, net.weight("up_to", np.array(fold_tokens(spec), np.int64))])
     branches = []
     for prefix in ("fold/", "plain/"):
         branch = Net(prefix)
@@ -227,13 +231,13 @@ def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list
     """Every decoder layer's keys, values (B, h, Ls, d) (k0, v0, k1, ...) -> its S, bias and O for Folded: one
     MatMul each by a per-head constant, (h, d, E) or (h, d, 1), no transpose."""
     h, d, e = spec.n_heads, spec.head_dim, spec.d_model
+    scale = 1.0 / np.sqrt(d)
     padding = mask_bias(net, lengths32, cross[0], [0, 1, -1, 1])  # (B, 1, Ls, 1)
     by_row = net.weight("by_row", np.array([0, -1, e], np.int64))  # (B, h, Ls, E) -> (B, h Ls, E)
     row = net.weight("row", np.array([0, 1, -1], np.int64))  # (B, h, Ls, 1) -> (B, 1, h Ls)
     folded = []
     for layer, keys, values in zip(model.decoder_layers, cross[0::2], cross[1::2]):
         attention: MultiHeadAttention = layer.cross_attention
-        scale = 1.0 / np.sqrt(d)
         queries = attention.queries.weight.detach().reshape(h, d, e) * scale  # (h, d, E): head i's rows
         query_bias = attention.queries.bias.detach().reshape(h, d, 1) * scale
         keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries)]), by_row])

@@ -131,7 +131,8 @@ FAST_DOCS = {
     "scores and log_probs (batch, hypotheses; float64), tokens (batch, hypotheses, decode_len; eos excluded) and "
     "lengths; a slot scored -inf holds no hypothesis.",
 }
-WIDE = " Attention in batched MatMuls instead of the fused kernels: faster for many rows (runtime.token_steps.WIDE_ROWS)."
+WIDE = (" Attention in batched MatMuls instead of the fused kernels: faster for many rows "
+        "(runtime.token_steps.WIDE_ROWS).")
 FAST_DOCS.update({FAST_FILES[f"wide_{role}"]: FAST_DOCS[FAST_FILES[role]] + WIDE
                   for role in ("step", "greedy", "beam")})
 GREEDY_DOCS = {

@@ -186,7 +186,8 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
             cross: list[str], attend: Fused | Batched) -> tuple[str, list[str]]:  # or their Ancestry kinds
     """One step: token embeddings (B, 1, E) (a beam graph's blocks: (B, k, E)), position rows (B, 1, E) or (1, E),
     the self-attention caches (`attend.CACHES` per layer, layer by layer) and the cross-attention's tensors
-    (`attend.CROSS` per layer: keys and values (B, h, Ls, d), or Folded's) -> log-probs (B, 1, V) (blocks: (B, k, V)) and the grown caches, in the same order."""
+    (`attend.CROSS` per layer: keys and values (B, h, Ls, d), or Folded's) -> log-probs (B, 1, V) (blocks:
+    (B, k, V)) and the grown caches, in the same order."""
     layers: list[Decoder] = list(model.decoder_layers)
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)

@@ -36,7 +36,7 @@ from training.points.data import is_point_data
 from training.tokens.base import TokenModel
 from training.tokens.data import load_text_dataset, reload_text_dataset
 
-from .attention import FOLD_UP_TO, folds
+from .attention import fold_tokens, folds
 from .sides import OwnModel, TorchSide, side_of, token_batch  # noqa: F401  (token_batch: export.quality's too)
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
@@ -85,7 +85,7 @@ def _plain_case(spec: ModelSpec, runtime: Seq2Seq) -> tuple[tuple[int, int], ...
     if runtime.token_steps.fast is None or not folds(spec):
         return ()
     length = position_limit(spec, max(length for _, length in TOKEN_CASES))
-    return ((FOLD_UP_TO // (spec.n_heads * spec.d_model * length) + 1, length),)
+    return ((fold_tokens(spec) // length + 1, length),)
 
 
 def run_token_data_parity(model: Any, runtime: Seq2Seq, texts: list[str], name: str, tol: Tolerance) -> list[Row]:
