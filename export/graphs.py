@@ -22,13 +22,11 @@ from runtime.contract import (
     GREEDY_FILE,
     SPEC_KEY,
     Dims,
-    fast_graph_io,
     graph_io,
-    has_beam_step,
-    token_beam_step_io,
 )
 from runtime.declared import TokenContract
 from runtime.errors import one_line
+from runtime.optional_graphs import fast_graph_io, has_beam_step, token_beam_step_io
 from runtime.spec import ModelSpec
 
 from .adapted import Adapted, AdaptedEncoder, AdaptedStep, example_sources

@@ -8,16 +8,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from runtime.contract import (
-    FORMAT_VERSION,
-    GREEDY_FILE,
-    MANIFEST_FILE,
-    VOCAB_FILES,
-    graph_io,
-    optional_graph_io,
-)
+from runtime.contract import FORMAT_VERSION, GREEDY_FILE, MANIFEST_FILE, VOCAB_FILES, graph_io
 from runtime.declared import TokenContract
 from runtime.manifest import sha256_file
+from runtime.optional_graphs import optional_graph_io
 from runtime.spec import ModelSpec
 
 

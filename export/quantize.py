@@ -34,8 +34,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from runtime.contract import BEAM_STEP_FILE, FAST_FILES, graph_io, optional_graph_io
+from runtime.contract import BEAM_STEP_FILE, FAST_FILES, graph_io
 from runtime.defaults import FP16, INT8
+from runtime.optional_graphs import optional_graph_io
 from runtime.spec import ModelSpec
 
 from .errors import ExportError

@@ -11,17 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import (
-    CONTRACT_SINCE,
-    GREEDY_FILE,
-    MANIFEST_FILE,
-    SUPPORTED_FORMAT_VERSIONS,
-    VOCAB_FILES,
-    graph_io,
-    optional_graph_io,
-)
+from .contract import CONTRACT_SINCE, GREEDY_FILE, MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, VOCAB_FILES, graph_io
 from .declared import ContractError, TokenContract
 from .errors import ManifestError, Seq2OnnxError, brief
+from .optional_graphs import optional_graph_io
 from .spec import ModelSpec, SpecError
 
 MAX_MANIFEST_BYTES = 16 << 20  # 16 MiB: ours are a few KiB, parity report included; more is not a manifest

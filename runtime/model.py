@@ -18,13 +18,12 @@ from .contract import (
     FEEDBACK,
     GREEDY_FILE,
     SPEC_KEY,
-    fast_feedback,
-    fast_graph_io,
 )
 from .declared import TokenContract
 from .errors import InputError, IntegrityError, brief
 from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_manifest
+from .optional_graphs import fast_feedback, fast_graph_io
 from .points import Cancel, check_mask, check_outputs, check_source, check_target_len, greedy_decode, stoppable
 from .sessions import (
     CUDA,

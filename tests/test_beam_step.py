@@ -11,9 +11,10 @@ import onnx
 import pytest
 import torch
 
-from runtime.contract import BEAM_STEP_FILE, MANIFEST_FILE, ROWS, has_beam_step, token_beam_step_io
+from runtime.contract import BEAM_STEP_FILE, MANIFEST_FILE, ROWS
 from runtime.errors import Cancelled
 from runtime.model import Seq2Seq
+from runtime.optional_graphs import has_beam_step, token_beam_step_io
 from runtime.search import beam_search
 from runtime.spec import ModelSpec
 from runtime.tokens import encode_sources

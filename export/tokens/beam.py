@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from runtime.contract import fast_graph_io
+from runtime.optional_graphs import fast_graph_io
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
@@ -279,7 +279,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
 
 def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
                int8: bool = False) -> onnx.ModelProto:
-    """The beam search graph, declared as `contract.fast_graph_io(spec)["beam"]`."""
+    """The beam search graph, declared as `optional_graphs.fast_graph_io(spec)["beam"]`."""
     from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]

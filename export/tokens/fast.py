@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from runtime.contract import fast_graph_io
+from runtime.optional_graphs import fast_graph_io
 from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 from training.tokens.transformer import TransformerSeq2Seq

@@ -28,10 +28,10 @@ from runtime.contract import (
     GREEDY_FILE,
     ROWS,
     graph_io,
-    token_beam_step_io,
     token_decoder_outputs,
     token_decoder_state,
 )
+from runtime.optional_graphs import token_beam_step_io
 from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
 from training.tokens.base import BOS_ID, TensorState, TokenModel
 from training.tokens.recurrent import TokenSeq2Seq
@@ -53,7 +53,7 @@ class TokenEncoderGraph(nn.Module):
 class TokenStepGraph(nn.Module):
     """One step: previous_tokens (N,) and the state -> log_probs (N, V), the fed-back state, alphas. `folded`
     (recurrent models with attention): the beam step, whose rows are batch x beam and whose attention reads its
-    inputs once per input (`TokenSeq2Seq.folded_step`; contract.token_beam_step_io)."""
+    inputs once per input (`TokenSeq2Seq.folded_step`; optional_graphs.token_beam_step_io)."""
 
     def __init__(self, model: TokenModel, spec: ModelSpec, folded: bool = False) -> None:
         super().__init__()
