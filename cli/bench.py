@@ -26,7 +26,7 @@ from runtime.bench import (
     measure,
     ort_call,
 )
-from runtime.bench_report import best_rows, format_best, format_table, plot_latency
+from runtime.bench_report import best_rows, describe_model, format_best, format_table, plot_latency, progress
 from runtime.contract import FAST_FILES
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import MAX_BATCH
@@ -170,29 +170,6 @@ def run_cells(cells: list[Cell], models: dict, floors: dict, eager: Any, spec: A
     return records
 
 
-def progress(record: dict[str, Any]) -> str:
-    """'ort 1.23 ms (p90 1.4), floor 0.9 ms, torch 20.1 ms: 16.3x' (and a note when token counts differ)."""
-    ort, floor = record["ort"], record["floor"]
-    line = f"ort {ort['median_ms']:.4g} ms (p90 {ort['p90_ms']:.4g}), floor {floor['median_ms']:.4g} ms"
-    if record["torch"] is not None:
-        line += f", torch {record['torch']['median_ms']:.4g} ms: {record['speedup']:.2f}x"
-        if "torch_search" in record:
-            line += f" (torch search {record['torch_search']['median_ms']:.4g} ms)"
-        if record["torch"]["tokens"] != ort["tokens"]:
-            line += f" (note: torch produced {record['torch']['tokens']} tokens, onnxruntime {ort['tokens']})"
-    return line
-
-
-def describe(spec: Any) -> str:
-    """'tokens model: gru, hidden 128, dot attention' (or a transformer's d_model and layers)."""
-    if spec.is_declared:
-        return (f"declared tokens model (its own architecture; vocabularies {spec.source_vocab_size} and "
-                f"{spec.target_vocab_size})")
-    body = f"transformer d_model {spec.d_model}, {spec.layers} layers" if spec.is_transformer else (
-        f"{spec.cell}, hidden {spec.hidden_dim}, {spec.attention} attention")
-    return f"{spec.kind} model: {body}"
-
-
 @click.command("bench", short_help="Time decoding over a grid: onnxruntime, and PyTorch eager with --checkpoint.")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
@@ -290,7 +267,7 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
     else:
         setup = doc["setup"]
         torch = f", torch {setup['torch']}" if setup["torch"] else " (no --checkpoint: onnxruntime only)"
-        click.echo(f"{model_dir}: {describe(spec)}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
+        click.echo(f"{model_dir}: {describe_model(spec)}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
                    f"{setup['repeats']} after {setup['warmup']} warm-up; floor = 'calls' session.run() calls of an "
                    "Identity graph; speed-up = torch / ort")
         click.echo(format_table(doc))
@@ -301,6 +278,6 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
         write_atomically(json_path, lambda f: f.write(text.encode("utf-8")))
         click.echo(f"wrote {json_path}", err=True)
     if plot_path:
-        title = f"{model_dir}: {describe(spec)}"
+        title = f"{model_dir}: {describe_model(spec)}"
         write_atomically(plot_path, lambda f: plot_latency(doc["cells"], title, f))
         click.echo(f"wrote {plot_path}", err=True)

@@ -1,5 +1,5 @@
-"""What `seq2onnx bench` shows of its cells: every cell as a table, the headline (each side at its best thread
-count), and a latency plot."""
+"""What `seq2onnx bench` shows of its cells: a progress line per cell, the model in a line, every cell as a table,
+the headline (each side at its best thread count), and a latency plot."""
 from __future__ import annotations
 
 from typing import IO, Any
@@ -32,6 +32,29 @@ def _ms(value: float | None) -> str:
 
 def _rate(value: float) -> str:
     return f"{value:.4g}" if value < 1e5 else f"{value:.3e}"
+
+
+def progress(record: dict[str, Any]) -> str:
+    """'ort 1.23 ms (p90 1.4), floor 0.9 ms, torch 20.1 ms: 16.3x' (and a note when token counts differ)."""
+    ort, floor = record["ort"], record["floor"]
+    line = f"ort {ort['median_ms']:.4g} ms (p90 {ort['p90_ms']:.4g}), floor {floor['median_ms']:.4g} ms"
+    if record["torch"] is not None:
+        line += f", torch {record['torch']['median_ms']:.4g} ms: {record['speedup']:.2f}x"
+        if "torch_search" in record:
+            line += f" (torch search {record['torch_search']['median_ms']:.4g} ms)"
+        if record["torch"]["tokens"] != ort["tokens"]:
+            line += f" (note: torch produced {record['torch']['tokens']} tokens, onnxruntime {ort['tokens']})"
+    return line
+
+
+def describe_model(spec: Any) -> str:
+    """'tokens model: gru, hidden 128, dot attention' (or a transformer's d_model and layers)."""
+    if spec.is_declared:
+        return (f"declared tokens model (its own architecture; vocabularies {spec.source_vocab_size} and "
+                f"{spec.target_vocab_size})")
+    body = f"transformer d_model {spec.d_model}, {spec.layers} layers" if spec.is_transformer else (
+        f"{spec.cell}, hidden {spec.hidden_dim}, {spec.attention} attention")
+    return f"{spec.kind} model: {body}"
 
 
 def format_table(doc: dict[str, Any]) -> str:
