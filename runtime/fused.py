@@ -47,13 +47,15 @@ class GreedyLoop:
         tokens, log_probs = result["tokens"], result["token_log_probs"]  # (N, T), (N, T)
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
         # The graph leaves 0 after a row's eos, tokens and log-probs alike, so a row's score is the in-order
-        # float64 sum of its whole row (as the step loop sums them: adding 0.0 changes no sum).
-        totals = np.cumsum(log_probs, axis=1, dtype=np.float64)[:, -1].tolist() if tokens.shape[1] else \
-            [0.0] * len(tokens)
+        # float64 sum of its whole row (as the step loop sums them: adding 0.0 changes no sum). Summed in Python,
+        # as np.cumsum(..., dtype=float64) would, with less numpy work beside the run (see Vocabulary.pad_rows).
         out = []
-        for row, ids in enumerate(tokens.tolist()):
+        for row, (ids, row_log_probs) in enumerate(zip(tokens.tolist(), log_probs.tolist())):
+            total = 0.0
+            for value in row_log_probs:
+                total += value
             n = ids.index(self.eos) if self.eos in ids else len(ids)  # eos is not part of the output
-            out.append(Hypothesis(tokens=ids[:n], score=totals[row], log_prob=totals[row],
+            out.append(Hypothesis(tokens=ids[:n], score=total, log_prob=total,
                                   attention=None if attention is None else attention[row, :n]))
         return out
 

@@ -3,6 +3,7 @@
 loop: encode once, then step, feed the prediction back, stop."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Callable, TypeVar
 
@@ -128,8 +129,11 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
 
 def check_outputs(source: np.ndarray, outputs: np.ndarray, attention: np.ndarray | None) -> None:
     """Finite inputs can still overflow inside the model (e.g. 1e30 everywhere): refuse rather than return NaN."""
+    arrays = (outputs, attention) if attention is not None else (outputs,)
+    if all(math.isfinite(arr.sum(dtype=np.float64)) for arr in arrays):  # any NaN/Inf makes its sum non-finite
+        return
     bad = np.zeros(len(outputs), dtype=bool)  # (N,)
-    for arr in (outputs, attention) if attention is not None else (outputs,):
+    for arr in arrays:
         bad |= ~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)  # (N,)
     if bad.any():
         item = int(np.argmax(bad))

@@ -105,14 +105,11 @@ def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec,
     was trained so, between the bos and eos it reads; padded to its fixed length if it has one), refusing over-long
     inputs by index."""
     rules = contract_for(spec, contract).sources
-    ids, lengths = vocab.encode_batch(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse)
-    over = np.flatnonzero(lengths > rules.max_len)
-    if over.size:
-        i = int(over[0])
-        raise InputError(f"texts[{i}]: {too_long(int(lengths[i]), spec, contract)}; split the text")
-    if rules.fixed_len is not None and ids.shape[1] < rules.fixed_len:  # (N, fixed_len): what the encoder reads
-        ids = np.pad(ids, ((0, 0), (0, rules.fixed_len - ids.shape[1])), constant_values=vocab.ids.filler)
-    return ids, lengths
+    rows = vocab.encode_rows(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse)
+    for i, row in enumerate(rows):
+        if len(row) > rules.max_len:
+            raise InputError(f"texts[{i}]: {too_long(len(row), spec, contract)}; split the text")
+    return vocab.pad_rows(rows, rules.fixed_len or 0)  # (N, fixed_len) where fixed: what the encoder reads
 
 
 def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: TokenContract | None = None) -> int:

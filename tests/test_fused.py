@@ -86,6 +86,23 @@ def test_token_greedy_loop_equals_the_step_loop(eos_biased, name, options):
         np.testing.assert_allclose(a[0].attention, b[0].attention, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("name", ["lstm", "transformer"])
+def test_a_greedy_score_is_the_in_order_float64_sum_of_its_row(eos_biased, name):
+    """GreedyLoop.tokens sums each row's float32 log-probs in Python: bit for bit np.cumsum's float64 running sum."""
+    model = Seq2Seq.load(eos_biased[name], provider="cpu")
+    steps = model.token_steps
+    steps = steps.fast or steps
+    ids, lengths = model.vocabularies["source"].encode_batch(TEXTS[:4])
+    state = {"source_ids": ids, "source_lengths": lengths}
+    state = state if set(state) <= set(steps.greedy.inputs) else steps.encode(ids, lengths)
+    feed = {**{k: v for k, v in state.items() if k in steps.greedy.inputs},
+            "max_length": np.array(7, np.int64), "min_length": np.array(0, np.int64)}
+    raw = steps.greedy._run(feed)["token_log_probs"]
+    assert raw.dtype == np.float32 and (raw == 0).any()  # rows ended early: zeros after their eos
+    got = [h.score for h in steps.greedy.tokens(state, 7, 0, False)]
+    assert got == np.cumsum(raw, axis=1, dtype=np.float64)[:, -1].tolist()
+
+
 def test_token_greedy_loop_mixes_ended_and_live_rows(eos_biased):
     """Rows end at different steps: the loop keeps running ended rows (their outputs masked) until all end."""
     for name, steps_wanted in (("lstm", 7), ("transformer", 7)):

@@ -14,7 +14,7 @@ from runtime import Seq2Seq
 from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
 from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
 from runtime.manifest import sha256_file
-from runtime.points import MAX_TARGET_LEN
+from runtime.points import MAX_TARGET_LEN, check_outputs
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES
@@ -241,6 +241,20 @@ def test_outputs_that_overflow_inside_the_model_are_an_input_error(exports):
     message = r"batch item 1 \(largest \|value\| 3e\+38\) made the model's outputs overflow"
     with pytest.raises(InputError, match=message):
         model.predict(np.array([[[0.0, 1.0]], [[3e38, 1.0]]]))
+
+
+@pytest.mark.parametrize("where", ["outputs", "attention"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_every_non_finite_output_is_named_by_its_batch_item(where, bad):
+    source = np.ones((3, 2, 2), np.float32)
+    arrays = {"outputs": np.full((3, 4, 2), 3e38, np.float32), "attention": np.full((3, 4, 2), 0.5, np.float32)}
+    check_outputs(source, arrays["outputs"], arrays["attention"])  # finite, though their float32 sum is not
+    arrays[where][2, 3, 1] = bad
+    with pytest.raises(InputError, match="batch item 2 "):
+        check_outputs(source, arrays["outputs"], arrays["attention"])
+    if where == "outputs":
+        with pytest.raises(InputError, match="batch item 2 "):
+            check_outputs(source, arrays["outputs"], None)
 
 
 def test_graph_level_calls_turn_onnxruntime_failures_into_input_errors(dot):

@@ -89,10 +89,21 @@ def test_decode_stops_at_eos_and_skips_control_ids(words: Vocabulary) -> None:
     assert words.decode([]) == ""
 
 
-@pytest.mark.parametrize("ids", [[99], [-1], [1.0], [True], [[4, 5]]])
+@pytest.mark.parametrize("ids", [[99], [-1], [1.0], [True], [[4, 5]], [5, 2**70], [np.int64(5), 99]])
 def test_decode_refuses_bad_ids(words: Vocabulary, ids: list) -> None:
-    with pytest.raises(VocabError):
+    with pytest.raises(VocabError) as caught:
         words.decode(ids)
+    with pytest.raises(VocabError) as as_tuple:  # a list of plain ints takes a path of its own: the same refusal
+        words.decode(tuple(ids))
+    assert str(caught.value) == str(as_tuple.value)
+
+
+def test_a_list_of_ints_decodes_as_the_same_ids_in_an_array(words: Vocabulary) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids = rng.integers(0, len(words.tokens), rng.integers(0, 12)).astype(np.int64)
+        assert words.decode(ids.tolist()) == words.decode(ids) == words.decode(tuple(ids.tolist()))
+    assert words.decode([np.int64(words.tokens.index("one")), EOS]) == "one"  # numpy ints: the general path
 
 
 def test_encode_batch_pads_and_reports_lengths(words: Vocabulary) -> None:
@@ -106,6 +117,19 @@ def test_encode_batch_pads_and_reports_lengths(words: Vocabulary) -> None:
     assert empty.shape == (0, 0) and no_lengths.shape == (0,)
     with pytest.raises(VocabError, match="one string"):
         words.encode_batch("one")
+
+
+def test_rows_pad_to_the_longest_or_a_wider_width(words: Vocabulary) -> None:
+    rows = words.encode_rows(["two is two", "one"], add_bos=True, reverse=True)
+    assert rows == [[BOS, *words.encode("two is two", add_eos=False)[::-1], EOS], [BOS, words.tokens.index("one"), EOS]]
+    ids, lengths = words.pad_rows(rows)
+    assert ids.tolist() == [rows[0], rows[1] + [PAD, PAD]] and lengths.tolist() == [5, 3]
+    wide, _ = words.pad_rows(rows, width=7)
+    assert wide.shape == (2, 7) and wide.dtype == np.int64 and (wide[:, 5:] == PAD).all()
+    assert words.pad_rows(rows, width=2)[0].shape == (2, 5)  # never narrower than a row
+    assert words.pad_rows([], width=3)[0].shape == (0, 3) and words.pad_rows([[], []])[0].shape == (2, 0)
+    with pytest.raises(VocabError, match="one string"):
+        words.encode_rows("one")
 
 
 @pytest.mark.parametrize("tokens, kind, match", [

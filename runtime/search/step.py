@@ -70,7 +70,7 @@ def check_constant(constant: object, state: State) -> frozenset[str]:
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
     """`value` as an int in [low, high], else an InputError naming `name`."""
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    ok = type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))  # ABC: slow
     if not ok or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise InputError(f"{name} must be an int {bound}, got {brief(value)}")
@@ -79,7 +79,7 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
 
 def check_float(name: str, value: object) -> float:
     """`value` as a finite float, else an InputError naming `name`."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = (type(value) is float or isinstance(value, numbers.Real) and not isinstance(value, bool)) and math.isfinite(value)
     if not ok:
         raise InputError(f"{name} must be a finite float, got {brief(value)}")
     return float(value)

@@ -1,0 +1,110 @@
+"""What the public API adds to a decode at small batches: the model's own call (`translate_batch` for token models,
+`predict` for point models) against a bare replay of the onnxruntime calls that same call made, with the same feeds,
+interleaved in one process (medians and 10th percentiles, 1 intra-op thread by default).
+
+    python benchmarks/api_overhead.py artifacts/dates --batch 1 --beam 1 --beam 5 [--source-len L] [--target-len T]
+
+The difference is the API's whole cost per call: checking the options, tokenizing, building the feeds, reading the
+outputs back into hypotheses (or points) and text, and any slowdown of the runs that this work causes (measured on
+a 2-core EPYC: a few microseconds of numpy work before a run made the run itself 5-20 us slower, more than the work
+took). Token models decode exactly --target-len tokens (min = max decoding length) from texts of exactly
+--source-len tokens, as `seq2onnx bench` does.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runtime.bench import Cell, make_inputs, ort_call  # noqa: E402
+from runtime.bench_report import describe_model  # noqa: E402
+from runtime.binding import SessionRunner  # noqa: E402
+from runtime.errors import Seq2OnnxError  # noqa: E402
+from runtime.model import Seq2Seq  # noqa: E402
+
+
+def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[str, Any]]]:
+    """The (runner, feed) of every graph run one API call makes, in order (runners of every kind are recorded)."""
+    calls: list[tuple[SessionRunner, dict[str, Any]]] = []
+    original = SessionRunner.__call__
+
+    def record(self: SessionRunner, feed: dict[str, Any], cancel: Any = None) -> dict[str, Any]:
+        calls.append((self, dict(feed)))
+        return original(self, feed, cancel)
+
+    SessionRunner.__call__ = record  # type: ignore[method-assign]
+    try:
+        call()
+    finally:
+        SessionRunner.__call__ = original  # type: ignore[method-assign]
+    return calls
+
+
+def measure(sides: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
+    """Each side's call times in seconds: `rounds` rounds of `calls` timed calls a side (one untimed first)."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, fn in sides.items():
+            fn()
+            for _ in range(calls):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def case_line(label: str, runs: int, times: dict[str, list[float]]) -> str:
+    """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us, 1.081x'."""
+    bare, api = (np.median(times[k]) * 1e6 for k in ("bare", "api"))
+    bare10, api10 = (np.percentile(times[k], 10) * 1e6 for k in ("bare", "api"))
+    return (f"{label}: bare {runs} run(s) {bare:.0f} us (p10 {bare10:.0f}) | API {api:.0f} us (p10 {api10:.0f}) | "
+            f"API adds {api - bare:.0f} us (p10 {api10 - bare10:.0f}), {api / bare:.3f}x")
+
+
+@click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--batch", "batches", type=click.IntRange(1, 4096), multiple=True, help="Batch sizes (default 1).")
+@click.option("--beam", "beams", type=click.IntRange(1, 64), multiple=True,
+              help="Beam sizes of token models (default 1 and 5); point models decode greedily.")
+@click.option("--source-len", type=click.IntRange(1), default=None,
+              help="Source tokens (or points) per input (default: the model's input_len).")
+@click.option("--target-len", type=click.IntRange(1), default=None,
+              help="Tokens (or points) decoded per input (default: the model's target_len).")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="Intra-op threads.")
+@click.option("--rounds", type=click.IntRange(1), default=30, show_default=True, help="Interleaved rounds.")
+@click.option("--calls", type=click.IntRange(1), default=10, show_default=True, help="Timed calls a side a round.")
+def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
+         target_len: int | None, threads: int, rounds: int, calls: int) -> None:
+    try:
+        model = Seq2Seq.load(model_dir, provider="cpu", threads=threads)
+        spec = model.spec
+        source_len = spec.input_len if source_len is None else source_len
+        target_len = spec.target_len if target_len is None else target_len
+        points = spec.kind == "points"
+        vocab = None if points else model.vocabularies["source"]
+        print(f"{model_dir}: {describe_model(spec)}; {threads} thread(s), source {source_len}, target {target_len}, {rounds} rounds x {calls} calls")
+        for batch in batches or (1,):
+            inputs = make_inputs(spec, vocab, batch, source_len, contract=None if points else model.contract)
+            for beam in (None,) if points else (beams or (1, 5)):
+                cell = Cell("cpu", threads, "fused", batch, source_len, target_len, beam)
+                api = ort_call(model, cell, inputs)
+                replay = recorded_calls(api)
+
+                def bare(replay: list = replay) -> None:
+                    for runner, feed in replay:
+                        runner._run(feed)
+
+                label = f"{'greedy' if beam in (None, 1) else f'beam {beam}'} b{batch}"
+                print(case_line(label, len(replay), measure({"bare": bare, "api": api}, rounds, calls)), flush=True)
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+if __name__ == "__main__":
+    main()
