@@ -105,11 +105,12 @@ def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec,
     was trained so, between the bos and eos it reads; padded to its fixed length if it has one), refusing over-long
     inputs by index."""
     rules = contract_for(spec, contract).sources
-    rows = vocab.encode_rows(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse)
-    for i, row in enumerate(rows):
-        if len(row) > rules.max_len:
-            raise InputError(f"texts[{i}]: {too_long(len(row), spec, contract)}; split the text")
-    return vocab.pad_rows(rows, rules.fixed_len or 0)  # (N, fixed_len) where fixed: what the encoder reads
+    ids, lengths = vocab.encode_batch(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse,
+                                      width=rules.fixed_len or 0)  # (N, fixed_len) where fixed: what it reads
+    for i, n in enumerate(lengths.tolist()):
+        if n > rules.max_len:
+            raise InputError(f"texts[{i}]: {too_long(n, spec, contract)}; split the text")
+    return ids, lengths
 
 
 def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: TokenContract | None = None) -> int:

@@ -190,14 +190,7 @@ class Vocabulary:
         own decoding, which skips special tokens)."""
         values = ids if type(ids) is list and all(type(i) is int for i in ids) else None  # the API's own lists
         if values is None or (values and not 0 <= min(values) <= max(values) < len(self.tokens)):
-            array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
-            if array.ndim != 1:
-                raise VocabError(f"ids must be one sequence (1-D), got shape {array.shape}; decode rows one at a time")
-            values = array.tolist()
-            if array.dtype.kind not in "iu" or (array.size and not 0 <= min(values) <= max(values) < len(self.tokens)):
-                for position, i in enumerate(values):  # find the first offender, to name it
-                    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.tokens):
-                        raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
+            values = self._id_list(ids)  # anything else, and every refusal, through numpy
         specials = self.ids
         if specials.eos in values:
             values = values[:values.index(specials.eos)]
@@ -208,30 +201,33 @@ class Vocabulary:
                                                        skip_special_tokens=True))
         return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
 
-    def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,
-                     reverse: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Ids (N, L) int64 right-padded with PAD, and each row's length (N,) int64; `reverse` reverses each text's
-        tokens (BOS and EOS stay where they are)."""
-        return self.pad_rows(self.encode_rows(texts, add_bos, add_eos, reverse))
+    def _id_list(self, ids: Iterable[int]) -> list[int]:
+        """ids (a sequence or 1-D array) as a list of ints in [0, vocabulary size), else VocabError naming the first
+        offender."""
+        array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
+        if array.ndim != 1:
+            raise VocabError(f"ids must be one sequence (1-D), got shape {array.shape}; decode rows one at a time")
+        values = array.tolist()
+        if array.dtype.kind not in "iu" or (array.size and not 0 <= min(values) <= max(values) < len(self.tokens)):
+            for position, i in enumerate(values):  # find the first offender, to name it
+                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.tokens):
+                    raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
+        return values
 
-    def encode_rows(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,
-                    reverse: bool = False) -> list[list[int]]:
-        """Each text's ids as a list, as encode_batch lays them out before padding."""
+    def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,
+                     reverse: bool = False, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Ids (N, max(width, longest)) int64 right-padded with PAD, and each row's length (N,) int64; `reverse`
+        reverses each text's tokens (BOS and EOS stay where they are). Built from Python lists, one numpy call per
+        array: a decode at batch 1 runs measurably slower after more numpy work (benchmarks/api_overhead.py)."""
         if isinstance(texts, str):
             raise VocabError(f"texts must be a list of strings, got one string {brief(texts)}; wrap it in a list")
         specials = self.ids
         rows = [self.encode(t, add_bos=False, add_eos=False) for t in texts]
-        return [[specials.bos] * add_bos + (r[::-1] if reverse else r) + [specials.eos] * add_eos for r in rows]
-
-    def pad_rows(self, rows: list[list[int]], width: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of ids -> (N, max(width, longest row)) int64 right-padded with PAD, and the lengths (N,) int64.
-        Built from Python lists in one call each: a decode at batch 1 runs measurably slower after more numpy work
-        (benchmarks/api_overhead.py)."""
+        rows = [[specials.bos] * add_bos + (r[::-1] if reverse else r) + [specials.eos] * add_eos for r in rows]
         lengths = [len(r) for r in rows]
         width = max(width, *lengths) if lengths else width
-        filler = self.ids.filler
-        ids = np.array([r + [filler] * (width - len(r)) for r in rows], dtype=ID_DTYPE).reshape(len(rows), width)
-        return ids, np.array(lengths, dtype=ID_DTYPE)
+        ids = np.array([r + [specials.filler] * (width - len(r)) for r in rows], dtype=ID_DTYPE)
+        return ids.reshape(len(rows), width), np.array(lengths, dtype=ID_DTYPE)
 
     # -- storage ---------------------------------------------------------------------------------------------------
 

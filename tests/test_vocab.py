@@ -119,17 +119,14 @@ def test_encode_batch_pads_and_reports_lengths(words: Vocabulary) -> None:
         words.encode_batch("one")
 
 
-def test_rows_pad_to_the_longest_or_a_wider_width(words: Vocabulary) -> None:
-    rows = words.encode_rows(["two is two", "one"], add_bos=True, reverse=True)
-    assert rows == [[BOS, *words.encode("two is two", add_eos=False)[::-1], EOS], [BOS, words.tokens.index("one"), EOS]]
-    ids, lengths = words.pad_rows(rows)
-    assert ids.tolist() == [rows[0], rows[1] + [PAD, PAD]] and lengths.tolist() == [5, 3]
-    wide, _ = words.pad_rows(rows, width=7)
-    assert wide.shape == (2, 7) and wide.dtype == np.int64 and (wide[:, 5:] == PAD).all()
-    assert words.pad_rows(rows, width=2)[0].shape == (2, 5)  # never narrower than a row
-    assert words.pad_rows([], width=3)[0].shape == (0, 3) and words.pad_rows([[], []])[0].shape == (2, 0)
-    with pytest.raises(VocabError, match="one string"):
-        words.encode_rows("one")
+def test_a_batch_pads_to_its_longest_row_or_a_wider_width(words: Vocabulary) -> None:
+    ids, lengths = words.encode_batch(["two is two", "one"], add_bos=True, reverse=True, width=7)
+    first = [BOS, *words.encode("two is two", add_eos=False)[::-1], EOS]
+    assert ids.tolist() == [first + [PAD] * 2, [BOS, words.tokens.index("one"), EOS] + [PAD] * 4]
+    assert lengths.tolist() == [5, 3] and ids.dtype == lengths.dtype == np.int64
+    assert words.encode_batch(["two is two"], width=2)[0].shape == (1, 4)  # never narrower than a row
+    assert words.encode_batch([], width=3)[0].shape == (0, 3)
+    assert words.encode_batch(["one", "two"], add_eos=False)[0].shape == (2, 1)
 
 
 @pytest.mark.parametrize("tokens, kind, match", [
