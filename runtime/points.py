@@ -72,9 +72,9 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
 
 def _check_finite(given: np.ndarray, cast: np.ndarray) -> None:
     """Refuse NaN/Inf, and finite values that overflow float32, naming the first one's batch item."""
-    bad = ~np.isfinite(cast)
-    if not bad.any():
+    if math.isfinite(cast.sum(dtype=np.float64)):  # float32 values cannot overflow a float64 sum: all finite
         return
+    bad = ~np.isfinite(cast)
     index = tuple(np.argwhere(bad)[0])
     value, item = given[index], int(index[0])
     if np.isfinite(value):
@@ -119,8 +119,8 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
                 "use 1 for a real point and 0 for padding"
             )
         mask = mask.astype(bool)
-    empty = ~mask.any(axis=-1).ravel()
-    if n and empty.any():
+    empty = None if mask.all() else ~mask.any(axis=-1).ravel()  # a full mask (the usual case): nothing to look for
+    if n and empty is not None and empty.any():
         raise InputError(
             f"source_mask: every item needs at least one valid position; item {int(np.argmax(empty))} has none"
         )
