@@ -1,14 +1,21 @@
 """What the public API adds to a decode at small batches: the model's own call (`translate_batch` for token models,
 `predict` for point models) against a bare replay of the onnxruntime calls that same call made, with the same feeds,
-interleaved in one process (medians and 10th percentiles, 1 intra-op thread by default).
+interleaved in one process (1 intra-op thread by default).
 
-    python benchmarks/api_overhead.py artifacts/dates --batch 1 --beam 1 --beam 5 [--source-len L] [--target-len T]
+    python benchmarks/api_overhead.py artifacts/dates [--batch 1 ...] [--beam 1 --beam 5] [--source-len L]
+        [--target-len T] [--threads 1] [--rounds 30] [--calls 10]
+
+--batch and --beam repeat (default batch 1; beams 1 and 5 for token models, point models decode greedily);
+--source-len and --target-len default as in `seq2onnx bench` (a token model's input_len, within what it reads, and
+target_len; points 50 and 100), and token models decode exactly --target-len tokens from texts of exactly
+--source-len tokens. Per case it prints the medians of both sides and their difference, then the difference of the
+two sides' 10th percentiles (the calls are not paired, so that is not a percentile of the difference).
 
 The difference is the API's whole cost per call: checking the options, tokenizing, building the feeds, reading the
-outputs back into hypotheses (or points) and text, and any slowdown of the runs that this work causes (measured on
+outputs back into hypotheses (or points) and text, any search the runtime drives from Python between graph calls (a
+recurrent model's beam search: most of its figure), and any slowdown of the runs that this work causes (measured on
 a 2-core EPYC: a few microseconds of numpy work before a run made the run itself 5-20 us slower, more than the work
-took). Token models decode exactly --target-len tokens (min = max decoding length) from texts of exactly
---source-len tokens, as `seq2onnx bench` does.
+took).
 """
 from __future__ import annotations
 
@@ -22,11 +29,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli.bench import resolve_grid  # noqa: E402
+from cli.common import check_threads_option  # noqa: E402
 from runtime.bench import Cell, make_inputs, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
+from runtime.infer_tokens import MAX_BATCH  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
+from runtime.points import MAX_TARGET_LEN  # noqa: E402
+from runtime.search.beam import MAX_BEAM  # noqa: E402
 
 
 def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[str, Any]]]:
@@ -60,7 +72,7 @@ def measure(sides: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dic
 
 
 def case_line(label: str, runs: int, times: dict[str, list[float]]) -> str:
-    """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us, 1.081x'."""
+    """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us (p10 65), 1.081x'."""
     bare, api = (np.median(times[k]) * 1e6 for k in ("bare", "api"))
     bare10, api10 = (np.percentile(times[k], 10) * 1e6 for k in ("bare", "api"))
     return (f"{label}: bare {runs} run(s) {bare:.0f} us (p10 {bare10:.0f}) | API {api:.0f} us (p10 {api10:.0f}) | "
@@ -69,31 +81,36 @@ def case_line(label: str, runs: int, times: dict[str, list[float]]) -> str:
 
 @click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--batch", "batches", type=click.IntRange(1, 4096), multiple=True, help="Batch sizes (default 1).")
-@click.option("--beam", "beams", type=click.IntRange(1, 64), multiple=True,
-              help="Beam sizes of token models (default 1 and 5); point models decode greedily.")
-@click.option("--source-len", type=click.IntRange(1), default=None,
-              help="Source tokens (or points) per input (default: the model's input_len).")
-@click.option("--target-len", type=click.IntRange(1), default=None,
-              help="Tokens (or points) decoded per input (default: the model's target_len).")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="Intra-op threads.")
+@click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True,
+              help="Batch sizes (repeatable; default 1).")
+@click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
+              help="Beam sizes of token models (repeatable; default 1 and 5).")
+@click.option("--source-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+              help="Source tokens (or points) per input (default as `seq2onnx bench`).")
+@click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+              help="Tokens (or points) decoded per input, exactly (default as `seq2onnx bench`).")
+@click.option("--threads", type=int, default=1, show_default=True, callback=check_threads_option,
+              help="Intra-op threads.")
 @click.option("--rounds", type=click.IntRange(1), default=30, show_default=True, help="Interleaved rounds.")
 @click.option("--calls", type=click.IntRange(1), default=10, show_default=True, help="Timed calls a side a round.")
 def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
          target_len: int | None, threads: int, rounds: int, calls: int) -> None:
     try:
         model = Seq2Seq.load(model_dir, provider="cpu", threads=threads)
-        spec = model.spec
-        source_len = spec.input_len if source_len is None else source_len
-        target_len = spec.target_len if target_len is None else target_len
-        points = spec.kind == "points"
+        spec, points = model.spec, model.spec.kind == "points"
+        given = {"batches": batches or (1,), "beams": beams, "source_lens": (source_len,) if source_len else (),
+                 "target_lens": (target_len,) if target_len else ()}
+        axes = resolve_grid(click.get_current_context(), model_dir, spec, given, None if points else model.contract)
+        (source_len,), (target_len,) = axes["source_lens"], axes["target_lens"]
         vocab = None if points else model.vocabularies["source"]
-        print(f"{model_dir}: {describe_model(spec)}; {threads} thread(s), source {source_len}, target {target_len}, {rounds} rounds x {calls} calls")
-        for batch in batches or (1,):
-            inputs = make_inputs(spec, vocab, batch, source_len, contract=None if points else model.contract)
-            for beam in (None,) if points else (beams or (1, 5)):
+        inputs = {batch: make_inputs(spec, vocab, batch, source_len, contract=None if points else model.contract)
+                  for batch in axes["batches"]}
+        print(f"{model_dir}: {describe_model(spec)}; {threads} thread(s), source {source_len}, target {target_len}, "
+              f"{rounds} rounds x {calls} calls")
+        for batch in axes["batches"]:
+            for beam in axes["beams"]:
                 cell = Cell("cpu", threads, "fused", batch, source_len, target_len, beam)
-                api = ort_call(model, cell, inputs)
+                api = ort_call(model, cell, inputs[batch])
                 replay = recorded_calls(api)
 
                 def bare(replay: list = replay) -> None:

@@ -48,7 +48,7 @@ class GreedyLoop:
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
         # The graph leaves 0 after a row's eos, tokens and log-probs alike, so a row's score is the in-order
         # float64 sum of its whole row (as the step loop sums them: adding 0.0 changes no sum). Summed in Python,
-        # as np.cumsum(..., dtype=float64) would, with less numpy work beside the run (see Vocabulary.pad_rows).
+        # as np.cumsum(..., dtype=float64) would, with less numpy work beside the run (see Vocabulary.encode_batch).
         out = []
         for row, (ids, row_log_probs) in enumerate(zip(tokens.tolist(), log_probs.tolist())):
             total = 0.0

@@ -70,9 +70,16 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     return out
 
 
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether a float32 array holds no NaN/Inf, in one numpy call: its float64 sum cannot overflow, and any NaN or
+    Inf makes it non-finite (inf - inf is NaN: silenced, it is the answer, not an error)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return math.isfinite(values.sum(dtype=np.float64))
+
+
 def _check_finite(given: np.ndarray, cast: np.ndarray) -> None:
     """Refuse NaN/Inf, and finite values that overflow float32, naming the first one's batch item."""
-    if math.isfinite(cast.sum(dtype=np.float64)):  # float32 values cannot overflow a float64 sum: all finite
+    if _all_finite(cast):
         return
     bad = ~np.isfinite(cast)
     index = tuple(np.argwhere(bad)[0])
@@ -130,7 +137,7 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
 def check_outputs(source: np.ndarray, outputs: np.ndarray, attention: np.ndarray | None) -> None:
     """Finite inputs can still overflow inside the model (e.g. 1e30 everywhere): refuse rather than return NaN."""
     arrays = (outputs, attention) if attention is not None else (outputs,)
-    if all(math.isfinite(arr.sum(dtype=np.float64)) for arr in arrays):  # any NaN/Inf makes its sum non-finite
+    if all(_all_finite(arr) for arr in arrays):
         return
     bad = np.zeros(len(outputs), dtype=bool)  # (N,)
     for arr in arrays:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "api_overhead.py"
 LINE = re.compile(r"^(greedy|beam \d+) b(\d+): bare (\d+) run\(s\) \d+ us \(p10 \d+\) \| API \d+ us \(p10 \d+\) \| "
@@ -36,11 +38,34 @@ def test_one_call_graphs_replay_one_run_and_a_step_loop_one_per_step(transformer
 
 
 def test_a_point_model_replays_its_encoder_and_greedy_loop(exports):
-    done = run(str(exports["dot"].path), "--source-len", "4", "--target-len", "3", "--beam", "5")
+    done = run(str(exports["dot"].path), "--source-len", "4", "--target-len", "3")
     assert done.returncode == 0, done.stderr
-    assert cases(done.stdout) == [("greedy", 1, 2)]  # points decode greedily: --beam does not apply
+    assert cases(done.stdout) == [("greedy", 1, 2)]  # points decode greedily
 
 
-def test_a_directory_that_is_not_an_export_is_refused_in_one_line(tmp_path):
-    done = run(str(tmp_path))
-    assert done.returncode == 1 and "no manifest found" in done.stderr and "Traceback" not in done.stderr
+def test_a_fixed_length_model_gets_the_source_length_it_reads(tmp_path_factory):
+    """Defaults as `seq2onnx bench`'s: the tutorial model reads 10 tokens with its </s>, so texts of 9."""
+    from export.api import export_model
+
+    from support.foreign import trained
+
+    path = export_model(trained("tutorial").adapter(), tmp_path_factory.mktemp("tutorial") / "model")
+    done = run(str(path), "--beam", "1", "--target-len", "3")
+    assert done.returncode == 0, done.stderr
+    assert "source 9, target 3" in done.stdout.splitlines()[0] and cases(done.stdout) == [("greedy", 1, 2)]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ([], "no manifest found"),
+    (["--beam", "2"], "--beam: {points} is a point model, which decodes greedily"),
+    (["--source-len", "8"], "'--source-len': 8 tokens: {tokens} reads at most 7 source tokens"),
+    (["--target-len", "9"], "'--target-len': 9: {tokens} is a transformer with max_positions 8"),
+    (["--threads", "999"], "'--threads': expected 1.."),
+    (["--batch", "0"], "'--batch': 0 is not in the range"),
+])
+def test_bad_options_are_refused_in_one_line_before_any_work(tmp_path, exports, transformer_export, args, says):
+    points, tokens = exports["dot"].path, transformer_export.path
+    target = tmp_path if not args else points if "--beam" in args else tokens
+    done = run(str(target), *args)
+    assert done.returncode != 0 and "Traceback" not in done.stderr and not done.stdout
+    assert says.format(points=points, tokens=tokens) in done.stderr, done.stderr

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -255,6 +256,20 @@ def test_every_non_finite_output_is_named_by_its_batch_item(where, bad):
     if where == "outputs":
         with pytest.raises(InputError, match="batch item 2 "):
             check_outputs(source, arrays["outputs"], None)
+
+
+def test_inf_beside_minus_inf_is_named_without_a_numpy_warning(dot):
+    """Their sum is NaN: the finiteness checks must still raise InputError, under the strictest numpy settings."""
+    outputs = np.zeros((2, 3, 2), np.float32)
+    outputs[1, 0, 0], outputs[1, 2, 1] = np.inf, -np.inf
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        with pytest.raises(InputError, match="batch item 1 "):
+            check_outputs(np.ones((2, 2, 2), np.float32), outputs, None)
+        with pytest.raises(InputError, match=r"NaN or Inf \(first in batch item 0\)"):
+            dot.predict(np.array([[[np.inf, -np.inf], [0.0, 0.0]]], np.float32))
+        with pytest.raises(InputError, match="exceeds the float32 range"):
+            dot.predict(np.array([[[1e300, -1e300], [0.0, 0.0]]]))
 
 
 def test_graph_level_calls_turn_onnxruntime_failures_into_input_errors(dot):
