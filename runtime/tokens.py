@@ -24,7 +24,7 @@ from .contract import VOCAB_FILES
 from .declared import TokenContract
 from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
-from .points import Cancel, stoppable
+from .points import MAX_TARGET_LEN, Cancel, stoppable
 from .search import beam_search, greedy_search, sample
 from .search.beam import MAX_BEAM, check_beam
 from .spec import ModelSpec
@@ -119,8 +119,12 @@ def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: T
     default = max_decoding_length is None
     length = check_int("max_decoding_length", spec.target_len if default else max_decoding_length, 1)
     limit = contract_for(spec, contract).max_decoding_length
+    given = f"the default, the spec's target_len {length}," if default else f"{length}"
+    if limit is None and length > MAX_TARGET_LEN:
+        raise InputError(f"max_decoding_length: {given} is more than {MAX_TARGET_LEN}, the most tokens one decode "
+                         f"produces (as `seq2onnx serve` and `bench` allow); pass max_decoding_length <= "
+                         f"{MAX_TARGET_LEN}")
     if limit is not None and length > limit:
-        given = f"the default, the spec's target_len {length}," if default else f"{length}"
         why = (f"this transformer's max_positions {limit} (output token t reads row t of its position table)"
                if spec.is_transformer else f"the {limit} tokens this model can produce")
         raise InputError(f"max_decoding_length: {given} is more than {why}; pass max_decoding_length <= {limit}")

@@ -28,6 +28,7 @@ from .specials import (  # noqa: F401  (the fixed ids and tokens: imported from 
     SpecialsError,
 )
 from .subword import parse_tokenizer, tokens_of
+from .vocab_inputs import check_text, id_list, read_text
 
 TOKENIZER_KINDS = ("char", "whitespace", "subword")
 JOINERS = {"char": "", "whitespace": " "}  # how `decode` glues tokens back into text
@@ -35,7 +36,6 @@ ID_DTYPE = np.int64
 VOCAB_FORMAT_VERSION = 1
 SUPPORTED_VOCAB_VERSIONS = (1,)
 VOCAB_KEYS = ("format_version", "tokenizer", "tokens")  # plus "tokenizer_json" for subword, only there
-MAX_VOCAB_FILE_BYTES = 64 << 20  # a large BPE tokenizer JSON is a few MiB; more is not a vocabulary
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class Vocabulary:
     @classmethod
     def from_tokenizer_file(cls, path: str | Path, specials: Specials | None = None) -> Vocabulary:
         """`from_tokenizer_json` on the file a `Tokenizer.save(path)` wrote."""
-        return cls.from_tokenizer_json(_read_text(Path(path), "tokenizer file"), specials)
+        return cls.from_tokenizer_json(read_text(Path(path), "tokenizer file"), specials)
 
     # -- text <-> ids ----------------------------------------------------------------------------------------------
 
@@ -164,7 +164,7 @@ class Vocabulary:
 
     def tokenize(self, text: str) -> list[str]:
         """Split text into tokens: characters, whitespace-separated words, or the tokenizer's pieces."""
-        _check_text(text)
+        check_text(text)
         if self.tokenizer == "subword":
             return list(self._tokenizer_object().encode(text, add_special_tokens=False).tokens)
         return _split(text, self.tokenizer)
@@ -172,7 +172,7 @@ class Vocabulary:
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = True) -> list[int]:
         """Token ids of text; unknown tokens, and specials written in the text, become the unknown id (a
         vocabulary without one refuses them by name)."""
-        _check_text(text)
+        check_text(text)
         specials = self.ids
         if self.tokenizer == "subword":
             raw = self._tokenizer_object().encode(text, add_special_tokens=False).ids
@@ -190,7 +190,7 @@ class Vocabulary:
         own decoding, which skips special tokens)."""
         values = ids if type(ids) is list and all(type(i) is int for i in ids) else None  # the API's own lists
         if values is None or (values and not 0 <= min(values) <= max(values) < len(self.tokens)):
-            values = self._id_list(ids)  # anything else, and every refusal, through numpy
+            values = id_list(ids, len(self.tokens))  # anything else, and every refusal: checked one by one
         specials = self.ids
         if specials.eos in values:
             values = values[:values.index(specials.eos)]
@@ -201,19 +201,6 @@ class Vocabulary:
                                                        skip_special_tokens=True))
         return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
 
-    def _id_list(self, ids: Iterable[int]) -> list[int]:
-        """ids (a sequence or 1-D array) as a list of ints in [0, vocabulary size), else VocabError naming the first
-        offender."""
-        array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
-        if array.ndim != 1:
-            raise VocabError(f"ids must be one sequence (1-D), got shape {array.shape}; decode rows one at a time")
-        values = array.tolist()
-        if array.dtype.kind not in "iu" or (array.size and not 0 <= min(values) <= max(values) < len(self.tokens)):
-            for position, i in enumerate(values):  # find the first offender, to name it
-                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.tokens):
-                    raise VocabError(f"ids[{position}] must be an int in [0, {len(self.tokens)}), got {brief(i)}")
-        return values
-
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,
                      reverse: bool = False, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Ids (N, max(width, longest)) int64 right-padded with PAD, and each row's length (N,) int64; `reverse`
@@ -221,6 +208,10 @@ class Vocabulary:
         array: a decode at batch 1 runs measurably slower after more numpy work (benchmarks/api_overhead.py)."""
         if isinstance(texts, str):
             raise VocabError(f"texts must be a list of strings, got one string {brief(texts)}; wrap it in a list")
+        if not isinstance(texts, Iterable):
+            raise VocabError(f"texts must be a list of strings, got {brief(texts)}")
+        if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+            raise VocabError(f"width must be an int >= 0 (the least padded length), got {brief(width)}")
         specials = self.ids
         rows = [self.encode(t, add_bos=False, add_eos=False) for t in texts]
         rows = [[specials.bos] * add_bos + (r[::-1] if reverse else r) + [specials.eos] * add_eos for r in rows]
@@ -280,7 +271,7 @@ class Vocabulary:
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
         """Read a vocabulary `save` wrote."""
-        text = _read_text(Path(path), "vocabulary file")
+        text = read_text(Path(path), "vocabulary file")
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as err:
@@ -294,23 +285,3 @@ class Vocabulary:
 def _split(text: str, kind: str) -> list[str]:
     """Characters ('char') or whitespace-separated words ('whitespace')."""
     return list(text) if kind == "char" else text.split()
-
-
-def _check_text(text: Any) -> None:
-    if not isinstance(text, str):
-        raise VocabError(f"text must be a string, got {type(text).__name__}: {brief(text)}")
-
-
-def _read_text(path: Path, what: str) -> str:
-    """A UTF-8 file of at most MAX_VOCAB_FILE_BYTES, or a VocabError naming it."""
-    if not path.is_file():
-        raise VocabError(f"{what} {str(path)!r} does not exist or is not a file")
-    if path.stat().st_size > MAX_VOCAB_FILE_BYTES:
-        raise VocabError(f"{what} {str(path)!r} is {path.stat().st_size} bytes, over the "
-                         f"{MAX_VOCAB_FILE_BYTES} byte limit; it is not a vocabulary")
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise VocabError(f"{what} {str(path)!r} is not UTF-8 (byte {err.start}: {data[err.start:err.start + 1]!r})"
-                         ) from err

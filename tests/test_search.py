@@ -389,6 +389,7 @@ def call_with(strategy: str, **kw):
     ("beam", dict(beam_size=2, num_hypotheses=3), "num_hypotheses"),
     ("beam", dict(num_hypotheses=0), "num_hypotheses"),
     ("beam", dict(length_penalty=float("nan")), "length_penalty"),
+    ("beam", dict(length_penalty=2**2000), "length_penalty"),  # an int beyond float64
     ("greedy", dict(max_decoding_length=0), "max_decoding_length"),
     ("greedy", dict(min_decoding_length=5), "min_decoding_length"),
     ("greedy", dict(bos_id=-1), "bos_id"),
@@ -398,6 +399,7 @@ def call_with(strategy: str, **kw):
     ("greedy", dict(batch_axes={"history": 0}), "memory"),
     ("sample", dict(sampling_temperature=0.0), "sampling_temperature"),
     ("sample", dict(sampling_temperature=float("inf")), "sampling_temperature"),
+    ("sample", dict(sampling_temperature=-(2**2000)), "sampling_temperature"),
     ("sample", dict(sampling_topk=-1), "sampling_topk"),
     ("sample", dict(sampling_topp=0.0), "sampling_topp"),
     ("sample", dict(sampling_topp=1.5), "sampling_topp"),

@@ -70,6 +70,9 @@ def test_beam_n_best_and_seeded_sampling(token_export):
     (["one"], {"beam_size": 3, "sampling_topk": 5}, "sampling needs beam_size 1"),
     (["one"], {"beam_size": 0}, "beam_size must be an int in [1, 256]"),
     (["one"], {"sampling_topp": 1.5, "sampling_topk": 0}, "sampling_topp"),
+    (["one"], {"max_decoding_length": 10_001}, "max_decoding_length: 10001 is more than 10000, the most tokens"),
+    (["one"], {"max_decoding_length": 2**70}, "is more than 10000"),  # was onnxruntime's failure (or int64's)
+    (["one"], {"beam_size": 2, "length_penalty": 2**2000}, "length_penalty must be a finite float"),
 ])
 def test_bad_translate_inputs_are_one_line_input_errors(token_export, texts, options, message):
     runtime = Seq2Seq.load(token_export[3])

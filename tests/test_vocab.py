@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,13 +90,20 @@ def test_decode_stops_at_eos_and_skips_control_ids(words: Vocabulary) -> None:
     assert words.decode([]) == ""
 
 
-@pytest.mark.parametrize("ids", [[99], [-1], [1.0], [True], [[4, 5]], [5, 2**70], [np.int64(5), 99]])
-def test_decode_refuses_bad_ids(words: Vocabulary, ids: list) -> None:
-    with pytest.raises(VocabError) as caught:
+@pytest.mark.parametrize(("ids", "says"), [
+    ([99], r"ids\[0\] must be an int in \[0, \d+\), got 99"), ([-1], r"ids\[0\] .* got -1"), ([1.0], r"ids\[0\] .* got 1.0"),
+    ([True], r"ids\[0\] .* got True"), ([4, True], r"ids\[1\] .* got True"), ([4, 1.5], r"ids\[1\] .* got 1.5"),
+    ([4, "5"], r"ids\[1\] .* got '5'"), ([5, 2**70], r"ids\[1\] .* got 1180591620717411303424"),
+    ([np.int64(5), 99], r"ids\[1\] .* got 99"), ([[4, 5]], "one sequence"), ([[4, 5], [6]], "one sequence"),
+    (5, "a sequence of ints, got 5"), (None, "a sequence of ints, got None"), (np.array([[4, 5]]), r"shape \(1, 2\)"),
+    (np.array([4.0]), r"ids\[0\] .* got 4.0"), (np.array([True]), r"ids\[0\] .* got True"),
+])
+def test_decode_refuses_bad_ids_by_position(words: Vocabulary, ids: Any, says: str) -> None:
+    with pytest.raises(VocabError, match=says):
         words.decode(ids)
-    with pytest.raises(VocabError) as as_tuple:  # a list of plain ints takes a path of its own: the same refusal
-        words.decode(tuple(ids))
-    assert str(caught.value) == str(as_tuple.value)
+    if isinstance(ids, list):  # a list of plain ints takes a path of its own: a tuple gets the same refusal
+        with pytest.raises(VocabError, match=says):
+            words.decode(tuple(ids))
 
 
 def test_a_list_of_ints_decodes_as_the_same_ids_in_an_array(words: Vocabulary) -> None:
@@ -127,6 +135,11 @@ def test_a_batch_pads_to_its_longest_row_or_a_wider_width(words: Vocabulary) -> 
     assert words.encode_batch(["two is two"], width=2)[0].shape == (1, 4)  # never narrower than a row
     assert words.encode_batch([], width=3)[0].shape == (0, 3)
     assert words.encode_batch(["one", "two"], add_eos=False)[0].shape == (2, 1)
+    for width in (-1, 1.5, None, "3", True):
+        with pytest.raises(VocabError, match=r"width must be an int >= 0"):
+            words.encode_batch(["one"], width=width)
+    with pytest.raises(VocabError, match="texts must be a list of strings, got None"):
+        words.encode_batch(None)
 
 
 @pytest.mark.parametrize("tokens, kind, match", [

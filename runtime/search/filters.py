@@ -18,7 +18,10 @@ from .step import check_int
 
 def check_temperature(name: str, value: object) -> float:
     """`value` as a finite float > 0, else an InputError naming `name`."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    try:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    except OverflowError:  # an int beyond float64
+        ok = False
     if not ok:
         raise InputError(f"{name} must be a finite float > 0, got {brief(value)}")
     return float(value)

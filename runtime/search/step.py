@@ -79,8 +79,11 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
 
 def check_float(name: str, value: object) -> float:
     """`value` as a finite float, else an InputError naming `name`."""
-    ok = (type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, bool))) and \
-        math.isfinite(value)
+    try:
+        ok = (type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, bool))) and \
+            math.isfinite(value)
+    except OverflowError:  # an int beyond float64
+        ok = False
     if not ok:
         raise InputError(f"{name} must be a finite float, got {brief(value)}")
     return float(value)

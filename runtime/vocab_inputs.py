@@ -1,0 +1,52 @@
+"""What callers hand a vocabulary, checked: texts, id sequences and vocabulary files (each refusal a VocabError
+naming the input)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import VocabError, brief
+
+MAX_VOCAB_FILE_BYTES = 64 << 20  # a large BPE tokenizer JSON is a few MiB; more is not a vocabulary
+
+
+def check_text(text: Any) -> None:
+    if not isinstance(text, str):
+        raise VocabError(f"text must be a string, got {type(text).__name__}: {brief(text)}")
+
+
+def id_list(ids: Any, size: int) -> list[int]:
+    """ids (a sequence or 1-D array) as a list of ints in [0, size), else VocabError naming the first offender
+    (checked one by one: numpy would read True as 1, and 1.5 beside ints as floats)."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            raise VocabError(f"ids must be one sequence (1-D), got shape {ids.shape}; decode rows one at a time")
+        values = ids.tolist()
+    else:
+        try:
+            values = list(ids)
+        except TypeError:
+            raise VocabError(f"ids must be a sequence of ints, got {brief(ids)}") from None
+        if any(isinstance(i, (list, tuple, np.ndarray)) for i in values):
+            raise VocabError("ids must be one sequence (1-D) of ints, got nested sequences; decode rows one at a time")
+    for position, i in enumerate(values):
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < size:
+            raise VocabError(f"ids[{position}] must be an int in [0, {size}), got {brief(i)}")
+    return [int(i) for i in values]
+
+
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 file of at most MAX_VOCAB_FILE_BYTES, or a VocabError naming it."""
+    if not path.is_file():
+        raise VocabError(f"{what} {str(path)!r} does not exist or is not a file")
+    if path.stat().st_size > MAX_VOCAB_FILE_BYTES:
+        raise VocabError(f"{what} {str(path)!r} is {path.stat().st_size} bytes, over the "
+                         f"{MAX_VOCAB_FILE_BYTES} byte limit; it is not a vocabulary")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise VocabError(f"{what} {str(path)!r} is not UTF-8 (byte {err.start}: {data[err.start:err.start + 1]!r})"
+                         ) from err
