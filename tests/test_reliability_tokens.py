@@ -208,6 +208,10 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
     "translate temperature 0": (_translate(["3/3/15"], sampling_temperature=0.0), ("sampling_temperature",)),
     "translate sampling with beam": (_translate(["3/3/15"], beam_size=2, sampling_topk=3), ("beam_size", "sampling")),
     "translate unknown option": (_translate(["3/3/15"], beam=2), ("unknown options", "beam")),
+    "translate max_decoding_length 10001": (_translate(["3/3/15"], max_decoding_length=10_001),
+                                            ("max_decoding_length", "10000")),
+    "translate length_penalty past float64": (_translate(["3/3/15"], beam_size=2, length_penalty=2**2000),
+                                              ("length_penalty", "finite float")),
     "translate on a point model": (lambda d: _model(d, "model").translate_batch(["3/3/15"]), ("point model",)),
     "predict on a token model": (lambda d: _model(d).predict(np.zeros((1, 2, 2))), ("token model",
                                                                                       "translate_batch")),
@@ -220,3 +224,26 @@ def test_api_refuses(workspace: Path, name: str) -> None:
 
     call, fragments = API_CASES[name]
     assert_api_refused(workspace, call, InputError, fragments)
+
+
+def _decode(ids: Any) -> Callable[[Path], Any]:
+    return lambda d: _model(d).vocabularies["target"].decode(ids)
+
+
+VOCAB_CASES: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
+    "decode an id past the vocabulary": (_decode([4, 10**6]), ("ids[1]", "1000000")),
+    "decode True among ids": (_decode([4, True]), ("ids[1]", "True")),
+    "decode 1.5 among ids": (_decode([4, 1.5]), ("ids[1]", "1.5")),
+    "decode a bare int": (_decode(5), ("ids", "sequence of ints", "5")),
+    "decode rows": (_decode([[4, 5], [6]]), ("one sequence", "rows one at a time")),
+    "encode_batch width -1": (lambda d: _model(d).vocabularies["source"].encode_batch(["3"], width=-1),
+                              ("width", ">= 0", "-1")),
+}
+
+
+@pytest.mark.parametrize("name", list(VOCAB_CASES))
+def test_vocabulary_refuses(workspace: Path, name: str) -> None:
+    from runtime.errors import VocabError
+
+    call, fragments = VOCAB_CASES[name]
+    assert_api_refused(workspace, call, VocabError, fragments)
