@@ -7,6 +7,7 @@ inside the loop (masked) until every row has ended, where the step loop drops th
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -18,6 +19,15 @@ from .contract import greedy_io
 from .points import Cancel  # asked while a one-call graph runs too: True stops it (runtime.errors.Cancelled)
 from .spec import ModelSpec
 from .vocab import EOS
+
+
+@functools.lru_cache(maxsize=4096)
+def scalar(value: int | float, dtype: str) -> np.ndarray:
+    """A read-only 0-d array of `value`, made once: a feed's scalars cost no numpy call per decode (numpy work
+    beside a run slows the run, see Vocabulary.encode_batch)."""
+    array = np.array(value, dtype=dtype)
+    array.flags.writeable = False
+    return array
 
 
 class GreedyLoop:
@@ -42,7 +52,7 @@ class GreedyLoop:
                cancel: Cancel | None = None) -> list[Hypothesis]:
         """The encoder's state -> one Hypothesis per row: tokens before its eos, summed log-prob with the eos."""
         feed = {**{name: state[name] for name in self.inputs if name in state},
-                "max_length": np.array(max_length, dtype=np.int64), "min_length": np.array(min_length, np.int64)}
+                "max_length": scalar(max_length, "int64"), "min_length": scalar(min_length, "int64")}
         result = self._run(feed, cancel)
         tokens, log_probs = result["tokens"], result["token_log_probs"]  # (N, T), (N, T)
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
@@ -74,8 +84,8 @@ class BeamGraph:
         scalars = {"max_length": max_length, "min_length": min_length, "beam_size": beam_size,
                    "num_hypotheses": num_hypotheses}
         feed = {"source_ids": source_ids, "source_lengths": source_lengths,
-                "length_penalty": np.array(length_penalty, np.float64),
-                **{name: np.array(value, np.int64) for name, value in scalars.items()}}
+                "length_penalty": scalar(length_penalty, "float64"),
+                **{name: scalar(value, "int64") for name, value in scalars.items()}}
         result = self._run(feed, cancel)
         scores, log_probs, tokens, lengths = (result[n].tolist() for n in ("scores", "log_probs", "tokens",
                                                                            "lengths"))

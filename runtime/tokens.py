@@ -107,9 +107,10 @@ def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec,
     rules = contract_for(spec, contract).sources
     ids, lengths = vocab.encode_batch(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse,
                                       width=rules.fixed_len or 0)  # (N, fixed_len) where fixed: what it reads
-    for i, n in enumerate(lengths.tolist()):
-        if n > rules.max_len:
-            raise InputError(f"texts[{i}]: {too_long(n, spec, contract)}; split the text")
+    if ids.shape[1] > rules.max_len:  # a row may be over: name the first that is
+        for i, n in enumerate(lengths.tolist()):
+            if n > rules.max_len:
+                raise InputError(f"texts[{i}]: {too_long(n, spec, contract)}; split the text")
     return ids, lengths
 
 

@@ -218,7 +218,7 @@ class Vocabulary:
         lengths = [len(r) for r in rows]
         width = max(width, *lengths) if lengths else width
         ids = np.array([r + [specials.filler] * (width - len(r)) for r in rows], dtype=ID_DTYPE)
-        return ids.reshape(len(rows), width), np.array(lengths, dtype=ID_DTYPE)
+        return ids if rows else ids.reshape(0, width), np.array(lengths, dtype=ID_DTYPE)
 
     # -- storage ---------------------------------------------------------------------------------------------------
 

@@ -103,6 +103,16 @@ def test_a_greedy_score_is_the_in_order_float64_sum_of_its_row(eos_biased, name)
     assert got == np.cumsum(raw, axis=1, dtype=np.float64)[:, -1].tolist()
 
 
+def test_feed_scalars_are_made_once_and_read_only():
+    from runtime.fused import scalar
+
+    five = scalar(5, "int64")
+    assert five is scalar(5, "int64") and five.dtype == np.int64 and five.shape == () and int(five) == 5
+    assert scalar(0.6, "float64").dtype == np.float64 and scalar(5, "float64") is not five
+    with pytest.raises(ValueError, match="read-only"):
+        five[...] = 6  # shared by every decode (and thread) that feeds a 5
+
+
 def test_token_greedy_loop_mixes_ended_and_live_rows(eos_biased):
     """Rows end at different steps: the loop keeps running ended rows (their outputs masked) until all end."""
     for name, steps_wanted in (("lstm", 7), ("transformer", 7)):
