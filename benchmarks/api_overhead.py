@@ -3,7 +3,7 @@
 interleaved in one process (1 intra-op thread by default).
 
     python benchmarks/api_overhead.py artifacts/dates [--batch 1 ...] [--beam 1 --beam 5] [--source-len L]
-        [--target-len T] [--threads 1] [--rounds 30] [--calls 10]
+        [--target-len T] [--threads 1] [--repeats 300]
 
 --batch and --beam repeat (default batch 1; beams 1 and 5 for token models, point models decode greedily);
 --source-len and --target-len default as in `seq2onnx bench` (a token model's input_len, within what it reads, and
@@ -20,7 +20,6 @@ took).
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.bench import resolve_grid  # noqa: E402
 from cli.common import check_threads_option  # noqa: E402
-from runtime.bench import Cell, make_inputs, ort_call  # noqa: E402
+from runtime.bench import BLOCK, Cell, Timing, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
@@ -58,23 +57,10 @@ def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[st
     return calls
 
 
-def measure(sides: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
-    """Each side's call times in seconds: `rounds` rounds of `calls` timed calls a side (one untimed first)."""
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, fn in sides.items():
-            fn()
-            for _ in range(calls):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    return times
-
-
-def case_line(label: str, runs: int, times: dict[str, list[float]]) -> str:
+def case_line(label: str, runs: int, times: dict[str, Timing]) -> str:
     """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us (p10 65), 1.081x'."""
-    bare, api = (np.median(times[k]) * 1e6 for k in ("bare", "api"))
-    bare10, api10 = (np.percentile(times[k], 10) * 1e6 for k in ("bare", "api"))
+    bare, api = (times[k].median_s * 1e6 for k in ("bare", "api"))
+    bare10, api10 = (np.percentile(times[k].samples, 10) * 1e6 for k in ("bare", "api"))
     return (f"{label}: bare {runs} run(s) {bare:.0f} us (p10 {bare10:.0f}) | API {api:.0f} us (p10 {api10:.0f}) | "
             f"API adds {api - bare:.0f} us (p10 {api10 - bare10:.0f}), {api / bare:.3f}x")
 
@@ -91,10 +77,10 @@ def case_line(label: str, runs: int, times: dict[str, list[float]]) -> str:
               help="Tokens (or points) decoded per input, exactly (default as `seq2onnx bench`).")
 @click.option("--threads", type=int, default=1, show_default=True, callback=check_threads_option,
               help="Intra-op threads.")
-@click.option("--rounds", type=click.IntRange(1), default=30, show_default=True, help="Interleaved rounds.")
-@click.option("--calls", type=click.IntRange(1), default=10, show_default=True, help="Timed calls a side a round.")
+@click.option("--repeats", type=click.IntRange(1), default=300, show_default=True,
+              help=f"Timed calls a side, in rounds of {BLOCK} a side (seq2onnx bench's timing).")
 def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
-         target_len: int | None, threads: int, rounds: int, calls: int) -> None:
+         target_len: int | None, threads: int, repeats: int) -> None:
     try:
         model = Seq2Seq.load(model_dir, provider="cpu", threads=threads)
         spec, points = model.spec, model.spec.kind == "points"
@@ -106,19 +92,21 @@ def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], sour
         inputs = {batch: make_inputs(spec, vocab, batch, source_len, contract=None if points else model.contract)
                   for batch in axes["batches"]}
         print(f"{model_dir}: {describe_model(spec)}; {threads} thread(s), source {source_len}, target {target_len}, "
-              f"{rounds} rounds x {calls} calls")
+              f"{repeats} calls a side")
         for batch in axes["batches"]:
             for beam in axes["beams"]:
                 cell = Cell("cpu", threads, "fused", batch, source_len, target_len, beam)
                 api = ort_call(model, cell, inputs[batch])
                 replay = recorded_calls(api)
 
-                def bare(replay: list = replay) -> None:
+                def bare(replay: list = replay) -> int:
                     for runner, feed in replay:
                         runner._run(feed)
+                    return 0
 
                 label = f"{'greedy' if beam in (None, 1) else f'beam {beam}'} b{batch}"
-                print(case_line(label, len(replay), measure({"bare": bare, "api": api}, rounds, calls)), flush=True)
+                times = measure({"bare": bare, "api": api}, warmup=1, repeats=repeats)
+                print(case_line(label, len(replay), times), flush=True)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
 

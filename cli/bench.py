@@ -61,6 +61,7 @@ def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[st
                  contract: Any = None) -> dict:
     """The grid's axes: the values given, else the kind's defaults; values the model cannot take are usage errors."""
     from runtime.token_steps import contract_for
+    from runtime.tokens import decoding_limit
 
     axes = {name: unique(given) for name, given in values.items()}
     if spec.kind == "points":
@@ -72,7 +73,7 @@ def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[st
     rules = contract.sources
     specials = int(rules.add_bos) + int(rules.add_eos)
     limit = rules.max_len - specials  # the source's own specials count too
-    longest_target = contract.max_decoding_length or MAX_TARGET_LEN
+    longest_target = decoding_limit(spec, contract)
     defaults = {"batches": TOKEN_BATCHES, "beams": TOKEN_BEAMS, "source_lens": (min(spec.input_len, limit),),
                 "target_lens": (min(spec.target_len, longest_target),)}
     axes = {name: axes[name] or defaults[name] for name in axes}

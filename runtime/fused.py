@@ -44,7 +44,7 @@ class GreedyLoop:
         """Encoder states (and source_mask) -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None; `cancel`
         stops the run while it runs (Cancelled)."""
         feed = {name: states[name] for name in self.inputs if name != "target_len"}
-        feed["target_len"] = np.array(target_len, dtype=np.int64)  # >= 1: checked by the caller
+        feed["target_len"] = scalar(target_len, "int64")  # >= 1: checked by the caller
         result = self._run(feed, cancel)
         return result["outputs"], result.get("alphas")
 
@@ -58,7 +58,8 @@ class GreedyLoop:
         attention = result.get("alphas") if return_attention else None  # (N, T, Ls)
         # The graph leaves 0 after a row's eos, tokens and log-probs alike, so a row's score is the in-order
         # float64 sum of its whole row (as the step loop sums them: adding 0.0 changes no sum). Summed in Python,
-        # as np.cumsum(..., dtype=float64) would, with less numpy work beside the run (see Vocabulary.encode_batch).
+        # in order as np.cumsum(..., dtype=float64) would (not sum(): Python 3.12's is compensated), with less numpy
+        # work beside the run (see Vocabulary.encode_batch).
         out = []
         for row, (ids, row_log_probs) in enumerate(zip(tokens.tolist(), log_probs.tolist())):
             total = 0.0

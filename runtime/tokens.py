@@ -86,6 +86,12 @@ def source_token_limit(spec: ModelSpec, contract: TokenContract | None = None) -
     return contract_for(spec, contract).sources.max_len
 
 
+def decoding_limit(spec: ModelSpec, contract: TokenContract | None = None) -> int:
+    """The most output tokens one decode may ask for: a transformer's max_positions, a declared model's own bound,
+    else MAX_TARGET_LEN (as `seq2onnx serve` and `bench` allow)."""
+    return contract_for(spec, contract).max_decoding_length or MAX_TARGET_LEN
+
+
 def too_long(n: int, spec: ModelSpec, contract: TokenContract | None = None) -> str:
     """Why `n` source tokens (specials included) are refused: the limit, and where it comes from."""
     limit = source_token_limit(spec, contract)
@@ -119,15 +125,15 @@ def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: T
     output token t reads row t of its position table, so at most max_positions tokens)."""
     default = max_decoding_length is None
     length = check_int("max_decoding_length", spec.target_len if default else max_decoding_length, 1)
-    limit = contract_for(spec, contract).max_decoding_length
-    given = f"the default, the spec's target_len {length}," if default else f"{length}"
-    if limit is None and length > MAX_TARGET_LEN:
-        raise InputError(f"max_decoding_length: {given} is more than {MAX_TARGET_LEN}, the most tokens one decode "
-                         f"produces (as `seq2onnx serve` and `bench` allow); pass max_decoding_length <= "
-                         f"{MAX_TARGET_LEN}")
-    if limit is not None and length > limit:
-        why = (f"this transformer's max_positions {limit} (output token t reads row t of its position table)"
-               if spec.is_transformer else f"the {limit} tokens this model can produce")
+    limit = decoding_limit(spec, contract)
+    if length > limit:
+        given = f"the default, the spec's target_len {length}," if default else f"{length}"
+        if spec.is_transformer:
+            why = f"this transformer's max_positions {limit} (output token t reads row t of its position table)"
+        elif contract_for(spec, contract).max_decoding_length:
+            why = f"the {limit} tokens this model can produce"
+        else:
+            why = f"{limit}, the most tokens one decode produces (as `seq2onnx serve` and `bench` allow)"
         raise InputError(f"max_decoding_length: {given} is more than {why}; pass max_decoding_length <= {limit}")
     return length
 

@@ -15,7 +15,7 @@ LINE = re.compile(r"^(greedy|beam \d+) b(\d+): bare (\d+) run\(s\) \d+ us \(p10 
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args, "--rounds", "1", "--calls", "2"],
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--repeats", "2"],
                           capture_output=True, text=True, timeout=300)
 
 

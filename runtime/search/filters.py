@@ -6,23 +6,18 @@ as `np.argmax` does, so top-k=1 and a tiny top-p pick exactly the greedy token.
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 
 from runtime.errors import InputError, brief
 
-from .step import check_int
+from .step import check_int, is_finite_real
 
 
 def check_temperature(name: str, value: object) -> float:
     """`value` as a finite float > 0, else an InputError naming `name`."""
-    try:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    except OverflowError:  # an int beyond float64
-        ok = False
-    if not ok:
+    if not (is_finite_real(value) and value > 0):
         raise InputError(f"{name} must be a finite float > 0, got {brief(value)}")
     return float(value)
 

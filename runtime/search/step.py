@@ -77,14 +77,18 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return int(value)
 
 
-def check_float(name: str, value: object) -> float:
-    """`value` as a finite float, else an InputError naming `name`."""
+def is_finite_real(value: object) -> bool:
+    """Whether `value` is a real number (never a bool) that float64 holds finitely."""
     try:
-        ok = (type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, bool))) and \
+        return (type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, bool))) and \
             math.isfinite(value)
     except OverflowError:  # an int beyond float64
-        ok = False
-    if not ok:
+        return False
+
+
+def check_float(name: str, value: object) -> float:
+    """`value` as a finite float, else an InputError naming `name`."""
+    if not is_finite_real(value):
         raise InputError(f"{name} must be a finite float, got {brief(value)}")
     return float(value)
 
