@@ -11,10 +11,10 @@ as in `seq2onnx bench` (points 50 and 100; a token model's input_len and target_
   runs        a bare replay of the onnxruntime runs that call made: the encoder, then the greedy loop
   encoder     the encoder's run alone
   loop        the greedy loop's run alone
-  rnn         the encoder's recurrent node alone (its op, weights and attributes) as a one-node graph over the
-              source: the least an encoder on onnxruntime's kernel can take
-  rnn loop    an ONNX Loop of T steps whose body is one op of that kind at the decoder's hidden size, fed its own
-              state (seeded weights): what the decoder's recurrence alone costs a step written as that op, with no
+  rnn         the encoder's recurrent nodes alone (their op, weights and attributes; one a layer), each as a
+              one-node graph over the source: the least an encoder on onnxruntime's kernel can take
+  rnn loop    an ONNX Loop of T steps whose body is one op of that kind a decoder layer at the decoder's hidden
+              size, fed its own state (seeded weights): what the decoder's recurrence alone costs a step written as that op, with no
               attention, no read-out and no search (the exports write the decoder's cell as Gemms and gates,
               export.cells, which measured within ~15% of the op a step at hidden 64-128)
   empty loop  a Loop of T steps whose body is one Identity: the Loop's own cost
@@ -52,18 +52,19 @@ RECURRENT = {"GRU": 3, "LSTM": 4}  # gates per op: W is (directions, gates x hid
 OPSET = 17
 
 
-def recurrent_node(graph: onnx.GraphProto, where: str) -> tuple[onnx.NodeProto, dict[str, np.ndarray]]:
-    """The graph's one GRU/LSTM node and its weights (W, R and B, initializers)."""
+def recurrent_nodes(graph: onnx.GraphProto, where: str) -> list[tuple[onnx.NodeProto, dict[str, np.ndarray]]]:
+    """The graph's GRU/LSTM nodes (one a layer), each with its weights (W, R and B: initializers)."""
     nodes = [n for n in graph.node if n.op_type in RECURRENT]
-    if len(nodes) != 1:
-        raise click.ClickException(f"{where}: expected one GRU or LSTM node in the encoder, found {len(nodes)}; "
-                                   "this measures recurrent models")
+    if not nodes:
+        raise click.ClickException(f"{where}: no GRU or LSTM node in the encoder; this measures recurrent models")
     weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    node = nodes[0]
-    missing = [name for name in node.input[1:4] if name and name not in weights]
-    if missing:
-        raise click.ClickException(f"{where}: the {node.op_type} node's weights {missing} are not initializers")
-    return node, {name: weights[name] for name in node.input[1:4] if name}
+    found = []
+    for node in nodes:
+        missing = [name for name in node.input[1:4] if name and name not in weights]
+        if missing:
+            raise click.ClickException(f"{where}: the {node.op_type} node's weights {missing} are not initializers")
+        found.append((node, {name: weights[name] for name in node.input[1:4] if name}))
+    return found
 
 
 def session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
@@ -77,63 +78,82 @@ def make_model(graph: onnx.GraphProto) -> onnx.ModelProto:
     return model
 
 
-def rnn_alone(node: onnx.NodeProto, weights: dict[str, np.ndarray], length: int,
+def rnn_alone(nodes: list[tuple[onnx.NodeProto, dict[str, np.ndarray]]], length: int,
               threads: int) -> Callable[[], int]:
-    """The encoder's recurrent node over `length` positions at batch 1, every position valid."""
-    inputs = ["x", *node.input[1:4]]
-    alone = helper.make_node(node.op_type, inputs, ["y"])
-    alone.attribute.extend(node.attribute)
-    width = weights[node.input[1]].shape[2]  # W: (directions, gates x hidden, input)
-    graph = helper.make_graph([alone], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1, width])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(w, name) for name, w in weights.items()])
-    run = session(make_model(graph), threads)
-    feed = {"x": np.random.default_rng(0).standard_normal((length, 1, width)).astype(np.float32)}
-    return lambda: (run.run(["y"], feed), 0)[1]
-
-
-def loop_of(op: str | None, hidden: int, steps: int, threads: int) -> Callable[[], int]:
-    """A Loop of `steps` iterations whose body is one `op` (GRU/LSTM, hidden in and out, seeded weights) fed its own
-    state, or one Identity (op None)."""
+    """The encoder's recurrent nodes over `length` positions at batch 1, every position valid: each alone, with its
+    own weights and attributes, one after the other."""
+    runs = []
     rng = np.random.default_rng(0)
-    state = ["h"] + (["c"] if op == "LSTM" else [])
-    body_in = [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-               helper.make_tensor_value_info("cond", TensorProto.BOOL, [])]
-    body_in += [helper.make_tensor_value_info(s, TensorProto.FLOAT, [1, 1, hidden]) for s in state]
-    outs = [f"{s}_out" for s in state]
+    for node, weights in nodes:
+        alone = helper.make_node(node.op_type, ["x", *node.input[1:4]], ["y"])
+        alone.attribute.extend(node.attribute)
+        width = weights[node.input[1]].shape[2]  # W: (directions, gates x hidden, input)
+        graph = helper.make_graph([alone], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 [None, 1, width])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                  [numpy_helper.from_array(w, name) for name, w in weights.items()])
+        runs.append((session(make_model(graph), threads),
+                     {"x": rng.standard_normal((length, 1, width)).astype(np.float32)}))
+
+    def run() -> int:
+        for layer, feed in runs:
+            layer.run(["y"], feed)
+        return 0
+    return run
+
+
+def loop_of(op: str | None, hidden: int, layers: int, steps: int, threads: int) -> Callable[[], int]:
+    """A Loop of `steps` iterations whose body is `layers` stacked `op`s (GRU/LSTM, hidden in and out, seeded
+    weights), the first fed the last one's output, each its own state; or one Identity (op None)."""
+    rng = np.random.default_rng(0)
+    kinds = ["h"] + (["c"] if op == "LSTM" else [])
+    state = [f"{kind}{layer}" for layer in range(layers if op else 1) for kind in kinds]
+
+    def value(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 1, hidden])
     nodes = [helper.make_node("Identity", ["cond"], ["cond_out"])]
     weights = []
     if op is None:
-        nodes.append(helper.make_node("Identity", ["h"], ["h_out"]))
+        nodes.append(helper.make_node("Identity", ["h0"], ["h0_out"]))
     else:
-        gates = RECURRENT[op]
-        weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
-                   for name, shape in (("w", (1, gates * hidden, hidden)), ("r", (1, gates * hidden, hidden)),
-                                       ("b", (1, 2 * gates * hidden)))]
-        extra = {"GRU": {"linear_before_reset": 1}, "LSTM": {}}[op]
-        nodes.append(helper.make_node(op, ["h", "w", "r", "b", "", *state], ["", *outs], hidden_size=hidden,
-                                      **extra))
-    body = helper.make_graph(nodes, "body", body_in, [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                             *(helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 1, hidden]) for o in outs)],
-                             weights)
-    loop = helper.make_node("Loop", ["steps", "", *[f"{s}0" for s in state]], [f"{s}_last" for s in state],
-                            body=body)
-    graph = helper.make_graph([loop], "loop", [helper.make_tensor_value_info(f"{s}0", TensorProto.FLOAT,
-                                                                             [1, 1, hidden]) for s in state],
+        gates, extra = RECURRENT[op], {"GRU": {"linear_before_reset": 1}, "LSTM": {}}[op]
+        x = f"h{layers - 1}"
+        for layer in range(layers):
+            names = [f"{n}{layer}" for n in ("w", "r", "b")]
+            weights += [numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+                        for name, shape in zip(names, ((1, gates * hidden, hidden), (1, gates * hidden, hidden),
+                                                       (1, 2 * gates * hidden)))]
+            own = [f"{kind}{layer}" for kind in kinds]
+            nodes.append(helper.make_node(op, [x, *names, "", *own], ["", *(f"{s}_out" for s in own)],
+                                          hidden_size=hidden, **extra))
+            x = f"h{layer}_out"
+    body = helper.make_graph(nodes, "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                                             helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                                             *map(value, state)],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              *(value(f"{s}_out") for s in state)], weights)
+    loop = helper.make_node("Loop", ["steps", "", *state], [f"{s}_last" for s in state], body=body)
+    graph = helper.make_graph([loop], "loop", list(map(value, state)),
                               [helper.make_tensor_value_info(f"{s}_last", TensorProto.FLOAT, None) for s in state],
                               [numpy_helper.from_array(np.array(steps, np.int64), "steps")])
     run = session(make_model(graph), threads)
-    feed = {f"{s}0": np.zeros((1, 1, hidden), np.float32) for s in state}
+    feed = {s: np.zeros((1, 1, hidden), np.float32) for s in state}
     return lambda: (run.run(None, feed), 0)[1]
 
 
-def decoder_hidden(model_dir: Path, loop_file: str, fallback: int) -> int:
-    """The greedy loop's carried hidden state's last dimension (its 'hidden' input), else `fallback`."""
+def stacked(layers: int) -> str:
+    """'2 x ' for stacked layers, '' for one."""
+    return f"{layers} x " if layers > 1 else ""
+
+
+def decoder_state(model_dir: Path, loop_file: str, fallback: int) -> tuple[int, int]:
+    """(layers, hidden) of the greedy loop's carried hidden state (its 'hidden' input, (layers, batch, hidden)),
+    else (1, `fallback`)."""
     for value in onnx.load(str(model_dir / loop_file), load_external_data=False).graph.input:
         dims = value.type.tensor_type.shape.dim
-        if value.name == "hidden" and dims and dims[-1].HasField("dim_value"):
-            return dims[-1].dim_value
-    return fallback
+        if value.name == "hidden" and len(dims) == 3 and all(dims[i].HasField("dim_value") for i in (0, 2)):
+            return dims[0].dim_value, dims[2].dim_value
+    return 1, fallback
 
 
 @click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
@@ -166,25 +186,27 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
             raise click.ClickException(f"{model_dir}: a greedy decode made {len(runs)} onnxruntime runs, expected the "
                                        "encoder and the greedy loop; this measures exports with a greedy loop graph")
         (encoder, encoder_feed), (loop, loop_feed) = runs
-        node, weights = recurrent_node(onnx.load(str(model_dir / encoder.name)).graph, str(model_dir / encoder.name))
+        nodes = recurrent_nodes(onnx.load(str(model_dir / encoder.name)).graph, str(model_dir / encoder.name))
+        node = nodes[0][0]
         rnn_hidden = next(a.i for a in node.attribute if a.name == "hidden_size")
-        hidden = decoder_hidden(model_dir, loop.name, rnn_hidden)
+        layers, hidden = decoder_state(model_dir, loop.name, rnn_hidden)
         positions = int(encoder_feed[next(iter(encoder_feed))].shape[1])  # what the encoder reads, specials included
         sides: dict[str, Callable[[], Any]] = {
             "call": call,
             "runs": lambda: (encoder._run(encoder_feed), loop._run(loop_feed), 0)[2],
             "encoder": lambda: (encoder._run(encoder_feed), 0)[1],
             "loop": lambda: (loop._run(loop_feed), 0)[1],
-            "rnn": rnn_alone(node, weights, positions, threads),
-            "rnn loop": loop_of(node.op_type, hidden, target_len, threads),
-            "empty loop": loop_of(None, hidden, target_len, threads),
+            "rnn": rnn_alone(nodes, positions, threads),
+            "rnn loop": loop_of(node.op_type, hidden, layers, target_len, threads),
+            "empty loop": loop_of(None, hidden, 1, target_len, threads),
         }
         print(f"{model_dir}: {describe_model(spec)}; batch 1, {threads} thread(s), source {source_len} "
               f"({positions} encoder positions), target {target_len}; medians of {repeats} (us)")
         times = {name: t.median_s * 1e6 for name, t in measure(sides, warmup=2, repeats=repeats).items()}
         direction = next((a.s.decode() for a in node.attribute if a.name == "direction"), "forward")
-        notes = {"rnn": f"{node.op_type} {direction}, hidden {rnn_hidden}, over {positions} positions",
-                 "rnn loop": f"{node.op_type}, hidden {hidden}, {target_len} steps: "
+        notes = {"rnn": f"{stacked(len(nodes))}{node.op_type} {direction}, hidden {rnn_hidden}, over {positions} "
+                        "positions",
+                 "rnn loop": f"{stacked(layers)}{node.op_type}, hidden {hidden}, {target_len} steps: "
                              f"{times['rnn loop'] / target_len:.2f} us a step",
                  "loop": f"{times['loop'] / target_len:.2f} us a step",
                  "empty loop": f"{times['empty loop'] / target_len:.2f} us a step"}

@@ -32,7 +32,8 @@ def rows(stdout: str) -> dict[str, tuple[float, str]]:
 
 @pytest.fixture(scope="module")
 def lstm_export(tmp_path_factory):
-    spec = toy_token_spec(cell="lstm", attention="dot", hidden_dim=8, embedding_dim=6)
+    """Two stacked LSTM layers: two LSTM nodes in the encoder, a (2, batch, 8) decoder state."""
+    spec = toy_token_spec(cell="lstm", layers=2, attention="dot", hidden_dim=8, embedding_dim=6)
     return export_token_model(spec, tmp_path_factory.mktemp("lstm") / "model")
 
 
@@ -47,15 +48,15 @@ def test_a_token_model_is_timed_beside_its_own_encoder_node(recurrent_export):
     assert all(us > 0 for name, (us, _) in found.items() if name != "API")
 
 
-def test_a_point_model_and_an_lstm_model_get_their_kind_of_kernel(exports, lstm_export):
+def test_a_point_model_and_a_stacked_lstm_model_get_their_kind_of_kernel(exports, lstm_export):
     done = run(str(exports["dot"].path), "--source-len", "6", "--target-len", "2")
     assert done.returncode == 0, done.stderr
     assert rows(done.stdout)["rnn"][1] == f"GRU forward, hidden {exports['dot'].spec.hidden_dim}, over 6 positions"
     done = run(str(lstm_export.path), "--source-len", "3", "--target-len", "2")
     assert done.returncode == 0, done.stderr
     found = rows(done.stdout)
-    assert found["rnn"][1] == "LSTM forward, hidden 8, over 4 positions"
-    assert found["rnn loop"][1].startswith("LSTM, hidden 8, 2 steps: ")
+    assert found["rnn"][1] == "2 x LSTM forward, hidden 8, over 4 positions"  # every layer's node
+    assert found["rnn loop"][1].startswith("2 x LSTM, hidden 8, 2 steps: ")
 
 
 @pytest.mark.parametrize(("args", "says"), [
