@@ -3,25 +3,30 @@ runs, and onnxruntime's own recurrent kernel (the GRU or LSTM op) at the model's
 
     python benchmarks/recurrent_floor.py MODEL_DIR [--source-len L] [--target-len T] [--threads 1] [--repeats 200]
 
-MODEL_DIR is a recurrent export (points or tokens) with a greedy loop graph. --source-len and --target-len default
-as in `seq2onnx bench` (points 50 and 100; a token model's input_len and target_len); a token model decodes exactly
---target-len tokens from a text of exactly --source-len tokens. Timed, medians (runtime.bench.measure):
+MODEL_DIR is a recurrent export (points or tokens; any number of layers; float32, fp16 or int8) with a greedy loop
+graph. --source-len and --target-len default as in `seq2onnx bench` (points 50 and 100; a token model's input_len
+and target_len); a token model decodes exactly --target-len tokens from a text of exactly --source-len tokens.
+
+Rows (medians of --repeats timed calls each, interleaved as runtime.bench.measure times them; separate medians, so
+they need not add up; below ~100 repeats the noise of a shared machine can order them wrongly):
 
   call        the public call at batch 1 (`predict`, or greedy `translate_batch`)
   runs        a bare replay of the onnxruntime runs that call made: the encoder, then the greedy loop
   encoder     the encoder's run alone
   loop        the greedy loop's run alone
-  rnn         the encoder's recurrent nodes alone (their op, weights and attributes; one a layer), each as a
-              one-node graph over the source: the least an encoder on onnxruntime's kernel can take
-  rnn loop    an ONNX Loop of T steps whose body is one op of that kind a decoder layer at the decoder's hidden
-              size, fed its own state (seeded weights): what the decoder's recurrence alone costs a step written as that op, with no
-              attention, no read-out and no search (the exports write the decoder's cell as Gemms and gates,
-              export.cells, which measured within ~15% of the op a step at hidden 64-128)
-  empty loop  a Loop of T steps whose body is one Identity: the Loop's own cost
+  rnn         the encoder's recurrent nodes alone (their op, weights and attributes: one a layer, and as quantized
+              as the export's), each as a one-node graph over the source: what the encoder's recurrence costs on
+              onnxruntime's kernel, before embeddings, masks and projections
+  rnn loop    an ONNX Loop of T steps whose body is one op of that kind a decoder layer (the float op for a
+              quantized one), the decoder's sizes (hidden; the first layer's input: a token model's embedding, a
+              point model's features), seeded weights, fed a constant input and its own state: what the decoder's
+              recurrence would cost a step written as that op, with no attention, read-out or search (the exports
+              write the decoder's cell as Gemms and gates, export.cells)
+  empty loop  a Loop of T steps whose body is one Identity: the Loop's own cost (its per-call part shared by T)
 
 Then the API's part of the call (call - runs) and the recurrences' shares. Set beside PyTorch eager's time for the
-same decode (`seq2onnx bench MODEL_DIR --checkpoint CKPT --batch 1`), the rnn row alone says how much of a speed-up
-target's budget one kernel takes before the model does anything else.
+same decode (`seq2onnx bench MODEL_DIR --checkpoint CKPT --batch 1`), they say how much of a speed-up target's
+budget goes before the model does anything else.
 """
 from __future__ import annotations
 
@@ -43,57 +48,67 @@ from cli.bench import resolve_grid  # noqa: E402
 from cli.common import check_threads_option  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
-from runtime.errors import Seq2OnnxError  # noqa: E402
+from runtime.errors import Seq2OnnxError, one_line  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
 from runtime.points import MAX_TARGET_LEN  # noqa: E402
 from runtime.sessions import session_options  # noqa: E402
 
-RECURRENT = {"GRU": 3, "LSTM": 4}  # gates per op: W is (directions, gates x hidden, input)
-OPSET = 17
+RECURRENT = {"GRU": "GRU", "LSTM": "LSTM", "DynamicQuantizeLSTM": "LSTM"}  # the encoder's op -> the loop's
+GATES = {"GRU": 3, "LSTM": 4}
+MS = "com.microsoft"
+OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
 
 
 def recurrent_nodes(graph: onnx.GraphProto, where: str) -> list[tuple[onnx.NodeProto, dict[str, np.ndarray]]]:
-    """The graph's GRU/LSTM nodes (one a layer), each with its weights (W, R and B: initializers)."""
+    """The graph's recurrent nodes (GRU, LSTM or its quantized form; one a layer), each with the initializers it
+    reads (its weights, biases, scales)."""
     nodes = [n for n in graph.node if n.op_type in RECURRENT]
     if not nodes:
         raise click.ClickException(f"{where}: no GRU or LSTM node in the encoder; this measures recurrent models")
     weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     found = []
     for node in nodes:
-        missing = [name for name in node.input[1:4] if name and name not in weights]
-        if missing:
-            raise click.ClickException(f"{where}: the {node.op_type} node's weights {missing} are not initializers")
-        found.append((node, {name: weights[name] for name in node.input[1:4] if name}))
+        if node.input[1] not in weights:
+            raise click.ClickException(f"{where}: the {node.op_type} node's weights {node.input[1]!r} are not an "
+                                       "initializer")
+        found.append((node, {name: weights[name] for name in node.input[1:] if name in weights}))
     return found
 
 
-def session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), session_options(threads),
-                                providers=["CPUExecutionProvider"])
-
-
-def make_model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+def session(graph: onnx.GraphProto, threads: int, what: str) -> ort.InferenceSession:
+    model = helper.make_model(graph, opset_imports=OPSETS)
     model.ir_version = 8
-    return model
+    try:
+        return ort.InferenceSession(model.SerializeToString(), session_options(threads),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's own untyped errors
+        raise click.ClickException(f"{what}: onnxruntime cannot run it ({one_line(exc)})") from None
 
 
-def rnn_alone(nodes: list[tuple[onnx.NodeProto, dict[str, np.ndarray]]], length: int,
+def input_width(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> int:
+    """The node's input size: W is (directions, gates x hidden, input), or (directions, input, gates x hidden)
+    quantized."""
+    w = weights[node.input[1]]
+    return w.shape[1] if node.op_type == "DynamicQuantizeLSTM" else w.shape[2]
+
+
+def rnn_alone(nodes: list[tuple[onnx.NodeProto, dict[str, np.ndarray]]], length: int, dtype: np.dtype,
               threads: int) -> Callable[[], int]:
-    """The encoder's recurrent nodes over `length` positions at batch 1, every position valid: each alone, with its
-    own weights and attributes, one after the other."""
+    """The encoder's recurrent nodes over `length` positions at batch 1, every position valid (no lengths, zero
+    initial state): each alone, with its own initializers and attributes, one after the other."""
     runs = []
     rng = np.random.default_rng(0)
+    elem = helper.np_dtype_to_tensor_dtype(dtype)
     for node, weights in nodes:
-        alone = helper.make_node(node.op_type, ["x", *node.input[1:4]], ["y"])
+        inputs = ["x"] + [name if name in weights else "" for name in node.input[1:]]
+        alone = helper.make_node(node.op_type, inputs, ["y"], domain=node.domain)
         alone.attribute.extend(node.attribute)
-        width = weights[node.input[1]].shape[2]  # W: (directions, gates x hidden, input)
-        graph = helper.make_graph([alone], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                 [None, 1, width])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        width = input_width(node, weights)
+        graph = helper.make_graph([alone], "rnn", [helper.make_tensor_value_info("x", elem, [None, 1, width])],
+                                  [helper.make_tensor_value_info("y", elem, None)],
                                   [numpy_helper.from_array(w, name) for name, w in weights.items()])
-        runs.append((session(make_model(graph), threads),
-                     {"x": rng.standard_normal((length, 1, width)).astype(np.float32)}))
+        runs.append((session(graph, threads, f"the encoder's {node.op_type} node alone"),
+                     {"x": rng.standard_normal((length, 1, width)).astype(dtype)}))
 
     def run() -> int:
         for layer, feed in runs:
@@ -102,31 +117,38 @@ def rnn_alone(nodes: list[tuple[onnx.NodeProto, dict[str, np.ndarray]]], length:
     return run
 
 
-def loop_of(op: str | None, hidden: int, layers: int, steps: int, threads: int) -> Callable[[], int]:
-    """A Loop of `steps` iterations whose body is `layers` stacked `op`s (GRU/LSTM, hidden in and out, seeded
-    weights), the first fed the last one's output, each its own state; or one Identity (op None)."""
+def loop_of(op: str | None, hidden: int, layers: int, width: int, dtype: np.dtype, steps: int,
+            threads: int) -> Callable[[], int]:
+    """A Loop of `steps` iterations whose body is `layers` stacked `op`s (GRU/LSTM; the first reads a constant
+    input `width` wide, the others the layer below; each its own state; seeded weights), or one Identity (op
+    None)."""
     rng = np.random.default_rng(0)
+    elem = helper.np_dtype_to_tensor_dtype(dtype)
     kinds = ["h"] + (["c"] if op == "LSTM" else [])
     state = [f"{kind}{layer}" for layer in range(layers if op else 1) for kind in kinds]
 
     def value(name: str) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 1, hidden])
+        return helper.make_tensor_value_info(name, elem, [1, 1, hidden])
+
+    def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(dtype), name)
     nodes = [helper.make_node("Identity", ["cond"], ["cond_out"])]
     weights = []
     if op is None:
         nodes.append(helper.make_node("Identity", ["h0"], ["h0_out"]))
     else:
-        gates, extra = RECURRENT[op], {"GRU": {"linear_before_reset": 1}, "LSTM": {}}[op]
-        x = f"h{layers - 1}"
+        gates, extra = GATES[op], {"GRU": {"linear_before_reset": 1}, "LSTM": {}}[op]
+        x, size = "x", width
+        weights.append(weight("x", (1, 1, width)))
         for layer in range(layers):
             names = [f"{n}{layer}" for n in ("w", "r", "b")]
-            weights += [numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
-                        for name, shape in zip(names, ((1, gates * hidden, hidden), (1, gates * hidden, hidden),
-                                                       (1, 2 * gates * hidden)))]
+            weights += [weight(name, shape) for name, shape in zip(names, ((1, gates * hidden, size),
+                                                                         (1, gates * hidden, hidden),
+                                                                         (1, 2 * gates * hidden)))]
             own = [f"{kind}{layer}" for kind in kinds]
             nodes.append(helper.make_node(op, [x, *names, "", *own], ["", *(f"{s}_out" for s in own)],
                                           hidden_size=hidden, **extra))
-            x = f"h{layer}_out"
+            x, size = f"h{layer}_out", hidden
     body = helper.make_graph(nodes, "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
                                              helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
                                              *map(value, state)],
@@ -134,10 +156,10 @@ def loop_of(op: str | None, hidden: int, layers: int, steps: int, threads: int) 
                               *(value(f"{s}_out") for s in state)], weights)
     loop = helper.make_node("Loop", ["steps", "", *state], [f"{s}_last" for s in state], body=body)
     graph = helper.make_graph([loop], "loop", list(map(value, state)),
-                              [helper.make_tensor_value_info(f"{s}_last", TensorProto.FLOAT, None) for s in state],
+                              [helper.make_tensor_value_info(f"{s}_last", elem, None) for s in state],
                               [numpy_helper.from_array(np.array(steps, np.int64), "steps")])
-    run = session(make_model(graph), threads)
-    feed = {s: np.zeros((1, 1, hidden), np.float32) for s in state}
+    run = session(graph, threads, f"a Loop of {op or 'Identity'}")
+    feed = {s: np.zeros((1, 1, hidden), dtype) for s in state}
     return lambda: (run.run(None, feed), 0)[1]
 
 
@@ -156,7 +178,13 @@ def decoder_state(model_dir: Path, loop_file: str, fallback: int) -> tuple[int, 
     return 1, fallback
 
 
-@click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
+def help_text() -> str:
+    """The docstring's first paragraph, then its legend of the rows kept as written."""
+    paragraphs = __doc__.split("\n\n")
+    return paragraphs[0].replace("\n", " ") + "\n\n\b\n" + "\n\n\b\n".join(paragraphs[3:6])
+
+
+@click.command(help=help_text())
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--source-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
               help="Source points or tokens (default as `seq2onnx bench`).")
@@ -188,25 +216,30 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
         (encoder, encoder_feed), (loop, loop_feed) = runs
         nodes = recurrent_nodes(onnx.load(str(model_dir / encoder.name)).graph, str(model_dir / encoder.name))
         node = nodes[0][0]
+        op = RECURRENT[node.op_type]
         rnn_hidden = next(a.i for a in node.attribute if a.name == "hidden_size")
         layers, hidden = decoder_state(model_dir, loop.name, rnn_hidden)
-        positions = int(encoder_feed[next(iter(encoder_feed))].shape[1])  # what the encoder reads, specials included
+        width = spec.n_features if points else spec.embedding_dim or hidden  # the decoder cell's first input
+        dtype = np.dtype(next(w for w in nodes[0][1].values() if w.dtype.kind == "f").dtype)
+        source = encoder.session.get_inputs()[0].name  # source ids (N, L) or points (N, L, F)
+        positions = int(encoder_feed[source].shape[1])  # what the encoder reads, specials included
         sides: dict[str, Callable[[], Any]] = {
             "call": call,
             "runs": lambda: (encoder._run(encoder_feed), loop._run(loop_feed), 0)[2],
             "encoder": lambda: (encoder._run(encoder_feed), 0)[1],
             "loop": lambda: (loop._run(loop_feed), 0)[1],
-            "rnn": rnn_alone(nodes, positions, threads),
-            "rnn loop": loop_of(node.op_type, hidden, layers, target_len, threads),
-            "empty loop": loop_of(None, hidden, 1, target_len, threads),
+            "rnn": rnn_alone(nodes, positions, dtype, threads),
+            "rnn loop": loop_of(op, hidden, layers, width, dtype, target_len, threads),
+            "empty loop": loop_of(None, hidden, 1, width, dtype, target_len, threads),
         }
-        print(f"{model_dir}: {describe_model(spec)}; batch 1, {threads} thread(s), source {source_len} "
-              f"({positions} encoder positions), target {target_len}; medians of {repeats} (us)")
         times = {name: t.median_s * 1e6 for name, t in measure(sides, warmup=2, repeats=repeats).items()}
+        print(f"{model_dir}: {describe_model(spec)}; batch 1, {threads} thread(s), source {source_len} "
+              f"({positions} encoder positions), target {target_len}; {dtype.name} recurrences; medians of "
+              f"{repeats} (us)")
         direction = next((a.s.decode() for a in node.attribute if a.name == "direction"), "forward")
         notes = {"rnn": f"{stacked(len(nodes))}{node.op_type} {direction}, hidden {rnn_hidden}, over {positions} "
                         "positions",
-                 "rnn loop": f"{stacked(layers)}{node.op_type}, hidden {hidden}, {target_len} steps: "
+                 "rnn loop": f"{stacked(layers)}{op}, hidden {hidden}, input {width}, {target_len} steps: "
                              f"{times['rnn loop'] / target_len:.2f} us a step",
                  "loop": f"{times['loop'] / target_len:.2f} us a step",
                  "empty loop": f"{times['empty loop'] / target_len:.2f} us a step"}

@@ -30,11 +30,13 @@ def rows(stdout: str) -> dict[str, tuple[float, str]]:
     return {m[1]: (float(m[2]), m[3] or "") for m in matches}
 
 
+LSTM_SPEC = dict(cell="lstm", layers=2, attention="dot", hidden_dim=8, embedding_dim=6)
+
+
 @pytest.fixture(scope="module")
 def lstm_export(tmp_path_factory):
     """Two stacked LSTM layers: two LSTM nodes in the encoder, a (2, batch, 8) decoder state."""
-    spec = toy_token_spec(cell="lstm", layers=2, attention="dot", hidden_dim=8, embedding_dim=6)
-    return export_token_model(spec, tmp_path_factory.mktemp("lstm") / "model")
+    return export_token_model(toy_token_spec(**LSTM_SPEC), tmp_path_factory.mktemp("lstm") / "model")
 
 
 def test_a_token_model_is_timed_beside_its_own_encoder_node(recurrent_export):
@@ -44,19 +46,38 @@ def test_a_token_model_is_timed_beside_its_own_encoder_node(recurrent_export):
     found = rows(done.stdout)
     assert tuple(found) == ROWS
     assert found["rnn"][1] == "GRU bidirectional, hidden 8, over 5 positions"  # the export's own node
-    assert found["rnn loop"][1].startswith("GRU, hidden 8, 3 steps: ")  # the decoder's hidden size
+    assert found["rnn loop"][1].startswith("GRU, hidden 8, input 6, 3 steps: ")  # the decoder's sizes
     assert all(us > 0 for name, (us, _) in found.items() if name != "API")
 
 
 def test_a_point_model_and_a_stacked_lstm_model_get_their_kind_of_kernel(exports, lstm_export):
     done = run(str(exports["dot"].path), "--source-len", "6", "--target-len", "2")
     assert done.returncode == 0, done.stderr
-    assert rows(done.stdout)["rnn"][1] == f"GRU forward, hidden {exports['dot'].spec.hidden_dim}, over 6 positions"
+    spec = exports["dot"].spec
+    found = rows(done.stdout)
+    assert found["rnn"][1] == f"GRU forward, hidden {spec.hidden_dim}, over 6 positions"
+    assert found["rnn loop"][1].startswith(f"GRU, hidden {spec.hidden_dim}, input {spec.n_features}, 2 steps")
     done = run(str(lstm_export.path), "--source-len", "3", "--target-len", "2")
     assert done.returncode == 0, done.stderr
     found = rows(done.stdout)
     assert found["rnn"][1] == "2 x LSTM forward, hidden 8, over 4 positions"  # every layer's node
-    assert found["rnn loop"][1].startswith("2 x LSTM, hidden 8, 2 steps: ")
+    assert found["rnn loop"][1].startswith("2 x LSTM, hidden 8, input 6, 2 steps: ")
+
+
+@pytest.mark.filterwarnings("ignore::export.api.QualityLossWarning")  # accepted: the loss is not what is tested
+@pytest.mark.parametrize(("options", "node", "dtype"), [
+    (dict(quantize="int8"), "2 x DynamicQuantizeLSTM forward", "float32"),  # timed as quantized as exported
+    (dict(dtype="fp16"), "2 x LSTM forward", "float16"),
+])
+def test_converted_exports_are_timed_in_their_own_kernels(tmp_path, options, node, dtype):
+    export = export_token_model(toy_token_spec(**LSTM_SPEC), tmp_path / "model", accept_quality_loss=True,
+                                **options)
+    done = run(str(export.path), "--source-len", "3", "--target-len", "2")
+    assert done.returncode == 0, done.stderr
+    assert f"{dtype} recurrences" in done.stdout.splitlines()[0]
+    found = rows(done.stdout)
+    assert found["rnn"][1] == f"{node}, hidden 8, over 4 positions"
+    assert found["rnn loop"][1].startswith("2 x LSTM, hidden 8, input 6, 2 steps: ")
 
 
 @pytest.mark.parametrize(("args", "says"), [
