@@ -128,19 +128,24 @@ def decoders(loaded: dict[Key, Any], model: Seq2Seq, texts: list[str], beam: int
     return {key: call(key, runner) for key, runner in loaded.items()}
 
 
-def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int, inner: int) -> dict[Key, list[float]]:
+def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int,
+            inner: int) -> tuple[dict[Key, list[float]], int]:
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
-    in a row, their mean), after WARMUP calls and the length check."""
-    slowest = 0.0
+    in a row, their mean), after WARMUP calls and the length check. `inner` 0: enough calls for one SAMPLE_S
+    sample of the slowest decoder's last warm-up call. Not its first: a translator's first call sets itself up
+    (CTranslate2's took 46 ms where its next took 0.65), which made it one call a round, each timed cold.
+    Returns the times and the calls a sample."""
+    warm = 0.0
     for key, call in calls.items():
         for _ in range(WARMUP):
             start = time.perf_counter()
             lengths = {len(ids) for ids in call()}
-            slowest = max(slowest, time.perf_counter() - start)
+            took = time.perf_counter() - start
+        warm = max(warm, took)
         if lengths != {steps}:
             raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, expected "
                                        f"exactly --steps {steps} for every hypothesis")
-    inner = inner or max(1, round(SAMPLE_S / slowest))  # 0: enough calls for one SAMPLE_S sample, the same for all
+    inner = inner or max(1, round(SAMPLE_S / warm))  # the same for every decoder of a case
     times: dict[Key, list[float]] = {key: [] for key in calls}
     for _ in range(repeats):
         for key, call in calls.items():
@@ -148,7 +153,7 @@ def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int, inner
             for _ in range(inner):
                 call()
             times[key].append((time.perf_counter() - start) / inner)
-    return times
+    return times, inner
 
 
 def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str, Any]:
@@ -166,15 +171,17 @@ def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio |, ms at the best thread count."""
+    """| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio | calls a sample |, ms at the best
+    thread count."""
     def cell(entry: dict[str, Any]) -> str:
         return f"{entry['median_s'] * 1e3:.2f} ms ({entry['threads']}t)"
 
-    lines = ["| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio |", "|---" * 7 + "|"]
+    lines = ["| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio | calls a sample |",
+             "|---" * 8 + "|"]
     for r in rows:
         lines.append(f"| batch {r['batch']} beam {r['beam']} | {cell(r['seq2onnx_fp32'])} | {cell(r['ct2_fp32'])} | "
                      f"{r['ratio_fp32']:.2f} | {cell(r['seq2onnx_int8'])} | {cell(r['ct2_int8'])} | "
-                     f"{r['ratio_int8']:.2f} |")
+                     f"{r['ratio_int8']:.2f} | {r['inner']} |")
     return "\n".join(lines)
 
 
@@ -294,7 +301,9 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
             for beam in beams:
                 note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(threads)} decoders ...")
                 calls = decoders(loaded, model, batch_texts, beam, steps, ct2_text)
-                rows.append(summarise(batch, beam, measure(calls, repeats, steps, inner)))
+                times, calls_a_sample = measure(calls, repeats, steps, inner)
+                rows.append({**summarise(batch, beam, times), "inner": calls_a_sample})
+                note(f"  {calls_a_sample} call(s) of each decoder a sample")
     click.echo(f"{info['cpu']}; {info['flags']}; uptime: {machine()['uptime']}")
     click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats}; "
                "ratio = seq2onnx / CT2 (> 1: seq2onnx slower); CT2 "

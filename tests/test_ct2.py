@@ -15,7 +15,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
-    from ct2_bench import decoders  # noqa: E402
+    from ct2_bench import SAMPLE_S, decoders, measure  # noqa: E402
     from ct2_bench import main as bench_main  # noqa: E402
     from ct2_check import check_failures, cross_check  # noqa: E402
     from ct2_check import main as check_main  # noqa: E402
@@ -174,3 +174,26 @@ def test_the_benchmark_refuses_bad_outputs_before_any_work(tmp_path, args, messa
                                              *(a.format(tmp=tmp_path) for a in args)])
     assert result.exit_code == 2 and message in result.output, result.output
     assert (tmp_path / "kept.json").read_text() == "mine"
+
+
+def test_calls_a_sample_come_from_warm_calls_not_a_first_call_that_sets_up():
+    """A decoder whose first call is slow (CTranslate2's sets itself up: 46 ms, then 0.65 ms) must not make every
+    sample one cold call: `inner` 0 sizes the samples by the slowest decoder's last warm-up call."""
+    import time
+
+    def decoder(first_s: float, then_s: float):
+        calls = []
+
+        def call():
+            time.sleep(first_s if not calls else then_s)
+            calls.append(1)
+            return [[0, 0]]
+        return call, calls
+    slow_first, slow_calls = decoder(0.1, 0.001)
+    steady, _ = decoder(0.002, 0.002)
+    times, inner = measure({("ct2", "fp32", 1): slow_first, ("seq2onnx", "fp32", 1): steady}, 2, 2, 0)
+    assert SAMPLE_S / 0.002 / 2 <= inner <= SAMPLE_S / 0.002 * 1.5  # ~10 by the 2 ms decoder, not 1 by the 100 ms
+    assert len(slow_calls) == 2 + 2 * inner and all(len(t) == 2 for t in times.values())
+    assert measure({("ct2", "fp32", 1): steady}, 1, 2, 3)[1] == 3  # --inner given: kept
+    with pytest.raises(Exception, match="decoded lengths \\[2\\], expected exactly --steps 3"):
+        measure({("ct2", "fp32", 1): steady}, 1, 3, 0)
