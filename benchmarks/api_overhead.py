@@ -57,6 +57,20 @@ def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[st
     return calls
 
 
+def decode_options(command: Callable) -> Callable:
+    """--source-len, --target-len and --threads, as this script and recurrent_floor.py take them."""
+    for option in reversed([
+        click.option("--source-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+                     help="Source tokens (or points) per input (default as `seq2onnx bench`)."),
+        click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+                     help="Tokens (or points) decoded per input, exactly (default as `seq2onnx bench`)."),
+        click.option("--threads", type=int, default=1, show_default=True, callback=check_threads_option,
+                     help="Intra-op threads."),
+    ]):
+        command = option(command)
+    return command
+
+
 def case_line(label: str, runs: int, times: dict[str, Timing]) -> str:
     """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us (p10 65), 1.081x'."""
     bare, api = (times[k].median_s * 1e6 for k in ("bare", "api"))
@@ -71,12 +85,7 @@ def case_line(label: str, runs: int, times: dict[str, Timing]) -> str:
               help="Batch sizes (repeatable; default 1).")
 @click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
               help="Beam sizes of token models (repeatable; default 1 and 5).")
-@click.option("--source-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
-              help="Source tokens (or points) per input (default as `seq2onnx bench`).")
-@click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
-              help="Tokens (or points) decoded per input, exactly (default as `seq2onnx bench`).")
-@click.option("--threads", type=int, default=1, show_default=True, callback=check_threads_option,
-              help="Intra-op threads.")
+@decode_options
 @click.option("--repeats", type=click.IntRange(1), default=300, show_default=True,
               help=f"Timed calls a side, in rounds of {BLOCK} a side (seq2onnx bench's timing).")
 def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,

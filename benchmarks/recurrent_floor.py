@@ -42,15 +42,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api_overhead import recorded_calls  # noqa: E402
+from api_overhead import decode_options, recorded_calls  # noqa: E402
 
 from cli.bench import resolve_grid  # noqa: E402
-from cli.common import check_threads_option  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.errors import Seq2OnnxError, one_line  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
-from runtime.points import MAX_TARGET_LEN  # noqa: E402
 from runtime.sessions import session_options  # noqa: E402
 
 RECURRENT = {"GRU": "GRU", "LSTM": "LSTM", "DynamicQuantizeLSTM": "LSTM"}  # the encoder's op -> the loop's
@@ -186,12 +184,7 @@ def help_text() -> str:
 
 @click.command(help=help_text())
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--source-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
-              help="Source points or tokens (default as `seq2onnx bench`).")
-@click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
-              help="Points or tokens decoded, exactly (default as `seq2onnx bench`).")
-@click.option("--threads", type=int, default=1, show_default=True, callback=check_threads_option,
-              help="Intra-op threads.")
+@decode_options
 @click.option("--repeats", type=click.IntRange(1), default=200, show_default=True, help="Timed calls a side.")
 def main(model_dir: Path, source_len: int | None, target_len: int | None, threads: int, repeats: int) -> None:
     try:
