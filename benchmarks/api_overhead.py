@@ -57,6 +57,15 @@ def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[st
     return calls
 
 
+def replay(calls: list[tuple[SessionRunner, dict[str, Any]]]) -> Callable[[], int]:
+    """The recorded runs, bare: each runner's own `_run` on its recorded feed, in order (0 tokens, for `measure`)."""
+    def run() -> int:
+        for runner, feed in calls:
+            runner._run(feed)
+        return 0
+    return run
+
+
 def decode_options(command: Callable) -> Callable:
     """--source-len, --target-len and --threads, as this script and recurrent_floor.py take them."""
     for option in reversed([
@@ -106,16 +115,10 @@ def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], sour
             for beam in axes["beams"]:
                 cell = Cell("cpu", threads, "fused", batch, source_len, target_len, beam)
                 api = ort_call(model, cell, inputs[batch])
-                replay = recorded_calls(api)
-
-                def bare(replay: list = replay) -> int:
-                    for runner, feed in replay:
-                        runner._run(feed)
-                    return 0
-
+                recorded = recorded_calls(api)
                 label = f"{'greedy' if beam in (None, 1) else f'beam {beam}'} b{batch}"
-                times = measure({"bare": bare, "api": api}, warmup=1, repeats=repeats)
-                print(case_line(label, len(replay), times), flush=True)
+                times = measure({"bare": replay(recorded), "api": api}, warmup=1, repeats=repeats)
+                print(case_line(label, len(recorded), times), flush=True)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
 

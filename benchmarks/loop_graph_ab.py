@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
-from runtime.sessions import read_graph, session_options  # noqa: E402
+from runtime.sessions import open_session, read_graph  # noqa: E402
 from runtime.spec import N_SPECIAL_TOKENS  # noqa: E402
 from runtime.vocab import EOS  # noqa: E402
 
@@ -38,8 +38,7 @@ GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_g
 
 def session(model_dir: Path, graphs: dict, name: str) -> ort.InferenceSession:
     """A session of a graph the manifest lists, its sha256 checked (an altered file: IntegrityError, one line)."""
-    data = read_graph(model_dir, name, graphs[name]["sha256"])
-    return ort.InferenceSession(data, session_options(1), providers=["CPUExecutionProvider"])
+    return open_session(read_graph(model_dir, name, graphs[name]["sha256"]), "cpu", 1, name)
 
 
 def sources(spec, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:

@@ -42,11 +42,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api_overhead import decode_options, recorded_calls  # noqa: E402
+from api_overhead import decode_options, recorded_calls, replay  # noqa: E402
 
 from cli.bench import resolve_grid  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
+from runtime.binding import SessionRunner  # noqa: E402
 from runtime.errors import Seq2OnnxError, one_line  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
 from runtime.sessions import session_options  # noqa: E402
@@ -166,13 +167,12 @@ def stacked(layers: int) -> str:
     return f"{layers} x " if layers > 1 else ""
 
 
-def decoder_state(model_dir: Path, loop_file: str, fallback: int) -> tuple[int, int]:
-    """(layers, hidden) of the greedy loop's carried hidden state (its 'hidden' input, (layers, batch, hidden)),
-    else (1, `fallback`)."""
-    for value in onnx.load(str(model_dir / loop_file), load_external_data=False).graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if value.name == "hidden" and len(dims) == 3 and all(dims[i].HasField("dim_value") for i in (0, 2)):
-            return dims[0].dim_value, dims[2].dim_value
+def decoder_state(loop: SessionRunner, fallback: int) -> tuple[int, int]:
+    """(layers, hidden) of the greedy loop session's carried hidden state (its 'hidden' input, (layers, batch,
+    hidden)), else (1, `fallback`)."""
+    for value in loop.session.get_inputs():
+        if value.name == "hidden" and len(value.shape) == 3 and all(isinstance(value.shape[i], int) for i in (0, 2)):
+            return value.shape[0], value.shape[2]
     return 1, fallback
 
 
@@ -206,21 +206,21 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
         if len(runs) != 2:
             raise click.ClickException(f"{model_dir}: a greedy decode made {len(runs)} onnxruntime runs, expected the "
                                        "encoder and the greedy loop; this measures exports with a greedy loop graph")
-        (encoder, encoder_feed), (loop, loop_feed) = runs
+        (encoder, encoder_feed), (loop, _) = runs
         nodes = recurrent_nodes(onnx.load(str(model_dir / encoder.name)).graph, str(model_dir / encoder.name))
         node = nodes[0][0]
         op = RECURRENT[node.op_type]
         rnn_hidden = next(a.i for a in node.attribute if a.name == "hidden_size")
-        layers, hidden = decoder_state(model_dir, loop.name, rnn_hidden)
+        layers, hidden = decoder_state(loop, rnn_hidden)
         width = spec.n_features if points else spec.embedding_dim or hidden  # the decoder cell's first input
         dtype = np.dtype(next(w for w in nodes[0][1].values() if w.dtype.kind == "f").dtype)
         source = encoder.session.get_inputs()[0].name  # source ids (N, L) or points (N, L, F)
         positions = int(encoder_feed[source].shape[1])  # what the encoder reads, specials included
         sides: dict[str, Callable[[], Any]] = {
             "call": call,
-            "runs": lambda: (encoder._run(encoder_feed), loop._run(loop_feed), 0)[2],
-            "encoder": lambda: (encoder._run(encoder_feed), 0)[1],
-            "loop": lambda: (loop._run(loop_feed), 0)[1],
+            "runs": replay(runs),
+            "encoder": replay(runs[:1]),
+            "loop": replay(runs[1:]),
             "rnn": rnn_alone(nodes, positions, dtype, threads),
             "rnn loop": loop_of(op, hidden, layers, width, dtype, target_len, threads),
             "empty loop": loop_of(None, hidden, 1, width, dtype, target_len, threads),

@@ -41,8 +41,9 @@ def read_text(path: Path, what: str) -> str:
     """A UTF-8 file of at most MAX_VOCAB_FILE_BYTES, or a VocabError naming it."""
     if not path.is_file():
         raise VocabError(f"{what} {str(path)!r} does not exist or is not a file")
-    if path.stat().st_size > MAX_VOCAB_FILE_BYTES:
-        raise VocabError(f"{what} {str(path)!r} is {path.stat().st_size} bytes, over the "
+    size = path.stat().st_size
+    if size > MAX_VOCAB_FILE_BYTES:
+        raise VocabError(f"{what} {str(path)!r} is {size} bytes, over the "
                          f"{MAX_VOCAB_FILE_BYTES} byte limit; it is not a vocabulary")
     data = path.read_bytes()
     try:

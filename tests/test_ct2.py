@@ -151,7 +151,6 @@ def test_an_existing_destination_is_kept_without_force(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
 
 
-
 @pytest.mark.parametrize("command, usage", [(main, "CHECKPOINT OUT"), (check_main, "EXPORT_DIR CT2_DIR")])
 def test_help_of_each_script(command, usage):
     from click.testing import CliRunner
