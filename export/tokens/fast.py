@@ -140,13 +140,15 @@ def _penalties(net: Net, spec: ModelSpec) -> str:
 
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penalties: str,
           attend: Fused | Batched, int8: bool, own: str | None = None) -> onnx.GraphProto:
-    """The loop body: (iter, cond, last token (B, 1), finished (B, 1, 1), [bias (G, G t),] past_i...) -> (cond,
-    token, finished, [bias,] present_i..., scanned token and log-prob (B, 1, 1)). Blocked (`own`: the (G, G) bias of
-    a block's own slots), rows are blocks: last (B/G, G), finished and the scans (B/G, G, 1), and the carried
-    self-attention bias grows by `own` each step."""
+    """The loop body: (iter, cond, last token (B, 1, 1), finished (B, 1, 1), [bias (G, G t),] past_i...) -> (cond,
+    token, finished, [bias,] present_i..., scanned token and log-prob (B, 1, 1)). The token is TopK's index as it
+    comes, read back by GatherND (no Squeeze a step). Blocked (`own`: the (G, G) bias of a block's own slots), rows
+    are blocks: last, finished and the scans (B/G, G, 1), and the carried self-attention bias grows by `own` each
+    step."""
     net = Net("body/", skip_norm=isinstance(attend, Fused), int8=int8)
     table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), the stream's (S, E) skip
-    tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), "body/last"])
+    tokens = net.one("GatherND", [net.weight("target_embedding", model.target_embedding.weight),
+                                  "body/last"])  # (B, 1, E): the index's last axis (1) picks a row
     positions = net.one("Gather", [net.weight("positions", table), "body/iter"])  # (1, E)
     pasts = [f"body/past_{i}" for i in range(spec.layers * attend.CACHES)]
     carried = [] if own is None else [tensor("body/bias", FLOAT, None)]
@@ -155,14 +157,13 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, cross, attend)
     log_probs = net.one("Add", [log_probs, net.one("Gather", [penalties, "body/iter"])])  # (B, 1, V)
     best_lp, best = net.op("TopK", [log_probs, net.weight("k", np.array([1], np.int64))], 2, axis=-1)  # (B, 1, 1)
-    net.op("Squeeze", [best, net.weight("axis2", np.array([2], np.int64))], ["body/next"])  # (B, 1)
     eos = net.one("Equal", [best, net.weight("eos", np.array(EOS, np.int64))])
     net.op("Or", ["body/finished", eos], ["body/finished_out"])
     least = net.one("ReduceMin", [net.one("Cast", ["body/finished_out"], to=FLOAT)], keepdims=0)
     net.op("Less", [least, net.weight("half", np.array(0.5, np.float32))], ["body/cond_out"])  # any row live
     inputs = [tensor("body/iter", INT64, []), tensor("body/cond", BOOL, []), tensor("body/last", INT64, None),
               tensor("body/finished", BOOL, None), *carried] + [tensor(p, FLOAT, None) for p in pasts]
-    outputs = [tensor("body/cond_out", BOOL, []), tensor("body/next", INT64, None),
+    outputs = [tensor("body/cond_out", BOOL, []), tensor(best, INT64, None),
                tensor("body/finished_out", BOOL, None)]
     outputs += [tensor(STEP_BIAS, FLOAT, None)] * len(carried) + [tensor(p, FLOAT, None) for p in presents]
     outputs += [tensor(best, INT64, None), tensor(best_lp, FLOAT, None)]  # scanned
@@ -182,8 +183,8 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         attend, cross = Fused("memory_lengths"), cross_kv(net, model, spec, memory)
         batch = net.one("Shape", ["source_lengths"])  # (1,)
         column = net.one("Concat", [batch, net.weight("one", np.array([1], np.int64))], axis=0)  # [B, 1]
-        first = net.one("Expand", [net.weight("bos", np.array([[BOS]], np.int64)), column])  # (B, 1)
         cube = net.one("Concat", [column, net.weight("one", np.array([1], np.int64))], axis=0)  # [B, 1, 1]
+        first = net.one("Expand", [net.weight("bos", np.array([[[BOS]]], np.int64)), cube])  # (B, 1, 1)
         none = net.one("Expand", [net.weight("false", np.array([[[False]]])), cube])  # (B, 1, 1)
         inputs = ["max_length", net.weight("true", np.array(True)), first, none,
                   *attend.empty_cache(net, spec, batch) * spec.layers]
@@ -254,8 +255,8 @@ def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -
     rows = net.one("Range", [steps[0], net.one("Squeeze", [padded]), steps[1]])  # (B',)
     ended = net.one("Reshape", [net.one("GreaterOrEqual", [rows, batch]),
                                 net.one("Concat", [c["minus_one"], g, c["one"]], axis=0)])  # (B'/G, G, 1)
-    first = net.one("Expand", [net.weight("bos", np.array([[BOS]], np.int64)),
-                               net.one("Concat", [blocks, g], axis=0)])  # (B'/G, G)
+    first = net.one("Expand", [net.weight("bos", np.array([[[BOS]]], np.int64)),
+                               net.one("Concat", [blocks, g, c["one"]], axis=0)])  # (B'/G, G, 1)
     no_slot = net.one("ConstantOfShape", [net.one("Concat", [g, c["zero"]], axis=0)],
                       value=helper.make_tensor("z", FLOAT, [1], [0.0]))  # (G, 0)
     outs = net.op("Loop", ["max_length", net.weight("true", np.array(True)), first, ended, no_slot,
