@@ -7,7 +7,7 @@
 The state is per layer, in the layout the kernels read: `past_i` (2, batch, heads, past_len, head_dim), keys then
 values, grown by one per step; `cross_keys_i`/`cross_values_i` (batch, heads, source_len, head_dim) and
 `memory_lengths` (batch,) int32, which a step only reads; `positions` (batch,). The greedy graph is the encoder and
-the greedy loop in one graph (one `run` per batch): the loop carries the last token (batch, 1), which rows emitted
+the greedy loop in one graph (one `run` per batch): the loop carries the last token (batch, 1, 1), which rows emitted
 eos, and the caches; it picks the argmax with TopK (ties: the lowest id, as numpy), forbids eos below min_length
 and stops once every row emitted eos. After the loop, tokens after a row's eos are 0 and their log-probs 0. The
 wide greedy loop reads G inputs as one block (attention.BlockBatched): no other graph reads its cache. The greedy
