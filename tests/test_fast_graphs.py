@@ -120,7 +120,8 @@ def test_one_call_graphs_run_the_plain_body_for_calls_too_large_to_fold(tmp_path
 
 @pytest.mark.parametrize("rows", [1, 5])
 def test_the_folded_cross_attention_equals_multi_head_attention(rows):
-    """Folded (S, bias, O made once) against MultiHeadAttention over the same keys/values, padding included."""
+    """Folded (S, bias, O made once) against MultiHeadAttention over the same keys/values, padding included; Folded's
+    output holds fc_attn's bias (CROSS_BIAS), Fused's does not."""
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=4, layers=2, max_positions=32)
     torch.manual_seed(0)
     model = build_token_model(spec)
@@ -146,8 +147,10 @@ def test_the_folded_cross_attention_equals_multi_head_attention(rows):
             "values": rng.normal(size=(3, h, 7, d)).astype(np.float32),
             "lengths": np.array([7, 2, 5], np.int32)}  # padded keys: never read
     got = dict(zip([o.name for o in outputs], session.run(None, feed)))
-    for i in range(spec.layers):
-        np.testing.assert_allclose(got[f"folded_{i}"], got[f"fused_{i}"], rtol=1e-5, atol=1e-5)
+    assert Folded.CROSS_BIAS and not Fused.CROSS_BIAS
+    for i, layer in enumerate(model.decoder_layers):
+        bias = layer.cross_attention.fc_attn.bias.detach().numpy()
+        np.testing.assert_allclose(got[f"folded_{i}"], got[f"fused_{i}"] + bias, rtol=1e-5, atol=1e-5)
     feed["keys"][1, :, 2:] = 1e3  # what lies past an input's length changes nothing
     feed["values"][1, :, 2:] = -1e3
     again = dict(zip([o.name for o in outputs], session.run(None, feed)))

@@ -30,6 +30,7 @@ class Fused:
 
     CACHES = 1  # one cache per layer, (2, rows, h, t, d): keys then values (the state's past_i)
     CROSS = 2  # cross-attention tensors per layer: keys, values (B, h, Ls, d) (kernels.cross_kv)
+    CROSS_BIAS = False  # whether cross_attention's output already holds fc_attn's bias
 
     def __init__(self, lengths32: str) -> None:
         self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
@@ -62,7 +63,7 @@ class Batched:
     """Attention in batched MatMuls over (row, head) (CTranslate2's layout for one query token: splitting heads
     is a reshape, no transpose): more nodes, but 2-3x faster than the fused kernels from ~16 rows up."""
 
-    CACHES, CROSS = Fused.CACHES, Fused.CROSS
+    CACHES, CROSS, CROSS_BIAS = Fused.CACHES, Fused.CROSS, Fused.CROSS_BIAS
     empty_cache = Fused.empty_cache
 
     def __init__(self, mask_bias: str) -> None:
@@ -168,16 +169,18 @@ class Folded(Fused):
     """Fused self-attention; the cross-attention folded into per-input matrices that `fold_cross` makes once from
     the keys and values: scores = x @ S^T + bias, where S (B, h Ls, E) is each head's keys times its query
     projection (scaled) and bias (B, 1, h Ls) the keys times the query bias, plus the padding mask; and out =
-    softmax per head @ O, where O (B, h Ls, E) is each head's values times its rows of fc_attn. A step runs two
-    MatMuls, an Add, a Softmax and two Reshapes where Fused runs the query MatMul, MultiHeadAttention's
+    softmax per head @ O, where O (B, h Ls, E) is each head's values times its rows of fc_attn, plus 1/h of
+    fc_attn's bias (each head's weights sum to 1, so the product adds the bias once: no bias Add a step). A step
+    runs two MatMuls, an Add, a Softmax and two Reshapes where Fused runs the query MatMul, MultiHeadAttention's
     per-(row, head) products and the fc_attn MatMul (1 row, 13 source tokens: 2.6 against 5.0 us a layer a step).
     Only the one-call graphs: their cross-attention state is their own."""
 
     CROSS = 3  # S, bias, O per layer
+    CROSS_BIAS = True
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
-        """x (B, k, E), cross [S, bias, O] -> fc_attn(context) (B, k, E), less its bias."""
+        """x (B, k, E), cross [S, bias, O] -> fc_attn(context) (B, k, E), its bias included."""
         keys_by, bias, out_by = cross
         scores = net.one("Add", [net.one("FusedMatMul", [x, keys_by], MS, transB=1), bias])  # (B, k, h Ls)
         heads = net.one("Reshape", [scores, net.weight("heads", np.array([0, 0, spec.n_heads, -1], np.int64))])
@@ -243,7 +246,9 @@ def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list
         keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries)]), by_row])
         bias = net.one("Add", [net.one("MatMul", [keys, net.weight("query_bias", query_bias)]), padding])
         out = attention.fc_attn.weight.detach().T.reshape(h, d, e)  # (h, d, E): head i's rows of fc_attn^T
-        out_by = net.one("Reshape", [net.one("MatMul", [values, net.weight("out", out)]), by_row])
+        share = (attention.fc_attn.bias.detach() / h).reshape(1, 1, e)  # every head's rows: 1/h of the bias
+        out_by = net.one("Reshape", [net.one("Add", [net.one("MatMul", [values, net.weight("out", out)]),
+                                                     net.weight("out_bias", share)]), by_row])
         folded += [keys_by, net.one("Reshape", [bias, row]), out_by]
     return folded
 

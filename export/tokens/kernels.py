@@ -94,12 +94,14 @@ class Stream:
     def __init__(self, net: Net, pre: bool, x: str, inner: str) -> None:
         self.net, self.pre, self.x, self.inner = net, pre, x, inner
 
-    def add(self, sub: str, bias: torch.Tensor, after: Residual, next_norm: torch.nn.Module | None) -> None:
-        """x = x + sub + bias; then inner = next_norm(x) (pre) or x = after.norm(x) (post)."""
+    def add(self, sub: str, bias: torch.Tensor | None, after: Residual, next_norm: torch.nn.Module | None) -> None:
+        """x = x + sub + bias (None: sub holds its bias); then inner = next_norm(x) (pre) or x = after.norm(x)
+        (post)."""
         net = self.net
         if self.pre:
             if next_norm is None or isinstance(next_norm, torch.nn.Identity):
-                self.x = net.one("Add", [net.one("Add", [sub, net.weight("b", bias)]), self.x])
+                self.x = net.one("Add", [sub if bias is None else net.one("Add", [sub, net.weight("b", bias)]),
+                                         self.x])
                 self.inner = self.x
                 return
             norm = _skip_norm(net, sub, self.x, next_norm, bias)
@@ -200,7 +202,8 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
                    layer.res1, layer.res2.norm)
         out = attend.cross_attention(net, spec, stream.inner, layer.cross_attention,
                                      cross[i * attend.CROSS:(i + 1) * attend.CROSS])
-        stream.add(out, layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm)
+        stream.add(out, None if attend.CROSS_BIAS else layer.cross_attention.fc_attn.bias, layer.res2,
+                   layer.res3.norm)
         hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
         stream.add(net.linear(hidden, layer.ffn.linear2, bias=False), layer.ffn.linear2.bias, layer.res3,
                    _next_norm(layers, i, model.decoder_norm, "res1"))
