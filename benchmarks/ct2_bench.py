@@ -23,7 +23,10 @@ decoder in turn, so drift hits all alike; in a round each decoder runs --inner c
 as last ~20 ms, the same count for every decoder of a case) and their mean is one sample, so a batch-1 call is
 timed with its model in cache, as a service under load runs it, not right after seven other decoders evicted it.
 Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is
-slower).
+slower). "paired" is the median over rounds of the two sides' ratio within a round (each at its best thread
+count), samples taken tens of milliseconds apart: a shared machine's slow and fast phases, which last seconds, move
+both samples of a round alike and cancel there, where they move a ratio of medians (four runs of batch-1 greedy on
+one machine: ratio of medians 1.16-1.65, paired 1.52-1.59).
 """
 from __future__ import annotations
 
@@ -157,7 +160,8 @@ def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int,
 
 
 def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str, Any]:
-    """A case's medians per decoder, each side's best thread count, and the ratios seq2onnx / CT2."""
+    """A case's medians per decoder, each side's best thread count, and the ratios seq2onnx / CT2: of the medians,
+    and the median of each round's (paired)."""
     medians = {key: statistics.median(t) for key, t in times.items()}
     row: dict[str, Any] = {"batch": batch, "beam": beam, "decoders": [
         {"side": s, "precision": p, "threads": t, "median_s": m, "times_s": times[s, p, t]}
@@ -166,22 +170,26 @@ def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str,
         for side in ("seq2onnx", "ct2"):
             best = min((m, t) for (s, p, t), m in medians.items() if (s, p) == (side, precision))
             row[f"{side}_{precision}"] = {"median_s": best[0], "threads": best[1]}
-        row[f"ratio_{precision}"] = row[f"seq2onnx_{precision}"]["median_s"] / row[f"ct2_{precision}"]["median_s"]
+        ours, theirs = row[f"seq2onnx_{precision}"], row[f"ct2_{precision}"]
+        row[f"ratio_{precision}"] = ours["median_s"] / theirs["median_s"]
+        row[f"paired_{precision}"] = statistics.median(
+            a / b for a, b in zip(times["seq2onnx", precision, ours["threads"]],
+                                  times["ct2", precision, theirs["threads"]], strict=True))
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio | calls a sample |, ms at the best
-    thread count."""
+    """| case | seq2onnx | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | calls a sample |,
+    ms at the best thread count."""
     def cell(entry: dict[str, Any]) -> str:
         return f"{entry['median_s'] * 1e3:.2f} ms ({entry['threads']}t)"
 
-    lines = ["| case | seq2onnx | CT2 fp32 | ratio | seq2onnx int8 | CT2 int8 | ratio | calls a sample |",
-             "|---" * 8 + "|"]
+    lines = ["| case | seq2onnx | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | "
+             "calls a sample |", "|---" * 10 + "|"]
     for r in rows:
         lines.append(f"| batch {r['batch']} beam {r['beam']} | {cell(r['seq2onnx_fp32'])} | {cell(r['ct2_fp32'])} | "
-                     f"{r['ratio_fp32']:.2f} | {cell(r['seq2onnx_int8'])} | {cell(r['ct2_int8'])} | "
-                     f"{r['ratio_int8']:.2f} | {r['inner']} |")
+                     f"{r['ratio_fp32']:.2f} | {r['paired_fp32']:.2f} | {cell(r['seq2onnx_int8'])} | "
+                     f"{cell(r['ct2_int8'])} | {r['ratio_int8']:.2f} | {r['paired_int8']:.2f} | {r['inner']} |")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
-    from ct2_bench import SAMPLE_S, decoders, measure  # noqa: E402
+    from ct2_bench import SAMPLE_S, decoders, measure, summarise, table  # noqa: E402
     from ct2_bench import main as bench_main  # noqa: E402
     from ct2_check import check_failures, cross_check  # noqa: E402
     from ct2_check import main as check_main  # noqa: E402
@@ -196,3 +196,16 @@ def test_calls_a_sample_come_from_warm_calls_not_a_first_call_that_sets_up():
     assert measure({("ct2", "fp32", 1): steady}, 1, 2, 3)[1] == 3  # --inner given: kept
     with pytest.raises(Exception, match="decoded lengths \\[2\\], expected exactly --steps 3"):
         measure({("ct2", "fp32", 1): steady}, 1, 3, 0)
+
+
+def test_paired_ratio_is_the_median_of_each_rounds_ratio_at_each_sides_best_threads():
+    """A slow phase of the machine that starts between the two sides' medians moves the ratio of medians (here to
+    0.75) where each round's own ratio stays 1.5: the paired ratio is the median of those, each side at its best
+    thread count (CT2's 2-thread decoder is slower here and not paired)."""
+    times = {("seq2onnx", p, 1): [1.5, 1.5, 1.5, 3.0, 3.0] for p in ("fp32", "int8")}
+    times.update({("ct2", p, 1): [1.0, 1.0, 2.0, 2.0, 2.0] for p in ("fp32", "int8")})
+    times.update({("ct2", p, 2): [9.0] * 5 for p in ("fp32", "int8")})
+    row = summarise(1, 1, times)
+    assert row["ct2_fp32"]["threads"] == 1 and row["ratio_fp32"] == pytest.approx(0.75)
+    assert row["paired_fp32"] == pytest.approx(1.5) and row["paired_int8"] == pytest.approx(1.5)
+    assert "| 0.75 | 1.50 |" in table([{**row, "inner": 3}])
