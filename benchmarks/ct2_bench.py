@@ -52,8 +52,10 @@ from export.api import QualityLossWarning, export_model
 from runtime.errors import MissingExtraError
 from runtime.model import Seq2Seq
 from runtime.plot import require_matplotlib
+from runtime.sessions import max_threads
+from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
-from training.checkpoint import CheckpointError
+from training.checkpoint import CheckpointError, read_meta
 from training.tokens.builtin import DATES
 from training.tokens.data import load_text_dataset
 
@@ -77,15 +79,19 @@ def held_out(vocab: Vocabulary) -> tuple[list[str], list[str]]:
     return list(test.sources[:CHECK_TEXTS]), timed
 
 
-def prepare(checkpoint: Path, root: Path, note: Callable[[str], None]) -> dict[str, Path]:
-    """The CT2 conversion 'ct2' (first: it refuses anything but a transformer at once) and the exports 'fp32' and
-    'int8' of `checkpoint`, under `root`."""
+def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None]) -> dict[str, Path]:
+    """The CT2 conversion 'ct2' (first: it refuses anything but a transformer at once, and --steps past the model's
+    max_positions is refused before the exports) and the exports 'fp32' and 'int8' of `checkpoint`, under `root`."""
     dirs = {"ct2": root / "ct2", "fp32": root / "fp32", "int8": root / "int8"}
     note(f"converting {checkpoint} for CTranslate2 and exporting it (fp32, then int8) ...")
     try:
         convert(checkpoint, dirs["ct2"])
+        limit = ModelSpec.from_dict(read_meta(checkpoint)["spec"]).max_positions  # read and checked by convert
     except (ConversionError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
+    if steps > limit:
+        raise click.BadParameter(f"{steps} is more than this transformer's max_positions {limit} (output token t "
+                                 "reads row t)", param_hint="'--steps'")
     export_model(checkpoint, dirs["fp32"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", QualityLossWarning)
@@ -240,17 +246,29 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
     return list(dict.fromkeys(numbers))  # each once, in the order given
 
 
+def thread_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    """int_list, each at most the CPUs this process may use (more oversubscribes them; Seq2Seq.load refuses it)."""
+    numbers = int_list(ctx, param, value)
+    if max(numbers) > max_threads():
+        raise click.BadParameter(f"expected at most the {max_threads()} CPUs this process may use, got {value!r}")
+    return numbers
+
+
 def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> None:
-    """--json and --plot: an existing folder, a .png plot, and no existing file replaced without --force."""
+    """--json and --plot: an existing folder, a .png plot, two different files, and no existing file replaced
+    without --force."""
+    if json_out is not None and plot_out is not None and json_out.resolve() == plot_out.resolve():
+        raise click.BadParameter(f"{plot_out} is the --json file too; pass two different files",
+                                 param_hint="'--plot'")
     for path, flag in ((json_out, "--json"), (plot_out, "--plot")):
         if path is None:
             continue
         if not path.parent.is_dir():
-            raise click.BadParameter(f"{path}: the folder {path.parent} does not exist", param_hint=flag)
+            raise click.BadParameter(f"{path}: the folder {path.parent} does not exist", param_hint=f"'{flag}'")
         if path.exists() and not force:
-            raise click.BadParameter(f"{path} exists; pass --force to replace it", param_hint=flag)
+            raise click.BadParameter(f"{path} exists; pass --force to replace it", param_hint=f"'{flag}'")
     if plot_out is not None and plot_out.suffix.lower() != ".png":
-        raise click.BadParameter(f"{plot_out}: expected a .png file", param_hint="--plot")
+        raise click.BadParameter(f"{plot_out}: expected a .png file", param_hint="'--plot'")
 
 
 @click.command()
@@ -264,7 +282,7 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
                    "keeps its model in cache); 0: enough for ~20 ms, the same for every decoder of a case.")
 @click.option("--batches", default="1,64", show_default=True, callback=int_list, help="Batch sizes, comma-separated.")
 @click.option("--beams", default="1,5", show_default=True, callback=int_list, help="Beam sizes (1: greedy).")
-@click.option("--threads", default="1,2", show_default=True, callback=int_list,
+@click.option("--threads", default="1,2", show_default=True, callback=thread_list,
               help="Intra-op thread counts; each side is reported at its best.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every figure (each decoder's times, the cross-check, the machine) here.")
@@ -289,11 +307,8 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
     info = machine()
     note(f"{info['cpu']}, {info['cpus']} CPUs, flags {info['flags']}\nuptime: {info['uptime']}")
     with tempfile.TemporaryDirectory(prefix="ct2-bench-") as tmp:
-        dirs = prepare(checkpoint, Path(tmp), note)
+        dirs = prepare(checkpoint, Path(tmp), steps, note)
         model = Seq2Seq.load(dirs["fp32"], provider="cpu")
-        if steps > model.spec.max_positions:
-            raise click.BadParameter(f"{steps} is more than this transformer's max_positions "
-                                     f"{model.spec.max_positions} (output token t reads row t)", param_hint="--steps")
         check_texts, texts = held_out(model.vocabularies["source"])
         translator = ctranslate2.Translator(str(dirs["ct2"]), device="cpu", compute_type="float32")
         check = cross_check(model, translator, check_texts, steps)

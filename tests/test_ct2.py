@@ -136,6 +136,30 @@ def test_a_recurrent_checkpoint_is_refused_by_name(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_steps_past_max_positions_are_refused_before_the_exports(tmp_path, monkeypatch):
+    """--steps is checked against the checkpoint's max_positions right after the (quick) conversion, not after a
+    minute of exports."""
+    import ct2_bench
+    from click.testing import CliRunner
+
+    from training.checkpoint import save_checkpoint
+    from training.tokens.data import describe_text_dataset, load_text_dataset
+    from training.tokens.trainer import TokenTrainConfig
+
+    model = jittered_transformer(seed=0)
+    train, test = load_text_dataset("toy-translation")
+    checkpoint = save_checkpoint(tmp_path / "tf", model, model.spec, TokenTrainConfig(epochs=1),
+                                 {"train_loss": [1.0], "val_exact": [0.0], "val_token": [0.0]},
+                                 describe_text_dataset("toy-translation", train, test),
+                                 vocabularies=toy_vocabularies())
+    exported = []
+    monkeypatch.setattr(ct2_bench, "export_model", lambda *args, **kwargs: exported.append(args))
+    result = CliRunner().invoke(bench_main, ["--checkpoint", str(checkpoint), "--steps", "17"])
+    assert result.exit_code == 2 and "17 is more than this transformer's max_positions 16" in result.output, \
+        result.output
+    assert not exported
+
+
 def test_an_existing_destination_is_kept_without_force(tmp_path):
     vocabularies = toy_vocabularies()
     out = convert_model(jittered_transformer(seed=1), vocabularies, tmp_path / "ct2")
@@ -163,15 +187,19 @@ def test_help_of_each_script(command, usage):
     (["--plot", "{tmp}/chart.txt"], "expected a .png file"),
     (["--json", "{tmp}/missing/out.json"], "does not exist"),
     (["--json", "{tmp}/kept.json"], "exists; pass --force to replace it"),
+    (["--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"], "is the --json file too"),
+    (["--threads", "1,{cpus_plus_one}"], "expected at most the {cpus} CPUs this process may use"),
 ])
 def test_the_benchmark_refuses_bad_outputs_before_any_work(tmp_path, args, message):
     from click.testing import CliRunner
 
+    from runtime.sessions import max_threads
+
     (tmp_path / "kept.json").write_text("mine")
     checkpoint = ROOT / "artifacts" / "dates-checkpoint"  # refused later (not a transformer): never reached here
-    result = CliRunner().invoke(bench_main, ["--checkpoint", str(checkpoint),
-                                             *(a.format(tmp=tmp_path) for a in args)])
-    assert result.exit_code == 2 and message in result.output, result.output
+    sizes = {"tmp": tmp_path, "cpus": max_threads(), "cpus_plus_one": max_threads() + 1}
+    result = CliRunner().invoke(bench_main, ["--checkpoint", str(checkpoint), *(a.format(**sizes) for a in args)])
+    assert result.exit_code == 2 and message.format(**sizes) in result.output, result.output
     assert (tmp_path / "kept.json").read_text() == "mine"
 
 
