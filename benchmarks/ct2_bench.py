@@ -215,21 +215,36 @@ def machine() -> dict[str, Any]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Bars of each case's four best medians (log scale)."""
+    """Left: each case's four best medians, labelled in ms (log scale, bars from a decade below the least, so their
+    lengths compare as ratios). Right: the paired ratios seq2onnx / CT2, fp32 and int8, against 1 (level)."""
     import matplotlib
     matplotlib.use("Agg")  # a file, never a window
     import matplotlib.pyplot as plt
 
     names = [("seq2onnx_fp32", "seq2onnx fp32"), ("ct2_fp32", "CT2 fp32"), ("seq2onnx_int8", "seq2onnx int8"),
              ("ct2_int8", "CT2 int8")]
-    x, width = np.arange(len(rows)), 0.2
-    fig, ax = plt.subplots(figsize=(1.8 * len(rows) + 3, 4))
+    cases, x = [f"b{r['batch']} beam {r['beam']}" for r in rows], np.arange(len(rows))
+    fig, (times, ratios) = plt.subplots(1, 2, figsize=(2.6 * len(rows) + 4, 4.2),
+                                        gridspec_kw={"width_ratios": [2, 1]})
+    values = [r[key]["median_s"] * 1e3 for r in rows for key, _ in names]
     for i, (key, label) in enumerate(names):
-        ax.bar(x + (i - 1.5) * width, [r[key]["median_s"] * 1e3 for r in rows], width, label=label)
-    ax.set_xticks(x, [f"b{r['batch']} beam {r['beam']}" for r in rows])
-    ax.set_yscale("log")
-    ax.set_ylabel("ms per translate_batch (median, best threads)")
-    ax.legend(fontsize=8)
+        values = [r[key]["median_s"] * 1e3 for r in rows]
+        bars = times.bar(x + (i - 1.5) * 0.2, values, 0.2, label=label)
+        times.bar_label(bars, [f"{v:.2f}" if v < 10 else f"{v:.1f}" for v in values], fontsize=6, rotation=90,
+                        padding=2)
+    times.set_yscale("log")
+    times.set_ylim(min(values) / 10, max(values) * 4)  # room for the labels
+    times.set_xticks(x, cases)
+    times.set_ylabel("ms per translate_batch (median, best threads)")
+    times.legend(fontsize=8, loc="upper left")
+    for i, precision in enumerate(PRECISIONS):
+        values = [r[f"paired_{precision}"] for r in rows]
+        bars = ratios.bar(x + (i - 0.5) * 0.35, values, 0.35, label=precision)
+        ratios.bar_label(bars, [f"{v:.2f}" for v in values], fontsize=7)
+    ratios.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ratios.set_xticks(x, cases, rotation=30, ha="right")
+    ratios.set_ylabel("seq2onnx / CT2, paired (> 1: seq2onnx slower)")
+    ratios.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -287,7 +302,7 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every figure (each decoder's times, the cross-check, the machine) here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a bar chart (PNG) of the best medians here.")
+              help="Write a chart (PNG) of the best medians and the paired ratios here.")
 @click.option("--force", is_flag=True, help="Replace an existing --json / --plot file.")
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "

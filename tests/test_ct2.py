@@ -237,3 +237,15 @@ def test_paired_ratio_is_the_median_of_each_rounds_ratio_at_each_sides_best_thre
     assert row["ct2_fp32"]["threads"] == 1 and row["ratio_fp32"] == pytest.approx(0.75)
     assert row["paired_fp32"] == pytest.approx(1.5) and row["paired_int8"] == pytest.approx(1.5)
     assert "| 0.75 | 1.50 |" in table([{**row, "inner": 3}])
+
+
+def test_the_plot_is_a_png_of_times_and_paired_ratios(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ct2_bench import plot
+
+    times = {(side, p, 1): [0.001 * (2 if side == "seq2onnx" else 1)] * 3 for side in ("seq2onnx", "ct2")
+             for p in ("fp32", "int8")}
+    rows = [{**summarise(batch, beam, times), "inner": 1} for batch in (1, 64) for beam in (1, 5)]
+    assert {r["paired_fp32"] for r in rows} == {2.0}
+    plot(rows, tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
