@@ -73,7 +73,8 @@ def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabula
 def check_texts(texts: Any) -> list[str]:
     """A list of non-empty strings."""
     if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
-        raise InputError(f"texts: expected a list of strings, got {brief(texts)}; wrap one text as [text]")
+        fix = "wrap one text as [text]" if isinstance(texts, str) else "pass them as a list, e.g. list(texts)"
+        raise InputError(f"texts: expected a list of strings, got {brief(texts)}; {fix}")
     for i, text in enumerate(texts):
         if not isinstance(text, str) or not text.strip():
             raise InputError(f"texts[{i}]: expected a non-empty string, got {brief(text)}")

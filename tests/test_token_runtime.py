@@ -64,6 +64,7 @@ def test_beam_n_best_and_seeded_sampling(token_export):
 
 @pytest.mark.parametrize(("texts", "options", "message"), [
     ("one is one", {}, "wrap one text as [text]"),
+    ((t for t in ["one"]), {}, "got <generator object .*>; pass them as a list"),
     ([""], {}, "texts[0]: expected a non-empty string"),
     (["one " * 2000], {}, "more than the 1024 allowed"),
     (["one"], {"beam": 3}, "unknown options ['beam']"),
