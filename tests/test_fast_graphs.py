@@ -358,3 +358,31 @@ def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wid
     ids, lengths = vocab.encode_batch(_texts(WIDE_BEAM_INPUTS - 1), add_eos=True)
     found = [graph.hypotheses(ids, lengths, 5, 2, 1.0, 9, 0) for graph in (fast.beam, fast.wide.beam)]
     assert [[h.tokens for h in hyps] for hyps in found[0]] == [[h.tokens for h in hyps] for hyps in found[1]]
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm):
+    """Where a graph writes Add + Add + LayerNormalization (the beam and wide graphs, the encoder), int8's
+    DynamicQuantizeMatMul takes the projection's bias itself: no bias Add after one, in the graph or a Loop body."""
+    from export.tokens.beam import beam_model
+    from export.tokens.fast import greedy_model
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32, norm=norm)
+    torch.manual_seed(0)
+    model = build_token_model(spec).eval()
+
+    def graphs(g: onnx.GraphProto):
+        yield g
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(a.g)
+    for proto in (beam_model(model, spec, "", int8=True), greedy_model(model, spec, "", wide=True, int8=True)):
+        quantized, bias_adds = 0, []
+        for g in graphs(proto.graph):
+            weights = {w.name for w in g.initializer}
+            made = {o: n.op_type for n in g.node for o in n.output}
+            quantized += sum(n.op_type == "DynamicQuantizeMatMul" for n in g.node)
+            bias_adds += [n.name for n in g.node if n.op_type == "Add" and any(i in weights for i in n.input)
+                          and any(made.get(i) == "DynamicQuantizeMatMul" for i in n.input)]
+        assert quantized > 8 and not bias_adds, bias_adds

@@ -30,7 +30,7 @@ class Fused:
 
     CACHES = 1  # one cache per layer, (2, rows, h, t, d): keys then values (the state's past_i)
     CROSS = 2  # cross-attention tensors per layer: keys, values (B, h, Ls, d) (kernels.cross_kv)
-    CROSS_BIAS = False  # whether cross_attention's output already holds fc_attn's bias
+    CROSS_BIAS = False  # whether cross_attention's output always holds fc_attn's bias (else: net.bias_in_matmul)
 
     def __init__(self, lengths32: str) -> None:
         self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
@@ -49,14 +49,15 @@ class Fused:
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
-        """x (B, 1, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, 1, E), less its bias."""
+        """x (B, 1, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, 1, E), less its bias unless
+        `net.bias_in_matmul`."""
         keys, values = cross
         queries = attention.queries
         query = net.linear(x, queries, bias=False)  # (B, 1, E); the kernel adds the bias
         bias = torch.cat([queries.bias, torch.zeros(2 * queries.bias.numel())])  # (3E,): keys, values projected
         context = net.one("MultiHeadAttention", [query, keys, values, net.weight("q_b", bias), self.lengths32], MS,
                           num_heads=spec.n_heads)
-        return net.linear(context, attention.fc_attn, bias=False)
+        return net.out_projection(context, attention.fc_attn)
 
 
 class Batched:
@@ -95,7 +96,7 @@ class Batched:
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
         context = net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
-        return net.linear(context, attention.fc_attn, bias=False)
+        return net.out_projection(context, attention.fc_attn)
 
 
 class AncestryFused(Fused):
@@ -152,7 +153,8 @@ class BlockBatched(Batched):
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
-        """x (B, k, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, k, E), less its bias."""
+        """x (B, k, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, k, E), less its bias unless
+        `net.bias_in_matmul`."""
         keys, values = cross
         h, d = spec.n_heads, spec.head_dim
         scale = 1.0 / np.sqrt(d)
@@ -162,7 +164,7 @@ class BlockBatched(Batched):
         scores = net.one("FusedMatMul", [query, keys], MS, transB=1)  # (B, h, k, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
-        return net.linear(_merge_heads(net, spec, context), attention.fc_attn, bias=False)
+        return net.out_projection(_merge_heads(net, spec, context), attention.fc_attn)
 
 
 class Folded(Fused):

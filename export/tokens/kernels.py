@@ -76,6 +76,16 @@ class Net:
         """x (..., in) -> x W^T (+ b) (..., out)."""
         return self.matmul(x, layer.weight.T, layer.bias if bias else None)
 
+    @property
+    def bias_in_matmul(self) -> bool:
+        """Whether a sub-layer's output projection takes its bias itself: at int8 (DynamicQuantizeMatMul adds it
+        at no kernel's cost) where no SkipLayerNormalization would take it (else it is one Add more)."""
+        return self.int8 and not self.skip_norm
+
+    def out_projection(self, x: str, layer: torch.nn.Linear) -> str:
+        """A sub-layer's output projection before the residual add, its bias in it where `bias_in_matmul`."""
+        return self.linear(x, layer, bias=self.bias_in_matmul)
+
 
 INT8_MAX = 63  # 7-bit weights, as export.quantize's reduce_range: u8 x s8 sums cannot saturate without VNNI
 
@@ -109,6 +119,12 @@ class Stream:
         else:
             self.x = _skip_norm(net, sub, self.x, after.norm, bias)[0]
             self.inner = self.x
+
+
+    def add_linear(self, x: str, layer: torch.nn.Linear, after: Residual, next_norm: torch.nn.Module | None) -> None:
+        """add(x W^T, b), the bias where it costs no kernel (Net.out_projection), else in the residual add."""
+        self.add(self.net.out_projection(x, layer), None if self.net.bias_in_matmul else layer.bias, after,
+                 next_norm)
 
 
 def _skip_norm(net: Net, sub: str, skip: str, norm: torch.nn.LayerNorm, bias: torch.Tensor | None) -> list[str]:
@@ -160,11 +176,9 @@ def encoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, ids: str, leng
     for i, layer in enumerate(layers):
         w, b = qkv(net, layer.attention)
         att = net.one("Attention", [stream.inner, w, b, lengths32], MS, num_heads=spec.n_heads)  # (B, L, E)
-        stream.add(net.linear(att, layer.attention.fc_attn, bias=False), layer.attention.fc_attn.bias, layer.res1,
-                   layer.res2.norm)
+        stream.add_linear(att, layer.attention.fc_attn, layer.res1, layer.res2.norm)
         hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, L, F)
-        stream.add(net.linear(hidden, layer.ffn.linear2, bias=False), layer.ffn.linear2.bias, layer.res2,
-                   _next_norm(layers, i, model.encoder_norm, "res1"))
+        stream.add_linear(hidden, layer.ffn.linear2, layer.res2, _next_norm(layers, i, model.encoder_norm, "res1"))
     return stream.inner if pre else stream.x
 
 
@@ -198,15 +212,13 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
         caches = pasts[i * attend.CACHES:(i + 1) * attend.CACHES]
         context, grown = attend.self_attention(net, spec, stream.inner, layer.self_attention, caches)
         presents.extend(grown)
-        stream.add(net.linear(context, layer.self_attention.fc_attn, bias=False), layer.self_attention.fc_attn.bias,
-                   layer.res1, layer.res2.norm)
+        stream.add_linear(context, layer.self_attention.fc_attn, layer.res1, layer.res2.norm)
         out = attend.cross_attention(net, spec, stream.inner, layer.cross_attention,
                                      cross[i * attend.CROSS:(i + 1) * attend.CROSS])
-        stream.add(out, None if attend.CROSS_BIAS else layer.cross_attention.fc_attn.bias, layer.res2,
-                   layer.res3.norm)
+        held = attend.CROSS_BIAS or net.bias_in_matmul  # folded into O, or out_projection took it
+        stream.add(out, None if held else layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm)
         hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
-        stream.add(net.linear(hidden, layer.ffn.linear2, bias=False), layer.ffn.linear2.bias, layer.res3,
-                   _next_norm(layers, i, model.decoder_norm, "res1"))
+        stream.add_linear(hidden, layer.ffn.linear2, layer.res3, _next_norm(layers, i, model.decoder_norm, "res1"))
     out = stream.inner if pre else stream.x  # (B, 1, E)
     weight = model.target_embedding.weight if model.output is None else model.output.weight  # (V, E)
     bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): -inf on <pad>, <s>
