@@ -226,14 +226,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     cases, x = [f"b{r['batch']} beam {r['beam']}" for r in rows], np.arange(len(rows))
     fig, (times, ratios) = plt.subplots(1, 2, figsize=(2.6 * len(rows) + 4, 4.2),
                                         gridspec_kw={"width_ratios": [2, 1]})
-    values = [r[key]["median_s"] * 1e3 for r in rows for key, _ in names]
+    every = [r[key]["median_s"] * 1e3 for r in rows for key, _ in names]
     for i, (key, label) in enumerate(names):
         values = [r[key]["median_s"] * 1e3 for r in rows]
         bars = times.bar(x + (i - 1.5) * 0.2, values, 0.2, label=label)
         times.bar_label(bars, [f"{v:.2f}" if v < 10 else f"{v:.1f}" for v in values], fontsize=6, rotation=90,
                         padding=2)
     times.set_yscale("log")
-    times.set_ylim(min(values) / 10, max(values) * 4)  # room for the labels
+    times.set_ylim(min(every) / 10, max(every) * 4)  # bars from a decade below the least; room for the labels
     times.set_xticks(x, cases)
     times.set_ylabel("ms per translate_batch (median, best threads)")
     times.legend(fontsize=8, loc="upper left")
