@@ -120,7 +120,6 @@ class Stream:
             self.x = _skip_norm(net, sub, self.x, after.norm, bias)[0]
             self.inner = self.x
 
-
     def add_linear(self, x: str, layer: torch.nn.Linear, after: Residual, next_norm: torch.nn.Module | None) -> None:
         """add(x W^T, b), the bias where it costs no kernel (Net.out_projection), else in the residual add."""
         self.add(self.net.out_projection(x, layer), None if self.net.bias_in_matmul else layer.bias, after,
