@@ -20,6 +20,11 @@ What CTranslate2 (4.8.5) does differently, measured here:
 - Its default min_decoding_length is 1 (ours 0) and its default beam_size 2 (ours 1): pass both, always.
 - Its score is log_prob / length ** length_penalty, length counting the </s>, as our beam's, but for greedy too;
   our greedy Translation.score is the plain summed log-prob (Translation.log_prob either way).
+- Its beam search stops once beam_size x patience hypotheses have ended (patience 1 by default), not once no running
+  beam can beat the ended ones, as ours does: a well-trained dates model ends a short hypothesis early and stops
+  there ('1976-' at -1.52 where ours finds '1976-10-20' at -0.001). The free beam check passes patience = --steps,
+  which never stops it before max_decoding_length, so both sides return the best hypothesis. (The timing in
+  ct2_bench.py keeps CTranslate2's default: every timed decode runs to min = max length, where no beam ends early.)
 - It truncates sources after max_input_length (1024) tokens, where ours refuses them; it adds no </s> to a source
   (add_source_eos false), so it is given our encoder's tokens, </s> included (`ct2_convert.source_tokens`).
 """
@@ -94,7 +99,8 @@ def cross_check(model: Seq2Seq, translator: ctranslate2.Translator, texts: list[
             ours = [h[0] for h in model.translate_batch(texts, beam_size=beam, min_decoding_length=low,
                                                         max_decoding_length=steps)]
             theirs = translator.translate_batch(tokens, beam_size=beam, min_decoding_length=low,
-                                                max_decoding_length=steps, return_scores=True)
+                                                max_decoding_length=steps, return_scores=True,
+                                                patience=float(steps))  # never stops early (module docstring)
             same = sum(h.ids == c for h, c in zip(ours, ct2_ids(theirs, model)))
             lengths = [len(h.ids) + (len(h.ids) < steps) for h in ours]  # CT2 counts the </s>
             score = max(abs(h.log_prob / n - r.scores[0]) for h, n, r in zip(ours, lengths, theirs))

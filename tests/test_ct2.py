@@ -95,6 +95,26 @@ def test_ct2_matches_the_seq2onnx_runtime(tmp_path, transformer_export):
     assert check_failures(check) == [], check
 
 
+def test_the_beam_check_does_not_fail_on_ct2_stopping_at_its_first_ended_hypotheses(tmp_path):
+    """CT2's beam search stops once beam_size x patience hypotheses ended; ours once no running beam can beat them.
+    This seeded model makes CT2 at its default patience return a worse hypothesis for most toy sources, so the check
+    must give CT2 a patience that never stops it early (and then both sides agree)."""
+    from support.models import export_token_model
+
+    model = jittered_transformer(seed=7)
+    exported = export_token_model(model.spec, tmp_path / "model", model=model)
+    translator = ctranslate2.Translator(str(convert_model(model, (exported.source, exported.target), tmp_path / "ct2")),
+                                        device="cpu", intra_threads=1)
+    tokens = source_tokens(toy_sources(), exported.source, model.spec)
+    default, patient = (translator.translate_batch(tokens, beam_size=5, min_decoding_length=0,
+                                                   max_decoding_length=MAX_LEN, **extra)
+                        for extra in ({}, {"patience": float(MAX_LEN)}))
+    assert sum(a.hypotheses[0] != b.hypotheses[0] for a, b in zip(default, patient)) >= 4  # the case is real
+    check = cross_check(Seq2Seq.load(exported.path, provider="cpu", threads=1), translator, toy_sources(),
+                        steps=MAX_LEN)
+    assert check_failures(check) == [], check
+
+
 def test_the_bench_times_ct2_tokens_or_text_in_and_out_and_both_decode_alike(tmp_path, transformer_export):
     """--ct2-text: CT2's call splits the texts and joins its output too, as our translate_batch does; same ids."""
     converted = convert_model(transformer_export.model, (transformer_export.source, transformer_export.target),
