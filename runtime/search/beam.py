@@ -90,7 +90,10 @@ def _record_ends(found: NBest, inputs: np.ndarray, rows: np.ndarray, t: int, las
 def check_beam(beam_size: int, num_hypotheses: int, length_penalty: float) -> tuple[int, float]:
     """beam_size, length_penalty checked; num_hypotheses must be in [1, beam_size]."""
     k = check_int("beam_size", beam_size, 1)
-    check_int("num_hypotheses", num_hypotheses, 1, k)
+    n = check_int("num_hypotheses", num_hypotheses, 1)
+    if n > k:
+        raise InputError(f"num_hypotheses must be at most beam_size ({k}), got {n}; pass beam_size >= {n}, or fewer "
+                         "hypotheses")
     length_penalty = check_float("length_penalty", length_penalty)
     if abs(length_penalty) > MAX_LENGTH_PENALTY:
         raise InputError(f"length_penalty must be from -{MAX_LENGTH_PENALTY} to {MAX_LENGTH_PENALTY}, got "
