@@ -83,7 +83,7 @@ def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None
     """The CT2 conversion 'ct2' (first: it refuses anything but a transformer at once, and --steps past the model's
     max_positions is refused before the exports) and the exports 'fp32' and 'int8' of `checkpoint`, under `root`."""
     dirs = {"ct2": root / "ct2", "fp32": root / "fp32", "int8": root / "int8"}
-    note(f"converting {checkpoint} for CTranslate2 and exporting it (fp32, then int8) ...")
+    note(f"converting {checkpoint} for CTranslate2 ...")
     try:
         convert(checkpoint, dirs["ct2"])
         limit = ModelSpec.from_dict(read_meta(checkpoint)["spec"]).max_positions  # read and checked by convert
@@ -92,6 +92,7 @@ def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None
     if steps > limit:
         raise click.BadParameter(f"{steps} is more than this transformer's max_positions {limit} (output token t "
                                  "reads row t)", param_hint="'--steps'")
+    note(f"exporting {checkpoint} (fp32, then int8) ...")
     export_model(checkpoint, dirs["fp32"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", QualityLossWarning)
@@ -185,12 +186,12 @@ def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """| case | seq2onnx | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | calls a sample |,
-    ms at the best thread count."""
+    """| case | seq2onnx fp32 | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | calls a
+    sample |, ms at the best thread count."""
     def cell(entry: dict[str, Any]) -> str:
         return f"{entry['median_s'] * 1e3:.2f} ms ({entry['threads']}t)"
 
-    lines = ["| case | seq2onnx | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | "
+    lines = ["| case | seq2onnx fp32 | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | "
              "calls a sample |", "|---" * 10 + "|"]
     for r in rows:
         lines.append(f"| batch {r['batch']} beam {r['beam']} | {cell(r['seq2onnx_fp32'])} | {cell(r['ct2_fp32'])} | "
