@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import CONTRACT_SINCE, GREEDY_FILE, MANIFEST_FILE, SUPPORTED_FORMAT_VERSIONS, VOCAB_FILES, graph_io
+from .contract import (
+    CHECKPOINT_SPEC_FILE,
+    CHECKPOINT_WEIGHTS_FILE,
+    CONTRACT_SINCE,
+    GREEDY_FILE,
+    MANIFEST_FILE,
+    SUPPORTED_FORMAT_VERSIONS,
+    VOCAB_FILES,
+    graph_io,
+)
 from .declared import ContractError, TokenContract
 from .errors import ManifestError, Seq2OnnxError, brief
 from .optional_graphs import optional_graph_io
@@ -155,10 +164,19 @@ def _read_vocabularies(path: Path, entries: Any, spec: ModelSpec) -> dict[str, d
     return out
 
 
+def _no_manifest(path: Path) -> str:
+    """Why `path` (a model directory's manifest) is missing, naming the directory; a training checkpoint is told to
+    be exported first."""
+    folder = path.parent.absolute()
+    if (folder / CHECKPOINT_SPEC_FILE).is_file() and (folder / CHECKPOINT_WEIGHTS_FILE).is_file():
+        return (f"no manifest found: {folder} is a training checkpoint, not an export; export it first (seq2onnx "
+                f"export {folder} --out EXPORT_DIR) and pass EXPORT_DIR")
+    return f"no manifest found in {folder}; expected a directory written by `seq2onnx export`"
+
+
 def _load_json(path: Path) -> dict[str, Any]:
     """The manifest's top-level JSON object."""
-    data = read_regular_file(path, MAX_MANIFEST_BYTES, ManifestError,
-                             "no manifest found; expected a directory written by `seq2onnx export`")
+    data = read_regular_file(path, MAX_MANIFEST_BYTES, ManifestError, _no_manifest(path))
     try:
         raw = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, or an int of more than 4300 digits

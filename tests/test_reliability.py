@@ -277,6 +277,8 @@ CLI_CASES: dict[str, Case] = {
     "infer missing model": case("infer", "nope", "--input", "points.npy", code=USAGE, says=("MODEL_DIR", "nope")),
     "infer model not an export": case("infer", "userdata", "--input", "points.npy", code=BAD_INPUT,
                                       says=("userdata", "no manifest")),
+    "infer a training checkpoint": case("infer", "ckpt", "--input", "points.npy", code=BAD_INPUT,
+                                        says=("ckpt", "is a training checkpoint, not an export", "seq2onnx export")),
     "infer model future format": case("infer", "oldformat", "--input", "points.npy", code=BAD_INPUT,
                                       says=("format_version 99", "understood versions: [1, 2]")),
     "infer model tampered": case("infer", "tampered", "--input", "points.npy", code=BAD_INPUT,
