@@ -46,16 +46,15 @@ import ctranslate2
 import numpy as np
 import onnxruntime as ort
 from ct2_check import check_failures, cross_check, ct2_ids
-from ct2_convert import ConversionError, convert, source_tokens
+from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 
 from export.api import QualityLossWarning, export_model
 from runtime.errors import MissingExtraError
 from runtime.model import Seq2Seq
 from runtime.plot import require_matplotlib
 from runtime.sessions import max_threads
-from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
-from training.checkpoint import CheckpointError, read_meta
+from training.checkpoint import CheckpointError
 from training.tokens.builtin import DATES
 from training.tokens.data import load_text_dataset
 
@@ -86,7 +85,7 @@ def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None
     note(f"converting {checkpoint} for CTranslate2 ...")
     try:
         convert(checkpoint, dirs["ct2"])
-        limit = ModelSpec.from_dict(read_meta(checkpoint)["spec"]).max_positions  # read and checked by convert
+        limit = checkpoint_spec(checkpoint).max_positions  # a transformer's: convert refuses anything else
     except (ConversionError, CheckpointError) as err:
         raise click.ClickException(str(err)) from None
     if steps > limit:

@@ -182,13 +182,19 @@ def convert_model(model: TransformerSeq2Seq, vocabularies: tuple[Vocabulary, Voc
     return out
 
 
+def checkpoint_spec(checkpoint_dir: str | Path) -> ModelSpec:
+    """The spec of a checkpoint directory (its spec.json), or CheckpointError; no weights read."""
+    try:
+        return ModelSpec.from_dict(read_meta(checkpoint_dir).get("spec"))
+    except SpecError as err:
+        raise CheckpointError(f"checkpoint {str(checkpoint_dir)!r}: its spec.json is invalid ({err}); retrain or "
+                              "restore it") from None
+
+
 def convert(checkpoint_dir: str | Path, out_dir: str | Path, force: bool = False) -> Path:
     """Convert a `seq2onnx train --arch transformer` checkpoint directory into a CTranslate2 model directory."""
     what = f"checkpoint {str(checkpoint_dir)!r}"
-    try:
-        spec = ModelSpec.from_dict(read_meta(checkpoint_dir).get("spec"))
-    except SpecError as err:
-        raise CheckpointError(f"{what}: its spec.json is invalid ({err}); retrain or restore it") from None
+    spec = checkpoint_spec(checkpoint_dir)
     check_convertible(spec, what)  # before the weights are read
     check_ct2_destination(normalized(out_dir), force)
     model, _, _ = load_checkpoint(checkpoint_dir)

@@ -50,7 +50,7 @@ from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402
 from runtime.errors import Seq2OnnxError, one_line  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
-from runtime.sessions import session_options  # noqa: E402
+from runtime.sessions import read_graph, session_options  # noqa: E402
 
 RECURRENT = {"GRU": "GRU", "LSTM": "LSTM", "DynamicQuantizeLSTM": "LSTM"}  # the encoder's op -> the loop's
 GATES = {"GRU": 3, "LSTM": 4}
@@ -207,7 +207,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
             raise click.ClickException(f"{model_dir}: a greedy decode made {len(runs)} onnxruntime runs, expected the "
                                        "encoder and the greedy loop; this measures exports with a greedy loop graph")
         (encoder, encoder_feed), (loop, _) = runs
-        nodes = recurrent_nodes(onnx.load(str(model_dir / encoder.name)).graph, str(model_dir / encoder.name))
+        data = read_graph(model_dir, encoder.name, model.manifest.graphs[encoder.name]["sha256"])  # as loaded
+        nodes = recurrent_nodes(onnx.load_from_string(data).graph, str(model_dir / encoder.name))
         node = nodes[0][0]
         op = RECURRENT[node.op_type]
         rnn_hidden = next(a.i for a in node.attribute if a.name == "hidden_size")

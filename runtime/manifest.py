@@ -9,7 +9,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .contract import (
     CHECKPOINT_SPEC_FILE,
@@ -58,15 +58,17 @@ class Manifest:
     contract: TokenContract | None = None  # token models: what the graphs take and give (runtime.declared)
 
 
-def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError], missing: str) -> bytes:
-    """A regular file's bytes, at most max_bytes; a link, FIFO, device, directory or larger file raises `error`."""
+def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError],
+                      missing: str | Callable[[], str]) -> bytes:
+    """A regular file's bytes, at most max_bytes; a link, FIFO, device, directory or larger file raises `error`. A
+    missing file raises `error` with `missing` (a callable: made only then)."""
     if path.is_symlink():
         raise error(f"{path}: is a symbolic link; a model's files must be regular files inside its directory, "
                     "copy the real file in place of the link")
     try:
         fd = os.open(path, OPEN_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
-        raise error(f"{path}: {missing}") from None
+        raise error(f"{path}: {missing() if callable(missing) else missing}") from None
     except (OSError, ValueError) as exc:  # permissions, a link raced in (ELOOP), a NUL byte in the path
         raise error(f"{path}: cannot be opened ({exc}); check the path and its permissions") from None
     try:
@@ -176,7 +178,7 @@ def _no_manifest(path: Path) -> str:
 
 def _load_json(path: Path) -> dict[str, Any]:
     """The manifest's top-level JSON object."""
-    data = read_regular_file(path, MAX_MANIFEST_BYTES, ManifestError, _no_manifest(path))
+    data = read_regular_file(path, MAX_MANIFEST_BYTES, ManifestError, lambda: _no_manifest(path))
     try:
         raw = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, or an int of more than 4300 digits

@@ -28,7 +28,7 @@ from runtime.model import Seq2Seq  # noqa: E402
 from runtime.vocab import BOS, EOS  # noqa: E402
 from training.build import build_token_model  # noqa: E402
 
-from support.models import toy_token_spec, toy_vocabularies  # noqa: E402
+from support.models import save_token_checkpoint, toy_token_spec, toy_vocabularies  # noqa: E402
 
 LOG_PROB_ATOL = 1e-4  # float32 through two runtimes' kernels; a misplaced weight is off by far more
 MAX_LEN = 6
@@ -137,17 +137,9 @@ def test_the_bench_times_ct2_tokens_or_text_in_and_out_and_both_decode_alike(tmp
 def test_a_recurrent_checkpoint_is_refused_by_name(tmp_path):
     from click.testing import CliRunner
 
-    from training.checkpoint import save_checkpoint
-    from training.tokens.data import describe_text_dataset, load_text_dataset
-    from training.tokens.trainer import TokenTrainConfig
-
     torch.manual_seed(0)
-    spec = toy_token_spec(hidden_dim=8, embedding_dim=6)
-    train, test = load_text_dataset("toy-translation")
-    checkpoint = save_checkpoint(tmp_path / "gru", build_token_model(spec), spec, TokenTrainConfig(epochs=1),
-                                 {"train_loss": [1.0], "val_exact": [0.0], "val_token": [0.0]},
-                                 describe_text_dataset("toy-translation", train, test),
-                                 vocabularies=toy_vocabularies())
+    checkpoint = save_token_checkpoint(tmp_path / "gru", build_token_model(toy_token_spec(hidden_dim=8,
+                                                                                            embedding_dim=6)))
     with pytest.raises(ConversionError, match=r"checkpoint '.*gru'.*needs a transformer.*got a recurrent token model"):
         convert(checkpoint, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -162,16 +154,7 @@ def test_steps_past_max_positions_are_refused_before_the_exports(tmp_path, monke
     import ct2_bench
     from click.testing import CliRunner
 
-    from training.checkpoint import save_checkpoint
-    from training.tokens.data import describe_text_dataset, load_text_dataset
-    from training.tokens.trainer import TokenTrainConfig
-
-    model = jittered_transformer(seed=0)
-    train, test = load_text_dataset("toy-translation")
-    checkpoint = save_checkpoint(tmp_path / "tf", model, model.spec, TokenTrainConfig(epochs=1),
-                                 {"train_loss": [1.0], "val_exact": [0.0], "val_token": [0.0]},
-                                 describe_text_dataset("toy-translation", train, test),
-                                 vocabularies=toy_vocabularies())
+    checkpoint = save_token_checkpoint(tmp_path / "tf", jittered_transformer(seed=0))
     exported = []
     monkeypatch.setattr(ct2_bench, "export_model", lambda *args, **kwargs: exported.append(args))
     result = CliRunner().invoke(bench_main, ["--checkpoint", str(checkpoint), "--steps", "17"])

@@ -365,6 +365,7 @@ def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wid
 def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm):
     """Where a graph writes Add + Add + LayerNormalization (the beam and wide graphs, the encoder), int8's
     DynamicQuantizeMatMul takes the projection's bias itself: no bias Add after one, in the graph or a Loop body."""
+    from export.fused import subgraphs
     from export.tokens.beam import beam_model
     from export.tokens.fast import greedy_model
 
@@ -375,9 +376,8 @@ def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm
     def graphs(g: onnx.GraphProto):
         yield g
         for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    yield from graphs(a.g)
+            for sub in subgraphs(node):
+                yield from graphs(sub)
     for proto in (beam_model(model, spec, "", int8=True), greedy_model(model, spec, "", wide=True, int8=True)):
         quantized, bias_adds = 0, []
         for g in graphs(proto.graph):

@@ -19,6 +19,8 @@ from runtime.vocab import Vocabulary
 from training.tokens.builtin import toy_translation
 from training.tokens.recurrent import TokenSeq2Seq
 
+from support.models import save_token_checkpoint
+
 PAIRS, _ = toy_translation()  # (train, test): the same nine pairs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -254,16 +256,11 @@ def test_verify_compares_a_transformer_checkpoint_with_its_export(transformer_ex
     from click.testing import CliRunner
 
     from cli.export import export_command, verify_command
-    from training.checkpoint import save_checkpoint
-    from training.tokens.data import describe_text_dataset, load_text_dataset
-    from training.tokens.trainer import TokenTrainConfig
+    from training.tokens.data import load_text_dataset
 
-    model = transformer_export.model
-    train, test = load_text_dataset("toy-translation")
-    checkpoint = save_checkpoint(tmp_path / "ck", model, model.spec, TokenTrainConfig(epochs=1),
-                                 {"train_loss": [1.0], "val_exact": [0.0], "val_token": [0.0]},
-                                 describe_text_dataset("toy-translation", train, test),
-                                 vocabularies=(transformer_export.source, transformer_export.target))
+    train, _ = load_text_dataset("toy-translation")
+    checkpoint = save_token_checkpoint(tmp_path / "ck", transformer_export.model,
+                                       (transformer_export.source, transformer_export.target))
     exported = CliRunner().invoke(export_command, [str(checkpoint), "--out", str(tmp_path / "model")])
     assert exported.exit_code == 0, exported.output
     verified = CliRunner().invoke(verify_command, [str(checkpoint), str(tmp_path / "model")])

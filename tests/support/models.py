@@ -99,3 +99,17 @@ def export_token_model(spec, out: Path, seed: int = 0, model=None, **options: ob
     with torch_threads(1):
         path = export_model(model, out, vocabularies=(source, target), **options)
     return TokenExport(model, source, target, path)
+
+
+def save_token_checkpoint(out: Path, model, vocabularies: tuple[object, object] | None = None) -> Path:
+    """`model` saved as a one-epoch token checkpoint on the toy corpus (its vocabularies: the toy ones by default),
+    as `seq2onnx train` writes one."""
+    from training.checkpoint import save_checkpoint
+    from training.tokens.data import describe_text_dataset, load_text_dataset
+    from training.tokens.trainer import TokenTrainConfig
+
+    train, test = load_text_dataset("toy-translation")
+    return save_checkpoint(out, model, model.spec, TokenTrainConfig(epochs=1),
+                           {"train_loss": [1.0], "val_exact": [0.0], "val_token": [0.0]},
+                           describe_text_dataset("toy-translation", train, test),
+                           vocabularies=vocabularies or toy_vocabularies())
