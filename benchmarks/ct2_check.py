@@ -39,6 +39,7 @@ import ctranslate2
 import numpy as np
 from ct2_convert import source_tokens
 
+from runtime.errors import Seq2OnnxError, one_line
 from runtime.model import Seq2Seq
 from runtime.search import beam_search
 from runtime.search.step import StepFn, StepResult
@@ -146,8 +147,16 @@ def check_failures(check: dict[str, Any]) -> list[str]:
 def main(export_dir: Path, ct2_dir: Path, steps: int, n_texts: int) -> None:
     """Cross-check the seq2onnx export EXPORT_DIR against its CTranslate2 conversion CT2_DIR."""
     _, test = load_text_dataset(DATES)
-    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32")
-    check = cross_check(Seq2Seq.load(export_dir, provider="cpu"), translator, list(test.sources[:n_texts]), steps)
+    try:
+        model = Seq2Seq.load(export_dir, provider="cpu")
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32")
+    except RuntimeError as exc:  # CTranslate2's own errors
+        raise click.ClickException(f"{ct2_dir}: not a CTranslate2 model ({one_line(exc)}); make one with "
+                                   "benchmarks/ct2_convert.py CHECKPOINT OUT") from None
+    check = cross_check(model, translator, list(test.sources[:n_texts]), steps)
     click.echo(json.dumps(check, indent=2))
     wrong = check_failures(check)
     if wrong:

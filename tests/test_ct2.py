@@ -252,3 +252,14 @@ def test_the_plot_is_a_png_of_times_and_paired_ratios(tmp_path):
     assert {r["paired_fp32"] for r in rows} == {2.0}
     plot(rows, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("dirs", "message"), [
+    (("artifacts/dates", "{tmp}"), "not a CTranslate2 model"),
+    (("artifacts/dates-checkpoint", "{tmp}"), "is a training checkpoint, not an export"),
+])
+def test_the_check_refuses_a_directory_that_is_not_what_it_reads_in_one_line(tmp_path, dirs, message):
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(check_main, [str(ROOT / dirs[0]), dirs[1].format(tmp=tmp_path)])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output, result.output
