@@ -198,11 +198,12 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
 
 
 def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
-            cross: list[str], attend: Fused | Batched) -> tuple[str, list[str]]:  # or their Ancestry kinds
+            cross: list[str], attend: Fused | Batched,
+            order: np.ndarray | None = None) -> tuple[str, list[str]]:  # or their Ancestry kinds
     """One step: token embeddings (B, 1, E) (a beam graph's blocks: (B, k, E)), position rows (B, 1, E) or (1, E),
     the self-attention caches (`attend.CACHES` per layer, layer by layer) and the cross-attention's tensors
     (`attend.CROSS` per layer: keys and values (B, h, Ls, d), or Folded's) -> log-probs (B, 1, V) (blocks:
-    (B, k, V)) and the grown caches, in the same order."""
+    (B, k, V)) and the grown caches, in the same order. `order`: the ids of the log-prob columns (None: by id)."""
     layers: list[Decoder] = list(model.decoder_layers)
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)
@@ -221,6 +222,8 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
     out = stream.inner if pre else stream.x  # (B, 1, E)
     weight = model.target_embedding.weight if model.output is None else model.output.weight  # (V, E)
     bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): -inf on <pad>, <s>
+    if order is not None:
+        weight, bias = weight[torch.as_tensor(order)], bias[torch.as_tensor(order)]
     logits = net.matmul(out, weight.T, bias)  # (B, 1, V)
     return net.one("LogSoftmax", [logits], axis=-1), presents  # (B, 1, V)
 
