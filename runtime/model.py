@@ -39,6 +39,7 @@ from .token_steps import Graphs, TokenSteps
 from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 
 FAST_NAMES = frozenset(FAST_FILES.values())
+SMALL_CALLS = frozenset(FAST_FILES[r] for r in ("greedy", "beam"))  # sessions without the CPU arena (sessions.ARENA)
 
 
 class Seq2Seq:
@@ -109,7 +110,7 @@ class Seq2Seq:
             if (greedy and not fused) or (name in FAST_NAMES and not fast):
                 continue
             data = read_graph(path, name, entry["sha256"])
-            session = open_session(data, provider, threads, str(path / name), device_id)
+            session = open_session(data, provider, threads, str(path / name), device_id, arena=name not in SMALL_CALLS)
             _check_session(session, entry, manifest, path / name)
             sessions[name] = session
         on_cuda = sessions[DECODER_STEP_FILE].get_providers()[0] == CUDA

@@ -97,6 +97,9 @@ def test_session_defaults_are_applied() -> None:
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     assert options.get_session_config_entry(ALLOW_SPINNING) == "0"
+    assert options.enable_cpu_mem_arena is True  # and off where asked: the small-call graphs (test_fast_graphs)
+    assert open_session(identity_graph(), "cpu", 1, "identity", arena=False).get_session_options() \
+        .enable_cpu_mem_arena is False
 
 
 def test_explicit_threads_are_kept() -> None:

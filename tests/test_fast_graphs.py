@@ -92,6 +92,12 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
             assert all({"Min", "ReduceMax"} <= body and not body & {"Equal", "Or", "Less"} for body in bodies)
             assert eos_first(spec.target_vocab_size).tolist() == [EOS] + [i for i in range(spec.target_vocab_size)
                                                                           if i != EOS]
+    sessions = Seq2Seq.load(fast_export.path)._token_steps.fast  # the one-call graphs run without the CPU arena
+    arenas = {name: graphs.greedy._run.session.get_session_options().enable_cpu_mem_arena
+              for name, graphs in (("small", sessions), ("wide", sessions.wide))}
+    arenas.update(small_beam=sessions.beam._run.session.get_session_options().enable_cpu_mem_arena,
+                  wide_beam=sessions.wide.beam._run.session.get_session_options().enable_cpu_mem_arena)
+    assert arenas == {"small": False, "small_beam": False, "wide": True, "wide_beam": True}
 
 
 def test_one_call_graphs_run_the_plain_body_for_calls_too_large_to_fold(tmp_path, monkeypatch):
