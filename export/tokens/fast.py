@@ -158,10 +158,13 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     in that order, and `live` (int64) is 1 until a row's index is 0 (eos). Blocked (`own`: the (G, G) bias of a
     block's own slots), rows are blocks: last, live and the scans (B/G, G, 1), and the carried self-attention bias
     grows by `own` each step."""
-    net = Net("body/", skip_norm=isinstance(attend, Fused), int8=int8)
+    # Residuals as Add + LayerNormalization, not SkipLayerNormalization: though more kernels, onnxruntime 1.32's CPU
+    # SkipLayerNormalization is the slower (fast_greedy 0.96-0.98x the time at batch 1, 0.94x at 4; int8 0.95x)
+    net = Net("body/", skip_norm=False, int8=int8)
     order = eos_first(spec.target_vocab_size)
-    table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), the stream's (S, E) skip
-    tokens = net.one("GatherND", [net.weight("target_embedding", model.target_embedding.weight[torch.as_tensor(order)]),
+    table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), added to the (B, 1, E) rows
+    embedding = model.target_embedding.weight[torch.as_tensor(order)]  # row i: the id at index i
+    tokens = net.one("GatherND", [net.weight("target_embedding", embedding),
                                   "body/last"])  # (B, 1, E): the index's last axis (1) picks a row
     positions = net.one("Gather", [net.weight("positions", table), "body/iter"])  # (1, E)
     pasts = [f"body/past_{i}" for i in range(spec.layers * attend.CACHES)]
