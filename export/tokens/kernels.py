@@ -221,7 +221,7 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
         stream.add_linear(hidden, layer.ffn.linear2, layer.res3, _next_norm(layers, i, model.decoder_norm, "res1"))
     out = stream.inner if pre else stream.x  # (B, 1, E)
     weight = model.target_embedding.weight if model.output is None else model.output.weight  # (V, E)
-    bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): -inf on <pad>, <s>
+    bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): NEVER_LOGIT on <pad>, <s>
     if order is not None:
         weight, bias = weight[torch.as_tensor(order)], bias[torch.as_tensor(order)]
     logits = net.matmul(out, weight.T, bias)  # (B, 1, V)
