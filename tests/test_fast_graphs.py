@@ -14,9 +14,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.tokens import attention
-from export.tokens.attention import FOLD_UP_TO, Folded, Fused, RowFolded, fold_cross
+from export.tokens import fold
+from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
+from export.tokens.fold import FOLD_UP_TO, Folded, RowFolded, fold_cross
 from export.tokens.kernels import FLOAT, INT32, MS, Net, tensor
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
@@ -108,7 +109,7 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
 
 def test_one_call_graphs_run_the_plain_body_for_calls_too_large_to_fold(tmp_path, monkeypatch):
     """An If picks the body per call: folded while inputs x heads x source_len x d_model <= FOLD_UP_TO."""
-    monkeypatch.setattr(attention, "FOLD_UP_TO", 2 * 16 * 5)  # 2 heads x d_model 16: 5 source tokens in all fold
+    monkeypatch.setattr(fold, "FOLD_UP_TO", 2 * 16 * 5)  # 2 heads x d_model 16: 5 source tokens in all fold
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
     exported = export_token_model(spec, tmp_path / "model")
     manifest = json.loads((exported.path / MANIFEST_FILE).read_text())

@@ -33,15 +33,8 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import (
-    AncestryFolded,
-    AncestryFused,
-    BlockBatched,
-    fold_cross,
-    fold_loop,
-    mask_bias,
-    own_slots,
-)
+from .attention import AncestryFused, BlockBatched, mask_bias, own_slots
+from .fold import AncestryFolded, fold_cross, fold_loop
 from .kernels import (
     BOOL,
     FLOAT,
@@ -287,7 +280,7 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     outer = Outer(net, model, spec, wide)
     first = _first(net, outer, spec)
 
-    def folded(where: Net) -> onnx.GraphProto:  # the cross-attention folded, for small calls (attention.fold_loop)
+    def folded(where: Net) -> onnx.GraphProto:  # the cross-attention folded, for small calls (fold.fold_loop)
         view = copy.copy(outer)
         view.attend = AncestryFolded(outer.lengths32, STEP_MASK)
         view.cross = fold_cross(where, model, spec, outer.cross, outer.lengths32)

@@ -13,7 +13,7 @@ min_length and stops once every row emitted eos. Inside the loop the log-prob co
 a row is live while its every index was above 0 (one Min a step). After the loop, the indices become ids, and
 tokens after a row's eos are 0 and their log-probs 0. The
 wide greedy loop reads G inputs as one block (attention.BlockBatched): no other graph reads its cache. The greedy
-and beam graphs run a folded cross-attention body for small calls, the plain one otherwise (attention.fold_loop).
+and beam graphs run a folded cross-attention body for small calls, the plain one otherwise (fold.fold_loop).
 
 These graphs carry no attention weights: asking for attention decodes with the traced graphs instead.
 """
@@ -31,17 +31,9 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS, PAD
 from training.tokens.transformer import TransformerSeq2Seq
 
-from .attention import (
-    Batched,
-    BlockBatched,
-    Fused,
-    RowFolded,
-    fold_cross,
-    fold_loop,
-    mask_bias,
-    own_slots,
-)
+from .attention import Batched, BlockBatched, Fused, mask_bias, own_slots
 from .beam import beam_model
+from .fold import RowFolded, fold_cross, fold_loop
 from .kernels import (
     BOOL,
     FLOAT,

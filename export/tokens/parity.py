@@ -36,7 +36,7 @@ from training.points.data import is_point_data
 from training.tokens.base import TokenModel
 from training.tokens.data import load_text_dataset, reload_text_dataset
 
-from .attention import fold_tokens, folds
+from .fold import fold_tokens, folds
 from .sides import OwnModel, TorchSide, side_of, token_batch  # noqa: F401  (token_batch: export.quality's too)
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
@@ -80,7 +80,7 @@ def run_token_parity(model: Any, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
 
 
 def _plain_case(spec: ModelSpec, runtime: Seq2Seq) -> tuple[tuple[int, int], ...]:
-    """A transformer whose one-call graphs fold the cross-attention for small calls (attention.fold_loop): one more
+    """A transformer whose one-call graphs fold the cross-attention for small calls (fold.fold_loop): one more
     case, just past the bound, so that their plain body is checked too (TOKEN_CASES may all fold)."""
     if runtime.token_steps.fast is None or not folds(spec):
         return ()
