@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.search.step import check_int
+from runtime.search.step import check_int, check_min_length
 
 from .contract import VOCAB_FILES
 from .declared import TokenContract
@@ -151,10 +151,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
     check_int("beam_size", beam_size, 1, MAX_BEAM)  # every option checked, even for no texts
     _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
-    check_int("min_decoding_length", min_decoding_length, 0)
-    if min_decoding_length > max_decoding_length:
-        raise InputError(f"min_decoding_length {min_decoding_length} is more than max_decoding_length "
-                         f"{max_decoding_length} (the decode's bound); pass at most {max_decoding_length}")
+    check_min_length(min_decoding_length, max_decoding_length)
     if not isinstance(return_attention, bool):
         raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0

@@ -77,6 +77,15 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return int(value)
 
 
+def check_min_length(min_decoding_length: object, max_decoding_length: int) -> int:
+    """min_decoding_length as an int in [0, max_decoding_length]; above that bound, the message names it."""
+    n = check_int("min_decoding_length", min_decoding_length, 0)
+    if n > max_decoding_length:
+        raise InputError(f"min_decoding_length {n} is more than max_decoding_length {max_decoding_length} (the "
+                         f"decode's bound); pass at most {max_decoding_length}")
+    return n
+
+
 def is_finite_real(value: object) -> bool:
     """Whether `value` is a real number (never a bool) that float64 holds finitely."""
     try:
@@ -100,7 +109,7 @@ def check_decoding(state: State, batch_axes: BatchAxes, batch_size: int, bos_id:
     check_int("bos_id", bos_id, 0)
     check_int("eos_id", eos_id, 0)
     check_int("max_decoding_length", max_decoding_length, 1)
-    check_int("min_decoding_length", min_decoding_length, 0, max_decoding_length)
+    check_min_length(min_decoding_length, max_decoding_length)
     for name, value in state.items():
         if name not in batch_axes:
             raise InputError(f"state[{name!r}] has no entry in batch_axes; declare its batch axis")
