@@ -18,7 +18,7 @@ from export.tokens import fold
 from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
 from export.tokens.fold import FOLD_UP_TO, Folded, RowFolded, fold_cross
-from export.tokens.kernels import FLOAT, INT32, MS, Net, tensor
+from export.tokens.kernels import FLOAT, INT32, MS, Net, cross_kv, tensor
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
@@ -177,6 +177,31 @@ def test_the_folded_cross_attention_equals_multi_head_attention(rows, kind):
     feed["values"][1, :, 2:] = -1e3
     again = dict(zip([o.name for o in outputs], session.run(None, feed)))
     np.testing.assert_allclose(again["folded_0"], got["folded_0"], rtol=1e-6, atol=1e-6)
+
+
+def test_cross_kv_splits_every_layers_keys_and_values_heads_major_in_three_kernels():
+    """export.tokens.kernels.cross_kv: one MatMul (+ bias Add) for every decoder layer, then one Reshape, one
+    Transpose and one Split straight to (B, h, L, d) tensors (no per-tensor Transpose or Squeeze); each equals the
+    layer's own MultiHeadAttention.project."""
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=4, layers=3, max_positions=32)
+    torch.manual_seed(0)
+    model = build_token_model(spec).eval()
+    net = Net()
+    parts = cross_kv(net, model, spec, "memory")
+    assert [n.op_type for n in net.nodes] == ["MatMul", "Add", "Reshape", "Transpose", "Split"]
+    graph = onnx.helper.make_graph(net.nodes, "kv", [tensor("memory", FLOAT, None)],
+                                   [tensor(p, FLOAT, None) for p in parts], initializer=net.weights)
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    memory = np.random.default_rng(0).normal(size=(3, 7, spec.d_model)).astype(np.float32)
+    got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
+                                                                                                {"memory": memory})
+    with torch.no_grad():
+        want = [t.numpy() for layer in model.decoder_layers
+                for t in layer.cross_attention.project(torch.from_numpy(memory))]
+    assert [g.shape for g in got] == [(3, spec.n_heads, 7, spec.head_dim)] * 2 * spec.layers
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 3, WIDE_ROWS, WIDE_ROWS + 3])

@@ -188,13 +188,11 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
     w = torch.cat([torch.cat([l.cross_attention.keys.weight, l.cross_attention.values.weight]) for l in layers])
     b = torch.cat([torch.cat([l.cross_attention.keys.bias, l.cross_attention.values.bias]) for l in layers])
     kv = net.matmul(memory, w.T, b)  # (B, L, 2 layers E)
-    shape = np.array([0, 0, 2 * len(layers), spec.n_heads, spec.head_dim], np.int64)
-    kv = net.one("Reshape", [kv, net.weight("shape", shape)])  # (B, L, 2 layers, h, d)
-    kv = net.one("Transpose", [kv], perm=[2, 0, 3, 1, 4])  # (2 layers, B, h, L, d)
-    sizes = net.weight("sizes", np.ones(2 * len(layers), np.int64))
-    parts = net.op("Split", [kv, sizes], 2 * len(layers), axis=0)  # (1, B, h, L, d) each
-    axis = net.weight("axis0", np.array([0], np.int64))
-    return [net.one("Squeeze", [p, axis]) for p in parts]  # (B, h, L, d) each
+    shape = np.array([0, 0, 2 * len(layers) * spec.n_heads, spec.head_dim], np.int64)
+    kv = net.one("Reshape", [kv, net.weight("shape", shape)])  # (B, L, 2 layers h, d)
+    kv = net.one("Transpose", [kv], perm=[0, 2, 1, 3])  # (B, 2 layers h, L, d)
+    sizes = net.weight("sizes", np.full(2 * len(layers), spec.n_heads, np.int64))
+    return net.op("Split", [kv, sizes], 2 * len(layers), axis=1)  # (B, h, L, d) each
 
 
 def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
