@@ -436,32 +436,3 @@ def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm
             bias_adds += [n.name for n in g.node if n.op_type == "Add" and any(i in weights for i in n.input)
                           and any(made.get(i) == "DynamicQuantizeMatMul" for i in n.input)]
         assert quantized > 8 and not bias_adds, bias_adds
-
-
-@pytest.mark.parametrize("wide", [False, True], ids=["fast", "wide"])
-def test_the_beam_graphs_finishing_if_carries_three_packed_outputs(wide):
-    """Each output of an If costs about a microsecond a step whichever branch runs, so the finishing If holds
-    the n-best and the flags in three tensors (export.tokens.beam.FINISH_TYPES: (score, log-prob), (tokens,
-    length), flags), and the branch that finishes nothing is three Identities; every body that holds the If
-    (the folded and plain ones of fast_beam, wide_beam's one) does."""
-    from export.fused import subgraphs
-    from export.tokens.beam import FINISH_TYPES, beam_model
-
-    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
-    torch.manual_seed(0)
-    proto = beam_model(build_token_model(spec).eval(), spec, "", wide=wide)
-
-    def nodes(g: onnx.GraphProto):
-        for node in g.node:
-            yield node
-            for sub in subgraphs(node):
-                yield from nodes(sub)
-    finishing = [n for n in nodes(proto.graph) if n.op_type == "If" and
-                 {a.g.name for a in n.attribute if a.type == onnx.AttributeProto.GRAPH} == {"beam_finish",
-                                                                                            "beam_same"}]
-    assert len(finishing) == (1 if wide else 2)
-    for node in finishing:
-        branches = {a.name: a.g for a in node.attribute}
-        assert len(node.output) == len(FINISH_TYPES) == 3
-        assert [n.op_type for n in branches["else_branch"].node] == ["Identity"] * 3
-        assert [o.type.tensor_type.elem_type for o in branches["then_branch"].output] == FINISH_TYPES

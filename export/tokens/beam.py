@@ -14,7 +14,6 @@ beat the worst (the same bound); done inputs keep running, masked, until all are
 row (batch x beam, max_length), reordered with the mask. The finishing work (new hypotheses, the n-best merge, the
 stopping rule: ~50 kernels) sits in an If that runs only at a step where some input has an eos among its first k
 candidates, at the last step, or once some input's n-best is full; at every other step nothing it computes changes.
-Its state is packed into three tensors (CARRIED), as each output of an If costs ~1 us a step whichever branch runs.
 
 Inputs: source_ids, source_lengths, max_length, min_length, beam_size, num_hypotheses (int64 scalars) and
 length_penalty (float64 scalar). Outputs (batch, num_hypotheses[, max_length]): scores, log_probs (float64), tokens
@@ -51,11 +50,10 @@ from .kernels import (
 )
 
 DOUBLE = TensorProto.DOUBLE
-# best_f (B, H, 2): each n-best slot's score and log-prob; best_i (B, H, T + 1): its tokens and length; flags
-# (B + 2,): each input done, any n-best full, and the loop's condition (True while the loop runs).
-CARRIED = ["tokens", "live", "history", "best_f", "best_i", "flags", "ancestry"]
+CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths", "full", "ancestry"]
 STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by the attention kind
-FINISH_TYPES = [DOUBLE, INT64, BOOL]  # the finishing If's outputs: best_f, best_i, flags
+# The finishing If's outputs: the n-best (scores, log-probs, tokens, lengths), done, any n-best full, cond.
+FINISH_TYPES = [DOUBLE, DOUBLE, INT64, INT64, BOOL, BOOL, BOOL]
 
 
 def _c(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
@@ -93,7 +91,6 @@ class Outer:
             self.mask_type, step_shape = INT32, [self.batch, self.k]  # (B, k, k t)
         self.step_shape = net.one("Concat", [*step_shape, _c(net, "minus_one", [-1])], axis=0)
         self.shape_bk = shape_bk
-        self.shape_bk1 = net.one("Concat", [shape_bk, _c(net, "one_d", [1])], axis=0)  # [B, k, 1]
         vocab = spec.target_vocab_size
         self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, _c(net, "v", [vocab])])], axis=0)
         self.m = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]),
@@ -119,23 +116,25 @@ class Outer:
 
 def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
     """The carried values' first values: bos (B, k), live [0, -inf, ...] per input (B, k, 1), empty history and
-    n-best (score -inf, log-prob 0, no tokens), no input done or full, no cache slot written, empty caches."""
+    n-best, no input done or full, no cache slot written, empty caches."""
     tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), o.shape_bk])  # (B, k)
     first = net.one("Where", [net.one("Equal", [o.beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (k,)
     live = net.one("Unsqueeze", [net.one("Expand", [first, o.shape_bk]), _c(net, "ax2", [2])])  # (B, k, 1)
     history = net.one("ConstantOfShape", [net.one("Concat", [o.rows, net.one("Reshape", [
         "max_length", _c(net, "one_d", [1])])], axis=0)], value=helper.make_tensor("z", INT64, [1], [0]))
-    best_f = net.one("Expand", [_c(net, "empty_slot", [[[-np.inf, 0.0]]], np.float64),
-                                net.one("Concat", [o.batch, o.h, _c(net, "one_d", [1])], axis=0)])  # (B, H, 2)
-    best_i = net.one("ConstantOfShape", [net.one("Add", [o.shape_bht, _c(net, "t_plus_1", [0, 0, 1])])],
-                     value=helper.make_tensor("z", INT64, [1], [0]))  # (B, H, T + 1)
-    flags = net.one("Concat", [net.one("ConstantOfShape", [o.batch], value=helper.make_tensor("f", BOOL, [1], [False])),
-                               _c(net, "running", [False, True], bool)], axis=0)  # not done; none full; go on
+    done = net.one("ConstantOfShape", [o.batch], value=helper.make_tensor("f", BOOL, [1], [False]))
+    shape_bh = net.one("Concat", [o.batch, o.h], axis=0)
+    scores = net.one("Expand", [_c(net, "minus_inf", -np.inf, np.float64), shape_bh])  # (B, H)
+    log_probs = net.one("Expand", [_c(net, "zero_d", 0.0, np.float64), shape_bh])
+    hyp_tokens = net.one("ConstantOfShape", [o.shape_bht], value=helper.make_tensor("z", INT64, [1], [0]))
+    lengths = net.one("Expand", [_c(net, "zero", 0), shape_bh])
+    full = _c(net, "false", False, bool)
     none = net.one("Concat", [o.rows, _c(net, "zero_d1", [0])], axis=0)  # [B * k, 0]: no slot written yet
     ancestry = net.one("ConstantOfShape", [none], value=helper.make_tensor("z", o.mask_type, [1], [0]))
     empty = o.attend.empty_cache(net, spec, o.batch)  # one append-only cache per input
-    return [tokens, live, history, best_f, best_i, flags, ancestry] + empty * spec.layers
+    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths, full, ancestry] + \
+        empty * spec.layers
 
 
 class Ranked(NamedTuple):
@@ -168,9 +167,8 @@ def _select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
 
 
 def _ends(net: Net, o: Outer, r: Ranked, history: str, grown: str, done: str, last: str) -> tuple[str, ...]:
-    """This step's finished hypotheses: eos among the first k candidates, and at max_length the live beams; their
-    scores (B, 2k), -inf where none (or the input is done), packed as the n-best is: (score, log-prob) (B, 2k, 2)
-    and (tokens, length) (B, 2k, T + 1)."""
+    """This step's finished hypotheses: eos among the first k candidates, and at max_length the live beams;
+    scores, log-probs, tokens (B, 2k, T) and lengths, -inf where none (or the input is done)."""
     zero, k, axis = _c(net, "zero_d1", [0]), o.k, _c(net, "ax1", [1])
     sums, index, is_eos = (net.one("Slice", [a, zero, k, axis]) for a in (r.sums, r.index, r.is_eos))  # (B, k)
     beams = net.one("Div", [index, _c(net, "v", o.spec.target_vocab_size)])
@@ -182,31 +180,28 @@ def _ends(net: Net, o: Outer, r: Ranked, history: str, grown: str, done: str, la
     ending = net.one("And", [net.one("And", [net.one("Greater", [r.kept, minus_inf]), running]), last])
     scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
                                 net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
-    ax2 = _c(net, "ax2", [2])
-    packed_f = net.one("Concat", [net.one("Unsqueeze", [scores, ax2]),
-                                  net.one("Unsqueeze", [net.one("Concat", [sums, r.kept], axis=1), ax2])], axis=2)
+    log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
     parents = net.one("Gather", [history, net.one("Add", [o.base, beams])], axis=0)  # (B, k, T): eos excluded
-    ended = net.one("Concat", [parents, net.one("Expand", ["beam/iter", o.shape_bk1])], axis=2)  # (B, k, T + 1)
-    kept = net.one("Concat", [net.one("Reshape", [grown, o.shape_bkt]), net.one("Expand", [step_len, o.shape_bk1])],
-                   axis=2)  # (B, k, T + 1): the live beams, which end here at max_length
-    return scores, packed_f, net.one("Concat", [ended, kept], axis=1), step_len
+    tokens = net.one("Concat", [parents, net.one("Reshape", [grown, o.shape_bkt])], axis=1)  # (B, 2k, T)
+    lengths = net.one("Concat", [net.one("Expand", ["beam/iter", o.shape_bk]),
+                                 net.one("Expand", [step_len, o.shape_bk])], axis=1)
+    return scores, log_probs, tokens, lengths, step_len
 
 
-def _merge(net: Net, o: Outer, best_f: str, best_i: str, new: tuple[str, ...]) -> tuple[str, str, str]:
-    """Each input's n-best after this step, by one TopK over (n-best, new) (ties keep the earlier, as a stable
-    sort): its scores (B, H), and the packed n-best (B, H, 2) and (B, H, T + 1)."""
-    every_f = net.one("Concat", [best_f, new[1]], axis=1)  # (B, H + 2k, 2)
-    every = net.one("Gather", [every_f, _c(net, "zero", 0)], axis=2)  # (B, H + 2k): scores
-    scores, index = net.op("TopK", [every, o.h], 2, axis=1)  # (B, H)
-    slots = net.one("Unsqueeze", [index, _c(net, "ax2", [2])])  # (B, H, 1)
-    every_i = net.one("Concat", [best_i, new[2]], axis=1)  # (B, H + 2k, T + 1)
-    return (scores, net.one("GatherND", [every_f, slots], batch_dims=1),
-            net.one("GatherND", [every_i, slots], batch_dims=1))
+def _merge(net: Net, o: Outer, old: list[str], new: tuple[str, ...]) -> list[str]:
+    """Each input's n-best after this step: one TopK over (n-best, new); ties keep the earlier (stable)."""
+    scores, index = net.op("TopK", [net.one("Concat", [old[0], new[0]], axis=1), o.h], 2, axis=1)  # (B, H)
+    log_probs = net.one("GatherElements", [net.one("Concat", [old[1], new[1]], axis=1), index], axis=1)
+    wide = net.one("Expand", [net.one("Unsqueeze", [index, _c(net, "ax2", [2])]), o.shape_bht])  # (B, H, T)
+    tokens = net.one("GatherElements", [net.one("Concat", [old[2], new[2]], axis=1), wide], axis=1)
+    lengths = net.one("GatherElements", [net.one("Concat", [old[3], new[3]], axis=1), index], axis=1)
+    return [scores, log_probs, tokens, lengths]
 
 
-def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str, last: str) -> str:
-    """The new flags (B + 2,): done or (n-best full and no live beam can beat the worst) per input; whether any
-    input's n-best is full; and whether any input is still running (the loop's condition)."""
+def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
+          last: str) -> tuple[str, str, str]:
+    """done or (n-best full and no live beam can beat the worst): (B,); whether any input's n-best is full; and
+    whether any input is still running (the loop's condition)."""
     worst = net.one("ReduceMin", [scores], axes=[1], keepdims=1)  # (B, 1): -inf while not full
     minus_inf = _c(net, "minus_inf", -np.inf, np.float64)
     full = net.one("Greater", [worst, minus_inf])
@@ -217,28 +212,27 @@ def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str, 
     bound = net.one("Where", [last, minus_inf, bound])
     stops = net.one("And", [full, net.one("LessOrEqual", [bound, worst])])  # (B, 1)
     done = net.one("Or", [done, net.one("Squeeze", [stops, _c(net, "ax1", [1])])])
-    any_full = net.one("Greater", [net.one("ReduceMax", [worst], axes=[0], keepdims=0), minus_inf])  # (1,)
-    least = net.one("ReduceMin", [net.one("Cast", [done], to=FLOAT)], keepdims=1)  # (1,)
-    running = net.one("Less", [least, _c(net, "half", 0.5, np.float32)])
-    return net.one("Concat", [done, any_full, running], axis=0)
+    any_full = net.one("Greater", [net.one("ReduceMax", [worst], keepdims=0), minus_inf])
+    least = net.one("ReduceMin", [net.one("Cast", [done], to=FLOAT)], keepdims=0)
+    return done, any_full, net.one("Less", [least, _c(net, "half", 0.5, np.float32)])
 
 
 def _finish(o: Outer, r: Ranked, names: dict[str, str], grown: str, last: str) -> onnx.GraphProto:
-    """The If branch that records this step's finished hypotheses and tests the stopping rule: the packed n-best
-    and the flags."""
+    """The If branch that records this step's finished hypotheses and tests the stopping rule: (n-best, done,
+    any input full, loop condition)."""
     net = Net("beam/finish/")
-    done = net.one("Slice", [names["flags"], _c(net, "zero_d1", [0]), _c(net, "minus_two", [-2])])  # (B,)
-    ends = _ends(net, o, r, names["history"], grown, done, last)
-    scores, best_f, best_i = _merge(net, o, names["best_f"], names["best_i"], ends)
-    outs = [best_f, best_i, _done(net, o, scores, r.kept, ends[3], done, last)]
+    ends = _ends(net, o, r, names["history"], grown, names["done"], last)
+    best = _merge(net, o, [names[n] for n in CARRIED[4:8]], ends[:4])
+    outs = [*best, *_done(net, o, best[0], r.kept, ends[4], names["done"], last)]
     return graph(net, "beam_finish", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
 
 
 def _unchanged(names: dict[str, str]) -> onnx.GraphProto:
-    """The If branch for a step that finishes nothing and where no n-best is full: nothing changes (the flags'
-    loop condition is True, or this step would not run)."""
+    """The If branch for a step that finishes nothing and where no input's n-best is full: nothing changes."""
     net = Net("beam/same/")
-    outs = [net.one("Identity", [names[n]]) for n in ("best_f", "best_i", "flags")]
+    outs = [net.one("Identity", [names[n]]) for n in ("scores", "log_probs", "hyp_tokens", "lengths", "done",
+                                                       "full")]
+    outs.append(net.one("Identity", [_c(net, "true", True, bool)]))
     return graph(net, "beam_same", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
 
 
@@ -262,15 +256,13 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
     # then sits at rank k or later), the last step, or one after some n-best filled up can change the n-best or
     # end an input: every other step skips that work (~50 kernels) in one If.
     eos_first = net.one("Greater", [net.one("ReduceMax", [r.pick], keepdims=0), o.k_last])
-    full = net.one("Gather", [names["flags"], _c(net, "minus_two", -2)], axis=0)  # any n-best full
-    work = net.one("Or", [net.one("Or", [eos_first, last]), full])
-    best_f, best_i, flags = net.op("If", [work], len(FINISH_TYPES), then_branch=_finish(o, r, names, grown, last),
-                                   else_branch=_unchanged(names))
+    work = net.one("Or", [net.one("Or", [eos_first, last]), names["full"]])
+    after = net.op("If", [work], len(FINISH_TYPES), then_branch=_finish(o, r, names, grown, last),
+                   else_branch=_unchanged(names))
     live = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])])  # (B, k, 1)
-    cond = net.one("Gather", [flags, _c(net, "minus_one", -1)], axis=0)
-    outs = [cond, r.tokens, live, grown, best_f, best_i, flags]
+    outs = [after[6], r.tokens, live, grown, after[4], *after[:4], after[5]]
     outs += [net.one("Gather", [ancestry, parents], axis=0), *presents]  # the mask follows rows; caches stay
-    types = [BOOL, INT64, DOUBLE, INT64, DOUBLE, INT64, BOOL, o.mask_type]
+    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL, o.mask_type]
     types += [FLOAT] * len(presents)
     inputs = [tensor("beam/iter", INT64, []), tensor("beam/cond", BOOL, [])]
     inputs += [tensor(names[n], t, None) for n, t in zip(CARRIED, types[1:])] + [tensor(p, FLOAT, None)
@@ -293,10 +285,9 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
         view.attend = AncestryFolded(outer.lengths32, STEP_MASK)
         view.cross = fold_cross(where, model, spec, outer.cross, outer.lengths32)
         return _body(model, spec, view, int8)
-    best_f, best_i = fold_loop(net, spec, ["max_length", _c(net, "true", True, bool), *first], len(first), [3, 4],
-                               FINISH_TYPES[:2], lambda: _body(model, spec, outer, int8), None if wide else folded)
-    for name, packed, at in (("scores", best_f, 0), ("log_probs", best_f, 1), ("lengths", best_i, -1)):
-        net.op("Gather", [packed, _c(net, "at", at)], [name], axis=2)
-    net.op("Slice", [best_i, _c(net, "zero_d1", [0]), _c(net, "minus_one", [-1]), _c(net, "ax2", [2])], ["tokens"])
+    best = fold_loop(net, spec, ["max_length", _c(net, "true", True, bool), *first], len(first), [4, 5, 6, 7],
+                     FINISH_TYPES[:4], lambda: _body(model, spec, outer, int8), None if wide else folded)
+    for name, value in zip(("scores", "log_probs", "tokens", "lengths"), best):
+        net.op("Identity", [value], [name])
     types = {**TYPES, "length_penalty": DOUBLE, "scores": DOUBLE, "log_probs": DOUBLE}
     return _model(graph(net, "fast_beam", _inputs(io["inputs"], types), _inputs(io["outputs"], types), doc))
