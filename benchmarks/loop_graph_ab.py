@@ -9,7 +9,9 @@ graphs are written (interleaved calls in one process, medians), after checking t
 greedy_loop (every export's traced loop: each export's own encoder runs first, untimed). Token sources are random
 ids of --source-len tokens (some rows shorter), and decoding runs exactly --steps tokens (min = max length; --free:
 min length 0, rows end at their eos); point sources are random (batch, --source-len, F) and decode --steps points.
-Prints each side's median and the ratio after / before (< 1: the change is faster); 1 intra-op thread.
+Prints each side's time (the mean of its sessions' medians: --sessions a side, made in blocks of before, after,
+after, before, their calls interleaved), the ratio after / before (< 1: the change is faster) and the spread of each
+side's session medians; 1 intra-op thread.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from runtime.sessions import open_session, read_graph  # noqa: E402
 from runtime.spec import N_SPECIAL_TOKENS  # noqa: E402
 from runtime.vocab import EOS  # noqa: E402
 
+ABBA = (0, 1, 1, 0)  # sessions are made in blocks of before, after, after, before (--sessions / 2 blocks)
 GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"],
           "fast_beam": FAST_FILES["beam"], "wide_beam": FAST_FILES["wide_beam"], "greedy_loop": GREEDY_FILE}
 
@@ -81,9 +84,13 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
               help="Source tokens (points) of the longest input; the others 5 or more.")
 @click.option("--free", is_flag=True, help="Min length 0: rows end at their eos (tokens).")
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True, help="Rounds, each its own medians.")
-@click.option("--calls", type=click.IntRange(0), default=0, help="Timed calls per side per round (0: ~1 s).")
+@click.option("--calls", type=click.IntRange(0), default=0,
+              help="Timed calls per side per round (0: ~1 s), shared by its sessions.")
+@click.option("--sessions", type=click.IntRange(1), default=6, show_default=True,
+              help="Sessions a side (odd counts round up to even): a side's time is the mean of its sessions' "
+                   "medians.")
 def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: int, source_len: int, free: bool,
-         rounds: int, calls: int) -> None:
+         rounds: int, calls: int, sessions: int) -> None:
     try:
         manifests = [read_manifest(d) for d in (before, after)]
     except Seq2OnnxError as exc:  # not an export, or an altered one: its one line, not a traceback
@@ -105,7 +112,12 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
     src = sources(specs[0], batch, source_len, seed=0)
     sides = (0, 1)  # by side, not by path: the same export given twice is a control (two sessions, two lists)
     try:
-        loops = [session(d, m.graphs, name) for d, m in zip((before, after), manifests)]
+        # Several sessions a side, made in ABBA blocks: on the 2-core EPYC two sessions of one file ran 1-6% apart,
+        # each keeping its speed through a run (and in one process the later-made tended to be faster), so one
+        # session a side read the same export against itself as 0.98-1.06.
+        created = ABBA * ((sessions + 1) // 2)
+        made = [session((before, after)[i], manifests[i].graphs, name) for i in created]
+        loops = [made[created.index(i)] for i in sides]
         encoders = [session(d, m.graphs, ENCODER_FILE) if graph == "greedy_loop" else None
                     for d, m in zip((before, after), manifests)]
     except Seq2OnnxError as exc:
@@ -120,24 +132,33 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
     start = time.perf_counter()
     loops[0].run(None, feeds[0])
     calls = calls or max(5, int(1.0 / max(time.perf_counter() - start, 1e-6)))
+    per_session = -(-calls // (len(created) // 2))  # each session's share of a side's calls, rounded up
     click.echo(f"{graph} ({name}), batch {batch}, {steps} steps{' (free)' if free else ''}"
                f"{f', beam {beam}' if 'beam' in graph else ''}; same ids, max float diff {diff:.2e}; "
-               f"{calls} interleaved calls per side per round")
+               f"{per_session * (len(created) // 2)} interleaved calls per side per round, {per_session} each in "
+               f"{len(created) // 2} sessions a side")
     for r in range(rounds):
-        times = interleaved([lambda i=i: loops[i].run(None, feeds[i]) for i in sides], calls)
-        b, a = (float(np.median(t)) * 1e3 for t in times)
-        click.echo(f"round {r + 1}: before {b:.3f} ms, after {a:.3f} ms, after / before {a / b:.3f}")
+        times = interleaved([lambda j=j: made[j].run(None, feeds[created[j]]) for j in range(len(created))],
+                            per_session)
+        medians = [[float(np.median(t)) * 1e3 for j, t in enumerate(times) if created[j] == i] for i in sides]
+        b, a = (float(np.mean(m)) for m in medians)
+        spread = " | ".join(f"{min(m):.3f}-{max(m):.3f}" for m in medians)
+        click.echo(f"round {r + 1}: before {b:.3f} ms, after {a:.3f} ms, after / before {a / b:.3f} (sessions' "
+                   f"medians {spread} ms)")
 
 
 def interleaved(runs: list[Callable[[], object]], calls: int) -> list[list[float]]:
-    """`calls` timed calls of each run, in turn; seconds per call, one list per run (by position, so the same
-    export given twice still gets two sessions and two lists)."""
+    """`calls` timed calls of each run, in turn, the order reversed every other turn (A B, B A, ...): on the 2-core
+    EPYC the second of two calls of one graph in a row ran 1-3% faster than the first, which had made the same
+    export against itself read 0.98-0.99. Seconds per call, one list per run (by position, so the same export
+    given twice still gets two sessions and two lists)."""
     times: list[list[float]] = [[] for _ in runs]
-    for _ in range(calls):
-        for run, samples in zip(runs, times):
+    order = list(range(len(runs)))
+    for turn in range(calls):
+        for i in (order if turn % 2 == 0 else order[::-1]):
             t = time.perf_counter()
-            run()
-            samples.append(time.perf_counter() - t)
+            runs[i]()
+            times[i].append(time.perf_counter() - t)
     return times
 
 

@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "loop_graph_ab.py"
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args, "--rounds", "1", "--calls", "3"],
-                          capture_output=True, text=True, timeout=300)
+def run(*args: str, sessions: int = 2) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--rounds", "1", "--calls", "3", "--sessions",
+                           str(sessions)], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(("graph", "extra"), [("fast_beam", ["--beam", "3"]), ("wide_greedy", ["--batch", "5"]),
@@ -54,19 +54,22 @@ def test_the_same_export_given_twice_is_timed_as_two_sides(transformer_export):
     spec = importlib.util.spec_from_file_location("loop_graph_ab", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    counts = [0, 0]
+    calls: list[int] = []
 
     def side(i: int):
         def run() -> None:
-            counts[i] += 1
+            calls.append(i)
         return run
 
     times = module.interleaved([side(0), side(1)], 4)
-    assert counts == [4, 4] and [len(t) for t in times] == [4, 4]
+    assert calls.count(0) == calls.count(1) == 4 and [len(t) for t in times] == [4, 4]
+    # each side goes first in every other turn (A B, B A, ...): a fixed order gave the second a 1-3% edge
+    assert calls == [0, 1, 1, 0, 0, 1, 1, 0]
     done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "3",
-               "--source-len", "5")
+               "--source-len", "5", sessions=3)  # rounded up to 4 a side: 3 calls -> 1 each, 4 a side
     assert done.returncode == 0, done.stderr
-    assert "3 interleaved calls per side" in done.stdout
+    assert "4 interleaved calls per side per round, 1 each in 4 sessions a side" in done.stdout
+    assert done.stdout.count("sessions' medians") == 1
 
 
 def test_an_altered_graph_is_refused_in_one_line(transformer_export, tmp_path):
