@@ -17,7 +17,7 @@ import torch
 from export.tokens import fold
 from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
-from export.tokens.fold import FOLD_UP_TO, Folded, RowFolded, fold_cross
+from export.tokens.fold import FOLD_UP_TO, Folded, fold_cross
 from export.tokens.kernels import FLOAT, INT32, MS, Net, cross_kv, tensor
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
@@ -95,10 +95,8 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
             assert all("LayerNormalization" in body and "SkipLayerNormalization" not in body for body in bodies)
             assert eos_first(spec.target_vocab_size).tolist() == [EOS] + [i for i in range(spec.target_vocab_size)
                                                                           if i != EOS]
-            if switch:  # the folded greedy body reads S^T with a plain MatMul (RowFolded); the beam's: FusedMatMul
-                assert "FusedMatMul" not in bodies[0] and "Softmax" in bodies[0], bodies[0]
-        elif switch:
-            assert "FusedMatMul" in bodies[0], bodies[0]
+        if switch:  # every folded body reads S with FusedMatMul's transB: S^T and a plain MatMul was slower
+            assert "FusedMatMul" in bodies[0] and "Softmax" in bodies[0], (role, bodies[0])
     sessions = Seq2Seq.load(fast_export.path)._token_steps.fast  # the one-call graphs run without the CPU arena
     arenas = {name: graphs.greedy._run.session.get_session_options().enable_cpu_mem_arena
               for name, graphs in (("small", sessions), ("wide", sessions.wide))}
@@ -138,21 +136,19 @@ def test_one_call_graphs_run_the_plain_body_for_calls_too_large_to_fold(tmp_path
             assert got == [[h.ids for h in hyps] for hyps in traced.translate_batch(batch, **options)]
 
 
-@pytest.mark.parametrize("kind", [Folded, RowFolded])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_the_folded_cross_attention_equals_multi_head_attention(rows, kind):
-    """Folded (S, bias, O made once; RowFolded: S^T) against MultiHeadAttention over the same keys/values, padding
-    included; Folded's output holds fc_attn's bias (CROSS_BIAS), Fused's does not."""
+def test_the_folded_cross_attention_equals_multi_head_attention(rows):
+    """Folded (S, bias, O made once) against MultiHeadAttention over the same keys/values, padding included; Folded's
+    output holds fc_attn's bias (CROSS_BIAS), Fused's does not."""
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=4, layers=2, max_positions=32)
     torch.manual_seed(0)
     model = build_token_model(spec)
     h, d, e = spec.n_heads, spec.head_dim, spec.d_model
     net = Net()
-    cross = fold_cross(net, model, spec, ["keys", "values"] * spec.layers, "lengths", kind.TRANSPOSED)
-    assert kind.TRANSPOSED == ("Transpose" in {n.op_type for n in net.nodes})  # S^T: made once, in the fold
+    cross = fold_cross(net, model, spec, ["keys", "values"] * spec.layers, "lengths")
     for i, layer in enumerate(model.decoder_layers):
         fused = Fused("lengths").cross_attention(net, spec, "x", layer.cross_attention, ["keys", "values"])
-        folded = kind("lengths").cross_attention(net, spec, "x", layer.cross_attention, cross[3 * i:3 * i + 3])
+        folded = Folded("lengths").cross_attention(net, spec, "x", layer.cross_attention, cross[3 * i:3 * i + 3])
         net.op("Identity", [fused], [f"fused_{i}"])
         net.op("Identity", [folded], [f"folded_{i}"])
     outputs = [tensor(f"{kind}_{i}", FLOAT, None) for i in range(spec.layers) for kind in ("fused", "folded")]

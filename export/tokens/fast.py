@@ -33,7 +33,7 @@ from training.tokens.transformer import TransformerSeq2Seq
 
 from .attention import Batched, BlockBatched, Fused, mask_bias, own_slots
 from .beam import beam_model
-from .fold import RowFolded, fold_cross, fold_loop
+from .fold import Folded, fold_cross, fold_loop
 from .kernels import (
     BOOL,
     FLOAT,
@@ -198,8 +198,8 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         penalties, count = _penalties(net, spec), 2 + spec.layers + 2
 
         def folded(where: Net) -> onnx.GraphProto:
-            return _body(model, spec, fold_cross(where, model, spec, cross, "memory_lengths", RowFolded.TRANSPOSED),
-                         penalties, RowFolded("memory_lengths"), int8)
+            return _body(model, spec, fold_cross(where, model, spec, cross, "memory_lengths"),
+                         penalties, Folded("memory_lengths"), int8)
         scans = fold_loop(net, spec, inputs, count, [count - 2, count - 1], [INT64, FLOAT],
                           lambda: _body(model, spec, cross, penalties, attend, int8), folded)
         tokens, log_probs = (_time_last(net, scan) for scan in scans)

@@ -1,8 +1,8 @@
 """The one-call graphs' folded cross-attention, for small calls: each head's keys times its query projection and its
 values times its rows of the output projection, made once per call (`fold_cross`), so a step runs two products, an
 Add and a Softmax where `attention.Fused` runs the query projection, MultiHeadAttention and the output projection
-(Folded; RowFolded for the greedy loop's one row a block, AncestryFolded for the beam graph's blocks). `fold_loop`
-writes the decode Loop with the folded body or the plain one, picked per call by the sources' size."""
+(Folded; AncestryFolded for the beam graph's blocks). `fold_loop` writes the decode Loop with the folded body or the
+plain one, picked per call by the sources' size."""
 from __future__ import annotations
 
 from typing import Callable
@@ -29,28 +29,16 @@ class Folded(Fused):
 
     CROSS = 3  # S, bias, O per layer
     CROSS_BIAS = True
-    TRANSPOSED = False  # S as S^T (B, E, h Ls) (fold_cross(transposed=True)): see RowFolded
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
-        """x (B, k, E), cross [S (S^T where transposed), bias, O] -> fc_attn(context) (B, k, E), its bias
-        included."""
+        """x (B, k, E), cross [S, bias, O] -> fc_attn(context) (B, k, E), its bias included."""
         keys, bias, out_by = cross
-        product = (net.one("MatMul", [x, keys]) if self.TRANSPOSED
-                   else net.one("FusedMatMul", [x, keys], MS, transB=1))
-        scores = net.one("Add", [product, bias])  # (B, k, h Ls)
+        scores = net.one("Add", [net.one("FusedMatMul", [x, keys], MS, transB=1), bias])  # (B, k, h Ls)
         heads = net.one("Reshape", [scores, net.weight("heads", np.array([0, 0, spec.n_heads, -1], np.int64))])
         weights = net.one("Reshape", [net.one("Softmax", [heads], axis=-1),
                                       net.weight("flat", np.array([0, 0, -1], np.int64))])  # (B, k, h Ls)
         return net.one("MatMul", [weights, out_by])  # (B, k, E)
-
-
-class RowFolded(Folded):
-    """Folded for one row a block (the greedy loop): S kept as S^T for a plain MatMul a step. onnxruntime's
-    one-row product reads an untransposed right side fastest: fast_greedy b1 0.99x the time of FusedMatMul's
-    transB; the beam's 5 rows took 1.01x, so the beam graph keeps Folded."""
-
-    TRANSPOSED = True
 
 
 class AncestryFolded(Folded, AncestryFused):
@@ -94,10 +82,9 @@ def fold_loop(net: Net, spec: ModelSpec, loop_inputs: list[str], count: int, kee
     return net.op("If", [small], len(keep), then_branch=branches[0], else_branch=branches[1])
 
 
-def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], lengths32: str,
-               transposed: bool = False) -> list[str]:
-    """Every decoder layer's keys, values (B, h, Ls, d) (k0, v0, k1, ...) -> its S (transposed: S^T), bias and O
-    for Folded: one MatMul each by a per-head constant, (h, d, E) or (h, d, 1) (and S's one Transpose)."""
+def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], lengths32: str) -> list[str]:
+    """Every decoder layer's keys, values (B, h, Ls, d) (k0, v0, k1, ...) -> its S, bias and O for Folded: one
+    MatMul each by a per-head constant, (h, d, E) or (h, d, 1)."""
     h, d, e = spec.n_heads, spec.head_dim, spec.d_model
     scale = 1.0 / np.sqrt(d)
     padding = mask_bias(net, lengths32, cross[0], [0, 1, -1, 1])  # (B, 1, Ls, 1)
@@ -109,8 +96,6 @@ def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list
         queries = attention.queries.weight.detach().reshape(h, d, e) * scale  # (h, d, E): head i's rows
         query_bias = attention.queries.bias.detach().reshape(h, d, 1) * scale
         keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries)]), by_row])
-        if transposed:
-            keys_by = net.one("Transpose", [keys_by], perm=[0, 2, 1])  # (B, E, h Ls)
         bias = net.one("Add", [net.one("MatMul", [keys, net.weight("query_bias", query_bias)]), padding])
         out = attention.fc_attn.weight.detach().T.reshape(h, d, e)  # (h, d, E): head i's rows of fc_attn^T
         share = (attention.fc_attn.bias.detach() / h).reshape(1, 1, e)  # every head's rows: 1/h of the bias
