@@ -148,10 +148,9 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
 
 
 def interleaved(runs: list[Callable[[], object]], calls: int) -> list[list[float]]:
-    """`calls` timed calls of each run, in turn, the order reversed every other turn (A B, B A, ...): on the 2-core
-    EPYC the second of two calls of one graph in a row ran 1-3% faster than the first, which had made the same
-    export against itself read 0.98-0.99. Seconds per call, one list per run (by position, so the same export
-    given twice still gets two sessions and two lists)."""
+    """`calls` timed calls of each run, in turn, the order reversed every other turn (A B, B A, ...) so that no run
+    always goes first or last. Seconds per call, one list per run (by position, so the same export given twice
+    still gets two sessions and two lists)."""
     times: list[list[float]] = [[] for _ in runs]
     order = list(range(len(runs)))
     for turn in range(calls):

@@ -95,7 +95,7 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
             assert all("LayerNormalization" in body and "SkipLayerNormalization" not in body for body in bodies)
             assert eos_first(spec.target_vocab_size).tolist() == [EOS] + [i for i in range(spec.target_vocab_size)
                                                                           if i != EOS]
-        if switch:  # every folded body reads S with FusedMatMul's transB: S^T and a plain MatMul was slower
+        if switch:  # every folded body reads S with FusedMatMul's transB (S^T and a plain MatMul: no faster)
             assert "FusedMatMul" in bodies[0] and "Softmax" in bodies[0], (role, bodies[0])
     sessions = Seq2Seq.load(fast_export.path)._token_steps.fast  # the one-call graphs run without the CPU arena
     arenas = {name: graphs.greedy._run.session.get_session_options().enable_cpu_mem_arena
