@@ -112,9 +112,9 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
     src = sources(specs[0], batch, source_len, seed=0)
     sides = (0, 1)  # by side, not by path: the same export given twice is a control (two sessions, two lists)
     try:
-        # Several sessions a side, made in ABBA blocks: on the 2-core EPYC two sessions of one file ran 1-6% apart,
-        # each keeping its speed through a run (and in one process the later-made tended to be faster), so one
-        # session a side read the same export against itself as 0.98-1.06.
+        # Several sessions a side, made in ABBA blocks: on the 2-core EPYC two sessions of one file ran up to ~10%
+        # apart, each keeping its speed through a run (and in one process the later-made tended to be faster), so
+        # one session a side read the same export against itself as 0.98-1.06.
         created = ABBA * ((sessions + 1) // 2)
         made = [session((before, after)[i], manifests[i].graphs, name) for i in created]
         loops = [made[created.index(i)] for i in sides]
