@@ -32,6 +32,7 @@ from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
 from runtime.sessions import open_session, read_graph  # noqa: E402
 from runtime.spec import N_SPECIAL_TOKENS  # noqa: E402
+from runtime.token_steps import MAX_GRAPH_BEAM  # noqa: E402
 from runtime.vocab import EOS  # noqa: E402
 
 ABBA = (0, 1, 1, 0)  # sessions are made in blocks of before, after, after, before (--sessions / 2 blocks)
@@ -77,7 +78,8 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
 @click.argument("after", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--graph", type=click.Choice(sorted(GRAPHS)), required=True)
 @click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Inputs per call.")
-@click.option("--beam", type=click.IntRange(1), default=5, show_default=True, help="Beam size (beam graphs).")
+@click.option("--beam", type=click.IntRange(1, MAX_GRAPH_BEAM), default=5, show_default=True,
+              help="Beam size (beam graphs; the runtime runs wider beams without them).")
 @click.option("--steps", type=click.IntRange(1), default=20, show_default=True,
               help="Output tokens (points) per input: min = max length unless --free.")
 @click.option("--source-len", type=click.IntRange(1), default=13, show_default=True,
@@ -87,8 +89,8 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
 @click.option("--calls", type=click.IntRange(0), default=0,
               help="Timed calls per side per round (0: ~1 s), shared by its sessions.")
 @click.option("--sessions", type=click.IntRange(1), default=6, show_default=True,
-              help="Sessions a side (odd counts round up to even): a side's time is the mean of its sessions' "
-                   "medians.")
+              help="Sessions a side (1: one a side, as before; odd counts above 1 round up to even): a side's time "
+                   "is the mean of its sessions' medians.")
 def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: int, source_len: int, free: bool,
          rounds: int, calls: int, sessions: int) -> None:
     try:
@@ -115,7 +117,7 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
         # Several sessions a side, made in ABBA blocks: on the 2-core EPYC two sessions of one file ran up to ~10%
         # apart, each keeping its speed through a run (and in one process the later-made tended to be faster), so
         # one session a side read the same export against itself as 0.98-1.06.
-        created = ABBA * ((sessions + 1) // 2)
+        created = ABBA[:2] if sessions == 1 else ABBA * ((sessions + 1) // 2)
         made = [session((before, after)[i], manifests[i].graphs, name) for i in created]
         loops = [made[created.index(i)] for i in sides]
         encoders = [session(d, m.graphs, ENCODER_FILE) if graph == "greedy_loop" else None
@@ -131,12 +133,15 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
                 if a.dtype.kind == "f" and a.size and np.isfinite(a).all()), default=0.0)
     start = time.perf_counter()
     loops[0].run(None, feeds[0])
-    calls = calls or max(5, int(1.0 / max(time.perf_counter() - start, 1e-6)))
+    asked, calls = calls, calls or max(5, int(1.0 / max(time.perf_counter() - start, 1e-6)))
     per_session = -(-calls // (len(created) // 2))  # each session's share of a side's calls, rounded up
+    for j, made_session in enumerate(made):  # every session's first, slower call (1.3-2x), untimed
+        made_session.run(None, feeds[created[j]])
     click.echo(f"{graph} ({name}), batch {batch}, {steps} steps{' (free)' if free else ''}"
                f"{f', beam {beam}' if 'beam' in graph else ''}; same ids, max float diff {diff:.2e}; "
                f"{per_session * (len(created) // 2)} interleaved calls per side per round, {per_session} each in "
-               f"{len(created) // 2} sessions a side")
+               f"{len(created) // 2} session{'s' if len(created) > 2 else ''} a side"
+               f"{f' (--calls {asked} rounded up)' if asked and per_session * (len(created) // 2) != asked else ''}")
     for r in range(rounds):
         times = interleaved([lambda j=j: made[j].run(None, feeds[created[j]]) for j in range(len(created))],
                             per_session)

@@ -45,6 +45,8 @@ def test_exports_of_different_models_or_without_the_graph_are_refused(transforme
     assert done.returncode != 0 and "has no fast_beam.onnx" in done.stderr
     done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "99")
     assert done.returncode != 0 and "must be at most this transformer's max_positions" in done.stderr
+    done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_beam", "--beam", "33")
+    assert done.returncode == 2 and "1<=x<=32" in done.stderr and "Traceback" not in done.stderr  # MAX_GRAPH_BEAM
 
 
 def test_the_same_export_given_twice_is_timed_as_two_sides(transformer_export):
@@ -68,8 +70,12 @@ def test_the_same_export_given_twice_is_timed_as_two_sides(transformer_export):
     done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "3",
                "--source-len", "5", sessions=3)  # rounded up to 4 a side: 3 calls -> 1 each, 4 a side
     assert done.returncode == 0, done.stderr
-    assert "4 interleaved calls per side per round, 1 each in 4 sessions a side" in done.stdout
+    assert "4 interleaved calls per side per round, 1 each in 4 sessions a side (--calls 3 rounded up)" in done.stdout
     assert done.stdout.count("sessions' medians") == 1
+    done = run(str(transformer_export.path), str(transformer_export.path), "--graph", "fast_greedy", "--steps", "3",
+               "--source-len", "5", sessions=1)  # one a side, as the tool timed before --sessions
+    assert done.returncode == 0, done.stderr
+    assert "3 interleaved calls per side per round, 3 each in 1 session a side\n" in done.stdout
 
 
 def test_an_altered_graph_is_refused_in_one_line(transformer_export, tmp_path):
