@@ -1,7 +1,7 @@
 """seq2onnx against CTranslate2 on the same transformer: outputs cross-checked token for token, then decode times.
 
     python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 20] [--batches 1,64] [--beams 1,5]
-                                   [--threads 1,2] [--json OUT.json] [--plot OUT.png]
+                                   [--threads 1,2] [--instances 3] [--json OUT.json] [--plot OUT.png]
 
 CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported twice through the public API
 (`export_model`: float32, and `quantize="int8"` as `seq2onnx export --quantize int8`; whatever graphs the export
@@ -18,8 +18,11 @@ hypothesis on both sides (min = max = --steps; checked on the warm-up outputs). 
 precision x thread count: seq2onnx `Seq2Seq.load(dir, threads=t).translate_batch(texts, ...)` (text in, text out)
 and CT2 `Translator(dir, device="cpu", compute_type=..., intra_threads=t, inter_threads=1).translate_batch(tokens,
 ...)` (tokens in, tokens out; with --ct2-text, text in and text out as ours: the call also splits the texts with
-the model's vocabulary and joins the output tokens). After WARMUP untimed calls each, --repeats rounds run every
-decoder in turn, so drift hits all alike; in a round each decoder runs --inner calls in a row (default: as many
+the model's vocabulary and joins the output tokens). Each decoder is loaded --instances times (copies made in turn,
+ours and CTranslate2's): two sessions of one graph ran up to ~10% apart, each keeping its speed for the whole run,
+so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances. After WARMUP
+untimed calls of every copy, --repeats rounds run every decoder in turn (every other round in reverse order), so
+drift hits all alike; in a round each decoder runs --inner calls in a row (default: as many
 as last ~20 ms, the same count for every decoder of a case) and their mean is one sample, so a batch-1 call is
 timed with its model in cache, as a service under load runs it, not right after seven other decoders evicted it.
 Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is
@@ -101,23 +104,25 @@ def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None
     return dirs
 
 
-def load(dirs: dict[str, Path], threads: list[int]) -> dict[Key, Any]:
-    """Every decoder, loaded once: (side, precision, threads) -> a Seq2Seq or a ctranslate2.Translator."""
-    loaded: dict[Key, Any] = {}
-    for precision, compute_type in PRECISIONS.items():
-        for t in threads:
-            loaded["seq2onnx", precision, t] = Seq2Seq.load(dirs[precision], provider="cpu", threads=t)
-            loaded["ct2", precision, t] = ctranslate2.Translator(str(dirs["ct2"]), device="cpu",
-                                                                 compute_type=compute_type, intra_threads=t,
-                                                                 inter_threads=1)
+def load(dirs: dict[str, Path], threads: list[int], instances: int = 1) -> dict[Key, list[Any]]:
+    """Every decoder, loaded `instances` times, the copies made in turn (ours, CTranslate2's, ours, ...):
+    (side, precision, threads) -> its Seq2Seq or ctranslate2.Translator copies."""
+    loaded: dict[Key, list[Any]] = {}
+    for _ in range(instances):
+        for precision, compute_type in PRECISIONS.items():
+            for t in threads:
+                loaded.setdefault(("seq2onnx", precision, t), []).append(
+                    Seq2Seq.load(dirs[precision], provider="cpu", threads=t))
+                loaded.setdefault(("ct2", precision, t), []).append(ctranslate2.Translator(
+                    str(dirs["ct2"]), device="cpu", compute_type=compute_type, intra_threads=t, inter_threads=1))
     return loaded
 
 
-def decoders(loaded: dict[Key, Any], model: Seq2Seq, texts: list[str], beam: int, steps: int,
-             ct2_text: bool = False) -> dict[Key, Callable[[], Ids]]:
-    """Each decoder as a call decoding `texts` to `steps` ids per text (checked in `measure`). CT2 gets token
-    lists, its API; with `ct2_text` its call also does what ours does around the decoder: it splits the texts with
-    the same vocabulary and joins the output tokens into texts."""
+def decoders(loaded: dict[Key, list[Any]], model: Seq2Seq, texts: list[str], beam: int, steps: int,
+             ct2_text: bool = False) -> dict[Key, list[Callable[[], Ids]]]:
+    """Each decoder's copies as calls decoding `texts` to `steps` ids per text (checked in `measure`). CT2 gets
+    token lists, its API; with `ct2_text` its call also does what ours does around the decoder: it splits the texts
+    with the same vocabulary and joins the output tokens into texts."""
     options = dict(beam_size=beam, min_decoding_length=steps, max_decoding_length=steps)
     source, target = model.vocabularies["source"], model.vocabularies["target"]
     tokens = source_tokens(texts, source, model.spec)
@@ -134,30 +139,33 @@ def decoders(loaded: dict[Key, Any], model: Seq2Seq, texts: list[str], beam: int
                 return lambda: ct2_text_call(runner)
             return lambda: ct2_ids(runner.translate_batch(tokens, **options), model)
         return lambda: [h[0].ids for h in runner.translate_batch(texts, **options)]
-    return {key: call(key, runner) for key, runner in loaded.items()}
+    return {key: [call(key, runner) for runner in runners] for key, runners in loaded.items()}
 
 
-def measure(calls: dict[Key, Callable[[], Ids]], repeats: int, steps: int,
+def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
             inner: int) -> tuple[dict[Key, list[float]], int]:
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
-    in a row, their mean), after WARMUP calls and the length check. `inner` 0: enough calls for one SAMPLE_S
-    sample of the slowest decoder's last warm-up call. Not its first: a translator's first call sets itself up
-    (CTranslate2's took 46 ms where its next took 0.65), which made it one call a round, each timed cold.
+    in a row, their mean; round r runs copy r mod copies of each, and every other round runs the decoders in
+    reverse order), after WARMUP calls of every copy and the length check. `inner` 0: enough calls for one
+    SAMPLE_S sample of the slowest decoder's last warm-up call. Not its first: a translator's first call sets
+    itself up (CTranslate2's took 46 ms where its next took 0.65), which made it one call a round, each timed cold.
     Returns the times and the calls a sample."""
     warm = 0.0
-    for key, call in calls.items():
-        for _ in range(WARMUP):
-            start = time.perf_counter()
-            lengths = {len(ids) for ids in call()}
-            took = time.perf_counter() - start
-        warm = max(warm, took)
-        if lengths != {steps}:
-            raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, expected "
-                                       f"exactly --steps {steps} for every hypothesis")
+    for key, copies in calls.items():
+        for call in copies:
+            for _ in range(WARMUP):
+                start = time.perf_counter()
+                lengths = {len(ids) for ids in call()}
+                took = time.perf_counter() - start
+            warm = max(warm, took)
+            if lengths != {steps}:
+                raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, "
+                                           f"expected exactly --steps {steps} for every hypothesis")
     inner = inner or max(1, round(SAMPLE_S / warm))  # the same for every decoder of a case
     times: dict[Key, list[float]] = {key: [] for key in calls}
-    for _ in range(repeats):
-        for key, call in calls.items():
+    for r in range(repeats):
+        for key in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+            call = calls[key][r % len(calls[key])]
             start = time.perf_counter()
             for _ in range(inner):
                 call()
@@ -304,11 +312,16 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a chart (PNG) of the best medians and the paired ratios here.")
 @click.option("--force", is_flag=True, help="Replace an existing --json / --plot file.")
+@click.option("--instances", type=click.IntRange(1, 8), default=3, show_default=True,
+              help="Copies of every decoder, loaded in turn; round r times copy r mod N. Two sessions of one graph "
+                   "ran up to ~10% apart on a 2-core EPYC, each keeping its speed: with one copy a side, a run's "
+                   "ratio carried that copy's luck.")
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
                    "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
 def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[int], beams: list[int],
-         threads: list[int], json_out: Path | None, plot_out: Path | None, force: bool, ct2_text: bool) -> None:
+         threads: list[int], json_out: Path | None, plot_out: Path | None, force: bool, ct2_text: bool,
+         instances: int) -> None:
     """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
     def note(line: str) -> None:
         click.echo(line, err=True)
@@ -331,8 +344,8 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
         wrong = check_failures(check)
         if wrong:
             raise click.ClickException("seq2onnx and CTranslate2 disagree: " + "; ".join(wrong))
-        loaded, rows = load(dirs, threads), []
-        graphs = {p: sorted(loaded["seq2onnx", p, threads[0]].manifest.graphs) for p in PRECISIONS}
+        loaded, rows = load(dirs, threads, instances), []
+        graphs = {p: sorted(loaded["seq2onnx", p, threads[0]][0].manifest.graphs) for p in PRECISIONS}
         note(f"seq2onnx graphs: {graphs}")
         for batch in batches:
             batch_texts = (texts * (batch // len(texts) + 1))[:batch]
@@ -343,12 +356,14 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
                 rows.append({**summarise(batch, beam, times), "inner": calls_a_sample})
                 note(f"  {calls_a_sample} call(s) of each decoder a sample")
     click.echo(f"{info['cpu']}; {info['flags']}; uptime: {machine()['uptime']}")
-    click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats}; "
+    click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats} "
+               f"rounds over {instances} cop{'ies' if instances > 1 else 'y'} of each decoder; "
                "ratio = seq2onnx / CT2 (> 1: seq2onnx slower); CT2 "
                + ("text in, text out (--ct2-text)" if ct2_text else "tokens in, tokens out"))
     click.echo(table(rows))
     if json_out is not None:
         figures = {"machine": info, "uptime_after": machine()["uptime"], "steps": steps, "repeats": repeats,
+                   "instances": instances,
                    "ct2_io": "text" if ct2_text else "tokens",
                    "source_tokens": SOURCE_TOKENS, "graphs": graphs, "cross_check": check, "cases": rows}
         json_out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")

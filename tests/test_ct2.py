@@ -120,12 +120,12 @@ def test_the_bench_times_ct2_tokens_or_text_in_and_out_and_both_decode_alike(tmp
     converted = convert_model(transformer_export.model, (transformer_export.source, transformer_export.target),
                               tmp_path / "ct2")
     model = Seq2Seq.load(transformer_export.path, provider="cpu", threads=1)
-    loaded = {("seq2onnx", "fp32", 1): model,
-              ("ct2", "fp32", 1): ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)}
+    loaded = {("seq2onnx", "fp32", 1): [model],
+              ("ct2", "fp32", 1): [ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)]}
     texts = toy_sources()[:3]
     for beam in (1, 2):
-        by_tokens = decoders(loaded, model, texts, beam, MAX_LEN)
-        by_text = decoders(loaded, model, texts, beam, MAX_LEN, ct2_text=True)
+        by_tokens = {key: copies[0] for key, copies in decoders(loaded, model, texts, beam, MAX_LEN).items()}
+        by_text = {key: copies[0] for key, copies in decoders(loaded, model, texts, beam, MAX_LEN, True).items()}
         ours = by_tokens["seq2onnx", "fp32", 1]()
         assert [len(ids) for ids in ours] == [MAX_LEN] * len(texts)
         assert by_text["ct2", "fp32", 1]() == by_tokens["ct2", "fp32", 1]() == ours
@@ -221,12 +221,31 @@ def test_calls_a_sample_come_from_warm_calls_not_a_first_call_that_sets_up():
         return call, calls
     slow_first, slow_calls = decoder(0.1, 0.001)
     steady, _ = decoder(0.002, 0.002)
-    times, inner = measure({("ct2", "fp32", 1): slow_first, ("seq2onnx", "fp32", 1): steady}, 2, 2, 0)
+    times, inner = measure({("ct2", "fp32", 1): [slow_first], ("seq2onnx", "fp32", 1): [steady]}, 2, 2, 0)
     assert SAMPLE_S / 0.002 / 2 <= inner <= SAMPLE_S / 0.002 * 1.5  # ~10 by the 2 ms decoder, not 1 by the 100 ms
     assert len(slow_calls) == 2 + 2 * inner and all(len(t) == 2 for t in times.values())
-    assert measure({("ct2", "fp32", 1): steady}, 1, 2, 3)[1] == 3  # --inner given: kept
+    assert measure({("ct2", "fp32", 1): [steady]}, 1, 2, 3)[1] == 3  # --inner given: kept
     with pytest.raises(Exception, match="decoded lengths \\[2\\], expected exactly --steps 3"):
-        measure({("ct2", "fp32", 1): steady}, 1, 3, 0)
+        measure({("ct2", "fp32", 1): [steady]}, 1, 3, 0)
+
+
+def test_rounds_take_each_decoders_copies_in_turn_and_reverse_the_order_every_other_round():
+    """--instances: one copy of a decoder may be luckier than another for a whole run, so round r times copy
+    r mod N; and no decoder always runs first in a round. Every copy is warmed and length-checked."""
+    ran: list[tuple[str, int]] = []
+
+    def copy(side: str, i: int):
+        def call():
+            ran.append((side, i))
+            return [[0, 0]]
+        return call
+    calls = {("seq2onnx", "fp32", 1): [copy("ours", i) for i in range(3)],
+             ("ct2", "fp32", 1): [copy("ct2", i) for i in range(3)]}
+    times, inner = measure(calls, 4, 2, 1)
+    assert ran[:12] == [(side, i) for side in ("ours", "ct2") for i in range(3) for _ in range(2)]  # WARMUP 2
+    assert ran[12:] == [("ours", 0), ("ct2", 0), ("ct2", 1), ("ours", 1), ("ours", 2), ("ct2", 2), ("ct2", 0),
+                        ("ours", 0)]
+    assert inner == 1 and all(len(t) == 4 for t in times.values())
 
 
 def test_paired_ratio_is_the_median_of_each_rounds_ratio_at_each_sides_best_threads():
