@@ -1,6 +1,6 @@
 """seq2onnx against CTranslate2 on the same transformer: outputs cross-checked token for token, then decode times.
 
-    python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 20] [--batches 1,64] [--beams 1,5]
+    python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 24] [--batches 1,64] [--beams 1,5]
                                    [--threads 1,2] [--instances 3] [--json OUT.json] [--plot OUT.png]
 
 CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported twice through the public API
@@ -20,9 +20,9 @@ and CT2 `Translator(dir, device="cpu", compute_type=..., intra_threads=t, inter_
 ...)` (tokens in, tokens out; with --ct2-text, text in and text out as ours: the call also splits the texts with
 the model's vocabulary and joins the output tokens). Each decoder is loaded --instances times (copies made in turn,
 ours and CTranslate2's): two sessions of one graph ran up to ~10% apart, each keeping its speed for the whole run,
-so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances. After WARMUP
-untimed calls of every copy, --repeats rounds run every decoder in turn (every other round in reverse order), so
-drift hits all alike; in a round each decoder runs --inner calls in a row (default: as many
+so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances (N). After
+WARMUP untimed calls of every copy, --repeats rounds run every decoder in turn (in reverse order in rounds N..2N-1,
+3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all alike; in a round each decoder runs --inner calls in a row (default: as many
 as last ~20 ms, the same count for every decoder of a case) and their mean is one sample, so a batch-1 call is
 timed with its model in cache, as a service under load runs it, not right after seven other decoders evicted it.
 Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is
@@ -145,8 +145,9 @@ def decoders(loaded: dict[Key, list[Any]], model: Seq2Seq, texts: list[str], bea
 def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
             inner: int) -> tuple[dict[Key, list[float]], int]:
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
-    in a row, their mean; round r runs copy r mod copies of each, and every other round runs the decoders in
-    reverse order), after WARMUP calls of every copy and the length check. `inner` 0: enough calls for one
+    in a row, their mean; round r runs copy r mod N of each of its N copies, and the decoders run in reverse order
+    in rounds N..2N-1, 3N..4N-1, ..., so that every copy runs in both orders), after WARMUP calls of every copy and
+    the length check. `inner` 0: enough calls for one
     SAMPLE_S sample of the slowest decoder's last warm-up call. Not its first: a translator's first call sets
     itself up (CTranslate2's took 46 ms where its next took 0.65), which made it one call a round, each timed cold.
     Returns the times and the calls a sample."""
@@ -164,7 +165,8 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
     inner = inner or max(1, round(SAMPLE_S / warm))  # the same for every decoder of a case
     times: dict[Key, list[float]] = {key: [] for key in calls}
     for r in range(repeats):
-        for key in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+        copies = len(next(iter(calls.values())))
+        for key in (list(calls) if (r // copies) % 2 == 0 else list(calls)[::-1]):
             call = calls[key][r % len(calls[key])]
             start = time.perf_counter()
             for _ in range(inner):
@@ -299,7 +301,8 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
               help="A transformer checkpoint (seq2onnx train --arch transformer).")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
               help="Output tokens per hypothesis (min = max decoding length).")
-@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True, help="Timed rounds per case.")
+@click.option("--repeats", type=click.IntRange(min=1), default=24, show_default=True,
+              help="Timed rounds per case (a multiple of 2 x --instances times every copy equally).")
 @click.option("--inner", type=click.IntRange(min=0), default=0, show_default=True,
               help="Calls of each decoder in a row per round, their mean one sample (a service under steady load "
                    "keeps its model in cache); 0: enough for ~20 ms, the same for every decoder of a case.")
@@ -312,10 +315,10 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a chart (PNG) of the best medians and the paired ratios here.")
 @click.option("--force", is_flag=True, help="Replace an existing --json / --plot file.")
-@click.option("--instances", type=click.IntRange(1, 8), default=3, show_default=True,
-              help="Copies of every decoder, loaded in turn; round r times copy r mod N. Two sessions of one graph "
-                   "ran up to ~10% apart on a 2-core EPYC, each keeping its speed: with one copy a side, a run's "
-                   "ratio carried that copy's luck.")
+@click.option("--instances", "instances", metavar="N", type=click.IntRange(1, 8), default=3, show_default=True,
+              help="Copies of every decoder, loaded in turn; round r times copy r mod N (two sessions of one graph can "
+                   "run several % apart for a whole run). N times the memory and load time; --repeats a multiple "
+                   "of 2N times every copy equally, in both orders.")
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
                    "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
@@ -344,13 +347,17 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
         wrong = check_failures(check)
         if wrong:
             raise click.ClickException("seq2onnx and CTranslate2 disagree: " + "; ".join(wrong))
+        if repeats % (2 * instances):
+            note(f"note: --repeats {repeats} is not a multiple of 2 x --instances {instances}: the copies are timed "
+                 "unevenly")
         loaded, rows = load(dirs, threads, instances), []
         graphs = {p: sorted(loaded["seq2onnx", p, threads[0]][0].manifest.graphs) for p in PRECISIONS}
         note(f"seq2onnx graphs: {graphs}")
         for batch in batches:
             batch_texts = (texts * (batch // len(texts) + 1))[:batch]
             for beam in beams:
-                note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(threads)} decoders ...")
+                note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(threads)} decoders "
+                     f"({instances} cop{'ies' if instances > 1 else 'y'} each) ...")
                 calls = decoders(loaded, model, batch_texts, beam, steps, ct2_text)
                 times, calls_a_sample = measure(calls, repeats, steps, inner)
                 rows.append({**summarise(batch, beam, times), "inner": calls_a_sample})

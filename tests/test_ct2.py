@@ -229,9 +229,10 @@ def test_calls_a_sample_come_from_warm_calls_not_a_first_call_that_sets_up():
         measure({("ct2", "fp32", 1): [steady]}, 1, 3, 0)
 
 
-def test_rounds_take_each_decoders_copies_in_turn_and_reverse_the_order_every_other_round():
+def test_rounds_take_each_decoders_copies_in_turn_and_reverse_the_order_every_n_rounds():
     """--instances: one copy of a decoder may be luckier than another for a whole run, so round r times copy
-    r mod N; and no decoder always runs first in a round. Every copy is warmed and length-checked."""
+    r mod N; the order reverses every N rounds, so each copy runs both first and last. Every copy is warmed and
+    length-checked."""
     ran: list[tuple[str, int]] = []
 
     def copy(side: str, i: int):
@@ -241,11 +242,12 @@ def test_rounds_take_each_decoders_copies_in_turn_and_reverse_the_order_every_ot
         return call
     calls = {("seq2onnx", "fp32", 1): [copy("ours", i) for i in range(3)],
              ("ct2", "fp32", 1): [copy("ct2", i) for i in range(3)]}
-    times, inner = measure(calls, 4, 2, 1)
+    times, inner = measure(calls, 6, 2, 1)
     assert ran[:12] == [(side, i) for side in ("ours", "ct2") for i in range(3) for _ in range(2)]  # WARMUP 2
-    assert ran[12:] == [("ours", 0), ("ct2", 0), ("ct2", 1), ("ours", 1), ("ours", 2), ("ct2", 2), ("ct2", 0),
-                        ("ours", 0)]
-    assert inner == 1 and all(len(t) == 4 for t in times.values())
+    # rounds 0-2 in order, 3-5 reversed: every copy in both orders
+    assert ran[12:] == [("ours", 0), ("ct2", 0), ("ours", 1), ("ct2", 1), ("ours", 2), ("ct2", 2),
+                        ("ct2", 0), ("ours", 0), ("ct2", 1), ("ours", 1), ("ct2", 2), ("ours", 2)]
+    assert inner == 1 and all(len(t) == 6 for t in times.values())
 
 
 def test_paired_ratio_is_the_median_of_each_rounds_ratio_at_each_sides_best_threads():
