@@ -22,9 +22,10 @@ the model's vocabulary and joins the output tokens). Each decoder is loaded --in
 ours and CTranslate2's): two sessions of one graph ran up to ~10% apart, each keeping its speed for the whole run,
 so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances (N). After
 WARMUP untimed calls of every copy, --repeats rounds run every decoder in turn (in reverse order in rounds N..2N-1,
-3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all alike; in a round each decoder runs --inner calls in a row (default: as many
-as last ~20 ms, the same count for every decoder of a case) and their mean is one sample, so a batch-1 call is
-timed with its model in cache, as a service under load runs it, not right after seven other decoders evicted it.
+3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all alike; in a round
+each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for every decoder of a
+case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a service under load
+runs it, not right after seven other decoders evicted it.
 Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is
 slower). "paired" is the median over rounds of the two sides' ratio within a round (each at its best thread
 count), samples taken tens of milliseconds apart: a shared machine's slow and fast phases, which last seconds, move
@@ -147,9 +148,9 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
     in a row, their mean; round r runs copy r mod N of each of its N copies, and the decoders run in reverse order
     in rounds N..2N-1, 3N..4N-1, ..., so that every copy runs in both orders), after WARMUP calls of every copy and
-    the length check. `inner` 0: enough calls for one
-    SAMPLE_S sample of the slowest decoder's last warm-up call. Not its first: a translator's first call sets
-    itself up (CTranslate2's took 46 ms where its next took 0.65), which made it one call a round, each timed cold.
+    the length check. `inner` 0: enough calls for one SAMPLE_S sample of the slowest decoder's last warm-up call.
+    Not its first: a translator's first call sets itself up (CTranslate2's took 46 ms where its next took 0.65),
+    which made it one call a round, each timed cold.
     Returns the times and the calls a sample."""
     warm = 0.0
     for key, copies in calls.items():
@@ -164,8 +165,8 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
                                            f"expected exactly --steps {steps} for every hypothesis")
     inner = inner or max(1, round(SAMPLE_S / warm))  # the same for every decoder of a case
     times: dict[Key, list[float]] = {key: [] for key in calls}
+    copies = max(len(c) for c in calls.values())  # every decoder has as many (`load`)
     for r in range(repeats):
-        copies = len(next(iter(calls.values())))
         for key in (list(calls) if (r // copies) % 2 == 0 else list(calls)[::-1]):
             call = calls[key][r % len(calls[key])]
             start = time.perf_counter()

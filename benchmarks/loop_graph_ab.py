@@ -9,9 +9,9 @@ graphs are written (interleaved calls in one process, medians), after checking t
 greedy_loop (every export's traced loop: each export's own encoder runs first, untimed). Token sources are random
 ids of --source-len tokens (some rows shorter), and decoding runs exactly --steps tokens (min = max length; --free:
 min length 0, rows end at their eos); point sources are random (batch, --source-len, F) and decode --steps points.
-Prints each side's time (the mean of its sessions' medians: --sessions a side, made in blocks of before, after,
-after, before, their calls interleaved), the ratio after / before (< 1: the change is faster) and the spread of each
-side's session medians; 1 intra-op thread.
+Prints each side's time (the mean of its sessions' medians: --sessions a side, made after one untimed session in
+blocks of before, after, after, before and the mirror, every one warmed, their calls interleaved), the ratio after /
+before (< 1: the change is faster) and the spread of each side's session medians; 1 intra-op thread.
 """
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
         # ran slowest and later ones tended to be faster), so one session a side read the same export against itself
         # as 0.98-1.06. With 8 a side the control read 0.993-0.996, but a pair of exports still read ~1% apart
         # depending on which was "after": under ~2%, time both ways.
-        created = (ABBA * sessions)[:2 * sessions + 2 * (sessions % 2 and sessions > 1)]
+        per_side = 1 if sessions == 1 else sessions + sessions % 2
+        created = (ABBA * per_side)[:2 * per_side]
         session(before, manifests[0].graphs, name)  # a process's first session ran slowest: made, not timed
         made = [session((before, after)[i], manifests[i].graphs, name) for i in created]
         loops = [made[created.index(i)] for i in sides]
@@ -137,14 +138,14 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
     start = time.perf_counter()
     loops[0].run(None, feeds[0])
     asked, calls = calls, calls or max(5, int(1.0 / max(time.perf_counter() - start, 1e-6)))
-    per_session = -(-calls // (len(created) // 2))  # each session's share of a side's calls, rounded up
+    per_session = -(-calls // per_side)  # each session's share of a side's calls, rounded up
     for j, made_session in enumerate(made):  # every session's first, slower call (1.3-2x), untimed
         made_session.run(None, feeds[created[j]])
     click.echo(f"{graph} ({name}), batch {batch}, {steps} steps{' (free)' if free else ''}"
                f"{f', beam {beam}' if 'beam' in graph else ''}; same ids, max float diff {diff:.2e}; "
-               f"{per_session * (len(created) // 2)} interleaved calls per side per round, {per_session} each in "
-               f"{len(created) // 2} session{'s' if len(created) > 2 else ''} a side"
-               f"{f' (--calls {asked} rounded up)' if asked and per_session * (len(created) // 2) != asked else ''}")
+               f"{per_session * per_side} interleaved calls per side per round, {per_session} each in {per_side} "
+               f"session{'s' if per_side > 1 else ''} a side"
+               f"{f' (--calls {asked} rounded up)' if asked and per_session * per_side != asked else ''}")
     for r in range(rounds):
         times = interleaved([lambda j=j: made[j].run(None, feeds[created[j]]) for j in range(len(created))],
                             per_session)

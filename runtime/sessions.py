@@ -55,7 +55,8 @@ ALLOW_SPINNING = "session.intra_op.allow_spinning"
 # dates transformer, 13 + 20 tokens; time without / with the arena): fast_greedy batch 1 0.965-0.987x, batch 7
 # 0.988x; fast_beam beam 5 batch 1 0.967-0.978x, batch 4 1.002x, batch 15 0.988x; wide_greedy batch 64 1.007x,
 # wide_beam batch 64 1.058x; the GRU's greedy loop 0.91-0.93x at batch 1 but 1.06-1.08x at 64 (it serves both,
-# so it keeps the arena).
+# so it keeps the arena). Those are one session a side; with six a side made alternately (two sessions of one graph
+# can run ~10% apart): fast_greedy batch 1 0.965-0.976x, fast_beam batch 1 0.970-0.971x.
 ARENA = True
 
 

@@ -11,9 +11,9 @@ the greedy loop in one graph (one `run` per batch): the loop carries the last to
 still live, and the caches; it picks the argmax with TopK (ties: the lowest id, as numpy), forbids eos below
 min_length and stops once every row emitted eos. Inside the loop the log-prob columns are in `eos_first` order, so
 a row is live while its every index was above 0 (one Min a step). After the loop, the indices become ids, and
-tokens after a row's eos are 0 and their log-probs 0. The
-wide greedy loop reads G inputs as one block (attention.BlockBatched): no other graph reads its cache. The greedy
-and beam graphs run a folded cross-attention body for small calls, the plain one otherwise (fold.fold_loop).
+tokens after a row's eos are 0 and their log-probs 0. The wide greedy loop reads G inputs as one block
+(attention.BlockBatched): no other graph reads its cache. The greedy and beam graphs run a folded cross-attention
+body for small calls, the plain one otherwise (fold.fold_loop).
 
 These graphs carry no attention weights: asking for attention decodes with the traced graphs instead.
 """
@@ -125,7 +125,8 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
 def eos_first(vocab_size: int) -> np.ndarray:
     """The greedy loop's column order: (V,) ids, eos first, then every other id in id order. A row has emitted eos
     once its index was 0, so the stop test is Min, ReduceMax and Cast (Equal, Or, Cast, ReduceMin and Less before:
-    fast_greedy batch 1 0.984-0.992x the time, 0.980x free). TopK's ties still go to the lowest id: among the ids
+    fast_greedy batch 1 0.984-0.992x the time, 0.980x free, one session a side; timed again with six, it and the
+    Add + LayerNormalization bodies together bought 1.4-1.8% at batch 1 and 5% at batch 4). TopK's ties still go to the lowest id: among the ids
     after eos the order is unchanged, and the ids it moves ahead of (<pad>, <s>) are never emitted (NEVER_LOGIT)."""
     return np.array([EOS] + [i for i in range(vocab_size) if i != EOS], np.int64)
 
@@ -151,7 +152,8 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     block's own slots), rows are blocks: last, live and the scans (B/G, G, 1), and the carried self-attention bias
     grows by `own` each step."""
     # Residuals as Add + LayerNormalization, not SkipLayerNormalization: though more kernels, onnxruntime 1.32's CPU
-    # SkipLayerNormalization is the slower (fast_greedy 0.96-0.98x the time at batch 1, 0.94x at 4; int8 0.95x)
+    # SkipLayerNormalization is the slower (fast_greedy 0.96-0.98x the time at batch 1, 0.94x at 4, int8 0.95x, one
+    # session a side; see eos_first for the figures with six)
     net = Net("body/", skip_norm=False, int8=int8)
     order = eos_first(spec.target_vocab_size)
     table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), added to the (B, 1, E) rows

@@ -50,7 +50,8 @@ FOLD_UP_TO = 8192  # a call's sources fold where S for all of them, inputs x n_h
 # its per-(input, head) overhead, which pays for small models and batches only. fast greedy loop, batch 1, 20 steps,
 # folded / not (same weights): at h L E = 2048-8192, 0.91-0.96 (d_model 64 with 4 or 8 heads, 128 with 4, 256 with
 # 8); at 16384, 0.96-1.01; at 32768, 1.06-1.08; at 131072, 1.16. dates transformer at 29 source tokens: greedy at
-# batch 4, 1.03-1.04; beam 5 at batch 8, 1.04-1.07 (1.6 at 200 tokens).
+# batch 4, 1.03-1.04; beam 5 at batch 8, 1.04-1.07 (1.6 at 200 tokens). One session a side; with eight, at batch 1
+# the crossover also moves with the steps: plain / folded 0.95-0.96 at 29 source tokens + 11 steps, 1.04 at 13 + 20.
 
 
 def fold_tokens(spec: ModelSpec) -> int:
