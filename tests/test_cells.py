@@ -25,7 +25,8 @@ from runtime.sessions import (
 from runtime.spec import ModelSpec
 from training.build import build_token_model
 
-from support.devices import DEVICES
+import support.devices as devices
+from support.devices import CUDA_UNAVAILABLE, DEVICES
 
 # The same float32 arithmetic in another order (and fused kernels on PyTorch's side).
 ATOL = 1e-5
@@ -124,15 +125,35 @@ class FakeSession:
         return self.providers
 
 
+ORT_GPU_MAX_IR = 13  # onnxruntime-gpu 1.31.1, the newest GPU build on PyPI, refuses IR 14 (onnx 1.23's default)
+
+
+def test_the_cuda_probe_uses_a_graph_the_gpu_build_reads_and_reports_a_fallback(monkeypatch) -> None:
+    """On an H200 the probe's IR 14 graph raised, the probe swallowed it, and every CUDA row was skipped."""
+    made, real = [], ort.InferenceSession
+
+    def session(model: bytes, providers: list[str]) -> ort.InferenceSession:
+        made.append(onnx.load_from_string(model))
+        return real(model, providers=[sessions.CPU])  # what a GPU build with no GPU does
+
+    monkeypatch.setattr(devices.ort, "get_available_providers", lambda: [sessions.CUDA, sessions.CPU])
+    monkeypatch.setattr(devices.ort, "InferenceSession", session)
+    assert devices.cuda_unavailable() == (f"a CUDA session of onnxruntime {ort.__version__} fell back to "
+                                          f"['{sessions.CPU}']")
+    assert [m.ir_version <= ORT_GPU_MAX_IR for m in made] == [True]
+
+
 def test_cuda_gets_the_device_id(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CUDA, sessions.CPU])
     monkeypatch.setattr(sessions.ort, "InferenceSession", FakeSession)
     session = open_session(b"", "cuda", 1, "identity", device_id=3)
     assert session.providers == [sessions.CUDA, sessions.CPU]
-    assert session.provider_options == [{"device_id": "3"}, {}]
+    assert session.provider_options == [{"device_id": "3", "use_tf32": "0"}, {}]
+    # device 0 is onnxruntime's default; naming it made onnxruntime-gpu 1.31 warn at every session on an H200
+    assert open_session(b"", "cuda", 1, "identity").provider_options == [{"use_tf32": "0"}, {}]
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a working CUDA provider")
+@pytest.mark.skipif("cuda" not in DEVICES, reason=f"needs a working CUDA provider: {CUDA_UNAVAILABLE}")
 def test_a_missing_gpu_is_a_provider_error() -> None:
     with pytest.raises(ProviderError, match="CUDA device 4096"):
         open_session(identity_graph(), "cuda", 1, "identity", device_id=4096)

@@ -3,22 +3,24 @@ from __future__ import annotations
 
 import onnxruntime as ort
 
-
-def cuda_really_works() -> bool:
-    """True only when a session asked for CUDA reports it in get_providers()."""
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return False
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
-    except Exception:
-        return False
-    return "CUDAExecutionProvider" in session.get_providers()
+from runtime.bench import identity_graph
+from runtime.sessions import CUDA
 
 
-DEVICES = ["cpu"] + (["cuda"] if cuda_really_works() else [])
+def cuda_unavailable() -> str | None:
+    """None when a session asked for CUDA reports it in get_providers(), else the reason it does not.
+
+    onnxruntime-gpu lists CUDA in get_available_providers() even without a GPU; such a session falls back to the
+    CPU, which is the answer here. A session that raises instead is not caught: the probe graph itself is wrong
+    (onnxruntime-gpu 1.31, the newest GPU build, refuses the IR 14 that onnx 1.23's helpers write by default, and
+    a probe that swallowed that error kept every CUDA row of the suite from running on a real GPU)."""
+    if CUDA not in ort.get_available_providers():
+        return f"onnxruntime {ort.__version__} has no CUDA provider ({ort.get_available_providers()})"
+    session = ort.InferenceSession(identity_graph(), providers=[CUDA])
+    if CUDA not in session.get_providers():
+        return f"a CUDA session of onnxruntime {ort.__version__} fell back to {session.get_providers()}"
+    return None
+
+
+CUDA_UNAVAILABLE = cuda_unavailable()
+DEVICES = ["cpu"] + (["cuda"] if CUDA_UNAVAILABLE is None else [])
