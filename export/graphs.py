@@ -26,7 +26,7 @@ from runtime.contract import (
 )
 from runtime.declared import TokenContract
 from runtime.errors import one_line
-from runtime.optional_graphs import fast_graph_io, has_beam_step, token_beam_step_io
+from runtime.optional_graphs import fast_graph_io, folds, has_beam_step, token_beam_step_io
 from runtime.spec import ModelSpec
 
 from .adapted import Adapted, AdaptedEncoder, AdaptedStep, example_sources
@@ -133,9 +133,11 @@ def export_module(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path:
 
 def export_fast(model: Any, spec: ModelSpec, out_dir: Path, export_id: str, int8: bool = False) -> None:
     """Write a transformer's fast graphs (`export.tokens.fast`; int8: their weights quantized), with the same
-    metadata and checks."""
+    metadata and checks; the folded ones only where the model's sources fold (optional_graphs.folds)."""
     io = fast_graph_io(spec)
     for role, build in FAST_BUILDERS.items():
+        if role.startswith("fold_") and not folds(spec):
+            continue
         path = out_dir / FAST_FILES[role]
         onnx.save(build(model, spec, "", int8=int8), str(path))
         finish_graph(path, io[role], spec, export_id, FAST_FILES[role])

@@ -23,7 +23,7 @@ from .declared import TokenContract
 from .errors import InputError, IntegrityError, brief
 from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_manifest
-from .optional_graphs import fast_feedback, fast_graph_io
+from .optional_graphs import fast_feedback, fast_graph_io, fold_tokens
 from .points import Cancel, check_mask, check_outputs, check_source, check_target_len, greedy_decode, stoppable
 from .sessions import (
     CUDA,
@@ -35,11 +35,12 @@ from .sessions import (
     session_io,
 )
 from .spec import ModelSpec
-from .token_steps import Graphs, TokenSteps
+from .token_steps import Folded, Graphs, TokenSteps
 from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 
 FAST_NAMES = frozenset(FAST_FILES.values())
-SMALL_CALLS = frozenset(FAST_FILES[r] for r in ("greedy", "beam"))  # sessions without the CPU arena (sessions.ARENA)
+ONE_CALL_ROLES = ("greedy", "wide_greedy", "beam", "wide_beam", "fold_greedy", "fold_beam")  # off with fused=False
+SMALL_CALLS = frozenset(FAST_FILES[r] for r in ("greedy", "beam", "fold_greedy", "fold_beam"))  # sessions without the CPU arena (sessions.ARENA)
 
 
 class Seq2Seq:
@@ -106,7 +107,7 @@ class Seq2Seq:
         manifest = read_manifest(path)
         sessions = {}
         for name, entry in manifest.graphs.items():
-            greedy = name in (GREEDY_FILE, *(FAST_FILES[r] for r in ("greedy", "wide_greedy", "beam", "wide_beam")))
+            greedy = name in (GREEDY_FILE, *(FAST_FILES[r] for r in ONE_CALL_ROLES))
             if (greedy and not fused) or (name in FAST_NAMES and not fast):
                 continue
             data = read_graph(path, name, entry["sha256"])
@@ -212,8 +213,10 @@ def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id
 
     wide = (Graphs(run("wide_step", set(feedback)), greedy("wide_greedy"), beam("wide_beam"))
             if FAST_FILES["wide_step"] in sessions else None)
+    folded = (Folded(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec))
+              if {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]} <= set(sessions) else None)
     return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
-                      greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide)
+                      greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide, folded=folded)
 
 
 def _model_dir(path: Any) -> Path:

@@ -23,6 +23,24 @@ from .contract import (
 )
 from .spec import ModelSpec
 
+FOLD_UP_TO = 8192  # a call's sources fold where S for all of them, inputs x n_heads x source_len x d_model values a
+# layer, is at most this (32 KB): a step's two products do h times the arithmetic of MultiHeadAttention's and save
+# its per-(input, head) overhead, which pays for small models and batches only. fast greedy loop, batch 1, 20 steps,
+# folded / not (same weights): at h L E = 2048-8192, 0.91-0.96 (d_model 64 with 4 or 8 heads, 128 with 4, 256 with
+# 8); at 16384, 0.96-1.01; at 32768, 1.06-1.08; at 131072, 1.16. dates transformer at 29 source tokens: greedy at
+# batch 4, 1.03-1.04; beam 5 at batch 8, 1.04-1.07 (1.6 at 200 tokens). One session a side; with eight, at batch 1
+# the crossover also moves with the steps: plain / folded 0.95-0.96 at 29 source tokens + 11 steps, 1.04 at 13 + 20.
+
+
+def fold_tokens(spec: ModelSpec) -> int:
+    """The most source tokens a call may hold in all (inputs x source_len) and run the folded graphs."""
+    return FOLD_UP_TO // (spec.n_heads * spec.d_model)
+
+
+def folds(spec: ModelSpec) -> bool:
+    """Whether an export holds folded graphs: one input of the model's longest training source folds."""
+    return spec.is_transformer and spec.input_len <= fold_tokens(spec)
+
 
 def has_beam_step(spec: ModelSpec) -> bool:
     """Whether an export of `spec` may hold a beam step: recurrent token models with attention (a transformer's
@@ -82,4 +100,5 @@ def fast_graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
             "outputs": {"scores": [BATCH, HYPOTHESES], "log_probs": [BATCH, HYPOTHESES],
                         "tokens": [BATCH, HYPOTHESES, DECODE_LEN], "lengths": [BATCH, HYPOTHESES]}}
     return {"encoder": {"inputs": sources, "outputs": fast_state(spec, 0)}, "step": step, "greedy": greedy,
-            "beam": beam, "wide_step": step, "wide_greedy": greedy, "wide_beam": beam}
+            "beam": beam, "wide_step": step, "wide_greedy": greedy, "wide_beam": beam, "fold_greedy": greedy,
+            "fold_beam": beam}

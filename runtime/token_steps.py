@@ -52,7 +52,7 @@ class TokenSteps:
                  step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
                  fast: "TokenSteps | None" = None, beam: BeamGraph | None = None,
                  wide: "Graphs | None" = None, beam_step: Runner | None = None,
-                 contract: TokenContract | None = None) -> None:
+                 contract: TokenContract | None = None, folded: "Folded | None" = None) -> None:
         self.contract = contract_for(spec, contract)  # special ids, how sources are read, limits
         inputs = self.contract.step["inputs"] if step_inputs is None else step_inputs
         self.spec = spec
@@ -62,6 +62,7 @@ class TokenSteps:
         self.beam = beam  # the beam search graph (a transformer's fast graphs), or None
         self._beam_step = beam_step  # a recurrent model's beam step (constant context once per input), or None
         self.wide = wide  # a step, greedy loop and beam graph over the same state, for many rows
+        self.folded = folded  # the one-call graphs with the cross-attention folded, for calls of few source tokens
         self.always_wide = False  # a view (`only`) that runs the wide graphs whatever the rows
         self.feedback = self.contract.feedback if feedback is None else feedback
         self.state_names = [name for name in inputs if name != PREVIOUS]
@@ -103,17 +104,26 @@ class TokenSteps:
         """The step graph that decodes `rows` rows (batch x beam) fastest: the wide one from WIDE_ROWS up."""
         return self.wide.step if self._wide(rows, WIDE_ROWS) else self._step
 
-    def greedy_loop(self, inputs: int) -> GreedyLoop | None:
-        """The greedy loop graph that decodes `inputs` inputs fastest (the wide one from WIDE_GREEDY_INPUTS up), or
-        None without one."""
-        return self.wide.greedy if self._wide(inputs, WIDE_GREEDY_INPUTS) else self.greedy
+    def _folds(self, inputs: int, source_len: int) -> bool:
+        """Whether the folded graphs decode `inputs` sources of `source_len` (padded) tokens: at most up_to in all."""
+        return self.folded is not None and inputs * source_len <= self.folded.up_to
 
-    def beam_graph(self, inputs: int, beam_size: int) -> BeamGraph | None:
-        """The beam search graph that decodes `inputs` inputs fastest (the wide one from WIDE_BEAM_INPUTS up), or
-        None without one or for a beam wider than MAX_GRAPH_BEAM (the step loop's search is faster there)."""
+    def greedy_loop(self, inputs: int, source_len: int) -> GreedyLoop | None:
+        """The greedy loop graph that decodes `inputs` inputs of `source_len` tokens fastest (the wide one from
+        WIDE_GREEDY_INPUTS up, else the folded one where they fold), or None without one."""
+        if self._wide(inputs, WIDE_GREEDY_INPUTS):
+            return self.wide.greedy
+        return self.folded.greedy if self._folds(inputs, source_len) else self.greedy
+
+    def beam_graph(self, inputs: int, source_len: int, beam_size: int) -> BeamGraph | None:
+        """The beam search graph that decodes `inputs` inputs of `source_len` tokens fastest (the wide one from
+        WIDE_BEAM_INPUTS up, else the folded one where they fold), or None without one or for a beam wider than
+        MAX_GRAPH_BEAM (the step loop's search is faster there)."""
         if beam_size > MAX_GRAPH_BEAM:
             return None
-        return self.wide.beam if self._wide(inputs, WIDE_BEAM_INPUTS) else self.beam
+        if self._wide(inputs, WIDE_BEAM_INPUTS):
+            return self.wide.beam
+        return self.folded.beam if self._folds(inputs, source_len) else self.beam
 
     def only(self, wide: bool) -> "TokenSteps":
         """A view that always runs the wide graphs (wide) or never does (for parity tools)."""
@@ -125,11 +135,20 @@ class TokenSteps:
                       return_attention: bool, cancel: Cancel | None = None) -> list[Hypothesis]:
         """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call;
         `cancel` is watched while the loop runs."""
-        greedy = self.greedy_loop(len(source_ids))
+        greedy = self.greedy_loop(*source_ids.shape)
         sources = {"source_ids": source_ids, "source_lengths": source_lengths}
         reads_sources = set(sources) <= set(greedy.inputs)
         state = sources if reads_sources else self.encode(source_ids, source_lengths)
         return greedy.tokens(state, max_length, min_length, return_attention, cancel)
+
+
+class Folded(NamedTuple):
+    """The one-call graphs with the cross-attention folded (export.tokens.fold): picked in Python per call, for
+    calls of at most `up_to` source tokens in all (an If inside one graph cost ~2.6% of a greedy batch-1 call)."""
+
+    greedy: GreedyLoop
+    beam: BeamGraph
+    up_to: int
 
 
 class Graphs(NamedTuple):

@@ -169,7 +169,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
                   min_decoding_length=min_decoding_length,
                   max_decoding_length=max_decoding_length, return_attention=return_attention,
                   constant=steps.constant)
-    beam = steps.beam_graph(len(texts), beam_size)  # a transformer's beam search graph, or None
+    beam = steps.beam_graph(*ids.shape, beam_size)  # a transformer's beam search graph, or None
     if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
         run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
         found = run(ids, lengths, beam_size, num_hypotheses, length_penalty, max_decoding_length,

@@ -14,14 +14,15 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.tokens import fold
+import runtime.optional_graphs as optional_graphs
 from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
-from export.tokens.fold import FOLD_UP_TO, Folded, fold_cross
+from export.tokens.fold import Folded, fold_cross
 from export.tokens.kernels import FLOAT, INT32, MS, Net, cross_kv, tensor
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
+from runtime.optional_graphs import FOLD_UP_TO, fold_tokens, folds
 from runtime.search import beam_search, greedy_search
 from runtime.token_steps import MAX_GRAPH_BEAM, WIDE_BEAM_INPUTS, WIDE_ROWS
 from runtime.vocab import BOS, EOS
@@ -53,7 +54,11 @@ def _texts(n: int) -> list[str]:
 
 def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
     manifest = json.loads((fast_export.path / MANIFEST_FILE).read_text())
-    assert set(FAST_FILES.values()) <= set(manifest["graphs"])
+    spec = fast_export.model.spec
+    folded = {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]}
+    assert folds(spec) == (spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO)  # "pre" folds, the other not
+    assert set(manifest["graphs"]) & set(FAST_FILES.values()) == set(FAST_FILES.values()) - (set() if folds(spec)
+                                                                                             else folded)
     assert manifest["parity"]["passed"]
     text = json.dumps(manifest["parity"]["summary"])
     for prefix in ("fast.", "wide."):
@@ -67,22 +72,18 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
     assert len(fused.graph.node) * 3 < len(traced.graph.node)  # the point of it: a third of the nodes, or fewer
     wide = {n.op_type for n in onnx.load(str(fast_export.path / FAST_FILES["wide_step"])).graph.node}
     assert not wide & {"Attention", "MultiHeadAttention", "SkipLayerNormalization"}
-    for name in FAST_FILES.values():
+    for name in set(manifest["graphs"]) & set(FAST_FILES.values()):
         for value in onnx.load(str(fast_export.path / name)).graph.input:
             dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
             assert "batch" in dims or dims == [], (name, value.name, dims)  # scalars: lengths and options
-    spec = fast_export.model.spec
-    for role in ("greedy", "beam"):  # the one-call graphs fold the cross-attention for small models only
-        nodes = onnx.load(str(fast_export.path / FAST_FILES[role])).graph.node
-        switch = [n for n in nodes if n.op_type == "If"]
-        assert bool(switch) == (spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO), role
-        branches = {a.name: a.g for a in switch[0].attribute} if switch else {}
-        loops = [[n for n in branches[b].node if n.op_type == "Loop"] for b in ("then_branch", "else_branch")] \
-            if switch else [[n for n in nodes if n.op_type == "Loop"]]
-        assert [len(found) for found in loops] == [1] * len(loops), role  # one decode loop a body, run once
-        loops = [found[0] for found in loops]
-        bodies = [{n.op_type for n in loop.attribute[0].g.node} for loop in loops]  # folded first, then plain
-        assert ["MultiHeadAttention" in body for body in bodies] == ([False, True] if switch else [True]), role
+    for role in ("greedy", "beam"):  # the one-call graphs, folded (small models only) and plain: no If picks
+        names = [FAST_FILES[f"fold_{role}"]] * folds(spec) + [FAST_FILES[role]]  # (an If cost ~2.6% a call)
+        graphs = [onnx.load(str(fast_export.path / name)).graph.node for name in names]
+        assert all("If" not in {n.op_type for n in nodes} for nodes in graphs), role
+        loops = [[n for n in nodes if n.op_type == "Loop"] for nodes in graphs]
+        assert [len(found) for found in loops] == [1] * len(loops), role  # one decode loop a graph, run once
+        bodies = [{n.op_type for n in found[0].attribute[0].g.node} for found in loops]  # folded first, then plain
+        assert ["MultiHeadAttention" in body for body in bodies] == [False] * folds(spec) + [True], role
         assert all("Attention" in body for body in bodies)
         wide = onnx.load(str(fast_export.path / FAST_FILES["wide_" + role])).graph.node
         assert [n.op_type for n in wide].count("Loop") == 1 and "If" not in {n.op_type for n in wide}, role
@@ -95,45 +96,45 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
             assert all("LayerNormalization" in body and "SkipLayerNormalization" not in body for body in bodies)
             assert eos_first(spec.target_vocab_size).tolist() == [EOS] + [i for i in range(spec.target_vocab_size)
                                                                           if i != EOS]
-        if switch:  # every folded body reads S with FusedMatMul's transB (S^T and a plain MatMul: no faster)
+        if folds(spec):  # every folded body reads S with FusedMatMul's transB (S^T and a plain MatMul: no faster)
             assert "FusedMatMul" in bodies[0] and "Softmax" in bodies[0], (role, bodies[0])
     sessions = Seq2Seq.load(fast_export.path)._token_steps.fast  # the one-call graphs run without the CPU arena
-    arenas = {name: graphs.greedy._run.session.get_session_options().enable_cpu_mem_arena
-              for name, graphs in (("small", sessions), ("wide", sessions.wide))}
-    arenas.update(small_beam=sessions.beam._run.session.get_session_options().enable_cpu_mem_arena,
-                  wide_beam=sessions.wide.beam._run.session.get_session_options().enable_cpu_mem_arena)
-    assert arenas == {"small": False, "small_beam": False, "wide": True, "wide_beam": True}
+    graphs = {"small": sessions, "wide": sessions.wide, **({"fold": sessions.folded} if folds(spec) else {})}
+    arenas = {f"{name}_{kind}": getattr(found, kind)._run.session.get_session_options().enable_cpu_mem_arena
+              for name, found in graphs.items() for kind in ("greedy", "beam")}
+    assert arenas == {"small_greedy": False, "small_beam": False, "wide_greedy": True, "wide_beam": True,
+                      **({"fold_greedy": False, "fold_beam": False} if folds(spec) else {})}
+    assert (sessions.folded is not None) == folds(spec)
 
 
-def test_one_call_graphs_run_the_plain_body_for_calls_too_large_to_fold(tmp_path, monkeypatch):
-    """An If picks the body per call: folded while inputs x heads x source_len x d_model <= FOLD_UP_TO."""
-    monkeypatch.setattr(fold, "FOLD_UP_TO", 2 * 16 * 5)  # 2 heads x d_model 16: 5 source tokens in all fold
+def test_the_runtime_sends_calls_small_enough_to_fold_to_the_folded_graphs(tmp_path, monkeypatch):
+    """Folded graphs where inputs x heads x source_len x d_model <= FOLD_UP_TO, the plain ones past it: picked in
+    Python per call (an If inside one graph picked the same at ~2.6% of a greedy batch-1 call)."""
+    monkeypatch.setattr(optional_graphs, "FOLD_UP_TO", 2 * 16 * 5)  # 2 heads x d_model 16: 5 source tokens fold
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
     exported = export_token_model(spec, tmp_path / "model")
     manifest = json.loads((exported.path / MANIFEST_FILE).read_text())
     assert manifest["parity"]["passed"]
     assert {"b1 s1", "b1 s7"} <= {c["case"] for c in manifest["parity"]["cases"]}  # one case either side
-    for role in ("greedy", "beam"):
-        switch = next(n for n in onnx.load(str(exported.path / FAST_FILES[role])).graph.node if n.op_type == "If")
-        bodies = {a.name: {n.op_type for n in next(m for m in a.g.node if m.op_type == "Loop").attribute[0].g.node}
-                  for a in switch.attribute}
-        assert "MultiHeadAttention" not in bodies["then_branch"] and "MultiHeadAttention" in bodies["else_branch"]
-    for batch, length, kernel in ((1, 5, "Softmax"), (1, 6, "MultiHeadAttention"), (2, 3, "MultiHeadAttention")):
-        options = ort.SessionOptions()  # which body ran: onnxruntime's profile says
-        options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / f"profile_{batch}_{length}")
-        session = ort.InferenceSession(str(exported.path / FAST_FILES["greedy"]), options,
-                                       providers=["CPUExecutionProvider"])
-        ids = np.array([[5] * (length - 1) + [EOS]] * batch, np.int64)
-        session.run(None, {"source_ids": ids, "source_lengths": np.full(batch, length), "max_length": np.array(2),
-                           "min_length": np.array(0)})
-        ran = {e.get("args", {}).get("op_name") for e in json.loads(Path(session.end_profiling()).read_text())}
-        assert kernel in ran and ({"Softmax", "MultiHeadAttention"} - {kernel}).isdisjoint(ran), (length, ran)
     fast, traced = Seq2Seq.load(exported.path), Seq2Seq.load(exported.path, fast=False)
+    steps = fast.token_steps.fast
+    for inputs, length, folded in ((1, 5, True), (1, 6, False), (2, 3, False), (5, 1, True)):
+        assert (steps.greedy_loop(inputs, length) is steps.folded.greedy) == folded, (inputs, length)
+        assert (steps.beam_graph(inputs, length, 3) is steps.folded.beam) == folded, (inputs, length)
+        assert steps.greedy_loop(inputs, length) is (steps.folded.greedy if folded else steps.greedy)
+    calls = {"fold": 0, "plain": 0}
+    for name, graph in (("fold", steps.folded.greedy), ("plain", steps.greedy), ("fold", steps.folded.beam),
+                        ("plain", steps.beam)):
+        def counted(*args, run=graph._run, name=name):
+            calls[name] += 1
+            return run(*args)
+        monkeypatch.setattr(graph, "_run", counted)
     texts = ["a cat", "the cat ran on the mat", "a dog sat on the cat the mat", "the dog sat"]
     for options in (dict(), dict(beam_size=3, num_hypotheses=2)):
         for batch in ([texts[0]], [texts[2]], texts):  # short only (folded), long only, mixed (padded to long)
             got = [[h.ids for h in hyps] for hyps in fast.translate_batch(batch, **options)]
             assert got == [[h.ids for h in hyps] for hyps in traced.translate_batch(batch, **options)]
+    assert calls == {"fold": 2, "plain": 4}  # "a cat" (+ eos: 3 tokens) folds, greedy and beam; the rest do not
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -285,19 +286,31 @@ def test_fast_flag_is_checked_and_false_loads_no_fast_graph(fast_export):
     assert without_loop is not None and without_loop.greedy is None and without_loop.wide[1] is None
 
 
-def test_an_export_without_fast_graphs_still_loads_and_decodes(fast_export, tmp_path):
-    old = tmp_path / "old"
-    shutil.copytree(fast_export.path, old)
-    manifest = json.loads((old / MANIFEST_FILE).read_text())
-    for name in FAST_FILES.values():
-        del manifest["graphs"][name]
-        (old / name).unlink()
-    (old / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    runtime = Seq2Seq.load(old)
-    assert runtime.token_steps.fast is None
-    want = Seq2Seq.load(fast_export.path).translate_batch(_texts(2), beam_size=2, max_decoding_length=8)
-    assert [h[0].ids for h in runtime.translate_batch(_texts(2), beam_size=2, max_decoding_length=8)] == \
-        [h[0].ids for h in want]
+def _without(export: Path, names: list[str], to: Path) -> Path:
+    """A copy of `export` without the graph files `names` (in its manifest or not), as an older export was."""
+    shutil.copytree(export, to)
+    manifest = json.loads((to / MANIFEST_FILE).read_text())
+    for name in names:
+        manifest["graphs"].pop(name, None)
+        (to / name).unlink(missing_ok=True)
+    (to / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return to
+
+
+@pytest.mark.parametrize("without", ["fast", "fold"])
+def test_an_export_without_fast_or_folded_graphs_still_loads_and_decodes(fast_export, tmp_path, without):
+    """Exports made before the fast graphs, or before the folded graphs had files of their own (their fast_greedy
+    and fast_beam picked the body in an If)."""
+    names = [FAST_FILES[r] for r in ("fold_greedy", "fold_beam")] if without == "fold" else list(FAST_FILES.values())
+    runtime = Seq2Seq.load(_without(fast_export.path, names, tmp_path / "old"))
+    assert (runtime.token_steps.fast is None) == (without == "fast")
+    if without == "fold":
+        steps = runtime.token_steps.fast
+        assert steps.folded is None and steps.greedy_loop(1, 1) is steps.greedy and steps.beam_graph(1, 1, 2) is steps.beam
+    want = Seq2Seq.load(fast_export.path)
+    for options in (dict(beam_size=2), dict()):
+        assert [h[0].ids for h in runtime.translate_batch(_texts(2), max_decoding_length=8, **options)] == \
+            [h[0].ids for h in want.translate_batch(_texts(2), max_decoding_length=8, **options)]
 
 
 def test_an_altered_fast_graph_is_refused(fast_export, tmp_path):
@@ -325,14 +338,16 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
                        max_decoding_length=int(rng.integers(1, 14)))
         options["min_decoding_length"] = int(rng.integers(0, options["max_decoding_length"] + 1))
         ids, lengths = vocab.encode_batch(list(rng.choice(TEXTS, rows)), add_eos=True)
-        graph = fast.beam_graph(rows, k)
-        got = graph.hypotheses(ids, lengths, k, options["num_hypotheses"], options["length_penalty"],
-                               options["max_decoding_length"], options["min_decoding_length"])
         want = beam_search(fast.step, fast.encode(ids, lengths), fast.batch_axes, batch_size=rows, bos_id=BOS,
                            eos_id=EOS, constant=fast.constant, **options)
-        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want], options
-        np.testing.assert_allclose([(h.score, h.log_prob) for hyps in got for h in hyps],
-                                   [(h.score, h.log_prob) for hyps in want for h in hyps], rtol=BEAM_RTOL, atol=0)
+        routed = fast.beam_graph(*ids.shape, k)  # the folded graph where the model folds; the plain one as well
+        for graph in dict.fromkeys([routed] + ([] if wide else [fast.beam])):
+            got = graph.hypotheses(ids, lengths, k, options["num_hypotheses"], options["length_penalty"],
+                                   options["max_decoding_length"], options["min_decoding_length"])
+            assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want], options
+            np.testing.assert_allclose([(h.score, h.log_prob) for hyps in got for h in hyps],
+                                       [(h.score, h.log_prob) for hyps in want for h in hyps], rtol=BEAM_RTOL,
+                                       atol=0)
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -392,12 +407,14 @@ def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wid
     """The fast beam graph's attention reads an input's beams as one block, so the switch to the wide one goes by
     inputs (WIDE_BEAM_INPUTS), not by rows as the step and greedy graphs' does; both find the same ids."""
     fast = Seq2Seq.load(fast_export.path).token_steps.fast
-    assert fast.beam_graph(WIDE_BEAM_INPUTS - 1, 5) is fast.beam
-    assert fast.beam_graph(WIDE_BEAM_INPUTS, 5) is fast.wide.beam
-    assert fast.only(wide=True).beam_graph(1, 5) is fast.wide.beam
-    assert fast.only(wide=False).beam_graph(WIDE_BEAM_INPUTS, 5) is fast.beam
+    long = fold_tokens(fast.spec) + 1  # sources too long to fold: the plain fast graph, not the folded one
+    assert fast.beam_graph(WIDE_BEAM_INPUTS - 1, long, 5) is fast.beam
+    assert fast.beam_graph(WIDE_BEAM_INPUTS, long, 5) is fast.wide.beam
+    assert fast.only(wide=True).beam_graph(1, long, 5) is fast.wide.beam
+    assert fast.only(wide=False).beam_graph(WIDE_BEAM_INPUTS, long, 5) is fast.beam
     # wider beams than MAX_GRAPH_BEAM run the step loop's search (its attention does not grow with the beam)
-    assert fast.beam_graph(1, MAX_GRAPH_BEAM) is fast.beam and fast.beam_graph(1, MAX_GRAPH_BEAM + 1) is None
+    assert fast.beam_graph(1, long, MAX_GRAPH_BEAM) is fast.beam
+    assert fast.beam_graph(1, long, MAX_GRAPH_BEAM + 1) is None and fast.beam_graph(1, 1, MAX_GRAPH_BEAM + 1) is None
     assert (WIDE_BEAM_INPUTS - 1) * 5 >= WIDE_ROWS  # rows alone would have picked the wide graph
     vocab = Seq2Seq.load(fast_export.path).vocabularies["source"]
     ids, lengths = vocab.encode_batch(_texts(WIDE_BEAM_INPUTS - 1), add_eos=True)

@@ -34,7 +34,7 @@ from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
 from .attention import AncestryFused, BlockBatched, mask_bias, own_slots
-from .fold import AncestryFolded, fold_cross, fold_loop
+from .fold import AncestryFolded, fold_cross
 from .kernels import (
     BOOL,
     FLOAT,
@@ -271,8 +271,9 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
 
 
 def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
-               int8: bool = False) -> onnx.ModelProto:
-    """The beam search graph, declared as `optional_graphs.fast_graph_io(spec)["beam"]`."""
+               int8: bool = False, fold: bool = False) -> onnx.ModelProto:
+    """The beam search graph, declared as `optional_graphs.fast_graph_io(spec)["beam"]`; fold: with the
+    cross-attention folded (export.tokens.fold), for small calls."""
     from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]
@@ -280,14 +281,13 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     outer = Outer(net, model, spec, wide)
     first = _first(net, outer, spec)
 
-    def folded(where: Net) -> onnx.GraphProto:  # the cross-attention folded, for small calls (fold.fold_loop)
-        view = copy.copy(outer)
-        view.attend = AncestryFolded(outer.lengths32, STEP_MASK)
-        view.cross = fold_cross(where, model, spec, outer.cross, outer.lengths32)
-        return _body(model, spec, view, int8)
-    best = fold_loop(net, spec, ["max_length", _c(net, "true", True, bool), *first], len(first), [4, 5, 6, 7],
-                     FINISH_TYPES[:4], lambda: _body(model, spec, outer, int8), None if wide else folded)
-    for name, value in zip(("scores", "log_probs", "tokens", "lengths"), best):
+    if fold:
+        outer = copy.copy(outer)
+        outer.attend = AncestryFolded(outer.lengths32, STEP_MASK)
+        outer.cross = fold_cross(net, model, spec, outer.cross, outer.lengths32)
+    outs = net.op("Loop", ["max_length", _c(net, "true", True, bool), *first], len(first),
+                  body=_body(model, spec, outer, int8))
+    for name, value in zip(("scores", "log_probs", "tokens", "lengths"), outs[4:8]):
         net.op("Identity", [value], [name])
     types = {**TYPES, "length_penalty": DOUBLE, "scores": DOUBLE, "log_probs": DOUBLE}
     return _model(graph(net, "fast_beam", _inputs(io["inputs"], types), _inputs(io["outputs"], types), doc))

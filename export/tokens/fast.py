@@ -12,8 +12,8 @@ still live, and the caches; it picks the argmax with TopK (ties: the lowest id, 
 min_length and stops once every row emitted eos. Inside the loop the log-prob columns are in `eos_first` order, so
 a row is live while its every index was above 0 (one Min a step). After the loop, the indices become ids, and
 tokens after a row's eos are 0 and their log-probs 0. The wide greedy loop reads G inputs as one block
-(attention.BlockBatched): no other graph reads its cache. The greedy and beam graphs run a folded cross-attention
-body for small calls, the plain one otherwise (fold.fold_loop).
+(attention.BlockBatched): no other graph reads its cache. fold_greedy.onnx and fold_beam.onnx are the greedy and
+beam graphs with a folded cross-attention body, for small calls (export.tokens.fold); the runtime picks them.
 
 These graphs carry no attention weights: asking for attention decodes with the traced graphs instead.
 """
@@ -33,7 +33,7 @@ from training.tokens.transformer import TransformerSeq2Seq
 
 from .attention import Batched, BlockBatched, Fused, mask_bias, own_slots
 from .beam import beam_model
-from .fold import Folded, fold_cross, fold_loop
+from .fold import Folded, fold_cross
 from .kernels import (
     BOOL,
     FLOAT,
@@ -180,8 +180,8 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
 
 
 def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
-                 int8: bool = False) -> onnx.ModelProto:
-    """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`)."""
+                 int8: bool = False, fold: bool = False) -> onnx.ModelProto:
+    """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`); fold: with the cross-attention folded."""
     io = fast_graph_io(spec)["greedy"]
     net = Net(skip_norm=False, int8=int8)  # the encoder reads batch x source_len rows
     if wide:
@@ -198,12 +198,9 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         inputs = ["max_length", net.weight("true", np.array(True)), first, live,
                   *attend.empty_cache(net, spec, batch) * spec.layers]
         penalties, count = _penalties(net, spec), 2 + spec.layers + 2
-
-        def folded(where: Net) -> onnx.GraphProto:
-            return _body(model, spec, fold_cross(where, model, spec, cross, "memory_lengths"),
-                         penalties, Folded("memory_lengths"), int8)
-        scans = fold_loop(net, spec, inputs, count, [count - 2, count - 1], [INT64, FLOAT],
-                          lambda: _body(model, spec, cross, penalties, attend, int8), folded)
+        if fold:
+            cross, attend = fold_cross(net, model, spec, cross, "memory_lengths"), Folded("memory_lengths")
+        scans = net.op("Loop", inputs, count, body=_body(model, spec, cross, penalties, attend, int8))[-2:]
         tokens, log_probs = (_time_last(net, scan) for scan in scans)
     tokens = net.one("Gather", [net.weight("ids", eos_first(spec.target_vocab_size)), tokens])  # indices -> ids
     # after a row's first eos: 0 (<pad>) and log-prob 0, as the traced loop graph gives
@@ -282,4 +279,5 @@ def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -
 
 FAST_BUILDERS = {"encoder": encoder_model, "step": step_model, "greedy": greedy_model,  # by FAST_FILES role
                  "beam": beam_model, "wide_step": partial(step_model, wide=True),
-                 "wide_greedy": partial(greedy_model, wide=True), "wide_beam": partial(beam_model, wide=True)}
+                 "wide_greedy": partial(greedy_model, wide=True), "wide_beam": partial(beam_model, wide=True),
+                 "fold_greedy": partial(greedy_model, fold=True), "fold_beam": partial(beam_model, fold=True)}

@@ -1,20 +1,18 @@
 """The one-call graphs' folded cross-attention, for small calls: each head's keys times its query projection and its
 values times its rows of the output projection, made once per call (`fold_cross`), so a step runs two products, an
 Add and a Softmax where `attention.Fused` runs the query projection, MultiHeadAttention and the output projection
-(Folded; AncestryFolded for the beam graph's blocks). `fold_loop` writes the decode Loop with the folded body or the
-plain one, picked per call by the sources' size."""
+(Folded; AncestryFolded for the beam graph's blocks). The export writes them as graphs of their own
+(fold_greedy.onnx, fold_beam.onnx) beside the plain ones, and the runtime picks per call by the sources' size
+(optional_graphs.fold_tokens): an If inside one graph made the same choice at ~2.6% of a greedy batch-1 call."""
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
-import onnx
 
 from runtime.spec import ModelSpec
 from training.tokens.transformer import MultiHeadAttention, TransformerSeq2Seq
 
 from .attention import AncestryFused, Fused, mask_bias
-from .kernels import MS, Net, graph, tensor
+from .kernels import MS, Net
 
 
 class Folded(Fused):
@@ -43,44 +41,6 @@ class Folded(Fused):
 
 class AncestryFolded(Folded, AncestryFused):
     """AncestryFused's self-attention (the beam graph's blocks), Folded's cross-attention."""
-
-
-FOLD_UP_TO = 8192  # a call's sources fold where S for all of them, inputs x n_heads x source_len x d_model values a
-# layer, is at most this (32 KB): a step's two products do h times the arithmetic of MultiHeadAttention's and save
-# its per-(input, head) overhead, which pays for small models and batches only. fast greedy loop, batch 1, 20 steps,
-# folded / not (same weights): at h L E = 2048-8192, 0.91-0.96 (d_model 64 with 4 or 8 heads, 128 with 4, 256 with
-# 8); at 16384, 0.96-1.01; at 32768, 1.06-1.08; at 131072, 1.16. dates transformer at 29 source tokens: greedy at
-# batch 4, 1.03-1.04; beam 5 at batch 8, 1.04-1.07 (1.6 at 200 tokens). One session a side; with eight, at batch 1
-# the crossover also moves with the steps: plain / folded 0.95-0.96 at 29 source tokens + 11 steps, 1.04 at 13 + 20.
-
-
-def fold_tokens(spec: ModelSpec) -> int:
-    """The most source tokens a call may hold in all (inputs x source_len) and run the folded body."""
-    return FOLD_UP_TO // (spec.n_heads * spec.d_model)
-
-
-def folds(spec: ModelSpec) -> bool:
-    """Whether the one-call graphs hold a folded body: one input of the model's longest training source folds."""
-    return spec.input_len <= fold_tokens(spec)
-
-
-def fold_loop(net: Net, spec: ModelSpec, loop_inputs: list[str], count: int, keep: list[int], types: list[int],
-              plain: Callable[[], onnx.GraphProto], folded: Callable[[Net], onnx.GraphProto] | None) -> list[str]:
-    """The decode Loop (`loop_inputs`, `count` outputs, `keep` of them returned, of `types`): with the plain body
-    (`plain()`) where the model does not fold (or `folded` is None), else in an If on this call's sources (B, L):
-    with the folded body (`folded(branch)` writes the fold's nodes into the branch and returns that body) where
-    B x n_heads x L x d_model <= FOLD_UP_TO, the plain one for larger batches and longer sources."""
-    if folded is None or not folds(spec):
-        outs = net.op("Loop", loop_inputs, count, body=plain())
-        return [outs[i] for i in keep]
-    size = net.one("ReduceProd", [net.one("Shape", ["source_ids"])], keepdims=0)  # B x L
-    small = net.one("LessOrEqual", [size, net.weight("up_to", np.array(fold_tokens(spec), np.int64))])
-    branches = []
-    for prefix in ("fold/", "plain/"):
-        branch = Net(prefix)
-        outs = branch.op("Loop", loop_inputs, count, body=folded(branch) if prefix == "fold/" else plain())
-        branches.append(graph(branch, prefix[:-1], [], [tensor(outs[i], t, None) for i, t in zip(keep, types)], ""))
-    return net.op("If", [small], len(keep), then_branch=branches[0], else_branch=branches[1])
 
 
 def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], lengths32: str) -> list[str]:

@@ -135,6 +135,9 @@ WIDE = (" Attention in batched MatMuls instead of the fused kernels: faster for 
         "(runtime.token_steps.WIDE_ROWS).")
 FAST_DOCS.update({FAST_FILES[f"wide_{role}"]: FAST_DOCS[FAST_FILES[role]] + WIDE
                   for role in ("step", "greedy", "beam")})
+FOLD = (" The cross-attention folded into per-input matrices made once per call: faster for calls of few source "
+        "tokens (runtime.optional_graphs.fold_tokens in all), which the runtime sends here.")
+FAST_DOCS.update({FAST_FILES[f"fold_{role}"]: FAST_DOCS[FAST_FILES[role]] + FOLD for role in ("greedy", "beam")})
 GREEDY_DOCS = {
     GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder; the "
     "first token is bos, each next one the argmax (ties: lowest id). The encoder's state, max_length (int64 scalar, "

@@ -22,6 +22,7 @@ from export.errors import VerifyError
 from export.parity import Row, Say, Tolerance, diffs
 from runtime.errors import UsageError
 from runtime.model import Seq2Seq
+from runtime.optional_graphs import fold_tokens, folds
 from runtime.search import Hypothesis, beam_search, greedy_search
 from runtime.spec import ModelSpec
 from runtime.tokens import (
@@ -36,7 +37,6 @@ from training.points.data import is_point_data
 from training.tokens.base import TokenModel
 from training.tokens.data import load_text_dataset, reload_text_dataset
 
-from .fold import fold_tokens, folds
 from .sides import OwnModel, TorchSide, side_of, token_batch  # noqa: F401  (token_batch: export.quality's too)
 
 TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
@@ -189,7 +189,7 @@ def _decode_rows(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray,
             own = side.reference(torch.from_numpy(ids), torch.from_numpy(lengths), max_len)
             rows.append(_ids_row(case, ids, max_len, "reference.ids", got,
                                  [Hypothesis([int(i) for i in row], 0.0, 0.0) for row in own]))
-        graph = steps.beam_graph(len(ids), PARITY_BEAM)
+        graph = steps.beam_graph(*ids.shape, PARITY_BEAM)
         if name == "beam.ids" and graph is not None:  # the beam search graph: its ids, and its scores against
             found = graph.hypotheses(ids, lengths, PARITY_BEAM, PARITY_BEAM, 1.0, max_len, 0)  # the numpy search's
             rows.append(_ids_row(case, ids, max_len, "beam_graph.ids", found, want))
