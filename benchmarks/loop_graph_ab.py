@@ -5,8 +5,10 @@ graphs are written (interleaved calls in one process, medians), after checking t
     seq2onnx export CKPT --out /tmp/b
     python benchmarks/loop_graph_ab.py /tmp/a /tmp/b --graph fast_beam --batch 1 --beam 5 [--steps 20]
 
---graph: fast_greedy, wide_greedy, fast_beam, wide_beam (a transformer's one-call graphs, encoder inside) or
-greedy_loop (every export's traced loop: each export's own encoder runs first, untimed). Token sources are random
+--graph: fast_greedy, wide_greedy, fold_greedy, fast_beam, wide_beam, fold_beam (a transformer's one-call graphs,
+encoder inside) or greedy_loop (every export's traced loop: each export's own encoder runs first, untimed).
+--after-graph: AFTER's graph where a change moved the work to another file of the same family (the folded body
+left fast_greedy's If for fold_greedy.onnx: --graph fast_greedy --after-graph fold_greedy). Token sources are random
 ids of --source-len tokens (some rows shorter), and decoding runs exactly --steps tokens (min = max length; --free:
 min length 0, rows end at their eos); point sources are random (batch, --source-len, F) and decode --steps points.
 Prints each side's time (the mean of its sessions' medians: --sessions a side, made after one untimed session in
@@ -37,7 +39,13 @@ from runtime.vocab import EOS  # noqa: E402
 
 ABBA = (0, 1, 1, 0, 1, 0, 0, 1)  # the order sessions are made in: before, after, after, before, then the mirror
 GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"],
-          "fast_beam": FAST_FILES["beam"], "wide_beam": FAST_FILES["wide_beam"], "greedy_loop": GREEDY_FILE}
+          "fold_greedy": FAST_FILES["fold_greedy"], "fast_beam": FAST_FILES["beam"], "wide_beam": FAST_FILES["wide_beam"],
+          "fold_beam": FAST_FILES["fold_beam"], "greedy_loop": GREEDY_FILE}
+
+
+def family(graph: str) -> str:
+    """Graphs of one family take the same inputs: the one-call greedy graphs, the beam graphs, the traced loop."""
+    return "greedy_loop" if graph == "greedy_loop" else graph.split("_")[1]
 
 
 def session(model_dir: Path, graphs: dict, name: str) -> ort.InferenceSession:
@@ -77,6 +85,8 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
 @click.argument("before", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("after", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--graph", type=click.Choice(sorted(GRAPHS)), required=True)
+@click.option("--after-graph", type=click.Choice(sorted(GRAPHS)),
+              help="AFTER's graph, of --graph's family (default: --graph).")
 @click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Inputs per call.")
 @click.option("--beam", type=click.IntRange(1, MAX_GRAPH_BEAM), default=5, show_default=True,
               help="Beam size (beam graphs; the runtime runs wider beams without them).")
@@ -91,8 +101,12 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
 @click.option("--sessions", type=click.IntRange(1), default=8, show_default=True,
               help="Sessions a side (1: one a side, as before; odd counts above 1 round up to even): a side's time "
                    "is the mean of its sessions' medians.")
-def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: int, source_len: int, free: bool,
-         rounds: int, calls: int, sessions: int) -> None:
+def main(before: Path, after: Path, graph: str, after_graph: str | None, batch: int, beam: int, steps: int,
+         source_len: int, free: bool, rounds: int, calls: int, sessions: int) -> None:
+    after_graph = after_graph or graph
+    if family(after_graph) != family(graph):
+        raise click.UsageError(f"--after-graph {after_graph} does not take --graph {graph}'s inputs; pick one of "
+                               f"{', '.join(g for g in sorted(GRAPHS) if family(g) == family(graph))}")
     try:
         manifests = [read_manifest(d) for d in (before, after)]
     except Seq2OnnxError as exc:  # not an export, or an altered one: its one line, not a traceback
@@ -107,8 +121,8 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
     if limit is not None and max(source_len, steps) > limit:
         raise click.UsageError(f"--source-len {source_len} and --steps {steps} must be at most this transformer's "
                                f"max_positions {limit}")
-    name = GRAPHS[graph]
-    for d, m in zip((before, after), manifests):
+    names = (GRAPHS[graph], GRAPHS[after_graph])
+    for d, m, name in zip((before, after), manifests, names):
         if name not in m.graphs:
             raise click.UsageError(f"{d} has no {name}")
     src = sources(specs[0], batch, source_len, seed=0)
@@ -121,8 +135,8 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
         # depending on which was "after": under ~2%, time both ways.
         per_side = 1 if sessions == 1 else sessions + sessions % 2
         created = (ABBA * per_side)[:2 * per_side]
-        session(before, manifests[0].graphs, name)  # a process's first session ran slowest: made, not timed
-        made = [session((before, after)[i], manifests[i].graphs, name) for i in created]
+        session(before, manifests[0].graphs, names[0])  # a process's first session ran slowest: made, not timed
+        made = [session((before, after)[i], manifests[i].graphs, names[i]) for i in created]
         loops = [made[created.index(i)] for i in sides]
         encoders = [session(d, m.graphs, ENCODER_FILE) if graph == "greedy_loop" else None
                     for d, m in zip((before, after), manifests)]
@@ -141,7 +155,7 @@ def main(before: Path, after: Path, graph: str, batch: int, beam: int, steps: in
     per_session = -(-calls // per_side)  # each session's share of a side's calls, rounded up
     for j, made_session in enumerate(made):  # every session's first, slower call (1.3-2x), untimed
         made_session.run(None, feeds[created[j]])
-    click.echo(f"{graph} ({name}), batch {batch}, {steps} steps{' (free)' if free else ''}"
+    click.echo(f"{graph} ({names[0]}{f' against {names[1]}' if names[1] != names[0] else ''}), batch {batch}, {steps} steps{' (free)' if free else ''}"
                f"{f', beam {beam}' if 'beam' in graph else ''}; same ids, max float diff {diff:.2e}; "
                f"{per_session * per_side} interleaved calls per side per round, {per_session} each in {per_side} "
                f"session{'s' if per_side > 1 else ''} a side"

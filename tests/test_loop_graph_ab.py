@@ -28,6 +28,19 @@ def test_two_exports_of_one_model_are_timed_side_by_side(transformer_export, tmp
     assert "same ids" in done.stdout and "after / before" in done.stdout
 
 
+def test_after_can_time_another_graph_of_the_same_family(transformer_export):
+    """The folded body moved from fast_greedy's If to fold_greedy.onnx: --after-graph times one against the other;
+    graphs that take other inputs are refused."""
+    path = str(transformer_export.path)
+    for graph, other, extra in (("fast_greedy", "fold_greedy", []), ("fast_beam", "fold_beam", ["--beam", "2"])):
+        done = run(path, path, "--graph", graph, "--after-graph", other, "--steps", "4", "--source-len", "3", *extra)
+        assert done.returncode == 0, done.stderr
+        assert f"{graph} ({graph}.onnx against {other}.onnx)" in done.stdout and "same ids" in done.stdout
+    done = run(path, path, "--graph", "fast_greedy", "--after-graph", "fold_beam")
+    assert done.returncode == 2 and "--after-graph fold_beam does not take --graph fast_greedy's inputs" in done.stderr
+    assert "pick one of fast_greedy, fold_greedy, wide_greedy" in done.stderr
+
+
 def test_a_point_model_runs_its_own_encoder_first(exports, tmp_path):
     path = exports["dot"].path
     done = run(str(path), str(path), "--graph", "greedy_loop", "--steps", "5", "--source-len", "4")
