@@ -56,7 +56,10 @@ ALLOW_SPINNING = "session.intra_op.allow_spinning"
 # 0.988x; fast_beam beam 5 batch 1 0.967-0.978x, batch 4 1.002x, batch 15 0.988x; wide_greedy batch 64 1.007x,
 # wide_beam batch 64 1.058x; the GRU's greedy loop 0.91-0.93x at batch 1 but 1.06-1.08x at 64 (it serves both,
 # so it keeps the arena). Those are one session a side; with six a side made alternately (two sessions of one graph
-# can run ~10% apart): fast_greedy batch 1 0.965-0.976x, fast_beam batch 1 0.970-0.971x.
+# can run ~10% apart): fast_greedy batch 1 0.965-0.976x, fast_beam batch 1 0.970-0.971x. A session with the CUDA
+# provider always keeps it: onnxruntime-gpu 1.31 without the CPU arena ran fold_greedy/fold_beam on an H200 with a
+# garbage Range limit (its source-length mask, e.g. (1, 1, 813186446, 1): 0 of 10 calls right, at any optimization
+# level), and with it 10 of 10; the plain graphs ran right either way.
 ARENA = True
 
 
@@ -232,8 +235,8 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
     """Create a session; a 'cuda' request that silently fell back to CPU is an error. device_id picks the GPU;
     arena: onnxruntime's CPU arena (see ARENA)."""
     device_id = check_device_id(device_id)
-    options = session_options(threads, arena=arena)
     providers = requested_providers(provider)
+    options = session_options(threads, arena=arena or CUDA in providers)  # CUDA keeps it: see ARENA
     provider_options = [cuda_options(device_id) if p == CUDA else {} for p in providers]
     try:
         session = ort.InferenceSession(data, sess_options=options, providers=providers,

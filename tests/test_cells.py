@@ -120,6 +120,7 @@ class FakeSession:
     def __init__(self, data: bytes, sess_options: ort.SessionOptions, providers: list[str],
                  provider_options: list[dict]) -> None:
         self.providers, self.provider_options = providers, provider_options
+        self.arena = sess_options.enable_cpu_mem_arena
 
     def get_providers(self) -> list[str]:
         return self.providers
@@ -151,6 +152,8 @@ def test_cuda_gets_the_device_id(monkeypatch: pytest.MonkeyPatch) -> None:
     assert session.provider_options == [{"device_id": "3", "use_tf32": "0"}, {}]
     # device 0 is onnxruntime's default; naming it made onnxruntime-gpu 1.31 warn at every session on an H200
     assert open_session(b"", "cuda", 1, "identity").provider_options == [{"use_tf32": "0"}, {}]
+    # the arena stays on with CUDA: without it onnxruntime-gpu 1.31 ran the folded graphs wrong on an H200
+    assert open_session(b"", "cuda", 1, "identity", arena=False).arena is True
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason=f"needs a working CUDA provider: {CUDA_UNAVAILABLE}")
