@@ -5,11 +5,12 @@
 
 Every model directory is loaded as several sides: on --device with IO binding, without it, with the step loop in
 place of the one-call graphs, with the plain graphs in place of a transformer's fast ones, and on the CPU with one
-thread and with every usable thread. For each (batch, beam) case all sides of all models decode the same random
-texts (--source-tokens of the first model's source tokens), exactly --tokens tokens each, taking turns call
-by call and reversing their order every round; each side reports its median, its ratio to the first side, and
-how often its best hypothesis equals that of its own model's first side. --device cpu runs the same sides on the CPU, which checks
-the script where there is no GPU. The H200 figures in the README's "IO binding and devices" came from this.
+thread and with the runtime's default (at most 4). For each (batch, beam) case all sides of all models decode the
+same random texts (--source-tokens of the first model's source tokens), exactly --tokens tokens each, taking turns
+call by call and reversing their order every round; each side reports its median, its ratio to the first side, and
+how often its best hypothesis equals that of its own model's first side. --device cpu runs the same sides on the
+CPU, which checks the script where there is no GPU. The H200 figures in the README's "IO binding and devices" came
+from this.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def sides(model_dir: Path, device: str, label: str) -> dict[str, dict[str, Any]]
            "step loop": dict(provider=device, io_binding=True, fused=False)}
     if any(model_dir.glob("fast_*.onnx")):
         out["plain graphs"] = dict(provider=device, io_binding=True, fast=False)
-    out.update({"cpu 1 thread": dict(provider="cpu", threads=1), "cpu all threads": dict(provider="cpu")})
+    out.update({"cpu 1 thread": dict(provider="cpu", threads=1), "cpu default threads": dict(provider="cpu")})
     return {f"{label} {name}" if name.startswith("cpu ") else f"{label} {device} {name}": options
             for name, options in out.items()}
 
@@ -111,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 source = texts(vocabulary, batch, args.source_tokens, seed=batch * 1000 + beam)
                 report[case] = time_case(models, reference, source, options, args.rounds, args.warmup)
                 for name, row in report[case].items():
-                    print(f"{case:>12} | {name:<40} {row['median_ms']:9.3f} ms  x{row['ratio']:<6} agree {row['agree']:.2f}",
-                          flush=True)
+                    print(f"{case:>12} | {name:<40} {row['median_ms']:9.3f} ms  x{row['ratio']:<6} "
+                          f"agree {row['agree']:.2f}", flush=True)
     except Seq2OnnxError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

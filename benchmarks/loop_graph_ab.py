@@ -39,8 +39,8 @@ from runtime.vocab import EOS  # noqa: E402
 
 ABBA = (0, 1, 1, 0, 1, 0, 0, 1)  # the order sessions are made in: before, after, after, before, then the mirror
 GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"],
-          "fold_greedy": FAST_FILES["fold_greedy"], "fast_beam": FAST_FILES["beam"], "wide_beam": FAST_FILES["wide_beam"],
-          "fold_beam": FAST_FILES["fold_beam"], "greedy_loop": GREEDY_FILE}
+          "fold_greedy": FAST_FILES["fold_greedy"], "fast_beam": FAST_FILES["beam"],
+          "wide_beam": FAST_FILES["wide_beam"], "fold_beam": FAST_FILES["fold_beam"], "greedy_loop": GREEDY_FILE}
 
 
 def family(graph: str) -> str:
@@ -155,7 +155,8 @@ def main(before: Path, after: Path, graph: str, after_graph: str | None, batch: 
     per_session = -(-calls // per_side)  # each session's share of a side's calls, rounded up
     for j, made_session in enumerate(made):  # every session's first, slower call (1.3-2x), untimed
         made_session.run(None, feeds[created[j]])
-    click.echo(f"{graph} ({names[0]}{f' against {names[1]}' if names[1] != names[0] else ''}), batch {batch}, {steps} steps{' (free)' if free else ''}"
+    against = f" against {names[1]}" if names[1] != names[0] else ""
+    click.echo(f"{graph} ({names[0]}{against}), batch {batch}, {steps} steps{' (free)' if free else ''}"
                f"{f', beam {beam}' if 'beam' in graph else ''}; same ids, max float diff {diff:.2e}; "
                f"{per_session * per_side} interleaved calls per side per round, {per_session} each in {per_side} "
                f"session{'s' if per_side > 1 else ''} a side"

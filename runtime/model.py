@@ -40,7 +40,8 @@ from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 
 FAST_NAMES = frozenset(FAST_FILES.values())
 ONE_CALL_ROLES = ("greedy", "wide_greedy", "beam", "wide_beam", "fold_greedy", "fold_beam")  # off with fused=False
-SMALL_CALLS = frozenset(FAST_FILES[r] for r in ("greedy", "beam", "fold_greedy", "fold_beam"))  # sessions without the CPU arena (sessions.ARENA)
+# sessions without the CPU arena on the CPU (sessions.ARENA)
+SMALL_CALLS = frozenset(FAST_FILES[r] for r in ("greedy", "beam", "fold_greedy", "fold_beam"))
 
 
 class Seq2Seq:

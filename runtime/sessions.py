@@ -224,9 +224,10 @@ def session_options(threads: int | None, spinning: bool = SPINNING, arena: bool 
 
 def cuda_options(device_id: int) -> dict[str, str]:
     """The CUDA provider's options. TF32 off: onnxruntime's CUDA matmuls round their inputs to TF32 by default
-    on Ampere and later, which an H200 showed as ~1e-4 relative differences from the CPU and PyTorch (see the
-    README's GPU section); full float32 keeps the parity the export checked. device_id only when not 0:
-    onnxruntime-gpu 1.31 warns "No registered plugin EP device found" for every session given one."""
+    on Ampere and later, which on an H200 put the squares model 4.0e-2 off the CPU (1.4e-5 without) and beam
+    scores 9.6e-4 relative (7.7e-7 without; the README's GPU section); full float32 keeps the parity the export
+    checked. device_id only when not 0: onnxruntime-gpu 1.31 warns "No registered plugin EP device found" for every
+    session given one."""
     return {"use_tf32": "0", **({"device_id": str(device_id)} if device_id else {})}
 
 

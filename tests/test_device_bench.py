@@ -28,7 +28,7 @@ def test_every_side_of_every_model_is_timed_and_agrees(transformer_export, tmp_p
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and list(report["cases"]) == ["greedy b1", "beam 2 b1", "greedy b3", "beam 2 b3"]
     common = ["cpu bound", "cpu unbound", "cpu step loop"]
-    rest = ["cpu 1 thread", "cpu all threads"]
+    rest = ["cpu 1 thread", "cpu default threads"]
     want = ([f"model {s}" for s in common + ["cpu plain graphs"] + rest]  # only the transformer has fast graphs
             + [f"dates#{i} {s}" for i in (1, 2) for s in common + rest])
     for case, rows in report["cases"].items():

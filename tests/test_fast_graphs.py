@@ -306,7 +306,8 @@ def test_an_export_without_fast_or_folded_graphs_still_loads_and_decodes(fast_ex
     assert (runtime.token_steps.fast is None) == (without == "fast")
     if without == "fold":
         steps = runtime.token_steps.fast
-        assert steps.folded is None and steps.greedy_loop(1, 1) is steps.greedy and steps.beam_graph(1, 1, 2) is steps.beam
+        assert steps.folded is None
+        assert steps.greedy_loop(1, 1) is steps.greedy and steps.beam_graph(1, 1, 2) is steps.beam
     want = Seq2Seq.load(fast_export.path)
     for options in (dict(beam_size=2), dict()):
         assert [h[0].ids for h in runtime.translate_batch(_texts(2), max_decoding_length=8, **options)] == \
