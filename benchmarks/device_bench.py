@@ -24,8 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import Seq2OnnxError
+from runtime.errors import InputError, ProviderError, Seq2OnnxError
+from runtime.manifest import read_manifest
 from runtime.model import Seq2Seq
+from runtime.search.beam import MAX_BEAM
+from runtime.tokens import check_decoding_length, encode_sources
 from runtime.vocab import Vocabulary
 
 
@@ -49,9 +52,48 @@ def load(model_dirs: list[Path], device: str) -> tuple[dict[str, Seq2Seq], dict[
         for name, options in sides(model_dir, device, f"{model_dir.name}#{index}" if named else model_dir.name).items():
             models[name] = Seq2Seq.load(model_dir, **options)
             first = reference[name] = first or name
-            if models[name].spec.kind != "tokens":
-                raise SystemExit(f"{model_dir}: a {models[name].spec.kind} model; this benchmark times token models")
     return models, reference
+
+
+def check_models(model_dirs: list[Path]) -> None:
+    """Every MODEL_DIR a directory holding a token model's export (its manifest read, nothing loaded)."""
+    for model_dir in model_dirs:
+        if not model_dir.is_dir():
+            raise Refused(f"MODEL_DIR {model_dir}: expected a directory written by `seq2onnx export`, got "
+                          f"{'a file' if model_dir.exists() else 'nothing there'}")
+        kind = read_manifest(model_dir).spec.kind
+        if kind != "tokens":
+            raise Refused(f"MODEL_DIR {model_dir}: a {kind} model; this benchmark times token models")
+
+
+def check_cases(models: dict[str, Seq2Seq], cases: dict[str, tuple[list[str], dict[str, Any]]], tokens: int,
+                source_tokens: int) -> None:
+    """Every case's texts and lengths within every model's limits, before any timing, named by their flags."""
+    for model in models.values():
+        try:
+            check_decoding_length(model.spec, tokens, model.contract)
+        except InputError as error:
+            raise Refused(f"--tokens {tokens}: {error} ({model.path})") from None
+        for source, _ in cases.values():
+            try:
+                encode_sources(source, model.vocabularies["source"], model.spec, model.contract)
+            except InputError as error:
+                raise Refused(f"--source-tokens {source_tokens}: {error} ({model.path})") from None
+
+
+def check_json(path: Path | None, force: bool) -> None:
+    """--json: a file in an existing folder, not replaced without --force (checked before anything runs)."""
+    if path is None:
+        return
+    if path.is_dir() or not path.parent.is_dir():
+        what = "a directory" if path.is_dir() else f"a file in {path.parent}, which does not exist"
+        raise Refused(f"--json {path}: expected a file in an existing folder, got {what}")
+    if path.exists() and not force:
+        raise Refused(f"--json {path}: the file exists; pass --force to replace it")
+
+
+class Refused(Exception):
+    """An input this benchmark cannot use: its one-line message, exit 1."""
 
 
 def texts(vocabulary: Vocabulary, count: int, length: int, seed: int) -> list[str]:
@@ -69,9 +111,9 @@ def time_case(models: dict[str, Seq2Seq], reference: dict[str, str], batch: list
     first = next(iter(models))
     best = {}
     for name, model in models.items():
-        for _ in range(warmup):
-            got = model.translate_batch(batch, **options)
-        best[name] = [hyps[0].ids for hyps in got]
+        best[name] = [hyps[0].ids for hyps in model.translate_batch(batch, **options)]  # also the first warm-up
+        for _ in range(warmup - 1):
+            model.translate_batch(batch, **options)
     times: dict[str, list[float]] = {name: [] for name in models}
     for r in range(rounds):
         for name in (list(models) if r % 2 == 0 else list(models)[::-1]):
@@ -93,34 +135,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=20, help="tokens decoded, exactly (default 20)")
     parser.add_argument("--source-tokens", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=21)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="untimed decodes per side and case (default 10; one runs even at 0: its ids are what "
+                             "\"agree\" compares)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument("--force", action="store_true", help="replace an existing --json file")
     args = parser.parse_args(argv)
     for name in ("tokens", "source_tokens", "rounds", "warmup"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
-            parser.error(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
-    if min(args.batch + args.beam) < 1:
-        parser.error(f"--batch and --beam: expected numbers >= 1, got {args.batch} and {args.beam}")
+            parser.error(f"--{name.replace('_', '-')}: expected {'0 or more' if name == 'warmup' else '1 or more'}"
+                         f", got {getattr(args, name)}")
+    if min(args.batch) < 1 or not 1 <= min(args.beam) <= max(args.beam) <= MAX_BEAM:
+        parser.error(f"--batch and --beam: expected batches >= 1 and beams from 1 to {MAX_BEAM}, got {args.batch} "
+                     f"and {args.beam}")
     try:
-        models, reference = load(args.model_dirs, args.device)
-        vocabulary = next(iter(models.values())).vocabularies["source"]
-        report = {}
-        for batch in args.batch:
-            for beam in args.beam:
-                case = f"{'greedy' if beam == 1 else f'beam {beam}'} b{batch}"
-                options = dict(beam_size=beam, max_decoding_length=args.tokens, min_decoding_length=args.tokens)
-                source = texts(vocabulary, batch, args.source_tokens, seed=batch * 1000 + beam)
-                report[case] = time_case(models, reference, source, options, args.rounds, args.warmup)
-                for name, row in report[case].items():
-                    print(f"{case:>12} | {name:<40} {row['median_ms']:9.3f} ms  x{row['ratio']:<6} "
-                          f"agree {row['agree']:.2f}", flush=True)
-    except Seq2OnnxError as error:
+        check_json(args.json, args.force)
+        check_models(args.model_dirs)
+        report = run(args)
+    except ProviderError as error:
+        print(f"error: {error}{'; or pass --device cpu' if args.device == 'cuda' else ''}", file=sys.stderr)
+        return 1
+    except (Refused, Seq2OnnxError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return 1
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "tokens": args.tokens, "rounds": args.rounds,
                                          "cases": report}, indent=2))
     return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """Load every side, check every case against every model, then time case by case (printed as they finish)."""
+    models, reference = load(args.model_dirs, args.device)
+    vocabulary = next(iter(models.values())).vocabularies["source"]
+    cases = {}
+    for batch in args.batch:
+        for beam in args.beam:
+            options = dict(beam_size=beam, max_decoding_length=args.tokens, min_decoding_length=args.tokens)
+            cases[f"{'greedy' if beam == 1 else f'beam {beam}'} b{batch}"] = (
+                texts(vocabulary, batch, args.source_tokens, seed=batch * 1000 + beam), options)
+    check_cases(models, cases, args.tokens, args.source_tokens)
+    report = {}
+    for case, (source, options) in cases.items():
+        report[case] = time_case(models, reference, source, options, args.rounds, args.warmup)
+        for name, row in report[case].items():
+            print(f"{case:>12} | {name:<40} {row['median_ms']:9.3f} ms  x{row['ratio']:<6} "
+                  f"agree {row['agree']:.2f}", flush=True)
+    return report
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
+from runtime.optional_graphs import fold_tokens  # noqa: E402
 from runtime.sessions import open_session, read_graph  # noqa: E402
 from runtime.spec import N_SPECIAL_TOKENS  # noqa: E402
 from runtime.token_steps import MAX_GRAPH_BEAM  # noqa: E402
@@ -41,6 +42,16 @@ ABBA = (0, 1, 1, 0, 1, 0, 0, 1)  # the order sessions are made in: before, after
 GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"],
           "fold_greedy": FAST_FILES["fold_greedy"], "fast_beam": FAST_FILES["beam"],
           "wide_beam": FAST_FILES["wide_beam"], "fold_beam": FAST_FILES["fold_beam"], "greedy_loop": GREEDY_FILE}
+
+
+def why_missing(name: str) -> str:
+    """Why an export may lack a one-call graph, for the refusal."""
+    if name in (FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]):
+        return (" (folded graphs are written only for float32 and int8 transformers whose sources fold: "
+                "runtime.optional_graphs.folds)")
+    if name in FAST_FILES.values():
+        return " (fast graphs are written only for float32 and int8 transformer exports)"
+    return ""
 
 
 def family(graph: str) -> str:
@@ -124,8 +135,12 @@ def main(before: Path, after: Path, graph: str, after_graph: str | None, batch: 
     names = (GRAPHS[graph], GRAPHS[after_graph])
     for d, m, name in zip((before, after), manifests, names):
         if name not in m.graphs:
-            raise click.UsageError(f"{d} has no {name}")
+            raise click.UsageError(f"{d} has no {name}{why_missing(name)}")
     src = sources(specs[0], batch, source_len, seed=0)
+    folded = [g for g in (graph, after_graph) if g.startswith("fold_")]
+    if folded and batch * source_len > fold_tokens(specs[0]):
+        click.echo(f"note: the runtime sends {folded[0]} calls of at most {fold_tokens(specs[0])} source tokens in "
+                   f"all; this one has {batch} x {source_len} = {batch * source_len}")
     sides = (0, 1)  # by side, not by path: the same export given twice is a control (two sessions, two lists)
     try:
         # Several sessions a side, made in ABBA then BAAB blocks after an untimed first one: on the 2-core EPYC two
@@ -146,7 +161,10 @@ def main(before: Path, after: Path, graph: str, after_graph: str | None, batch: 
     outs = [loops[i].run(None, feeds[i]) for i in sides]
     for a, b in zip(*outs):
         if a.dtype.kind in "iub" and not np.array_equal(a, b):
-            raise click.ClickException(f"the two exports decode different ids ({graph}): not the same model?")
+            why = ("not the same model, or two graphs that round differently (an int8 export's folded and plain "
+                   "bodies can pick other ids)" if names[0] != names[1] else "not the same model?")
+            raise click.ClickException(f"the two exports decode different ids ({', '.join(dict.fromkeys(names))}): "
+                                       f"{why}")
     diff = max((float(np.max(np.abs(a - b))) for a, b in zip(*outs)
                 if a.dtype.kind == "f" and a.size and np.isfinite(a).all()), default=0.0)
     start = time.perf_counter()

@@ -55,6 +55,7 @@ QUALITY_BEAM = 5
 RANDOM_SETS = ((1, 7), (16, 12), (64, 16), (64, 24))  # (batch, padded source length), seeded random ids
 TEXT_BATCH = 64
 MAX_TEXTS = 256  # real texts compared: the first this many
+ONE_BY_ONE = 32  # ... and the first this many one text a call, where the export has folded graphs (small calls only)
 
 
 # Column headers of the printed table.
@@ -172,8 +173,12 @@ def token_quality(reference: Seq2Seq, candidate: Seq2Seq, tol: QualityTolerance,
     if texts:
         batches = [encode_sources(texts[i:i + TEXT_BATCH], vocab, spec, contract)
                    for i in range(0, len(texts), TEXT_BATCH)]
-        rows += _token_set("texts", reference, candidate, batches, position_limit(spec, spec.target_len
-                                                                                  + DATA_STEP_MARGIN), tol)
+        text_len = position_limit(spec, spec.target_len + DATA_STEP_MARGIN)
+        rows += _token_set("texts", reference, candidate, batches, text_len, tol)
+        folded = candidate.token_steps.fast is not None and candidate.token_steps.fast.folded is not None
+        if folded:  # batches of TEXT_BATCH are too large to fold: one text a call runs fold_greedy and fold_beam
+            singles = [encode_sources([text], vocab, spec, contract) for text in texts[:ONE_BY_ONE]]
+            rows += _token_set("texts one by one", reference, candidate, singles, text_len, tol)
     return rows
 
 
@@ -187,7 +192,9 @@ def _token_set(name: str, reference: Seq2Seq, candidate: Seq2Seq, batches: Seque
     for prefix in [p for p in ref_views if p in cand_views]:  # the traced graphs, then a transformer's fast ones
         ref, cand = ref_views[prefix], cand_views[prefix]
         fused = ref.greedy is not None and cand.greedy is not None
-        for search in ("greedy", f"beam{QUALITY_BEAM}", *(["greedy_loop"] if fused else [])):
+        graphs = ref.beam is not None and cand.beam is not None  # a transformer's beam graphs, picked per batch
+        for search in ("greedy", f"beam{QUALITY_BEAM}", *(["greedy_loop"] if fused else []),
+                       *([f"beam_graph{QUALITY_BEAM}"] if graphs else [])):
             pairs = [pair for ids, lengths in batches
                      for pair in zip(_decode(ref, ids, lengths, max_len, search),
                                      _decode(cand, ids, lengths, max_len, search))]
@@ -232,6 +239,9 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, max_len: in
         return [h.tokens for h in greedy_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, **common)]
     if search == "greedy_loop":
         return [h.tokens for h in steps.greedy_tokens(ids, lengths, max_len, 0, False)]
+    if search == f"beam_graph{QUALITY_BEAM}":  # fast_beam, fold_beam or wide_beam, as translate picks them
+        found = steps.beam_graph(*ids.shape, QUALITY_BEAM).hypotheses(ids, lengths, QUALITY_BEAM, 1, 1.0, max_len, 0)
+        return [hyps[0].tokens if hyps else [] for hyps in found]
     found = beam_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, beam_size=QUALITY_BEAM,
                         num_hypotheses=1, **common)
     return [hyps[0].tokens for hyps in found]

@@ -38,16 +38,39 @@ def test_every_side_of_every_model_is_timed_and_agrees(transformer_export, tmp_p
     assert done.stdout.count(" ms  x") == 4 * len(want)
 
 
-def test_a_point_model_and_bad_numbers_are_refused():
-    point = run("artifacts/squares", *QUICK)
-    assert point.returncode != 0 and "squares: a points model; this benchmark times token models" in point.stderr
-    zero = run("artifacts/dates", *QUICK[:2], "--rounds", "0")
-    assert zero.returncode == 2 and "--rounds: expected a positive number, got 0" in zero.stderr
-    beam = run("artifacts/dates", *QUICK, "--beam", "0")
-    assert beam.returncode == 2 and "--batch and --beam: expected numbers >= 1" in beam.stderr
+def test_bad_inputs_are_refused_by_name_before_anything_is_timed(transformer_export, tmp_path):
+    """One line each, no traceback: 2 for a bad option, 1 for an input the benchmark cannot use."""
+    model = transformer_export.path
+    (tmp_path / "taken.json").write_text("{}")
+    cases = [
+        (["artifacts/squares"], 1, "MODEL_DIR artifacts/squares: a points model; this benchmark times token models"),
+        ([ROOT / "README.md"], 1, "expected a directory written by `seq2onnx export`, got a file"),
+        ([tmp_path / "none"], 1, "got nothing there"),
+        (["artifacts/dates", "--rounds", "0"], 2, "--rounds: expected 1 or more, got 0"),
+        (["artifacts/dates", "--warmup", "-1"], 2, "--warmup: expected 0 or more, got -1"),
+        (["artifacts/dates", "--beam", "0"], 2, "expected batches >= 1 and beams from 1 to 256"),
+        (["artifacts/dates", "--beam", "1", "300"], 2, "got [1] and [1, 300]"),
+        ([model, "--tokens", "5000"], 1, "--tokens 5000: max_decoding_length: 5000 is more than"),
+        ([model, "--source-tokens", "5000"], 1, "--source-tokens 5000: texts[0]:"),
+        (["artifacts/dates", "--json", tmp_path / "no" / "x.json"], 1, "which does not exist"),
+        (["artifacts/dates", "--json", tmp_path], 1, "got a directory"),
+        (["artifacts/dates", "--json", tmp_path / "taken.json"], 1, "the file exists; pass --force to replace it"),
+    ]
+    for args, code, says in cases:
+        done = run(args[0], *QUICK, "--batch", "1", "--beam", "1", *args[1:])  # the case's options last: they win
+        assert done.returncode == code and says in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+        assert " ms  x" not in done.stdout, args  # refused before any case was timed
+    assert (tmp_path / "taken.json").read_text() == "{}"
+
+
+def test_no_warmup_still_decodes_once_for_the_agreement(tmp_path):
+    done = run("artifacts/dates", *QUICK, "--warmup", "0", "--batch", "2", "--beam", "1", "--json", tmp_path / "x.json")
+    assert done.returncode == 0, done.stderr
+    assert all(row["agree"] == 1.0 for row in json.loads((tmp_path / "x.json").read_text())["cases"]["greedy b2"].values())
 
 
 @pytest.mark.skipif("cuda" in DEVICES, reason="CUDA works here")
 def test_cuda_without_cuda_is_a_clear_error():
     done = run("artifacts/dates", "--rounds", "1")
-    assert done.returncode == 2 and done.stderr.startswith("error: provider 'cuda'"), done.stderr
+    assert done.returncode == 1 and done.stderr.startswith("error: provider 'cuda'"), done.stderr
+    assert done.stderr.strip().endswith("; or pass --device cpu")

@@ -36,6 +36,11 @@ def test_after_can_time_another_graph_of_the_same_family(transformer_export):
         done = run(path, path, "--graph", graph, "--after-graph", other, "--steps", "4", "--source-len", "3", *extra)
         assert done.returncode == 0, done.stderr
         assert f"{graph} ({graph}.onnx against {other}.onnx)" in done.stdout and "same ids" in done.stdout
+    done = run(path, path, "--graph", "fold_greedy", "--batch", "65", "--source-len", "8", "--steps", "2")
+    assert done.returncode == 0 and "note: the runtime sends fold_greedy calls of at most" in done.stdout
+    assert "this one has 65 x 8 = 520" in done.stdout  # past the bound (512): timed, but said
+    done = run("artifacts/dates", "artifacts/dates", "--graph", "fold_greedy")
+    assert done.returncode == 2 and "has no fold_greedy.onnx (folded graphs are written only for" in done.stderr
     done = run(path, path, "--graph", "fast_greedy", "--after-graph", "fold_beam")
     assert done.returncode == 2 and "--after-graph fold_beam does not take --graph fast_greedy's inputs" in done.stderr
     assert "pick one of fast_greedy, fold_greedy, wide_greedy" in done.stderr

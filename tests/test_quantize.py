@@ -17,7 +17,7 @@ from cli.export import export_command, verify_command
 from export.api import QualityLossWarning, export_model, precision_mode
 from export.graphs import export_graphs
 from export.manifest import build_manifest, write_manifest
-from export.quality import QualityError, QualityTolerance, token_agreement
+from export.quality import ONE_BY_ONE, QualityError, QualityTolerance, token_agreement, token_quality
 from export.quantize import QUANTIZED_OPS, convert_graphs, gemm_as_matmul
 from runtime import Seq2Seq
 from runtime.contract import (
@@ -266,3 +266,20 @@ def test_cli_int8_export_refusal_and_verify(tmp_path):
     checked = runner.invoke(verify_command, [str(SQUARES), str(out)])
     assert checked.exit_code == 0, checked.output
     assert "int8 quality checks within tolerance" in checked.output
+
+
+def test_token_quality_judges_the_beam_graphs_and_the_folded_graphs_one_text_a_call(transformer_export):
+    """The beam graphs (fast_beam, fold_beam, wide_beam) are judged as translate picks them, and, where the export
+    has folded graphs, texts one a call (batches of TEXT_BATCH are too large to fold). An export against itself:
+    every row exact."""
+    runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
+    assert runtime.token_steps.fast.folded is not None
+    texts = ["the cat sat", "a dog ran", "the cat ran on the mat", "a bird flew"] * 10
+    rows = token_quality(runtime, runtime, UNTRAINED, texts)
+    cases = {r.case for r in rows}
+    for prefix in ("random ids", "texts", "texts one by one"):
+        assert {f"{prefix} fast beam_graph5", f"{prefix} wide beam_graph5", f"{prefix} fast greedy_loop"} <= cases
+    assert "random ids beam_graph5" not in cases  # the traced graphs have no beam graph
+    assert sum(r.count for r in rows if r.case == "texts one by one fast greedy_loop" and r.metric == "exact_match") \
+        == ONE_BY_ONE
+    assert all(r.value == 1.0 for r in rows if r.metric in ("exact_match", "token_agreement"))
