@@ -110,5 +110,6 @@ def verify_reduced(checkpoint: Any, model_dir: Path, runtime: Any, tol: Toleranc
     failed = failures(rows)
     if failed:
         accepted = " (it was published with --accept-quality-loss)" if recorded.get("accepted_beyond_tolerance") else ""
-        raise VerifyError(f"{len(failed)} checks exceed the quality tolerances of {model_dir}{accepted}")
+        counted = "1 check exceeds" if len(failed) == 1 else f"{len(failed)} checks exceed"
+        raise VerifyError(f"{counted} the quality tolerances of {model_dir}{accepted}")
     return f"float32 parity and all {mode} quality checks within tolerance"
