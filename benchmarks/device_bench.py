@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.atomic import write_file
 from runtime.errors import InputError, ProviderError, Seq2OnnxError
 from runtime.manifest import read_manifest
 from runtime.model import Seq2Seq
@@ -158,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     except (Refused, Seq2OnnxError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if args.json:
-        args.json.write_text(json.dumps({"device": args.device, "tokens": args.tokens, "rounds": args.rounds,
-                                         "cases": report}, indent=2))
+    if args.json:  # whole or not at all, as the runtime writes its files
+        figures = {"device": args.device, "tokens": args.tokens, "rounds": args.rounds, "cases": report}
+        write_file(args.json, lambda f: f.write(json.dumps(figures, indent=2).encode()))
     return 0
 
 

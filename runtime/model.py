@@ -35,7 +35,7 @@ from .sessions import (
     session_io,
 )
 from .spec import ModelSpec
-from .token_steps import Folded, Graphs, TokenSteps
+from .token_steps import FoldedGraphs, Graphs, TokenSteps
 from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 
 FAST_NAMES = frozenset(FAST_FILES.values())
@@ -214,7 +214,7 @@ def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id
 
     wide = (Graphs(run("wide_step", set(feedback)), greedy("wide_greedy"), beam("wide_beam"))
             if FAST_FILES["wide_step"] in sessions else None)
-    folded = (Folded(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec))
+    folded = (FoldedGraphs(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec))
               if {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]} <= set(sessions) else None)
     return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
                       greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide, folded=folded)

@@ -52,7 +52,7 @@ class TokenSteps:
                  step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
                  fast: "TokenSteps | None" = None, beam: BeamGraph | None = None,
                  wide: "Graphs | None" = None, beam_step: Runner | None = None,
-                 contract: TokenContract | None = None, folded: "Folded | None" = None) -> None:
+                 contract: TokenContract | None = None, folded: "FoldedGraphs | None" = None) -> None:
         self.contract = contract_for(spec, contract)  # special ids, how sources are read, limits
         inputs = self.contract.step["inputs"] if step_inputs is None else step_inputs
         self.spec = spec
@@ -142,7 +142,7 @@ class TokenSteps:
         return greedy.tokens(state, max_length, min_length, return_attention, cancel)
 
 
-class Folded(NamedTuple):
+class FoldedGraphs(NamedTuple):
     """The one-call graphs with the cross-attention folded (export.tokens.fold): picked in Python per call, for
     calls of at most `up_to` source tokens in all (an If inside one graph cost ~2.6% of a greedy batch-1 call)."""
 
