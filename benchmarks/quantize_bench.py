@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from export.api import export_model
-from export.quality import failures
+from export.quality_rows import failures
 from runtime.contract import MANIFEST_FILE
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec

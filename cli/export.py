@@ -168,7 +168,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
     from export.atomic import check_destination
     from export.graphs import MAX_OPSET, MIN_OPSET
     from export.parity import Tolerance, format_table
-    from export.quality import QualityTolerance, format_quality
+    from export.quality_rows import QualityTolerance, format_quality
     from export.verify import input_errors
     from runtime.destination import normalized
 

@@ -32,14 +32,8 @@ from .graphs import MAX_OPSET, MIN_OPSET, export_fast, export_graphs, export_gre
 from .kinds import KINDS
 from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, raise_on_failure, report
-from .quality import (
-    QualityError,
-    QualityRow,
-    QualityTolerance,
-    failures,
-    quality_report,
-    quality_summary,
-)
+from .quality import quality_report
+from .quality_rows import QualityError, QualityRow, QualityTolerance, failures, quality_summary
 from .quantize import check_loads, convert_graphs, precision_entry
 
 

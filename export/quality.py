@@ -21,8 +21,6 @@ spec's input_len and target_len; longer free-running decodes feed errors back an
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,12 +33,6 @@ from export.tokens.parity import (
     token_batch,
 )
 from export.tokens.sides import declared_sources
-from runtime.defaults import (
-    MAX_ATTENTION_DIFF,
-    MAX_OUTPUT_DIFF,
-    MIN_EXACT_MATCH,
-    MIN_TOKEN_AGREEMENT,
-)
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.token_steps import TokenSteps
@@ -50,66 +42,13 @@ from runtime.vocab import EOS
 from .errors import ExportError
 from .parity import REL_FLOOR
 from .points.parity import Case, data_cases, matrix_cases, step_loop_decode
+from .quality_rows import QualityRow, QualityTolerance, limit_of, make_row
 
 QUALITY_BEAM = 5
 RANDOM_SETS = ((1, 7), (16, 12), (64, 16), (64, 24))  # (batch, padded source length), seeded random ids
 TEXT_BATCH = 64
 MAX_TEXTS = 256  # real texts compared: the first this many
 ONE_BY_ONE = 32  # ... and the first this many one text a call, where the export has folded graphs (small calls only)
-
-
-# Column headers of the printed table.
-HEADERS = {"outputs.max_abs": "out abs", "outputs.max_rel": "out rel", "outputs.diff/scale": "out/scale",
-           "attention.max_abs": "attn abs", "loop.outputs.diff/scale": "loop out/scale",
-           "loop.attention.max_abs": "loop attn abs", "exact_match": "exact", "token_agreement": "agreement",
-           "step.log_probs.max_abs": "logp abs"}
-
-
-class QualityError(ExportError):
-    """A reduced-precision export loses more than the stated tolerance against its float32 graphs."""
-
-
-@dataclass(frozen=True)
-class QualityTolerance:
-    """What a reduced-precision export may lose against float32 (see the constants above)."""
-
-    max_output_diff: float = MAX_OUTPUT_DIFF
-    max_attention_diff: float = MAX_ATTENTION_DIFF
-    min_exact_match: float = MIN_EXACT_MATCH
-    min_token_agreement: float = MIN_TOKEN_AGREEMENT
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-        for name in ("min_exact_match", "min_token_agreement"):
-            if getattr(self, name) > 1:
-                raise ValueError(f"{name}: expected a rate in [0, 1], got {getattr(self, name)!r}")
-
-    def __str__(self) -> str:
-        return ", ".join(f"{k}={v:g}" for k, v in asdict(self).items())
-
-
-@dataclass(frozen=True)
-class QualityRow:
-    """One measure of one case or set: `limit` is None for a figure that is reported, not judged."""
-
-    case: str
-    count: int  # sequences compared
-    metric: str
-    value: float
-    limit: float | None
-    ok: bool
-
-
-def _limit(tol: QualityTolerance | None, name: str) -> float | None:
-    """A tolerance's bar, or None (reported only) without one."""
-    return None if tol is None else getattr(tol, name)
-
-
-def _row(case: str, count: int, metric: str, value: float, limit: float | None, at_least: bool = False) -> QualityRow:
-    ok = limit is None or (value >= limit if at_least else value <= limit)
-    return QualityRow(case, count, metric, float(value), limit, bool(ok and math.isfinite(value)))
 
 
 def quality_report(reference: Seq2Seq, candidate: Seq2Seq, tol: QualityTolerance = QualityTolerance(),
@@ -150,12 +89,12 @@ def _point_rows(case: Case, prefix: str, reference: tuple, candidate: tuple,
     err = np.abs(got.astype(np.float64) - want)
     scale = max(float(np.abs(want).max()), REL_FLOOR)
     n = len(case.source)
-    rows = [_row(case.name, n, f"{prefix}outputs.max_abs", err.max(), None),
-            _row(case.name, n, f"{prefix}outputs.max_rel", (err / np.maximum(np.abs(want), REL_FLOOR)).max(), None),
-            _row(case.name, n, f"{prefix}outputs.diff/scale", err.max() / scale, _limit(tol, "max_output_diff"))]
+    rows = [make_row(case.name, n, f"{prefix}outputs.max_abs", err.max(), None),
+            make_row(case.name, n, f"{prefix}outputs.max_rel", (err / np.maximum(np.abs(want), REL_FLOOR)).max(), None),
+            make_row(case.name, n, f"{prefix}outputs.diff/scale", err.max() / scale, limit_of(tol, "max_output_diff"))]
     if want_att is not None:
-        rows.append(_row(case.name, n, f"{prefix}attention.max_abs", np.abs(got_att - want_att).max(),
-                         _limit(tol, "max_attention_diff")))
+        rows.append(make_row(case.name, n, f"{prefix}attention.max_abs", np.abs(got_att - want_att).max(),
+                         limit_of(tol, "max_attention_diff")))
     return rows
 
 
@@ -200,12 +139,12 @@ def _token_set(name: str, reference: Seq2Seq, candidate: Seq2Seq, batches: Seque
                                      _decode(cand, ids, lengths, max_len, search))]
             case = f"{name} {prefix}{search}"
             agreement = token_agreement(pairs, ref.contract.specials.eos)
-            rows += [_row(case, count, "exact_match", sum(a == b for a, b in pairs) / len(pairs),
-                          _limit(tol, "min_exact_match"), at_least=True),
-                     _row(case, count, "token_agreement", agreement, _limit(tol, "min_token_agreement"),
+            rows += [make_row(case, count, "exact_match", sum(a == b for a, b in pairs) / len(pairs),
+                          limit_of(tol, "min_exact_match"), at_least=True),
+                     make_row(case, count, "token_agreement", agreement, limit_of(tol, "min_token_agreement"),
                           at_least=True)]
         worst = max(_log_prob_diff(ref, cand, ids, lengths, max_len) for ids, lengths in batches)
-        rows.append(_row(f"{name} {prefix}greedy", count, "step.log_probs.max_abs", worst, None))
+        rows.append(make_row(f"{name} {prefix}greedy", count, "step.log_probs.max_abs", worst, None))
     return rows
 
 
@@ -259,43 +198,3 @@ def _log_prob_diff(ref: TokenSteps, cand: TokenSteps, ids: np.ndarray, lengths: 
         worst = max(worst, float(diff.max()))
         ref_state, cand_state, tokens = want.state, got.state, want.log_probs.argmax(-1)
     return worst
-
-
-def quality_summary(rows: list[QualityRow], tol: QualityTolerance, accepted: bool) -> dict[str, Any]:
-    """The manifest's quality report: tolerances, verdict, whether a loss beyond them was accepted, every row."""
-    return {**asdict(tol), "passed": all(r.ok for r in rows), "accepted_beyond_tolerance": accepted,
-            "reference": "the same model's float32 graphs, run by onnxruntime on the same inputs",
-            "rows": [asdict(r) for r in rows]}
-
-
-def failures(rows: list[QualityRow]) -> list[QualityRow]:
-    """The rows beyond tolerance."""
-    return [r for r in rows if not r.ok]
-
-
-def format_quality(rows: list[QualityRow], tol: QualityTolerance, mode: str) -> str:
-    """One line per case or set with each measure as a column ('!' marks a value beyond its limit), then limits."""
-    metrics = list(dict.fromkeys(r.metric for r in rows))
-    by_case: dict[str, dict[str, QualityRow]] = {}
-    for row in rows:
-        by_case.setdefault(row.case, {})[row.metric] = row
-    widths = [max(len(HEADERS.get(m, m)), 10) + 2 for m in metrics]
-    head = f"{mode + ' vs fp32':<26} {'n':>5}" + "".join(f"{HEADERS.get(m, m):>{w}}" for m, w in zip(metrics, widths))
-    lines = [head + "  ok", "-" * (len(head) + 4)]
-    for case, cells in by_case.items():
-        shown = [_cell(cells[m]) if m in cells else "" for m in metrics]
-        count = next(iter(cells.values())).count
-        ok = "yes" if all(c.ok for c in cells.values()) else "NO"
-        lines.append(f"{case:<26} {count:>5}" + "".join(f"{s:>{w}}" for s, w in zip(shown, widths)) + f"  {ok}")
-    limits = {r.metric: r.limit for r in rows if r.limit is not None}
-    rules = [f"{HEADERS.get(m, m)} ({m}) {'>=' if m in ('exact_match', 'token_agreement') else '<='} {lim:g}"
-             for m, lim in limits.items()]
-    judged = sum(r.limit is not None for r in rows)
-    lines += ["-" * (len(head) + 4), f"{len(failures(rows))} of {judged} judged checks beyond tolerance: "
-              + ", ".join(rules) + "; values in parentheses are reported only"]
-    return "\n".join(lines)
-
-
-def _cell(row: QualityRow) -> str:
-    """A value, '!' after it when beyond its limit, in parentheses when reported only."""
-    return f"({row.value:.3g})" if row.limit is None else f"{row.value:.3g}{'' if row.ok else '!'}"

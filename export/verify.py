@@ -18,7 +18,8 @@ from .api import checkpoint_data, export_model, load_source
 from .errors import VerifyError
 from .kinds import KINDS
 from .parity import Say, Tolerance, format_table
-from .quality import QualityTolerance, failures, format_quality, quality_report
+from .quality import quality_report
+from .quality_rows import QualityTolerance, failures, format_quality
 
 __all__ = ["VerifyError", "check_pair", "input_errors", "verify"]
 

@@ -12,7 +12,7 @@ DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
 DEFAULT_DRIFT_ATOL = 1e-3
 
-# -- export: a reduced-precision export against its float32 graphs (export.quality.QualityTolerance) --
+# -- export: a reduced-precision export against its float32 graphs (export.quality_rows.QualityTolerance) --
 # Point models: the decoded outputs may differ from float32 by this fraction of the outputs' largest magnitude, and
 # the attention weights (in [0, 1]) by this much. Measured on the trained squares model's test data: int8 2.6% and
 # 2.5%, fp16 0.17% and 0.22%; on a seeded hidden-256 model's in-range random inputs both pass.

@@ -1,0 +1,110 @@
+"""The rows of a quality report (export.quality) and how they are judged, summarised and printed: a
+reduced-precision export's tolerances, one row per measure, the manifest's record and the table `export` and
+`verify` print."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from runtime.defaults import (
+    MAX_ATTENTION_DIFF,
+    MAX_OUTPUT_DIFF,
+    MIN_EXACT_MATCH,
+    MIN_TOKEN_AGREEMENT,
+)
+
+from .errors import ExportError
+
+# Column headers of the printed table.
+HEADERS = {"outputs.max_abs": "out abs", "outputs.max_rel": "out rel", "outputs.diff/scale": "out/scale",
+           "attention.max_abs": "attn abs", "loop.outputs.diff/scale": "loop out/scale",
+           "loop.attention.max_abs": "loop attn abs", "exact_match": "exact", "token_agreement": "agreement",
+           "step.log_probs.max_abs": "logp abs"}
+
+
+class QualityError(ExportError):
+    """A reduced-precision export loses more than the stated tolerance against its float32 graphs."""
+
+
+@dataclass(frozen=True)
+class QualityTolerance:
+    """What a reduced-precision export may lose against float32 (see the constants above)."""
+
+    max_output_diff: float = MAX_OUTPUT_DIFF
+    max_attention_diff: float = MAX_ATTENTION_DIFF
+    min_exact_match: float = MIN_EXACT_MATCH
+    min_token_agreement: float = MIN_TOKEN_AGREEMENT
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+        for name in ("min_exact_match", "min_token_agreement"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name}: expected a rate in [0, 1], got {getattr(self, name)!r}")
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v:g}" for k, v in asdict(self).items())
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    """One measure of one case or set: `limit` is None for a figure that is reported, not judged."""
+
+    case: str
+    count: int  # sequences compared
+    metric: str
+    value: float
+    limit: float | None
+    ok: bool
+
+
+def limit_of(tol: QualityTolerance | None, name: str) -> float | None:
+    """A tolerance's bar, or None (reported only) without one."""
+    return None if tol is None else getattr(tol, name)
+
+
+def make_row(case: str, count: int, metric: str, value: float, limit: float | None, at_least: bool = False) -> QualityRow:
+    ok = limit is None or (value >= limit if at_least else value <= limit)
+    return QualityRow(case, count, metric, float(value), limit, bool(ok and math.isfinite(value)))
+
+
+def quality_summary(rows: list[QualityRow], tol: QualityTolerance, accepted: bool) -> dict[str, Any]:
+    """The manifest's quality report: tolerances, verdict, whether a loss beyond them was accepted, every row."""
+    return {**asdict(tol), "passed": all(r.ok for r in rows), "accepted_beyond_tolerance": accepted,
+            "reference": "the same model's float32 graphs, run by onnxruntime on the same inputs",
+            "rows": [asdict(r) for r in rows]}
+
+
+def failures(rows: list[QualityRow]) -> list[QualityRow]:
+    """The rows beyond tolerance."""
+    return [r for r in rows if not r.ok]
+
+
+def format_quality(rows: list[QualityRow], tol: QualityTolerance, mode: str) -> str:
+    """One line per case or set with each measure as a column ('!' marks a value beyond its limit), then limits."""
+    metrics = list(dict.fromkeys(r.metric for r in rows))
+    by_case: dict[str, dict[str, QualityRow]] = {}
+    for row in rows:
+        by_case.setdefault(row.case, {})[row.metric] = row
+    widths = [max(len(HEADERS.get(m, m)), 10) + 2 for m in metrics]
+    head = f"{mode + ' vs fp32':<26} {'n':>5}" + "".join(f"{HEADERS.get(m, m):>{w}}" for m, w in zip(metrics, widths))
+    lines = [head + "  ok", "-" * (len(head) + 4)]
+    for case, cells in by_case.items():
+        shown = [_cell(cells[m]) if m in cells else "" for m in metrics]
+        count = next(iter(cells.values())).count
+        ok = "yes" if all(c.ok for c in cells.values()) else "NO"
+        lines.append(f"{case:<26} {count:>5}" + "".join(f"{s:>{w}}" for s, w in zip(shown, widths)) + f"  {ok}")
+    limits = {r.metric: r.limit for r in rows if r.limit is not None}
+    rules = [f"{HEADERS.get(m, m)} ({m}) {'>=' if m in ('exact_match', 'token_agreement') else '<='} {lim:g}"
+             for m, lim in limits.items()]
+    judged = sum(r.limit is not None for r in rows)
+    lines += ["-" * (len(head) + 4), f"{len(failures(rows))} of {judged} judged checks beyond tolerance: "
+              + ", ".join(rules) + "; values in parentheses are reported only"]
+    return "\n".join(lines)
+
+
+def _cell(row: QualityRow) -> str:
+    """A value, '!' after it when beyond its limit, in parentheses when reported only."""
+    return f"({row.value:.3g})" if row.limit is None else f"{row.value:.3g}{'' if row.ok else '!'}"
