@@ -53,6 +53,8 @@ from ct2_check import check_failures, cross_check, ct2_ids
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 
 from export.api import QualityLossWarning, export_model
+from runtime.atomic import write_file
+from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import MissingExtraError
 from runtime.model import Seq2Seq
 from runtime.plot import require_matplotlib
@@ -257,7 +259,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ratios.set_ylabel("seq2onnx / CT2, paired (> 1: seq2onnx slower)")
     ratios.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -286,15 +288,12 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
     if json_out is not None and plot_out is not None and json_out.resolve() == plot_out.resolve():
         raise click.BadParameter(f"{plot_out} is the --json file too; pass two different files",
                                  param_hint="'--plot'")
-    for path, flag in ((json_out, "--json"), (plot_out, "--plot")):
-        if path is None:
-            continue
-        if not path.parent.is_dir():
-            raise click.BadParameter(f"{path}: the folder {path.parent} does not exist", param_hint=f"'{flag}'")
-        if path.exists() and not force:
-            raise click.BadParameter(f"{path} exists; pass --force to replace it", param_hint=f"'{flag}'")
-    if plot_out is not None and plot_out.suffix.lower() != ".png":
-        raise click.BadParameter(f"{plot_out}: expected a .png file", param_hint="'--plot'")
+    for path, flag, suffixes in ((json_out, "--json", ()), (plot_out, "--plot", (".png",))):
+        if path is not None:
+            try:
+                check_output_file(path, force, suffixes)
+            except OutputFileError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
 
 
 @click.command()
@@ -374,7 +373,8 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
                    "instances": instances,
                    "ct2_io": "text" if ct2_text else "tokens",
                    "source_tokens": SOURCE_TOKENS, "graphs": graphs, "cross_check": check, "cases": rows}
-        json_out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(figures, indent=2, sort_keys=True) + "\n"
+        write_file(json_out, lambda f: f.write(text.encode("utf-8")))
         note(f"wrote {json_out}")
     if plot_out is not None:
         plot(rows, plot_out)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from runtime.atomic import write_file
+from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import InputError, ProviderError, Seq2OnnxError
 from runtime.manifest import read_manifest
 from runtime.model import Seq2Seq
@@ -84,13 +85,11 @@ def check_cases(models: dict[str, Seq2Seq], cases: dict[str, tuple[list[str], di
 
 def check_json(path: Path | None, force: bool) -> None:
     """--json: a file in an existing folder, not replaced without --force (checked before anything runs)."""
-    if path is None:
-        return
-    if path.is_dir() or not path.parent.is_dir():
-        what = "a directory" if path.is_dir() else f"a file in {path.parent}, which does not exist"
-        raise Refused(f"--json {path}: expected a file in an existing folder, got {what}")
-    if path.exists() and not force:
-        raise Refused(f"--json {path}: the file exists; pass --force to replace it")
+    if path is not None:
+        try:
+            check_output_file(path, force)
+        except OutputFileError as exc:
+            raise Refused(f"--json {exc}") from None
 
 
 class Refused(Exception):

@@ -2,7 +2,7 @@
 
     python benchmarks/serve_bench.py [MODEL_DIR] [--requests 100000] [--duration 5] [--concurrency 1 8 32]
                                      [--replicas 1 2] [--beam 1] [--threads 2] [--server-threads 1]
-                                     [--no-ray] [--json FILE] [--plot FILE.png]
+                                     [--no-ray] [--json FILE] [--plot FILE.png] [--force]
 
 Each request is one text (MODEL_DIR: artifacts/dates), drawn seeded from fixed dates, greedy unless --beam. A cell
 (one mode, one concurrency N): N workers send back to back, after 2 warm-up requests each, until --requests are
@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.atomic import write_file
+from runtime.destination import OutputFileError, check_output_file
 from runtime.model import Seq2Seq
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "artifacts" / "dates"
@@ -461,7 +463,7 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(title, fontsize="medium")
-    fig.savefig(path, dpi=100)
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 def table(rows: list[dict[str, Any]], found: list[tuple[str, int, float, list[float]]]) -> str:
@@ -500,6 +502,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-wait-ms", type=float, default=0.0, help="the servers' batch wait (serve --batch-wait-ms)")
     p.add_argument("--seed", type=int, default=0, help="seeds the draw of texts")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to FILE")
+    p.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = p.parse_args(argv)
     if min(args.concurrency + args.replicas + [args.requests, args.beam, args.rounds]) < 1 or args.duration <= 0:
         p.error("--requests, --concurrency, --replicas, --beam and --rounds must be at least 1; --duration above 0")
@@ -517,9 +520,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             import matplotlib  # noqa: F401 -- said now, not after minutes of load
         except ImportError:
             p.error("--plot needs matplotlib: pip install -e '.[plot]'")
-    for name, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and not path.parent.is_dir():  # said now, not after minutes of load
-            p.error(f"{name} {path}: its directory does not exist")
+    if args.json and args.plot and args.json.resolve() == args.plot.resolve():
+        p.error(f"--plot {args.plot}: is the --json file too; pass two different files")
+    for name, path, suffixes in (("--json", args.json, ()), ("--plot", args.plot, (".png",))):
+        if path:
+            try:  # said now, not after minutes of load
+                check_output_file(path, args.force, suffixes)
+            except OutputFileError as exc:
+                p.error(f"{name} {exc}")
     return args
 
 
@@ -540,7 +548,8 @@ def main(argv: list[str] | None = None) -> None:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         figures = {"settings": settings, "cells": rows, "load_average": [load[0], os.getloadavg()[0]],
                    "ratios": [{"what": w, "concurrency": c, "ratio": r, "rounds": e} for w, c, r, e in found]}
-        args.json.write_text(json.dumps(figures, indent=2, sort_keys=True))
+        text = json.dumps(figures, indent=2, sort_keys=True) + "\n"
+        write_file(args.json, lambda f: f.write(text.encode("utf-8")))  # whole or not at all
         progress(f"wrote {args.json}")
     if args.plot and rows:
         plot(rows, f"{args.model_dir.name}: one text per request, beam {args.beam}, {os.cpu_count()} CPUs", args.plot)

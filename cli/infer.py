@@ -5,7 +5,6 @@ Point models read numeric sources (.npy, .npz, JSON) and print one JSON document
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +14,7 @@ import numpy as np
 from click.core import ParameterSource
 
 from runtime.atomic import write_file
+from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
@@ -35,22 +35,15 @@ PLOT_SUFFIXES = (".png",)
 
 
 def check_output_path(path: str, option: str, suffixes: tuple[str, ...], force: bool) -> None:
-    """Before any work: a known suffix, an existing directory to write into, and no file replaced unless forced."""
-    target = Path(path)
-    if target.suffix.lower() not in suffixes:
-        raise click.BadParameter(f"{path}: expected a file name ending in {', '.join(suffixes)}", param_hint=option)
-    parent = target.parent
-    if not parent.is_dir():
-        raise click.BadParameter(f"{path}: directory {str(parent)!r} does not exist; create it first",
-                                 param_hint=option)
-    if not os.access(parent, os.W_OK):
-        raise click.BadParameter(f"{path}: directory {str(parent)!r} is not writable", param_hint=option)
-    if target.is_dir():
-        raise click.BadParameter(f"{path}: is a directory; expected a file name", param_hint=option)
-    if os.path.lexists(target) and not force:  # like train/export --out: a refused destination is exit 1
-        name = option.strip("'")
-        raise click.ClickException(f"{name}: {path}: a file already exists there; pass --force to replace it, "
-                                   "or choose another name")
+    """Before any work: a known suffix, an existing directory to write into, and no file replaced unless forced
+    (runtime.destination.check_output_file); a file already there is exit 1, like train/export --out."""
+    try:
+        check_output_file(path, force, suffixes)
+    except OutputFileError as exc:
+        if exc.exists:
+            name = option.strip("'")
+            raise click.ClickException(f"{name}: {exc}") from None
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 def check_outputs(input_path: str, output_path: str | None, plot_path: str | None, attention: bool,

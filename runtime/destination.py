@@ -77,3 +77,31 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
     if not force:
         raise DestinationError(f"{out}: a seq2onnx {kind} already exists there; pass --force (force=True in "
                                "Python) to replace it, or choose another --out")
+
+
+class OutputFileError(DestinationError):
+    """A file output (--output, --json, --plot) that cannot be written: `exists` when the only trouble is a file
+    already there without force (a refused destination, as for --out), else the path itself is unusable."""
+
+    def __init__(self, message: str, exists: bool = False) -> None:
+        super().__init__(message)
+        self.exists = exists
+
+
+def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] = ()) -> None:
+    """Before any work: `path` is a name ending in one of `suffixes` (any name when empty) in an existing, writable
+    folder, not a folder itself, and no file there is replaced unless `force`. Raises OutputFileError whose message
+    starts with the path; the caller adds the option's name."""
+    target = Path(path)
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise OutputFileError(f"{path}: expected a file name ending in {', '.join(suffixes)}")
+    parent = target.parent
+    if not parent.is_dir():
+        raise OutputFileError(f"{path}: directory {str(parent)!r} does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        raise OutputFileError(f"{path}: directory {str(parent)!r} is not writable")
+    if target.is_dir():
+        raise OutputFileError(f"{path}: is a directory; expected a file name")
+    if os.path.lexists(target) and not force:
+        raise OutputFileError(f"{path}: a file already exists there; pass --force to replace it, or choose another "
+                              "name", exists=True)

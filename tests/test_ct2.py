@@ -187,9 +187,9 @@ def test_help_of_each_script(command, usage):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--plot", "{tmp}/chart.txt"], "expected a .png file"),
-    (["--json", "{tmp}/missing/out.json"], "does not exist"),
-    (["--json", "{tmp}/kept.json"], "exists; pass --force to replace it"),
+    (["--plot", "{tmp}/chart.txt"], "expected a file name ending in .png"),
+    (["--json", "{tmp}/missing/out.json"], "does not exist; create it first"),
+    (["--json", "{tmp}/kept.json"], "a file already exists there; pass --force to replace it"),
     (["--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"], "is the --json file too"),
     (["--threads", "1,{cpus_plus_one}"], "expected at most the {cpus} CPUs this process may use"),
 ])

@@ -52,9 +52,9 @@ def test_bad_inputs_are_refused_by_name_before_anything_is_timed(transformer_exp
         (["artifacts/dates", "--beam", "1", "300"], 2, "got [1] and [1, 300]"),
         ([model, "--tokens", "5000"], 1, "--tokens 5000: max_decoding_length: 5000 is more than"),
         ([model, "--source-tokens", "5000"], 1, "--source-tokens 5000: texts[0]:"),
-        (["artifacts/dates", "--json", tmp_path / "no" / "x.json"], 1, "which does not exist"),
-        (["artifacts/dates", "--json", tmp_path], 1, "got a directory"),
-        (["artifacts/dates", "--json", tmp_path / "taken.json"], 1, "the file exists; pass --force to replace it"),
+        (["artifacts/dates", "--json", tmp_path / "no" / "x.json"], 1, "does not exist; create it first"),
+        (["artifacts/dates", "--json", tmp_path], 1, "is a directory; expected a file name"),
+        (["artifacts/dates", "--json", tmp_path / "taken.json"], 1, "a file already exists there; pass --force"),
     ]
     for args, code, says in cases:
         done = run(args[0], *QUICK, "--batch", "1", "--beam", "1", *args[1:])  # the case's options last: they win

@@ -49,10 +49,22 @@ def _parse(*argv: str) -> Any:
     ((str(ROOT / "artifacts" / "squares"),), "a points model; this benchmark posts texts"),
     (("--rounds", "0"), "--rounds must be at least 1"),
     (("--max-total", "1"), "--max-total: expected at least 10 s"),
-    (("--json", "/nonexistent/dir/x.json"), "its directory does not exist"),
-], ids=["points-model", "no-rounds", "no-time", "json-dir"])
-def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], said: str,
+    (("--json", "/nonexistent/dir/x.json"), "directory '/nonexistent/dir' does not exist"),
+    (("--json", "{taken}"), "a file already exists there; pass --force"),
+    (("--plot", "{tmp}/latency.jpg"), "expected a file name ending in .png"),
+    (("--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"), "is the --json file too"),
+], ids=["points-model", "no-rounds", "no-time", "json-dir", "json-taken", "plot-suffix", "same-file"])
+def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], said: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "kept.json"
+    taken.write_text("{}")  # a user's file: refused without --force, and left as it was
     with pytest.raises(SystemExit) as stopped:
-        _parse(*argv)
+        _parse(*(a.format(taken=taken, tmp=tmp_path) for a in argv))
+    assert taken.read_text() == "{}"
     assert stopped.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_serve_bench_replaces_a_json_file_only_with_force(tmp_path: Path) -> None:
+    taken = tmp_path / "kept.json"
+    taken.write_text("{}")
+    assert _parse("--json", str(taken), "--force").json == taken  # accepted; written whole after the run
