@@ -29,7 +29,9 @@ from typing import Any
 import click
 import numpy as np
 
+from runtime.atomic import write_file
 from runtime.bench import fixed_length_text
+from runtime.destination import OutputFileError, check_output_file
 from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
 from runtime.tokens import source_token_limit
@@ -130,7 +132,7 @@ def plot(figures: dict[str, Any], title: str, path: str) -> None:
     ax.set_ylabel("MB")
     ax.set_title(title, fontsize="medium")
     ax.legend()
-    fig.savefig(path, format="png", dpi=100)
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))  # whole or not at all
 
 
 def summary(f: dict[str, Any], largest: int) -> str:
@@ -161,11 +163,15 @@ def summary(f: dict[str, Any], largest: int) -> str:
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="RSS plot to FILE.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object instead of the summary.")
+@click.option("--force", is_flag=True, help="Replace an existing --plot file.")
 def main(model_dir: Path, decodes: int | None, warmup: int, every: int, bound_mb: float, threads: int, seed: int,
-         plot_path: str | None, as_json: bool) -> None:
+         plot_path: str | None, as_json: bool, force: bool) -> None:
     """Decode a mix of shapes and strategies thousands of times on one model; report whether RSS stays flat."""
-    if plot_path and not Path(plot_path).parent.is_dir():  # said now, not after minutes of decoding
-        raise click.BadParameter(f"{plot_path}: its directory does not exist", param_hint="'--plot'")
+    if plot_path:
+        try:  # said now, not after minutes of decoding
+            check_output_file(plot_path, force, (".png",))
+        except OutputFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--plot'") from None
     model = Seq2Seq.load(model_dir, provider="cpu", threads=threads)
     decodes = decodes or DEFAULT_DECODES[model.spec.kind]
     figures = soak(model, decodes, warmup, every, seed)

@@ -42,6 +42,7 @@ from torch import nn
 
 from export.examples import EXAMPLE_BATCH, EXAMPLE_LENGTHS, EXAMPLE_SOURCE_LEN
 from export.graphs import dynamic_axes, export_graphs
+from runtime.atomic import write_file
 from runtime.binding import SessionRunner
 from runtime.contract import (
     BATCH,
@@ -51,6 +52,7 @@ from runtime.contract import (
     graph_io,
 )
 from runtime.defaults import DEFAULT_OPSET
+from runtime.destination import OutputFileError, check_output_file
 from runtime.sessions import open_session
 from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
 from runtime.token_steps import TokenSteps
@@ -303,7 +305,7 @@ def plot(rows: list[Row], path: Path, setup: str) -> None:
         ax.legend(loc="best", fontsize=8)
     fig.suptitle(setup, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=120))  # whole or not at all
     plt.close(fig)
 
 
@@ -336,10 +338,16 @@ def parse_lengths(ctx: click.Context, param: click.Parameter, value: str) -> lis
 @click.option("--decode-repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the tables.")
+@click.option("--force", is_flag=True, help="Replace an existing --plot file.")
 def bench(lengths: list[int], base_t: int, batches: tuple[int, ...], d_model: int, layers: int, heads: int,
           d_ff: int, vocab: int, source_len: int, threads: int, repeats: int, decode_length: int,
-          decode_repeats: int, plot_path: Path | None, as_json: bool) -> None:
+          decode_repeats: int, plot_path: Path | None, as_json: bool, force: bool) -> None:
     """Per-token cost of the cached transformer step vs recomputing the prefix, onnxruntime vs PyTorch."""
+    if plot_path is not None:
+        try:  # said now, not after the timing
+            check_output_file(plot_path, force, (".png",))
+        except OutputFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--plot'") from None
     if base_t not in lengths:
         raise click.BadParameter(f"{base_t} is not among --lengths {lengths}", param_hint="'--base-t'")
     if d_model % heads:
