@@ -1,7 +1,7 @@
 """seq2onnx against CTranslate2 on the same transformer: outputs cross-checked token for token, then decode times.
 
     python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 24] [--batches 1,64] [--beams 1,5]
-                                   [--threads 1,2] [--instances 3] [--json OUT.json] [--plot OUT.png]
+                                   [--threads 1,2] [--instances 3] [--json OUT.json] [--plot OUT.png] [--force]
 
 CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported twice through the public API
 (`export_model`: float32, and `quantize="int8"` as `seq2onnx export --quantize int8`; whatever graphs the export
@@ -49,12 +49,11 @@ import click
 import ctranslate2
 import numpy as np
 import onnxruntime as ort
+from bench_outputs import JSON, PNG, check_click, publish
 from ct2_check import check_failures, cross_check, ct2_ids
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 
 from export.api import QualityLossWarning, export_model
-from runtime.atomic import write_file
-from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import MissingExtraError
 from runtime.model import Seq2Seq
 from runtime.plot import require_matplotlib
@@ -227,7 +226,7 @@ def machine() -> dict[str, Any]:
             "onnxruntime": ort.__version__}
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, force: bool) -> None:
     """Left: each case's four best medians, labelled in ms (log scale, bars from a decade below the least, so their
     lengths compare as ratios). Right: the paired ratios seq2onnx / CT2, fp32 and int8, against 1 (level)."""
     import matplotlib
@@ -259,7 +258,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ratios.set_ylabel("seq2onnx / CT2, paired (> 1: seq2onnx slower)")
     ratios.legend(fontsize=8)
     fig.tight_layout()
-    write_file(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    publish(path, force, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -288,12 +287,8 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
     if json_out is not None and plot_out is not None and json_out.resolve() == plot_out.resolve():
         raise click.BadParameter(f"{plot_out} is the --json file too; pass two different files",
                                  param_hint="'--plot'")
-    for path, flag, suffixes in ((json_out, "--json", ()), (plot_out, "--plot", (".png",))):
-        if path is not None:
-            try:
-                check_output_file(path, force, suffixes)
-            except OutputFileError as exc:
-                raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
+    check_click(json_out, "--json", force, JSON)
+    check_click(plot_out, "--plot", force, PNG)
 
 
 @click.command()
@@ -374,10 +369,10 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
                    "ct2_io": "text" if ct2_text else "tokens",
                    "source_tokens": SOURCE_TOKENS, "graphs": graphs, "cross_check": check, "cases": rows}
         text = json.dumps(figures, indent=2, sort_keys=True) + "\n"
-        write_file(json_out, lambda f: f.write(text.encode("utf-8")))
+        publish(json_out, force, lambda f: f.write(text.encode("utf-8")))
         note(f"wrote {json_out}")
     if plot_out is not None:
-        plot(rows, plot_out)
+        plot(rows, plot_out, force)
         note(f"wrote {plot_out}")
 
 

@@ -1,7 +1,7 @@
 """Token models on a GPU against the CPU: IO binding on and off, the step loop, fast graphs, fp16 exports.
 
     python benchmarks/device_bench.py MODEL_DIR [MODEL_DIR ...] [--device cuda] [--batch 1 64] [--beam 1 5]
-        [--tokens 20] [--source-tokens 12] [--rounds 21] [--warmup 10] [--json FILE]
+        [--tokens 20] [--source-tokens 12] [--rounds 21] [--warmup 10] [--json FILE.json] [--force]
 
 Every model directory is loaded as several sides: on --device with IO binding, without it, with the step loop in
 place of the one-call graphs, with the plain graphs in place of a transformer's fast ones, and on the CPU with one
@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_outputs import JSON, check_args, publish
 
-from runtime.atomic import write_file
-from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import InputError, ProviderError, Seq2OnnxError
 from runtime.manifest import read_manifest
 from runtime.model import Seq2Seq
@@ -81,15 +80,6 @@ def check_cases(models: dict[str, Seq2Seq], cases: dict[str, tuple[list[str], di
                 encode_sources(source, model.vocabularies["source"], model.spec, model.contract)
             except InputError as error:
                 raise Refused(f"--source-tokens {source_tokens}: {error} ({model.path})") from None
-
-
-def check_json(path: Path | None, force: bool) -> None:
-    """--json: a file in an existing folder, not replaced without --force (checked before anything runs)."""
-    if path is not None:
-        try:
-            check_output_file(path, force)
-        except OutputFileError as exc:
-            raise Refused(f"--json {exc}") from None
 
 
 class Refused(Exception):
@@ -148,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.batch) < 1 or not 1 <= min(args.beam) <= max(args.beam) <= MAX_BEAM:
         parser.error(f"--batch and --beam: expected batches >= 1 and beams from 1 to {MAX_BEAM}, got {args.batch} "
                      f"and {args.beam}")
+    check_args(parser, args.json, "--json", args.force, JSON)
     try:
-        check_json(args.json, args.force)
         check_models(args.model_dirs)
         report = run(args)
     except ProviderError as error:
@@ -160,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.json:  # whole or not at all, as the runtime writes its files
         figures = {"device": args.device, "tokens": args.tokens, "rounds": args.rounds, "cases": report}
-        write_file(args.json, lambda f: f.write(json.dumps(figures, indent=2).encode()))
+        publish(args.json, args.force, lambda f: f.write(json.dumps(figures, indent=2).encode()))
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/serve_bench.py [MODEL_DIR] [--requests 100000] [--duration 5] [--concurrency 1 8 32]
                                      [--replicas 1 2] [--beam 1] [--threads 2] [--server-threads 1]
-                                     [--no-ray] [--json FILE] [--plot FILE.png] [--force]
+                                     [--no-ray] [--json FILE.json] [--plot FILE.png] [--force]
 
 Each request is one text (MODEL_DIR: artifacts/dates), drawn seeded from fixed dates, greedy unless --beam. A cell
 (one mode, one concurrency N): N workers send back to back, after 2 warm-up requests each, until --requests are
@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_outputs import JSON, PNG, check_args, publish
 
-from runtime.atomic import write_file
-from runtime.destination import OutputFileError, check_output_file
 from runtime.model import Seq2Seq
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "artifacts" / "dates"
@@ -430,7 +429,7 @@ def ratios(rows: list[dict[str, Any]], levels: list[int]) -> list[tuple[str, int
     return found
 
 
-def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+def plot(rows: list[dict[str, Any]], title: str, path: Path, force: bool) -> None:
     """p50 (solid) and p99 (dashed) latency against throughput, a point per concurrency: one colour per server
     mode; in-process, measured beside each of them, in grey."""
     import matplotlib
@@ -463,7 +462,7 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(title, fontsize="medium")
-    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    publish(path, force, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 def table(rows: list[dict[str, Any]], found: list[tuple[str, int, float, list[float]]]) -> str:
@@ -498,10 +497,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; a cell's figures are their medians")
     p.add_argument("--client", choices=["wrk", "aiohttp"], default="wrk" if shutil.which("wrk") else "aiohttp",
                    help="the HTTP load generator: wrk (C; Debian's wrk package) when installed, else aiohttp")
-    p.add_argument("--plot", type=Path, default=None, help="also write a latency-vs-throughput PNG")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="also write a latency-vs-throughput PNG")
     p.add_argument("--batch-wait-ms", type=float, default=0.0, help="the servers' batch wait (serve --batch-wait-ms)")
     p.add_argument("--seed", type=int, default=0, help="seeds the draw of texts")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to FILE")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE.json", help="also write the figures to FILE.json")
     p.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = p.parse_args(argv)
     if min(args.concurrency + args.replicas + [args.requests, args.beam, args.rounds]) < 1 or args.duration <= 0:
@@ -522,12 +521,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("--plot needs matplotlib: pip install -e '.[plot]'")
     if args.json and args.plot and args.json.resolve() == args.plot.resolve():
         p.error(f"--plot {args.plot}: is the --json file too; pass two different files")
-    for name, path, suffixes in (("--json", args.json, ()), ("--plot", args.plot, (".png",))):
-        if path:
-            try:  # said now, not after minutes of load
-                check_output_file(path, args.force, suffixes)
-            except OutputFileError as exc:
-                p.error(f"{name} {exc}")
+    check_args(p, args.json, "--json", args.force, JSON)  # said now, not after minutes of load
+    check_args(p, args.plot, "--plot", args.force, PNG)
     return args
 
 
@@ -549,10 +544,11 @@ def main(argv: list[str] | None = None) -> None:
         figures = {"settings": settings, "cells": rows, "load_average": [load[0], os.getloadavg()[0]],
                    "ratios": [{"what": w, "concurrency": c, "ratio": r, "rounds": e} for w, c, r, e in found]}
         text = json.dumps(figures, indent=2, sort_keys=True) + "\n"
-        write_file(args.json, lambda f: f.write(text.encode("utf-8")))  # whole or not at all
+        publish(args.json, args.force, lambda f: f.write(text.encode("utf-8")))  # whole or not at all
         progress(f"wrote {args.json}")
     if args.plot and rows:
-        plot(rows, f"{args.model_dir.name}: one text per request, beam {args.beam}, {os.cpu_count()} CPUs", args.plot)
+        plot(rows, f"{args.model_dir.name}: one text per request, beam {args.beam}, {os.cpu_count()} CPUs", args.plot,
+             args.force)
         progress(f"wrote {args.plot}")
     failed = [r for r in rows if r["errors"]]
     if not rows or failed:  # figures of failed requests are no figures

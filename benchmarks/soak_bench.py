@@ -1,6 +1,6 @@
 """Soak: thousands of mixed decodes on one loaded Seq2Seq, sampling the process RSS, to show memory stays flat.
 
-    python benchmarks/soak_bench.py MODEL_DIR [--decodes N] [--sample-every 50] [--bound-mb 2] [--plot R.png]
+    python benchmarks/soak_bench.py MODEL_DIR [--decodes N] [--sample-every 50] [--bound-mb 2] [--plot R.png] [--force]
 
 The mix, drawn from a seeded generator: batch sizes 1 to 64; source lengths from 1 to 64 points (point models, half
 the batches right-padded under a mask) or 1 to the model's input_len tokens (token models, every text its own
@@ -28,10 +28,9 @@ from typing import Any
 
 import click
 import numpy as np
+from bench_outputs import PNG, check_click, publish
 
-from runtime.atomic import write_file
 from runtime.bench import fixed_length_text
-from runtime.destination import OutputFileError, check_output_file
 from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
 from runtime.tokens import source_token_limit
@@ -118,7 +117,7 @@ def soak(model: Seq2Seq, decodes: int, warmup: int, every: int, seed: int) -> di
             "slope_mb_per_1000": slope_per_1000(samples), "samples": samples}
 
 
-def plot(figures: dict[str, Any], title: str, path: str) -> None:
+def plot(figures: dict[str, Any], title: str, path: str, force: bool) -> None:
     """RSS against decodes after warm-up, with the least-squares line."""
     from matplotlib.figure import Figure
 
@@ -132,7 +131,7 @@ def plot(figures: dict[str, Any], title: str, path: str) -> None:
     ax.set_ylabel("MB")
     ax.set_title(title, fontsize="medium")
     ax.legend()
-    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))  # whole or not at all
+    publish(path, force, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 def summary(f: dict[str, Any], largest: int) -> str:
@@ -167,11 +166,7 @@ def summary(f: dict[str, Any], largest: int) -> str:
 def main(model_dir: Path, decodes: int | None, warmup: int, every: int, bound_mb: float, threads: int, seed: int,
          plot_path: str | None, as_json: bool, force: bool) -> None:
     """Decode a mix of shapes and strategies thousands of times on one model; report whether RSS stays flat."""
-    if plot_path:
-        try:  # said now, not after minutes of decoding
-            check_output_file(plot_path, force, (".png",))
-        except OutputFileError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--plot'") from None
+    check_click(plot_path, "--plot", force, PNG)  # said now, not after minutes of decoding
     model = Seq2Seq.load(model_dir, provider="cpu", threads=threads)
     decodes = decodes or DEFAULT_DECODES[model.spec.kind]
     figures = soak(model, decodes, warmup, every, seed)
@@ -184,7 +179,7 @@ def main(model_dir: Path, decodes: int | None, warmup: int, every: int, bound_mb
     else:
         click.echo(summary(figures, LARGEST_REPEATS))
     if plot_path:
-        plot(figures, f"{model_dir}: RSS over {decodes} mixed decodes ({figures['verdict']})", plot_path)
+        plot(figures, f"{model_dir}: RSS over {decodes} mixed decodes ({figures['verdict']})", plot_path, force)
         click.echo(f"wrote {plot_path}", err=True)
     if not flat:
         raise SystemExit(1)

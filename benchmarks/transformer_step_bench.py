@@ -1,7 +1,7 @@
 """Transformer decoding cost per token: the cached step against recomputing the whole prefix, onnxruntime and PyTorch.
 
     python benchmarks/transformer_step_bench.py [--lengths 1,10,50,100,200] [--batch 1 --batch 16] [--threads 1]
-                                                [--decode-length 200] [--plot cost.png] [--json]
+                                                [--decode-length 200] [--plot cost.png] [--force] [--json]
 
 One seeded, untrained TransformerSeq2Seq (default d_model 64, 2 encoder + 2 decoder layers, 4 heads, d_ff 256,
 vocabularies of 40, sources of 20 ids). `t` is the output token being decoded (1 = the first, after BOS): it reads
@@ -38,11 +38,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from bench_outputs import PNG, check_click, publish
 from torch import nn
 
 from export.examples import EXAMPLE_BATCH, EXAMPLE_LENGTHS, EXAMPLE_SOURCE_LEN
 from export.graphs import dynamic_axes, export_graphs
-from runtime.atomic import write_file
 from runtime.binding import SessionRunner
 from runtime.contract import (
     BATCH,
@@ -52,7 +52,6 @@ from runtime.contract import (
     graph_io,
 )
 from runtime.defaults import DEFAULT_OPSET
-from runtime.destination import OutputFileError, check_output_file
 from runtime.sessions import open_session
 from runtime.spec import N_SPECIAL_TOKENS, ModelSpec
 from runtime.token_steps import TokenSteps
@@ -280,7 +279,7 @@ def tables(rows: list[Row], totals: dict[int, dict[str, float]], base_t: int, de
     return "\n".join(lines)
 
 
-def plot(rows: list[Row], path: Path, setup: str) -> None:
+def plot(rows: list[Row], path: Path, setup: str, force: bool) -> None:
     """ms per token against t, one panel per batch size, log-y."""
     import matplotlib
     matplotlib.use("Agg")
@@ -305,7 +304,7 @@ def plot(rows: list[Row], path: Path, setup: str) -> None:
         ax.legend(loc="best", fontsize=8)
     fig.suptitle(setup, fontsize=9)
     fig.tight_layout()
-    write_file(path, lambda f: fig.savefig(f, format="png", dpi=120))  # whole or not at all
+    publish(path, force, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -336,18 +335,15 @@ def parse_lengths(ctx: click.Context, param: click.Parameter, value: str) -> lis
 @click.option("--repeats", type=click.IntRange(min=2), default=200, show_default=True, help="Timed calls per t.")
 @click.option("--decode-length", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--decode-repeats", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw ms per token against t to FILE.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the tables.")
 @click.option("--force", is_flag=True, help="Replace an existing --plot file.")
 def bench(lengths: list[int], base_t: int, batches: tuple[int, ...], d_model: int, layers: int, heads: int,
           d_ff: int, vocab: int, source_len: int, threads: int, repeats: int, decode_length: int,
           decode_repeats: int, plot_path: Path | None, as_json: bool, force: bool) -> None:
     """Per-token cost of the cached transformer step vs recomputing the prefix, onnxruntime vs PyTorch."""
-    if plot_path is not None:
-        try:  # said now, not after the timing
-            check_output_file(plot_path, force, (".png",))
-        except OutputFileError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--plot'") from None
+    check_click(plot_path, "--plot", force, PNG)  # said now, not after the timing
     if base_t not in lengths:
         raise click.BadParameter(f"{base_t} is not among --lengths {lengths}", param_hint="'--base-t'")
     if d_model % heads:
@@ -372,7 +368,7 @@ def bench(lengths: list[int], base_t: int, batches: tuple[int, ...], d_model: in
     setup = (f"onnxruntime {ort.__version__}, torch {torch.__version__}, CPU, {threads} thread(s); d_model {d_model}, "
              f"{layers}+{layers} layers, {heads} heads, d_ff {d_ff}, vocab {vocab}, source {source_len} ids")
     if plot_path is not None:
-        plot(rows, plot_path, setup)
+        plot(rows, plot_path, setup, force)
     if as_json:
         click.echo(json.dumps({"setup": {"spec": spec.to_dict(), "onnxruntime": ort.__version__,
                                          "torch": torch.__version__, "threads": threads, "source_len": source_len,

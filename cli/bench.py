@@ -93,9 +93,9 @@ def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[st
 def check_destinations(json_path: str | None, plot_path: str | None, force: bool) -> None:
     """--json FILE and --plot FILE: writable, not replacing a file without --force (said before any work; their
     suffixes differ, so they never name one file)."""
-    if json_path and json_path != "-":
+    if json_path is not None and json_path != "-":
         check_output_path(json_path, "'--json'", JSON_SUFFIXES, force)
-    if plot_path:
+    if plot_path is not None:
         check_output_path(plot_path, "'--plot'", PLOT_SUFFIXES, force)
         from runtime.plot import require_matplotlib
 
@@ -256,12 +256,13 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
                     "batch": list(values["batches"]), "source_len": list(values["source_lens"]),
                     "target_len": list(values["target_lens"]), "beam": list(values["beams"])},
            "cells": records, "best": best_rows(records)}
-    write_results(doc, model_dir, spec, json_path, plot_path)
+    write_results(doc, model_dir, spec, json_path, plot_path, force)
 
 
 def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: str | None,
-                  plot_path: str | None) -> None:
-    """The tables on stdout (or, with --json -, the JSON), then the --json and --plot files, each written whole."""
+                  plot_path: str | None, force: bool) -> None:
+    """The tables on stdout (or, with --json -, the JSON), then the --json and --plot files, each written whole
+    (and over a file that appeared during the run only with `force`)."""
     text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
     if json_path == "-":
         click.echo(text, nl=False)
@@ -276,9 +277,9 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
             click.echo("\neach side at its best thread count:")
             click.echo(format_best(doc["best"]))
     if json_path and json_path != "-":
-        write_atomically(json_path, lambda f: f.write(text.encode("utf-8")))
+        write_atomically(json_path, lambda f: f.write(text.encode("utf-8")), force)
         click.echo(f"wrote {json_path}", err=True)
     if plot_path:
         title = f"{model_dir}: {describe_model(spec)}"
-        write_atomically(plot_path, lambda f: plot_latency(doc["cells"], title, f))
+        write_atomically(plot_path, lambda f: plot_latency(doc["cells"], title, f), force)
         click.echo(f"wrote {plot_path}", err=True)

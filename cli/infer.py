@@ -49,12 +49,12 @@ def check_output_path(path: str, option: str, suffixes: tuple[str, ...], force: 
 def check_outputs(input_path: str, output_path: str | None, plot_path: str | None, attention: bool,
                   force: bool, suffixes: tuple[str, ...] = OUTPUT_SUFFIXES) -> None:
     """Refuse unusable --output / --plot paths before any decoding."""
-    if output_path:
+    if output_path is not None:
         check_output_path(output_path, "'--output'", suffixes, force)
         if Path(output_path).suffix.lower() == ".npy" and attention:
             raise click.BadParameter("a .npy file holds one array; use .json or .npz with --attention",
                                      param_hint="'--output'")
-    if plot_path:
+    if plot_path is not None:
         check_output_path(plot_path, "'--plot'", PLOT_SUFFIXES, force)
         from runtime.plot import require_matplotlib
 
@@ -68,27 +68,32 @@ def check_outputs(input_path: str, output_path: str | None, plot_path: str | Non
                                  param_hint="'--output' / '--plot'")
 
 
-def write_atomically(path: str, write: Callable[[Any], None]) -> None:
-    """Write through a temporary sibling and rename, so a failure never leaves half a file; a failed write (a full
-    disk, a file system that takes no new files) is one line, exit 1."""
+def write_atomically(path: str, write: Callable[[Any], None], force: bool) -> None:
+    """Write through a temporary sibling and rename, so a failure never leaves half a file; a file that appeared
+    there during the run is kept unless `force`; a failed write (a full disk, a file system that takes no new
+    files) is one line, exit 1."""
     try:
-        write_file(path, write)
+        write_file(path, write, replace=force)
+    except FileExistsError:
+        raise click.ClickException(f"{path}: a file appeared there while this ran; it was kept and nothing was "
+                                   "written (pass --force to replace it)") from None
     except OSError as exc:
         raise click.ClickException(f"{path}: could not be written ({exc.strerror or exc}); nothing was written "
                                    "there") from None
 
 
-def write_output(path: str, outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> None:
+def write_output(path: str, outputs: np.ndarray, attention: np.ndarray | None, providers: list[str],
+                 force: bool) -> None:
     """Write results as .json, .npy (outputs only) or .npz."""
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
         text = json.dumps(as_json(outputs, attention, providers)) + "\n"
-        write_atomically(path, lambda f: f.write(text.encode("utf-8")))
+        write_atomically(path, lambda f: f.write(text.encode("utf-8")), force)
     elif suffix == ".npy":
-        write_atomically(path, lambda f: np.save(f, outputs))
+        write_atomically(path, lambda f: np.save(f, outputs), force)
     else:
         arrays = {"outputs": outputs, **({} if attention is None else {"attention": attention})}
-        write_atomically(path, lambda f: np.savez(f, **arrays))
+        write_atomically(path, lambda f: np.savez(f, **arrays), force)
 
 
 def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> dict[str, Any]:
@@ -169,11 +174,11 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
         from runtime.plot import plot_predictions, shown_items
 
         points = np.asarray(source, dtype=np.float32)  # already checked by predict
-        write_atomically(plot_path, lambda f: plot_predictions(points, outputs, alphas, f))
+        write_atomically(plot_path, lambda f: plot_predictions(points, outputs, alphas, f), force)
         click.echo(f"wrote {plot_path} (items {shown_items(len(outputs))} of {len(outputs)})", err=True)
     kept = alphas if attention else None
     if output_path:
-        write_output(output_path, outputs, kept, model.providers)
+        write_output(output_path, outputs, kept, model.providers, force)
         click.echo(f"wrote {output_path}", err=True)
     else:
         click.echo(json.dumps(as_json(outputs, kept, model.providers)))
@@ -253,7 +258,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     docs = run.records(read_items(input_path, texts), _progress if output_path else None)
     lines = (json.dumps(doc) + "\n" for doc in docs)
     if output_path:
-        write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines))
+        write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines), force)
         click.echo(f"wrote {output_path} ({run.decoded} input{'' if run.decoded == 1 else 's'})", err=True)
     else:
         for line in lines:
@@ -269,5 +274,5 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
         from runtime.plot import plot_heatmaps
 
         title = f"attention of the best hypothesis: the first {len(run.shown)} of {run.decoded} inputs"
-        write_atomically(plot_path, lambda f: plot_heatmaps(run.heatmaps(), title, f))
+        write_atomically(plot_path, lambda f: plot_heatmaps(run.heatmaps(), title, f), force)
         click.echo(f"wrote {plot_path}", err=True)

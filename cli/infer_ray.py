@@ -71,14 +71,14 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
     output = job.output_path
     assert output is not None  # cli.infer refuses --ray without --output
     if n == 0:
-        write_atomically(output, lambda f: None)
+        write_atomically(output, lambda f: None, job.force)
     else:
         with ray_session(job.address, plan.model_dir):
             if job.address is not None:  # shipped with the job: each actor reads its node's copy
                 plan = dataclasses.replace(plan, model_dir=None)
             start = time.perf_counter()
             actors, lines = decode_rows(n, make, decoder, plan, _actors(plan, job.concurrency), unit, most)
-            write_lines(output, lines)
+            write_lines(output, lines, job.force)
             seconds = time.perf_counter() - start
         click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
                    f"on {actors} actor{'' if actors == 1 else 's'}", err=True)
@@ -146,10 +146,11 @@ def _actors(plan: Plan, concurrency: int | None) -> int:
     return concurrency
 
 
-def write_lines(output: str, lines: Iterator[str]) -> None:
-    """Stream the lines into --output through a temporary sibling; a failure on the cluster is one line."""
+def write_lines(output: str, lines: Iterator[str], force: bool) -> None:
+    """Stream the lines into --output through a temporary sibling (over a file that appeared meanwhile only with
+    `force`); a failure on the cluster is one line."""
     try:
-        write_atomically(output, lambda f: f.writelines(line.encode("utf-8") for line in lines))
+        write_atomically(output, lambda f: f.writelines(line.encode("utf-8") for line in lines), force)
     except (ray.exceptions.RayError, OrderError) as exc:
         raise click.ClickException(f"--ray: decoding failed, so nothing was written to {output}: "
                                    f"{_innermost(exc)}") from None

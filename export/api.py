@@ -235,7 +235,8 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
                            "Pass accept_quality_loss (--accept-quality-loss) to publish it anyway, or loosen the "
                            f"tolerance:\n{shown}")
     if failed:
-        warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol}) in {len(failed)} checks; "
+        checks = f"{len(failed)} check{'' if len(failed) == 1 else 's'}"
+        warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol}) in {checks}; "
                       "published because the loss was accepted (the manifest's quality report says so)",
                       QualityLossWarning, stacklevel=3)
     write_manifest(staging, {**converted, "quality": {**quality_summary(rows, tol, bool(failed)),

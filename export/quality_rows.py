@@ -94,7 +94,8 @@ def format_quality(rows: list[QualityRow], tol: QualityTolerance, mode: str) -> 
     for case, cells in by_case.items():
         shown = [_cell(cells[m]) if m in cells else "" for m in metrics]
         count = next(iter(cells.values())).count
-        ok = "yes" if all(c.ok for c in cells.values()) else "NO"
+        judged = any(c.limit is not None for c in cells.values())
+        ok = "NO" if not all(c.ok for c in cells.values()) else "yes" if judged else "-"  # '-': reported only
         lines.append(f"{case:<26} {count:>5}" + "".join(f"{s:>{w}}" for s, w in zip(shown, widths)) + f"  {ok}")
     limits = {r.metric: r.limit for r in rows if r.limit is not None}
     rules = [f"{HEADERS.get(m, m)} ({m}) {'>=' if m in ('exact_match', 'token_agreement') else '<='} {lim:g}"

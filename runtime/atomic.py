@@ -12,6 +12,9 @@ The guarantees hold through a SIGKILL at any moment and between concurrent write
 - a killed writer's leftovers are hidden siblings with a fixed pattern, tidied by the next writer.
 Names beside `out`: `.<name>.lock` (the lock), `.<name>.<12 hex>.tmp` (staging, or an old tree being
 deleted: garbage), `.<name>.<12 hex>.old` (only in the two-rename fallback: a complete previous `out`).
+
+`write_file` stages one file as `.<name>.<12 hex>.tmp` beside it and removes that on any error; a writer killed
+mid-write leaves it behind, and no later writer removes another's (it may be a live one's).
 """
 from __future__ import annotations
 
@@ -63,18 +66,39 @@ def sibling(path: Path, suffix: str) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:UUID_HEX_CHARS]}{suffix}")
 
 
-def write_file(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: bool = True) -> None:
     """Write one file whole or not at all: `write` fills a fresh hidden sibling (permissions as the umask says),
-    which then replaces `path` in one rename; on any failure the sibling is removed and `path` is untouched."""
+    which then becomes `path` in one step; on any failure the sibling is removed and `path` is untouched. With
+    `replace` False a file that is at `path` by then (one that appeared while `write` ran, after the caller found
+    none) is kept: FileExistsError, nothing written."""
     path = Path(path)
     tmp = sibling(path, STAGING_SUFFIX)
     try:
         with open(tmp, "xb") as f:
             write(f)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _publish_new(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _publish_new(tmp: Path, path: Path) -> None:
+    """`tmp` becomes `path` only if nothing is there: a hard link fails on an existing name (no window), then the
+    sibling goes; on a file system without hard links, a look then a rename."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "a file appeared there while it was being written", str(path)) from None
+    except OSError:
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "a file appeared there while it was being written",
+                                  str(path)) from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 def lock_file(out: str | Path) -> Path:

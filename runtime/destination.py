@@ -89,19 +89,26 @@ class OutputFileError(DestinationError):
 
 
 def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] = ()) -> None:
-    """Before any work: `path` is a name ending in one of `suffixes` (any name when empty) in an existing, writable
-    folder, not a folder itself, and no file there is replaced unless `force`. Raises OutputFileError whose message
-    starts with the path; the caller adds the option's name."""
-    target = Path(path)
+    """Before any work: `path` names a file (not a folder, not empty) ending in one of `suffixes` (any name when
+    empty) in an existing, writable folder, and no file or link there is replaced unless `force`. Raises
+    OutputFileError whose message starts with the path; the caller adds the option's name. Publish with
+    `runtime.atomic.write_file(..., replace=force)`, so a file that appears meanwhile is kept too."""
+    text = os.fspath(path)
+    if not text:
+        raise OutputFileError("'': expected a file name, got an empty one")
+    target = Path(text)
+    if text.endswith(("/", os.sep)):
+        raise OutputFileError(f"{text}: ends in '/', which names a directory; expected a file name")
+    if target.is_dir():
+        raise OutputFileError(f"{text}: is a directory; expected a file name")
     if suffixes and target.suffix.lower() not in suffixes:
-        raise OutputFileError(f"{path}: expected a file name ending in {', '.join(suffixes)}")
+        raise OutputFileError(f"{text}: expected a file name ending in {', '.join(suffixes)}")
     parent = target.parent
     if not parent.is_dir():
-        raise OutputFileError(f"{path}: directory {str(parent)!r} does not exist; create it first")
+        raise OutputFileError(f"{text}: directory {str(parent)!r} does not exist; create it first")
     if not os.access(parent, os.W_OK):
-        raise OutputFileError(f"{path}: directory {str(parent)!r} is not writable")
-    if target.is_dir():
-        raise OutputFileError(f"{path}: is a directory; expected a file name")
+        raise OutputFileError(f"{text}: directory {str(parent)!r} is not writable")
     if os.path.lexists(target) and not force:
-        raise OutputFileError(f"{path}: a file already exists there; pass --force to replace it, or choose another "
+        what = "a link" if target.is_symlink() else "a file"
+        raise OutputFileError(f"{text}: {what} already exists there; pass --force to replace it, or choose another "
                               "name", exists=True)

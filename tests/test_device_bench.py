@@ -52,8 +52,8 @@ def test_bad_inputs_are_refused_by_name_before_anything_is_timed(transformer_exp
         (["artifacts/dates", "--beam", "1", "300"], 2, "got [1] and [1, 300]"),
         ([model, "--tokens", "5000"], 1, "--tokens 5000: max_decoding_length: 5000 is more than"),
         ([model, "--source-tokens", "5000"], 1, "--source-tokens 5000: texts[0]:"),
-        (["artifacts/dates", "--json", tmp_path / "no" / "x.json"], 1, "does not exist; create it first"),
-        (["artifacts/dates", "--json", tmp_path], 1, "is a directory; expected a file name"),
+        (["artifacts/dates", "--json", tmp_path / "no" / "x.json"], 2, "does not exist; create it first"),
+        (["artifacts/dates", "--json", tmp_path], 2, "is a directory; expected a file name"),
         (["artifacts/dates", "--json", tmp_path / "taken.json"], 1, "a file already exists there; pass --force"),
     ]
     for args, code, says in cases:

@@ -388,6 +388,48 @@ def test_a_failed_write_leaves_the_destination_and_nothing_else(tmp_path: Path) 
     assert os.listdir(tmp_path) == ["out"]
 
 
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "no-hard-links"])
+def test_write_file_keeps_a_file_that_appeared_unless_replacing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                links: bool) -> None:
+    out = tmp_path / "figures.json"
+    if not links:  # a file system without hard links: a look, then the rename
+        def no_link(src: object, dst: object) -> None:
+            raise OSError(errno.EPERM, "no hard links here")
+
+        monkeypatch.setattr(atomic.os, "link", no_link)
+
+    def write(f: object) -> None:  # the file lands while ours is being written
+        out.write_text("mine")
+        f.write(b"ours")  # type: ignore[attr-defined]
+
+    with pytest.raises(FileExistsError, match="appeared there while it was being written"):
+        atomic.write_file(out, write, replace=False)
+    assert out.read_text() == "mine" and os.listdir(tmp_path) == ["figures.json"]
+    atomic.write_file(out, write, replace=True)
+    assert out.read_text() == "ours" and os.listdir(tmp_path) == ["figures.json"]
+    out.unlink()
+    atomic.write_file(out, lambda f: f.write(b"new"), replace=False)  # nothing there: written, sibling gone
+    assert out.read_text() == "new" and os.listdir(tmp_path) == ["figures.json"]
+
+
+def test_cli_outputs_keep_a_file_that_appeared_during_the_run(tmp_path: Path) -> None:
+    import click
+
+    from cli.infer import write_atomically
+
+    out = tmp_path / "out.jsonl"
+
+    def write(f: object) -> None:
+        out.write_text("mine")
+        f.write(b"{}")  # type: ignore[attr-defined]
+
+    with pytest.raises(click.ClickException, match="appeared there while this ran; it was kept"):
+        write_atomically(str(out), write, force=False)
+    assert out.read_text() == "mine"
+    write_atomically(str(out), write, force=True)
+    assert out.read_text() == "{}" and os.listdir(tmp_path) == ["out.jsonl"]
+
+
 # ---- clean_leftovers ----
 
 UNRELATED = [".out.lock", "out.partial", f".out.partial.{HEX}.tmp", ".out.0123456789a.tmp", ".out.0123456789AB.tmp",

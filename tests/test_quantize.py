@@ -284,3 +284,13 @@ def test_token_quality_judges_the_beam_graphs_and_the_folded_graphs_one_text_a_c
     assert sum(r.count for r in rows if r.case == "texts one by one fast greedy_loop" and r.metric == "exact_match") \
         == ONE_BY_ONE
     assert all(r.value == 1.0 for r in rows if r.metric in ("exact_match", "token_agreement"))
+
+
+def test_the_table_marks_rows_of_reported_figures_only_with_a_dash():
+    from export.quality_rows import format_quality, make_row
+
+    rows = [make_row("random b1", 1, "exact_match", 0.5, None, at_least=True),
+            make_row("texts", 5, "exact_match", 0.9, 0.95, at_least=True),
+            make_row("texts b2", 5, "exact_match", 1.0, 0.95, at_least=True)]
+    lines = format_quality(rows, QualityTolerance(), "int8").splitlines()[2:5]
+    assert [line.split()[-1] for line in lines] == ["-", "NO", "yes"]  # was "yes" for the first: nothing judged

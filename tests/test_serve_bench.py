@@ -45,23 +45,24 @@ def _parse(*argv: str) -> Any:
     return serve_bench.parse_args(list(argv))
 
 
-@pytest.mark.parametrize("argv, said", [
-    ((str(ROOT / "artifacts" / "squares"),), "a points model; this benchmark posts texts"),
-    (("--rounds", "0"), "--rounds must be at least 1"),
-    (("--max-total", "1"), "--max-total: expected at least 10 s"),
-    (("--json", "/nonexistent/dir/x.json"), "directory '/nonexistent/dir' does not exist"),
-    (("--json", "{taken}"), "a file already exists there; pass --force"),
-    (("--plot", "{tmp}/latency.jpg"), "expected a file name ending in .png"),
-    (("--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"), "is the --json file too"),
+@pytest.mark.parametrize("argv, code, said", [
+    ((str(ROOT / "artifacts" / "squares"),), 2, "a points model; this benchmark posts texts"),
+    (("--rounds", "0"), 2, "--rounds must be at least 1"),
+    (("--max-total", "1"), 2, "--max-total: expected at least 10 s"),
+    (("--json", "/nonexistent/dir/x.json"), 2, "directory '/nonexistent/dir' does not exist"),
+    (("--json", "{taken}"), 1, "a file already exists there; pass --force"),
+    (("--plot", "{tmp}/latency.jpg"), 2, "expected a file name ending in .png"),
+    (("--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"), 2, "is the --json file too"),
 ], ids=["points-model", "no-rounds", "no-time", "json-dir", "json-taken", "plot-suffix", "same-file"])
-def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], said: str, tmp_path: Path,
+def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], code: int, said: str,
+                                                             tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     taken = tmp_path / "kept.json"
     taken.write_text("{}")  # a user's file: refused without --force, and left as it was
     with pytest.raises(SystemExit) as stopped:
         _parse(*(a.format(taken=taken, tmp=tmp_path) for a in argv))
     assert taken.read_text() == "{}"
-    assert stopped.value.code == 2 and said in capsys.readouterr().err
+    assert stopped.value.code == code and said in capsys.readouterr().err
 
 
 def test_serve_bench_replaces_a_json_file_only_with_force(tmp_path: Path) -> None:
