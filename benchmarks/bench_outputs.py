@@ -19,27 +19,31 @@ JSON, PNG = (".json",), (".png",)
 
 def check_click(path: str | Path | None, flag: str, force: bool, suffixes: tuple[str, ...]) -> None:
     """A click script's --json/--plot (None: not asked for): click's errors."""
-    if path is None:
-        return
-    try:
-        check_output_file(path, force, suffixes)
-    except OutputFileError as exc:
-        if exc.exists:
-            raise click.ClickException(f"{flag}: {exc}") from None
-        raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
+    refused = refusal(path, force, suffixes)
+    if refused is not None and refused.exists:
+        raise click.ClickException(f"{flag}: {refused}")
+    if refused is not None:
+        raise click.BadParameter(str(refused), param_hint=f"'{flag}'")
 
 
 def check_args(parser: argparse.ArgumentParser, path: Path | None, flag: str, force: bool,
                suffixes: tuple[str, ...]) -> None:
     """An argparse script's --json/--plot (None: not asked for): parser.error for an unusable path."""
-    if path is None:
-        return
+    refused = refusal(path, force, suffixes)
+    if refused is not None and refused.exists:
+        refuse(f"{flag}: {refused}")
+    if refused is not None:
+        parser.error(f"{flag} {refused}")
+
+
+def refusal(path: str | Path | None, force: bool, suffixes: tuple[str, ...]) -> OutputFileError | None:
+    """Why `path` cannot take the output (runtime.destination.check_output_file), or None (also when None)."""
     try:
-        check_output_file(path, force, suffixes)
+        if path is not None:
+            check_output_file(path, force, suffixes)
     except OutputFileError as exc:
-        if exc.exists:
-            refuse(f"{flag}: {exc}")
-        parser.error(f"{flag} {exc}")
+        return exc
+    return None
 
 
 def publish(path: str | Path, force: bool, write: Callable[[BinaryIO], None]) -> None:
