@@ -54,6 +54,7 @@ from ct2_check import check_failures, cross_check, ct2_ids
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 
 from export.api import QualityLossWarning, export_model
+from runtime.contract import VOCAB_FILES
 from runtime.errors import MissingExtraError
 from runtime.model import Seq2Seq
 from runtime.plot import require_matplotlib
@@ -96,6 +97,7 @@ def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None
     if steps > limit:
         raise click.BadParameter(f"{steps} is more than this transformer's max_positions {limit} (output token t "
                                  "reads row t)", param_hint="'--steps'")
+    held_out(Vocabulary.load(checkpoint / VOCAB_FILES["source"]))  # a checkpoint not trained on dates: said now
     note(f"exporting {checkpoint} (fp32, then int8) ...")
     export_model(checkpoint, dirs["fp32"])
     with warnings.catch_warnings(record=True) as caught:

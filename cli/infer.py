@@ -63,9 +63,12 @@ def check_outputs(input_path: str, output_path: str | None, plot_path: str | Non
     resolved = [Path(p).resolve() for p in named]
     if len(set(resolved)) < len(resolved):
         raise click.BadParameter(f"--output and --plot both name {named[0]}; give them different files")
-    if input_path != "-" and Path(input_path).resolve() in resolved:
-        raise click.BadParameter(f"{input_path} is the --input file; write results to another file",
-                                 param_hint="'--output' / '--plot'")
+    source = None if input_path == "-" else Path(input_path).resolve()
+    for flag, path in (("--output", output_path), ("--plot", plot_path)):
+        if source is not None and path and Path(path).resolve() == source:
+            through = "" if path == input_path else f" ({input_path}, through a link or another spelling)"
+            raise click.BadParameter(f"{path}: is the --input file{through}; write results to another file",
+                                     param_hint=f"'{flag}'")
 
 
 def write_atomically(path: str, write: Callable[[Any], None], force: bool) -> None:

@@ -163,6 +163,20 @@ def test_steps_past_max_positions_are_refused_before_the_exports(tmp_path, monke
     assert not exported
 
 
+def test_a_checkpoint_without_dates_sources_to_time_is_refused_before_the_exports(tmp_path, monkeypatch):
+    """The timed sources are held-out dates of 12 source tokens: a checkpoint whose source vocabulary splits them
+    otherwise (here the toy corpus's words) is refused right after the conversion, not after the exports."""
+    import ct2_bench
+    from click.testing import CliRunner
+
+    checkpoint = save_token_checkpoint(tmp_path / "tf", jittered_transformer(seed=0, max_positions=32))
+    exported = []
+    monkeypatch.setattr(ct2_bench, "export_model", lambda *args, **kwargs: exported.append(args))
+    result = CliRunner().invoke(bench_main, ["--checkpoint", str(checkpoint)])
+    assert result.exit_code == 1 and "no held-out dates source is 12 tokens long" in result.output, result.output
+    assert not exported
+
+
 def test_an_existing_destination_is_kept_without_force(tmp_path):
     vocabularies = toy_vocabularies()
     out = convert_model(jittered_transformer(seed=1), vocabularies, tmp_path / "ct2")

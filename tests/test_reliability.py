@@ -272,6 +272,10 @@ CLI_CASES: dict[str, Case] = {
                               says=("--plot", "p.jpg", ".png")),
     "infer --output = --input": case(*INFER, "--input", "points.npy", "--output", "points.npy", "--force",
                                      code=USAGE, says=("points.npy", "is the --input file")),
+    "infer --output = --input spelled otherwise": case(*INFER, "--input", "points.npy", "--output", "./points.npy",
+                                                       "--force", code=USAGE,
+                                                       says=("'--output'", "./points.npy: is the --input file "
+                                                             "(points.npy, through a link or another spelling)")),
     "infer --output = --plot": case(*INFER, "--input", "points.npy", "--output", "x.png", "--plot", "x.png",
                                     code=USAGE, says=("--output", "x.png")),
     "infer --target-len 0": case(*INFER, "--input", "points.npy", "--target-len", "0", code=USAGE,
