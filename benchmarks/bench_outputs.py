@@ -11,7 +11,7 @@ from typing import BinaryIO, Callable, NoReturn
 
 import click
 
-from runtime.atomic import write_file
+from runtime.atomic_file import write_file
 from runtime.destination import OutputFileError, check_output_file
 
 JSON, PNG = (".json",), (".png",)
@@ -47,7 +47,7 @@ def refusal(path: str | Path | None, force: bool, suffixes: tuple[str, ...]) -> 
 
 
 def publish(path: str | Path, force: bool, write: Callable[[BinaryIO], None]) -> None:
-    """Write the file whole (runtime.atomic.write_file); a file that appeared there during the run is kept unless
+    """Write the file whole (runtime.atomic_file.write_file); a file that appeared there during the run is kept unless
     `force`; any failure is one line, exit 1, with nothing written there."""
     try:
         write_file(path, write, replace=force)

@@ -13,7 +13,7 @@ import click
 import numpy as np
 from click.core import ParameterSource
 
-from runtime.atomic import write_file
+from runtime.atomic_file import write_file
 from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items

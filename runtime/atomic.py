@@ -1,8 +1,6 @@
-"""Write a directory whole or not at all: build it beside its destination, then swap it into place (and one file
-whole or not at all: `write_file`).
+"""Write a directory whole or not at all: build it beside its destination, then swap it into place.
 
-Shared by checkpoints, exports, vocabularies and the CLI's outputs; each caller brings its own rule for what may be
-replaced.
+Shared by checkpoints and exports; each caller brings its own rule for what may be replaced.
 
 The guarantees hold through a SIGKILL at any moment and between concurrent writers:
 - one writer per destination: `exclusive(out)` holds a non-blocking flock on `.<name>.lock` beside `out`;
@@ -13,8 +11,7 @@ The guarantees hold through a SIGKILL at any moment and between concurrent write
 Names beside `out`: `.<name>.lock` (the lock), `.<name>.<12 hex>.tmp` (staging, or an old tree being
 deleted: garbage), `.<name>.<12 hex>.old` (only in the two-rename fallback: a complete previous `out`).
 
-`write_file` stages one file as `.<name>.<12 hex>.tmp` beside it and removes that on any error; a writer killed
-mid-write leaves it behind, and no later writer removes another's (it may be a live one's).
+One file whole or not at all: `runtime.atomic_file.write_file`.
 """
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Callable, Iterator
 
 from .errors import Seq2OnnxError
 
@@ -64,41 +61,6 @@ _HOLDS_LOCK = threading.Lock()
 def sibling(path: Path, suffix: str) -> Path:
     """A fresh hidden name beside `path` (same filesystem, so renames are atomic)."""
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:UUID_HEX_CHARS]}{suffix}")
-
-
-def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: bool = True) -> None:
-    """Write one file whole or not at all: `write` fills a fresh hidden sibling (permissions as the umask says),
-    which then becomes `path` in one step; on any failure the sibling is removed and `path` is untouched. With
-    `replace` False a file that is at `path` by then (one that appeared while `write` ran, after the caller found
-    none) is kept: FileExistsError, nothing written."""
-    path = Path(path)
-    tmp = sibling(path, STAGING_SUFFIX)
-    try:
-        with open(tmp, "xb") as f:
-            write(f)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            _publish_new(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _publish_new(tmp: Path, path: Path) -> None:
-    """`tmp` becomes `path` only if nothing is there: a hard link fails on an existing name (no window), then the
-    sibling goes; on a file system without hard links, a look then a rename."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise FileExistsError(errno.EEXIST, "a file appeared there while it was being written", str(path)) from None
-    except OSError:
-        if os.path.lexists(path):
-            raise FileExistsError(errno.EEXIST, "a file appeared there while it was being written",
-                                  str(path)) from None
-        os.replace(tmp, path)
-        return
-    tmp.unlink()
 
 
 def lock_file(out: str | Path) -> Path:

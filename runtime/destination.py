@@ -92,7 +92,7 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
     """Before any work: `path` names a file (not a folder, not empty) ending in one of `suffixes` (any name when
     empty) in an existing, writable folder, and no file or link there is replaced unless `force`. Raises
     OutputFileError whose message starts with the path; the caller adds the option's name. Publish with
-    `runtime.atomic.write_file(..., replace=force)`, so a file that appears meanwhile is kept too."""
+    `runtime.atomic_file.write_file(..., replace=force)`, so a file that appears meanwhile is kept too."""
     text = os.fspath(path)
     if not text:
         raise OutputFileError("'': expected a file name, got an empty one")

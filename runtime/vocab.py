@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import write_file
+from .atomic_file import write_file
 from .errors import TokenizerUnavailableError, VocabError, brief  # noqa: F401  (imported from here too)
 from .specials import (  # noqa: F401  (the fixed ids and tokens: imported from here across the project)
     BOS,

@@ -1,5 +1,5 @@
 """The benchmarks' --json and --plot files follow the CLI's rule (benchmarks/bench_outputs.py over
-runtime.destination.check_output_file and runtime.atomic.write_file): refused before any work, in one line, exit 1
+runtime.destination.check_output_file and runtime.atomic_file.write_file): refused before any work, in one line, exit 1
 for a file already there without --force and 2 for a path that cannot be used, the user's file left as it was; with
 --force the file is replaced whole; a file that appears during a run is kept unless --force."""
 from __future__ import annotations

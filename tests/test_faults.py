@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
-from runtime import atomic
+from runtime import atomic, atomic_file
 from runtime.atomic import (
     DestinationBusyError,
     clean_leftovers,
@@ -396,19 +396,19 @@ def test_write_file_keeps_a_file_that_appeared_unless_replacing(tmp_path: Path, 
         def no_link(src: object, dst: object) -> None:
             raise OSError(errno.EPERM, "no hard links here")
 
-        monkeypatch.setattr(atomic.os, "link", no_link)
+        monkeypatch.setattr(atomic_file.os, "link", no_link)
 
     def write(f: object) -> None:  # the file lands while ours is being written
         out.write_text("mine")
         f.write(b"ours")  # type: ignore[attr-defined]
 
     with pytest.raises(FileExistsError, match="appeared there while it was being written"):
-        atomic.write_file(out, write, replace=False)
+        atomic_file.write_file(out, write, replace=False)
     assert out.read_text() == "mine" and os.listdir(tmp_path) == ["figures.json"]
-    atomic.write_file(out, write, replace=True)
+    atomic_file.write_file(out, write, replace=True)
     assert out.read_text() == "ours" and os.listdir(tmp_path) == ["figures.json"]
     out.unlink()
-    atomic.write_file(out, lambda f: f.write(b"new"), replace=False)  # nothing there: written, sibling gone
+    atomic_file.write_file(out, lambda f: f.write(b"new"), replace=False)  # nothing there: written, sibling gone
     assert out.read_text() == "new" and os.listdir(tmp_path) == ["figures.json"]
 
 

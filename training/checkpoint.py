@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from runtime.atomic import staged_directory, write_file
+from runtime.atomic import staged_directory
+from runtime.atomic_file import write_file
 from runtime.contract import (
     CHECKPOINT_HISTORY_FILE,
     CHECKPOINT_PLOT_FILE,

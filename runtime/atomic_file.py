@@ -1,0 +1,51 @@
+"""Write one file whole or not at all: `write_file` stages it as a hidden sibling, `.<name>.<12 hex>.tmp`
+(`runtime.atomic.sibling`), then makes it the file in one step. The CLI's and the benchmarks' outputs, vocabularies
+and checkpoint files go through it; each caller brings its own rule for what may be replaced
+(`runtime.destination`).
+
+The staged sibling is removed on any error; a writer killed mid-write leaves it behind, and no later writer removes
+another's (it may be a live one's).
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from .atomic import STAGING_SUFFIX, sibling
+
+
+def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: bool = True) -> None:
+    """Write one file whole or not at all: `write` fills a fresh hidden sibling (permissions as the umask says),
+    which then becomes `path` in one step; on any failure the sibling is removed and `path` is untouched. With
+    `replace` False a file that is at `path` by then (one that appeared while `write` ran, after the caller found
+    none) is kept: FileExistsError, nothing written."""
+    path = Path(path)
+    tmp = sibling(path, STAGING_SUFFIX)
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _publish_new(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _publish_new(tmp: Path, path: Path) -> None:
+    """`tmp` becomes `path` only if nothing is there: a hard link fails on an existing name (no window), then the
+    sibling goes; on a file system without hard links, a look then a rename."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "a file appeared there while it was being written", str(path)) from None
+    except OSError:
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "a file appeared there while it was being written",
+                                  str(path)) from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
