@@ -84,9 +84,11 @@ def held_out(vocab: Vocabulary) -> tuple[list[str], list[str]]:
     return list(test.sources[:CHECK_TEXTS]), timed
 
 
-def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None]) -> dict[str, Path]:
+def prepare(checkpoint: Path, root: Path, steps: int,
+            note: Callable[[str], None]) -> tuple[dict[str, Path], tuple[list[str], list[str]]]:
     """The CT2 conversion 'ct2' (first: it refuses anything but a transformer at once, and --steps past the model's
-    max_positions is refused before the exports) and the exports 'fp32' and 'int8' of `checkpoint`, under `root`."""
+    max_positions or a vocabulary without held-out sources to time is refused before the exports) and the exports
+    'fp32' and 'int8' of `checkpoint`, under `root`; and the held-out sources (`held_out`)."""
     dirs = {"ct2": root / "ct2", "fp32": root / "fp32", "int8": root / "int8"}
     note(f"converting {checkpoint} for CTranslate2 ...")
     try:
@@ -97,7 +99,7 @@ def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None
     if steps > limit:
         raise click.BadParameter(f"{steps} is more than this transformer's max_positions {limit} (output token t "
                                  "reads row t)", param_hint="'--steps'")
-    held_out(Vocabulary.load(checkpoint / VOCAB_FILES["source"]))  # a checkpoint not trained on dates: said now
+    sources = held_out(Vocabulary.load(checkpoint / VOCAB_FILES["source"]))  # not trained on dates: said now
     note(f"exporting {checkpoint} (fp32, then int8) ...")
     export_model(checkpoint, dirs["fp32"])
     with warnings.catch_warnings(record=True) as caught:
@@ -105,7 +107,7 @@ def prepare(checkpoint: Path, root: Path, steps: int, note: Callable[[str], None
         export_model(checkpoint, dirs["int8"], quantize="int8", accept_quality_loss=True)
     for warning in caught:
         note(f"note: {warning.message}")  # a timing run takes the int8 graphs as they are
-    return dirs
+    return dirs, sources
 
 
 def load(dirs: dict[str, Path], threads: list[int], instances: int = 1) -> dict[Key, list[Any]]:
@@ -335,9 +337,8 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
     info = machine()
     note(f"{info['cpu']}, {info['cpus']} CPUs, flags {info['flags']}\nuptime: {info['uptime']}")
     with tempfile.TemporaryDirectory(prefix="ct2-bench-") as tmp:
-        dirs = prepare(checkpoint, Path(tmp), steps, note)
+        dirs, (check_texts, texts) = prepare(checkpoint, Path(tmp), steps, note)
         model = Seq2Seq.load(dirs["fp32"], provider="cpu")
-        check_texts, texts = held_out(model.vocabularies["source"])
         translator = ctranslate2.Translator(str(dirs["ct2"]), device="cpu", compute_type="float32")
         check = cross_check(model, translator, check_texts, steps)
         note(f"cross-check (fp32, {len(check_texts)} held-out sources): {json.dumps(check)}")

@@ -89,12 +89,13 @@ def _point_rows(case: Case, prefix: str, reference: tuple, candidate: tuple,
     err = np.abs(got.astype(np.float64) - want)
     scale = max(float(np.abs(want).max()), REL_FLOOR)
     n = len(case.source)
+    relative = (err / np.maximum(np.abs(want), REL_FLOOR)).max()
     rows = [make_row(case.name, n, f"{prefix}outputs.max_abs", err.max(), None),
-            make_row(case.name, n, f"{prefix}outputs.max_rel", (err / np.maximum(np.abs(want), REL_FLOOR)).max(), None),
+            make_row(case.name, n, f"{prefix}outputs.max_rel", relative, None),
             make_row(case.name, n, f"{prefix}outputs.diff/scale", err.max() / scale, limit_of(tol, "max_output_diff"))]
     if want_att is not None:
         rows.append(make_row(case.name, n, f"{prefix}attention.max_abs", np.abs(got_att - want_att).max(),
-                         limit_of(tol, "max_attention_diff")))
+                             limit_of(tol, "max_attention_diff")))
     return rows
 
 
@@ -140,9 +141,9 @@ def _token_set(name: str, reference: Seq2Seq, candidate: Seq2Seq, batches: Seque
             case = f"{name} {prefix}{search}"
             agreement = token_agreement(pairs, ref.contract.specials.eos)
             rows += [make_row(case, count, "exact_match", sum(a == b for a, b in pairs) / len(pairs),
-                          limit_of(tol, "min_exact_match"), at_least=True),
+                              limit_of(tol, "min_exact_match"), at_least=True),
                      make_row(case, count, "token_agreement", agreement, limit_of(tol, "min_token_agreement"),
-                          at_least=True)]
+                              at_least=True)]
         worst = max(_log_prob_diff(ref, cand, ids, lengths, max_len) for ids, lengths in batches)
         rows.append(make_row(f"{name} {prefix}greedy", count, "step.log_probs.max_abs", worst, None))
     return rows
