@@ -20,6 +20,7 @@ from .contract import (
     SPEC_KEY,
 )
 from .declared import TokenContract
+from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .fused import BeamGraph, GreedyLoop
 from .manifest import Manifest, read_manifest
@@ -146,6 +147,12 @@ class Seq2Seq:
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
+        with flushing(src.shape[0] > 1):  # one row has no masked attention to flush (runtime.denormals)
+            outputs, attention = self._decode_points(src, mask, steps, cancel)
+        return (outputs, attention) if return_attention else outputs
+
+    def _decode_points(self, src: np.ndarray, mask: np.ndarray, steps: int,
+                       cancel: Cancel | None) -> tuple[np.ndarray, np.ndarray | None]:
         if src.shape[0] == 0:
             outputs, attention = self._empty(src, steps)
         elif self._greedy is not None:
@@ -158,7 +165,7 @@ class Seq2Seq:
                                      else (self.run_encoder, self.run_step))  # run_* may be replaced by a caller
             outputs, attention = greedy_decode(run_encoder, run_step, self.step_inputs, src, mask, steps, cancel)
             check_outputs(src, outputs, attention)
-        return (outputs, attention) if return_attention else outputs
+        return outputs, attention
 
     def translate_batch(self, texts: Any, cancel: Cancel | None = None, **options: Any) -> list[list[Translation]]:
         """Texts -> n-best Translations per text; options as in `runtime.tokens` (CTranslate2's names).

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 
 import onnxruntime as ort
 
+from .denormals import keeping_flags, session_flag
 from .errors import InputError, IntegrityError, ProviderError, brief, one_line
 from .manifest import read_regular_file, sha256_bytes
 
@@ -218,6 +219,8 @@ def session_options(threads: int | None, spinning: bool = SPINNING, arena: bool 
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry(ALLOW_SPINNING, "1" if spinning else "0")
+    for key, value in session_flag().items():  # worker threads flush denormals (runtime.denormals)
+        options.add_session_config_entry(key, value)
     options.log_severity_level = 3  # keep fallback warnings out of services' logs; we check ourselves
     return options
 
@@ -240,8 +243,9 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
     options = session_options(threads, arena=arena or CUDA in providers)  # CUDA keeps it: see ARENA
     provider_options = [cuda_options(device_id) if p == CUDA else {} for p in providers]
     try:
-        session = ort.InferenceSession(data, sess_options=options, providers=providers,
-                                       provider_options=provider_options)
+        with keeping_flags():  # onnxruntime would leave this thread flushing denormals for good
+            session = ort.InferenceSession(data, sess_options=options, providers=providers,
+                                           provider_options=provider_options)
     except Exception as exc:  # onnxruntime raises its own untyped errors
         if CUDA in providers:
             raise ProviderError(

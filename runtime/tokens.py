@@ -22,6 +22,7 @@ from runtime.search.step import check_int, check_min_length
 
 from .contract import VOCAB_FILES
 from .declared import TokenContract
+from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
 from .points import MAX_TARGET_LEN, Cancel, stoppable
@@ -163,33 +164,40 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     if not texts:
         return []
     ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec, steps.contract)
-    step = steps.step if cancel is None else stoppable(steps.step, cancel)
     specials = steps.contract.specials
     common = dict(batch_size=len(texts), bos_id=specials.bos, eos_id=specials.eos,
                   min_decoding_length=min_decoding_length,
                   max_decoding_length=max_decoding_length, return_attention=return_attention,
                   constant=steps.constant)
-    beam = steps.beam_graph(*ids.shape, beam_size)  # a transformer's beam search graph, or None
-    if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
-        run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
-        found = run(ids, lengths, beam_size, num_hypotheses, length_penalty, max_decoding_length,
-                    min_decoding_length, cancel)
-    elif beam_size != 1 or num_hypotheses != 1:  # with a beam step, what attention reads stays once per input
-        fold = steps.has_beam_step
-        step = steps.beam_step if fold else steps.step
-        step = step if cancel is None else stoppable(step, cancel)
-        found = beam_search(step, steps.encode(ids, lengths), steps.batch_axes, beam_size=beam_size,
-                            num_hypotheses=num_hypotheses, length_penalty=length_penalty, per_input=fold, **common)
-    elif sampling:
-        found = [[h] for h in sample(step, steps.encode(ids, lengths), steps.batch_axes, seed=seed,
-                                     sampling_temperature=sampling_temperature, sampling_topk=sampling_topk,
-                                     sampling_topp=sampling_topp, **common)]
-    elif steps.greedy is not None:  # one call (two where the encoder is its own graph): the greedy loop graph
-        tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
-        found = [[h] for h in tokens(ids, lengths, max_decoding_length, min_decoding_length, return_attention,
-                                     cancel)]
-    else:
-        found = [[h] for h in greedy_search(step, steps.encode(ids, lengths), steps.batch_axes, **common)]
+    search = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, length_penalty=length_penalty)
+    sampler = dict(seed=seed, sampling_temperature=sampling_temperature, sampling_topk=sampling_topk,
+                   sampling_topp=sampling_topp) if sampling else None
+    with flushing(len(texts) * beam_size > 1):  # one row has no masked attention to flush (runtime.denormals)
+        found = _decode(steps, ids, lengths, search, sampler, common, cancel)
     target = vocabularies["target"]
     return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]
+
+
+def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dict[str, Any],
+            sampler: dict[str, Any] | None, common: dict[str, Any], cancel: Cancel | None) -> list[list[Any]]:
+    """The n-best hypotheses per source: the beam graph, the beam step or step loop, sampling, or greedy."""
+    step = steps.step if cancel is None else stoppable(steps.step, cancel)
+    beam_size, num_hypotheses = search["beam_size"], search["num_hypotheses"]
+    beam = steps.beam_graph(*ids.shape, beam_size)  # a transformer's beam search graph, or None
+    if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
+        run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
+        return run(ids, lengths, beam_size, num_hypotheses, search["length_penalty"],
+                   common["max_decoding_length"], common["min_decoding_length"], cancel)
+    if beam_size != 1 or num_hypotheses != 1:  # with a beam step, what attention reads stays once per input
+        fold = steps.has_beam_step
+        step = steps.beam_step if fold else steps.step
+        step = step if cancel is None else stoppable(step, cancel)
+        return beam_search(step, steps.encode(ids, lengths), steps.batch_axes, per_input=fold, **search, **common)
+    if sampler is not None:
+        return [[h] for h in sample(step, steps.encode(ids, lengths), steps.batch_axes, **sampler, **common)]
+    if steps.greedy is not None:  # one call (two where the encoder is its own graph): the greedy loop graph
+        tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
+        return [[h] for h in tokens(ids, lengths, common["max_decoding_length"], common["min_decoding_length"],
+                                    common["return_attention"], cancel)]
+    return [[h] for h in greedy_search(step, steps.encode(ids, lengths), steps.batch_axes, **common)]
