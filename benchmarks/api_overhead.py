@@ -33,6 +33,7 @@ from cli.common import check_threads_option  # noqa: E402
 from runtime.bench import BLOCK, Cell, Timing, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402
+from runtime.denormals import flushes_now, flushing  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.infer_tokens import MAX_BATCH  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
@@ -40,13 +41,14 @@ from runtime.points import MAX_TARGET_LEN  # noqa: E402
 from runtime.search.beam import MAX_BEAM  # noqa: E402
 
 
-def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[str, Any]]]:
-    """The (runner, feed) of every graph run one API call makes, in order (runners of every kind are recorded)."""
-    calls: list[tuple[SessionRunner, dict[str, Any]]] = []
+def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[str, Any], bool]]:
+    """The (runner, feed, whether denormals were flushed) of every graph run one API call makes, in order (runners
+    of every kind are recorded)."""
+    calls: list[tuple[SessionRunner, dict[str, Any], bool]] = []
     original = SessionRunner.__call__
 
     def record(self: SessionRunner, feed: dict[str, Any], cancel: Any = None) -> dict[str, Any]:
-        calls.append((self, dict(feed)))
+        calls.append((self, dict(feed), flushes_now()))
         return original(self, feed, cancel)
 
     SessionRunner.__call__ = record  # type: ignore[method-assign]
@@ -57,11 +59,13 @@ def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[st
     return calls
 
 
-def replay(calls: list[tuple[SessionRunner, dict[str, Any]]]) -> Callable[[], int]:
-    """The recorded runs, bare: each runner's own `_run` on its recorded feed, in order (0 tokens, for `measure`)."""
+def replay(calls: list[tuple[SessionRunner, dict[str, Any], bool]]) -> Callable[[], int]:
+    """The recorded runs, bare: each runner's own `_run` on its recorded feed, in order (0 tokens, for `measure`),
+    with denormals flushed where the API flushed them (runtime.denormals)."""
     def run() -> int:
-        for runner, feed in calls:
-            runner._run(feed)
+        for runner, feed, flushed in calls:
+            with flushing(flushed):
+                runner._run(feed)
         return 0
     return run
 

@@ -30,6 +30,7 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
+from runtime.denormals import flushing  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
 from runtime.optional_graphs import fold_tokens  # noqa: E402
@@ -204,4 +205,5 @@ def interleaved(runs: list[Callable[[], object]], calls: int) -> list[list[float
 
 
 if __name__ == "__main__":
-    main()
+    with flushing():  # denormals flushed for the whole run, as the runtime runs a decode of more than one row
+        main()

@@ -1,0 +1,131 @@
+"""Decoding with denormals flushed to zero (the runtime's default, runtime.denormals) against IEEE denormals, side by
+side in one process: two copies of one export, one loaded and run with `runtime.denormals.FLUSH` on, one with it
+off, timed in interleaved rounds through the public API (`translate_batch`, `predict`).
+
+    python benchmarks/denormal_bench.py MODEL_DIR [--batch 1 --batch 64] [--beam 1 --beam 5] [--source-len L]
+        [--target-len T] [--threads 1] [--repeats 60]
+
+--batch and --beam repeat (default batches 1 and 64, beams 1 and 5; point models decode greedily); lengths default as
+in `seq2onnx bench`, and token models decode exactly --target-len tokens. Per case: both medians and flushed / IEEE
+(< 1: flushing is faster), then whether both decoded the same ids (points: the largest difference). The gain
+depends on the CPU: Intel cores pay a microcode assist for every denormal result, AMD's barely; the first line names
+the CPU and its load.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from api_overhead import decode_options  # noqa: E402
+
+from cli.bench import resolve_grid  # noqa: E402
+from runtime import denormals  # noqa: E402
+from runtime.bench import BLOCK, Cell, make_inputs, measure  # noqa: E402
+from runtime.bench_report import describe_model  # noqa: E402
+from runtime.errors import Seq2OnnxError  # noqa: E402
+from runtime.infer_tokens import MAX_BATCH  # noqa: E402
+from runtime.model import Seq2Seq  # noqa: E402
+from runtime.search.beam import MAX_BEAM  # noqa: E402
+
+SIDES = {"flushed": True, "ieee": False}  # side -> runtime.denormals.FLUSH while it loads and runs
+
+
+def cpu() -> str:
+    """'Intel(R) Xeon(R) Processor, 2 CPUs, load 0.31'."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
+    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {os.cpu_count()} CPUs, " \
+           f"load {os.getloadavg()[0]:.2f}"
+
+
+def decode(model: Seq2Seq, cell: Cell, inputs: Any) -> Callable[[], Any]:
+    """One decode of the cell's inputs: token ids of every best hypothesis, or the points."""
+    if model.spec.kind == "points":
+        return lambda: model.predict(inputs.source, cell.target_len, inputs.mask)
+    return lambda: [hyps[0].ids for hyps in model.translate_batch(
+        list(inputs.texts), beam_size=cell.beam, max_decoding_length=cell.target_len,
+        min_decoding_length=cell.target_len)]
+
+
+def side(flush: bool, call: Callable[[], Any]) -> Callable[[], int]:
+    """The call with FLUSH set as the side runs (read when its decode starts); 0 tokens, for `measure`."""
+    def run() -> int:
+        denormals.FLUSH = flush
+        call()
+        return 0
+    return run
+
+
+def load(model_dir: Path, threads: int) -> dict[str, Seq2Seq]:
+    """One copy a side, each made with its side's FLUSH (onnxruntime's worker threads take it at session creation)."""
+    models = {}
+    for name, flush in SIDES.items():
+        denormals.FLUSH = flush
+        models[name] = Seq2Seq.load(model_dir, provider="cpu", threads=threads)
+    denormals.FLUSH = True
+    return models
+
+
+def agreement(first: Any, second: Any) -> str:
+    if isinstance(first, np.ndarray):
+        return f"max point diff {float(np.max(np.abs(first - second))) if first.size else 0.0:.2e}"
+    return "same ids" if first == second else "DIFFERENT ids"
+
+
+@click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True,
+              help="Batch sizes (repeatable; default 1 and 64).")
+@click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
+              help="Beam sizes of token models (repeatable; default 1 and 5).")
+@decode_options
+@click.option("--repeats", type=click.IntRange(1), default=60, show_default=True,
+              help=f"Timed calls a side, in rounds of {BLOCK} a side (seq2onnx bench's timing).")
+def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
+         target_len: int | None, threads: int, repeats: int) -> None:
+    if not denormals.FLAGS.works:
+        raise click.ClickException(f"denormals are flushed on x86-64 Linux only; this is {sys.platform} on "
+                                   f"{platform.machine()}, where both sides would be the same")
+    try:
+        models = load(model_dir, threads)
+        spec, points = models["flushed"].spec, models["flushed"].spec.kind == "points"
+        given = {"batches": batches or (1, 64), "beams": beams, "source_lens": (source_len,) if source_len else (),
+                 "target_lens": (target_len,) if target_len else ()}
+        contract = None if points else models["flushed"].contract
+        axes = resolve_grid(click.get_current_context(), model_dir, spec, given, contract)
+        (source_len,), (target_len,) = axes["source_lens"], axes["target_lens"]
+        vocab = None if points else models["flushed"].vocabularies["source"]
+        print(f"{cpu()}\n{model_dir}: {describe_model(spec)}; {threads} thread(s), source {source_len}, target "
+              f"{target_len}, {repeats} calls a side; ratio = flushed / IEEE (< 1: flushing is faster)")
+        for batch in axes["batches"]:
+            inputs = make_inputs(spec, vocab, batch, source_len, contract=contract)
+            for beam in axes["beams"]:
+                cell = Cell("cpu", threads, "fused", batch, source_len, target_len, beam)
+                calls = {name: decode(models[name], cell, inputs) for name in SIDES}
+                outputs = {}
+                for name, flush in SIDES.items():
+                    denormals.FLUSH = flush
+                    outputs[name] = calls[name]()
+                times = measure({name: side(flush, calls[name]) for name, flush in SIDES.items()}, warmup=1,
+                                repeats=repeats)
+                denormals.FLUSH = True
+                flushed, ieee = (times[name].median_s * 1e3 for name in SIDES)
+                label = f"{'greedy' if beam in (None, 1) else f'beam {beam}'} b{batch}"
+                print(f"{label}: flushed {flushed:.3f} ms | IEEE {ieee:.3f} ms | ratio {flushed / ieee:.3f} | "
+                      f"{agreement(outputs['flushed'], outputs['ieee'])}", flush=True)
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        denormals.FLUSH = True
+
+
+if __name__ == "__main__":
+    main()
