@@ -6,13 +6,16 @@ result is a microcode assist: on a Xeon with AMX (the 2-core VM of the README's 
 with a third of it masked took 76 us against 11 us with none masked, and 150 us when the masked scores sat 87-100
 below the max, where the results are denormal rather than 0. The beam graph's ancestry mask (k - 1 of every k cache
 slots masked) and the wide greedy loop's blocks (3 of 4 inputs' keys masked) pay it every step. With the flags set
-the same softmax took 11 us in every case. AMD's cores handle denormals without assists, so they gain little.
+the same softmax took 11 us in every case. (The AMD EPYC of the README's older figures was not measured this way;
+the batch-64 decodes that pay this most ran faster than CTranslate2 there, and 1.3-1.8x slower on the Xeon.)
 
 Flushing is what the CPU does when MXCSR's FTZ (results) and DAZ (inputs) bits are set, for the thread that sets
 them. So: sessions are made with onnxruntime's `session.set_denormal_as_zero`, which sets the bits on its worker
-threads (intra-op threads >= 2); the thread that calls a decode sets them for the decode's length (`flushing`) and
-puts its own flags back after, since onnxruntime runs part of every call (all of it at 1 thread) on the caller's
-thread, and a service's threads must not change how the rest of its code rounds. onnxruntime also sets the bits,
+threads (intra-op threads >= 2); the thread that calls a decode of more than one row (inputs x beams) sets them for
+the decode's length (`flushing`) and puts its own flags back after, since onnxruntime runs part of every call (all of
+it at 1 thread) on the caller's thread, and a service's threads must not change how the rest of its code rounds. A
+decode of one row skips that: it reads no mask (no padding, no blocks), and the four libm calls, ~2 us themselves,
+made the greedy batch-1 call 1.2-1.7% slower. onnxruntime also sets the bits,
 once per process, on the thread that makes its first session with the option; `keeping_flags` undoes that around
 session creation. The bits are read and written with C's fegetenv/fesetenv through ctypes: glibc or musl on x86-64
 Linux, where fenv_t ends with the MXCSR word. Elsewhere (macOS, Windows, ARM) nothing is flushed and sessions are made

@@ -1,0 +1,59 @@
+"""benchmarks/denormal_bench.py: decodes with denormals flushed against IEEE denormals, side by side."""
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "denormal_bench.py"
+LINE = re.compile(r"^(greedy|beam \d+) b(\d+): flushed [\d.]+ ms \| IEEE [\d.]+ ms \| ratio [\d.]+ \| (.+)$")
+X86_LINUX = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+pytestmark = pytest.mark.skipif(not X86_LINUX, reason="denormals are flushed on x86-64 Linux only")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--repeats", "2"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def cases(stdout: str) -> list[tuple[str, int, str]]:
+    """(strategy, batch, agreement) of every case line; every line after the two-line header must be one."""
+    lines = stdout.strip().splitlines()
+    assert lines[0].split(",")[0] and "ratio = flushed / IEEE" in lines[1], lines
+    matches = [LINE.match(line) for line in lines[2:]]
+    assert all(matches), lines
+    return [(m[1], int(m[2]), m[3]) for m in matches]
+
+
+def test_every_case_decodes_the_same_ids_both_ways(transformer_export):
+    done = run(str(transformer_export.path), "--source-len", "3", "--target-len", "4", "--batch", "1", "--batch", "3",
+               "--beam", "1", "--beam", "2")
+    assert done.returncode == 0, done.stderr
+    assert cases(done.stdout) == [("greedy", 1, "same ids"), ("beam 2", 1, "same ids"), ("greedy", 3, "same ids"),
+                                  ("beam 2", 3, "same ids")]
+
+
+def test_a_point_model_reports_its_largest_difference(exports):
+    done = run(str(exports["dot"].path), "--source-len", "4", "--target-len", "3", "--batch", "2")
+    assert done.returncode == 0, done.stderr
+    ((strategy, batch, agreement),) = cases(done.stdout)
+    assert (strategy, batch) == ("greedy", 2) and re.fullmatch(r"max point diff \d\.\d\de[-+]\d+", agreement)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ([], "no manifest found"),
+    (["--beam", "2"], "--beam: {points} is a point model, which decodes greedily"),
+    (["--target-len", "9"], "'--target-len': 9: {tokens} is a transformer with max_positions 8"),
+    (["--batch", "0"], "'--batch': 0 is not in the range"),
+])
+def test_bad_options_are_refused_in_one_line_before_any_work(tmp_path, exports, transformer_export, args, says):
+    points, tokens = exports["dot"].path, transformer_export.path
+    target = tmp_path if not args else points if "--beam" in args else tokens
+    done = run(str(target), *args)
+    assert done.returncode != 0 and "Traceback" not in done.stderr and not done.stdout
+    assert says.format(points=points, tokens=tokens) in done.stderr, done.stderr
