@@ -84,6 +84,25 @@ def decode_options(command: Callable) -> Callable:
     return command
 
 
+def case_options(batches: str, repeats: int) -> Callable[[Callable], Callable]:
+    """MODEL_DIR, --batch (default `batches`, in words), --beam, decode_options and --repeats (default `repeats`),
+    as this script and denormal_bench.py take them."""
+    def apply(command: Callable) -> Callable:
+        for option in reversed([
+            click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path)),
+            click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True,
+                         help=f"Batch sizes (repeatable; default {batches})."),
+            click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
+                         help="Beam sizes of token models (repeatable; default 1 and 5)."),
+            decode_options,
+            click.option("--repeats", type=click.IntRange(1), default=repeats, show_default=True,
+                         help=f"Timed calls a side, in rounds of {BLOCK} a side (seq2onnx bench's timing)."),
+        ]):
+            command = option(command)
+        return command
+    return apply
+
+
 def case_line(label: str, runs: int, times: dict[str, Timing]) -> str:
     """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us (p10 65), 1.081x'."""
     bare, api = (times[k].median_s * 1e6 for k in ("bare", "api"))
@@ -93,14 +112,7 @@ def case_line(label: str, runs: int, times: dict[str, Timing]) -> str:
 
 
 @click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
-@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True,
-              help="Batch sizes (repeatable; default 1).")
-@click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
-              help="Beam sizes of token models (repeatable; default 1 and 5).")
-@decode_options
-@click.option("--repeats", type=click.IntRange(1), default=300, show_default=True,
-              help=f"Timed calls a side, in rounds of {BLOCK} a side (seq2onnx bench's timing).")
+@case_options(batches="1", repeats=300)
 def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
          target_len: int | None, threads: int, repeats: int) -> None:
     try:

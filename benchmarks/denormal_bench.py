@@ -24,16 +24,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api_overhead import decode_options  # noqa: E402
+
+from api_overhead import case_options  # noqa: E402
 
 from cli.bench import resolve_grid  # noqa: E402
 from runtime import denormals  # noqa: E402
-from runtime.bench import BLOCK, Cell, make_inputs, measure  # noqa: E402
+from runtime.bench import Cell, make_inputs, measure  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
-from runtime.infer_tokens import MAX_BATCH  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
-from runtime.search.beam import MAX_BEAM  # noqa: E402
 
 SIDES = {"flushed": True, "ieee": False}  # side -> runtime.denormals.FLUSH while it loads and runs
 
@@ -81,14 +80,7 @@ def agreement(first: Any, second: Any) -> str:
 
 
 @click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
-@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True,
-              help="Batch sizes (repeatable; default 1 and 64).")
-@click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
-              help="Beam sizes of token models (repeatable; default 1 and 5).")
-@decode_options
-@click.option("--repeats", type=click.IntRange(1), default=60, show_default=True,
-              help=f"Timed calls a side, in rounds of {BLOCK} a side (seq2onnx bench's timing).")
+@case_options(batches="1 and 64", repeats=60)
 def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
          target_len: int | None, threads: int, repeats: int) -> None:
     if not denormals.FLAGS.works:
