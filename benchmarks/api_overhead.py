@@ -61,10 +61,12 @@ def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[st
 
 def replay(calls: list[tuple[SessionRunner, dict[str, Any], bool]]) -> Callable[[], int]:
     """The recorded runs, bare: each runner's own `_run` on its recorded feed, in order (0 tokens, for `measure`),
-    with denormals flushed where the API flushed them (runtime.denormals)."""
+    with denormals flushed once around them where the API flushed (it does so once a decode: runtime.denormals)."""
+    flushed = any(f for _, _, f in calls)
+
     def run() -> int:
-        for runner, feed, flushed in calls:
-            with flushing(flushed):
+        with flushing(flushed):
+            for runner, feed, _ in calls:
                 runner._run(feed)
         return 0
     return run

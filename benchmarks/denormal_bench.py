@@ -6,8 +6,10 @@ off, timed in interleaved rounds through the public API (`translate_batch`, `pre
         [--target-len T] [--threads 1] [--repeats 60]
 
 --batch and --beam repeat (default batches 1 and 64, beams 1 and 5; point models decode greedily); lengths default as
-in `seq2onnx bench`, and token models decode exactly --target-len tokens. Per case: both medians and flushed / IEEE
-(< 1: flushing is faster), then whether both decoded the same ids (points: the largest difference). The gain
+in `seq2onnx bench`, and token models decode exactly --target-len tokens. First, onnxruntime's Softmax alone over
+the wide greedy loop's batch-64 cross-attention scores, unmasked and a third masked, both ways (needs onnx). Then per
+case: both medians and flushed / IEEE (< 1: flushing is faster), and whether both decoded the same ids (points: the
+largest difference); a decode of one row is flushed on neither side (the runtime skips it), so its ratio is noise. The gain
 depends on the CPU: Intel cores pay a microcode assist for every denormal result, AMD's barely; the first line names
 the CPU and its load.
 """
@@ -33,6 +35,7 @@ from runtime.bench import Cell, make_inputs, measure  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
+from runtime.sessions import open_session  # noqa: E402
 
 SIDES = {"flushed": True, "ieee": False}  # side -> runtime.denormals.FLUSH while it loads and runs
 
@@ -43,6 +46,41 @@ def cpu() -> str:
     names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
     return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {os.cpu_count()} CPUs, " \
            f"load {os.getloadavg()[0]:.2f}"
+
+
+SOFTMAX_SHAPE = (16, 4, 4, 52)  # the wide greedy loop's cross-attention scores at batch 64: blocks, heads, queries, keys
+
+
+def softmax_line(threads: int, repeats: int) -> str:
+    """onnxruntime's Softmax over SOFTMAX_SHAPE, unmasked and with a third of its keys at -inf, IEEE and flushed:
+    the kernel that pays for denormals, alone."""
+    try:
+        from onnx import TensorProto, helper
+    except ImportError:
+        return "softmax alone: not timed (onnx is not installed: the `train` extra)"
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SOFTMAX_SHAPE))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SOFTMAX_SHAPE))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = open_session(model.SerializeToString(), "cpu", threads, "softmax")
+    scores = np.random.default_rng(0).normal(size=SOFTMAX_SHAPE).astype(np.float32)
+    masked = scores.copy()
+    masked[..., ::3] = -np.inf
+
+    def timed(x: np.ndarray, flush: bool) -> Callable[[], int]:
+        def run() -> int:
+            with denormals.flushing(flush):
+                session.run(None, {"x": x})
+            return 0
+        return run
+
+    cases = {f"{name} {side}": timed(x, flush) for name, x in (("unmasked", scores), ("masked", masked))
+             for side, flush in SIDES.items()}
+    times = measure(cases, warmup=2, repeats=max(repeats, 20))
+    us = {name: t.median_s * 1e6 for name, t in times.items()}
+    return (f"softmax alone {SOFTMAX_SHAPE}, a third of it -inf: IEEE {us['masked ieee']:.1f} us, flushed "
+            f"{us['masked flushed']:.1f} us; unmasked: IEEE {us['unmasked ieee']:.1f} us, flushed "
+            f"{us['unmasked flushed']:.1f} us")
 
 
 def decode(model: Seq2Seq, cell: Cell, inputs: Any) -> Callable[[], Any]:
@@ -97,6 +135,7 @@ def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], sour
         vocab = None if points else models["flushed"].vocabularies["source"]
         print(f"{cpu()}\n{model_dir}: {describe_model(spec)}; {threads} thread(s), source {source_len}, target "
               f"{target_len}, {repeats} calls a side; ratio = flushed / IEEE (< 1: flushing is faster)")
+        print(softmax_line(threads, repeats), flush=True)
         for batch in axes["batches"]:
             inputs = make_inputs(spec, vocab, batch, source_len, contract=contract)
             for beam in axes["beams"]:
@@ -111,8 +150,9 @@ def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], sour
                 denormals.FLUSH = True
                 flushed, ieee = (times[name].median_s * 1e3 for name in SIDES)
                 label = f"{'greedy' if beam in (None, 1) else f'beam {beam}'} b{batch}"
+                alike = " (one row: neither side flushes)" if batch * (beam or 1) == 1 else ""
                 print(f"{label}: flushed {flushed:.3f} ms | IEEE {ieee:.3f} ms | ratio {flushed / ieee:.3f} | "
-                      f"{agreement(outputs['flushed'], outputs['ieee'])}", flush=True)
+                      f"{agreement(outputs['flushed'], outputs['ieee'])}{alike}", flush=True)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     finally:

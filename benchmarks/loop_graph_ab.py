@@ -13,7 +13,8 @@ ids of --source-len tokens (some rows shorter), and decoding runs exactly --step
 min length 0, rows end at their eos); point sources are random (batch, --source-len, F) and decode --steps points.
 Prints each side's time (the mean of its sessions' medians: --sessions a side, made after one untimed session in
 blocks of before, after, after, before and the mirror, every one warmed, their calls interleaved), the ratio after /
-before (< 1: the change is faster) and the spread of each side's session medians; 1 intra-op thread.
+before (< 1: the change is faster) and the spread of each side's session medians; 1 intra-op thread. Denormals are
+flushed where the runtime flushes them: calls of more than one row (batch x beam).
 """
 from __future__ import annotations
 
@@ -116,6 +117,8 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
 def main(before: Path, after: Path, graph: str, after_graph: str | None, batch: int, beam: int, steps: int,
          source_len: int, free: bool, rounds: int, calls: int, sessions: int) -> None:
     after_graph = after_graph or graph
+    if batch * (beam if "beam" in graph else 1) > 1:  # as the runtime runs a decode of more than one row
+        flushing().__enter__()  # denormals flushed on this thread for the rest of the process (runtime.denormals)
     if family(after_graph) != family(graph):
         raise click.UsageError(f"--after-graph {after_graph} does not take --graph {graph}'s inputs; pick one of "
                                f"{', '.join(g for g in sorted(GRAPHS) if family(g) == family(graph))}")
@@ -205,5 +208,4 @@ def interleaved(runs: list[Callable[[], object]], calls: int) -> list[list[float
 
 
 if __name__ == "__main__":
-    with flushing():  # denormals flushed for the whole run, as the runtime runs a decode of more than one row
-        main()
+    main()

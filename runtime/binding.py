@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import onnxruntime as ort
 
+from .denormals import clear_on_this_thread
 from .errors import Cancelled, InputError, brief, one_line
 
 DEVICE_TYPES = {"CUDAExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
@@ -56,6 +57,7 @@ class Watchdog:
             self._runs.pop(id(options), None)
 
     def _loop(self) -> None:
+        clear_on_this_thread()  # started from a decode, perhaps a flushed one: callers' cancels run as they would
         while True:
             with self._wake:
                 while not self._runs:

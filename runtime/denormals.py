@@ -11,18 +11,24 @@ the batch-64 decodes that pay this most ran faster than CTranslate2 there, and 1
 
 Flushing is what the CPU does when MXCSR's FTZ (results) and DAZ (inputs) bits are set, for the thread that sets
 them. So: sessions are made with onnxruntime's `session.set_denormal_as_zero`, which sets the bits on its worker
-threads (intra-op threads >= 2); the thread that calls a decode of more than one row (inputs x beams) sets them for
-the decode's length (`flushing`) and puts its own flags back after, since onnxruntime runs part of every call (all of
-it at 1 thread) on the caller's thread, and a service's threads must not change how the rest of its code rounds. A
-decode of one row skips that: it reads no mask (no padding, no blocks), and the four libm calls, ~2 us themselves,
-made the greedy batch-1 call 1.2-1.7% slower. onnxruntime also sets the bits,
-once per process, on the thread that makes its first session with the option; `keeping_flags` undoes that around
-session creation. The bits are read and written with C's fegetenv/fesetenv through ctypes: glibc or musl on x86-64
-Linux, where fenv_t ends with the MXCSR word. Elsewhere (macOS, Windows, ARM) nothing is flushed and sessions are made
-without the option, so no thread is changed behind its owner's back.
+threads (intra-op threads >= 2); the thread that calls a decode of more than one row (inputs x beams, or a point
+model's batch of more than one source or with a padded mask) sets them for the decode's length (`flushing`) and puts
+its own flags back after, since onnxruntime runs part of every call (all of it at 1 thread) on the caller's thread,
+and a service's threads must not change how the rest of its code rounds. A decode of one row skips that: it reads no
+mask (no padding, no blocks), and the four libm calls, ~2 us themselves, made the greedy batch-1 call 1.2-1.7%
+slower. onnxruntime also sets or clears the bits, for good, on the thread that makes the process's first session
+(as that session's option says); `keeping_flags` undoes that around session creation. A thread started during a
+flushed decode inherits the bits: the cancel watchdog clears them when it starts (`clear_on_this_thread`). The bits
+are read and written with C's fegetenv/fesetenv through ctypes, on x86-64 Linux with glibc, whose fenv_t ends with
+the MXCSR word (musl's is laid out the same, untested); a check on first use turns the feature off where setting the
+bits does not flush. Elsewhere (macOS, Windows, ARM) nothing is flushed and sessions are made without the option, so
+no thread is changed behind its owner's back.
 
-What changes in the output: a value under 1.2e-38 becomes 0. Softmax weights that small (a key e^-87 below the best)
-add nothing a float32 sum can hold, so decoded ids and scores are those of the export's parity checks.
+What changes: during such a decode, everything on the calling thread (onnxruntime's share of the work, the Python
+search between steps, a `cancel` callback) treats float32 values under 1.2e-38 and float64 values under 2.2e-308 as
+0, and the floating-point exception flags raised meanwhile are dropped with the restore. Softmax weights that small
+(a key e^-87 below the best) add nothing a float32 sum can hold, so decoded ids and scores are those of the export's
+parity checks.
 """
 from __future__ import annotations
 
@@ -74,14 +80,22 @@ class _Flags:
         return True
 
     def _check(self) -> bool:
-        """Whether setting the bits really flushes on this thread (so the fenv_t layout is the one assumed)."""
-        tiny = np.array([1e-38], np.float32)
-        saved = self.enter()
+        """Whether the bits really flush on this thread (so the fenv_t layout is the one assumed): a float32
+        product under 1.2e-38 comes out as a denormal with them cleared and as 0 with them set, whatever this
+        thread had before (put back after)."""
+        saved = _Fenv()
+        if self._get(ctypes.byref(saved)) != 0:
+            return False
         try:
-            flushed = float((tiny * np.float32(0.01))[0]) == 0.0
+            trial = _Fenv.from_buffer_copy(saved)
+            trial.mxcsr &= ~FLUSH_BITS
+            self._set(ctypes.byref(trial))
+            kept = not flushes_now()
+            trial.mxcsr |= FLUSH_BITS
+            self._set(ctypes.byref(trial))
+            return kept and flushes_now()
         finally:
-            self.exit(saved)
-        return flushed and float((tiny * np.float32(0.01))[0]) != 0.0
+            self._set(ctypes.byref(saved))
 
     def enter(self) -> Any:
         """Set FTZ and DAZ on this thread; returns what `exit` needs to put the thread's flags back. The two
@@ -125,8 +139,9 @@ class flushing:  # noqa: N801 (a context manager, named for the `with` line it r
 
 
 class keeping_flags:  # noqa: N801
-    """`with keeping_flags():` puts this thread's floating-point flags back after its block (onnxruntime sets
-    FTZ/DAZ on the thread that makes its first session with DENORMAL_AS_ZERO, for good)."""
+    """`with keeping_flags():` puts this thread's floating-point flags back after its block (onnxruntime sets or
+    clears FTZ/DAZ, for good, on the thread that makes the process's first session, as that session's
+    DENORMAL_AS_ZERO says)."""
 
     __slots__ = ("_saved",)
 
@@ -138,6 +153,16 @@ class keeping_flags:  # noqa: N801
     def __exit__(self, *exc: object) -> None:
         if self._saved is not None:
             FLAGS._set(ctypes.byref(self._saved))
+
+
+def clear_on_this_thread() -> None:
+    """Clear FTZ/DAZ on this thread for good: for a thread seq2onnx starts itself (the cancel watchdog), which
+    inherits the flags of the thread that starts it, perhaps in the middle of a flushed decode."""
+    if FLAGS.works:
+        env = _Fenv()
+        if FLAGS._get(ctypes.byref(env)) == 0:
+            env.mxcsr &= ~FLUSH_BITS
+            FLAGS._set(ctypes.byref(env))
 
 
 def session_flag() -> dict[str, str]:

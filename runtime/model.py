@@ -147,7 +147,7 @@ class Seq2Seq:
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
-        with flushing(src.shape[0] > 1):  # one row has no masked attention to flush (runtime.denormals)
+        with flushing(src.shape[0] > 1 or not mask.all()):  # one unpadded row has no mask (runtime.denormals)
             outputs, attention = self._decode_points(src, mask, steps, cancel)
         return (outputs, attention) if return_attention else outputs
 

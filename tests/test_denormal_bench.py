@@ -11,7 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "denormal_bench.py"
-LINE = re.compile(r"^(greedy|beam \d+) b(\d+): flushed [\d.]+ ms \| IEEE [\d.]+ ms \| ratio [\d.]+ \| (.+)$")
+LINE = re.compile(r"^(greedy|beam \d+) b(\d+): flushed [\d.]+ ms \| IEEE [\d.]+ ms \| ratio [\d.]+ \| (.+?)"
+                  r"( \(one row: neither side flushes\))?$")
+SOFTMAX = re.compile(r"^softmax alone \(16, 4, 4, 52\), a third of it -inf: IEEE [\d.]+ us, flushed [\d.]+ us; "
+                     r"unmasked: IEEE [\d.]+ us, flushed [\d.]+ us$")
 X86_LINUX = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
 pytestmark = pytest.mark.skipif(not X86_LINUX, reason="denormals are flushed on x86-64 Linux only")
 
@@ -22,11 +25,15 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def cases(stdout: str) -> list[tuple[str, int, str]]:
-    """(strategy, batch, agreement) of every case line; every line after the two-line header must be one."""
+    """(strategy, batch, agreement) of every case line, after the CPU, the model and the softmax-alone lines; a
+    case of one row (flushed on neither side) says so, and only such a case."""
     lines = stdout.strip().splitlines()
-    assert lines[0].split(",")[0] and "ratio = flushed / IEEE" in lines[1], lines
-    matches = [LINE.match(line) for line in lines[2:]]
+    assert lines[0].split(",")[0] and "ratio = flushed / IEEE" in lines[1] and SOFTMAX.match(lines[2]), lines
+    matches = [LINE.match(line) for line in lines[3:]]
     assert all(matches), lines
+    for m in matches:
+        rows = int(m[2]) * (1 if m[1] == "greedy" else int(m[1].split()[1]))
+        assert bool(m[4]) == (rows == 1), m[0]
     return [(m[1], int(m[2]), m[3]) for m in matches]
 
 

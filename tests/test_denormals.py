@@ -114,6 +114,17 @@ def test_with_flush_off_a_run_keeps_ieee_denormals(flush_off: None) -> None:
 
 
 @needs_flags
+def test_the_first_use_check_holds_on_a_thread_that_already_flushes() -> None:
+    """Another library may have set FTZ/DAZ on the thread that first asks: the check tests both states itself and
+    leaves the thread's flags as they were."""
+    fresh = denormals._Flags()
+    with flushing():
+        assert fresh.works
+        assert flushes_now()
+    assert not flushes_now()
+
+
+@needs_flags
 def test_keeping_flags_undoes_a_change_made_inside() -> None:
     with keeping_flags():
         with flushing():
@@ -167,6 +178,51 @@ def test_a_point_decode_flushes_from_two_sources(exports, batch: int, flushed: b
     model.predict(np.zeros((batch, 4, model.spec.n_features), np.float32), target_len=3, cancel=probe)
     assert seen and set(seen) == {flushed}
     assert not flushes_now()
+
+
+@needs_flags
+def test_a_point_decode_of_one_padded_source_flushes(exports) -> None:
+    model = Seq2Seq.load(exports["dot"].path, provider="cpu", threads=1, fused=False)
+    seen: list[bool] = []
+
+    def probe() -> bool:
+        seen.append(flushes_now())
+        return False
+
+    model.predict(np.zeros((1, 4, model.spec.n_features), np.float32), target_len=3,
+                  source_mask=np.array([[1, 1, 1, 0]]), cancel=probe)
+    assert seen and all(seen)
+
+
+WATCHDOG_PROBE = """
+import sys, threading, time
+import onnxruntime as ort
+from runtime.binding import WATCHDOG
+from runtime.denormals import flushes_now
+from runtime.model import Seq2Seq
+model = Seq2Seq.load(sys.argv[1], provider="cpu", threads=1)
+model.translate_batch(["a b", "c"], beam_size=2, max_decoding_length=4, cancel=lambda: False)  # starts the watchdog
+assert WATCHDOG._thread is not None
+seen = set()
+def probe():
+    seen.add((threading.current_thread().name, flushes_now()))
+    return False
+options = ort.RunOptions()
+WATCHDOG.watch(options, probe)  # the watchdog asks it every few ms
+time.sleep(0.1)
+WATCHDOG.unwatch(options)
+print(sorted(seen))
+"""
+
+
+@needs_flags
+def test_the_watchdog_started_inside_a_flushed_decode_does_not_flush(transformer_export, python: str) -> None:
+    """A new thread inherits its starter's FTZ/DAZ: the cancel watchdog, started by the first watched decode (here
+    a flushed one, in a fresh process), clears them, so the cancels it asks later run as their callers' would."""
+    done = subprocess.run([python, "-c", WATCHDOG_PROBE, str(transformer_export.path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "('seq2onnx-watchdog', False)" in done.stdout and "True" not in done.stdout, done.stdout
 
 
 @needs_flags
