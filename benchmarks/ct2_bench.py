@@ -54,6 +54,7 @@ from ct2_check import check_failures, cross_check, ct2_ids
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 
 from export.api import QualityLossWarning, export_model
+from runtime.bench_report import cpu_model
 from runtime.contract import VOCAB_FILES
 from runtime.errors import MissingExtraError
 from runtime.model import Seq2Seq
@@ -217,15 +218,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def machine() -> dict[str, Any]:
     """CPU model, the SIMD flags that matter for int8, load (`uptime`) and versions."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
+    model, flags = cpu_model()
     try:
         uptime = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         uptime = f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
-    return {"cpu": fields.get("model name", "unknown"), "flags": {f: f in flags for f in CPU_FLAGS},
+    return {"cpu": model, "flags": {f: f in flags for f in CPU_FLAGS},
             "cpus": len(os.sched_getaffinity(0)), "uptime": uptime, "ctranslate2": ctranslate2.__version__,
             "onnxruntime": ort.__version__}
 

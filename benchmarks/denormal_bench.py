@@ -9,9 +9,9 @@ off, timed in interleaved rounds through the public API (`translate_batch`, `pre
 in `seq2onnx bench`, and token models decode exactly --target-len tokens. First, onnxruntime's Softmax alone over
 the wide greedy loop's batch-64 cross-attention scores, unmasked and a third masked, both ways (needs onnx). Then per
 case: both medians and flushed / IEEE (< 1: flushing is faster), and whether both decoded the same ids (points: the
-largest difference); a decode of one row is flushed on neither side (the runtime skips it), so its ratio is noise. The gain
-depends on the CPU: Intel cores pay a microcode assist for every denormal result, AMD's barely; the first line names
-the CPU and its load.
+largest difference); a decode of one row is flushed on neither side (the runtime skips it), so its ratio is noise.
+The gain depends on the CPU (measured on an Intel Xeon, where every denormal result is a microcode assist; not on
+AMD): the first line names the CPU and its load.
 """
 from __future__ import annotations
 
@@ -32,20 +32,17 @@ from api_overhead import case_options  # noqa: E402
 from cli.bench import resolve_grid  # noqa: E402
 from runtime import denormals  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure  # noqa: E402
-from runtime.bench_report import describe_model  # noqa: E402
+from runtime.bench_report import cpu_model, describe_model  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
-from runtime.sessions import open_session  # noqa: E402
+from runtime.sessions import max_threads, open_session  # noqa: E402
 
 SIDES = {"flushed": True, "ieee": False}  # side -> runtime.denormals.FLUSH while it loads and runs
 
 
 def cpu() -> str:
     """'Intel(R) Xeon(R) Processor, 2 CPUs, load 0.31'."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
-    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {os.cpu_count()} CPUs, " \
-           f"load {os.getloadavg()[0]:.2f}"
+    return f"{cpu_model()[0]}, {max_threads()} CPUs, load {os.getloadavg()[0]:.2f}"
 
 
 SOFTMAX_SHAPE = (16, 4, 4, 52)  # the wide greedy loop's cross-attention scores at batch 64: blocks, heads, queries, keys

@@ -2,9 +2,20 @@
 the headline (each side at its best thread count), and a latency plot."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model() -> tuple[str, set[str]]:
+    """This machine's CPU model name and flags, from /proc/cpuinfo ('unknown' and none where there is none): the
+    benchmarks print them, since a figure holds for one CPU."""
+    info = CPUINFO.read_text() if CPUINFO.exists() else ""
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.splitlines() if ":" in line)}
+    return fields.get("model name", "unknown"), set(fields.get("flags", "").split())
 
 
 def best_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:

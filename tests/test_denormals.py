@@ -3,11 +3,9 @@ they were (runtime.denormals): real onnxruntime sessions, real threads, a fresh 
 once-per-process setting matters."""
 from __future__ import annotations
 
-import platform
 import subprocess
-import sys
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -19,7 +17,8 @@ from runtime.denormals import DENORMAL_AS_ZERO, FLAGS, flushes_now, flushing, ke
 from runtime.model import Seq2Seq
 from runtime.sessions import open_session
 
-X86_LINUX = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+from support.devices import X86_LINUX
+
 needs_flags = pytest.mark.skipif(not X86_LINUX, reason="denormals are flushed on x86-64 Linux only")
 TINY = np.float32(1e-38)  # the smallest normal float32 is 1.18e-38: TINY * 0.01 is denormal unless flushed
 
@@ -31,6 +30,20 @@ def scale_graph() -> bytes:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
                               initializer=[helper.make_tensor("scale", TensorProto.FLOAT, [], [0.01])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def flags_seen(decode: Callable[[Callable[[], bool]], object]) -> list[bool]:
+    """Whether the thread flushed each time `decode(cancel)` asked its cancel (the step loop asks before every
+    step, on the calling thread); asserts it asked at least once and that nothing flushes after."""
+    seen: list[bool] = []
+
+    def probe() -> bool:
+        seen.append(flushes_now())
+        return False
+
+    decode(probe)
+    assert seen and not flushes_now()
+    return seen
 
 
 @pytest.fixture
@@ -154,44 +167,25 @@ def test_a_decode_of_more_than_one_row_flushes_for_its_length_only(transformer_e
     than one row (inputs x beams) and not after; one row (no masked attention to flush) keeps the flags as they
     are, sparing the flag changes' cost (~1% of a greedy batch-1 call)."""
     model = Seq2Seq.load(transformer_export.path, provider="cpu", threads=1, fused=False)
-    seen: list[bool] = []
-
-    def probe() -> bool:
-        seen.append(flushes_now())
-        return False
-
-    model.translate_batch(texts, beam_size=beam, max_decoding_length=4, cancel=probe)
-    assert seen and set(seen) == {flushed}
-    assert not flushes_now()
+    seen = flags_seen(lambda cancel: model.translate_batch(texts, beam_size=beam, max_decoding_length=4,
+                                                           cancel=cancel))
+    assert set(seen) == {flushed}
 
 
 @needs_flags
 @pytest.mark.parametrize("batch, flushed", [(2, True), (1, False)])
 def test_a_point_decode_flushes_from_two_sources(exports, batch: int, flushed: bool) -> None:
     model = Seq2Seq.load(exports["dot"].path, provider="cpu", threads=1, fused=False)
-    seen: list[bool] = []
-
-    def probe() -> bool:
-        seen.append(flushes_now())
-        return False
-
-    model.predict(np.zeros((batch, 4, model.spec.n_features), np.float32), target_len=3, cancel=probe)
-    assert seen and set(seen) == {flushed}
-    assert not flushes_now()
+    source = np.zeros((batch, 4, model.spec.n_features), np.float32)
+    assert set(flags_seen(lambda cancel: model.predict(source, target_len=3, cancel=cancel))) == {flushed}
 
 
 @needs_flags
 def test_a_point_decode_of_one_padded_source_flushes(exports) -> None:
     model = Seq2Seq.load(exports["dot"].path, provider="cpu", threads=1, fused=False)
-    seen: list[bool] = []
-
-    def probe() -> bool:
-        seen.append(flushes_now())
-        return False
-
-    model.predict(np.zeros((1, 4, model.spec.n_features), np.float32), target_len=3,
-                  source_mask=np.array([[1, 1, 1, 0]]), cancel=probe)
-    assert seen and all(seen)
+    source = np.zeros((1, 4, model.spec.n_features), np.float32)
+    assert all(flags_seen(lambda cancel: model.predict(source, target_len=3, source_mask=np.array([[1, 1, 1, 0]]),
+                                                       cancel=cancel)))
 
 
 WATCHDOG_PROBE = """

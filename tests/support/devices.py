@@ -1,6 +1,9 @@
 """The execution devices the tests run on: CPU, and CUDA where a session really gets it."""
 from __future__ import annotations
 
+import platform
+import sys
+
 import onnxruntime as ort
 
 from runtime.bench import identity_graph
@@ -24,3 +27,6 @@ def cuda_unavailable() -> str | None:
 
 CUDA_UNAVAILABLE = cuda_unavailable()
 DEVICES = ["cpu"] + (["cuda"] if CUDA_UNAVAILABLE is None else [])
+
+# Where runtime.denormals flushes denormals (MXCSR through libm): x86-64 Linux.
+X86_LINUX = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")

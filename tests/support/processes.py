@@ -26,3 +26,9 @@ def child_process(args: list[str], **kwargs: object) -> Iterator[subprocess.Pope
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def assert_refused_in_one_line(done: subprocess.CompletedProcess, says: str) -> None:
+    """A script refused its input before any work: non-zero, no traceback, nothing on stdout, `says` on stderr."""
+    assert done.returncode != 0 and "Traceback" not in done.stderr and not done.stdout
+    assert says in done.stderr, done.stderr
