@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import runtime.optional_graphs as optional_graphs
 from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
 from export.tokens.fold import Folded, fold_cross
-from export.tokens.kernels import FLOAT, INT32, MS, Net, cross_kv, tensor
+from export.tokens.kernels import FLOAT, INT32, MS, Net, cross_kv, tensor, value_shift
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
@@ -450,3 +451,79 @@ def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm
             bias_adds += [n.name for n in g.node if n.op_type == "Add" and any(i in weights for i in n.input)
                           and any(made.get(i) == "DynamicQuantizeMatMul" for i in n.input)]
         assert quantized > 8 and not bias_adds, bias_adds
+
+
+def test_value_shift_moves_an_output_bias_into_the_values_or_declines():
+    """c with c W^T = b: float32 gives the bias back; a singular, non-square, bias-free or far-from-orthogonal
+    projection keeps its bias (None)."""
+    torch.manual_seed(0)
+    fc = torch.nn.Linear(16, 16)
+    c = value_shift(fc)
+    assert c is not None and torch.allclose(c @ fc.weight.detach().T, fc.bias.detach(), atol=1e-6)
+    singular = torch.nn.Linear(16, 16)
+    with torch.no_grad():
+        singular.weight[3] = 0.0
+    near = torch.nn.Linear(16, 16)
+    with torch.no_grad():
+        near.weight[3] = near.weight[4] * (1 + 1e-6)  # invertible in float64, c huge
+    assert value_shift(singular) is None and value_shift(near) is None
+    assert value_shift(torch.nn.Linear(16, 8)) is None and value_shift(torch.nn.Linear(16, 16, bias=False)) is None
+
+
+def _graphs(g: onnx.GraphProto):
+    from export.fused import subgraphs
+
+    yield g
+    for node in g.node:
+        for sub in subgraphs(node):
+            yield from _graphs(sub)
+
+
+def _attention_bias_adds(proto: onnx.ModelProto, model) -> tuple[int, int]:
+    """(MatMuls by an attention's output projection, bias Adds right after one) over a graph and its subgraphs."""
+    weights = [m.fc_attn.weight.detach().T.numpy() for m in model.modules() if hasattr(m, "fc_attn")]
+    projections, bias_adds = 0, 0
+    for g in _graphs(proto.graph):
+        inits = {w.name: onnx.numpy_helper.to_array(w) for w in g.initializer}
+        outs = {n.output[0] for n in g.node if n.op_type == "MatMul" and n.input[1] in inits
+                and any(inits[n.input[1]].shape == w.shape and np.array_equal(inits[n.input[1]], w) for w in weights)}
+        projections += len(outs)
+        bias_adds += sum(n.op_type == "Add" and bool(outs & set(n.input)) and any(i in inits for i in n.input)
+                         for n in g.node)
+    return projections, bias_adds
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_one_call_graphs_add_no_attention_output_bias_a_step(norm):
+    """float32 one-call graphs move each attention's output bias into its values (value_shift): no bias Add after
+    an output projection, in the encoder or a Loop body; the step graphs, whose caches the others read, keep it."""
+    from export.tokens.beam import beam_model
+    from export.tokens.fast import greedy_model, step_model
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32, norm=norm)
+    torch.manual_seed(0)
+    model = build_token_model(spec).eval()
+    for build in (beam_model, partial(beam_model, wide=True), partial(beam_model, fold=True), greedy_model,
+                  partial(greedy_model, wide=True), partial(greedy_model, fold=True)):
+        projections, adds = _attention_bias_adds(build(model, spec, ""), model)
+        assert projections >= 4 and adds == 0, (build, projections, adds)
+    projections, adds = _attention_bias_adds(step_model(model, spec, "", wide=True), model)
+    assert projections == adds == 4  # self and cross, 2 layers: each with its bias Add
+
+
+def test_a_projection_that_cannot_take_the_shift_keeps_its_bias_and_exports(tmp_path):
+    """A singular output projection (no c) keeps its bias Add in the one-call graphs, which still pass export's
+    parity checks and decode as the traced graphs."""
+    from export.tokens.fast import greedy_model
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    torch.manual_seed(0)
+    model = build_token_model(spec).eval()
+    with torch.no_grad():
+        model.decoder_layers[0].self_attention.fc_attn.weight[0] = 0.0
+    assert _attention_bias_adds(greedy_model(model, spec, "", fold=True), model)[1] == 1
+    exported = export_token_model(spec, tmp_path / "model", model=model)
+    texts = _texts(3)
+    fast = Seq2Seq.load(exported.path).translate_batch(texts, beam_size=1, max_decoding_length=8)
+    traced = Seq2Seq.load(exported.path, fast=False).translate_batch(texts, beam_size=1, max_decoding_length=8)
+    assert [h[0].ids for h in fast] == [h[0].ids for h in traced]

@@ -70,7 +70,7 @@ class Batched:
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                        past: list[str]) -> tuple[str, list[str]]:
         h, d = spec.n_heads, spec.head_dim
-        w, b = _scaled_qkv(attention, d)
+        w, b = _scaled_qkv(net, attention, d)
         projected = net.matmul(x, w, b)  # (B, 1, 3E)
         split = net.one("Reshape", [projected, net.weight("shape", np.array([0, 3, h, 1, d], np.int64))])
         split = net.one("Transpose", [split], perm=[1, 0, 2, 3, 4])  # (3, B, h, 1, d): q, k, v
@@ -139,7 +139,7 @@ class BlockBatched(Batched):
         """x (B, k, E), past [keys, values (1, B, h, k t, d)] -> context (B, k, E) before fc_attn, [keys, values
         (1, B, h, k t + k, d)]."""
         h, d = spec.n_heads, spec.head_dim
-        w, b = _scaled_qkv(attention, d)
+        w, b = _scaled_qkv(net, attention, d)
         split = net.one("Reshape", [net.matmul(x, w, b), net.weight("qkv", np.array([0, 0, 3, h, d], np.int64))])
         split = net.one("Transpose", [split], perm=[2, 0, 3, 1, 4])  # (3, B, h, k, d)
         query, key, value = net.op("Split", [split, net.weight("thirds", np.array([1, 1, 1], np.int64))], 3, axis=0)
@@ -183,11 +183,12 @@ def _merge_heads(net: Net, spec: ModelSpec, context: str) -> str:
     return net.one("Reshape", [context, net.weight("merged", np.array([0, 0, spec.d_model], np.int64))])
 
 
-def _scaled_qkv(attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merged Q/K/V weights (E, 3E) and bias (3E,), the queries' part scaled by 1/sqrt(d)."""
+def _scaled_qkv(net: Net, attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merged Q/K/V weights (E, 3E) and bias (3E,), the queries' part scaled by 1/sqrt(d) (the values' bias as
+    `net.value_bias_of` gives it)."""
     scale = torch.tensor(1.0 / np.sqrt(head_dim), dtype=torch.float32)
     w = torch.cat([attention.queries.weight * scale, attention.keys.weight, attention.values.weight]).T
-    b = torch.cat([attention.queries.bias * scale, attention.keys.bias, attention.values.bias])
+    b = torch.cat([attention.queries.bias * scale, attention.keys.bias, net.value_bias_of(attention)])
     return w, b
 
 

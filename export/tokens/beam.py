@@ -237,7 +237,7 @@ def _unchanged(names: dict[str, str]) -> onnx.GraphProto:
 
 
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> onnx.GraphProto:
-    net = Net("beam/", skip_norm=False, int8=int8)  # k rows per input: Add + LayerNormalization is faster here
+    net = Net("beam/", skip_norm=False, int8=int8, value_bias=True)  # Add + LayerNormalization: faster at k rows
     names = {n: f"beam/{n}" for n in CARRIED}
     pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
     table = position_table(model)
@@ -277,7 +277,7 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]
-    net = Net(skip_norm=False, int8=int8)
+    net = Net(skip_norm=False, int8=int8, value_bias=True)  # the one call's caches are its own
     outer = Outer(net, model, spec, wide)
     first = _first(net, outer, spec)
 

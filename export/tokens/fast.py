@@ -154,7 +154,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     # Residuals as Add + LayerNormalization, not SkipLayerNormalization: though more kernels, onnxruntime 1.32's CPU
     # SkipLayerNormalization is the slower (fast_greedy 0.96-0.98x the time at batch 1, 0.94x at 4, int8 0.95x, one
     # session a side; see eos_first for the figures with six)
-    net = Net("body/", skip_norm=False, int8=int8)
+    net = Net("body/", skip_norm=False, int8=int8, value_bias=True)  # its caches are the loop's own
     order = eos_first(spec.target_vocab_size)
     table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), added to the (B, 1, E) rows
     embedding = model.target_embedding.weight[torch.as_tensor(order)]  # row i: the id at index i
@@ -183,7 +183,7 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
                  int8: bool = False, fold: bool = False) -> onnx.ModelProto:
     """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`); fold: with the cross-attention folded."""
     io = fast_graph_io(spec)["greedy"]
-    net = Net(skip_norm=False, int8=int8)  # the encoder reads batch x source_len rows
+    net = Net(skip_norm=False, int8=int8, value_bias=True)  # the encoder reads batch x source_len rows
     if wide:
         tokens, log_probs = _blocked(net, model, spec, int8)
     else:

@@ -32,10 +32,15 @@ LN_EPSILON = 1e-5  # nn.LayerNorm's default, which every norm of the model uses
 class Net:
     """Nodes and initializers of a graph under construction; every name gets `prefix`. `skip_norm`: residual adds
     and LayerNorms as one SkipLayerNormalization (fewest nodes; but its CPU kernel costs ~8x Add + Add +
-    LayerNormalization from ~64 rows up, so wide graphs write those three)."""
+    LayerNormalization from ~64 rows up, so wide graphs write those three). `value_bias`: each attention's output
+    bias moves into its values (`value_shift`), for graphs whose caches no other graph reads (the one-call
+    graphs: a step graph's state must match the other step graphs'); float32 only (int8 projections add their
+    bias at no kernel's cost)."""
 
-    def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False) -> None:
+    def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False,
+                 value_bias: bool = False) -> None:
         self.prefix, self.skip_norm, self.int8 = prefix, skip_norm, int8
+        self.value_bias = value_bias and not int8
         self.nodes, self.weights, self._count = [], [], 0
 
     def name(self, hint: str) -> str:
@@ -86,6 +91,40 @@ class Net:
         """A sub-layer's output projection before the residual add, its bias in it where `bias_in_matmul`."""
         return self.linear(x, layer, bias=self.bias_in_matmul)
 
+    def shift(self, attention: MultiHeadAttention) -> torch.Tensor | None:
+        """What this graph adds to attention's value bias so that its output projection needs no bias
+        (`value_shift`), or None: the projection keeps its bias."""
+        return value_shift(attention.fc_attn) if self.value_bias else None
+
+    def value_bias_of(self, attention: MultiHeadAttention) -> torch.Tensor:
+        """attention's value bias (d_model,), its output bias moved in where `shift` says."""
+        shift = self.shift(attention)
+        return attention.values.bias if shift is None else attention.values.bias + shift
+
+
+SHIFT_TOLERANCE = 1e-6  # of the bias's largest magnitude (at least 1): how closely float32 c W^T must give b back
+SHIFT_MAX = 16.0  # the largest |c| allowed, times the bias's largest magnitude (at least 1): float32 values that
+# carry c round to ~6e-8 |c|, so a projection far from orthogonal (large c) keeps its bias Add instead
+
+
+def value_shift(fc: torch.nn.Linear) -> torch.Tensor | None:
+    """c (E,) with c W^T = b for an attention's output projection fc (x W^T + b, W square), or None where W is
+    singular, c is over SHIFT_MAX or float32 c W^T misses b by more than SHIFT_TOLERANCE. Added to every value
+    the attention reads, c comes out of the attention whole (each query's weights sum to 1), and fc then gives
+    the bias from it: one bias Add fewer a layer a step."""
+    if fc.bias is None or fc.weight.shape[0] != fc.weight.shape[1]:
+        return None
+    w, b = fc.weight.detach().double().cpu(), fc.bias.detach().double().cpu()
+    try:
+        c = torch.linalg.solve(w, b)
+    except RuntimeError:  # singular
+        return None
+    scale = max(1.0, float(b.abs().max()))
+    if not bool(torch.isfinite(c).all()) or float(c.abs().max()) > SHIFT_MAX * scale:
+        return None
+    back = c.float() @ fc.weight.detach().float().cpu().T
+    return c.float() if float((back.double() - b).abs().max()) <= SHIFT_TOLERANCE * scale else None
+
 
 INT8_MAX = 63  # 7-bit weights, as export.quantize's reduce_range: u8 x s8 sums cannot saturate without VNNI
 
@@ -120,10 +159,20 @@ class Stream:
             self.x = _skip_norm(net, sub, self.x, after.norm, bias)[0]
             self.inner = self.x
 
-    def add_linear(self, x: str, layer: torch.nn.Linear, after: Residual, next_norm: torch.nn.Module | None) -> None:
-        """add(x W^T, b), the bias where it costs no kernel (Net.out_projection), else in the residual add."""
+    def add_linear(self, x: str, layer: torch.nn.Linear, after: Residual, next_norm: torch.nn.Module | None,
+                   bias: bool = True) -> None:
+        """add(x W^T, b), the bias where it costs no kernel (Net.out_projection), else in the residual add;
+        bias=False: x already carries it (an attention's values took it, Net.shift)."""
+        if not bias:
+            self.add(self.net.linear(x, layer, bias=False), None, after, next_norm)
+            return
         self.add(self.net.out_projection(x, layer), None if self.net.bias_in_matmul else layer.bias, after,
                  next_norm)
+
+    def add_attention(self, x: str, attention: MultiHeadAttention, after: Residual,
+                      next_norm: torch.nn.Module | None) -> None:
+        """add_linear of attention's output projection: its bias left out where the values took it."""
+        self.add_linear(x, attention.fc_attn, after, next_norm, bias=self.net.shift(attention) is None)
 
 
 def _skip_norm(net: Net, sub: str, skip: str, norm: torch.nn.LayerNorm, bias: torch.Tensor | None) -> list[str]:
@@ -148,7 +197,7 @@ def start(net: Net, pre: bool, tokens: str, positions: str, first: Residual) -> 
 def qkv(net: Net, attention: MultiHeadAttention) -> tuple[str, str]:
     """The merged (E, 3E) Q/K/V weights and (3E,) bias of one attention."""
     w = torch.cat([attention.queries.weight, attention.keys.weight, attention.values.weight]).T  # (E, 3E)
-    b = torch.cat([attention.queries.bias, attention.keys.bias, attention.values.bias])  # (3E,)
+    b = torch.cat([attention.queries.bias, attention.keys.bias, net.value_bias_of(attention)])  # (3E,)
     return net.weight("qkv_w", w), net.weight("qkv_b", b)
 
 
@@ -175,7 +224,7 @@ def encoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, ids: str, leng
     for i, layer in enumerate(layers):
         w, b = qkv(net, layer.attention)
         att = net.one("Attention", [stream.inner, w, b, lengths32], MS, num_heads=spec.n_heads)  # (B, L, E)
-        stream.add_linear(att, layer.attention.fc_attn, layer.res1, layer.res2.norm)
+        stream.add_attention(att, layer.attention, layer.res1, layer.res2.norm)
         hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, L, F)
         stream.add_linear(hidden, layer.ffn.linear2, layer.res2, _next_norm(layers, i, model.encoder_norm, "res1"))
     return stream.inner if pre else stream.x
@@ -186,7 +235,7 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
     MatMul for all layers."""
     layers: list[Decoder] = list(model.decoder_layers)
     w = torch.cat([torch.cat([l.cross_attention.keys.weight, l.cross_attention.values.weight]) for l in layers])
-    b = torch.cat([torch.cat([l.cross_attention.keys.bias, l.cross_attention.values.bias]) for l in layers])
+    b = torch.cat([torch.cat([l.cross_attention.keys.bias, net.value_bias_of(l.cross_attention)]) for l in layers])
     kv = net.matmul(memory, w.T, b)  # (B, L, 2 layers E)
     shape = np.array([0, 0, 2 * len(layers) * spec.n_heads, spec.head_dim], np.int64)
     kv = net.one("Reshape", [kv, net.weight("shape", shape)])  # (B, L, 2 layers h, d)
@@ -210,10 +259,11 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
         caches = pasts[i * attend.CACHES:(i + 1) * attend.CACHES]
         context, grown = attend.self_attention(net, spec, stream.inner, layer.self_attention, caches)
         presents.extend(grown)
-        stream.add_linear(context, layer.self_attention.fc_attn, layer.res1, layer.res2.norm)
+        stream.add_attention(context, layer.self_attention, layer.res1, layer.res2.norm)
         out = attend.cross_attention(net, spec, stream.inner, layer.cross_attention,
                                      cross[i * attend.CROSS:(i + 1) * attend.CROSS])
-        held = attend.CROSS_BIAS or net.bias_in_matmul  # folded into O, or out_projection took it
+        held = attend.CROSS_BIAS or net.bias_in_matmul or net.shift(layer.cross_attention) is not None  # folded
+        # into O, out_projection took it, or the values did
         stream.add(out, None if held else layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm)
         hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
         stream.add_linear(hidden, layer.ffn.linear2, layer.res3, _next_norm(layers, i, model.decoder_norm, "res1"))
