@@ -527,3 +527,29 @@ def test_a_projection_that_cannot_take_the_shift_keeps_its_bias_and_exports(tmp_
     fast = Seq2Seq.load(exported.path).translate_batch(texts, beam_size=1, max_decoding_length=8)
     traced = Seq2Seq.load(exported.path, fast=False).translate_batch(texts, beam_size=1, max_decoding_length=8)
     assert [h[0].ids for h in fast] == [h[0].ids for h in traced]
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_wide_loop_bodies_run_each_projection_with_a_bias_as_one_gemm(norm):
+    """The wide greedy and beam bodies read their rows as 2-D (Net.rows): every projection with a bias is one Gemm
+    (onnxruntime fuses the FFN's Relu into it), and no bias Add follows a MatMul by a weight; int8 keeps
+    DynamicQuantizeMatMul."""
+    from export.tokens.beam import beam_model
+    from export.tokens.fast import greedy_model
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32, norm=norm)
+    torch.manual_seed(0)
+    model = build_token_model(spec).eval()
+    for build in (partial(beam_model, wide=True), partial(greedy_model, wide=True)):
+        loop = next(n for n in build(model, spec, "").graph.node if n.op_type == "Loop")
+        body = loop.attribute[0].g
+        weights = {w.name for w in body.initializer}
+        matmuls = {n.output[0] for n in body.node if n.op_type == "MatMul" and n.input[1] in weights}
+        bias_adds = [n.name for n in body.node if n.op_type == "Add" and set(n.input) & matmuls
+                     and set(n.input) & weights]
+        gemms = [n for n in body.node if n.op_type == "Gemm"]
+        # per layer: Q/K/V, the cross-attention's query, the FFN's two; then the output layer
+        assert len(gemms) == 4 * spec.layers + 1 and not bias_adds, (build, len(gemms), bias_adds)
+        assert all(len(n.input) == 3 and n.input[2] in weights for n in gemms)
+        int8 = next(n for n in build(model, spec, "", int8=True).graph.node if n.op_type == "Loop")
+        assert not any(n.op_type == "Gemm" for n in int8.attribute[0].g.node)

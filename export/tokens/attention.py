@@ -54,7 +54,7 @@ class Fused:
         bias = torch.cat([queries.bias, torch.zeros(2 * queries.bias.numel())])  # (3E,): keys, values projected
         context = net.one("MultiHeadAttention", [query, keys, values, net.weight("q_b", bias), self.lengths32], MS,
                           num_heads=spec.n_heads)
-        return net.out_projection(context, attention.fc_attn)
+        return net.attention_out(context, attention)
 
 
 class Batched:
@@ -93,7 +93,7 @@ class Batched:
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
         context = net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
-        return net.out_projection(context, attention.fc_attn)
+        return net.attention_out(context, attention)
 
 
 class AncestryFused(Fused):
@@ -128,6 +128,19 @@ class BlockBatched(Batched):
     def __init__(self, mask_bias: str, bias: str) -> None:
         super().__init__(mask_bias)
         self.bias = bias
+        self.flat = False  # the stream is (B, k, E); `on_rows` makes it 2-D rows (B k, E)
+        self.qkv_shape = self.heads_shape = ""
+
+    def on_rows(self, net: Net, spec: ModelSpec, k: str) -> BlockBatched:
+        """Read the stream as 2-D rows (B k, E), a block being k (1,) consecutive rows (the wide loop bodies, whose
+        projections are then Gemms: Net.rows): the shapes that split rows into blocks are made once, in `net` (the
+        graph around the loop), from k."""
+        self.flat = True
+        h, d = spec.n_heads, spec.head_dim
+        minus_one = net.weight("minus_one", np.array([-1], np.int64))
+        self.qkv_shape = net.one("Concat", [minus_one, k, net.weight("qhd", np.array([3, h, d], np.int64))], axis=0)
+        self.heads_shape = net.one("Concat", [minus_one, k, net.weight("hd", np.array([h, d], np.int64))], axis=0)
+        return self
 
     @staticmethod
     def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
@@ -140,13 +153,15 @@ class BlockBatched(Batched):
         (1, B, h, k t + k, d)]."""
         h, d = spec.n_heads, spec.head_dim
         w, b = _scaled_qkv(net, attention, d)
-        split = net.one("Reshape", [net.matmul(x, w, b), net.weight("qkv", np.array([0, 0, 3, h, d], np.int64))])
+        shape = self.qkv_shape or net.weight("qkv", np.array([0, 0, 3, h, d], np.int64))
+        split = net.one("Reshape", [net.matmul(x, w, b), shape])  # (B, k, 3, h, d)
         split = net.one("Transpose", [split], perm=[2, 0, 3, 1, 4])  # (3, B, h, k, d)
         query, key, value = net.op("Split", [split, net.weight("thirds", np.array([1, 1, 1], np.int64))], 3, axis=0)
         keys, values = (net.one("Concat", [old, new], axis=3) for old, new in zip(past, (key, value)))
         scores = net.one("Add", [net.one("FusedMatMul", [query, keys], MS, transB=1), self.bias])  # (1, B, h, k, kt)
         context = net.one("MatMul", [net.one("Softmax", [scores], axis=-1), values])  # (1, B, h, k, d)
-        return _merge_heads(net, spec, net.one("Transpose", [context], perm=[1, 3, 0, 2, 4])), [keys, values]
+        context = net.one("Transpose", [context], perm=[1, 3, 0, 2, 4])  # (B, k, 1, h, d)
+        return _merge_heads(net, spec, context, self.flat), [keys, values]
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
@@ -156,12 +171,12 @@ class BlockBatched(Batched):
         h, d = spec.n_heads, spec.head_dim
         scale = 1.0 / np.sqrt(d)
         query = net.matmul(x, attention.queries.weight.T * scale, attention.queries.bias * scale)  # (B, k, E)
-        query = net.one("Reshape", [query, net.weight("heads", np.array([0, 0, h, d], np.int64))])
-        query = net.one("Transpose", [query], perm=[0, 2, 1, 3])  # (B, h, k, d)
+        shape = self.heads_shape or net.weight("heads", np.array([0, 0, h, d], np.int64))
+        query = net.one("Transpose", [net.one("Reshape", [query, shape])], perm=[0, 2, 1, 3])  # (B, h, k, d)
         scores = net.one("FusedMatMul", [query, keys], MS, transB=1)  # (B, h, k, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
-        return net.out_projection(_merge_heads(net, spec, context), attention.fc_attn)
+        return net.attention_out(_merge_heads(net, spec, context, self.flat), attention)
 
 
 def _no_steps(net: Net, spec: ModelSpec, lead: int, rows: str) -> str:
@@ -178,9 +193,10 @@ def own_slots(net: Net, index: str) -> str:
     return net.one("Equal", [net.one("Unsqueeze", [index, next(axis)]), net.one("Unsqueeze", [index, next(axis)])])
 
 
-def _merge_heads(net: Net, spec: ModelSpec, context: str) -> str:
-    """(B, k, [1,] h, d) -> (B, k, E)."""
-    return net.one("Reshape", [context, net.weight("merged", np.array([0, 0, spec.d_model], np.int64))])
+def _merge_heads(net: Net, spec: ModelSpec, context: str, flat: bool = False) -> str:
+    """(B, k, [1,] h, d) -> (B, k, E), or flat: (B k, E)."""
+    shape = [-1, spec.d_model] if flat else [0, 0, spec.d_model]
+    return net.one("Reshape", [context, net.weight("merged", np.array(shape, np.int64))])
 
 
 def _scaled_qkv(net: Net, attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -80,8 +80,9 @@ class Outer:
         self.beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
         own = net.one("Tile", [own_slots(net, self.beam), net.one("Concat", [self.batch, _c(net, "one_d", [1])],
                                                                    axis=0)])  # (B * k, k)
+        self.wide = wide  # the body's stream is 2-D rows (B * k, E) (Net.rows), tokens and live (B * k, 1)
         if wide:
-            self.attend = BlockBatched(mask_bias(net, lengths32, cross[0]), STEP_MASK)
+            self.attend = BlockBatched(mask_bias(net, lengths32, cross[0]), STEP_MASK).on_rows(net, spec, self.k)
             self.own = net.one("Where", [own, _c(net, "zero_f", 0.0, np.float32),
                                          _c(net, "minus_inf_f", -np.inf, np.float32)])
             self.mask_type, step_shape = FLOAT, [self.batch, _c(net, "one_d", [1]), self.k]  # (B, 1, k, k t)
@@ -115,12 +116,18 @@ class Outer:
 
 
 def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
-    """The carried values' first values: bos (B, k), live [0, -inf, ...] per input (B, k, 1), empty history and
-    n-best, no input done or full, no cache slot written, empty caches."""
-    tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), o.shape_bk])  # (B, k)
+    """The carried values' first values: bos (B, k), live [0, -inf, ...] per input (B, k, 1) (wide: both (B * k,
+    1)), empty history and n-best, no input done or full, no cache slot written, empty caches."""
     first = net.one("Where", [net.one("Equal", [o.beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (k,)
-    live = net.one("Unsqueeze", [net.one("Expand", [first, o.shape_bk]), _c(net, "ax2", [2])])  # (B, k, 1)
+    live = net.one("Expand", [first, o.shape_bk])  # (B, k)
+    if o.wide:
+        tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), net.one("Concat", [o.rows, _c(net, "one_d", [1])],
+                                                                        axis=0)])  # (B * k, 1)
+        live = net.one("Reshape", [live, _c(net, "column", [-1, 1])])
+    else:
+        tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), o.shape_bk])  # (B, k)
+        live = net.one("Unsqueeze", [live, _c(net, "ax2", [2])])  # (B, k, 1)
     history = net.one("ConstantOfShape", [net.one("Concat", [o.rows, net.one("Reshape", [
         "max_length", _c(net, "one_d", [1])])], axis=0)], value=helper.make_tensor("z", INT64, [1], [0]))
     done = net.one("ConstantOfShape", [o.batch], value=helper.make_tensor("f", BOOL, [1], [False]))
@@ -151,8 +158,9 @@ class Ranked(NamedTuple):
 
 
 def _select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
-    """The step's log-probs (B, k, V) and live sums (B, k, 1) -> the ranked candidates and the k kept: the
-    first k non-eos in rank order (there are always k: at most one eos per beam among the 2k)."""
+    """The step's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the ranked
+    candidates and the k kept: the first k non-eos in rank order (there are always k: at most one eos per beam among
+    the 2k)."""
     step = net.one("Gather", [o.penalties, "beam/iter"])  # (V,): -inf on eos below min_length
     wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B, k, V)
     flat = net.one("Reshape", [net.one("Add", [wide, live]), o.kv])  # (B, k * V)
@@ -237,11 +245,12 @@ def _unchanged(names: dict[str, str]) -> onnx.GraphProto:
 
 
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> onnx.GraphProto:
-    net = Net("beam/", skip_norm=False, int8=int8, value_bias=True)  # Add + LayerNormalization: faster at k rows
+    net = Net("beam/", skip_norm=False, int8=int8, value_bias=True, rows=o.wide)  # Add + LayerNormalization: faster
     names = {n: f"beam/{n}" for n in CARRIED}
     pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
     table = position_table(model)
-    tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), names["tokens"]])
+    embedding = net.weight("target_embedding", model.target_embedding.weight)
+    tokens = net.one("GatherND" if o.wide else "Gather", [embedding, names["tokens"]])  # (B * k, E) or (B, k, E)
     positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), "beam/iter"])  # (1, E)
     ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)  # (B * k, k t): this step's slots added
     net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
@@ -259,8 +268,11 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
     work = net.one("Or", [net.one("Or", [eos_first, last]), names["full"]])
     after = net.op("If", [work], len(FINISH_TYPES), then_branch=_finish(o, r, names, grown, last),
                    else_branch=_unchanged(names))
-    live = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])])  # (B, k, 1)
-    outs = [after[6], r.tokens, live, grown, after[4], *after[:4], after[5]]
+    if o.wide:  # (B * k, 1) each
+        live, next_tokens = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), chosen
+    else:
+        live, next_tokens = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])]), r.tokens  # (B, k, 1), (B, k)
+    outs = [after[6], next_tokens, live, grown, after[4], *after[:4], after[5]]
     outs += [net.one("Gather", [ancestry, parents], axis=0), *presents]  # the mask follows rows; caches stay
     types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL, o.mask_type]
     types += [FLOAT] * len(presents)

@@ -149,12 +149,12 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     token, live, [bias,] present_i..., scanned token and log-prob (B, 1, 1)). Tokens are indices in `eos_first`
     order: the token is TopK's index as it comes, read back by GatherND (no Squeeze a step) from the embedding rows
     in that order, and `live` (int64) is 1 until a row's index is 0 (eos). Blocked (`own`: the (G, G) bias of a
-    block's own slots), rows are blocks: last, live and the scans (B/G, G, 1), and the carried self-attention bias
-    grows by `own` each step."""
+    block's own slots), the carried self-attention bias grows by `own` each step, and the stream is 2-D rows (B' =
+    B/G x G, E; Net.rows: projections as Gemm), a block being G consecutive rows: last, live and the scans (B', 1)."""
     # Residuals as Add + LayerNormalization, not SkipLayerNormalization: though more kernels, onnxruntime 1.32's CPU
     # SkipLayerNormalization is the slower (fast_greedy 0.96-0.98x the time at batch 1, 0.94x at 4, int8 0.95x, one
     # session a side; see eos_first for the figures with six)
-    net = Net("body/", skip_norm=False, int8=int8, value_bias=True)  # its caches are the loop's own
+    net = Net("body/", skip_norm=False, int8=int8, value_bias=True, rows=own is not None)  # caches: its own
     order = eos_first(spec.target_vocab_size)
     table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), added to the (B, 1, E) rows
     embedding = model.target_embedding.weight[torch.as_tensor(order)]  # row i: the id at index i
@@ -225,7 +225,7 @@ def _time_last(net: Net, scan: str) -> str:
 
 
 def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -> tuple[str, str]:
-    """The wide greedy loop over blocks of G inputs, (B/G, G, E) (the batch padded to a multiple of G with inputs
+    """The wide greedy loop over blocks of G inputs, G consecutive rows of (B, E) (the batch padded to a multiple of G with inputs
     that count as ended from the start): each block attends as one, its G queries to the G inputs' cross-attention
     keys/values side by side (B/G, h, G Ls, d) and to one self-attention cache where step t writes slots G t ..
     G t + G - 1, each query through a bias (0 on its own input's keys and slots, -inf elsewhere): G times fewer
@@ -262,13 +262,15 @@ def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -
     own_keys = net.one("Reshape", [net.one("Expand", [net.one("Unsqueeze", [own, net.weight("two", np.array(
         [2], np.int64))]), net.one("Concat", [g, g, length], axis=0)]), net.one("Concat", [g, c["minus_one"]],
                                                                                  axis=0)])  # (G, G Ls)
-    attend = BlockBatched(net.one("Add", [padding, own_keys]), STEP_BIAS)  # (B'/G, 1, G, G Ls)
+    attend = BlockBatched(net.one("Add", [padding, own_keys]), STEP_BIAS)  # bias (B'/G, 1, G, G Ls)
+    attend.on_rows(net, spec, g)  # the body's stream: (B', E)
     blocks = net.one("Div", [padded, g])  # (1,)
     rows = net.one("Range", [steps[0], net.one("Squeeze", [padded]), steps[1]])  # (B',)
-    live = net.one("Cast", [net.one("Reshape", [net.one("Less", [rows, batch]), net.one(
-        "Concat", [c["minus_one"], g, c["one"]], axis=0)])], to=INT64)  # (B'/G, G, 1): 0 on the padding inputs
-    first = net.one("Expand", [net.weight("bos", np.array([[[_index(spec, BOS)]]], np.int64)),
-                               net.one("Concat", [blocks, g, c["one"]], axis=0)])  # (B'/G, G, 1)
+    column = net.weight("column", np.array([-1, 1], np.int64))
+    live = net.one("Cast", [net.one("Reshape", [net.one("Less", [rows, batch]), column])],
+                   to=INT64)  # (B', 1): 0 on the padding inputs
+    first = net.one("Expand", [net.weight("bos", np.array([[_index(spec, BOS)]], np.int64)),
+                               net.one("Concat", [padded, c["one"]], axis=0)])  # (B', 1)
     no_slot = net.one("ConstantOfShape", [net.one("Concat", [g, c["zero"]], axis=0)],
                       value=helper.make_tensor("z", FLOAT, [1], [0.0]))  # (G, 0)
     outs = net.op("Loop", ["max_length", net.weight("true", np.array(True)), first, live, no_slot,

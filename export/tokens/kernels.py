@@ -35,11 +35,12 @@ class Net:
     LayerNormalization from ~64 rows up, so wide graphs write those three). `value_bias`: each attention's output
     bias moves into its values (`value_shift`), for graphs whose caches no other graph reads (the one-call
     graphs: a step graph's state must match the other step graphs'); float32 only (int8 projections add their
-    bias at no kernel's cost)."""
+    bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the wide loop bodies), so a
+    projection with a bias is one Gemm (onnxruntime fuses a Relu after it), not MatMul + Add."""
 
     def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False,
-                 value_bias: bool = False) -> None:
-        self.prefix, self.skip_norm, self.int8 = prefix, skip_norm, int8
+                 value_bias: bool = False, rows: bool = False) -> None:
+        self.prefix, self.skip_norm, self.int8, self.rows = prefix, skip_norm, int8, rows
         self.value_bias = value_bias and not int8
         self.nodes, self.weights, self._count = [], [], 0
 
@@ -68,7 +69,10 @@ class Net:
         return self.op(op_type, inputs, 1, domain, **attrs)[0]
 
     def matmul(self, x: str, w: torch.Tensor, b: torch.Tensor | None = None) -> str:
-        """x (..., in) @ w (in, out) (+ b): MatMul (+ Add); int8: one DynamicQuantizeMatMul, its bias included."""
+        """x (..., in) @ w (in, out) (+ b): MatMul (+ Add); 2-D rows with a bias: one Gemm; int8: one
+        DynamicQuantizeMatMul, its bias included."""
+        if not self.int8 and self.rows and b is not None:
+            return self.one("Gemm", [x, self.weight("w", w), self.weight("b", b)])
         if not self.int8:
             out = self.one("MatMul", [x, self.weight("w", w)])
             return out if b is None else self.one("Add", [out, self.weight("b", b)])
@@ -84,12 +88,17 @@ class Net:
     @property
     def bias_in_matmul(self) -> bool:
         """Whether a sub-layer's output projection takes its bias itself: at int8 (DynamicQuantizeMatMul adds it
-        at no kernel's cost) where no SkipLayerNormalization would take it (else it is one Add more)."""
-        return self.int8 and not self.skip_norm
+        at no kernel's cost) or on 2-D rows (Gemm does), where no SkipLayerNormalization would take it (else it is
+        one Add more)."""
+        return (self.int8 or self.rows) and not self.skip_norm
 
     def out_projection(self, x: str, layer: torch.nn.Linear) -> str:
         """A sub-layer's output projection before the residual add, its bias in it where `bias_in_matmul`."""
         return self.linear(x, layer, bias=self.bias_in_matmul)
+
+    def attention_out(self, x: str, attention: MultiHeadAttention) -> str:
+        """attention's output projection: out_projection, without the bias where its values took it (`shift`)."""
+        return self.linear(x, attention.fc_attn, bias=self.bias_in_matmul and self.shift(attention) is None)
 
     def shift(self, attention: MultiHeadAttention) -> torch.Tensor | None:
         """What this graph adds to attention's value bias so that its output projection needs no bias
