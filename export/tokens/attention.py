@@ -47,7 +47,7 @@ class Fused:
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
         """x (B, 1, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, 1, E), less its bias unless
-        `net.bias_in_matmul`."""
+        `net.bias_in_matmul` (and the values did not take it: `net.shift`)."""
         keys, values = cross
         queries = attention.queries
         query = net.linear(x, queries, bias=False)  # (B, 1, E); the kernel adds the bias
@@ -166,7 +166,7 @@ class BlockBatched(Batched):
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
         """x (B, k, E), cross [keys, values (B, h, Ls, d)] -> fc_attn(context) (B, k, E), less its bias unless
-        `net.bias_in_matmul`."""
+        `net.bias_in_matmul` (and the values did not take it: `net.shift`)."""
         keys, values = cross
         h, d = spec.n_heads, spec.head_dim
         scale = 1.0 / np.sqrt(d)

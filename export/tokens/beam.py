@@ -245,7 +245,8 @@ def _unchanged(names: dict[str, str]) -> onnx.GraphProto:
 
 
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> onnx.GraphProto:
-    net = Net("beam/", skip_norm=False, int8=int8, value_bias=True, rows=o.wide)  # Add + LayerNormalization: faster
+    # Add + LayerNormalization (faster than SkipLayerNormalization at k rows an input); its caches are its own
+    net = Net("beam/", skip_norm=False, int8=int8, value_bias=True, rows=o.wide)
     names = {n: f"beam/{n}" for n in CARRIED}
     pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
     table = position_table(model)

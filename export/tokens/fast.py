@@ -126,8 +126,9 @@ def eos_first(vocab_size: int) -> np.ndarray:
     """The greedy loop's column order: (V,) ids, eos first, then every other id in id order. A row has emitted eos
     once its index was 0, so the stop test is Min, ReduceMax and Cast (Equal, Or, Cast, ReduceMin and Less before:
     fast_greedy batch 1 0.984-0.992x the time, 0.980x free, one session a side; timed again with six, it and the
-    Add + LayerNormalization bodies together bought 1.4-1.8% at batch 1 and 5% at batch 4). TopK's ties still go to the lowest id: among the ids
-    after eos the order is unchanged, and the ids it moves ahead of (<pad>, <s>) are never emitted (NEVER_LOGIT)."""
+    Add + LayerNormalization bodies together bought 1.4-1.8% at batch 1 and 5% at batch 4). TopK's ties still go to
+    the lowest id: among the ids after eos the order is unchanged, and the ids it moves ahead of (<pad>, <s>) are
+    never emitted (NEVER_LOGIT)."""
     return np.array([EOS] + [i for i in range(vocab_size) if i != EOS], np.int64)
 
 
@@ -225,13 +226,13 @@ def _time_last(net: Net, scan: str) -> str:
 
 
 def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -> tuple[str, str]:
-    """The wide greedy loop over blocks of G inputs, G consecutive rows of (B, E) (the batch padded to a multiple of G with inputs
-    that count as ended from the start): each block attends as one, its G queries to the G inputs' cross-attention
-    keys/values side by side (B/G, h, G Ls, d) and to one self-attention cache where step t writes slots G t ..
-    G t + G - 1, each query through a bias (0 on its own input's keys and slots, -inf elsewhere): G times fewer
-    (input, head) products for the batched MatMuls (attention.BlockBatched), each reading G times the keys. G is
-    GROUP where source_len + max_length <= BLOCKS_UP_TO, else 1 (one input a block: the per-input products).
-    -> tokens and log-probs (B, T)."""
+    """The wide greedy loop over blocks of G inputs, G consecutive rows of the body's (B, E) stream (the batch
+    padded to a multiple of G with inputs that count as ended from the start): each block attends as one, its G
+    queries to the G inputs' cross-attention keys/values side by side (B/G, h, G Ls, d) and to one self-attention
+    cache where step t writes slots G t .. G t + G - 1, each query through a bias (0 on its own input's keys and
+    slots, -inf elsewhere): G times fewer (input, head) products for the batched MatMuls (attention.BlockBatched),
+    each reading G times the keys. G is GROUP where source_len + max_length <= BLOCKS_UP_TO, else 1 (one input a
+    block: the per-input products). -> tokens and log-probs (B, T)."""
     h, d = spec.n_heads, spec.head_dim
     c = {name: net.weight(name, np.array(value, np.int64)) for name, value in
          (("zero", [0]), ("zeros", [0, 0]), ("one", [1]), ("minus_one", [-1]), ("h", [h]), ("d", [d]))}
