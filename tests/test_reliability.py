@@ -117,6 +117,8 @@ CLI_CASES: dict[str, Case] = {
                                       says=("ckpt", "already exists", "--force")),
     "train --out a file --force": case("train", "--out", "afile", "--force", code=USAGE,
                                        says=("--out", "afile", "is a file")),
+    "train --out under a file": case("train", "--out", "afile/run", code=BAD_INPUT,
+                                     says=("afile/run", "cannot be created", "afile is a file")),
     "train --out an export --force": case("train", "--out", "model", "--force", code=BAD_INPUT,
                                           says=("model", "not a seq2onnx checkpoint", "manifest.json")),
     # train: data
@@ -232,6 +234,8 @@ CLI_CASES: dict[str, Case] = {
     "export --out another checkpoint --force": case("export", "ckpt", "--out", "edited", "--force", code=BAD_INPUT,
                                                     says=("edited", "not a seq2onnx export", "spec.json")),
     "export --out a file": case("export", "ckpt", "--out", "afile", code=USAGE, says=("--out", "afile", "is a file")),
+    "export --out under a file": case("export", "ckpt", "--out", "afile/sub/m", code=BAD_INPUT,
+                                      says=("afile/sub/m", "cannot be created", "afile is a file")),
     "export --opset 3": case("export", "ckpt", "--out", "m", "--opset", "3", code=USAGE, says=("--opset", "14..20", "3")),
     "export --atol nan": case("export", "ckpt", "--out", "m", "--atol", "nan", code=USAGE,
                               says=("--atol", "finite", "'nan'")),
