@@ -7,7 +7,6 @@ Add and a Softmax where `attention.Fused` runs the query projection, MultiHeadAt
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from runtime.spec import ModelSpec
 from training.tokens.transformer import MultiHeadAttention, TransformerSeq2Seq
@@ -60,10 +59,10 @@ def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list
         keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries)]), by_row])
         bias = net.one("Add", [net.one("MatMul", [keys, net.weight("query_bias", query_bias)]), padding])
         out = attention.fc_attn.weight.detach().T.reshape(h, d, e)  # (h, d, E): head i's rows of fc_attn^T
-        # every head's rows: 1/h of the bias, unless the values took it already (Net.shift)
-        share = (attention.fc_attn.bias.detach() / h if net.shift(attention) is None
-                 else torch.zeros(e)).reshape(1, 1, e)
-        out_by = net.one("Reshape", [net.one("Add", [net.one("MatMul", [values, net.weight("out", out)]),
-                                                     net.weight("out_bias", share)]), by_row])
+        out_by = net.one("MatMul", [values, net.weight("out", out)])
+        if net.shift(attention) is None:  # every head's rows: 1/h of the bias (else the values took it already)
+            share = (attention.fc_attn.bias.detach() / h).reshape(1, 1, e)
+            out_by = net.one("Add", [out_by, net.weight("out_bias", share)])
+        out_by = net.one("Reshape", [out_by, by_row])
         folded += [keys_by, net.one("Reshape", [bias, row]), out_by]
     return folded
