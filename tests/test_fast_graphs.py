@@ -526,8 +526,13 @@ def test_the_one_call_graphs_add_no_attention_output_bias_a_step(norm):
             zeros = {w.name for w in g.initializer if w.data_type == onnx.TensorProto.FLOAT
                      and not onnx.numpy_helper.to_array(w).any()}
             assert not [n.name for n in g.node if n.op_type == "Add" and zeros & set(n.input)], build
-    projections, adds = _attention_bias_adds(step_model(model, spec, "", wide=True), _decoder_attentions(model))
-    assert projections == adds == 4  # self and cross, 2 layers: each with its bias Add
+    assert _attention_bias_adds(step_model(model, spec, ""), _decoder_attentions(model)) == (4, 0)  # skip norm
+    wide = step_model(model, spec, "", wide=True)  # 2-D rows: each output projection one Gemm with its own bias
+    inits = {w.name: onnx.numpy_helper.to_array(w) for w in wide.graph.initializer}
+    gemms = [(inits[n.input[1]], inits[n.input[2]]) for n in wide.graph.node if n.op_type == "Gemm"]
+    for attention in _decoder_attentions(model):
+        w, bias = attention.fc_attn.weight.detach().T.numpy(), attention.fc_attn.bias.detach().numpy()
+        assert sum(np.array_equal(gw, w) and np.array_equal(gb, bias) for gw, gb in gemms) == 1
 
 
 def test_a_projection_that_cannot_take_the_shift_keeps_its_bias_and_exports(tmp_path):
@@ -549,12 +554,12 @@ def test_a_projection_that_cannot_take_the_shift_keeps_its_bias_and_exports(tmp_
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-def test_the_wide_loop_bodies_run_each_projection_with_a_bias_as_one_gemm(norm):
-    """The wide greedy and beam bodies read their rows as 2-D (Net.rows): every projection with a bias is one Gemm
-    (onnxruntime fuses the FFN's Relu into it), and no bias Add follows a MatMul by a weight; int8 keeps
-    DynamicQuantizeMatMul."""
+def test_the_wide_graphs_run_each_projection_with_a_bias_as_one_gemm(norm):
+    """The wide greedy and beam bodies and the wide step graph read their rows as 2-D (Net.rows): every projection
+    with a bias is one Gemm (onnxruntime fuses the FFN's Relu into it), and no bias Add follows a MatMul by a
+    weight; int8 keeps DynamicQuantizeMatMul."""
     from export.tokens.beam import beam_model
-    from export.tokens.fast import greedy_model
+    from export.tokens.fast import greedy_model, step_model
 
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32, norm=norm)
     torch.manual_seed(0)
@@ -572,3 +577,9 @@ def test_the_wide_loop_bodies_run_each_projection_with_a_bias_as_one_gemm(norm):
         assert all(len(n.input) == 3 and n.input[2] in weights for n in gemms)
         int8 = next(n for n in build(model, spec, "", int8=True).graph.node if n.op_type == "Loop")
         assert not any(n.op_type == "Gemm" for n in int8.attribute[0].g.node)
+    step = step_model(model, spec, "", wide=True)  # the wide step graph reads (B, E) rows the same way
+    weights = {w.name for w in step.graph.initializer}
+    matmuls = {n.output[0] for n in step.graph.node if n.op_type == "MatMul" and n.input[1] in weights}
+    assert not [n.name for n in step.graph.node if n.op_type == "Add" and set(n.input) & matmuls
+                and set(n.input) & weights]
+    assert sum(n.op_type == "Gemm" for n in step.graph.node) == 6 * spec.layers + 1  # with both output projections

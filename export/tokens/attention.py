@@ -64,8 +64,9 @@ class Batched:
     CACHES, CROSS, CROSS_BIAS = Fused.CACHES, Fused.CROSS, Fused.CROSS_BIAS
     empty_cache = Fused.empty_cache
 
-    def __init__(self, mask_bias: str) -> None:
+    def __init__(self, mask_bias: str, rows: bool = False) -> None:
         self.mask_bias = mask_bias  # (B, 1, 1, Ls): 0 where a source token is read, -inf on padding
+        self.rows = rows  # the stream is 2-D (B, E) (the wide step graph), else (B, 1, E)
 
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                        past: list[str]) -> tuple[str, list[str]]:
@@ -80,7 +81,7 @@ class Batched:
         weights = net.one("Softmax", [net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 2, 4, 3])])],
                           axis=-1)  # (1, B, h, 1, t + 1)
         context = net.one("MatMul", [weights, values])  # (1, B, h, 1, d)
-        return net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))]), [present]
+        return net.one("Reshape", [context, net.weight("rows", np.array(self._merged(h * d), np.int64))]), [present]
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
@@ -92,8 +93,12 @@ class Batched:
         scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, 1, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
-        context = net.one("Reshape", [context, net.weight("rows", np.array([-1, 1, h * d], np.int64))])
+        context = net.one("Reshape", [context, net.weight("rows", np.array(self._merged(h * d), np.int64))])
         return net.attention_out(context, attention)
+
+    def _merged(self, width: int) -> list[int]:
+        """The shape heads merge back into: the stream's."""
+        return [-1, width] if self.rows else [-1, 1, width]
 
 
 class AncestryFused(Fused):

@@ -103,18 +103,23 @@ def encoder_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, int8: bo
 
 def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
                int8: bool = False) -> onnx.ModelProto:
+    """One decoder step over the state the fast encoder makes; wide: attention in batched MatMuls (from WIDE_ROWS
+    rows) and the rows as one 2-D (B, E) matrix, so each projection with a bias is one Gemm (Net.rows)."""
     io = fast_graph_io(spec)["step"]
-    net = Net(skip_norm=not wide, int8=int8)
-    attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0")) if wide else Fused("memory_lengths")
+    net = Net(skip_norm=not wide, int8=int8, rows=wide)
+    attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0"), rows=wide) if wide else Fused("memory_lengths")
     axis1 = net.weight("axis1", np.array([1], np.int64))
-    tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight),
-                                net.one("Unsqueeze", ["previous_tokens", axis1])])  # (B, 1, E)
-    positions = net.one("Gather", [net.weight("positions", position_table(model)),
-                                   net.one("Unsqueeze", ["positions", axis1])])  # (B, 1, E)
+    ids, at = ("previous_tokens", "positions") if wide else (
+        net.one("Unsqueeze", [name, axis1]) for name in ("previous_tokens", "positions"))
+    tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), ids])  # (B, [1,] E)
+    positions = net.one("Gather", [net.weight("positions", position_table(model)), at])  # (B, [1,] E)
     pasts = [f"past_{i}" for i in range(spec.layers)]
     cross = [f"cross_{kv}_{i}" for i in range(spec.layers) for kv in ("keys", "values")]
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, cross, attend)
-    net.op("Squeeze", [log_probs, axis1], ["log_probs"])  # (B, V)
+    if wide:
+        net.op("Identity", [log_probs], ["log_probs"])  # (B, V)
+    else:
+        net.op("Squeeze", [log_probs, axis1], ["log_probs"])  # (B, V)
     net.op("Add", ["positions", net.weight("one", np.array(1, np.int64))], ["next_positions"])
     for i, present in enumerate(presents):
         net.op("Identity", [present], [f"present_{i}"])
