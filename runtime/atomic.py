@@ -47,6 +47,10 @@ class DestinationBusyError(Seq2OnnxError, OSError):
     """Another writer holds the destination, or wrote it while we were staging ours."""
 
 
+class DestinationUnwritableError(Seq2OnnxError, OSError):
+    """The destination's lock cannot be made: no permission there, a read-only file system, a directory in the way."""
+
+
 @dataclass
 class _Hold:
     fd: int
@@ -113,8 +117,19 @@ def _acquire(key: Path, out: str | Path, lock: Path) -> bool:
 
 
 def _flock(out: str | Path, lock: Path) -> int:
-    """An fd holding LOCK_EX on the file now named `lock`, or DestinationBusyError."""
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    """An fd holding LOCK_EX on the file now named `lock`, or DestinationBusyError (held by another writer) or
+    DestinationUnwritableError (the lock cannot be made there at all: no permission, a read-only file system)."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        return _flock_made(out, lock)
+    except DestinationBusyError:
+        raise
+    except OSError as exc:
+        raise DestinationUnwritableError(f"{out}: cannot be written: its lock {lock} cannot be made "
+                                         f"({exc.strerror or exc}); choose another --out") from None
+
+
+def _flock_made(out: str | Path, lock: Path) -> int:
     for _ in range(LOCK_ATTEMPTS):
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LOCK_FILE_MODE)
         try:

@@ -61,8 +61,8 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
     if not os.path.lexists(out):
         blocker = next((p for p in out.parents if os.path.lexists(p)), None)  # the nearest ancestor that exists
         if blocker is not None and not blocker.is_dir():
-            raise DestinationError(f"{out}: cannot be created: {blocker} is a file, not a directory; choose another "
-                                   "--out")
+            what = "a broken link" if blocker.is_symlink() and not blocker.exists() else "a file, not a directory"
+            raise DestinationError(f"{out}: cannot be created: {blocker} is {what}; choose another --out")
         return
     if out.is_symlink() or not out.is_dir():
         raise DestinationError(f"{out}: exists and is not a directory; refusing to replace it, even with --force; "

@@ -237,7 +237,9 @@ def test_calls_a_sample_come_from_warm_calls_not_a_first_call_that_sets_up():
     slow_first, slow_calls = decoder(0.1, 0.001)
     steady, _ = decoder(0.002, 0.002)
     times, inner = measure({("ct2", "fp32", 1): [slow_first], ("seq2onnx", "fp32", 1): [steady]}, 2, 2, 0)
-    assert SAMPLE_S / 0.002 / 2 <= inner <= SAMPLE_S / 0.002 * 1.5  # ~10 by the 2 ms decoder, not 1 by the 100 ms
+    # ~10 by the 2 ms decoder, not 1 by the 100 ms first call; at least 2 even where a loaded machine stretches the
+    # 2 ms sleeps (a CI run beside other jobs saw 3)
+    assert 2 <= inner <= SAMPLE_S / 0.002 * 1.5
     assert len(slow_calls) == 2 + 2 * inner and all(len(t) == 2 for t in times.values())
     assert measure({("ct2", "fp32", 1): [steady]}, 1, 2, 3)[1] == 3  # --inner given: kept
     with pytest.raises(Exception, match="decoded lengths \\[2\\], expected exactly --steps 3"):

@@ -60,6 +60,7 @@ def setup_workspace(case_dir: Path) -> None:
     write(case_dir / "model_plus" / "README.txt", "mine\n")
     write(case_dir / "afile", "a file, not a directory\n")
     (case_dir / "emptydir").mkdir()
+    (case_dir / "locked" / ".run.lock").mkdir(parents=True)  # where --out locked/run's lock file would go
     np.save(case_dir / "points.npy", np.zeros((2, 2, 2), dtype=np.float32))
     write(case_dir / "results.json", "{}\n")
     write(case_dir / "text.npy", "0.1 0.2\n")
@@ -119,6 +120,9 @@ CLI_CASES: dict[str, Case] = {
                                        says=("--out", "afile", "is a file")),
     "train --out under a file": case("train", "--out", "afile/run", code=BAD_INPUT,
                                      says=("afile/run", "cannot be created", "afile is a file")),
+    "train --out where its lock cannot be made": case("train", "--out", "locked/run", code=BAD_INPUT,
+                                                      says=("locked/run", "cannot be written", ".run.lock",
+                                                            "Is a directory")),
     "train --out an export --force": case("train", "--out", "model", "--force", code=BAD_INPUT,
                                           says=("model", "not a seq2onnx checkpoint", "manifest.json")),
     # train: data
@@ -234,6 +238,8 @@ CLI_CASES: dict[str, Case] = {
     "export --out another checkpoint --force": case("export", "ckpt", "--out", "edited", "--force", code=BAD_INPUT,
                                                     says=("edited", "not a seq2onnx export", "spec.json")),
     "export --out a file": case("export", "ckpt", "--out", "afile", code=USAGE, says=("--out", "afile", "is a file")),
+    "export --out where its lock cannot be made": case("export", "ckpt", "--out", "locked/run", code=BAD_INPUT,
+                                                       says=("locked/run", "cannot be written", ".run.lock")),
     "export --out under a file": case("export", "ckpt", "--out", "afile/sub/m", code=BAD_INPUT,
                                       says=("afile/sub/m", "cannot be created", "afile is a file")),
     "export --opset 3": case("export", "ckpt", "--out", "m", "--opset", "3", code=USAGE, says=("--opset", "14..20", "3")),

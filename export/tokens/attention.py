@@ -72,7 +72,7 @@ class Batched:
                        past: list[str]) -> tuple[str, list[str]]:
         h, d = spec.n_heads, spec.head_dim
         w, b = _scaled_qkv(net, attention, d)
-        projected = net.matmul(x, w, b)  # (B, 1, 3E)
+        projected = net.matmul(x, w, b)  # (B, 1, 3E), or (B, 3E) on rows
         split = net.one("Reshape", [projected, net.weight("shape", np.array([0, 3, h, 1, d], np.int64))])
         split = net.one("Transpose", [split], perm=[1, 0, 2, 3, 4])  # (3, B, h, 1, d): q, k, v
         query, new = net.op("Split", [split, net.weight("sizes", np.array([1, 2], np.int64))], 2, axis=0)

@@ -108,11 +108,13 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     io = fast_graph_io(spec)["step"]
     net = Net(skip_norm=not wide, int8=int8, rows=wide)
     attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0"), rows=wide) if wide else Fused("memory_lengths")
-    axis1 = net.weight("axis1", np.array([1], np.int64))
-    ids, at = ("previous_tokens", "positions") if wide else (
-        net.one("Unsqueeze", [name, axis1]) for name in ("previous_tokens", "positions"))
-    tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight), ids])  # (B, [1,] E)
-    positions = net.one("Gather", [net.weight("positions", position_table(model)), at])  # (B, [1,] E)
+    axis1 = None if wide else net.weight("axis1", np.array([1], np.int64))
+
+    def rows(name: str) -> str:  # (B,) as it comes for (B, E) rows, else (B, 1)
+        return name if wide else net.one("Unsqueeze", [name, axis1])
+    tokens = net.one("Gather", [net.weight("target_embedding", model.target_embedding.weight),
+                                rows("previous_tokens")])  # (B, [1,] E)
+    positions = net.one("Gather", [net.weight("positions", position_table(model)), rows("positions")])
     pasts = [f"past_{i}" for i in range(spec.layers)]
     cross = [f"cross_{kv}_{i}" for i in range(spec.layers) for kv in ("keys", "values")]
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, cross, attend)

@@ -36,8 +36,8 @@ class Net:
     LayerNormalization from ~64 rows up, so wide graphs write those three). `value_bias`: each attention's output
     bias moves into its values (`value_shift`), for graphs whose caches no other graph reads (the one-call
     graphs: a step graph's state must match the other step graphs'); float32 only (int8 projections add their
-    bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the wide loop bodies), so a
-    projection with a bias is one Gemm (onnxruntime fuses a Relu after it), not MatMul + Add."""
+    bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the wide loop bodies and the wide
+    step graph), so a projection with a bias is one Gemm (onnxruntime fuses a Relu after it), not MatMul + Add."""
 
     def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False,
                  value_bias: bool = False, rows: bool = False) -> None:
@@ -271,10 +271,11 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
 def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
             cross: list[str], attend: Fused | Batched,
             order: np.ndarray | None = None) -> tuple[str, list[str]]:  # or their Ancestry kinds
-    """One step: token embeddings (B, 1, E) (a beam graph's blocks: (B, k, E)), position rows (B, 1, E) or (1, E),
-    the self-attention caches (`attend.CACHES` per layer, layer by layer) and the cross-attention's tensors
-    (`attend.CROSS` per layer: keys and values (B, h, Ls, d), or Folded's) -> log-probs (B, 1, V) (blocks:
-    (B, k, V)) and the grown caches, in the same order. `order`: the ids of the log-prob columns (None: by id)."""
+    """One step: token embeddings (B, 1, E) (a beam graph's blocks: (B, k, E); the wide graphs' 2-D rows: (B, E)),
+    position rows (B, 1, E), (B, E) or (1, E), the self-attention caches (`attend.CACHES` per layer, layer by
+    layer) and the cross-attention's tensors (`attend.CROSS` per layer: keys and values (B, h, Ls, d), or Folded's)
+    -> log-probs (B, 1, V) (blocks: (B, k, V); rows: (B, V)) and the grown caches, in the same order. `order`: the
+    ids of the log-prob columns (None: by id)."""
     layers: list[Decoder] = list(model.decoder_layers)
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)
