@@ -19,7 +19,8 @@ import runtime.optional_graphs as optional_graphs
 from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
 from export.tokens.fold import Folded, fold_cross
-from export.tokens.kernels import FLOAT, INT32, MS, Net, cross_kv, tensor, value_shift
+from export.tokens.kernels import FLOAT, INT32, MS, Net, cross_kv, tensor
+from export.tokens.shift import value_shift
 from runtime.contract import DECODER_STEP_FILE, FAST_FILES, MANIFEST_FILE
 from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
@@ -428,23 +429,16 @@ def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wid
 def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm):
     """Where a graph writes Add + Add + LayerNormalization (the beam and greedy graphs, the encoder), int8's
     DynamicQuantizeMatMul takes the projection's bias itself: no bias Add after one, in the graph or a Loop body."""
-    from export.fused import subgraphs
     from export.tokens.beam import beam_model
     from export.tokens.fast import greedy_model
 
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32, norm=norm)
     torch.manual_seed(0)
     model = build_token_model(spec).eval()
-
-    def graphs(g: onnx.GraphProto):
-        yield g
-        for node in g.node:
-            for sub in subgraphs(node):
-                yield from graphs(sub)
     for proto in (beam_model(model, spec, "", int8=True), greedy_model(model, spec, "", wide=True, int8=True),
                   greedy_model(model, spec, "", int8=True)):
         quantized, bias_adds = 0, []
-        for g in graphs(proto.graph):
+        for g in _graphs(proto.graph):
             weights = {w.name for w in g.initializer}
             made = {o: n.op_type for n in g.node for o in n.output}
             quantized += sum(n.op_type == "DynamicQuantizeMatMul" for n in g.node)

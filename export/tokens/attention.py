@@ -64,15 +64,14 @@ class Batched:
     CACHES, CROSS, CROSS_BIAS = Fused.CACHES, Fused.CROSS, Fused.CROSS_BIAS
     empty_cache = Fused.empty_cache
 
-    def __init__(self, mask_bias: str, rows: bool = False) -> None:
+    def __init__(self, mask_bias: str) -> None:
         self.mask_bias = mask_bias  # (B, 1, 1, Ls): 0 where a source token is read, -inf on padding
-        self.rows = rows  # the stream is 2-D (B, E) (the wide step graph), else (B, 1, E)
 
     def self_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                        past: list[str]) -> tuple[str, list[str]]:
         h, d = spec.n_heads, spec.head_dim
         w, b = _scaled_qkv(net, attention, d)
-        projected = net.matmul(x, w, b)  # (B, 1, 3E), or (B, 3E) on rows
+        projected = net.matmul(x, w, b)  # (B, 1, 3E), or (B, 3E) on rows (net.rows)
         split = net.one("Reshape", [projected, net.weight("shape", np.array([0, 3, h, 1, d], np.int64))])
         split = net.one("Transpose", [split], perm=[1, 0, 2, 3, 4])  # (3, B, h, 1, d): q, k, v
         query, new = net.op("Split", [split, net.weight("sizes", np.array([1, 2], np.int64))], 2, axis=0)
@@ -81,7 +80,7 @@ class Batched:
         weights = net.one("Softmax", [net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 2, 4, 3])])],
                           axis=-1)  # (1, B, h, 1, t + 1)
         context = net.one("MatMul", [weights, values])  # (1, B, h, 1, d)
-        return net.one("Reshape", [context, net.weight("rows", np.array(self._merged(h * d), np.int64))]), [present]
+        return net.one("Reshape", [context, net.weight("rows", np.array(_merged(net, h * d), np.int64))]), [present]
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
@@ -93,12 +92,8 @@ class Batched:
         scores = net.one("MatMul", [query, net.one("Transpose", [keys], perm=[0, 1, 3, 2])])  # (B, h, 1, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("MatMul", [weights, values])  # (B, h, 1, d)
-        context = net.one("Reshape", [context, net.weight("rows", np.array(self._merged(h * d), np.int64))])
+        context = net.one("Reshape", [context, net.weight("rows", np.array(_merged(net, h * d), np.int64))])
         return net.attention_out(context, attention)
-
-    def _merged(self, width: int) -> list[int]:
-        """The shape heads merge back into: the stream's."""
-        return [-1, width] if self.rows else [-1, 1, width]
 
 
 class AncestryFused(Fused):
@@ -133,14 +128,12 @@ class BlockBatched(Batched):
     def __init__(self, mask_bias: str, bias: str) -> None:
         super().__init__(mask_bias)
         self.bias = bias
-        self.flat = False  # the stream is (B, k, E); `on_rows` makes it 2-D rows (B k, E)
-        self.qkv_shape = self.heads_shape = ""
+        self.qkv_shape = self.heads_shape = ""  # (B, k, E) blocks; `on_rows`: k consecutive rows of (B k, E)
 
     def on_rows(self, net: Net, spec: ModelSpec, k: str) -> BlockBatched:
         """Read the stream as 2-D rows (B k, E), a block being k (1,) consecutive rows (the wide loop bodies, whose
         projections are then Gemms: Net.rows): the shapes that split rows into blocks are made once, in `net` (the
         graph around the loop), from k."""
-        self.flat = True
         h, d = spec.n_heads, spec.head_dim
         minus_one = net.weight("minus_one", np.array([-1], np.int64))
         self.qkv_shape = net.one("Concat", [minus_one, k, net.weight("qhd", np.array([3, h, d], np.int64))], axis=0)
@@ -166,7 +159,7 @@ class BlockBatched(Batched):
         scores = net.one("Add", [net.one("FusedMatMul", [query, keys], MS, transB=1), self.bias])  # (1, B, h, k, kt)
         context = net.one("MatMul", [net.one("Softmax", [scores], axis=-1), values])  # (1, B, h, k, d)
         context = net.one("Transpose", [context], perm=[1, 3, 0, 2, 4])  # (B, k, 1, h, d)
-        return _merge_heads(net, spec, context, self.flat), [keys, values]
+        return _merge_heads(net, spec, context), [keys, values]
 
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
@@ -181,7 +174,7 @@ class BlockBatched(Batched):
         scores = net.one("FusedMatMul", [query, keys], MS, transB=1)  # (B, h, k, Ls)
         weights = net.one("Softmax", [net.one("Add", [scores, self.mask_bias])], axis=-1)
         context = net.one("Transpose", [net.one("MatMul", [weights, values])], perm=[0, 2, 1, 3])  # (B, k, h, d)
-        return net.attention_out(_merge_heads(net, spec, context, self.flat), attention)
+        return net.attention_out(_merge_heads(net, spec, context), attention)
 
 
 def _no_steps(net: Net, spec: ModelSpec, lead: int, rows: str) -> str:
@@ -198,10 +191,15 @@ def own_slots(net: Net, index: str) -> str:
     return net.one("Equal", [net.one("Unsqueeze", [index, next(axis)]), net.one("Unsqueeze", [index, next(axis)])])
 
 
-def _merge_heads(net: Net, spec: ModelSpec, context: str, flat: bool = False) -> str:
-    """(B, k, [1,] h, d) -> (B, k, E), or flat: (B k, E)."""
-    shape = [-1, spec.d_model] if flat else [0, 0, spec.d_model]
+def _merge_heads(net: Net, spec: ModelSpec, context: str) -> str:
+    """(B, k, [1,] h, d) -> (B, k, E), or on 2-D rows (net.rows): (B k, E)."""
+    shape = [-1, spec.d_model] if net.rows else [0, 0, spec.d_model]
     return net.one("Reshape", [context, net.weight("merged", np.array(shape, np.int64))])
+
+
+def _merged(net: Net, width: int) -> list[int]:
+    """The shape one query token's heads merge back into: the stream's, (B, E) on 2-D rows, else (B, 1, E)."""
+    return [-1, width] if net.rows else [-1, 1, width]
 
 
 def _scaled_qkv(net: Net, attention: MultiHeadAttention, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -107,7 +107,7 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     rows) and the rows as one 2-D (B, E) matrix, so each projection with a bias is one Gemm (Net.rows)."""
     io = fast_graph_io(spec)["step"]
     net = Net(skip_norm=not wide, int8=int8, rows=wide)
-    attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0"), rows=wide) if wide else Fused("memory_lengths")
+    attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0")) if wide else Fused("memory_lengths")
     axis1 = None if wide else net.weight("axis1", np.array([1], np.int64))
 
     def rows(name: str) -> str:  # (B,) as it comes for (B, E) rows, else (B, 1)
