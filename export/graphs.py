@@ -23,6 +23,7 @@ from runtime.contract import (
     SPEC_KEY,
     Dims,
     graph_io,
+    point_greedy_io,
 )
 from runtime.declared import TokenContract
 from runtime.errors import one_line
@@ -35,6 +36,7 @@ from .errors import ExportError
 from .examples import EXAMPLE_BATCH, EXAMPLE_PAST_LEN, EXAMPLE_SIZES, EXAMPLE_SOURCE_LEN
 from .fused import write_greedy_graph
 from .kinds import KINDS
+from .points.folded import folded_loop
 from .sizes import check_other_sizes
 from .tokens import graphs as token_graphs
 from .tokens.fast import FAST_BUILDERS
@@ -85,7 +87,10 @@ def export_graphs(model: Any, spec: ModelSpec, out_dir: Path, opset: int, export
     for file_name, io in graph_io(spec).items():
         export_module(*modules[file_name], out_dir / file_name, io, opset)
         finish_graph(out_dir / file_name, io, spec, export_id, file_name)
-    export_greedy(out_dir, spec, export_id)
+    if spec.kind == "points" and spec.has_attention:
+        export_folded_greedy(model, spec, out_dir, export_id)
+    else:
+        export_greedy(out_dir, spec, export_id)
     if has_beam_step(spec):
         io = token_beam_step_io(spec)
         with torch.no_grad():
@@ -150,6 +155,15 @@ def export_greedy(out_dir: Path, spec: ModelSpec, export_id: str, contract: Toke
     decl = (contract or TokenContract.for_spec(spec)) if spec.kind == "tokens" else spec
     path = write_greedy_graph(out_dir, decl, loop)
     finish_graph(path, loop.io(decl), spec, export_id, GREEDY_FILE)
+
+
+def export_folded_greedy(model: Any, spec: ModelSpec, out_dir: Path, export_id: str) -> None:
+    """A point model with attention: greedy_loop.onnx written from its weights, its arithmetic folded
+    (export.points.folded), in the step graph's opset, with the same metadata and checks."""
+    step = onnx.load(str(out_dir / DECODER_STEP_FILE))
+    path = out_dir / GREEDY_FILE
+    onnx.save(folded_loop(model, spec, list(step.opset_import), step.ir_version), str(path))
+    finish_graph(path, point_greedy_io(spec), spec, export_id, GREEDY_FILE)
 
 
 def export_adapted(adapted: Adapted, out_dir: Path, opset: int, export_id: str) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -38,10 +39,11 @@ def test_points_greedy_loop_equals_the_step_loop(exported, target_len):
     mask[0, 0, 4:] = mask[3, 0, 2:] = False  # right-padded rows
     got, got_attention = fused.predict(source, target_len, mask, return_attention=True)
     want, want_attention = steps.predict(source, target_len, mask, return_attention=True)
-    np.testing.assert_array_equal(got, want)  # the step's own nodes, the same batch: bit for bit
-    if exported.spec.has_attention:
-        np.testing.assert_array_equal(got_attention, want_attention)
-    else:
+    if exported.spec.has_attention:  # the folded loop (export.points.folded): float32 rounding apart
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got_attention, want_attention, rtol=1e-5, atol=1e-6)
+    else:  # the step's own nodes, the same batch: bit for bit
+        np.testing.assert_array_equal(got, want)
         assert got_attention is None and want_attention is None
 
 
@@ -127,7 +129,7 @@ def test_token_greedy_loop_mixes_ended_and_live_rows(eos_biased):
 
 
 def test_the_loop_graph_wraps_the_step_with_symbolic_lengths(exports, eos_biased):
-    for path, spec in [(exports["multihead"].path, exports["multihead"].spec),
+    for path, spec in [(exports["none"].path, exports["none"].spec),
                        (eos_biased["transformer"], Seq2Seq.load(eos_biased["transformer"]).spec)]:
         model = onnx.load(str(path / GREEDY_FILE))
         onnx.checker.check_model(model, full_check=True)
@@ -173,7 +175,8 @@ def test_an_export_without_the_loop_graph_still_loads_and_decodes(exports, tmp_p
     runtime = Seq2Seq.load(old)
     assert not runtime.has_fused
     source = source_batch(2, 3)
-    np.testing.assert_array_equal(runtime.predict(source), Seq2Seq.load(exported.path).predict(source))
+    np.testing.assert_allclose(runtime.predict(source), Seq2Seq.load(exported.path).predict(source), rtol=1e-5,
+                               atol=1e-6)  # the step loop against the folded greedy loop
 
 
 def test_a_manifest_listing_an_unknown_graph_is_refused(exports, tmp_path):
@@ -198,9 +201,18 @@ def test_infer_no_fused_prints_the_same_results(exports, eos_biased, python, tmp
 
     points = tmp_path / "points.npy"
     np.save(points, source_batch(3, 4))
-    for args in ([str(exports["dot"].path), "--input", str(points), "--attention"],
+    for args in ([str(exports["none"].path), "--input", str(points)],
+                 [str(exports["dot"].path), "--input", str(points), "--attention"],
                  [str(eos_biased["lstm"]), *sum((["--text", t] for t in TEXTS), [])]):
         runs = [subprocess.run([python, "-m", "cli", "infer", *args, *extra], capture_output=True, text=True,
                                timeout=120) for extra in ([], ["--no-fused"])]
         assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
-        assert runs[0].stdout == runs[1].stdout and runs[0].stdout
+        assert runs[0].stdout
+        if args[0] == str(exports["dot"].path):  # the folded loop: the same numbers, float32 rounding apart
+            number = r"-?\d+\.\d+(?:e[-+]?\d+)?"
+            numbers = [[float(x) for x in re.findall(number, r.stdout)] for r in runs]
+            assert len(numbers[0]) == len(numbers[1]) > 0
+            np.testing.assert_allclose(*numbers, rtol=1e-4, atol=1e-5)
+            assert re.sub(number, "#", runs[0].stdout) == re.sub(number, "#", runs[1].stdout)
+        else:
+            assert runs[0].stdout == runs[1].stdout

@@ -25,6 +25,7 @@ from runtime.contract import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
     EXPORT_ID_KEY,
+    GREEDY_FILE,
     MANIFEST_FILE,
     graph_io,
 )
@@ -109,6 +110,18 @@ def test_int8_holds_quantized_ops_and_is_smaller(points):
         ops = {n.op_type for n in onnx.load(str(points["int8"] / name)).graph.node}
         assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}, name
     assert graph_bytes(points["int8"]) < 0.9 * graph_bytes(points["fp32"])
+
+
+def test_int8_keeps_the_traced_greedy_loop_around_its_converted_step(points):
+    """The folded loop's saturating weight would set an int8 tensor's one scale: int8 wraps its quantized step."""
+    def body(path: Path) -> list[onnx.NodeProto]:
+        graph = onnx.load(str(path / GREEDY_FILE)).graph
+        return list(next(n for n in graph.node if n.op_type == "Loop").attribute[0].g.node)
+
+    assert all(n.name.startswith("fold/") for n in body(points["fp32"]))
+    int8 = body(points["int8"])
+    assert all(n.name.startswith("step/") for n in int8 if n.op_type != "Identity")
+    assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in int8)
 
 
 def test_manifest_records_precision_and_quality(points):

@@ -105,7 +105,7 @@ DOCS = {
     "attention's projected keys and values.",
     DECODER_STEP_FILE: "seq2onnx decoder step: run once per output point, feeding output/hidden_out back "
     "as decoder_input/hidden.",
-    GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder. "
+    GREEDY_FILE: "seq2onnx greedy loop: every decoder step in one ONNX Loop, run once per request after the encoder. "
     "The encoder's outputs and source_mask, and target_len (int64 scalar, >= 1) -> outputs (batch, decode_len, F) "
     "and alphas, decode_len = target_len.",
 }

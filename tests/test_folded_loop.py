@@ -1,0 +1,130 @@
+"""A point model's folded greedy loop (export.points.folded): the folds reproduce the model's step, the graph runs
+fewer kernels a step than the traced loop and reads nothing per step from outside its body but the folded keys and
+values, and its constant unit stays 1 however long it runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.fused import build_greedy_graph
+from export.kinds import KINDS as EXPORT_KINDS
+from export.points.folded import NAME, Folds
+from runtime import Seq2Seq
+from runtime.contract import GREEDY_FILE
+from training.points.decode import encode, reference_decode
+
+from support.models import make_model, source_batch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+ATTENTION = ("dot", "multihead")
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def folded_step(folds: Folds, v: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
+                mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The body's arithmetic in float64: V (N, F + H + 1) -> V', attention weights (N, heads, L)."""
+    h = v[:, folds.features:]  # h and its unit
+    r, z = np.split(sigmoid(v @ folds.wrz.T), 2, axis=1)
+    n = np.tanh(v @ folds.wxn.T + r * (h @ folds.whn.T))
+    h = n + z * (h - n)
+    share, weights = 0, []
+    for head, (k, vals) in enumerate(zip(keys, values)):  # k (N, H, L), vals (N, L, H)
+        masked = np.where(mask, folds.query_bias[head] @ k, -1e9)[:, 0]  # (N, L)
+        scores = np.einsum("nh,nhl->nl", h[:, :-1], folds.query[head] @ k) + h[:, -1:] * masked
+        alphas = np.exp(scores - scores.max(-1, keepdims=True))
+        alphas /= alphas.sum(-1, keepdims=True)
+        share = share + np.einsum("nl,nlf->nf", alphas, vals @ folds.value_share[head])
+        weights.append(alphas)
+    return np.concatenate([share, h], axis=1), np.stack(weights, axis=1)
+
+
+@pytest.mark.parametrize("kind", ATTENTION)
+def test_the_folds_reproduce_the_models_step_in_float64(kind):
+    model, spec = make_model(kind)
+    model = model.double()
+    folds = Folds(model)
+    source = torch.from_numpy(source_batch(4, 6, seed=5)).double()
+    mask = torch.ones(4, 1, 6, dtype=torch.bool)
+    mask[1, :, 3:] = mask[2, :, 1:] = False
+    with torch.no_grad():
+        states = encode(model, source, mask)
+        x, hidden = states["decoder_input"], states["hidden"]
+        keys_t, values = states["keys_t"].numpy(), states["values"].numpy()
+        if kind == "dot":
+            keys_t, values = keys_t[:, None], values[:, None]
+        h0 = hidden[0].numpy()
+        v = np.concatenate([x[:, 0].numpy() - h0 @ folds.x[:, 2:-1].T - folds.x[:, -1], h0, np.ones((4, 1))], axis=1)
+        for _ in range(6):
+            v, weights = folded_step(folds, v, list(keys_t.transpose(1, 0, 2, 3)),
+                                     list(values.transpose(1, 0, 2, 3)), mask.numpy())
+            x, hidden, alphas = model.decoder.step(x, hidden, states["keys_t"], states["values"], mask)
+            np.testing.assert_allclose(v @ folds.x.T, x[:, 0].numpy(), rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(v[:, 2:-1], hidden[0].numpy(), rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(weights, alphas.numpy().reshape(weights.shape), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(v[:, -1], 1, atol=1e-12)  # the constant unit
+
+
+def body_of(path: Path) -> onnx.GraphProto:
+    loops = [n for n in onnx.load(str(path / GREEDY_FILE)).graph.node if n.op_type == "Loop"]
+    assert len(loops) == 1
+    return loops[0].attribute[0].g
+
+
+@pytest.mark.parametrize("kind", ATTENTION)
+def test_the_body_reads_only_the_folded_keys_and_values_from_outside(exports, kind):
+    """Each value a body reads from the outer graph costs a feed every step: the weights are the body's own."""
+    body = body_of(exports[kind].path)
+    own = {v.name for v in body.input} | {t.name for t in body.initializer} | {o for n in body.node for o in n.output}
+    outside = {i for n in body.node for i in n.input if i and i not in own}
+    values = "values_flat" if kind == "multihead" else "values_x"
+    assert outside == {NAME + "keys", NAME + values}
+    assert all(n.name.startswith(NAME) for n in body.node)
+
+
+def kernels(model: onnx.ModelProto, tmp_path: Path) -> int:
+    """Nodes of the Loop body after onnxruntime's optimizations (what runs a step)."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    return len(next(n for n in optimized.graph.node if n.op_type == "Loop").attribute[0].g.node)
+
+
+@pytest.mark.parametrize("kind, folded, traced", [("dot", 14, 21), ("multihead", 15, 23)])
+def test_a_folded_step_runs_fewer_kernels_than_the_traced_one(exports, tmp_path, kind, folded, traced):
+    exported = exports[kind]
+    plain = build_greedy_graph(exported.path / "decoder_step.onnx", exported.spec, EXPORT_KINDS["points"].loop)
+    assert kernels(onnx.load(str(exported.path / GREEDY_FILE)), tmp_path) == folded
+    assert kernels(plain, tmp_path) == traced
+    ops = [n.op_type for n in body_of(exported.path).node]
+    assert ops.count("Gemm") == 2 and ops.count("MatMul") == 3 and "Where" not in ops and "Add" in ops
+
+
+@pytest.mark.parametrize("kind", ATTENTION)
+def test_the_constant_unit_stays_one_and_long_decodes_match_pytorch(exports, kind):
+    exported = exports[kind]
+    graph = onnx.load(str(exported.path / GREEDY_FILE))
+    graph.graph.output.append(onnx.helper.make_tensor_value_info(NAME + "h_final", onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    source = source_batch(5, 7, seed=9) * 4
+    mask = np.ones((5, 1, 7), dtype=bool)
+    mask[0, :, 3:] = mask[4, :, 1:] = False
+    runtime = Seq2Seq.load(exported.path)
+    feed = runtime.run_encoder({"source": source, "source_mask": mask}) | {"source_mask": mask}
+    feed = {i.name: feed[i.name] for i in session.get_inputs() if i.name != "target_len"}
+    outputs, alphas, h_final = session.run(None, {**feed, "target_len": np.array(400, np.int64)})
+    np.testing.assert_allclose(h_final[:, -1], 1, atol=1e-6)
+    want, want_alphas = reference_decode(exported.model, torch.from_numpy(source), 400, torch.from_numpy(mask))
+    np.testing.assert_allclose(outputs, want.numpy(), atol=1e-4)
+    np.testing.assert_allclose(alphas, want_alphas.numpy(), atol=1e-4)
