@@ -80,7 +80,8 @@ def body_of(path: Path) -> onnx.GraphProto:
 
 @pytest.mark.parametrize("kind", ATTENTION)
 def test_the_body_reads_only_the_folded_keys_and_values_from_outside(exports, kind):
-    """Each value a body reads from the outer graph costs a feed every step: the weights are the body's own."""
+    """A Gemm whose weight the body reads from the outer graph is no constant to onnxruntime, which then packs it
+    every step: the weights are the body's own."""
     body = body_of(exports[kind].path)
     own = {v.name for v in body.input} | {t.name for t in body.initializer} | {o for n in body.node for o in n.output}
     outside = {i for n in body.node for i in n.input if i and i not in own}
