@@ -130,7 +130,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Greedy decoding in the export's greedy loop graph, and a transformer's beam search in its beam "
                    "graph, one onnxruntime call per batch; --no-fused runs the step loop, one call per output (the "
-                   "same results). Exports without the graphs, and sampling, always use the step loop.")
+                   "same results; a point model with attention: within float32 rounding, its loop being folded). "
+                   "Exports without the graphs, and sampling, always use the step loop.")
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
 @click.option("--ray", "on_ray", is_flag=True,
               help="Decode on Ray Data, one model per actor, into --output FILE.jsonl (needs the 'serve' extra).")

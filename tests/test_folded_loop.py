@@ -15,7 +15,7 @@ from export.fused import build_greedy_graph
 from export.kinds import KINDS as EXPORT_KINDS
 from export.points.folded import NAME, Folds
 from runtime import Seq2Seq
-from runtime.contract import GREEDY_FILE
+from runtime.contract import GREEDY_FILE, greedy_io
 from training.points.decode import encode, reference_decode
 
 from support.models import make_model, source_batch
@@ -61,13 +61,14 @@ def test_the_folds_reproduce_the_models_step_in_float64(kind):
         if kind == "dot":
             keys_t, values = keys_t[:, None], values[:, None]
         h0 = hidden[0].numpy()
-        v = np.concatenate([x[:, 0].numpy() - h0 @ folds.x[:, 2:-1].T - folds.x[:, -1], h0, np.ones((4, 1))], axis=1)
+        f = folds.features
+        v = np.concatenate([x[:, 0].numpy() - h0 @ folds.x[:, f:-1].T - folds.x[:, -1], h0, np.ones((4, 1))], axis=1)
         for _ in range(6):
             v, weights = folded_step(folds, v, list(keys_t.transpose(1, 0, 2, 3)),
                                      list(values.transpose(1, 0, 2, 3)), mask.numpy())
             x, hidden, alphas = model.decoder.step(x, hidden, states["keys_t"], states["values"], mask)
             np.testing.assert_allclose(v @ folds.x.T, x[:, 0].numpy(), rtol=1e-10, atol=1e-12)
-            np.testing.assert_allclose(v[:, 2:-1], hidden[0].numpy(), rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(v[:, f:-1], hidden[0].numpy(), rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(weights, alphas.numpy().reshape(weights.shape), rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(v[:, -1], 1, atol=1e-12)  # the constant unit
 
@@ -85,8 +86,8 @@ def test_the_body_reads_only_the_folded_keys_and_values_from_outside(exports, ki
     body = body_of(exports[kind].path)
     own = {v.name for v in body.input} | {t.name for t in body.initializer} | {o for n in body.node for o in n.output}
     outside = {i for n in body.node for i in n.input if i and i not in own}
-    values = "values_flat" if kind == "multihead" else "values_x"
-    assert outside == {NAME + "keys", NAME + values}
+    reads = {"keys", "values_flat", "row_shape"} if kind == "multihead" else {"keys", "values_x"}
+    assert outside == {NAME + name for name in reads}
     assert all(n.name.startswith(NAME) for n in body.node)
 
 
@@ -129,3 +130,22 @@ def test_the_constant_unit_stays_one_and_long_decodes_match_pytorch(exports, kin
     want, want_alphas = reference_decode(exported.model, torch.from_numpy(source), 400, torch.from_numpy(mask))
     np.testing.assert_allclose(outputs, want.numpy(), atol=1e-4)
     np.testing.assert_allclose(alphas, want_alphas.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ATTENTION)
+@pytest.mark.parametrize("batch, steps", [(0, 0), (0, 3), (2, 0), (2, 3)])
+def test_the_graph_called_directly_gives_the_declared_shapes_at_batch_and_length_0(exports, kind, batch, steps):
+    """The runtime never runs a zero batch or length, but the graph is the contract's: (batch, decode_len, ...)."""
+    exported = exports[kind]
+    model = onnx.load(str(exported.path / GREEDY_FILE))
+    declared = {**greedy_io(exported.spec)["inputs"], **greedy_io(exported.spec)["outputs"]}
+    for value in [*model.graph.input, *model.graph.output]:
+        assert [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim] == declared[value.name]
+    sizes = {"batch": batch, "source_len": 4}
+    feed = {name: np.zeros([sizes.get(d, d) for d in dims], np.float32) for name, dims in
+            greedy_io(exported.spec)["inputs"].items() if name not in ("source_mask", "target_len")}
+    feed["source_mask"] = np.ones((batch, 1, 4), dtype=bool)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outputs, alphas = session.run(None, {**feed, "target_len": np.array(steps, np.int64)})
+    heads = (exported.spec.n_heads,) if kind == "multihead" else ()
+    assert outputs.shape == (batch, steps, 2) and alphas.shape == (batch, *heads, steps, 4)

@@ -14,9 +14,11 @@ against PyTorch like every other):
   projected once a call onto the output: a step weighs F columns per head, not the hidden size.
 - The loop scans V (made at the top of a step, so no Identity names it twice), and the output points are made
   after it, one MatMul for them all.
-A step is 14 kernels after onnxruntime's fusions (15 multi-head) where the traced loop's is 21 (23): 0.74x its time
-at batch 1 and 0.82-0.90x at 4-256 (hidden 64; README: "The greedy loop graph"). Reduced-precision exports keep the traced loop around their converted step: the saturating
-weight would set an int8 tensor's one scale.
+A step is 14 kernels after onnxruntime's fusions (15 multi-head) where the traced loop's is 21 (23): 0.76-0.77x
+its time at batch 1 and 0.81-0.92x at 4-256 (hidden 64; README: "The greedy loop graph"). Reduced-precision
+exports keep the traced loop around their converted step: the saturating weight would set an int8 tensor's one
+scale, and float16 holds neither it nor MASK_FILL. A non-finite decoder_input makes its row NaN here (the constant
+unit reads it times 0) where the traced loop's GRU saturates; the runtime refuses non-finite sources first.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import torch
 from onnx import TensorProto, helper
 
 from export.fused import batch_first, const, dim, value
-from runtime.contract import point_greedy_io
+from runtime.contract import BATCH, SOURCE_LEN, point_greedy_io
 from runtime.spec import ModelSpec
 from training.points.models import MASK_FILL, Attention, EncoderDecoder
 
@@ -122,15 +124,15 @@ def folded_loop(model: EncoderDecoder, spec: ModelSpec, opset: list[onnx.Operato
     folds, outer = Folds(model), _Graph(spec)
     batch = dim(outer.nodes, outer.weights, "decoder_input", 0)
     _first_state(folds, outer, batch)
-    values = _keys_and_values(folds, outer)
+    source_len = dim(outer.nodes, outer.weights, "source_mask", 2)
+    values = _keys_and_values(folds, outer, source_len)
     outer.w("true", np.array(True))
     outer.op("Loop", ["target_len", "true", "xc0", "h0_unit"],
              ["xc_final", "h_final", "stacked_v", "stacked_alphas"], body=_body(folds, values, spec))
-    source_len = dim(outer.nodes, outer.weights, "source_mask", 2)
     _points(folds, outer, batch)
     if folds.multihead:
-        batch_first(outer.nodes, outer.weights, NAME + "stacked_alphas", "alphas",
-                    [batch, outer.w("heads", np.array([len(folds.query)], np.int64)), source_len], [1, 2, 0, 3])
+        batch_first(outer.nodes, outer.weights, NAME + "stacked_alphas", "alphas", [batch, NAME + "heads", source_len],
+                    [1, 2, 0, 3])
     else:
         batch_first(outer.nodes, outer.weights, NAME + "stacked_alphas", "alphas", [batch, source_len], [1, 0, 2])
     io = point_greedy_io(spec)
@@ -162,7 +164,7 @@ def _points(folds: Folds, g: _Graph, batch: str) -> None:
     and the final carried values make (V_T); a zero-trip loop gives (N, 0, F)."""
     steps = dim(g.nodes, g.weights, NAME + "stacked_v", 0)
     g.op("Concat", [steps, batch, g.w("width", np.array([folds.width], np.int64))], "stacked_shape", axis=0)
-    g.op("Reshape", ["stacked_v", "stacked_shape"], "stacked_rows")  # (T, N, K), also when T = 0
+    g.op("Reshape", ["stacked_v", "stacked_shape"], "stacked_rows", allowzero=1)  # (T, N, K), also when T or N is 0
     g.op("MatMul", ["stacked_rows", g.w("to_points", folds.x.T)], "inputs_x")  # x_0 .. x_T-1
     g.op("Concat", ["xc_final", "h_final"], "v_final", axis=1)
     g.op("MatMul", ["v_final", "to_points"], "last_x")
@@ -173,9 +175,10 @@ def _points(folds: Folds, g: _Graph, batch: str) -> None:
     g.op("Transpose", ["outputs_x"], "outputs", perm=[1, 0, 2])
 
 
-def _keys_and_values(folds: Folds, g: _Graph) -> str:
+def _keys_and_values(folds: Folds, g: _Graph, source_len: str) -> str:
     """keys_t (N, [heads,] H, L) -> the scores' keys of h and its unit (N, [heads,] H + 1, L); values (N, [heads,]
-    L, H) -> their share of the output point (N, [heads *] L, F). Returns the latter's name."""
+    L, H) -> their share of the output point (N, [heads *] L, F). Returns the latter's name. Multi-head: also
+    `row_shape`, the body's (N, 1, heads * L) (every shape spelt out: N may be 0, where -1 cannot be inferred)."""
     multi = folds.multihead
     pick = (lambda a: a) if multi else (lambda a: a[0])  # noqa: E731
     g.op("MatMul", [g.w("query", pick(folds.query)), "keys_t"], "keys_q")
@@ -185,8 +188,11 @@ def _keys_and_values(folds: Folds, g: _Graph) -> str:
     g.op("Concat", ["keys_q", "keys_masked"], "keys", axis=2 if multi else 1)
     values = g.op("MatMul", ["values", g.w("value_share", pick(folds.value_share))], "values_x")
     if multi:  # the heads' rows side by side, as the body's weights are
-        values = g.op("Reshape", [values, g.w("heads_flat", np.array([0, -1, folds.features], np.int64))],
-                      "values_flat")
+        g.op("Mul", [source_len, g.w("heads", np.array([len(folds.query)], np.int64))], "heads_len")
+        g.op("Concat", [g.w("minus_1", np.array([-1], np.int64)), "heads_len", g.w("features", np.array(
+            [folds.features], np.int64))], "flat_shape", axis=0)
+        values = g.op("Reshape", [values, "flat_shape"], "values_flat")
+        g.op("Concat", ["minus_1", "axis_1", "heads_len"], "row_shape", axis=0)
     return values
 
 
@@ -209,12 +215,14 @@ def _body(folds: Folds, values: str, spec: ModelSpec) -> onnx.GraphProto:
     b.op("MatMul", ["h_query", "keys"], "scores")  # (N, [heads,] 1, L)
     weights = b.op("Softmax", ["scores"], "step_alphas", axis=-1)
     if multi:  # (N, 1, heads * L): one product sums the heads' shares
-        weights = b.op("Reshape", [weights, b.w("heads_row", np.array([0, 1, -1], np.int64))], "alphas_row")
+        weights = b.op("Reshape", [weights, "row_shape"], "alphas_row")
     b.op("MatMul", [weights, values], "xc3")  # (N, 1, F)
     b.op("Reshape", ["xc3", b.w("as_rows", np.array([-1, folds.features], np.int64))], "xc_next")
     scalar = lambda name, kind: value(NAME + name, kind, [])  # noqa: E731
     inputs = [scalar("iter", TensorProto.INT64), scalar("cond", TensorProto.BOOL),
               value(NAME + "xc", TensorProto.FLOAT), value(NAME + "h", TensorProto.FLOAT)]
-    outputs = [scalar("cond", TensorProto.BOOL), *(value(NAME + n, TensorProto.FLOAT)
-                                                   for n in ("xc_next", "h_next", "v", "step_alphas"))]
+    heads = [len(folds.query)] if multi else []
+    shapes = {"xc_next": [BATCH, folds.features], "h_next": [BATCH, unit], "v": [BATCH, folds.width],
+              "step_alphas": [BATCH, *heads, 1, SOURCE_LEN]}  # declared, so a zero-trip Loop knows its scans
+    outputs = [scalar("cond", TensorProto.BOOL), *(value(NAME + n, TensorProto.FLOAT, d) for n, d in shapes.items())]
     return helper.make_graph(b.nodes, "folded_greedy_body", inputs, outputs, initializer=b.weights)
