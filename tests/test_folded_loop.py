@@ -71,6 +71,8 @@ def test_the_folds_reproduce_the_models_step_in_float64(kind):
             np.testing.assert_allclose(v[:, f:-1], hidden[0].numpy(), rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(weights, alphas.numpy().reshape(weights.shape), rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(v[:, -1], 1, atol=1e-12)  # the constant unit
+            # n's input part through the point, as wide models take it, is the same product
+            np.testing.assert_allclose(v @ folds.wxn.T, v @ folds.point.T @ folds.wn_point.T, rtol=1e-10, atol=1e-12)
 
 
 def body_of(path: Path) -> onnx.GraphProto:
@@ -149,3 +151,31 @@ def test_the_graph_called_directly_gives_the_declared_shapes_at_batch_and_length
     outputs, alphas = session.run(None, {**feed, "target_len": np.array(steps, np.int64)})
     heads = (exported.spec.n_heads,) if kind == "multihead" else ()
     assert outputs.shape == (batch, steps, 2) and alphas.shape == (batch, *heads, steps, 4)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A seeded dot-attention point model at hidden 96, whose n gate goes through the point, exported."""
+    from export.api import export_model
+    from runtime.spec import ModelSpec
+    from training.build import build_model
+
+    torch.manual_seed(4)
+    spec = ModelSpec(n_features=2, hidden_dim=96, attention="dot")
+    model = build_model(spec).eval()
+    return model, export_model(model, tmp_path_factory.mktemp("wide") / "dot96")
+
+
+def test_a_wide_model_takes_n_through_the_point_and_decodes_as_the_step_loop(wide, exports):
+    model, path = wide
+    assert Folds(model).n_through_point and not Folds(exports["dot"].model).n_through_point
+    names = [n.name for n in body_of(path).node]
+    assert {NAME + "x_unit", NAME + "n_pre"} <= set(names) and [n.op_type for n in body_of(path).node].count("Gemm") == 3
+    assert NAME + "wxn" not in {t.name for t in body_of(path).initializer}
+    source, mask = source_batch(4, 9, seed=2), np.ones((4, 1, 9), dtype=bool)
+    mask[1, :, 5:] = False
+    fused, steps = Seq2Seq.load(path), Seq2Seq.load(path, fused=False)
+    got, got_alphas = fused.predict(source, 30, mask, return_attention=True)
+    want, want_alphas = steps.predict(source, 30, mask, return_attention=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_alphas, want_alphas, rtol=1e-5, atol=1e-6)

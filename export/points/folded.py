@@ -6,7 +6,8 @@ in float64 from the model's own parameters (the exported step graph stays as tra
 against PyTorch like every other):
 - The loop carries V = [xc; h; 1]: xc (F) is the context's share of the last output point, h the hidden state. The
   point is linear in V (x = X V), so the GRU's input products W_ih x become products of V, and the hidden products
-  join them: r and z are one Gemm of V (onnxruntime fuses its Sigmoid), n one more whose C is r * (W_hn h + b_hn).
+  join them: r and z are one Gemm of V (onnxruntime fuses its Sigmoid), n one more whose C is r * (W_hn h + b_hn)
+  (from N_THROUGH_POINT_WEIGHTS on, n's input part goes through the point instead: two small Gemms).
 - h carries one more unit that stays 1 (its update gate and candidate saturate at SATURATE), so every bias is a row
   of a weight. The scores are one MatMul of h with keys projected once a call: W_q^T K / sqrt(d_k), and a last row
   b_q K / sqrt(d_k) where the source is real and MASK_FILL where it is padding.
@@ -14,8 +15,9 @@ against PyTorch like every other):
   projected once a call onto the output: a step weighs F columns per head, not the hidden size.
 - The loop scans V (made at the top of a step, so no Identity names it twice), and the output points are made
   after it, one MatMul for them all.
-A step is 14 kernels after onnxruntime's fusions (15 multi-head) where the traced loop's is 21 (23): 0.76-0.77x
-its time at batch 1 and 0.81-0.92x at 4-256 (hidden 64; README: "The greedy loop graph"). Reduced-precision
+A step is 14 kernels after onnxruntime's fusions (15 multi-head; one more through the point) where the traced
+loop's is 21 (23): 0.76-0.77x its time at batch 1 and 0.81-0.92x at 4-256 (hidden 64; README: "The greedy loop
+graph"). Reduced-precision
 exports keep the traced loop around their converted step: the saturating weight would set an int8 tensor's one
 scale, and float16 holds neither it nor MASK_FILL. A non-finite decoder_input makes its row NaN here (the constant
 unit reads it times 0) where the traced loop's GRU saturates; the runtime refuses non-finite sources first.
@@ -36,11 +38,18 @@ from training.points.models import MASK_FILL, Attention, EncoderDecoder
 
 NAME = "fold/"
 SATURATE = 30.0  # sigmoid(30) and tanh(30) round to 1 in float32: the constant unit's gate and candidate
+# n's input product W_in x is of rank F. Folded into one product of V it reads (F + H + 1) x (H + 1) weights a row;
+# through the point (V -> [x; 1] -> n) two small products, one kernel more. Measured (loop_graph_ab, 1 thread, batch
+# 1 / 16 / 64, two through the point over one of V): hidden 64 1.025-1.039 / 0.96-0.98 / 0.97-0.98 (4,355
+# weights), 96 0.985-0.991 / 0.955-0.961 (9,603), 128 0.960-0.966 / 0.936-0.938 / 0.918-0.945, 256 0.86-0.88 /
+# - / 0.90-0.91. Through the point from this many weights on:
+N_THROUGH_POINT_WEIGHTS = 8192
 
 
 class Folds:
     """The folded weights, float64: `x` maps V to the output point; `wrz`, `wxn` (of V) and `whn` (of h) are the
-    GRU's; per head, `query` and `query_bias` project the keys and `value_share` the values."""
+    GRU's, and `point` ([x; 1] of V) and `wn_point` (n's input part of it) the same n through the point; per head,
+    `query` and `query_bias` project the keys and `value_share` the values."""
 
     def __init__(self, model: EncoderDecoder) -> None:
         decoder = model.decoder
@@ -81,6 +90,11 @@ class Folds:
         # keeps h = 1
         self.wrz = np.vstack([gate(r, True, b_ih[r] + b_hh[r], 0.0), gate(z, True, b_ih[z] + b_hh[z], SATURATE)])
         self.wxn = gate(n, False, b_ih[n], SATURATE)
+        self.point = np.vstack([self.x, np.eye(1, width, one)])  # (F + 1, K): V -> [x; 1]
+        self.wn_point = np.zeros((size + 1, features + 1))  # [x; 1] -> n's input part, the unit's row saturated
+        self.wn_point[:size, :features], self.wn_point[:size, features] = w_ih[n], b_ih[n]
+        self.wn_point[size, features] = SATURATE
+        self.n_through_point = self.wxn.size >= N_THROUGH_POINT_WEIGHTS
         self.whn = np.zeros((size + 1, size + 1))
         self.whn[:size, :size], self.whn[:size, size] = w_hh[n], b_hh[n]
         scale = math.sqrt(heads[0].d_k)
@@ -205,7 +219,11 @@ def _body(folds: Folds, values: str, spec: ModelSpec) -> onnx.GraphProto:
     b.op("Split", ["rz", b.w("halves", np.array([unit, unit], np.int64))], ["r", "z"], axis=1)
     b.op("MatMul", ["h", b.w("whn", folds.whn.T)], "hn")
     b.op("Mul", ["r", "hn"], "r_hn")
-    b.op("Gemm", ["v", b.w("wxn", folds.wxn.T), "r_hn"], "n_pre")
+    if folds.n_through_point:  # two small products through the point (N_THROUGH_POINT_WEIGHTS)
+        b.op("Gemm", ["v", b.w("point", folds.point.T)], "x_unit")
+        b.op("Gemm", ["x_unit", b.w("wn_point", folds.wn_point.T), "r_hn"], "n_pre")
+    else:
+        b.op("Gemm", ["v", b.w("wxn", folds.wxn.T), "r_hn"], "n_pre")
     b.op("Tanh", ["n_pre"], "n")
     b.op("Sub", ["h", "n"], "h_minus_n")
     b.op("Mul", ["z", "h_minus_n"], "z_h_minus_n")
