@@ -172,6 +172,7 @@ def test_a_wide_model_takes_n_through_the_point_and_decodes_as_the_step_loop(wid
     names = [n.name for n in body_of(path).node]
     assert {NAME + "x_unit", NAME + "n_pre"} <= set(names) and [n.op_type for n in body_of(path).node].count("Gemm") == 3
     assert NAME + "wxn" not in {t.name for t in body_of(path).initializer}
+    assert [o.name for o in body_of(path).output][3] == NAME + "x_unit"  # the loop scans [x; 1], not V
     source, mask = source_batch(4, 9, seed=2), np.ones((4, 1, 9), dtype=bool)
     mask[1, :, 5:] = False
     fused, steps = Seq2Seq.load(path), Seq2Seq.load(path, fused=False)

@@ -142,7 +142,7 @@ def folded_loop(model: EncoderDecoder, spec: ModelSpec, opset: list[onnx.Operato
     values = _keys_and_values(folds, outer, source_len)
     outer.w("true", np.array(True))
     outer.op("Loop", ["target_len", "true", "xc0", "h0_unit"],
-             ["xc_final", "h_final", "stacked_v", "stacked_alphas"], body=_body(folds, values, spec))
+             ["xc_final", "h_final", "stacked", "stacked_alphas"], body=_body(folds, values, spec))
     _points(folds, outer, batch)
     if folds.multihead:
         batch_first(outer.nodes, outer.weights, NAME + "stacked_alphas", "alphas", [batch, NAME + "heads", source_len],
@@ -174,14 +174,16 @@ def _first_state(folds: Folds, g: _Graph, batch: str) -> None:
 
 
 def _points(folds: Folds, g: _Graph, batch: str) -> None:
-    """outputs (N, T, F): X V' for each step's V' = [xc'; h'], which the next step scans as its V (V_0 .. V_T-1)
-    and the final carried values make (V_T); a zero-trip loop gives (N, 0, F)."""
-    steps = dim(g.nodes, g.weights, NAME + "stacked_v", 0)
-    g.op("Concat", [steps, batch, g.w("width", np.array([folds.width], np.int64))], "stacked_shape", axis=0)
-    g.op("Reshape", ["stacked_v", "stacked_shape"], "stacked_rows", allowzero=1)  # (T, N, K), also when T or N is 0
-    g.op("MatMul", ["stacked_rows", g.w("to_points", folds.x.T)], "inputs_x")  # x_0 .. x_T-1
+    """outputs (N, T, F): X V' for each step's V' = [xc'; h'], which the next step scans as its V, or as its point
+    [x; 1] where n goes through the point (x_0 .. x_T-1), and the final carried values make (V_T); a zero-trip loop
+    gives (N, 0, F)."""
+    steps = dim(g.nodes, g.weights, NAME + "stacked", 0)
+    scanned = (np.eye(folds.features + 1, folds.features) if folds.n_through_point else folds.x.T)  # -> x
+    g.op("Concat", [steps, batch, g.w("width", np.array([len(scanned)], np.int64))], "stacked_shape", axis=0)
+    g.op("Reshape", ["stacked", "stacked_shape"], "stacked_rows", allowzero=1)  # (T, N, K), also when T or N is 0
+    g.op("MatMul", ["stacked_rows", g.w("scanned_points", scanned)], "inputs_x")  # x_0 .. x_T-1
     g.op("Concat", ["xc_final", "h_final"], "v_final", axis=1)
-    g.op("MatMul", ["v_final", "to_points"], "last_x")
+    g.op("MatMul", ["v_final", g.w("to_points", folds.x.T)], "last_x")
     g.op("Unsqueeze", ["last_x", g.w("axis_0", np.array([0], np.int64))], "last_x_row")
     g.op("Concat", ["inputs_x", "last_x_row"], "every_x", axis=0)  # x_0 .. x_T
     g.op("Slice", ["every_x", "axis_1", g.w("end", np.array([np.iinfo(np.int64).max], np.int64)), "axis_0"],
@@ -213,7 +215,7 @@ def _keys_and_values(folds: Folds, g: _Graph, source_len: str) -> str:
 def _body(folds: Folds, values: str, spec: ModelSpec) -> onnx.GraphProto:
     """xc (N, F), h (N, H + 1) -> xc', h'; scans V = [xc; h] and the attention weights."""
     b, unit, multi = _Graph(spec), folds.size + 1, folds.multihead
-    b.op("Concat", ["xc", "h"], "v", axis=1)  # scanned here, where it is no carried value: no Identity
+    b.op("Concat", ["xc", "h"], "v", axis=1)  # scanned here (or [x; 1], below): no carried value, so no Identity
     b.op("Gemm", ["v", b.w("wrz", folds.wrz.T)], "rz_pre")
     b.op("Sigmoid", ["rz_pre"], "rz")
     b.op("Split", ["rz", b.w("halves", np.array([unit, unit], np.int64))], ["r", "z"], axis=1)
@@ -240,7 +242,8 @@ def _body(folds: Folds, values: str, spec: ModelSpec) -> onnx.GraphProto:
     inputs = [scalar("iter", TensorProto.INT64), scalar("cond", TensorProto.BOOL),
               value(NAME + "xc", TensorProto.FLOAT), value(NAME + "h", TensorProto.FLOAT)]
     heads = [len(folds.query)] if multi else []
-    shapes = {"xc_next": [BATCH, folds.features], "h_next": [BATCH, unit], "v": [BATCH, folds.width],
+    scan = ("x_unit", folds.features + 1) if folds.n_through_point else ("v", folds.width)  # the smaller: _points
+    shapes = {"xc_next": [BATCH, folds.features], "h_next": [BATCH, unit], scan[0]: [BATCH, scan[1]],
               "step_alphas": [BATCH, *heads, 1, SOURCE_LEN]}  # declared, so a zero-trip Loop knows its scans
     outputs = [scalar("cond", TensorProto.BOOL), *(value(NAME + n, TensorProto.FLOAT, d) for n, d in shapes.items())]
     return helper.make_graph(b.nodes, "folded_greedy_body", inputs, outputs, initializer=b.weights)
