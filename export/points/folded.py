@@ -13,8 +13,8 @@ against PyTorch like every other):
   b_q K / sqrt(d_k) where the source is real and MASK_FILL where it is padding.
 - The context reaches the output only through the regression (and multi-head's linear_out), so the values are
   projected once a call onto the output: a step weighs F columns per head, not the hidden size.
-- The loop scans V (made at the top of a step, so no Identity names it twice), and the output points are made
-  after it, one MatMul for them all.
+- The loop scans V (made at the top of a step, so no Identity names it twice), or where n goes through the point
+  the [x; 1] it makes, and the output points are made after it, one MatMul for them all.
 A step is 14 kernels after onnxruntime's fusions (15 multi-head; one more through the point) where the traced
 loop's is 21 (23): 0.76-0.77x its time at batch 1 and 0.81-0.92x at 4-256 (hidden 64; README: "The greedy loop
 graph"). Reduced-precision
