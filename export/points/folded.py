@@ -8,19 +8,19 @@ against PyTorch like every other):
   point is linear in V (x = X V), so the GRU's input products W_ih x become products of V, and the hidden products
   join them: r and z are one Gemm of V (onnxruntime fuses its Sigmoid), n one more whose C is r * (W_hn h + b_hn)
   (from N_THROUGH_POINT_WEIGHTS on, n's input part goes through the point instead: two small Gemms).
-- h carries one more unit that stays 1 (its update gate and candidate saturate at SATURATE), so every bias is a row
-  of a weight. The scores are one MatMul of h with keys projected once a call: W_q^T K / sqrt(d_k), and a last row
-  b_q K / sqrt(d_k) where the source is real and MASK_FILL where it is padding.
+- h carries one more unit that stays 1 (its update gate and candidate saturate at SATURATE), so every bias is a
+  weight column over that unit. The scores are one MatMul of h with keys projected once a call: W_q^T K / sqrt(d_k),
+  and a last row b_q K / sqrt(d_k) where the source is real and MASK_FILL where it is padding.
 - The context reaches the output only through the regression (and multi-head's linear_out), so the values are
   projected once a call onto the output: a step weighs F columns per head, not the hidden size.
 - The loop scans V (made at the top of a step, so no Identity names it twice), or where n goes through the point
   the [x; 1] it makes, and the output points are made after it, one MatMul for them all.
 A step is 14 kernels after onnxruntime's fusions (15 multi-head; one more through the point) where the traced
 loop's is 21 (23): 0.76-0.77x its time at batch 1 and 0.81-0.92x at 4-256 (hidden 64; README: "The greedy loop
-graph"). Reduced-precision
-exports keep the traced loop around their converted step: the saturating weight would set an int8 tensor's one
-scale, and float16 holds neither it nor MASK_FILL. A non-finite decoder_input makes its row NaN here (the constant
-unit reads it times 0) where the traced loop's GRU saturates; the runtime refuses non-finite sources first.
+graph"). Reduced-precision exports keep the traced loop around their converted step: the saturating weight would
+set an int8 tensor's one scale, and float16 holds neither it nor MASK_FILL. A non-finite decoder_input makes its
+row NaN here (the constant unit reads it times 0) where the traced loop's GRU saturates; the runtime refuses
+non-finite sources first. A model without attention keeps the traced loop (folded, it measured slower: README).
 """
 from __future__ import annotations
 
