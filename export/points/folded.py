@@ -112,14 +112,19 @@ class _Graph:
     def __init__(self, spec: ModelSpec) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.weights: list[TensorProto] = []
+        self.arrays: dict[str, np.ndarray] = {}
         io = point_greedy_io(spec)
         self.own = {*io["inputs"], *io["outputs"]}  # the graph's inputs and outputs keep their names
 
     def w(self, name: str, array: np.ndarray) -> str:
-        """A weight (float arrays written as float32)."""
+        """A weight (float arrays written as float32); asked for again, the one already written."""
         if array.dtype == np.float64:
             array = np.ascontiguousarray(array, dtype=np.float32)
-        self.weights.append(const(NAME + name, array))
+        if NAME + name in self.arrays:
+            assert np.array_equal(self.arrays[NAME + name], array), name
+        else:
+            self.arrays[NAME + name] = array
+            self.weights.append(const(NAME + name, array))
         return NAME + name
 
     def op(self, op_type: str, inputs: list[str], outputs: str | list[str], **attrs) -> str:
@@ -145,7 +150,8 @@ def folded_loop(model: EncoderDecoder, spec: ModelSpec, opset: list[onnx.Operato
              ["xc_final", "h_final", "stacked", "stacked_alphas"], body=_body(folds, values, spec))
     _points(folds, outer, batch)
     if folds.multihead:
-        batch_first(outer.nodes, outer.weights, NAME + "stacked_alphas", "alphas", [batch, NAME + "heads", source_len],
+        heads = outer.w("heads", np.array([len(folds.query)], np.int64))
+        batch_first(outer.nodes, outer.weights, NAME + "stacked_alphas", "alphas", [batch, heads, source_len],
                     [1, 2, 0, 3])
     else:
         batch_first(outer.nodes, outer.weights, NAME + "stacked_alphas", "alphas", [batch, source_len], [1, 0, 2])
@@ -186,8 +192,8 @@ def _points(folds: Folds, g: _Graph, batch: str) -> None:
     g.op("MatMul", ["v_final", g.w("to_points", folds.x.T)], "last_x")
     g.op("Unsqueeze", ["last_x", g.w("axis_0", np.array([0], np.int64))], "last_x_row")
     g.op("Concat", ["inputs_x", "last_x_row"], "every_x", axis=0)  # x_0 .. x_T
-    g.op("Slice", ["every_x", "axis_1", g.w("end", np.array([np.iinfo(np.int64).max], np.int64)), "axis_0"],
-         "outputs_x")  # x_1 .. x_T
+    end = g.w("end", np.array([np.iinfo(np.int64).max], np.int64))
+    g.op("Slice", ["every_x", g.w("axis_1", np.array([1], np.int64)), end, "axis_0"], "outputs_x")  # x_1 .. x_T
     g.op("Transpose", ["outputs_x"], "outputs", perm=[1, 0, 2])
 
 
@@ -199,7 +205,8 @@ def _keys_and_values(folds: Folds, g: _Graph, source_len: str) -> str:
     pick = (lambda a: a) if multi else (lambda a: a[0])  # noqa: E731
     g.op("MatMul", [g.w("query", pick(folds.query)), "keys_t"], "keys_q")
     g.op("MatMul", [g.w("query_bias", pick(folds.query_bias)), "keys_t"], "keys_bias")
-    mask = g.op("Unsqueeze", ["source_mask", "axis_1"], "head_mask") if multi else "source_mask"  # (N, 1, 1, L)
+    axis_1 = g.w("axis_1", np.array([1], np.int64))
+    mask = g.op("Unsqueeze", ["source_mask", axis_1], "head_mask") if multi else "source_mask"  # (N, 1, 1, L)
     g.op("Where", [mask, "keys_bias", g.w("fill", np.array(MASK_FILL, np.float32))], "keys_masked")
     g.op("Concat", ["keys_q", "keys_masked"], "keys", axis=2 if multi else 1)
     values = g.op("MatMul", ["values", g.w("value_share", pick(folds.value_share))], "values_x")
@@ -208,7 +215,7 @@ def _keys_and_values(folds: Folds, g: _Graph, source_len: str) -> str:
         g.op("Concat", [g.w("minus_1", np.array([-1], np.int64)), "heads_len", g.w("features", np.array(
             [folds.features], np.int64))], "flat_shape", axis=0)
         values = g.op("Reshape", [values, "flat_shape"], "values_flat")
-        g.op("Concat", ["minus_1", "axis_1", "heads_len"], "row_shape", axis=0)
+        g.op("Concat", ["minus_1", axis_1, "heads_len"], "row_shape", axis=0)
     return values
 
 

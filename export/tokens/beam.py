@@ -22,11 +22,10 @@ and lengths (int64); a slot with score -inf holds no hypothesis.
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from runtime.optional_graphs import fast_graph_io
 from runtime.spec import ModelSpec
@@ -48,16 +47,11 @@ from .kernels import (
     position_table,
     tensor,
 )
+from .search import DOUBLE, FINISH_TYPES, finish, select, unchanged
+from .search import constant as _c
 
-DOUBLE = TensorProto.DOUBLE
 CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths", "full", "ancestry"]
 STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by the attention kind
-# The finishing If's outputs: the n-best (scores, log-probs, tokens, lengths), done, any n-best full, cond.
-FINISH_TYPES = [DOUBLE, DOUBLE, INT64, INT64, BOOL, BOOL, BOOL]
-
-
-def _c(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
-    return net.weight(hint, np.array(value, dtype))
 
 
 class Outer:
@@ -144,106 +138,6 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
         empty * spec.layers
 
 
-class Ranked(NamedTuple):
-    """One step's candidates: each input's best m extensions (sums, flat index beam * V + token, is_eos: (B, m))
-    and the k kept as live beams (beams, tokens, sums: (B, k)), and where they sit among the m (pick)."""
-
-    sums: str
-    index: str
-    is_eos: str
-    pick: str
-    beams: str
-    tokens: str
-    kept: str
-
-
-def _select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
-    """The step's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the ranked
-    candidates and the k kept: the first k non-eos in rank order (there are always k: at most one eos per beam among
-    the 2k)."""
-    step = net.one("Gather", [o.penalties, "beam/iter"])  # (V,): -inf on eos below min_length
-    wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B, k, V)
-    flat = net.one("Reshape", [net.one("Add", [wide, live]), o.kv])  # (B, k * V)
-    sums, index = net.op("TopK", [flat, o.m], 2, axis=1)  # (B, m): ties by the lower index, as a stable sort
-    vocab = _c(net, "v", o.spec.target_vocab_size)
-    is_eos = net.one("Equal", [net.one("Mod", [index, vocab]), _c(net, "eos", EOS)])
-    key = net.one("Where", [is_eos, o.rank_after, o.rank])  # (B, m): non-eos first, in rank order
-    _, pick = net.op("TopK", [key, o.k], 2, axis=1, largest=0)  # (B, k)
-    kept_index = net.one("GatherElements", [index, pick], axis=1)
-    beams, tokens = net.one("Div", [kept_index, vocab]), net.one("Mod", [kept_index, vocab])
-    return Ranked(sums, index, is_eos, pick, beams, tokens, net.one("GatherElements", [sums, pick], axis=1))
-
-
-def _ends(net: Net, o: Outer, r: Ranked, history: str, grown: str, done: str, last: str) -> tuple[str, ...]:
-    """This step's finished hypotheses: eos among the first k candidates, and at max_length the live beams;
-    scores, log-probs, tokens (B, 2k, T) and lengths, -inf where none (or the input is done)."""
-    zero, k, axis = _c(net, "zero_d1", [0]), o.k, _c(net, "ax1", [1])
-    sums, index, is_eos = (net.one("Slice", [a, zero, k, axis]) for a in (r.sums, r.index, r.is_eos))  # (B, k)
-    beams = net.one("Div", [index, _c(net, "v", o.spec.target_vocab_size)])
-    step_len = net.one("Add", ["beam/iter", _c(net, "one", 1)])
-    norm = net.one("Pow", [net.one("Cast", [step_len], to=DOUBLE), "length_penalty"])
-    running = net.one("Unsqueeze", [net.one("Not", [done]), axis])  # (B, 1)
-    minus_inf = _c(net, "minus_inf", -np.inf, np.float64)
-    found = net.one("And", [net.one("And", [is_eos, net.one("Greater", [sums, minus_inf])]), running])
-    ending = net.one("And", [net.one("And", [net.one("Greater", [r.kept, minus_inf]), running]), last])
-    scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
-                                net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
-    log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
-    parents = net.one("Gather", [history, net.one("Add", [o.base, beams])], axis=0)  # (B, k, T): eos excluded
-    tokens = net.one("Concat", [parents, net.one("Reshape", [grown, o.shape_bkt])], axis=1)  # (B, 2k, T)
-    lengths = net.one("Concat", [net.one("Expand", ["beam/iter", o.shape_bk]),
-                                 net.one("Expand", [step_len, o.shape_bk])], axis=1)
-    return scores, log_probs, tokens, lengths, step_len
-
-
-def _merge(net: Net, o: Outer, old: list[str], new: tuple[str, ...]) -> list[str]:
-    """Each input's n-best after this step: one TopK over (n-best, new); ties keep the earlier (stable)."""
-    scores, index = net.op("TopK", [net.one("Concat", [old[0], new[0]], axis=1), o.h], 2, axis=1)  # (B, H)
-    log_probs = net.one("GatherElements", [net.one("Concat", [old[1], new[1]], axis=1), index], axis=1)
-    wide = net.one("Expand", [net.one("Unsqueeze", [index, _c(net, "ax2", [2])]), o.shape_bht])  # (B, H, T)
-    tokens = net.one("GatherElements", [net.one("Concat", [old[2], new[2]], axis=1), wide], axis=1)
-    lengths = net.one("GatherElements", [net.one("Concat", [old[3], new[3]], axis=1), index], axis=1)
-    return [scores, log_probs, tokens, lengths]
-
-
-def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
-          last: str) -> tuple[str, str, str]:
-    """done or (n-best full and no live beam can beat the worst): (B,); whether any input's n-best is full; and
-    whether any input is still running (the loop's condition)."""
-    worst = net.one("ReduceMin", [scores], axes=[1], keepdims=1)  # (B, 1): -inf while not full
-    minus_inf = _c(net, "minus_inf", -np.inf, np.float64)
-    full = net.one("Greater", [worst, minus_inf])
-    best = net.one("ReduceMax", [live], axes=[1], keepdims=1)  # (B, 1)
-    after = net.one("Pow", [net.one("Cast", [net.one("Add", [step_len, _c(net, "one", 1)])], to=DOUBLE),
-                            "length_penalty"])
-    bound = net.one("Max", [net.one("Div", [best, after]), net.one("Div", [best, o.max_pow])])
-    bound = net.one("Where", [last, minus_inf, bound])
-    stops = net.one("And", [full, net.one("LessOrEqual", [bound, worst])])  # (B, 1)
-    done = net.one("Or", [done, net.one("Squeeze", [stops, _c(net, "ax1", [1])])])
-    any_full = net.one("Greater", [net.one("ReduceMax", [worst], keepdims=0), minus_inf])
-    least = net.one("ReduceMin", [net.one("Cast", [done], to=FLOAT)], keepdims=0)
-    return done, any_full, net.one("Less", [least, _c(net, "half", 0.5, np.float32)])
-
-
-def _finish(o: Outer, r: Ranked, names: dict[str, str], grown: str, last: str) -> onnx.GraphProto:
-    """The If branch that records this step's finished hypotheses and tests the stopping rule: (n-best, done,
-    any input full, loop condition)."""
-    net = Net("beam/finish/")
-    ends = _ends(net, o, r, names["history"], grown, names["done"], last)
-    best = _merge(net, o, [names[n] for n in CARRIED[4:8]], ends[:4])
-    outs = [*best, *_done(net, o, best[0], r.kept, ends[4], names["done"], last)]
-    return graph(net, "beam_finish", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
-
-
-def _unchanged(names: dict[str, str]) -> onnx.GraphProto:
-    """The If branch for a step that finishes nothing and where no input's n-best is full: nothing changes."""
-    net = Net("beam/same/")
-    outs = [net.one("Identity", [names[n]]) for n in ("scores", "log_probs", "hyp_tokens", "lengths", "done",
-                                                       "full")]
-    outs.append(net.one("Identity", [_c(net, "true", True, bool)]))
-    return graph(net, "beam_same", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
-
-
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> onnx.GraphProto:
     # Add + LayerNormalization (faster than SkipLayerNormalization at k rows an input); its caches are its own
     net = Net("beam/", skip_norm=False, int8=int8, value_bias=True, rows=o.wide)
@@ -256,7 +150,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
     ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)  # (B * k, k t): this step's slots added
     net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
-    r = _select(net, o, log_probs, names["live"])
+    r = select(net, o, log_probs, names["live"])
     parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
     chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])  # (B * k, 1)
     at_step = net.one("Equal", [o.steps, "beam/iter"])  # (T,)
@@ -267,8 +161,8 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool) -> o
     # end an input: every other step skips that work (~50 kernels) in one If.
     eos_first = net.one("Greater", [net.one("ReduceMax", [r.pick], keepdims=0), o.k_last])
     work = net.one("Or", [net.one("Or", [eos_first, last]), names["full"]])
-    after = net.op("If", [work], len(FINISH_TYPES), then_branch=_finish(o, r, names, grown, last),
-                   else_branch=_unchanged(names))
+    after = net.op("If", [work], len(FINISH_TYPES), then_branch=finish(o, r, names, grown, last),
+                   else_branch=unchanged(names))
     if o.wide:  # (B * k, 1) each
         live, next_tokens = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), chosen
     else:

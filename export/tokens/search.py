@@ -1,0 +1,126 @@
+"""The beam graph's search rules in ONNX ops (`export.tokens.beam`, whose Loop body calls them; the numpy search is
+`runtime.search.beam`): a step's ranked candidates and the k kept, and the finishing work that runs in an If only
+at a step that can change an n-best: new hypotheses, the n-best merge and the stopping rule."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from runtime.vocab import EOS
+
+from .kernels import BOOL, FLOAT, INT64, Net, graph, tensor
+
+if TYPE_CHECKING:
+    from .beam import Outer
+
+DOUBLE = TensorProto.DOUBLE
+NBEST = ("scores", "log_probs", "hyp_tokens", "lengths")  # the carried n-best, as the finishing If returns it
+# The finishing If's outputs: the n-best (scores, log-probs, tokens, lengths), done, any n-best full, cond.
+FINISH_TYPES = [DOUBLE, DOUBLE, INT64, INT64, BOOL, BOOL, BOOL]
+
+
+def constant(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
+    """A weight of `value` as `dtype`."""
+    return net.weight(hint, np.array(value, dtype))
+
+
+class Ranked(NamedTuple):
+    """One step's candidates: each input's best m extensions (sums, flat index beam * V + token, is_eos: (B, m))
+    and the k kept as live beams (beams, tokens, sums: (B, k)), and where they sit among the m (pick)."""
+
+    sums: str
+    index: str
+    is_eos: str
+    pick: str
+    beams: str
+    tokens: str
+    kept: str
+
+
+def select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
+    """The step's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the ranked
+    candidates and the k kept: the first k non-eos in rank order (there are always k: at most one eos per beam among
+    the 2k)."""
+    step = net.one("Gather", [o.penalties, "beam/iter"])  # (V,): -inf on eos below min_length
+    wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B, k, V)
+    flat = net.one("Reshape", [net.one("Add", [wide, live]), o.kv])  # (B, k * V)
+    sums, index = net.op("TopK", [flat, o.m], 2, axis=1)  # (B, m): ties by the lower index, as a stable sort
+    vocab = constant(net, "v", o.spec.target_vocab_size)
+    is_eos = net.one("Equal", [net.one("Mod", [index, vocab]), constant(net, "eos", EOS)])
+    key = net.one("Where", [is_eos, o.rank_after, o.rank])  # (B, m): non-eos first, in rank order
+    _, pick = net.op("TopK", [key, o.k], 2, axis=1, largest=0)  # (B, k)
+    kept_index = net.one("GatherElements", [index, pick], axis=1)
+    beams, tokens = net.one("Div", [kept_index, vocab]), net.one("Mod", [kept_index, vocab])
+    return Ranked(sums, index, is_eos, pick, beams, tokens, net.one("GatherElements", [sums, pick], axis=1))
+
+
+def _ends(net: Net, o: Outer, r: Ranked, history: str, grown: str, done: str, last: str) -> tuple[str, ...]:
+    """This step's finished hypotheses: eos among the first k candidates, and at max_length the live beams;
+    scores, log-probs, tokens (B, 2k, T) and lengths, -inf where none (or the input is done)."""
+    zero, k, axis = constant(net, "zero_d1", [0]), o.k, constant(net, "ax1", [1])
+    sums, index, is_eos = (net.one("Slice", [a, zero, k, axis]) for a in (r.sums, r.index, r.is_eos))  # (B, k)
+    beams = net.one("Div", [index, constant(net, "v", o.spec.target_vocab_size)])
+    step_len = net.one("Add", ["beam/iter", constant(net, "one", 1)])
+    norm = net.one("Pow", [net.one("Cast", [step_len], to=DOUBLE), "length_penalty"])
+    running = net.one("Unsqueeze", [net.one("Not", [done]), axis])  # (B, 1)
+    minus_inf = constant(net, "minus_inf", -np.inf, np.float64)
+    found = net.one("And", [net.one("And", [is_eos, net.one("Greater", [sums, minus_inf])]), running])
+    ending = net.one("And", [net.one("And", [net.one("Greater", [r.kept, minus_inf]), running]), last])
+    scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
+                                net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
+    log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
+    parents = net.one("Gather", [history, net.one("Add", [o.base, beams])], axis=0)  # (B, k, T): eos excluded
+    tokens = net.one("Concat", [parents, net.one("Reshape", [grown, o.shape_bkt])], axis=1)  # (B, 2k, T)
+    lengths = net.one("Concat", [net.one("Expand", ["beam/iter", o.shape_bk]),
+                                 net.one("Expand", [step_len, o.shape_bk])], axis=1)
+    return scores, log_probs, tokens, lengths, step_len
+
+
+def _merge(net: Net, o: Outer, old: list[str], new: tuple[str, ...]) -> list[str]:
+    """Each input's n-best after this step: one TopK over (n-best, new); ties keep the earlier (stable)."""
+    scores, index = net.op("TopK", [net.one("Concat", [old[0], new[0]], axis=1), o.h], 2, axis=1)  # (B, H)
+    log_probs = net.one("GatherElements", [net.one("Concat", [old[1], new[1]], axis=1), index], axis=1)
+    wide = net.one("Expand", [net.one("Unsqueeze", [index, constant(net, "ax2", [2])]), o.shape_bht])  # (B, H, T)
+    tokens = net.one("GatherElements", [net.one("Concat", [old[2], new[2]], axis=1), wide], axis=1)
+    lengths = net.one("GatherElements", [net.one("Concat", [old[3], new[3]], axis=1), index], axis=1)
+    return [scores, log_probs, tokens, lengths]
+
+
+def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
+          last: str) -> tuple[str, str, str]:
+    """done or (n-best full and no live beam can beat the worst): (B,); whether any input's n-best is full; and
+    whether any input is still running (the loop's condition)."""
+    worst = net.one("ReduceMin", [scores], axes=[1], keepdims=1)  # (B, 1): -inf while not full
+    minus_inf = constant(net, "minus_inf", -np.inf, np.float64)
+    full = net.one("Greater", [worst, minus_inf])
+    best = net.one("ReduceMax", [live], axes=[1], keepdims=1)  # (B, 1)
+    after = net.one("Pow", [net.one("Cast", [net.one("Add", [step_len, constant(net, "one", 1)])], to=DOUBLE),
+                            "length_penalty"])
+    bound = net.one("Max", [net.one("Div", [best, after]), net.one("Div", [best, o.max_pow])])
+    bound = net.one("Where", [last, minus_inf, bound])
+    stops = net.one("And", [full, net.one("LessOrEqual", [bound, worst])])  # (B, 1)
+    done = net.one("Or", [done, net.one("Squeeze", [stops, constant(net, "ax1", [1])])])
+    any_full = net.one("Greater", [net.one("ReduceMax", [worst], keepdims=0), minus_inf])
+    least = net.one("ReduceMin", [net.one("Cast", [done], to=FLOAT)], keepdims=0)
+    return done, any_full, net.one("Less", [least, constant(net, "half", 0.5, np.float32)])
+
+
+def finish(o: Outer, r: Ranked, names: dict[str, str], grown: str, last: str) -> onnx.GraphProto:
+    """The If branch that records this step's finished hypotheses and tests the stopping rule: (n-best, done,
+    any input full, loop condition)."""
+    net = Net("beam/finish/")
+    ends = _ends(net, o, r, names["history"], grown, names["done"], last)
+    best = _merge(net, o, [names[n] for n in NBEST], ends[:4])
+    outs = [*best, *_done(net, o, best[0], r.kept, ends[4], names["done"], last)]
+    return graph(net, "beam_finish", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
+
+
+def unchanged(names: dict[str, str]) -> onnx.GraphProto:
+    """The If branch for a step that finishes nothing and where no input's n-best is full: nothing changes."""
+    net = Net("beam/same/")
+    outs = [net.one("Identity", [names[n]]) for n in (*NBEST, "done", "full")]
+    outs.append(net.one("Identity", [constant(net, "true", True, bool)]))
+    return graph(net, "beam_same", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
