@@ -89,9 +89,12 @@ def precision_entry(model_dir: Path, spec: ModelSpec, mode: str) -> dict[str, An
               "parity": "measured on the float32 graphs before conversion; 'quality' compares the converted ones "
                         "with them"}
     if mode == INT8 and set(FAST_FILES.values()) & set(graphs):  # rebuilt from the weights, not converted
-        common["fast_graphs"] = ("DynamicQuantizeMatMul: int8 weights in [-63, 63] with one scale per output column, "
-                                 "activations quantized per call; the self-attention's Q/K/V projection (inside "
-                                 "the Attention kernel) float32")
+        common["fast_graphs"] = ("int8 weights in [-63, 63] with one scale per output column; the graphs for many "
+                                 "rows (wide_*, fast_beam, fast_encoder) multiply in int8 (DynamicQuantizeMatMul, "
+                                 "activations quantized per call), the graphs for few rows (fold_*, fast_greedy, "
+                                 "fast_decoder_step) in float32 over the same weights, widened as a session loads "
+                                 "them; the self-attention's Q/K/V projection (inside the Attention kernel) and the "
+                                 "folded cross-attention's matrices float32")
     if mode == INT8:
         return {**common, "activations": "uint8, quantized per call (dynamic)", "per_channel": False,
                 "reduce_range": True, "tool": f"onnxruntime.quantization.quantize_dynamic "

@@ -106,7 +106,7 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     """One decoder step over the state the fast encoder makes; wide: attention in batched MatMuls (from WIDE_ROWS
     rows) and the rows as one 2-D (B, E) matrix, so each projection with a bias is one Gemm (Net.rows)."""
     io = fast_graph_io(spec)["step"]
-    net = Net(skip_norm=not wide, int8=int8, rows=wide)
+    net = Net(skip_norm=not wide, int8=int8, rows=wide, widen=not wide)  # int8: widened below WIDE_ROWS rows
     attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0")) if wide else Fused("memory_lengths")
     axis1 = None if wide else net.weight("axis1", np.array([1], np.int64))
 
@@ -152,7 +152,7 @@ def _penalties(net: Net, spec: ModelSpec) -> str:
 
 
 def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penalties: str,
-          attend: Fused | Batched, int8: bool, own: str | None = None) -> onnx.GraphProto:
+          attend: Fused | Batched, int8: bool, own: str | None = None, widen: bool = False) -> onnx.GraphProto:
     """The loop body: (iter, cond, last token (B, 1, 1), live (B, 1, 1), [bias (G, G t),] past_i...) -> (cond,
     token, live, [bias,] present_i..., scanned token and log-prob (B, 1, 1)). Tokens are indices in `eos_first`
     order: the token is TopK's index as it comes, read back by GatherND (no Squeeze a step) from the embedding rows
@@ -162,7 +162,8 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     # Residuals as Add + LayerNormalization, not SkipLayerNormalization: though more kernels, onnxruntime 1.32's CPU
     # SkipLayerNormalization is the slower (fast_greedy 0.96-0.98x the time at batch 1, 0.94x at 4, int8 0.95x, one
     # session a side; see eos_first for the figures with six)
-    net = Net("body/", skip_norm=False, int8=int8, value_bias=True, rows=own is not None)  # caches: its own
+    net = Net("body/", skip_norm=False, int8=int8, value_bias=True, rows=own is not None,
+              widen=widen)  # caches: its own
     order = eos_first(spec.target_vocab_size)
     table = position_table(model).detach()[:, None, :]  # (P, 1, E): row iter is (1, E), added to the (B, 1, E) rows
     embedding = model.target_embedding.weight[torch.as_tensor(order)]  # row i: the id at index i
@@ -189,9 +190,12 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
 
 def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
                  int8: bool = False, fold: bool = False) -> onnx.ModelProto:
-    """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`); fold: with the cross-attention folded."""
+    """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`); fold: with the cross-attention folded. int8:
+    the graphs for fewer than WIDE_GREEDY_INPUTS inputs compute in float32 over the int8 weights (Net.widen; dates
+    transformer, batch 1, 20 steps: 0.875x the time of int8 arithmetic folded, 0.845x not folded at 29 tokens,
+    0.935x at batch 4)."""
     io = fast_graph_io(spec)["greedy"]
-    net = Net(skip_norm=False, int8=int8, value_bias=True)  # the encoder reads batch x source_len rows
+    net = Net(skip_norm=False, int8=int8, value_bias=True, widen=not wide)  # the encoder: batch x source_len rows
     if wide:
         tokens, log_probs = _blocked(net, model, spec, int8)
     else:
@@ -208,7 +212,8 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         penalties, count = _penalties(net, spec), 2 + spec.layers + 2
         if fold:
             cross, attend = fold_cross(net, model, spec, cross, "memory_lengths"), Folded("memory_lengths")
-        scans = net.op("Loop", inputs, count, body=_body(model, spec, cross, penalties, attend, int8))[-2:]
+        scans = net.op("Loop", inputs, count, body=_body(model, spec, cross, penalties, attend, int8,
+                                                         widen=True))[-2:]
         tokens, log_probs = (_time_last(net, scan) for scan in scans)
     tokens = net.one("Gather", [net.weight("ids", eos_first(spec.target_vocab_size)), tokens])  # indices -> ids
     # after a row's first eos: 0 (<pad>) and log-prob 0, as the traced loop graph gives

@@ -38,11 +38,17 @@ class Net:
     bias moves into its values (`value_shift`), for graphs whose caches no other graph reads (the one-call
     graphs: a step graph's state must match the other step graphs'); float32 only (int8 projections add their
     bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the wide loop bodies and the wide
-    step graph), so a projection with a bias is one Gemm (onnxruntime fuses a Relu after it), not MatMul + Add."""
+    step graph), so a projection with a bias is one Gemm (onnxruntime fuses a Relu after it), not MatMul + Add.
+    `widen` (with int8): the same int8 weights, but float32 arithmetic: each is stored int8 with its column scales and
+    widened by a Cast and a Mul, which onnxruntime folds into a float32 constant when it loads the graph; for the
+    graphs of few rows, where quantizing the activations each call costs more than int8 products save (onnxruntime
+    1.32, 1 thread, Intel Xeon: DynamicQuantizeMatMul 1.4-2.9x a float32 Gemm's time at 1-5 rows of the dates
+    transformer's projections, 0.57-0.93x at 64-320)."""
 
     def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False,
-                 value_bias: bool = False, rows: bool = False) -> None:
+                 value_bias: bool = False, rows: bool = False, widen: bool = False) -> None:
         self.prefix, self.skip_norm, self.int8, self.rows = prefix, skip_norm, int8, rows
+        self.widen = widen and int8
         self.value_bias = value_bias and not int8
         self.nodes, self.weights, self._count = [], [], 0
         self._shifts: dict[int, torch.Tensor | None] = {}  # value_shift per output projection, by id
@@ -74,15 +80,21 @@ class Net:
     def matmul(self, x: str, w: torch.Tensor, b: torch.Tensor | None = None) -> str:
         """x (..., in) @ w (in, out) (+ b): MatMul (+ Add); 2-D rows with a bias: one Gemm; int8: one
         DynamicQuantizeMatMul, its bias included."""
-        if not self.int8 and self.rows and b is not None:
-            return self.one("Gemm", [x, self.weight("w", w), self.weight("b", b)])
-        if not self.int8:
-            out = self.one("MatMul", [x, self.weight("w", w)])
+        if not self.int8 or self.widen:
+            weight = self._widened(w) if self.widen else self.weight("w", w)
+            if self.rows and b is not None:
+                return self.one("Gemm", [x, weight, self.weight("b", b)])
+            out = self.one("MatMul", [x, weight])
             return out if b is None else self.one("Add", [out, self.weight("b", b)])
         q, scale = int8_columns(w.detach().cpu().numpy())
         inputs = [x, self.weight("w_int8", q), self.weight("w_scale", scale),
                   self.weight("w_zero", np.zeros_like(scale, dtype=np.int8))]
         return self.one("DynamicQuantizeMatMul", inputs + ([self.weight("b", b)] if b is not None else []), MS)
+
+    def _widened(self, w: torch.Tensor) -> str:
+        """w (in, out) as int8 with one scale per column (int8_columns), widened back to float32 in the graph."""
+        q, scale = int8_columns(w.detach().cpu().numpy())
+        return self.one("Mul", [self.one("Cast", [self.weight("w_int8", q)], to=FLOAT), self.weight("w_scale", scale)])
 
     def linear(self, x: str, layer: torch.nn.Linear, bias: bool = True) -> str:
         """x (..., in) -> x W^T (+ b) (..., out)."""
@@ -91,8 +103,8 @@ class Net:
     @property
     def bias_in_matmul(self) -> bool:
         """Whether a sub-layer's output projection takes its bias itself: at int8 (DynamicQuantizeMatMul adds it
-        at no kernel's cost) or on 2-D rows (Gemm does), where no SkipLayerNormalization would take it (else it is
-        one Add more)."""
+        at no kernel's cost; a widened product's own Add costs what the residual's would) or on 2-D rows (Gemm
+        does), where no SkipLayerNormalization would take it (else it is one Add more)."""
         return (self.int8 or self.rows) and not self.skip_norm
 
     def out_projection(self, x: str, layer: torch.nn.Linear) -> str:

@@ -1,0 +1,105 @@
+"""An int8 transformer's graphs for few rows compute in float32 over their int8 weights (Net.widen), the others in
+int8 arithmetic (DynamicQuantizeMatMul): which graphs are which, and that a widened graph computes exactly float32
+arithmetic over the int8 weights."""
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.fused import subgraphs
+from export.tokens.beam import beam_model
+from export.tokens.fast import encoder_model, greedy_model, step_model
+from export.tokens.kernels import Net, int8_columns
+from training.build import build_token_model
+
+from support.models import toy_token_spec
+
+WIDENED = {"fold_greedy": partial(greedy_model, fold=True), "fast_greedy": greedy_model,
+           "fold_beam": partial(beam_model, fold=True), "fast_decoder_step": step_model}
+QUANTIZED = {"wide_greedy": partial(greedy_model, wide=True), "fast_beam": beam_model,
+             "wide_beam": partial(beam_model, wide=True), "wide_decoder_step": partial(step_model, wide=True),
+             "fast_encoder": encoder_model}
+
+
+@pytest.fixture(scope="module")
+def toy():
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    torch.manual_seed(0)
+    return build_token_model(spec).eval(), spec
+
+
+def _nodes(g: onnx.GraphProto):
+    """Every node of g and of its subgraphs (Loop bodies, If branches)."""
+    for node in g.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from _nodes(sub)
+
+
+def _widened_products(proto: onnx.ModelProto) -> int:
+    """MatMul/Gemm nodes whose weight is Mul(Cast(an int8 initializer), scales): int8 weights widened in the graph."""
+    nodes = list(_nodes(proto.graph))
+    int8 = {t.name for g in [proto.graph] + [s for n in nodes for s in subgraphs(n)] for t in g.initializer
+            if t.data_type == onnx.TensorProto.INT8}
+    made = {out: n for n in nodes for out in n.output}
+
+    def widened(name: str) -> bool:
+        mul = made.get(name)
+        cast = mul is not None and mul.op_type == "Mul" and made.get(mul.input[0])
+        return bool(cast) and cast.op_type == "Cast" and cast.input[0] in int8
+    return sum(n.op_type in ("MatMul", "Gemm") and widened(n.input[1]) for n in nodes)
+
+
+def test_graphs_for_few_rows_widen_their_int8_weights_and_the_others_quantize_activations(toy):
+    model, spec = toy
+    for name, build in WIDENED.items():
+        proto = build(model, spec, "", int8=True)
+        ops = [n.op_type for n in _nodes(proto.graph)]
+        # the decoder: per layer the self-attention's output projection and the FFN's two, then the output layer
+        assert "DynamicQuantizeMatMul" not in ops and _widened_products(proto) >= 3 * spec.layers + 1, name
+        assert _widened_products(build(model, spec, "")) == 0, name  # float32 exports store float32 weights
+    for name, build in QUANTIZED.items():
+        proto = build(model, spec, "", int8=True)
+        assert "DynamicQuantizeMatMul" in [n.op_type for n in _nodes(proto.graph)], name
+        assert _widened_products(proto) == 0, name
+
+
+def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+
+
+@pytest.mark.parametrize("name", ["fold_greedy", "fast_greedy", "fold_beam"])
+def test_a_widened_graph_is_float32_arithmetic_over_the_int8_weights_bit_for_bit(toy, name, monkeypatch):
+    """The same graph with every widened weight stored as float32 q * scale (numpy's float32 product, as
+    onnxruntime folds the Cast and Mul when it loads the graph) decodes bit for bit alike; the float32 weights'
+    graph does not (the weights are rounded)."""
+    model, spec = toy
+    build = WIDENED[name]
+    widened, plain = build(model, spec, "", int8=True), build(model, spec, "")
+
+    stores = []
+
+    def stored(net: Net, w: torch.Tensor) -> str:
+        q, scale = int8_columns(w.detach().cpu().numpy())
+        stores.append(net.weight("w", q.astype(np.float32) * scale))
+        return stores[-1]
+    monkeypatch.setattr(Net, "_widened", stored)
+    reference = build(model, spec, "", int8=True)
+    assert len(stores) == _widened_products(widened) and _widened_products(reference) == 0
+    rng = np.random.default_rng(3)
+    feeds = {"source_ids": rng.integers(4, spec.source_vocab_size, (3, 7)), "source_lengths": np.array([7, 5, 2]),
+             "max_length": np.array(6), "min_length": np.array(2), "beam_size": np.array(3),
+             "num_hypotheses": np.array(2), "length_penalty": np.array(1.0)}
+    got, want, float32 = (_run(p, feeds) for p in (widened, reference, plain))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    floats = [i for i, a in enumerate(got) if a.dtype.kind == "f"]
+    assert floats and any(not np.array_equal(got[i], float32[i]) for i in floats)
