@@ -93,8 +93,7 @@ def precision_entry(model_dir: Path, spec: ModelSpec, mode: str) -> dict[str, An
                                  "rows (wide_*, fast_beam, fast_encoder) multiply in int8 (DynamicQuantizeMatMul, "
                                  "activations quantized per call), the graphs for few rows (fold_*, fast_greedy, "
                                  "fast_decoder_step) in float32 over the same weights, widened as a session loads "
-                                 "them; the self-attention's Q/K/V projection (inside the Attention kernel) and the "
-                                 "folded cross-attention's matrices float32")
+                                 "them; the self-attention's Q/K/V projection (inside the Attention kernel) float32")
     if mode == INT8:
         return {**common, "activations": "uint8, quantized per call (dynamic)", "per_channel": False,
                 "reduce_range": True, "tool": f"onnxruntime.quantization.quantize_dynamic "

@@ -3,6 +3,9 @@ int8 arithmetic (DynamicQuantizeMatMul): which graphs are which, and that a wide
 arithmetic over the int8 weights."""
 from __future__ import annotations
 
+import copy
+import re
+from collections import Counter
 from functools import partial
 
 import numpy as np
@@ -14,7 +17,7 @@ import torch
 from export.fused import subgraphs
 from export.tokens.beam import beam_model
 from export.tokens.fast import encoder_model, greedy_model, step_model
-from export.tokens.kernels import Net, int8_columns
+from export.tokens.kernels import int8_columns
 from training.build import build_token_model
 
 from support.models import toy_token_spec
@@ -76,30 +79,47 @@ def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarra
     return session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
 
 
+def _rounded(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of model whose every Linear weight is its int8 columns widened back to float32 (q * scale in float32,
+    as onnxruntime folds the graph's Cast and Mul), but for the self-attentions' Q/K/V, which the Attention kernel
+    reads in float32."""
+    rounded = copy.deepcopy(model)
+    for name, module in rounded.named_modules():
+        if isinstance(module, torch.nn.Linear) and not re.search(r"(^|\.)(self_)?attention\.(queries|keys|values)$",
+                                                                  name):
+            q, scale = int8_columns(module.weight.detach().numpy().T)
+            with torch.no_grad():
+                module.weight.copy_(torch.from_numpy((q.astype(np.float32) * scale).T))
+    return rounded
+
+
 @pytest.mark.parametrize("name", ["fold_greedy", "fast_greedy", "fold_beam"])
-def test_a_widened_graph_is_float32_arithmetic_over_the_int8_weights_bit_for_bit(toy, name, monkeypatch):
-    """The same graph with every widened weight stored as float32 q * scale (numpy's float32 product, as
-    onnxruntime folds the Cast and Mul when it loads the graph) decodes bit for bit alike; the float32 weights'
-    graph does not (the weights are rounded)."""
+def test_a_widened_graph_is_float32_arithmetic_over_the_int8_weights_bit_for_bit(toy, name):
+    """Widened, an int8 graph decodes bit for bit as the float32 graph of the model with its weights rounded to
+    those int8 weights (the output biases' shift and the folded cross-attention included), and not as the model's
+    own float32 graph."""
     model, spec = toy
     build = WIDENED[name]
-    widened, plain = build(model, spec, "", int8=True), build(model, spec, "")
-
-    stores = []
-
-    def stored(net: Net, w: torch.Tensor) -> str:
-        q, scale = int8_columns(w.detach().cpu().numpy())
-        stores.append(net.weight("w", q.astype(np.float32) * scale))
-        return stores[-1]
-    monkeypatch.setattr(Net, "_widened", stored)
-    reference = build(model, spec, "", int8=True)
-    assert len(stores) == _widened_products(widened) and _widened_products(reference) == 0
     rng = np.random.default_rng(3)
     feeds = {"source_ids": rng.integers(4, spec.source_vocab_size, (3, 7)), "source_lengths": np.array([7, 5, 2]),
              "max_length": np.array(6), "min_length": np.array(2), "beam_size": np.array(3),
              "num_hypotheses": np.array(2), "length_penalty": np.array(1.0)}
-    got, want, float32 = (_run(p, feeds) for p in (widened, reference, plain))
-    for a, b in zip(got, want):
-        np.testing.assert_array_equal(a, b)
-    floats = [i for i, a in enumerate(got) if a.dtype.kind == "f"]
-    assert floats and any(not np.array_equal(got[i], float32[i]) for i in floats)
+    widened, reference, float32 = (_run(p, feeds) for p in (build(model, spec, "", int8=True),
+                                                            build(_rounded(model), spec, ""), build(model, spec, "")))
+    for got, want in zip(widened, reference):
+        np.testing.assert_array_equal(got, want)
+    floats = [i for i, a in enumerate(widened) if a.dtype.kind == "f"]
+    assert floats and any(not np.array_equal(widened[i], float32[i]) for i in floats)
+
+
+def test_a_widened_graph_runs_the_float32_graphs_kernels(toy):
+    """Widened, a graph is the float32 graph's nodes plus a Cast and a Mul per weight (folded as a session loads
+    it): each attention's output bias moves into its values as in float32 (the shift solved against the widened
+    weights), and the folded cross-attention's matrices are made from the widened weights."""
+    model, spec = toy
+    for name, build in WIDENED.items():
+        widened, plain = build(model, spec, "", int8=True), build(model, spec, "")
+        count = _widened_products(widened)
+        ops = Counter(n.op_type for n in _nodes(widened.graph))
+        ops.subtract({"Cast": count, "Mul": count})
+        assert +ops == Counter(n.op_type for n in _nodes(plain.graph)), name

@@ -54,11 +54,11 @@ def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list
     folded = []
     for layer, keys, values in zip(model.decoder_layers, cross[0::2], cross[1::2]):
         attention: MultiHeadAttention = layer.cross_attention
-        queries = attention.queries.weight.detach().reshape(h, d, e) * scale  # (h, d, E): head i's rows
+        queries = net.effective(attention.queries).weight.detach().reshape(h, d, e) * scale  # (h, d, E): head i's
         query_bias = attention.queries.bias.detach().reshape(h, d, 1) * scale
         keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries)]), by_row])
         bias = net.one("Add", [net.one("MatMul", [keys, net.weight("query_bias", query_bias)]), padding])
-        out = attention.fc_attn.weight.detach().T.reshape(h, d, e)  # (h, d, E): head i's rows of fc_attn^T
+        out = net.effective(attention.fc_attn).weight.detach().T.reshape(h, d, e)  # (h, d, E): fc_attn^T's rows
         out_by = net.one("MatMul", [values, net.weight("out", out)])
         if net.shift(attention) is None:  # every head's rows: 1/h of the bias (else the values took it already)
             share = (attention.fc_attn.bias.detach() / h).reshape(1, 1, e)

@@ -36,8 +36,8 @@ class Net:
     and LayerNorms as one SkipLayerNormalization (fewest nodes; but its CPU kernel costs ~8x Add + Add +
     LayerNormalization from ~64 rows up, so wide graphs write those three). `value_bias`: each attention's output
     bias moves into its values (`value_shift`), for graphs whose caches no other graph reads (the one-call
-    graphs: a step graph's state must match the other step graphs'); float32 only (int8 projections add their
-    bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the wide loop bodies and the wide
+    graphs: a step graph's state must match the other step graphs'); not with int8 arithmetic
+    (DynamicQuantizeMatMul adds a bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the wide loop bodies and the wide
     step graph), so a projection with a bias is one Gemm (onnxruntime fuses a Relu after it), not MatMul + Add.
     `widen` (with int8): the same int8 weights, but float32 arithmetic: each is stored int8 with its column scales and
     widened by a Cast and a Mul, which onnxruntime folds into a float32 constant when it loads the graph; for the
@@ -49,7 +49,7 @@ class Net:
                  value_bias: bool = False, rows: bool = False, widen: bool = False) -> None:
         self.prefix, self.skip_norm, self.int8, self.rows = prefix, skip_norm, int8, rows
         self.widen = widen and int8
-        self.value_bias = value_bias and not int8
+        self.value_bias = value_bias and (not int8 or self.widen)
         self.nodes, self.weights, self._count = [], [], 0
         self._shifts: dict[int, torch.Tensor | None] = {}  # value_shift per output projection, by id
 
@@ -96,6 +96,20 @@ class Net:
         q, scale = int8_columns(w.detach().cpu().numpy())
         return self.one("Mul", [self.one("Cast", [self.weight("w_int8", q)], to=FLOAT), self.weight("w_scale", scale)])
 
+    def effective(self, layer: torch.nn.Linear) -> torch.nn.Linear:
+        """The layer as this graph multiplies by it: its int8 weights widened to float32 where `widen` (as
+        `_widened` makes them in the graph), for the products written from weights outside `matmul` (the folded
+        cross-attention) and the value shift solved against them; else the layer itself."""
+        if not self.widen:
+            return layer
+        q, scale = int8_columns(layer.weight.detach().cpu().numpy().T)
+        widened = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+        with torch.no_grad():
+            widened.weight.copy_(torch.from_numpy((q.astype(np.float32) * scale).T))
+            if layer.bias is not None:
+                widened.bias.copy_(layer.bias.detach())
+        return widened
+
     def linear(self, x: str, layer: torch.nn.Linear, bias: bool = True) -> str:
         """x (..., in) -> x W^T (+ b) (..., out)."""
         return self.matmul(x, layer.weight.T, layer.bias if bias else None)
@@ -122,7 +136,7 @@ class Net:
             return None
         key = id(attention.fc_attn)
         if key not in self._shifts:
-            self._shifts[key] = value_shift(attention.fc_attn)
+            self._shifts[key] = value_shift(self.effective(attention.fc_attn))
         return self._shifts[key]
 
     def value_bias_of(self, attention: MultiHeadAttention) -> torch.Tensor:
