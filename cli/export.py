@@ -219,8 +219,7 @@ def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | N
 
 
 @click.command("verify", short_help="Compare a checkpoint (or your own model) and its export.")
-@click.argument("paths", nargs=-1, required=True, metavar="[CHECKPOINT] MODEL_DIR",
-                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, metavar="[CHECKPOINT] MODEL_DIR", type=click.Path(path_type=Path))
 @click.option("--adapter", metavar="MODULE:FUNCTION", default=None,
               help="Your own model, exported with export --adapter: compare it (PyTorch) with MODEL_DIR.")
 @tolerance_options
@@ -238,6 +237,10 @@ def verify_command(paths: tuple[Path, ...], adapter: str | None, atol: float, rt
         if not adapter and len(paths) == 1 and declared_export(paths[0]):
             want = f"--adapter MODULE:FUNCTION: {paths[0]} holds a declared model, whose PyTorch side is your own code"
         raise click.UsageError(f"expected {want}, got {len(paths)} path(s): {' '.join(map(str, paths))}")
+    for name, path in zip(("MODEL_DIR",) if adapter else ("CHECKPOINT", "MODEL_DIR"), paths):
+        if not path.is_dir():  # checked here, not by click, so that the message names which of the two it is
+            raise click.BadParameter(f"directory {str(path)!r} does not exist" if not path.exists() else
+                                     f"{str(path)!r} is a file, not a directory", param_hint=name)
     require_torch()
     from export.parity import Tolerance
     from export.verify import input_errors, verify

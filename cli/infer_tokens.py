@@ -19,6 +19,7 @@ from runtime.infer_tokens import (
 from runtime.manifest import read_manifest
 from runtime.points import MAX_TARGET_LEN
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
+from runtime.tokens import undecoded
 
 from .common import FiniteFloatRange
 
@@ -92,6 +93,11 @@ def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | Non
     blank = [i + 1 for i, text in enumerate(texts) if not text.strip()]
     if blank:
         raise click.UsageError(f"--text #{blank[0]} is blank; give each --text some text")
+    for i, text in enumerate(texts):
+        offset = undecoded(text)
+        if offset is not None:  # the shell's bytes were not UTF-8: Python kept each bad byte as a lone surrogate
+            raise click.UsageError(f"--text #{i + 1}: not UTF-8 (byte {ord(text[offset]) - 0xDC00:#04x} at "
+                                   f"character {offset}); give UTF-8 text, as --input requires of files")
 
 
 def decoding_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:

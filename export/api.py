@@ -230,13 +230,13 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
     failed = failures(rows)
     if failed and not accept:
         shown = "\n".join(f"  {r.case}: {r.metric} {r.value:.4g}, limit {r.limit:g}" for r in failed)
-        raise QualityError(f"the {mode} export loses more than the tolerance ({tol}) against its float32 graphs in "
-                           f"{len(failed)} of {sum(r.limit is not None for r in rows)} checks; nothing was written. "
-                           "Pass accept_quality_loss (--accept-quality-loss) to publish it anyway, or loosen the "
-                           f"tolerance:\n{shown}")
+        raise QualityError(f"the {mode} export loses more than the tolerance ({tol.judged(spec.kind)}) against its "
+                           f"float32 graphs in {len(failed)} of {sum(r.limit is not None for r in rows)} checks; "
+                           "nothing was written. Publish it anyway with --accept-quality-loss (export_model's "
+                           f"accept_quality_loss=True), or loosen the tolerance:\n{shown}")
     if failed:
         checks = f"{len(failed)} check{'' if len(failed) == 1 else 's'}"
-        warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol}) in {checks}; "
+        warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol.judged(spec.kind)}) in {checks}; "
                       "published because the loss was accepted (the manifest's quality report says so)",
                       QualityLossWarning, stacklevel=3)
     write_manifest(staging, {**converted, "quality": {**quality_summary(rows, tol, bool(failed)),

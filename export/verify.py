@@ -73,6 +73,10 @@ def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, s
     failed = [r for r in rows if not r.ok]
     if failed:
         source = runtime.manifest.raw.get("source")
+        if source == described:  # the export names this checkpoint (or adapter): the pair is likely right
+            raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} was exported from "
+                              f"{source!r}, which {name} is by name: where the differences are float32 rounding "
+                              "(~1e-6), the tolerance is tighter than an export can hold")
         raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} says it was exported "
                           f"from {source!r}: if that is not {name}, the two are not a pair")
     return f"all {len(rows)} checks within {tol}"

@@ -63,7 +63,7 @@ def describe_model(spec: Any) -> str:
     if spec.is_declared:
         return (f"declared tokens model (its own architecture; vocabularies {spec.source_vocab_size} and "
                 f"{spec.target_vocab_size})")
-    body = f"transformer d_model {spec.d_model}, {spec.layers} layers" if spec.is_transformer else (
+    body = f"transformer d_model {spec.d_model}, {spec.layers}+{spec.layers} layers" if spec.is_transformer else (
         f"{spec.cell}, hidden {spec.hidden_dim}, {spec.attention} attention")
     return f"{spec.kind} model: {body}"
 

@@ -7,6 +7,7 @@ are skipped but keep their number, so output "index" i always answers line i + 1
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -27,6 +28,7 @@ POINT_SUFFIXES = (".npy", ".npz", ".json")  # what point models read; a token mo
 MAX_LINE_BYTES = 1 << 20  # one input line, read no further; the source token limit refuses far shorter lines
 MAX_BATCH = 4096  # rows = batch * beam (beam: at most runtime.search.beam.MAX_BEAM); beyond, memory runs out
 DEFAULT_BATCH_SIZE = 32
+PROGRESS_SECONDS = 2.0  # between progress lines after the first batch's (and the last batch's, always)
 ATTENTION_DECIMALS = 6  # float32 weights printed in full would triple the JSON for no information
 UTF8_BOM = b"\xef\xbb\xbf"
 SAMPLING = ("top_k", "top_p", "temperature", "seed")
@@ -201,10 +203,11 @@ class TokenRun:
 
     def records(self, items: Iterable[Item],
                 progress: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
-        """One JSON-ready record per non-blank input, in input order; `progress` hears of each batch after the
-        first (a run of one batch says nothing)."""
+        """One JSON-ready record per non-blank input, in input order; `progress` hears of the first batch, then at
+        most every PROGRESS_SECONDS, and of the last (a run of one batch says nothing)."""
         rules = self.model.contract.sources
         chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec, self.model.contract)
+        told = 0.0
         for number, (batch, last) in enumerate(_with_last(chunks)):
             want = self.attention or (self.plot and len(self.shown) < MAX_ITEMS)
             options = {**self.options, "seed": batch_seed(self.options["seed"], number), "return_attention": want}
@@ -218,8 +221,11 @@ class TokenRun:
                 columns = source_columns(self.vocab, item.text, rules) if self.attention else None
                 yield record(item, hyps, columns)
             self.decoded += len(batch)
-            if progress is not None and not (number == 0 and last):
-                progress(f"infer: {self.decoded} inputs decoded (to {batch[-1].where})")
+            due = number == 0 or last or time.monotonic() - told >= PROGRESS_SECONDS
+            if progress is not None and due and not (number == 0 and last):
+                told = time.monotonic()
+                progress(f"infer: {self.decoded} input{'s' if self.decoded > 1 else ''} decoded (to "
+                         f"{batch[-1].where})")
 
     def heatmaps(self) -> list[Heatmap]:
         """The attention maps of the first inputs' best hypotheses."""

@@ -72,14 +72,31 @@ def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabula
 
 
 def check_texts(texts: Any) -> list[str]:
-    """A list of non-empty strings."""
+    """A list of non-empty strings of Unicode characters (no lone surrogates)."""
     if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
         fix = "wrap one text as [text]" if isinstance(texts, str) else "pass them as a list, e.g. list(texts)"
         raise InputError(f"texts: expected a list of strings, got {brief(texts)}; {fix}")
     for i, text in enumerate(texts):
         if not isinstance(text, str) or not text.strip():
             raise InputError(f"texts[{i}]: expected a non-empty string, got {brief(text)}")
+        offset = undecoded(text)
+        if offset is not None:
+            raise InputError(f"texts[{i}]: expected Unicode text, got a lone surrogate U+{ord(text[offset]):04X} at "
+                             f"character {offset} (half of a UTF-16 pair, or a byte that was not UTF-8); pass "
+                             "UTF-8 decoded text")
     return list(texts)
+
+
+def undecoded(text: str) -> int | None:
+    """The offset of text's first lone surrogate (U+D800-U+DFFF: no character; what Python makes of a byte that was
+    not UTF-8 in argv or a file read with surrogateescape, or JSON's unpaired \\ud800 escapes), else None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def source_token_limit(spec: ModelSpec, contract: TokenContract | None = None) -> int:

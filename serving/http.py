@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import runtime
-from runtime.errors import Seq2OnnxError
+from runtime.errors import Seq2OnnxError, one_line
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
 from .batching import Decoded
@@ -156,6 +156,8 @@ def create_app(prefix: str = "") -> Front:
     return Front(app, decode_routes)
 
 
+UNDECODED_BODY = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads cannot take as text
+
 # a field of the other kind's route: the model's kind decides which route the client meant
 OTHER_KIND = {"texts": ("tokens", "texts: this server's model is a token model, which takes texts; POST "
                                   '{"texts": [...]} to /v1/translate'),
@@ -174,7 +176,14 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """404, 405 and the like in the same shape as every other refusal."""
+    """404, 405 and the like in the same shape as every other refusal; a body FastAPI could not decode (not UTF-8)
+    is a 422, as one that is not JSON is."""
+    if exc.status_code == 400 and exc.detail == UNDECODED_BODY:
+        cause = exc.__cause__
+        why = (f"not UTF-8 (byte {cause.object[cause.start]:#04x} at offset {cause.start})"
+               if isinstance(cause, UnicodeDecodeError) else f"unreadable ({one_line(cause)})")
+        return JSONResponse({"error": f"{request.method} {request.url.path}: the body is {why}; send JSON in UTF-8"},
+                            status_code=422)
     under = request.scope.get("root_path", "") + getattr(request.app.state, "route_prefix", "")  # Ray's, ours
     return JSONResponse({"error": f"{request.method} {request.url.path}: {str(exc.detail).lower()}; the routes are "
                                   f"{routes(under)}"}, status_code=exc.status_code,

@@ -62,7 +62,7 @@ async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
 
 async def _too_large(send: Send, given: str, limit: int) -> None:
     body = json.dumps({"error": f"request body: at most {limit} bytes (serve --max-body-bytes), got {given} "
-                                "bytes; send fewer items per request"}).encode()
+                                "bytes; send fewer items per request"}, separators=(",", ":")).encode()  # as JSONResponse
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

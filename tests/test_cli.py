@@ -150,6 +150,8 @@ def test_verify_passes_and_fails_on_tolerance(pipeline):
     assert "train [0:" in ok.stdout and "all " in ok.stdout  # the checkpoint's training data was used
     strict = cli("verify", ckpt, model, "--atol", "1e-30", "--rtol", "0")
     assert_user_error(strict, "exceed atol=1e-30")
+    # the export names this checkpoint: the tolerance is the suspect, not the pair
+    assert "tighter than an export can hold" in strict.stderr and "not a pair" not in strict.stderr
 
 
 def test_verify_refuses_a_mismatched_pair(pipeline, tmp_path):

@@ -214,6 +214,9 @@ def refused_and_accepted(tmp_path: Path) -> tuple[Path, pytest.ExceptionInfo]:
 def test_loss_beyond_tolerance_is_refused_unless_accepted(tmp_path):
     out, refused = refused_and_accepted(tmp_path)
     assert "outputs.diff/scale" in str(refused.value)
+    # the tolerances that judge a point model, and the command line's flag first
+    assert "(max_output_diff=0, max_attention_diff=0.05)" in str(refused.value)
+    assert "min_exact_match" not in str(refused.value) and "with --accept-quality-loss" in str(refused.value)
     assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == []
     torch.manual_seed(1)
     model = build_model(ModelSpec(n_features=2, hidden_dim=5, attention="dot")).eval()
@@ -307,3 +310,14 @@ def test_the_table_marks_rows_of_reported_figures_only_with_a_dash():
             make_row("texts b2", 5, "exact_match", 1.0, 0.95, at_least=True)]
     lines = format_quality(rows, QualityTolerance(), "int8").splitlines()[2:5]
     assert [line.split()[-1] for line in lines] == ["-", "NO", "yes"]  # was "yes" for the first: nothing judged
+
+
+def test_tolerances_named_by_model_kind_and_the_table_fits_long_case_names():
+    tol = QualityTolerance()
+    assert tol.judged("tokens") == "min_exact_match=0.99, min_token_agreement=0.99"
+    assert tol.judged("points") == "max_output_diff=0.05, max_attention_diff=0.05"
+    from export.quality_rows import QualityRow, format_quality
+    rows = [QualityRow(name, 32, "exact_match", 1.0, 0.99, True)
+            for name in ("texts", "texts one by one wide beam_graph5 and then some")]
+    lines = format_quality(rows, tol, "int8").splitlines()
+    assert len({line.index("32") for line in lines if " 32 " in line}) == 1  # the count column lines up

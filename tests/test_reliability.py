@@ -256,6 +256,10 @@ CLI_CASES: dict[str, Case] = {
     "verify --data not a zip": case("verify", "ckpt", "model", "--data", "text.npz", code=BAD_INPUT,
                                     says=("--data", "text.npz", "not an .npz")),
     "verify missing model": case("verify", "ckpt", "nope", code=USAGE, says=("MODEL_DIR", "nope", "does not exist")),
+    "verify missing checkpoint": case("verify", "nope", "ckpt", code=USAGE,
+                                      says=("Invalid value for CHECKPOINT", "'nope' does not exist")),
+    "verify an export as the checkpoint": case("verify", "model", "model", code=BAD_INPUT,
+                                               says=("'model' is an export", "not a training checkpoint")),
     "verify model not an export": case("verify", "ckpt", "userdata", code=BAD_INPUT, says=("userdata", "no manifest")),
     # infer: the flag that took the machine down, and outputs checked before work
     "infer --threads 10000": case(*INFER, "--input", "points.npy", "--threads", "10000", code=USAGE,

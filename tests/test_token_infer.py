@@ -127,6 +127,7 @@ def test_batch_size_chunks_decode_like_one_batch(models, runtime, tmp_path, deco
     chunked = cli(*args, "--batch-size", "2", "--output", tmp_path / "out.jsonl")
     assert chunked.returncode == 0, chunked.stderr
     assert "infer: 2 inputs decoded" in chunked.stderr and "infer: 9 inputs decoded" in chunked.stderr
+    assert chunked.stderr.count("inputs decoded") < 5  # of 5 batches: the first, the last, one every 2 s
     in_chunks = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["index"] for r in in_chunks] == list(range(9))
     options = dict(beam_size=3, num_hypotheses=2) if decoding else {}

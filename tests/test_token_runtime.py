@@ -68,6 +68,7 @@ def test_beam_n_best_and_seeded_sampling(token_export):
     ("one is one", {}, "wrap one text as [text]"),
     ((t for t in ["one"]), {}, "got <generator object .*>; pass them as a list"),
     ([""], {}, "texts[0]: expected a non-empty string"),
+    (["ok", "caf\udce9"], {}, "texts[1]: expected Unicode text, got a lone surrogate U.DCE9 at character 3"),
     (["one " * 2000], {}, "more than the 1024 allowed"),
     (["one"], {"beam": 3}, "unknown options ['beam']"),
     (["one"], {"beam_size": 3, "sampling_topk": 5}, "sampling needs beam_size 1"),

@@ -28,6 +28,7 @@ from runtime.contract import (
     CHECKPOINT_SPEC_FILE,
     CHECKPOINT_STATE_FILE,
     CHECKPOINT_WEIGHTS_FILE,
+    MANIFEST_FILE,
     VOCAB_FILES,
 )
 from runtime.destination import check_destination
@@ -147,6 +148,9 @@ def save_checkpoint(
 
 def _read_json(path: Path) -> Any:
     if not path.is_file():
+        if (path.parent / MANIFEST_FILE).is_file():  # the other mix-up is answered by runtime.manifest
+            raise CheckpointError(f"{str(path.parent)!r} is an export (it holds {MANIFEST_FILE}), not a training "
+                                  "checkpoint; pass the checkpoint directory it was exported from")
         raise CheckpointError(f"checkpoint file {str(path)!r} is missing; the directory is not a complete "
                               "seq2onnx checkpoint (train one with: seq2onnx train --out DIR)")
     try:
