@@ -37,13 +37,13 @@ class Net:
     LayerNormalization from ~64 rows up, so wide graphs write those three). `value_bias`: each attention's output
     bias moves into its values (`value_shift`), for graphs whose caches no other graph reads (the one-call
     graphs: a step graph's state must match the other step graphs'); not with int8 arithmetic
-    (DynamicQuantizeMatMul adds a bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the wide loop bodies and the wide
-    step graph), so a projection with a bias is one Gemm (onnxruntime fuses a Relu after it), not MatMul + Add.
-    `widen` (with int8): the same int8 weights, but float32 arithmetic: each is stored int8 with its column scales and
-    widened by a Cast and a Mul, which onnxruntime folds into a float32 constant when it loads the graph; for the
-    graphs of few rows, where quantizing the activations each call costs more than int8 products save (onnxruntime
-    1.32, 1 thread, Intel Xeon: DynamicQuantizeMatMul 1.4-2.9x a float32 Gemm's time at 1-5 rows of the dates
-    transformer's projections, 0.57-0.93x at 64-320)."""
+    (DynamicQuantizeMatMul adds a bias at no kernel's cost). `rows`: the decoder's stream is 2-D rows (B', E) (the
+    wide loop bodies and the wide step graph), so a projection with a bias is one Gemm (onnxruntime fuses a Relu
+    after it), not MatMul + Add. `widen` (with int8): the same int8 weights, but float32 arithmetic: each is stored
+    int8 with its column scales and widened by a Cast and a Mul, which onnxruntime folds into a float32 constant
+    when it loads the graph; for the graphs of few rows, where quantizing the activations each call costs more than
+    int8 products save (onnxruntime 1.32, 1 thread, Intel Xeon: DynamicQuantizeMatMul 1.4-2.9x a float32 Gemm's
+    time at 1-5 rows of the dates transformer's projections, 0.57-0.93x at 64-320)."""
 
     def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False,
                  value_bias: bool = False, rows: bool = False, widen: bool = False) -> None:
@@ -79,7 +79,7 @@ class Net:
 
     def matmul(self, x: str, w: torch.Tensor, b: torch.Tensor | None = None) -> str:
         """x (..., in) @ w (in, out) (+ b): MatMul (+ Add); 2-D rows with a bias: one Gemm; int8: one
-        DynamicQuantizeMatMul, its bias included."""
+        DynamicQuantizeMatMul, its bias included; widened int8: the float32 nodes over the widened weights."""
         if not self.int8 or self.widen:
             weight = self._widened(w) if self.widen else self.weight("w", w)
             if self.rows and b is not None:
