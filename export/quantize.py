@@ -90,8 +90,8 @@ def precision_entry(model_dir: Path, spec: ModelSpec, mode: str) -> dict[str, An
                         "with them"}
     if mode == INT8 and set(FAST_FILES.values()) & set(graphs):  # rebuilt from the weights, not converted
         common["fast_graphs"] = ("int8 weights in [-63, 63] with one scale per output column; the graphs for many "
-                                 "rows (wide_*, fast_beam, fast_encoder) multiply in int8 (DynamicQuantizeMatMul, "
-                                 "activations quantized per call), the graphs for few rows (fold_*, fast_greedy, "
+                                 "rows (wide_*, fast_encoder) multiply in int8 (DynamicQuantizeMatMul, activations "
+                                 "quantized per call), the graphs for few rows (fold_*, fast_greedy, fast_beam, "
                                  "fast_decoder_step) in float32 over the same weights, widened as a session loads "
                                  "them; the self-attention's Q/K/V projection (inside the Attention kernel) float32")
     if mode == INT8:

@@ -36,7 +36,7 @@ from .sessions import (
     session_io,
 )
 from .spec import ModelSpec
-from .token_steps import FoldedGraphs, Graphs, TokenSteps
+from .token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8, FoldedGraphs, Graphs, TokenSteps
 from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 
 FAST_NAMES = frozenset(FAST_FILES.values())
@@ -76,7 +76,7 @@ class Seq2Seq:
         self._greedy = (GreedyLoop(manifest.spec, runner(sessions[GREEDY_FILE], io[GREEDY_FILE][1], GREEDY_FILE,
                                                          io_binding, set(), device_id), loop_io, **eos)
                         if GREEDY_FILE in sessions else None)
-        fast = _fast_steps(manifest.spec, sessions, io_binding, device_id)
+        fast = _fast_steps(manifest.spec, sessions, io_binding, device_id, _int8(manifest.raw))
         beam_step = (runner(sessions[BEAM_STEP_FILE], io[BEAM_STEP_FILE][1], BEAM_STEP_FILE, io_binding,
                             {out for out in io[BEAM_STEP_FILE][1] if out in FEEDBACK}, device_id)
                      if BEAM_STEP_FILE in sessions else None)
@@ -202,8 +202,16 @@ class Seq2Seq:
         return f"Seq2Seq(path={str(self.path)!r}, attention={self.spec.attention!r}, providers={self.providers})"
 
 
-def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id: int) -> TokenSteps | None:
-    """A transformer's fast graphs as TokenSteps (with their greedy loop when loaded), or None without them."""
+def _int8(manifest: dict[str, Any]) -> bool:
+    """Whether an export's weights are int8 (its manifest's precision)."""
+    precision = manifest.get("precision")
+    return isinstance(precision, dict) and precision.get("weights") == "int8"
+
+
+def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id: int,
+                int8: bool = False) -> TokenSteps | None:
+    """A transformer's fast graphs as TokenSteps (with their greedy loop when loaded), or None without them; int8:
+    the wide beam graph from WIDE_BEAM_INPUTS_INT8 inputs."""
     if FAST_FILES["step"] not in sessions:
         return None
     io = fast_graph_io(spec)
@@ -224,7 +232,8 @@ def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id
     folded = (FoldedGraphs(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec))
               if {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]} <= set(sessions) else None)
     return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
-                      greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide, folded=folded)
+                      greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide, folded=folded,
+                      wide_beam_inputs=WIDE_BEAM_INPUTS_INT8 if int8 else WIDE_BEAM_INPUTS)
 
 
 def _model_dir(path: Any) -> Path:

@@ -34,6 +34,10 @@ WIDE_ROWS = 6
 # transformer, 1 thread: beam 5 at 1-16 inputs 0.90-0.96x the wide graph's time, level at 32-64; beam 2 level at
 # ~12); the wide greedy loop pads the batch to blocks of 4 inputs (0.98x the fast loop's time at 8, 0.77x at 16).
 WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS = 8, 16
+# ... and for an int8 export's beam graphs, whose wide one multiplies in int8 and the others in float32 (Net.widen):
+# dates transformer, beam 5, Intel Xeon, the wide graph against the plain one at 40 tokens 1.19x the time at 1
+# input, 1.09-1.10x at 2, 1.01x at 3, 0.93x at 4, 0.89x at 8; at 13 tokens 1.09x at 3, 1.02x at 4, 0.95x at 6.
+WIDE_BEAM_INPUTS_INT8 = 4
 # The widest beam the beam graphs run: an input's k beams read k * t cache slots each step through their ancestry
 # mask, k times the attention's arithmetic, so past 32 the step loop's beam search is faster (dates transformer,
 # batch 1-4, 40 tokens: the graph 0.66x its time at beam 16, 0.82x at 32, 1.06-1.09x at 64, 1.40x at 128).
@@ -52,7 +56,8 @@ class TokenSteps:
                  step_inputs: dict[str, Dims] | None = None, feedback: dict[str, str] | None = None,
                  fast: "TokenSteps | None" = None, beam: BeamGraph | None = None,
                  wide: "Graphs | None" = None, beam_step: Runner | None = None,
-                 contract: TokenContract | None = None, folded: "FoldedGraphs | None" = None) -> None:
+                 contract: TokenContract | None = None, folded: "FoldedGraphs | None" = None,
+                 wide_beam_inputs: int = WIDE_BEAM_INPUTS) -> None:
         self.contract = contract_for(spec, contract)  # special ids, how sources are read, limits
         inputs = self.contract.step["inputs"] if step_inputs is None else step_inputs
         self.spec = spec
@@ -64,6 +69,7 @@ class TokenSteps:
         self.wide = wide  # a step, greedy loop and beam graph over the same state, for many rows
         self.folded = folded  # the one-call graphs with the cross-attention folded, for calls of few source tokens
         self.always_wide = False  # a view (`only`) that runs the wide graphs whatever the rows
+        self.wide_beam_inputs = wide_beam_inputs  # inputs from which beam_graph picks the wide graph
         self.feedback = self.contract.feedback if feedback is None else feedback
         self.state_names = [name for name in inputs if name != PREVIOUS]
         self.batch_axes: BatchAxes = {name: inputs[name].index(BATCH) for name in self.state_names}
@@ -117,11 +123,11 @@ class TokenSteps:
 
     def beam_graph(self, inputs: int, source_len: int, beam_size: int) -> BeamGraph | None:
         """The beam search graph that decodes `inputs` inputs of `source_len` tokens fastest (the wide one from
-        WIDE_BEAM_INPUTS up, else the folded one where they fold), or None without one or for a beam wider than
+        wide_beam_inputs up, else the folded one where they fold), or None without one or for a beam wider than
         MAX_GRAPH_BEAM (the step loop's search is faster there)."""
         if beam_size > MAX_GRAPH_BEAM:
             return None
-        if self._wide(inputs, WIDE_BEAM_INPUTS):
+        if self._wide(inputs, self.wide_beam_inputs):
             return self.wide.beam
         return self.folded.beam if self._folds(inputs, source_len) else self.beam
 

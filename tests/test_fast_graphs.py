@@ -427,7 +427,7 @@ def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wid
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm):
-    """Where a graph writes Add + Add + LayerNormalization (the beam and wide greedy graphs, the encoder), int8's
+    """Where a graph writes Add + Add + LayerNormalization (the wide beam and greedy graphs, the encoder), int8's
     DynamicQuantizeMatMul takes the projection's bias itself: no bias Add after one, in the graph or a Loop body."""
     from export.tokens.beam import beam_model
     from export.tokens.fast import encoder_model, greedy_model
@@ -435,8 +435,8 @@ def test_int8_graphs_without_skip_norm_add_no_bias_after_a_quantized_matmul(norm
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32, norm=norm)
     torch.manual_seed(0)
     model = build_token_model(spec).eval()
-    for proto in (beam_model(model, spec, "", int8=True), greedy_model(model, spec, "", wide=True, int8=True),
-                  encoder_model(model, spec, "", int8=True)):
+    for proto in (beam_model(model, spec, "", wide=True, int8=True),
+                  greedy_model(model, spec, "", wide=True, int8=True), encoder_model(model, spec, "", int8=True)):
         quantized, bias_adds = 0, []
         for g in _graphs(proto.graph):
             weights = {w.name for w in g.initializer}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from collections import Counter
 from functools import partial
 
@@ -15,18 +16,20 @@ import pytest
 import torch
 
 from export.fused import subgraphs
+from export.quality_rows import QualityTolerance
 from export.tokens.beam import beam_model
 from export.tokens.fast import encoder_model, greedy_model, step_model
 from export.tokens.kernels import int8_columns
+from runtime.model import Seq2Seq
+from runtime.token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8
 from training.build import build_token_model
 
-from support.models import toy_token_spec
+from support.models import export_token_model, toy_token_spec
 
 WIDENED = {"fold_greedy": partial(greedy_model, fold=True), "fast_greedy": greedy_model,
-           "fold_beam": partial(beam_model, fold=True), "fast_decoder_step": step_model}
-QUANTIZED = {"wide_greedy": partial(greedy_model, wide=True), "fast_beam": beam_model,
-             "wide_beam": partial(beam_model, wide=True), "wide_decoder_step": partial(step_model, wide=True),
-             "fast_encoder": encoder_model}
+           "fold_beam": partial(beam_model, fold=True), "fast_beam": beam_model, "fast_decoder_step": step_model}
+QUANTIZED = {"wide_greedy": partial(greedy_model, wide=True), "wide_beam": partial(beam_model, wide=True),
+             "wide_decoder_step": partial(step_model, wide=True), "fast_encoder": encoder_model}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +96,7 @@ def _rounded(model: torch.nn.Module) -> torch.nn.Module:
     return rounded
 
 
-@pytest.mark.parametrize("name", ["fold_greedy", "fast_greedy", "fold_beam"])
+@pytest.mark.parametrize("name", ["fold_greedy", "fast_greedy", "fold_beam", "fast_beam"])
 def test_a_widened_graph_is_float32_arithmetic_over_the_int8_weights_bit_for_bit(toy, name):
     """Widened, an int8 graph decodes bit for bit as the float32 graph of the model with its weights rounded to
     those int8 weights (the output biases' shift and the folded cross-attention included), and not as the model's
@@ -123,3 +126,19 @@ def test_a_widened_graph_runs_the_float32_graphs_kernels(toy):
         ops = Counter(n.op_type for n in _nodes(widened.graph))
         ops.subtract({"Cast": count, "Mul": count})
         assert +ops == Counter(n.op_type for n in _nodes(plain.graph)), name
+
+
+def test_an_int8_export_runs_the_wide_beam_graph_from_fewer_inputs(tmp_path, transformer_export):
+    """int8's plain beam graph multiplies in float32 and its wide one in int8: the runtime switches at
+    WIDE_BEAM_INPUTS_INT8 inputs, a float32 export at WIDE_BEAM_INPUTS."""
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=1, max_positions=32)
+    loose = QualityTolerance(min_exact_match=0.0, min_token_agreement=0.0)  # untrained: only the switch matters
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        int8 = export_token_model(spec, tmp_path / "int8", quantize="int8", quality_tol=loose).path
+    for path, threshold in ((int8, WIDE_BEAM_INPUTS_INT8), (transformer_export.path, WIDE_BEAM_INPUTS)):
+        fast = Seq2Seq.load(path, provider="cpu").token_steps.fast
+        assert fast.wide_beam_inputs == threshold
+        picked = [fast.beam_graph(inputs, 4, 5) for inputs in (threshold - 1, threshold)]
+        assert picked[0] is not fast.wide.beam and picked[1] is fast.wide.beam
+    assert WIDE_BEAM_INPUTS_INT8 < WIDE_BEAM_INPUTS

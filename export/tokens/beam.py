@@ -180,13 +180,14 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, wide
 def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
                int8: bool = False, fold: bool = False) -> onnx.ModelProto:
     """The beam search graph, declared as `optional_graphs.fast_graph_io(spec)["beam"]`; fold: with the
-    cross-attention folded (export.tokens.fold), for small calls, which int8 computes in float32 over its int8
-    weights (Net.widen; dates transformer, beam 5, batch 1: 0.945x the time of int8 arithmetic; not the plain
-    graph, whose 2-15 inputs make 10-75 rows: 1.077x at batch 8)."""
+    cross-attention folded (export.tokens.fold), for small calls. int8 computes the graphs for few inputs in float32
+    over its int8 weights (Net.widen; dates transformer, beam 5, 20 steps: folded at batch 1 0.935x the time of int8
+    arithmetic, plain at 40 tokens 0.935x at batch 1 and 0.956x at 2, 1.03x at 3), and runs the wide graph from
+    runtime.token_steps.WIDE_BEAM_INPUTS_INT8 inputs up."""
     from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]
-    net = Net(skip_norm=False, int8=int8, value_bias=True, widen=fold)  # the one call's caches are its own
+    net = Net(skip_norm=False, int8=int8, value_bias=True, widen=not wide)  # the one call's caches are its own
     outer = Outer(net, model, spec, wide)
     first = _first(net, outer, spec)
 
@@ -195,7 +196,7 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
         outer.attend = AncestryFolded(outer.lengths32, STEP_MASK)
         outer.cross = fold_cross(net, model, spec, outer.cross, outer.lengths32)
     outs = net.op("Loop", ["max_length", _c(net, "true", True, bool), *first], len(first),
-                  body=_body(model, spec, outer, int8, widen=fold))
+                  body=_body(model, spec, outer, int8, widen=not wide))
     for name, value in zip(("scores", "log_probs", "tokens", "lengths"), outs[4:8]):
         net.op("Identity", [value], [name])
     types = {**TYPES, "length_penalty": DOUBLE, "scores": DOUBLE, "log_probs": DOUBLE}
