@@ -19,7 +19,7 @@ from export.fused import subgraphs
 from export.quality_rows import QualityTolerance
 from export.tokens.beam import beam_model
 from export.tokens.fast import encoder_model, greedy_model, step_model
-from export.tokens.kernels import int8_columns
+from export.tokens.int8 import int8_columns
 from runtime.model import Seq2Seq
 from runtime.token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8
 from training.build import build_token_model

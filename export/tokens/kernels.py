@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime.spec import ModelSpec
 from training.tokens.transformer import Decoder, Encoder, MultiHeadAttention, Residual, TransformerSeq2Seq
 
+from .int8 import int8_columns, widened_linear
 from .shift import value_shift
 
 if TYPE_CHECKING:
@@ -100,15 +101,7 @@ class Net:
         """The layer as this graph multiplies by it: its int8 weights widened to float32 where `widen` (as
         `_widened` makes them in the graph), for the products written from weights outside `matmul` (the folded
         cross-attention) and the value shift solved against them; else the layer itself."""
-        if not self.widen:
-            return layer
-        q, scale = int8_columns(layer.weight.detach().cpu().numpy().T)
-        widened = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
-        with torch.no_grad():
-            widened.weight.copy_(torch.from_numpy((q.astype(np.float32) * scale).T))
-            if layer.bias is not None:
-                widened.bias.copy_(layer.bias.detach())
-        return widened
+        return widened_linear(layer) if self.widen else layer
 
     def linear(self, x: str, layer: torch.nn.Linear, bias: bool = True) -> str:
         """x (..., in) -> x W^T (+ b) (..., out)."""
@@ -143,15 +136,6 @@ class Net:
         """attention's value bias (d_model,), its output bias moved in where `shift` says."""
         shift = self.shift(attention)
         return attention.values.bias if shift is None else attention.values.bias + shift
-
-
-INT8_MAX = 63  # 7-bit weights, as export.quantize's reduce_range: u8 x s8 sums cannot saturate without VNNI
-
-
-def int8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """w (in, out) float -> int8 weights in [-63, 63] and one scale per output column (symmetric)."""
-    scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / INT8_MAX  # (out,)
-    return np.clip(np.round(w / scale), -INT8_MAX, INT8_MAX).astype(np.int8), scale.astype(np.float32)
 
 
 class Stream:
