@@ -96,8 +96,9 @@ def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | Non
     for i, text in enumerate(texts):
         offset = undecoded(text)
         if offset is not None:  # the shell's bytes were not UTF-8: Python kept each bad byte as a lone surrogate
-            raise click.UsageError(f"--text #{i + 1}: not UTF-8 (byte {ord(text[offset]) - 0xDC00:#04x} at "
-                                   f"character {offset}); give UTF-8 text, as --input requires of files")
+            at = len(text[:offset].encode("utf-8", "surrogateescape"))  # a byte offset, as --input's
+            raise click.UsageError(f"--text #{i + 1}: not UTF-8 (byte {ord(text[offset]) - 0xDC00:#04x} at offset "
+                                   f"{at}); give UTF-8 text, as --input requires")
 
 
 def decoding_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:

@@ -233,7 +233,9 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
         raise QualityError(f"the {mode} export loses more than the tolerance ({tol.judged(spec.kind)}) against its "
                            f"float32 graphs in {len(failed)} of {sum(r.limit is not None for r in rows)} checks; "
                            "nothing was written. Publish it anyway with --accept-quality-loss (export_model's "
-                           f"accept_quality_loss=True), or loosen the tolerance:\n{shown}")
+                           "accept_quality_loss=True), or loosen the tolerance ("
+                           f"{', '.join('--' + n.replace('_', '-') for n in tol.names(spec.kind))}; export_model's "
+                           f"quality_tol):\n{shown}")
     if failed:
         checks = f"{len(failed)} check{'' if len(failed) == 1 else 's'}"
         warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol.judged(spec.kind)}) in {checks}; "

@@ -47,11 +47,15 @@ class QualityTolerance:
     def __str__(self) -> str:
         return ", ".join(f"{k}={v:g}" for k, v in asdict(self).items())
 
-    def judged(self, kind: str) -> str:
+    @staticmethod
+    def names(kind: str) -> tuple[str, str]:
         """The tolerances that judge a model of `kind` ('points': differences; 'tokens': agreement rates)."""
-        names = ("max_output_diff", "max_attention_diff") if kind == "points" else ("min_exact_match",
-                                                                                   "min_token_agreement")
-        return ", ".join(f"{name}={getattr(self, name):g}" for name in names)
+        return ("max_output_diff", "max_attention_diff") if kind == "points" else ("min_exact_match",
+                                                                                  "min_token_agreement")
+
+    def judged(self, kind: str) -> str:
+        """`names(kind)` with their values."""
+        return ", ".join(f"{name}={getattr(self, name):g}" for name in self.names(kind))
 
 
 @dataclass(frozen=True)

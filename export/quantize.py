@@ -45,6 +45,7 @@ MODES = (FP16, INT8)
 # Ops whose weights int8 quantizes; onnxruntime has no dynamically quantized GRU (it stays float32).
 INT8_OP_TYPES = ("MatMul", "Gather", "LSTM")
 # What an int8 graph must contain for its quantization to have happened at all.
+WIDENED = "Cast (int8 weights widened to float32)"  # quantized_ops' name for a widened weight
 QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "DynamicQuantizeLinear",
                  "DequantizeLinear")  # the last: an int8 embedding table (Gather), widened after the lookup
 FP16_MAX = 65504.0  # largest finite float16: constants beyond it (a -1e9 mask fill) are clamped to it, not to inf
@@ -95,11 +96,13 @@ def precision_entry(model_dir: Path, spec: ModelSpec, mode: str) -> dict[str, An
                                  "fast_decoder_step) in float32 over the same weights, widened as a session loads "
                                  "them; the self-attention's Q/K/V projection (inside the Attention kernel) float32")
     if mode == INT8:
-        return {**common, "activations": "uint8, quantized per call (dynamic)", "per_channel": False,
+        return {**common, "activations": "uint8, quantized per call (dynamic), where a graph multiplies in int8",
+                "per_channel": False,
                 "reduce_range": True, "tool": f"onnxruntime.quantization.quantize_dynamic "
                 f"(onnxruntime {metadata.version('onnxruntime')})",
                 "quantized_ops": {name: quantized_ops(g) for name, g in graphs.items()},
-                "target": "CPU: MatMulInteger (u8 x s8, 7-bit weights: no saturation without VNNI)"}
+                "target": "CPU: MatMulInteger and DynamicQuantizeMatMul (u8 x s8, 7-bit weights: no saturation "
+                          "without VNNI)"}
     return {**common, "activations": "float16", "tool": f"onnxconverter-common "
             f"{metadata.version('onnxconverter-common')} float16.convert_float_to_float16",
             "target": "CUDA; onnxruntime's CPU provider also runs it (nodes without a float16 CPU kernel in float32)"}
@@ -141,11 +144,15 @@ def check_loads(model_dir: Path, mode: str) -> None:
 
 
 def quantized_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, int]:
-    """How many nodes of each quantized op type a graph holds, subgraphs (a Loop's body) included."""
+    """How many nodes of each quantized op type a graph holds, subgraphs (a Loop's body) included; int8 weights that
+    a graph widens to float32 (a Cast of an int8 initializer, export.tokens.kernels.Net.widen) count as WIDENED."""
+    graph = model.graph if isinstance(model, onnx.ModelProto) else model
+    int8 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
     counts: dict[str, int] = {}
-    for node in (model.graph if isinstance(model, onnx.ModelProto) else model).node:
-        if node.op_type in QUANTIZED_OPS:
-            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    for node in graph.node:
+        op = WIDENED if node.op_type == "Cast" and node.input[0] in int8 else node.op_type
+        if op in QUANTIZED_OPS or op == WIDENED:
+            counts[op] = counts.get(op, 0) + 1
         for attr in node.attribute:
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
                 for op, n in quantized_ops(sub).items():

@@ -71,8 +71,8 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InputError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); "
-                             "save the file as UTF-8") from None
+            fix = "send UTF-8 text" if stream is sys.stdin.buffer else "save the file as UTF-8"
+            raise InputError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); {fix}") from None
         yield Item(i, text.removesuffix("\n").removesuffix("\r"), where)
 
 

@@ -159,3 +159,11 @@ def test_verify_refuses_a_mismatched_pair(pipeline, tmp_path):
     other = tmp_path / "other"
     assert cli("train", "--epochs", "1", "--attention", "none", "--out", other, "--quiet").returncode == 0
     assert_user_error(cli("verify", other, model), "cannot be compared")
+    # the same spec trained again (other weights) under the checkpoint's own name: the pair is the suspect
+    again = tmp_path / "again" / ckpt.name
+    retrained = cli("train", "--epochs", "1", "--hidden-dim", "4", "--seed", "7", "--out", again, "--quiet",
+                    "--threads", "1")
+    assert retrained.returncode == 0, retrained.stderr
+    mixed = cli("verify", again, model)
+    assert_user_error(mixed, "the two are not a pair")
+    assert "trained again" in mixed.stderr and "tighter than an export" not in mixed.stderr

@@ -217,6 +217,7 @@ def test_loss_beyond_tolerance_is_refused_unless_accepted(tmp_path):
     # the tolerances that judge a point model, and the command line's flag first
     assert "(max_output_diff=0, max_attention_diff=0.05)" in str(refused.value)
     assert "min_exact_match" not in str(refused.value) and "with --accept-quality-loss" in str(refused.value)
+    assert "(--max-output-diff, --max-attention-diff; export_model's quality_tol)" in str(refused.value)
     assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == []
     torch.manual_seed(1)
     model = build_model(ModelSpec(n_features=2, hidden_dim=5, attention="dot")).eval()

@@ -131,8 +131,8 @@ CLI_CASES: dict[str, Case] = {
     "infer token model, no input": case(*TOK, code=USAGE, says=("token model", "--text", "--input")),
     # infer: bad texts and options
     "infer --text blank": case(*TOK, "--text", " ", code=USAGE, says=("--text #1", "blank")),
-    "infer --text not UTF-8": case(*TOK, "--text", "3/3/15", "--text", "caf\udce9", "--plot", "att.png",
-                                   code=USAGE, says=("--text #2", "not UTF-8 (byte 0xe9 at character 3)")),
+    "infer --text not UTF-8": case(*TOK, "--text", "3/3/15", "--text", "\u00e9t\u00e9 caf\udce9", "--plot", "att.png",
+                                   code=USAGE, says=("--text #2", "not UTF-8 (byte 0xe9 at offset 9)")),
     "infer over-long line": case(*TOK, "--input", "long.txt", code=BAD_INPUT, says=("long.txt", "line 1", "1024")),
     "infer not UTF-8": case(*TOK, "--input", "latin1.txt", code=BAD_INPUT, says=("latin1.txt", "line 1", "UTF-8")),
     "infer --beam 0": case(*TOK, *TEXT, "--beam", "0", code=USAGE, says=("--beam", "0")),

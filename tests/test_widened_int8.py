@@ -17,6 +17,8 @@ import torch
 
 from export.fused import subgraphs
 from export.quality_rows import QualityTolerance
+from export.quantize import WIDENED as WIDENED_WEIGHTS
+from export.quantize import quantized_ops
 from export.tokens.beam import beam_model
 from export.tokens.fast import encoder_model, greedy_model, step_model
 from export.tokens.int8 import int8_columns
@@ -68,6 +70,7 @@ def test_graphs_for_few_rows_widen_their_int8_weights_and_the_others_quantize_ac
         ops = [n.op_type for n in _nodes(proto.graph)]
         # the decoder: per layer the self-attention's output projection and the FFN's two, then the output layer
         assert "DynamicQuantizeMatMul" not in ops and _widened_products(proto) >= 3 * spec.layers + 1, name
+        assert quantized_ops(proto) == {WIDENED_WEIGHTS: _widened_products(proto)}, name  # the manifest's count
         assert _widened_products(build(model, spec, "")) == 0, name  # float32 exports store float32 weights
     for name, build in QUANTIZED.items():
         proto = build(model, spec, "", int8=True)
