@@ -32,9 +32,10 @@ from .graphs import MAX_OPSET, MIN_OPSET, export_fast, export_graphs, export_gre
 from .kinds import KINDS
 from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, raise_on_failure, report
+from .precision import precision_entry
 from .quality import quality_report
 from .quality_rows import QualityError, QualityRow, QualityTolerance, failures, quality_summary
-from .quantize import check_loads, convert_graphs, precision_entry
+from .quantize import check_loads, convert_graphs
 
 
 class QualityLossWarning(UserWarning):

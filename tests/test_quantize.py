@@ -17,9 +17,10 @@ from cli.export import export_command, verify_command
 from export.api import QualityLossWarning, export_model, precision_mode
 from export.graphs import export_graphs
 from export.manifest import build_manifest, write_manifest
+from export.precision import QUANTIZED_OPS
 from export.quality import ONE_BY_ONE, token_agreement, token_quality
 from export.quality_rows import QualityError, QualityTolerance
-from export.quantize import QUANTIZED_OPS, convert_graphs, gemm_as_matmul
+from export.quantize import convert_graphs, gemm_as_matmul
 from runtime import Seq2Seq
 from runtime.contract import (
     DECODER_STEP_FILE,

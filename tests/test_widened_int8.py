@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from export.fused import subgraphs
+from export.precision import WIDENED as WIDENED_WEIGHTS
+from export.precision import quantized_ops
 from export.quality_rows import QualityTolerance
-from export.quantize import WIDENED as WIDENED_WEIGHTS
-from export.quantize import quantized_ops
 from export.tokens.beam import beam_model
 from export.tokens.fast import encoder_model, greedy_model, step_model
 from export.tokens.int8 import int8_columns
