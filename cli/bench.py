@@ -248,7 +248,7 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
                         first.vocabularies.get("source"), warmup, repeats)
     torch_version = None if eager is None else eager.torch_version
     doc = {"format": FORMAT, "model_dir": str(model_dir), "checkpoint": None if checkpoint is None else str(checkpoint),
-           "kind": spec.kind, "spec": spec.to_dict(),
+           "kind": spec.kind, "spec": spec.to_dict(), "precision": manifest.precision,
            "setup": {"onnxruntime": ort.__version__, "torch": torch_version, "numpy": np.__version__,
                      "python": platform.python_version(), "machine": platform.machine(), "cpus": max_threads(),
                      "warmup": warmup, "repeats": repeats},
@@ -269,7 +269,7 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
     else:
         setup = doc["setup"]
         torch = f", torch {setup['torch']}" if setup["torch"] else " (no --checkpoint: onnxruntime only)"
-        click.echo(f"{model_dir}: {describe_model(spec)}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
+        click.echo(f"{model_dir}: {describe_model(spec, doc['precision'])}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
                    f"{setup['repeats']} after {setup['warmup']} warm-up; floor = 'calls' session.run() calls of an "
                    "Identity graph; speed-up = torch / ort")
         click.echo(format_table(doc))
@@ -280,6 +280,6 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
         write_atomically(json_path, lambda f: f.write(text.encode("utf-8")), force)
         click.echo(f"wrote {json_path}", err=True)
     if plot_path:
-        title = f"{model_dir}: {describe_model(spec)}"
+        title = f"{model_dir}: {describe_model(spec, doc['precision'])}"
         write_atomically(plot_path, lambda f: plot_latency(doc["cells"], title, f), force)
         click.echo(f"wrote {plot_path}", err=True)

@@ -7,6 +7,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from .defaults import FP32
+
 CPUINFO = Path("/proc/cpuinfo")
 
 
@@ -58,14 +60,16 @@ def progress(record: dict[str, Any]) -> str:
     return line
 
 
-def describe_model(spec: Any) -> str:
-    """'tokens model: gru, hidden 128, dot attention' (or a transformer's d_model and layers)."""
+def describe_model(spec: Any, precision: str = FP32) -> str:
+    """'tokens model: gru, hidden 128, dot attention' (or a transformer's d_model and layers), and ', int8 weights'
+    (or fp16) where the export was converted."""
+    weights = "" if precision == FP32 else f", {precision} weights"
     if spec.is_declared:
         return (f"declared tokens model (its own architecture; vocabularies {spec.source_vocab_size} and "
-                f"{spec.target_vocab_size})")
+                f"{spec.target_vocab_size}){weights}")
     body = f"transformer d_model {spec.d_model}, {spec.layers}+{spec.layers} layers" if spec.is_transformer else (
         f"{spec.cell}, hidden {spec.hidden_dim}, {spec.attention} attention")
-    return f"{spec.kind} model: {body}"
+    return f"{spec.kind} model: {body}{weights}"
 
 
 def format_table(doc: dict[str, Any]) -> str:

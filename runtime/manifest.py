@@ -22,6 +22,7 @@ from .contract import (
     graph_io,
 )
 from .declared import ContractError, TokenContract
+from .defaults import FP32
 from .errors import ManifestError, Seq2OnnxError, brief
 from .optional_graphs import optional_graph_io
 from .spec import ModelSpec, SpecError
@@ -56,6 +57,12 @@ class Manifest:
     raw: dict[str, Any]
     vocabularies: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)  # token models: side -> entry
     contract: TokenContract | None = None  # token models: what the graphs take and give (runtime.declared)
+
+    @property
+    def precision(self) -> str:
+        """The export's weights: 'fp32', or 'int8' / 'fp16' where the manifest records a conversion."""
+        entry = self.raw.get("precision")
+        return entry.get("weights", FP32) if isinstance(entry, dict) else FP32
 
 
 def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError],

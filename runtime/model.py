@@ -20,6 +20,7 @@ from .contract import (
     SPEC_KEY,
 )
 from .declared import TokenContract
+from .defaults import INT8
 from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .fused import BeamGraph, GreedyLoop
@@ -76,7 +77,7 @@ class Seq2Seq:
         self._greedy = (GreedyLoop(manifest.spec, runner(sessions[GREEDY_FILE], io[GREEDY_FILE][1], GREEDY_FILE,
                                                          io_binding, set(), device_id), loop_io, **eos)
                         if GREEDY_FILE in sessions else None)
-        fast = _fast_steps(manifest.spec, sessions, io_binding, device_id, _int8(manifest.raw))
+        fast = _fast_steps(manifest.spec, sessions, io_binding, device_id, manifest.precision == INT8)
         beam_step = (runner(sessions[BEAM_STEP_FILE], io[BEAM_STEP_FILE][1], BEAM_STEP_FILE, io_binding,
                             {out for out in io[BEAM_STEP_FILE][1] if out in FEEDBACK}, device_id)
                      if BEAM_STEP_FILE in sessions else None)
@@ -200,12 +201,6 @@ class Seq2Seq:
 
     def __repr__(self) -> str:
         return f"Seq2Seq(path={str(self.path)!r}, attention={self.spec.attention!r}, providers={self.providers})"
-
-
-def _int8(manifest: dict[str, Any]) -> bool:
-    """Whether an export's weights are int8 (its manifest's precision)."""
-    precision = manifest.get("precision")
-    return isinstance(precision, dict) and precision.get("weights") == "int8"
 
 
 def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id: int,

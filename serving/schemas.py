@@ -76,6 +76,7 @@ class ModelInfo(BaseModel):
     kind: str
     spec: dict[str, Any]
     export_id: str
+    precision: str = Field(description="the export's weights: fp32, int8 or fp16")
     vocabulary_size: Optional[dict[str, int]] = Field(None, description="token models: source and target")
     providers: list[str]
     threads: int

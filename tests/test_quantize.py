@@ -323,3 +323,13 @@ def test_tolerances_named_by_model_kind_and_the_table_fits_long_case_names():
             for name in ("texts", "texts one by one wide beam_graph5 and then some")]
     lines = format_quality(rows, tol, "int8").splitlines()
     assert len({line.index("32") for line in lines if " 32 " in line}) == 1  # the count column lines up
+
+
+def test_an_exports_precision_is_read_from_its_manifest_and_named_by_bench(points):
+    from runtime.bench_report import describe_model
+    from runtime.manifest import read_manifest
+
+    fp32, int8 = read_manifest(points["fp32"]), read_manifest(points["int8"])
+    assert (fp32.precision, int8.precision) == ("fp32", "int8")
+    assert describe_model(int8.spec, int8.precision).endswith("dot attention, int8 weights")
+    assert "weights" not in describe_model(fp32.spec, fp32.precision)

@@ -95,6 +95,7 @@ def assert_same_translations(got: list[list[dict]], want: list[list[Any]]) -> No
 def test_model_info_health_and_docs(served: Served, dates: Seq2Seq) -> None:
     info = served.client.get("/tokens/v1/model").json()
     assert info["kind"] == "tokens" and info["export_id"] == dates.manifest.export_id
+    assert info["precision"] == "fp32"
     assert info["vocabulary_size"] == {"source": len(dates.vocabularies["source"]),
                                        "target": len(dates.vocabularies["target"])}
     assert info["providers"][0] == "CPUExecutionProvider" and info["threads"] == 1
