@@ -269,7 +269,8 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
     else:
         setup = doc["setup"]
         torch = f", torch {setup['torch']}" if setup["torch"] else " (no --checkpoint: onnxruntime only)"
-        click.echo(f"{model_dir}: {describe_model(spec, doc['precision'])}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
+        described = describe_model(spec, doc["precision"])
+        click.echo(f"{model_dir}: {described}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
                    f"{setup['repeats']} after {setup['warmup']} warm-up; floor = 'calls' session.run() calls of an "
                    "Identity graph; speed-up = torch / ort")
         click.echo(format_table(doc))

@@ -100,14 +100,16 @@ def format_quality(rows: list[QualityRow], tol: QualityTolerance, mode: str) -> 
         by_case.setdefault(row.case, {})[row.metric] = row
     widths = [max(len(HEADERS.get(m, m)), 10) + 2 for m in metrics]
     first = max([26, len(mode) + 8] + [len(case) for case in by_case])  # the case column: its longest name
-    head = f"{mode + ' vs fp32':<{first}} {'n':>5}" + "".join(f"{HEADERS.get(m, m):>{w}}" for m, w in zip(metrics, widths))
+    head = f"{mode + ' vs fp32':<{first}} {'n':>5}" + "".join(f"{HEADERS.get(m, m):>{w}}"
+                                                              for m, w in zip(metrics, widths))
     lines = [head + "  ok", "-" * (len(head) + 4)]
     for case, cells in by_case.items():
         shown = [_cell(cells[m]) if m in cells else "" for m in metrics]
         count = next(iter(cells.values())).count
         judged = any(c.limit is not None for c in cells.values())
         ok = "NO" if not all(c.ok for c in cells.values()) else "yes" if judged else "-"  # '-': reported only
-        lines.append(f"{case:<{first}} {count:>5}" + "".join(f"{s:>{w}}" for s, w in zip(shown, widths)) + f"  {ok}")
+        lines.append(f"{case:<{first}} {count:>5}" + "".join(f"{s:>{w}}" for s, w in zip(shown, widths))
+                     + f"  {ok}")
     limits = {r.metric: r.limit for r in rows if r.limit is not None}
     rules = [f"{HEADERS.get(m, m)} ({m}) {'>=' if m in ('exact_match', 'token_agreement') else '<='} {lim:g}"
              for m, lim in limits.items()]

@@ -61,8 +61,9 @@ async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
 
 
 async def _too_large(send: Send, given: str, limit: int) -> None:
-    body = json.dumps({"error": f"request body: at most {limit} bytes (serve --max-body-bytes), got {given} "
-                                "bytes; send fewer items per request"}, separators=(",", ":")).encode()  # as JSONResponse
+    error = (f"request body: at most {limit} bytes (serve --max-body-bytes), got {given} bytes; send fewer items "
+             "per request")
+    body = json.dumps({"error": error}, separators=(",", ":")).encode()  # compact, as JSONResponse writes it
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
