@@ -193,6 +193,8 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
                                 quantize=quantize, dtype=dtype, quality_tol=quality_tol,
                                 accept_quality_loss=accept_quality_loss,
                                 on_quality=lambda rows: click.echo(format_quality(rows, quality_tol, mode)))
+    except UsageError as exc:  # options that contradict the model (a tolerance of the other kind)
+        raise click.UsageError(str(exc)) from None
     except input_errors() as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:  # a full disk, a file system that takes no new files: the staging copy is gone already

@@ -165,6 +165,8 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
             mode: str, quality_tol: QualityTolerance, accept_quality_loss: bool, quality_data: Any,
             on_quality: Callable[[list[QualityRow]], None] | None) -> Path:
     model, spec, described = load_source(source)
+    if mode != FP32:
+        quality_tol.check_kind(spec.kind)  # before any graph is written
     vocabularies = source_vocabularies(source, spec, vocabularies)
     contract = model.contract if isinstance(model, Adapted) else None
     export_id = uuid.uuid4().hex

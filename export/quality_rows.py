@@ -13,6 +13,7 @@ from runtime.defaults import (
     MIN_EXACT_MATCH,
     MIN_TOKEN_AGREEMENT,
 )
+from runtime.errors import UsageError
 
 from .errors import ExportError
 
@@ -52,6 +53,18 @@ class QualityTolerance:
         """The tolerances that judge a model of `kind` ('points': differences; 'tokens': agreement rates)."""
         return ("max_output_diff", "max_attention_diff") if kind == "points" else ("min_exact_match",
                                                                                   "min_token_agreement")
+
+    def check_kind(self, kind: str) -> None:
+        """UsageError where a tolerance that judges the other kind of model was moved from its default: it would
+        change nothing (a token model is judged by agreement rates, a point model by differences)."""
+        other = self.names("tokens" if kind == "points" else "points")
+        moved = [n for n in other if getattr(self, n) != getattr(QualityTolerance, n)]
+        if moved:
+            flags = ", ".join("--" + n.replace("_", "-") for n in self.names(kind))
+            shown = ", ".join(f"{n}={getattr(self, n):g} (--{n.replace('_', '-')})" for n in moved)
+            raise UsageError(f"quality tolerance {shown} judges {'token' if kind == 'points' else 'point'} models; "
+                             f"this is a {'point' if kind == 'points' else 'token'} model, judged by "
+                             f"{', '.join(self.names(kind))} ({flags}): drop it or set those")
 
     def judged(self, kind: str) -> str:
         """`names(kind)` with their values."""

@@ -31,12 +31,14 @@ from runtime.contract import (
     graph_io,
 )
 from runtime.defaults import DEFAULT_OPSET
+from runtime.errors import UsageError
 from runtime.spec import ModelSpec
 from training.build import build_model
 
 from support.models import export_token_model, torch_threads, toy_token_spec
 
 SQUARES = Path(__file__).resolve().parent.parent / "artifacts" / "squares-checkpoint"
+DATES = SQUARES.parent / "dates-checkpoint"
 HIDDEN = 48  # large enough that int8 weights outweigh the quantization parameters they add
 QUALITY_ATOL = 0.05  # the int8 decode vs float32, relative to the outputs' scale: MAX_OUTPUT_DIFF
 # An untrained token model's log-probs are near-uniform: precision flips its argmax near-ties (int8 LSTM: 97% of
@@ -263,6 +265,11 @@ BAD_OPTIONS = [
     (["--dtype", "fp16", "--max-attention-diff", "nan"], "'--max-attention-diff'"),
     (["--accept-quality-loss"], "--accept-quality-loss only applies"),
     (["--min-token-agreement", "0.5"], "--min-token-agreement only applies"),
+    # a tolerance that judges the other kind of model would change nothing: refused once the model's kind is read
+    (["--quantize", "int8", "--min-exact-match", "0.5"], "min_exact_match=0.5 (--min-exact-match) judges token "
+                                                         "models; this is a point model"),
+    (["--dtype", "fp16", "--min-token-agreement", "0.9", "--max-output-diff", "0.1"],
+     "min_token_agreement=0.9 (--min-token-agreement) judges token models"),
 ]
 
 
@@ -271,6 +278,20 @@ def test_cli_usage_errors(tmp_path, args, message):
     result = CliRunner().invoke(export_command, [str(SQUARES), "--out", str(tmp_path / "out"), *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_point_tolerance_for_a_token_model_is_refused_before_any_work(tmp_path):
+    result = CliRunner().invoke(export_command, [str(DATES), "--out", str(tmp_path / "out"), "--quantize", "int8",
+                                                 "--max-attention-diff", "0.2"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert ("max_attention_diff=0.2 (--max-attention-diff) judges point models; this is a token model, judged by "
+            "min_exact_match, min_token_agreement (--min-exact-match, --min-token-agreement)") in result.output
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UsageError, match="max_output_diff=0.5 .* judges point models"):
+        export_model(DATES, tmp_path / "api", quantize="int8", quality_tol=QualityTolerance(max_output_diff=0.5))
+    assert not (tmp_path / "api").exists()
+    QualityTolerance(min_exact_match=0.5).check_kind("tokens")  # its own kind's tolerances pass
+    QualityTolerance(max_output_diff=0.5).check_kind("points")
 
 
 def test_cli_int8_export_refusal_and_verify(tmp_path):

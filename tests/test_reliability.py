@@ -248,6 +248,9 @@ CLI_CASES: dict[str, Case] = {
     "verify --drift-atol inf": case("verify", "ckpt", "model", "--drift-atol", "inf", code=USAGE,
                                     says=("--drift-atol", "finite", "'inf'")),
     "export --atol -1": case("export", "ckpt", "--out", "m", "--atol", "-1", code=USAGE, says=("--atol", "-1")),
+    "export a token bar for a point model": case("export", "ckpt", "--out", "m", "--quantize", "int8",
+                                                 "--min-exact-match", "0.5", code=USAGE,
+                                                 says=("--min-exact-match", "judges token models", "point model")),
     # verify
     "verify --data missing": case("verify", "ckpt", "model", "--data", "missing.npz", code=USAGE,
                                   says=("--data", "missing.npz", "does not exist")),
