@@ -1,7 +1,7 @@
 """seq2onnx against CTranslate2 on the same transformer: outputs cross-checked token for token, then decode times.
 
     python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 24] [--batches 1,64] [--beams 1,5]
-                                   [--threads 1,2] [--instances 3] [--json OUT.json] [--plot OUT.png] [--force]
+                                   [--threads 1,2] [--workers 1,2] [--instances 3] [--json OUT.json] [--plot OUT.png] [--force]
 
 CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported twice through the public API
 (`export_model`: float32, and `quantize="int8"` as `seq2onnx export --quantize int8`; whatever graphs the export
@@ -18,7 +18,11 @@ hypothesis on both sides (min = max = --steps; checked on the warm-up outputs). 
 precision x thread count: seq2onnx `Seq2Seq.load(dir, threads=t).translate_batch(texts, ...)` (text in, text out)
 and CT2 `Translator(dir, device="cpu", compute_type=..., intra_threads=t, inter_threads=1).translate_batch(tokens,
 ...)` (tokens in, tokens out; with --ct2-text, text in and text out as ours: the call also splits the texts with
-the model's vocabulary and joins the output tokens). Each decoder is loaded --instances times (copies made in turn,
+the model's vocabulary and joins the output tokens). --workers W > 1 adds a data-parallel decoder a side, W copies of
+1 thread each: ours `Seq2Seq.load(dir, threads=1, workers=W)` (runtime.workers: it splits calls of 2 x SPLIT_ROWS
+rows or more), CT2 `Translator(..., intra_threads=1, inter_threads=W).translate_batch(..., max_batch_size=ceil(batch
+/ W))`, which hands the chunks to its W workers at once. Configurations read "1t" (threads) or "2w" (workers). Each
+decoder is loaded --instances times (copies made in turn,
 ours and CTranslate2's): two sessions of one graph ran up to ~10% apart, each keeping its speed for the whole run,
 so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances (N). After
 WARMUP untimed calls of every copy, --repeats rounds run every decoder in turn (in reverse order in rounds N..2N-1,
@@ -26,9 +30,9 @@ WARMUP untimed calls of every copy, --repeats rounds run every decoder in turn (
 each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for every decoder of a
 case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a service under load
 runs it, not right after seven other decoders evicted it.
-Figures are medians; each side is reported at its best thread count; ratio = seq2onnx / CT2 (> 1: seq2onnx is
-slower). "paired" is the median over rounds of the two sides' ratio within a round (each at its best thread
-count), samples taken tens of milliseconds apart: a shared machine's slow and fast phases, which last seconds, move
+Figures are medians; each side is reported at its best configuration; ratio = seq2onnx / CT2 (> 1: seq2onnx is
+slower). "paired" is the median over rounds of the two sides' ratio within a round (each at its best
+configuration), samples taken tens of milliseconds apart: a shared machine's slow and fast phases, which last seconds, move
 both samples of a round alike and cancel there, where they move a ratio of medians (four runs of batch-1 greedy on
 one machine: ratio of medians 1.16-1.65, paired 1.52-1.59).
 """
@@ -71,7 +75,7 @@ WARMUP = 2
 SAMPLE_S = 0.02  # --inner 0: calls in a row per sample, so that a sample lasts about this long
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
-Key = tuple[str, str, int]  # (side, precision, threads)
+Key = tuple[str, str, str]  # (side, precision, configuration: "2t" intra-op threads, "2w" workers of 1 thread)
 Ids = list[list[int]]
 
 
@@ -111,17 +115,25 @@ def prepare(checkpoint: Path, root: Path, steps: int,
     return dirs, sources
 
 
-def load(dirs: dict[str, Path], threads: list[int], instances: int = 1) -> dict[Key, list[Any]]:
+def configurations(threads: list[int], workers: list[int]) -> list[str]:
+    """Each side's ways to use the CPUs: "Nt", N intra-op threads in one copy; "Nw", N copies of one thread."""
+    return [f"{t}t" for t in threads] + [f"{w}w" for w in workers if w > 1]
+
+
+def load(dirs: dict[str, Path], configs: list[str], instances: int = 1) -> dict[Key, list[Any]]:
     """Every decoder, loaded `instances` times, the copies made in turn (ours, CTranslate2's, ours, ...):
-    (side, precision, threads) -> its Seq2Seq or ctranslate2.Translator copies."""
+    (side, precision, configuration) -> its Seq2Seq or ctranslate2.Translator copies."""
     loaded: dict[Key, list[Any]] = {}
     for _ in range(instances):
         for precision, compute_type in PRECISIONS.items():
-            for t in threads:
-                loaded.setdefault(("seq2onnx", precision, t), []).append(
-                    Seq2Seq.load(dirs[precision], provider="cpu", threads=t))
-                loaded.setdefault(("ct2", precision, t), []).append(ctranslate2.Translator(
-                    str(dirs["ct2"]), device="cpu", compute_type=compute_type, intra_threads=t, inter_threads=1))
+            for config in configs:
+                n, workers = int(config[:-1]), config.endswith("w")
+                loaded.setdefault(("seq2onnx", precision, config), []).append(
+                    Seq2Seq.load(dirs[precision], provider="cpu", threads=1 if workers else n,
+                                 workers=n if workers else 1))
+                loaded.setdefault(("ct2", precision, config), []).append(ctranslate2.Translator(
+                    str(dirs["ct2"]), device="cpu", compute_type=compute_type, intra_threads=1 if workers else n,
+                    inter_threads=n if workers else 1))
     return loaded
 
 
@@ -131,11 +143,13 @@ def decoders(loaded: dict[Key, list[Any]], model: Seq2Seq, texts: list[str], bea
     token lists, its API; with `ct2_text` its call also does what ours does around the decoder: it splits the texts
     with the same vocabulary and joins the output tokens into texts."""
     options = dict(beam_size=beam, min_decoding_length=steps, max_decoding_length=steps)
+    split = {key: dict(max_batch_size=-(-len(texts) // int(key[2][:-1]))) if key[2].endswith("w") else {}
+             for key in loaded}  # CT2's workers take chunks of max_batch_size inputs each
     source, target = model.vocabularies["source"], model.vocabularies["target"]
     tokens = source_tokens(texts, source, model.spec)
 
-    def ct2_text_call(runner: Any) -> Ids:
-        ids = ct2_ids(runner.translate_batch(source_tokens(texts, source, model.spec), **options), model)
+    def ct2_text_call(runner: Any, chunks: dict[str, int]) -> Ids:
+        ids = ct2_ids(runner.translate_batch(source_tokens(texts, source, model.spec), **options, **chunks), model)
         for row in ids:
             target.decode(row)  # the text a caller gets back, as ours returns it
         return ids
@@ -143,8 +157,8 @@ def decoders(loaded: dict[Key, list[Any]], model: Seq2Seq, texts: list[str], bea
     def call(key: Key, runner: Any) -> Callable[[], Ids]:
         if key[0] == "ct2":
             if ct2_text:
-                return lambda: ct2_text_call(runner)
-            return lambda: ct2_ids(runner.translate_batch(tokens, **options), model)
+                return lambda: ct2_text_call(runner, split[key])
+            return lambda: ct2_ids(runner.translate_batch(tokens, **options, **split[key]), model)
         return lambda: [h[0].ids for h in runner.translate_batch(texts, **options)]
     return {key: [call(key, runner) for runner in runners] for key, runners in loaded.items()}
 
@@ -183,29 +197,29 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
 
 
 def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str, Any]:
-    """A case's medians per decoder, each side's best thread count, and the ratios seq2onnx / CT2: of the medians,
+    """A case's medians per decoder, each side's best configuration, and the ratios seq2onnx / CT2: of the medians,
     and the median of each round's (paired)."""
     medians = {key: statistics.median(t) for key, t in times.items()}
     row: dict[str, Any] = {"batch": batch, "beam": beam, "decoders": [
-        {"side": s, "precision": p, "threads": t, "median_s": m, "times_s": times[s, p, t]}
+        {"side": s, "precision": p, "config": t, "median_s": m, "times_s": times[s, p, t]}
         for (s, p, t), m in medians.items()]}
     for precision in PRECISIONS:
         for side in ("seq2onnx", "ct2"):
             best = min((m, t) for (s, p, t), m in medians.items() if (s, p) == (side, precision))
-            row[f"{side}_{precision}"] = {"median_s": best[0], "threads": best[1]}
+            row[f"{side}_{precision}"] = {"median_s": best[0], "config": best[1]}
         ours, theirs = row[f"seq2onnx_{precision}"], row[f"ct2_{precision}"]
         row[f"ratio_{precision}"] = ours["median_s"] / theirs["median_s"]
         row[f"paired_{precision}"] = statistics.median(
-            a / b for a, b in zip(times["seq2onnx", precision, ours["threads"]],
-                                  times["ct2", precision, theirs["threads"]], strict=True))
+            a / b for a, b in zip(times["seq2onnx", precision, ours["config"]],
+                                  times["ct2", precision, theirs["config"]], strict=True))
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """| case | seq2onnx fp32 | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | calls a
-    sample |, ms at the best thread count."""
+    sample |, ms at the best configuration."""
     def cell(entry: dict[str, Any]) -> str:
-        return f"{entry['median_s'] * 1e3:.2f} ms ({entry['threads']}t)"
+        return f"{entry['median_s'] * 1e3:.2f} ms ({entry['config']})"
 
     lines = ["| case | seq2onnx fp32 | CT2 fp32 | ratio | paired | seq2onnx int8 | CT2 int8 | ratio | paired | "
              "calls a sample |", "|---" * 10 + "|"]
@@ -249,7 +263,7 @@ def plot(rows: list[dict[str, Any]], path: Path, force: bool) -> None:
     times.set_yscale("log")
     times.set_ylim(min(every) / 10, max(every) * 4)  # bars from a decade below the least; room for the labels
     times.set_xticks(x, cases)
-    times.set_ylabel("ms per translate_batch (median, best threads)")
+    times.set_ylabel("ms per translate_batch (median, best configuration)")
     times.legend(fontsize=8, loc="upper left")
     for i, precision in enumerate(PRECISIONS):
         values = [r[f"paired_{precision}"] for r in rows]
@@ -306,7 +320,10 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
 @click.option("--batches", default="1,64", show_default=True, callback=int_list, help="Batch sizes, comma-separated.")
 @click.option("--beams", default="1,5", show_default=True, callback=int_list, help="Beam sizes (1: greedy).")
 @click.option("--threads", default="1,2", show_default=True, callback=thread_list,
-              help="Intra-op thread counts; each side is reported at its best.")
+              help="Intra-op thread counts; each side is reported at its best configuration.")
+@click.option("--workers", default="1", show_default=True, callback=thread_list,
+              help="Worker counts (copies of 1 thread each, decoding chunks of a call at once: CT2's inter_threads); "
+                   "1 adds nothing.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every figure (each decoder's times, the cross-check, the machine) here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -320,8 +337,8 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
                    "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
 def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[int], beams: list[int],
-         threads: list[int], json_out: Path | None, plot_out: Path | None, force: bool, ct2_text: bool,
-         instances: int) -> None:
+         threads: list[int], workers: list[int], json_out: Path | None, plot_out: Path | None, force: bool,
+         ct2_text: bool, instances: int) -> None:
     """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
     def note(line: str) -> None:
         click.echo(line, err=True)
@@ -346,13 +363,14 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
         if repeats % (2 * instances):
             note(f"note: --repeats {repeats} is not a multiple of 2 x --instances {instances}: the copies are timed "
                  "unevenly")
-        loaded, rows = load(dirs, threads, instances), []
-        graphs = {p: sorted(loaded["seq2onnx", p, threads[0]][0].manifest.graphs) for p in PRECISIONS}
+        configs = configurations(threads, workers)
+        loaded, rows = load(dirs, configs, instances), []
+        graphs = {p: sorted(loaded["seq2onnx", p, configs[0]][0].manifest.graphs) for p in PRECISIONS}
         note(f"seq2onnx graphs: {graphs}")
         for batch in batches:
             batch_texts = (texts * (batch // len(texts) + 1))[:batch]
             for beam in beams:
-                note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(threads)} decoders "
+                note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(configs)} decoders "
                      f"({instances} cop{'ies' if instances > 1 else 'y'} each) ...")
                 calls = decoders(loaded, model, batch_texts, beam, steps, ct2_text)
                 times, calls_a_sample = measure(calls, repeats, steps, inner)

@@ -98,3 +98,16 @@ def user_errors(command: F) -> F:
             raise click.ClickException(str(err)) from None
 
     return run  # type: ignore[return-value]
+
+
+def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> None:
+    """--workers: not with --ray (its actors are the copies: --concurrency), and workers x threads within the CPUs."""
+    from runtime.sessions import max_threads
+
+    if workers > 1 and on_ray:
+        raise click.UsageError(f"--workers {workers} splits a batch across copies of the model in this process; with "
+                               "--ray every actor holds a copy: set how many with --concurrency and drop --workers")
+    if workers * (threads or 1) > max_threads():
+        each = f" x --threads {threads}" if threads else ""
+        raise click.UsageError(f"--workers {workers}{each} needs {workers * (threads or 1)} CPUs, more than the "
+                               f"{max_threads()} this process may use; pass at most {max_threads()} in all")

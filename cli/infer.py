@@ -20,7 +20,7 @@ from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import PROVIDERS
 
-from .common import check_threads_option, user_errors
+from .common import check_threads_option, check_workers_option, user_errors
 from .infer_points import read_input
 from .infer_tokens import (
     check_token_usage,
@@ -125,6 +125,9 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="Draw the first items' attention (point models: and points) to FILE.png (needs matplotlib).")
 @click.option("--threads", type=int, default=None, callback=check_threads_option,
               help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Copies of the model decoding the chunks of a batch at once, one thread each (token models: "
+                   "--batch-size then defaults to 32 x N); a batch splits from 64 rows, inputs x beams.")
 @click.option("--device-id", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
@@ -144,8 +147,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @token_options
 @user_errors
 def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], target_len: int | None, provider: str,
-          attention: bool, output_path: str | None, plot_path: str | None, threads: int | None, device_id: int,
-          fused: bool, force: bool, on_ray: bool, address: str | None, concurrency: int | None,
+          attention: bool, output_path: str | None, plot_path: str | None, threads: int | None, workers: int,
+          device_id: int, fused: bool, force: bool, on_ray: bool, address: str | None, concurrency: int | None,
           **decoding: Any) -> None:
     """Decode the sources in --input (token models: or the --text values) with the exported model in MODEL_DIR.
 
@@ -154,21 +157,23 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     With --ray, point models write one JSON line per item: {"index", "outputs"[, "attention"]}."""
     from runtime.model import Seq2Seq
 
+    check_workers_option(workers, threads, on_ray or address is not None or concurrency is not None)
     if on_ray or address is not None or concurrency is not None:
         return _infer_on_ray(click.get_current_context(), RayJob(
             model_dir=model_dir, input_path=input_path, texts=texts, target_len=target_len, provider=provider,
             attention=attention, output_path=output_path, plot_path=plot_path, threads=threads, fused=fused,
             force=force, on_ray=on_ray, address=address, concurrency=concurrency, decoding=decoding))
     if model_kind(model_dir, texts) == "tokens":
-        return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path, threads,
-                             device_id, fused, force, decoding)
+        return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path,
+                             (threads, workers), device_id, fused, force, decoding)
     refuse_token_options(click.get_current_context(), model_dir)
     if input_path is None:
         raise click.UsageError("Missing option '--input'.")
     check_outputs(input_path, output_path, plot_path, attention, force)
     source, mask = read_input(input_path)
     try:
-        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id)
+        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id,
+                             workers=workers)
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
@@ -244,17 +249,22 @@ def _progress(line: str) -> None:
 
 
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,
-                  output_path: str | None, plot_path: str | None, threads: int | None, device_id: int, fused: bool,
-                  force: bool, decoding: dict[str, Any]) -> None:
-    """Token models: texts in, one JSON line per input out (stdout, or --output written whole)."""
+                  output_path: str | None, plot_path: str | None, cpus: tuple[int | None, int], device_id: int,
+                  fused: bool, force: bool, decoding: dict[str, Any]) -> None:
+    """Token models: texts in, one JSON line per input out (stdout, or --output written whole). `cpus`: --threads
+    and --workers."""
     from runtime.model import Seq2Seq
 
     ctx = click.get_current_context()
     check_token_usage(ctx, model_dir, input_path, texts)
     options = decoding_options(ctx, decoding)
     check_outputs(input_path or "-", output_path, plot_path, attention, force, TOKEN_OUTPUT_SUFFIXES)
+    threads, workers = cpus
+    if ctx.get_parameter_source("batch_size") is click.core.ParameterSource.DEFAULT:
+        decoding["batch_size"] *= workers  # chunks of the default batch for each worker
     try:
-        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id)
+        model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id,
+                             workers=workers)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     run = TokenRun(model, options, decoding["batch_size"], attention, plot_path is not None)

@@ -39,6 +39,7 @@ from .sessions import (
 from .spec import ModelSpec
 from .token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8, FoldedGraphs, Graphs, TokenSteps
 from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
+from .workers import Workers, check_workers
 
 FAST_NAMES = frozenset(FAST_FILES.values())
 ONE_CALL_ROLES = ("greedy", "wide_greedy", "beam", "wide_beam", "fold_greedy", "fold_beam")  # off with fused=False
@@ -84,10 +85,12 @@ class Seq2Seq:
         self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy, fast=fast,
                                         beam_step=beam_step, contract=contract)
                              if manifest.spec.kind == "tokens" else None)
+        self._workers: Workers[Seq2Seq] = Workers([self])  # load(workers=N) adds the other copies
+        self._token_workers = self._workers.mapped(lambda model: model._token_steps)
 
     @classmethod
     def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None, fused: bool = True,
-             io_binding: bool | None = None, device_id: int = 0, fast: bool = True) -> "Seq2Seq":
+             io_binding: bool | None = None, device_id: int = 0, fast: bool = True, workers: int = 1) -> "Seq2Seq":
         """Load an export directory, verifying version, hashes, graph I/O, spec and export id.
 
         fused: decode greedily with the export's greedy loop graph (one call per request) when it has one, and
@@ -97,8 +100,13 @@ class Seq2Seq:
         attention is asked for; False uses the traced graphs only and does not load the fast ones.
         io_binding: keep the encoder's outputs and the decoder state on the execution device between calls
         (runtime.binding); None: on where the sessions run on CUDA, off on the CPU, where it only adds calls.
-        device_id: the CUDA device (GPU ordinal) the sessions and bound state use."""
+        device_id: the CUDA device (GPU ordinal) the sessions and bound state use.
+        workers: copies of the sessions that decode the chunks of a call of many rows at once (runtime.workers:
+        from 2 x SPLIT_ROWS rows, inputs x beams; seeded sampling runs whole); threads then defaults to 1, and
+        workers x threads may not exceed the CPUs. Each copy holds the graphs' weights again."""
         threads = check_threads(threads)  # arguments first: nothing is read for a call that cannot succeed
+        workers = check_workers(workers, threads)
+        threads = 1 if threads is None and workers > 1 else threads
         device_id = check_device_id(device_id)
         requested_providers(provider)
         for name, flag in (("fused", fused), ("fast", fast)):
@@ -108,18 +116,24 @@ class Seq2Seq:
             raise InputError(f"io_binding: expected True or False or None, got {brief(io_binding)}")
         path = _model_dir(path)
         manifest = read_manifest(path)
-        sessions = {}
+        copies: list[dict[str, Any]] = [{} for _ in range(workers)]
         for name, entry in manifest.graphs.items():
             greedy = name in (GREEDY_FILE, *(FAST_FILES[r] for r in ONE_CALL_ROLES))
             if (greedy and not fused) or (name in FAST_NAMES and not fast):
                 continue
-            data = read_graph(path, name, entry["sha256"])
-            session = open_session(data, provider, threads, str(path / name), device_id, arena=name not in SMALL_CALLS)
-            _check_session(session, entry, manifest, path / name)
-            sessions[name] = session
-        on_cuda = sessions[DECODER_STEP_FILE].get_providers()[0] == CUDA
-        return cls(manifest, sessions, path, load_vocabularies(path, manifest) if manifest.vocabularies else None,
-                   io_binding=on_cuda if io_binding is None else io_binding, device_id=device_id)
+            data = read_graph(path, name, entry["sha256"])  # read and checked once for every copy
+            for sessions in copies:
+                session = open_session(data, provider, threads, str(path / name), device_id,
+                                       arena=name not in SMALL_CALLS)
+                _check_session(session, entry, manifest, path / name)
+                sessions[name] = session
+        on_cuda = copies[0][DECODER_STEP_FILE].get_providers()[0] == CUDA
+        vocabularies = load_vocabularies(path, manifest) if manifest.vocabularies else None
+        models = [cls(manifest, sessions, path, vocabularies, io_binding=on_cuda if io_binding is None else io_binding,
+                      device_id=device_id) for sessions in copies]
+        models[0]._workers = Workers(models)
+        models[0]._token_workers = models[0]._workers.mapped(lambda model: model._token_steps)
+        return models[0]
 
     @property
     def spec(self) -> ModelSpec:
@@ -148,8 +162,16 @@ class Seq2Seq:
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
-        with flushing(src.shape[0] > 1 or not mask.all()):  # one unpadded row has no mask (runtime.denormals)
-            outputs, attention = self._decode_points(src, mask, steps, cancel)
+        parts = self._workers.chunks(src.shape[0])
+
+        def decode(model: Seq2Seq, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
+            with flushing(rows.stop - rows.start > 1 or not mask[rows].all()):  # one unpadded row has no mask
+                return model._decode_points(src[rows], mask[rows], steps, cancel)
+
+        found = self._workers.run(parts, decode)
+        outputs = found[0][0] if len(found) == 1 else np.concatenate([out for out, _ in found])
+        attention = found[0][1] if len(found) == 1 or found[0][1] is None else np.concatenate([a for _, a in found])
+        check_outputs(src, outputs, attention)  # over the whole batch: a bad row is named by its own index
         return (outputs, attention) if return_attention else outputs
 
     def _decode_points(self, src: np.ndarray, mask: np.ndarray, steps: int,
@@ -160,12 +182,10 @@ class Seq2Seq:
             states = self._encode({"source": src, "source_mask": mask})
             points = self._greedy.points if cancel is None else stoppable(self._greedy.points, cancel)
             outputs, attention = points({**states, "source_mask": mask}, steps, cancel)  # watched while it runs
-            check_outputs(src, outputs, attention)
         else:
             run_encoder, run_step = ((self._encode, self._decode_step) if self.io_binding
                                      else (self.run_encoder, self.run_step))  # run_* may be replaced by a caller
             outputs, attention = greedy_decode(run_encoder, run_step, self.step_inputs, src, mask, steps, cancel)
-            check_outputs(src, outputs, attention)
         return outputs, attention
 
     def translate_batch(self, texts: Any, cancel: Cancel | None = None, **options: Any) -> list[list[Translation]]:
@@ -179,7 +199,8 @@ class Seq2Seq:
         unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
         if unknown:
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
-        return translate(self._token_steps, self.vocabularies, texts, cancel=cancel, **options)
+        return translate(self._token_steps, self.vocabularies, texts, cancel=cancel,
+                         workers=self._token_workers, **options)
 
     @property
     def contract(self) -> TokenContract | None:

@@ -31,6 +31,7 @@ from .search.beam import MAX_BEAM, check_beam
 from .spec import ModelSpec
 from .token_steps import TokenSteps, contract_for
 from .vocab import VocabError, Vocabulary
+from .workers import Workers
 
 MAX_VOCAB_BYTES = 64 << 20
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
@@ -161,10 +162,12 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
               num_hypotheses: int = 1, length_penalty: float = 1.0, max_decoding_length: int | None = None,
               min_decoding_length: int = 0, sampling_topk: int = 1,
               sampling_topp: float = 1.0, sampling_temperature: float = 1.0, seed: int | None = None,
-              return_attention: bool = False, cancel: Cancel | None = None) -> list[list[Translation]]:
+              return_attention: bool = False, cancel: Cancel | None = None,
+              workers: Workers[TokenSteps] | None = None) -> list[list[Translation]]:
     """Encode the texts once, decode with the chosen strategy, and turn ids back into text. `cancel` is asked
     before every decoder step (a one-call graph, the greedy loop or the beam graph: before it, and while it runs):
-    True stops with Cancelled."""
+    True stops with Cancelled. `workers`: copies of `steps` (steps first) that decode chunks of a call of many
+    rows at once (runtime.workers); a seeded sampling call runs whole, its draws being the batch's."""
     texts = check_texts(texts)
     max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
     check_int("beam_size", beam_size, 1, MAX_BEAM)  # every option checked, even for no texts
@@ -176,21 +179,30 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     if sampling and beam_size != 1:
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")
-    if steps.fast is not None and not return_attention:  # the fast graphs carry no attention weights
-        steps = steps.fast
+    fast = steps.fast is not None and not return_attention  # the fast graphs carry no attention weights
+    own, steps = steps, steps.fast if fast else steps
     if not texts:
         return []
     ids, lengths = encode_sources(texts, vocabularies["source"], steps.spec, steps.contract)
     specials = steps.contract.specials
-    common = dict(batch_size=len(texts), bos_id=specials.bos, eos_id=specials.eos,
-                  min_decoding_length=min_decoding_length,
+    common = dict(bos_id=specials.bos, eos_id=specials.eos, min_decoding_length=min_decoding_length,
                   max_decoding_length=max_decoding_length, return_attention=return_attention,
                   constant=steps.constant)
     search = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, length_penalty=length_penalty)
     sampler = dict(seed=seed, sampling_temperature=sampling_temperature, sampling_topk=sampling_topk,
                    sampling_topp=sampling_topp) if sampling else None
-    with flushing(len(texts) * beam_size > 1):  # one row has no masked attention to flush (runtime.denormals)
-        found = _decode(steps, ids, lengths, search, sampler, common, cancel)
+
+    def decode(copy: TokenSteps, rows: slice) -> list[list[Any]]:
+        n = rows.stop - rows.start
+        with flushing(n * beam_size > 1):  # one row has no masked attention to flush (runtime.denormals)
+            return _decode(copy.fast if fast else copy, ids[rows], lengths[rows], search, sampler,
+                           {**common, "batch_size": n}, cancel)
+
+    if workers is None:
+        found = decode(own, slice(0, len(texts)))
+    else:
+        parts = [slice(0, len(texts))] if sampler is not None else workers.chunks(len(texts), beam_size)
+        found = [hyps for part in workers.run(parts, decode) for hyps in part]
     target = vocabularies["target"]
     return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]

@@ -25,6 +25,7 @@ finally:
 
 from runtime.destination import DestinationError  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
+from runtime.sessions import max_threads  # noqa: E402
 from runtime.vocab import BOS, EOS  # noqa: E402
 from training.build import build_token_model  # noqa: E402
 
@@ -120,18 +121,37 @@ def test_the_bench_times_ct2_tokens_or_text_in_and_out_and_both_decode_alike(tmp
     converted = convert_model(transformer_export.model, (transformer_export.source, transformer_export.target),
                               tmp_path / "ct2")
     model = Seq2Seq.load(transformer_export.path, provider="cpu", threads=1)
-    loaded = {("seq2onnx", "fp32", 1): [model],
-              ("ct2", "fp32", 1): [ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)]}
+    loaded = {("seq2onnx", "fp32", "1t"): [model],
+              ("ct2", "fp32", "1t"): [ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)]}
     texts = toy_sources()[:3]
     for beam in (1, 2):
         by_tokens = {key: copies[0] for key, copies in decoders(loaded, model, texts, beam, MAX_LEN).items()}
         by_text = {key: copies[0] for key, copies in decoders(loaded, model, texts, beam, MAX_LEN, True).items()}
-        ours = by_tokens["seq2onnx", "fp32", 1]()
+        ours = by_tokens["seq2onnx", "fp32", "1t"]()
         assert [len(ids) for ids in ours] == [MAX_LEN] * len(texts)
-        assert by_text["ct2", "fp32", 1]() == by_tokens["ct2", "fp32", 1]() == ours
+        assert by_text["ct2", "fp32", "1t"]() == by_tokens["ct2", "fp32", "1t"]() == ours
         texts[0] = texts[1]  # the text call splits the texts at every call; the token call split them once
-        assert by_text["ct2", "fp32", 1]()[0] == by_text["ct2", "fp32", 1]()[1] != by_tokens["ct2", "fp32", 1]()[0]
+        assert by_text["ct2", "fp32", "1t"]()[0] == by_text["ct2", "fp32", "1t"]()[1] != by_tokens["ct2", "fp32", "1t"]()[0]
         texts[:] = toy_sources()[:3]
+
+
+@pytest.mark.skipif(max_threads() < 2, reason="workers of one thread each need 2 CPUs")
+def test_the_bench_gives_both_sides_workers_and_they_decode_alike(tmp_path, transformer_export):
+    """--workers 2: ours loads 2 copies of 1 thread (runtime.workers), CTranslate2 2 inter_threads fed chunks of
+    ceil(batch / 2) inputs (max_batch_size); each side's best configuration is picked among them."""
+    from ct2_bench import configurations, load
+
+    assert configurations([1, 2], [1, 2]) == ["1t", "2t", "2w"] and configurations([1], [1]) == ["1t"]
+    converted = convert_model(transformer_export.model, (transformer_export.source, transformer_export.target),
+                              tmp_path / "ct2")
+    loaded = load({"fp32": transformer_export.path, "int8": transformer_export.path, "ct2": converted},
+                  ["1t", "2w"])
+    assert len(loaded["seq2onnx", "fp32", "2w"][0]._workers.copies) == 2
+    model = loaded["seq2onnx", "fp32", "1t"][0]
+    texts = (toy_sources() * 40)[:70]  # 70 rows: ours splits (2 x SPLIT_ROWS), CT2 takes chunks of 35
+    calls = {key: copies[0] for key, copies in decoders(loaded, model, texts, 1, MAX_LEN).items()}
+    ours = calls["seq2onnx", "fp32", "1t"]()
+    assert calls["seq2onnx", "fp32", "2w"]() == ours == calls["ct2", "fp32", "2w"]() == calls["ct2", "fp32", "1t"]()
 
 
 def test_a_recurrent_checkpoint_is_refused_by_name(tmp_path):
@@ -236,14 +256,14 @@ def test_calls_a_sample_come_from_warm_calls_not_a_first_call_that_sets_up():
         return call, calls
     slow_first, slow_calls = decoder(0.1, 0.001)
     steady, _ = decoder(0.002, 0.002)
-    times, inner = measure({("ct2", "fp32", 1): [slow_first], ("seq2onnx", "fp32", 1): [steady]}, 2, 2, 0)
+    times, inner = measure({("ct2", "fp32", "1t"): [slow_first], ("seq2onnx", "fp32", "1t"): [steady]}, 2, 2, 0)
     # ~10 by the 2 ms decoder, not 1 by the 100 ms first call; at least 2 even where a loaded machine stretches the
     # 2 ms sleeps (a CI run beside other jobs saw 3)
     assert 2 <= inner <= SAMPLE_S / 0.002 * 1.5
     assert len(slow_calls) == 2 + 2 * inner and all(len(t) == 2 for t in times.values())
-    assert measure({("ct2", "fp32", 1): [steady]}, 1, 2, 3)[1] == 3  # --inner given: kept
+    assert measure({("ct2", "fp32", "1t"): [steady]}, 1, 2, 3)[1] == 3  # --inner given: kept
     with pytest.raises(Exception, match="decoded lengths \\[2\\], expected exactly --steps 3"):
-        measure({("ct2", "fp32", 1): [steady]}, 1, 3, 0)
+        measure({("ct2", "fp32", "1t"): [steady]}, 1, 3, 0)
 
 
 def test_rounds_take_each_decoders_copies_in_turn_and_reverse_the_order_every_n_rounds():
@@ -257,8 +277,8 @@ def test_rounds_take_each_decoders_copies_in_turn_and_reverse_the_order_every_n_
             ran.append((side, i))
             return [[0, 0]]
         return call
-    calls = {("seq2onnx", "fp32", 1): [copy("ours", i) for i in range(3)],
-             ("ct2", "fp32", 1): [copy("ct2", i) for i in range(3)]}
+    calls = {("seq2onnx", "fp32", "1t"): [copy("ours", i) for i in range(3)],
+             ("ct2", "fp32", "1t"): [copy("ct2", i) for i in range(3)]}
     times, inner = measure(calls, 6, 2, 1)
     assert ran[:12] == [(side, i) for side in ("ours", "ct2") for i in range(3) for _ in range(2)]  # WARMUP 2
     # rounds 0-2 in order, 3-5 reversed: every copy in both orders
@@ -271,11 +291,11 @@ def test_paired_ratio_is_the_median_of_each_rounds_ratio_at_each_sides_best_thre
     """A slow phase of the machine that starts between the two sides' medians moves the ratio of medians (here to
     0.75) where each round's own ratio stays 1.5: the paired ratio is the median of those, each side at its best
     thread count (CT2's 2-thread decoder is slower here and not paired)."""
-    times = {("seq2onnx", p, 1): [1.5, 1.5, 1.5, 3.0, 3.0] for p in ("fp32", "int8")}
-    times.update({("ct2", p, 1): [1.0, 1.0, 2.0, 2.0, 2.0] for p in ("fp32", "int8")})
-    times.update({("ct2", p, 2): [9.0] * 5 for p in ("fp32", "int8")})
+    times = {("seq2onnx", p, "1t"): [1.5, 1.5, 1.5, 3.0, 3.0] for p in ("fp32", "int8")}
+    times.update({("ct2", p, "1t"): [1.0, 1.0, 2.0, 2.0, 2.0] for p in ("fp32", "int8")})
+    times.update({("ct2", p, "2t"): [9.0] * 5 for p in ("fp32", "int8")})
     row = summarise(1, 1, times)
-    assert row["ct2_fp32"]["threads"] == 1 and row["ratio_fp32"] == pytest.approx(0.75)
+    assert row["ct2_fp32"]["config"] == "1t" and row["ratio_fp32"] == pytest.approx(0.75)
     assert row["paired_fp32"] == pytest.approx(1.5) and row["paired_int8"] == pytest.approx(1.5)
     assert "| 0.75 | 1.50 |" in table([{**row, "inner": 3}])
 
@@ -284,7 +304,7 @@ def test_the_plot_is_a_png_of_times_and_paired_ratios(tmp_path):
     pytest.importorskip("matplotlib")
     from ct2_bench import plot
 
-    times = {(side, p, 1): [0.001 * (2 if side == "seq2onnx" else 1)] * 3 for side in ("seq2onnx", "ct2")
+    times = {(side, p, "1t"): [0.001 * (2 if side == "seq2onnx" else 1)] * 3 for side in ("seq2onnx", "ct2")
              for p in ("fp32", "int8")}
     rows = [{**summarise(batch, beam, times), "inner": 1} for batch in (1, 64) for beam in (1, 5)]
     assert {r["paired_fp32"] for r in rows} == {2.0}

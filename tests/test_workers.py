@@ -1,0 +1,183 @@
+"""Data-parallel decoding (`Seq2Seq.load(workers=N)`, runtime.workers): a call of many rows splits into chunks of its
+inputs decoded at once on copies of the sessions, and returns exactly what one copy returns; small calls, seeded
+sampling and bad worker counts are handled as documented. Real sessions and real threads throughout."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli.infer import infer
+from runtime import Seq2Seq
+from runtime.errors import Cancelled, InputError
+from runtime.sessions import max_threads
+from runtime.workers import SPLIT_ROWS, Workers, check_workers
+from training.tokens.builtin import toy_translation
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+two_cpus = pytest.mark.skipif(max_threads() < 2, reason="two workers of one thread need 2 CPUs")
+
+
+def texts(n: int) -> list[str]:
+    sources = list(toy_translation()[0].sources)
+    return (sources * (n // len(sources) + 1))[:n]
+
+
+class Threads:
+    """A `cancel` callback that never cancels and records the threads that asked it: the thread that decodes,
+    before each decoder call or step, and the cancel watchdog while a one-call graph runs."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            self.names.add(threading.current_thread().name)
+        return False
+
+    @property
+    def workers(self) -> int:
+        return sum(name.startswith("seq2onnx-worker") for name in self.names)
+
+
+@pytest.mark.parametrize(("inputs", "rows_each", "copies", "expected"), [
+    (64, 1, 2, [(0, 32), (32, 64)]),
+    (63, 1, 2, [(0, 63)]),  # two chunks would hold fewer than SPLIT_ROWS rows each
+    (14, 5, 2, [(0, 7), (7, 14)]),  # 70 rows of beam 5
+    (13, 5, 2, [(0, 13)]),  # 65 rows, but a chunk of 6 inputs would hold 30
+    (100, 1, 3, [(0, 33), (33, 66), (66, 100)]),
+    (3, 40, 4, [(0, 1), (1, 2), (2, 3)]),  # never more chunks than inputs
+    (500, 1, 1, [(0, 500)]),
+])
+def test_chunks_are_contiguous_even_and_hold_enough_rows(inputs, rows_each, copies, expected):
+    parts = Workers(list(range(copies))).chunks(inputs, rows_each)
+    assert [(p.start, p.stop) for p in parts] == expected
+    assert all((p.stop - p.start) * rows_each >= SPLIT_ROWS for p in parts) or len(parts) == 1
+
+
+@two_cpus
+@pytest.mark.parametrize("options", [dict(), dict(beam_size=3, num_hypotheses=2), dict(return_attention=True)])
+def test_a_split_call_returns_what_one_copy_returns(transformer_export, options):
+    one = Seq2Seq.load(transformer_export.path, provider="cpu", threads=1)
+    two = Seq2Seq.load(transformer_export.path, provider="cpu", workers=2)
+    batch, asked = texts(70), Threads()
+    expected, got = one.translate_batch(batch, **options), two.translate_batch(batch, cancel=asked, **options)
+    assert asked.workers == 1 and "MainThread" in asked.names  # both copies decoded a chunk
+    assert [[(h.ids, h.score, h.log_prob) for h in hyps] for hyps in got] == \
+        [[(h.ids, h.score, h.log_prob) for h in hyps] for hyps in expected]
+    if options.get("return_attention"):
+        assert all(np.array_equal(a[0].attention, b[0].attention) for a, b in zip(got, expected))
+
+
+@two_cpus
+def test_a_recurrent_model_and_a_point_model_split_too():
+    gru = (Seq2Seq.load(ARTIFACTS / "dates", threads=1), Seq2Seq.load(ARTIFACTS / "dates", workers=2))
+    batch, asked = ["March 3, 2021", "1 jan 1999", "12/11/2000", "Friday, June 9, 1961"] * 20, Threads()
+    assert [h[0].ids for h in gru[1].translate_batch(batch, beam_size=2, cancel=asked)] == \
+        [h[0].ids for h in gru[0].translate_batch(batch, beam_size=2)]
+    assert asked.workers == 1
+    points = (Seq2Seq.load(ARTIFACTS / "squares", threads=1), Seq2Seq.load(ARTIFACTS / "squares", workers=2))
+    source = np.random.default_rng(0).standard_normal((90, 2, 2)).astype(np.float32)
+    mask = np.ones((90, 1, 2), bool)
+    mask[50, 0, 1] = False  # a padded source in the second chunk
+    asked = Threads()
+    got = points[1].predict(source, source_mask=mask, return_attention=True, cancel=asked)
+    expected = points[0].predict(source, source_mask=mask, return_attention=True)
+    assert asked.workers == 1
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected)) and got[0].shape == (90, 2, 2)
+
+
+@two_cpus
+def test_small_calls_and_seeded_sampling_run_whole(transformer_export):
+    model = Seq2Seq.load(transformer_export.path, provider="cpu", workers=2)
+    asked = Threads()
+    model.translate_batch(texts(2 * SPLIT_ROWS - 1), cancel=asked)
+    assert asked.workers == 0 and "MainThread" in asked.names
+    one = Seq2Seq.load(transformer_export.path, provider="cpu", threads=1)
+    draws = dict(sampling_topk=0, sampling_temperature=1.5, seed=7)
+    asked = Threads()
+    got = model.translate_batch(texts(80), cancel=asked, **draws)
+    assert asked.workers == 0  # the seed's draws are the whole batch's
+    assert [h[0].ids for h in got] == [h[0].ids for h in one.translate_batch(texts(80), **draws)]
+
+
+@two_cpus
+def test_an_error_names_the_whole_batchs_index_and_a_cancel_stops_every_chunk():
+    model = Seq2Seq.load(ARTIFACTS / "squares", workers=2, fused=False)
+    second = model._workers.copies[1]  # decodes inputs 40-79
+    run_step = second.run_step
+
+    def overflowing(feed: dict) -> dict:  # as a model whose step overflows on extreme inputs (test_runtime's)
+        result = run_step(feed)
+        result["output"][30] = np.nan  # its row 30: the call's input 70
+        return result
+    second.run_step = overflowing
+    with pytest.raises(InputError, match="batch item 70 "):
+        model.predict(np.ones((80, 2, 2), np.float32))
+    model = Seq2Seq.load(ARTIFACTS / "squares", workers=2)
+    seen = Threads()
+
+    def cancel() -> bool:
+        seen()
+        return True
+    with pytest.raises(Cancelled):
+        model.predict(np.ones((80, 2, 2), np.float32), cancel=cancel)
+    with pytest.raises(Cancelled):
+        Seq2Seq.load(ARTIFACTS / "dates", workers=2).translate_batch(texts(80), cancel=cancel)
+    assert seen.workers == 1  # the second chunk was asked too, and the call waited for it
+
+
+@two_cpus
+def test_concurrent_calls_share_the_copies(transformer_export):
+    model = Seq2Seq.load(transformer_export.path, provider="cpu", workers=2)
+    expected = [h[0].ids for h in model.translate_batch(texts(70))]
+    results: list[list[list[int]]] = []
+
+    def call() -> None:
+        results.append([h[0].ids for h in model.translate_batch(texts(70))])
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [expected] * 4
+
+
+@pytest.mark.parametrize(("workers", "threads", "message"), [
+    (0, None, "workers: expected a positive int, got 0"),
+    (True, None, "workers: expected a positive int, got True"),
+    (1.5, None, "workers: expected a positive int, got 1.5"),
+    ("2", None, "workers: expected a positive int, got '2'"),
+    (max_threads() + 1, None, f"more than the {max_threads()} this process may use"),
+    (1, max_threads() + 1, "threads:"),
+])
+def test_bad_worker_counts_are_refused_before_anything_is_read(tmp_path, workers, threads, message):
+    with pytest.raises(InputError, match=message):
+        Seq2Seq.load(tmp_path / "missing", workers=workers, threads=threads)  # the path is never reached
+
+
+@two_cpus
+def test_workers_times_threads_must_fit_the_cpus():
+    with pytest.raises(InputError, match=r"2 workers of 2 intra-op threads each need 4 CPUs"):
+        check_workers(2, 2) if max_threads() < 4 else check_workers(max_threads(), 2)
+    assert check_workers(2, None) == 2 == check_workers(2, 1)
+
+
+@two_cpus
+def test_infer_workers_decode_like_one_and_refuse_what_cannot_work(tmp_path):
+    sources = tmp_path / "in.txt"
+    sources.write_text("\n".join(["March 3, 2021", "1 jan 1999", "12/11/2000"] * 30) + "\n")
+    runner = CliRunner()
+    one = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--input", str(sources), "--threads", "1"])
+    two = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--input", str(sources), "--workers", "2"])
+    assert one.exit_code == two.exit_code == 0 and one.output == two.output and one.output.count("\n") == 90
+    for args, says in ((["--workers", "2", "--ray"], "with --ray every actor holds a copy"),
+                       (["--workers", str(max_threads() + 1)], "CPUs, more than the"),
+                       (["--workers", "2", "--threads", str(max_threads())], "--threads"),
+                       (["--workers", "0"], "'--workers'")):
+        result = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--text", "x", *args])
+        assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
