@@ -263,7 +263,7 @@ def plot(rows: list[dict[str, Any]], path: Path, force: bool) -> None:
     times.set_yscale("log")
     times.set_ylim(min(every) / 10, max(every) * 4)  # bars from a decade below the least; room for the labels
     times.set_xticks(x, cases)
-    times.set_ylabel("ms per translate_batch (median, best configuration)")
+    times.set_ylabel("ms per call (median, best configuration)")
     times.legend(fontsize=8, loc="upper left")
     for i, precision in enumerate(PRECISIONS):
         values = [r[f"paired_{precision}"] for r in rows]
