@@ -69,13 +69,19 @@ def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], work
     except Seq2OnnxError as err:
         raise click.ClickException(str(err)) from None
     first = models["1 thread"]
+    if first.spec.kind == "points" and beams:
+        raise click.BadParameter(f"{model_dir} is a point model, which decodes greedily; drop --beam",
+                                 param_hint="'--beam'")
     beams = beams if first.spec.kind == "tokens" else (1,)
     click.echo(f"{model_dir}: {first.spec.kind} model, {max_threads()} CPUs; medians of {repeats} interleaved rounds")
     for batch in batches or (64,):
         source = inputs(first, batch)
         for beam in beams or (1, 5):
             calls = {name: call(model, source, beam, steps) for name, model in models.items()}
-            outputs = {name: c() for name, c in calls.items()}
+            try:
+                outputs = {name: c() for name, c in calls.items()}
+            except Seq2OnnxError as err:  # --steps beyond what the model decodes, say: its one line
+                raise click.UsageError(str(err)) from None
             same = all(_equal(out, outputs["1 thread"]) for out in outputs.values())
             times: dict[str, list[float]] = {name: [] for name in calls}
             for r in range(repeats):

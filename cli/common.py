@@ -108,6 +108,6 @@ def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> Non
         raise click.UsageError(f"--workers {workers} splits a batch across copies of the model in this process; with "
                                "--ray every actor holds a copy: set how many with --concurrency and drop --workers")
     if workers * (threads or 1) > max_threads():
-        each = f" x --threads {threads}" if threads else ""
-        raise click.UsageError(f"--workers {workers}{each} needs {workers * (threads or 1)} CPUs, more than the "
-                               f"{max_threads()} this process may use; pass at most {max_threads()} in all")
+        raise click.UsageError(f"--workers {workers} x --threads {threads or 1} needs {workers * (threads or 1)} CPUs, "
+                               f"more than the {max_threads()} this process may use; pass --workers x --threads "
+                               f"(default 1 with --workers) of at most {max_threads()}")

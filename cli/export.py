@@ -174,6 +174,12 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
 
     tol = Tolerance(atol, rtol, drift_atol)
     quality_tol = QualityTolerance(max_output_diff, max_attention_diff, min_exact_match, min_token_agreement)
+    given = tuple(n for n in QUALITY_OPTIONS if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT)
+    if given and checkpoint is not None:  # a bar of the other kind, even at its default: refused before any work
+        try:
+            quality_tol.check_kind(checkpoint_kind(checkpoint), given)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from None
     mode = quantize or dtype
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="'--opset'")
@@ -206,6 +212,17 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     click.echo(f"wrote {path}" + ("" if mode == "fp32" else f" ({mode}, quality report in its manifest)"))
+
+
+def checkpoint_kind(checkpoint: Path) -> str:
+    """'points' or 'tokens' from CHECKPOINT's spec.json; where it cannot be read, the export says why."""
+    from runtime.spec import ModelSpec
+    from training.checkpoint import read_meta
+
+    try:
+        return ModelSpec.from_dict(read_meta(checkpoint)["spec"]).kind
+    except Exception:  # noqa: BLE001  (any unreadable spec: the export's own checks name it)
+        return ""
 
 
 def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

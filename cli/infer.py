@@ -126,8 +126,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--threads", type=int, default=None, callback=check_threads_option,
               help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Copies of the model decoding the chunks of a batch at once, one thread each (token models: "
-                   "--batch-size then defaults to 32 x N); a batch splits from 64 rows, inputs x beams.")
+              help="Copies of the model, one thread each (with --threads: that many each): token models decode "
+                   "N batches at once, point models split the input from 64 sources; the output is the same.")
 @click.option("--device-id", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
@@ -260,8 +260,6 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     options = decoding_options(ctx, decoding)
     check_outputs(input_path or "-", output_path, plot_path, attention, force, TOKEN_OUTPUT_SUFFIXES)
     threads, workers = cpus
-    if ctx.get_parameter_source("batch_size") is click.core.ParameterSource.DEFAULT:
-        decoding["batch_size"] *= workers  # chunks of the default batch for each worker
     try:
         model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id,
                              workers=workers)

@@ -16,7 +16,7 @@ from runtime.atomic import STAGING_SUFFIX, sibling, staged_directory
 from runtime.contract import FAST_FILES, GREEDY_FILE, VOCAB_FILES
 from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, INT8, QUANTIZATIONS
 from runtime.destination import normalized
-from runtime.errors import brief
+from runtime.errors import UsageError, brief
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
@@ -153,6 +153,10 @@ def export_model(
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset: expected {MIN_OPSET}..{MAX_OPSET}, got {opset}")
     mode = precision_mode(quantize, dtype)
+    if mode == FP32 and (quality_tol != QualityTolerance() or accept_quality_loss):
+        given = "quality_tol" if quality_tol != QualityTolerance() else "accept_quality_loss"
+        raise UsageError(f"{given} judges a reduced-precision export's loss against its float32 graphs; pass "
+                         f"quantize='int8' or dtype='fp16', or drop {given}")
     out = normalized(out)
     check_destination(out, force)  # before any work; checked again just before publishing
     with restored_modes(source):

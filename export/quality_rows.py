@@ -54,11 +54,12 @@ class QualityTolerance:
         return ("max_output_diff", "max_attention_diff") if kind == "points" else ("min_exact_match",
                                                                                   "min_token_agreement")
 
-    def check_kind(self, kind: str) -> None:
-        """UsageError where a tolerance that judges the other kind of model was moved from its default: it would
-        change nothing (a token model is judged by agreement rates, a point model by differences)."""
+    def check_kind(self, kind: str, given: tuple[str, ...] = ()) -> None:
+        """UsageError where a tolerance that judges the other kind of model was moved from its default, or is
+        among `given` (a caller's explicit ones, its default value or not): it would change nothing (a token model
+        is judged by agreement rates, a point model by differences)."""
         other = self.names("tokens" if kind == "points" else "points")
-        moved = [n for n in other if getattr(self, n) != getattr(QualityTolerance, n)]
+        moved = [n for n in other if n in given or getattr(self, n) != getattr(QualityTolerance, n)]
         if moved:
             flags = ", ".join("--" + n.replace("_", "-") for n in self.names(kind))
             shown = ", ".join(f"{n}={getattr(self, n):g} (--{n.replace('_', '-')})" for n in moved)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -208,13 +210,7 @@ class TokenRun:
         rules = self.model.contract.sources
         chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec, self.model.contract)
         told = 0.0
-        for number, (batch, last) in enumerate(_with_last(chunks)):
-            want = self.attention or (self.plot and len(self.shown) < MAX_ITEMS)
-            options = {**self.options, "seed": batch_seed(self.options["seed"], number), "return_attention": want}
-            try:
-                found = self.model.translate_batch([i.text for i in batch], **options)
-            except Seq2OnnxError as exc:
-                raise InputError(f"{batch[0].where} to {batch[-1].where}: {exc}") from None
+        for number, (batch, last), found in self._decoded(_with_last(chunks)):
             for item, hyps in zip(batch, found):
                 if self.plot and len(self.shown) < MAX_ITEMS:
                     self.shown.append((item, hyps[0]))
@@ -226,6 +222,40 @@ class TokenRun:
                 told = time.monotonic()
                 progress(f"infer: {self.decoded} input{'s' if self.decoded > 1 else ''} decoded (to "
                          f"{batch[-1].where})")
+
+    def _decoded(self, numbered: Iterable[tuple[list[Item], bool]]) -> Iterator[tuple[int, tuple[list[Item], bool],
+                                                                                   list[list[Translation]]]]:
+        """(number, (batch, last), its translations), in order. A model loaded with workers decodes that many
+        batches at once, batch n on copy n mod N, each as one copy decodes it alone (the same seed, the same
+        attention for the plot): the output is the one of a single copy, byte for byte."""
+        copies = getattr(self.model, "copies", [self.model])
+
+        def decode(copy: Any, number: int, batch: list[Item], before: int) -> list[list[Translation]]:
+            want = self.attention or (self.plot and before < MAX_ITEMS)  # the plot's first items carry attention
+            options = {**self.options, "seed": batch_seed(self.options["seed"], number), "return_attention": want}
+            try:
+                return copy.translate_batch([i.text for i in batch], **options)
+            except Seq2OnnxError as exc:
+                raise InputError(f"{batch[0].where} to {batch[-1].where}: {exc}") from None
+
+        before = 0
+        if len(copies) == 1:
+            for number, (batch, last) in enumerate(numbered):
+                yield number, (batch, last), decode(copies[0], number, batch, before)
+                before += len(batch)
+            return
+        pending: deque[tuple[int, tuple[list[Item], bool], Future[list[list[Translation]]]]] = deque()
+        with ThreadPoolExecutor(len(copies), thread_name_prefix="seq2onnx-infer") as pool:
+            for number, (batch, last) in enumerate(numbered):
+                pending.append((number, (batch, last), pool.submit(decode, copies[number % len(copies)], number,
+                                                                    batch, before)))
+                before += len(batch)
+                if len(pending) == len(copies):  # the oldest's copy is the next batch's
+                    number, done, future = pending.popleft()
+                    yield number, done, future.result()
+            while pending:
+                number, done, future = pending.popleft()
+                yield number, done, future.result()
 
     def heatmaps(self) -> list[Heatmap]:
         """The attention maps of the first inputs' best hypotheses."""

@@ -1,8 +1,6 @@
 """`Seq2Seq`: a loaded, checked, thread-safe exported model with one `predict` call."""
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +11,16 @@ from .contract import (
     BEAM_STEP_FILE,
     DECODER_STEP_FILE,
     ENCODER_FILE,
-    EXPORT_ID_KEY,
     FAST_FILES,
     FEEDBACK,
     GREEDY_FILE,
-    SPEC_KEY,
 )
 from .declared import TokenContract
 from .defaults import INT8
 from .denormals import flushing
-from .errors import InputError, IntegrityError, brief
+from .errors import InputError, brief
 from .fused import BeamGraph, GreedyLoop
+from .graph_checks import check_session
 from .manifest import Manifest, read_manifest
 from .optional_graphs import fast_feedback, fast_graph_io, fold_tokens
 from .points import Cancel, check_mask, check_outputs, check_source, check_target_len, greedy_decode, stoppable
@@ -34,7 +31,6 @@ from .sessions import (
     open_session,
     read_graph,
     requested_providers,
-    session_io,
 )
 from .spec import ModelSpec
 from .token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8, FoldedGraphs, Graphs, TokenSteps
@@ -125,7 +121,7 @@ class Seq2Seq:
             for sessions in copies:
                 session = open_session(data, provider, threads, str(path / name), device_id,
                                        arena=name not in SMALL_CALLS)
-                _check_session(session, entry, manifest, path / name)
+                check_session(session, entry, manifest, path / name)
                 sessions[name] = session
         on_cuda = copies[0][DECODER_STEP_FILE].get_providers()[0] == CUDA
         vocabularies = load_vocabularies(path, manifest) if manifest.vocabularies else None
@@ -149,6 +145,12 @@ class Seq2Seq:
     def providers(self) -> list[str]:
         """Execution providers the sessions actually run on (first is preferred)."""
         return list(self._step.get_providers())
+
+    @property
+    def copies(self) -> list[Seq2Seq]:
+        """This model and its worker copies (`load(workers=N)`), each on sessions of its own: a caller that runs
+        whole calls side by side (`infer`'s batches) hands each copy one call at a time."""
+        return list(self._workers.copies)
 
     def predict(
         self, source: Any, target_len: int | None = None, source_mask: Any = None, return_attention: bool = False,
@@ -261,40 +263,3 @@ def _model_dir(path: Any) -> Path:
     if model_dir is None or "\0" in str(model_dir):
         raise InputError(f"path: expected a str or os.PathLike naming a model directory, got {brief(path)}")
     return model_dir
-
-
-def _check_session(session: Any, entry: dict[str, Any], manifest: Manifest, where: Path) -> None:
-    """The graph's I/O must be the manifest's, and it must carry this export's id and spec."""
-    actual = session_io(session)
-    declared = {"inputs": entry["inputs"], "outputs": entry["outputs"]}
-    if actual != declared:
-        raise IntegrityError(f"{where}: graph inputs/outputs {actual} do not match the manifest's {declared}")
-    metadata = session.get_modelmeta().custom_metadata_map
-    graph_id = metadata.get(EXPORT_ID_KEY)
-    if graph_id != manifest.export_id:
-        raise IntegrityError(
-            f"{where}: graph belongs to export {brief(graph_id)}, the manifest to {manifest.export_id!r}; "
-            "the directory mixes files from different exports, re-export the model"
-        )
-    _check_graph_spec(metadata.get(SPEC_KEY), manifest, where)
-
-
-def _check_graph_spec(text: str | None, manifest: Manifest, where: Path) -> None:
-    """The spec the graph was exported with must be the manifest's (target_len, say, changes no I/O)."""
-    try:
-        graph_spec = json.loads(text) if text is not None else None
-    except (ValueError, RecursionError):
-        graph_spec = None
-    if not isinstance(graph_spec, dict):
-        raise IntegrityError(f"{where}: graph metadata has no readable {SPEC_KEY!r}; re-export the model")
-    spec = manifest.spec.to_dict()
-    differ = sorted(k for k in spec.keys() | graph_spec.keys()  # a value or its JSON type: 1 is not 1.0 or true
-                    if type(graph_spec.get(k)) is not type(spec.get(k)) or graph_spec.get(k) != spec.get(k))
-    if differ:
-        shown = {f.name: f.default for f in dataclasses.fields(ModelSpec)}  # a field left out holds its default
-        pairs = ", ".join(f"{k}: graph {brief(graph_spec.get(k, shown.get(k)))}, manifest "
-                          f"{brief(spec.get(k, shown.get(k)))}" for k in differ)
-        raise IntegrityError(
-            f"{where}: the manifest's spec differs from the one the graph was exported with ({pairs}); "
-            "manifest.json was edited, restore it or re-export the model"
-        )

@@ -200,12 +200,27 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
 
     if workers is None:
         found = decode(own, slice(0, len(texts)))
-    else:
-        parts = [slice(0, len(texts))] if sampler is not None else workers.chunks(len(texts), beam_size)
+    else:  # seeded draws are the whole batch's: such a call runs whole
+        width = ids.shape[1]
+        parts = workers.chunks(len(texts), beam_size, lambda n: _graph(steps, n, width, search, sampler))
+        parts = [slice(0, len(texts))] if sampler is not None and seed is not None else parts
         found = [hyps for part in workers.run(parts, decode) for hyps in part]
     target = vocabularies["target"]
     return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]
+
+
+def _graph(steps: TokenSteps, inputs: int, width: int, search: dict[str, Any], sampler: dict[str, Any] | None) -> int:
+    """Which graph `_decode` runs for `inputs` sources of `width` tokens (an id): a chunk of a split call must run
+    the whole call's (the wide and fast graphs' float32 sums differ)."""
+    beam_size, beam = search["beam_size"], search["beam_size"] != 1 or search["num_hypotheses"] != 1
+    if beam and steps.beam_graph(inputs, width, beam_size) is not None:
+        return id(steps.beam_graph(inputs, width, beam_size))
+    if beam and steps.has_beam_step:
+        return 0  # a recurrent model's beam step: one graph for every size
+    if not beam and sampler is None and steps.greedy is not None:
+        return id(steps.greedy_loop(inputs, width))
+    return id(steps.step_graph(inputs * beam_size))
 
 
 def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dict[str, Any],

@@ -4,7 +4,10 @@ threads), and joined in order: CTranslate2's inter_threads. Each copy has its ow
 not contend (one session run from two threads at once measured 0.90x the one-thread time at batch 64 against 0.67x
 for two sessions: `benchmarks/workers_bench.py`).
 
-A chunk decodes as a call of its inputs alone would: the same graph choice by its own size, the same search."""
+A chunk keeps the whole call's padding width, starts on a block of the wide greedy loop and is decoded by the graph
+the whole call would use, so a float32 or float16 export returns exactly what one copy returns for the whole call.
+An int8 export quantizes activations per call (over the call's rows), so its results depend on which inputs share a
+call, and a split call returns what its chunks return as calls of their own."""
 from __future__ import annotations
 
 import numbers
@@ -18,6 +21,9 @@ from .sessions import max_threads
 # host has parked, so short calls run whole: on the 2-core Xeon VM, 2 workers took 0.61x-0.72x the time of one at
 # 64 rows (transformer greedy and beam 5, batch 64), 0.73x at 40 (beam 5, batch 8) and 0.9-1.3x at 8-16 rows.
 SPLIT_ROWS = 32
+# Chunks start at multiples of this many inputs: the wide greedy loop decodes inputs in blocks of 4
+# (export.tokens.fast.GROUP), and a chunk that starts inside a block regroups the rest, which moves float32 sums.
+ALIGN = 4
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -49,14 +55,20 @@ class Workers(Generic[C]):
         view.copies, view._pool = [of(copy) for copy in self.copies], self._pool
         return view
 
-    def chunks(self, inputs: int, rows_each: int = 1) -> list[slice]:
-        """Contiguous slices of `inputs` inputs of `rows_each` rows: one per copy, as even as they come, each of
-        at least SPLIT_ROWS rows (one slice, the whole call, when that leaves fewer than two)."""
-        n = min(len(self.copies), inputs // -(-SPLIT_ROWS // rows_each))  # the least chunk is inputs // n
-        if n <= 1:
-            return [slice(0, inputs)]
-        bounds = [inputs * i // n for i in range(n + 1)]
-        return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    def chunks(self, inputs: int, rows_each: int = 1, graph: Callable[[int], object] | None = None) -> list[slice]:
+        """Contiguous slices of `inputs` inputs of `rows_each` rows, one per copy at most, each starting at a
+        multiple of ALIGN inputs and holding at least SPLIT_ROWS rows, and (`graph`: the graph that decodes that many
+        inputs) each decoded by the whole call's graph, so the split call returns what the whole call returns on
+        one copy. One slice, the whole call, where no split meets that."""
+        for n in range(min(len(self.copies), inputs * rows_each // SPLIT_ROWS), 1, -1):
+            bounds = [0, *(inputs * i // n // ALIGN * ALIGN for i in range(1, n)), inputs]
+            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+            if min(sizes) * rows_each < SPLIT_ROWS:
+                continue
+            if graph is not None and {graph(size) for size in set(sizes)} != {graph(inputs)}:
+                continue
+            return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+        return [slice(0, inputs)]
 
     def run(self, parts: list[slice], decode: Callable[[C, slice], R]) -> list[R]:
         """decode(copy, part) for each part, the first on this thread; every part finishes before this returns

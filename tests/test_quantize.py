@@ -292,6 +292,19 @@ def test_a_point_tolerance_for_a_token_model_is_refused_before_any_work(tmp_path
     assert not (tmp_path / "api").exists()
     QualityTolerance(min_exact_match=0.5).check_kind("tokens")  # its own kind's tolerances pass
     QualityTolerance(max_output_diff=0.5).check_kind("points")
+    with pytest.raises(UsageError, match="max_output_diff=0.05 .* judges point models"):  # given, at its default
+        QualityTolerance().check_kind("tokens", given=("max_output_diff",))
+    default = CliRunner().invoke(export_command, [str(DATES), "--out", str(tmp_path / "d"), "--quantize", "int8",
+                                                  "--max-output-diff", "0.05"])
+    assert default.exit_code == 2 and "judges point models" in default.output and not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("options", [dict(quality_tol=QualityTolerance(min_exact_match=0.5)),
+                                     dict(accept_quality_loss=True)])
+def test_quality_options_without_a_reduced_precision_are_refused_by_the_api_too(tmp_path, options):
+    with pytest.raises(UsageError, match=f"{next(iter(options))} judges a reduced-precision export"):
+        export_model(SQUARES, tmp_path / "out", **options)
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_int8_export_refusal_and_verify(tmp_path):

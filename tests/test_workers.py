@@ -3,6 +3,8 @@ inputs decoded at once on copies of the sessions, and returns exactly what one c
 sampling and bad worker counts are handled as documented. Real sessions and real threads throughout."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from cli.infer import infer
 from runtime import Seq2Seq
 from runtime.errors import Cancelled, InputError
 from runtime.sessions import max_threads
-from runtime.workers import SPLIT_ROWS, Workers, check_workers
+from runtime.workers import ALIGN, SPLIT_ROWS, Workers, check_workers
 from training.tokens.builtin import toy_translation
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
@@ -47,16 +49,55 @@ class Threads:
 @pytest.mark.parametrize(("inputs", "rows_each", "copies", "expected"), [
     (64, 1, 2, [(0, 32), (32, 64)]),
     (63, 1, 2, [(0, 63)]),  # two chunks would hold fewer than SPLIT_ROWS rows each
-    (14, 5, 2, [(0, 7), (7, 14)]),  # 70 rows of beam 5
-    (13, 5, 2, [(0, 13)]),  # 65 rows, but a chunk of 6 inputs would hold 30
-    (100, 1, 3, [(0, 33), (33, 66), (66, 100)]),
-    (3, 40, 4, [(0, 1), (1, 2), (2, 3)]),  # never more chunks than inputs
+    (70, 1, 2, [(0, 32), (32, 70)]),  # the second chunk starts on a block of ALIGN inputs
+    (16, 5, 2, [(0, 8), (8, 16)]),  # 80 rows of beam 5
+    (14, 5, 2, [(0, 14)]),  # 70 rows, but aligned chunks of 12 and 2 inputs: 2 x 5 rows are too few
+    (100, 1, 3, [(0, 32), (32, 64), (64, 100)]),
+    (100, 1, 4, [(0, 32), (32, 64), (64, 100)]),  # four chunks of 25 rows would be too small: three
+    (12, 40, 4, [(0, 4), (4, 8), (8, 12)]),
     (500, 1, 1, [(0, 500)]),
 ])
-def test_chunks_are_contiguous_even_and_hold_enough_rows(inputs, rows_each, copies, expected):
+def test_chunks_are_contiguous_aligned_and_hold_enough_rows(inputs, rows_each, copies, expected):
     parts = Workers(list(range(copies))).chunks(inputs, rows_each)
     assert [(p.start, p.stop) for p in parts] == expected
-    assert all((p.stop - p.start) * rows_each >= SPLIT_ROWS for p in parts) or len(parts) == 1
+    assert all(p.start % ALIGN == 0 and (p.stop - p.start) * rows_each >= SPLIT_ROWS for p in parts) or \
+        len(parts) == 1
+
+
+def test_a_split_needs_every_chunk_decoded_by_the_whole_calls_graph():
+    wide_from_16 = lambda n: n >= 16  # noqa: E731  (the float32 beam graphs: wide from 16 inputs)
+    workers = Workers([0, 1])
+    assert [(p.start, p.stop) for p in workers.chunks(24, 5, wide_from_16)] == [(0, 24)]  # 12 + 12: fast, not wide
+    assert [(p.start, p.stop) for p in workers.chunks(32, 5, wide_from_16)] == [(0, 16), (16, 32)]
+    assert [(p.start, p.stop) for p in workers.chunks(10, 5, wide_from_16)] == [(0, 10)]  # fast as a whole, but
+    # aligned chunks of 8 and 2 inputs: the 2 have too few rows
+
+
+def test_the_alignment_is_the_wide_greedy_loops_block():
+    from export.tokens.fast import GROUP
+
+    assert ALIGN % GROUP == 0
+
+
+def dated(n: int) -> list[str]:
+    """n dates in the many spellings of the `dates` set (sources of varied lengths)."""
+    from training.tokens.builtin import generate_dates
+
+    return list(generate_dates(n, 7).sources)
+
+
+@pytest.fixture(scope="module")
+def dates_transformer(tmp_path_factory):
+    """A seeded, untrained transformer on the toy vocabularies, exported once, fed dates (sources of varied
+    lengths): its wide greedy loop decodes blocks of 4 inputs, the case a chunk starting inside a block moves."""
+    from support.models import export_token_model, toy_token_spec
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=32, n_heads=2, layers=2, max_positions=64)
+    return export_token_model(spec, tmp_path_factory.mktemp("dates-tf") / "model")
+
+
+def hypotheses(found: list) -> list:
+    return [[(h.ids, h.score, h.log_prob) for h in hyps] for hyps in found]
 
 
 @two_cpus
@@ -67,10 +108,29 @@ def test_a_split_call_returns_what_one_copy_returns(transformer_export, options)
     batch, asked = texts(70), Threads()
     expected, got = one.translate_batch(batch, **options), two.translate_batch(batch, cancel=asked, **options)
     assert asked.workers == 1 and "MainThread" in asked.names  # both copies decoded a chunk
-    assert [[(h.ids, h.score, h.log_prob) for h in hyps] for hyps in got] == \
-        [[(h.ids, h.score, h.log_prob) for h in hyps] for hyps in expected]
+    assert hypotheses(got) == hypotheses(expected)
     if options.get("return_attention"):
         assert all(np.array_equal(a[0].attention, b[0].attention) for a, b in zip(got, expected))
+
+
+@two_cpus
+def test_every_batch_size_splits_exactly_even_off_the_blocks_and_at_the_beam_graphs_change(dates_transformer):
+    """Sizes whose halves do not fall on the wide greedy loop's blocks of 4 inputs (66-71, 74-79 moved scores by
+    ~1e-6 before chunks were aligned), and beam calls whose halves would run the fast beam graph where the whole
+    call runs the wide one (from 16 inputs): the split call is exact, or runs whole."""
+    one = Seq2Seq.load(dates_transformer.path, provider="cpu", threads=1)
+    two = Seq2Seq.load(dates_transformer.path, provider="cpu", workers=2)
+    sources = dated(80)
+    for n in range(64, 81):
+        asked = Threads()
+        assert hypotheses(two.translate_batch(sources[:n], cancel=asked)) == \
+            hypotheses(one.translate_batch(sources[:n])), n
+        assert asked.workers == 1
+    for n, splits in ((24, False), (32, True)):  # beam 3: 12-input halves run fast_beam, 16-input ones wide_beam
+        asked = Threads()
+        got = two.translate_batch(sources[:n], beam_size=3, cancel=asked)
+        assert hypotheses(got) == hypotheses(one.translate_batch(sources[:n], beam_size=3)) and \
+            asked.workers == splits, n
 
 
 @two_cpus
@@ -103,6 +163,9 @@ def test_small_calls_and_seeded_sampling_run_whole(transformer_export):
     got = model.translate_batch(texts(80), cancel=asked, **draws)
     assert asked.workers == 0  # the seed's draws are the whole batch's
     assert [h[0].ids for h in got] == [h[0].ids for h in one.translate_batch(texts(80), **draws)]
+    asked = Threads()
+    model.translate_batch(texts(80), cancel=asked, sampling_topk=0)  # unseeded: nothing to repeat, so it splits
+    assert asked.workers == 1
 
 
 @two_cpus
@@ -168,10 +231,22 @@ def test_workers_times_threads_must_fit_the_cpus():
 
 
 @two_cpus
-def test_infer_workers_decode_like_one_and_refuse_what_cannot_work(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--beam", "4"], ["--sample", "--seed", "3"], ["--attention"]])
+def test_infer_workers_decode_batches_side_by_side_byte_for_byte(tmp_path, dates_transformer, options):
+    """infer --workers 2 decodes two --batch-size batches at once, each as one copy would: the same bytes out."""
+    sources = tmp_path / "in.txt"
+    sources.write_text("\n".join(dated(150)) + "\n")
+    runner, model = CliRunner(), str(dates_transformer.path)
+    one = runner.invoke(infer, [model, "--input", str(sources), "--threads", "1", *options])
+    two = runner.invoke(infer, [model, "--input", str(sources), "--workers", "2", *options])
+    assert one.exit_code == two.exit_code == 0 and one.output == two.output and one.output.count("\n") == 150
+
+
+@two_cpus
+def test_infer_workers_refuse_what_cannot_work(tmp_path):
+    runner = CliRunner()
     sources = tmp_path / "in.txt"
     sources.write_text("\n".join(["March 3, 2021", "1 jan 1999", "12/11/2000"] * 30) + "\n")
-    runner = CliRunner()
     one = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--input", str(sources), "--threads", "1"])
     two = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--input", str(sources), "--workers", "2"])
     assert one.exit_code == two.exit_code == 0 and one.output == two.output and one.output.count("\n") == 90
@@ -181,3 +256,22 @@ def test_infer_workers_decode_like_one_and_refuse_what_cannot_work(tmp_path):
                        (["--workers", "0"], "'--workers'")):
         result = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--text", "x", *args])
         assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
+
+
+@two_cpus
+def test_the_workers_bench_times_three_ways_and_refuses_what_it_cannot_time():
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "workers_bench.py"
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), *args, "--repeats", "2"], capture_output=True, text=True,
+                              timeout=300)
+    done = bench(str(ARTIFACTS / "dates"), "--batch", "64", "--beam", "1", "--steps", "5")
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.splitlines()[-1]
+    assert line.startswith("batch 64 beam 1: 1 thread ") and "2 threads " in line and "2 workers " in line
+    assert line.endswith("outputs equal")
+    for args, says in (([str(ARTIFACTS / "dates"), "--steps", "99999"], "max_decoding_length: 99999"),
+                       ([str(ARTIFACTS / "squares"), "--beam", "5"], "is a point model"),
+                       ([str(ARTIFACTS / "dates"), "--workers", str(max_threads() + 1)], "--workers")):
+        refused = bench(*args)
+        assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr
