@@ -55,9 +55,10 @@ def call(model: Seq2Seq, source: Any, beam: int, steps: int) -> Callable[[], Any
 @click.option("--beam", "beams", type=click.IntRange(1, 16), multiple=True, help="Token models (default 1 and 5).")
 @click.option("--workers", type=click.IntRange(2), default=2, show_default=True,
               help="N: the workers, and the intra-op threads of the second decoder.")
-@click.option("--steps", type=click.IntRange(1), default=20, show_default=True, help="Tokens decoded per input.")
+@click.option("--steps", type=click.IntRange(1), default=None,
+              help="Token models: tokens decoded per input (default 20).")
 @click.option("--repeats", type=click.IntRange(1), default=20, show_default=True, help="Timed rounds per case.")
-def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], workers: int, steps: int,
+def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], workers: int, steps: int | None,
          repeats: int) -> None:
     if workers > max_threads():
         raise click.BadParameter(f"expected at most the {max_threads()} CPUs this process may use, got {workers}",
@@ -69,9 +70,10 @@ def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], work
     except Seq2OnnxError as err:
         raise click.ClickException(str(err)) from None
     first = models["1 thread"]
-    if first.spec.kind == "points" and beams:
-        raise click.BadParameter(f"{model_dir} is a point model, which decodes greedily; drop --beam",
-                                 param_hint="'--beam'")
+    for given, flag, why in ((beams, "--beam", "decodes greedily"), (steps, "--steps", f"decodes {POINTS[1]} points")):
+        if first.spec.kind == "points" and given:
+            raise click.BadParameter(f"{model_dir} is a point model, which {why}; drop {flag}", param_hint=f"'{flag}'")
+    steps = steps or 20
     beams = beams if first.spec.kind == "tokens" else (1,)
     click.echo(f"{model_dir}: {first.spec.kind} model, {max_threads()} CPUs; medians of {repeats} interleaved rounds")
     for batch in batches or (64,):

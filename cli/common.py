@@ -105,9 +105,10 @@ def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> Non
     from runtime.sessions import max_threads
 
     if workers > 1 and on_ray:
-        raise click.UsageError(f"--workers {workers} splits a batch across copies of the model in this process; with "
-                               "--ray every actor holds a copy: set how many with --concurrency and drop --workers")
+        raise click.UsageError(f"--workers {workers} decodes on copies of the model in this process; with --ray every "
+                               "actor holds a copy: set how many with --concurrency and drop --workers")
     if workers * (threads or 1) > max_threads():
-        raise click.UsageError(f"--workers {workers} x --threads {threads or 1} needs {workers * (threads or 1)} CPUs, "
-                               f"more than the {max_threads()} this process may use; pass --workers x --threads "
-                               f"(default 1 with --workers) of at most {max_threads()}")
+        each = f" of --threads {threads}" if threads else " of one thread"
+        raise click.UsageError(f"--workers {workers}{each} need {workers * (threads or 1)} CPUs, more than the "
+                               f"{max_threads()} this process may use; pass --workers x --threads (1 unless given) "
+                               f"of at most {max_threads()}")

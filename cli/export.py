@@ -82,7 +82,7 @@ def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept
     if given and quantize is None and dtype == "fp32":
         verb = "applies" if len(given) == 1 else "apply"
         raise click.UsageError(f"{', '.join(given)} only {verb} to a reduced-precision export; add --quantize int8 "
-                               "or --dtype fp16, or drop them")
+                               f"or --dtype fp16, or drop {'it' if len(given) == 1 else 'them'}")
 
 
 OWN_PACKAGES = ("cli", "export", "runtime", "serving", "training")  # a user's module of one of these names is shadowed

@@ -127,7 +127,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Copies of the model, one thread each (with --threads: that many each): token models decode "
-                   "N batches at once, point models split the input from 64 sources; the output is the same.")
+                   "N batches at once, point models split the input from 64 sources (not int8 ones); the output is "
+                   "the same.")
 @click.option("--device-id", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,

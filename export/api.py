@@ -155,8 +155,8 @@ def export_model(
     mode = precision_mode(quantize, dtype)
     if mode == FP32 and (quality_tol != QualityTolerance() or accept_quality_loss):
         given = "quality_tol" if quality_tol != QualityTolerance() else "accept_quality_loss"
-        raise UsageError(f"{given} judges a reduced-precision export's loss against its float32 graphs; pass "
-                         f"quantize='int8' or dtype='fp16', or drop {given}")
+        raise UsageError(f"{given} applies only to a reduced-precision export (its loss against its float32 "
+                         f"graphs); pass quantize='int8' or dtype='fp16', or drop {given}")
     out = normalized(out)
     check_destination(out, force)  # before any work; checked again just before publishing
     with restored_modes(source):

@@ -226,8 +226,8 @@ class TokenRun:
     def _decoded(self, numbered: Iterable[tuple[list[Item], bool]]) -> Iterator[tuple[int, tuple[list[Item], bool],
                                                                                    list[list[Translation]]]]:
         """(number, (batch, last), its translations), in order. A model loaded with workers decodes that many
-        batches at once, batch n on copy n mod N, each as one copy decodes it alone (the same seed, the same
-        attention for the plot): the output is the one of a single copy, byte for byte."""
+        batches at once, batch n on copy n mod N (`Seq2Seq.copies`: each decodes a call whole), as one copy decodes
+        it alone (the same seed, the same attention for the plot): the output is one copy's, byte for byte."""
         copies = getattr(self.model, "copies", [self.model])
 
         def decode(copy: Any, number: int, batch: list[Item], before: int) -> list[list[Translation]]:

@@ -83,6 +83,9 @@ class Seq2Seq:
                              if manifest.spec.kind == "tokens" else None)
         self._workers: Workers[Seq2Seq] = Workers([self])  # load(workers=N) adds the other copies
         self._token_workers = self._workers.mapped(lambda model: model._token_steps)
+        self._whole: list[Seq2Seq] = [self]  # `copies`: models that decode every call whole
+        # int8 quantizes activations per call: a split would change results (runtime.workers), so it never splits
+        self._splits = manifest.precision != INT8
 
     @classmethod
     def load(cls, path: str | Path, provider: str = "auto", threads: int | None = None, fused: bool = True,
@@ -129,6 +132,9 @@ class Seq2Seq:
                       device_id=device_id) for sessions in copies]
         models[0]._workers = Workers(models)
         models[0]._token_workers = models[0]._workers.mapped(lambda model: model._token_steps)
+        if workers > 1:  # the first copy's sessions again, in a model of its own that never splits a call
+            models[0]._whole = [cls(manifest, copies[0], path, vocabularies, io_binding=models[0].io_binding,
+                                    device_id=device_id), *models[1:]]
         return models[0]
 
     @property
@@ -148,9 +154,10 @@ class Seq2Seq:
 
     @property
     def copies(self) -> list[Seq2Seq]:
-        """This model and its worker copies (`load(workers=N)`), each on sessions of its own: a caller that runs
-        whole calls side by side (`infer`'s batches) hands each copy one call at a time."""
-        return list(self._workers.copies)
+        """The model's copies (`load(workers=N)`: N, each on sessions of its own; else this model), each decoding
+        every call whole: a caller that runs whole calls side by side (`infer`'s batches) hands each one call at a
+        time."""
+        return list(self._whole)
 
     def predict(
         self, source: Any, target_len: int | None = None, source_mask: Any = None, return_attention: bool = False,
@@ -164,7 +171,7 @@ class Seq2Seq:
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
-        parts = self._workers.chunks(src.shape[0])
+        parts = self._workers.chunks(src.shape[0]) if self._splits else [slice(0, src.shape[0])]
 
         def decode(model: Seq2Seq, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
             with flushing(rows.stop - rows.start > 1 or not mask[rows].all()):  # one unpadded row has no mask
@@ -202,7 +209,7 @@ class Seq2Seq:
         if unknown:
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
         return translate(self._token_steps, self.vocabularies, texts, cancel=cancel,
-                         workers=self._token_workers, **options)
+                         workers=self._token_workers if self._splits else None, **options)
 
     @property
     def contract(self) -> TokenContract | None:

@@ -6,8 +6,9 @@ for two sessions: `benchmarks/workers_bench.py`).
 
 A chunk keeps the whole call's padding width, starts on a block of the wide greedy loop and is decoded by the graph
 the whole call would use, so a float32 or float16 export returns exactly what one copy returns for the whole call.
-An int8 export quantizes activations per call (over the call's rows), so its results depend on which inputs share a
-call, and a split call returns what its chunks return as calls of their own."""
+An int8 export never splits a call: it quantizes activations per call, over the call's rows, and a split changed
+results (the 1-epoch dates transformer: 4-6.5% of hypotheses other ids, scores up to 0.17 apart; int8 squares:
+outputs up to 0.125 apart)."""
 from __future__ import annotations
 
 import numbers

@@ -302,7 +302,7 @@ def test_a_point_tolerance_for_a_token_model_is_refused_before_any_work(tmp_path
 @pytest.mark.parametrize("options", [dict(quality_tol=QualityTolerance(min_exact_match=0.5)),
                                      dict(accept_quality_loss=True)])
 def test_quality_options_without_a_reduced_precision_are_refused_by_the_api_too(tmp_path, options):
-    with pytest.raises(UsageError, match=f"{next(iter(options))} judges a reduced-precision export"):
+    with pytest.raises(UsageError, match=f"{next(iter(options))} applies only to a reduced-precision export"):
         export_model(SQUARES, tmp_path / "out", **options)
     assert not (tmp_path / "out").exists()
 

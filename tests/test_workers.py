@@ -194,6 +194,38 @@ def test_an_error_names_the_whole_batchs_index_and_a_cancel_stops_every_chunk():
     assert seen.workers == 1  # the second chunk was asked too, and the call waited for it
 
 
+@pytest.fixture(scope="module")
+def int8_transformer(tmp_path_factory):
+    from support.models import export_token_model, toy_token_spec
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=32, n_heads=2, layers=2, max_positions=64)
+    return export_token_model(spec, tmp_path_factory.mktemp("int8-tf") / "model", quantize="int8",
+                              accept_quality_loss=True)
+
+
+@two_cpus
+def test_copies_decode_every_call_whole_and_int8_never_splits(transformer_export, int8_transformer, tmp_path):
+    """`copies` (infer's batches go one to a copy) never split a call again; an int8 export's call never splits,
+    its activations being quantized per call (a split moved its scores by up to 0.17)."""
+    model = Seq2Seq.load(transformer_export.path, provider="cpu", workers=2)
+    assert len(model.copies) == 2 and model.copies[1] is not model
+    for copy in model.copies:
+        asked = Threads()
+        copy.translate_batch(texts(80), cancel=asked)
+        assert asked.workers == 0
+    int8 = (Seq2Seq.load(int8_transformer.path, provider="cpu", threads=1),
+            Seq2Seq.load(int8_transformer.path, provider="cpu", workers=2))
+    asked = Threads()
+    got = int8[1].translate_batch(dated(100), beam_size=2, cancel=asked)
+    assert asked.workers == 0 and hypotheses(got) == hypotheses(int8[0].translate_batch(dated(100), beam_size=2))
+    sources = tmp_path / "in.txt"
+    sources.write_text("\n".join(dated(150)) + "\n")
+    runner = CliRunner()
+    outputs = [runner.invoke(infer, [str(int8_transformer.path), "--input", str(sources), "--beam", "4", *args])
+               for args in (["--threads", "1"], ["--workers", "2"])]
+    assert outputs[0].exit_code == outputs[1].exit_code == 0 and outputs[0].output == outputs[1].output
+
+
 @two_cpus
 def test_concurrent_calls_share_the_copies(transformer_export):
     model = Seq2Seq.load(transformer_export.path, provider="cpu", workers=2)
@@ -272,6 +304,7 @@ def test_the_workers_bench_times_three_ways_and_refuses_what_it_cannot_time():
     assert line.endswith("outputs equal")
     for args, says in (([str(ARTIFACTS / "dates"), "--steps", "99999"], "max_decoding_length: 99999"),
                        ([str(ARTIFACTS / "squares"), "--beam", "5"], "is a point model"),
+                       ([str(ARTIFACTS / "squares"), "--steps", "5"], "which decodes 100 points; drop --steps"),
                        ([str(ARTIFACTS / "dates"), "--workers", str(max_threads() + 1)], "--workers")):
         refused = bench(*args)
         assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr
