@@ -81,10 +81,10 @@ class Seq2Seq:
         self._token_steps = (TokenSteps(manifest.spec, self._encode, self._decode_step, self._greedy, fast=fast,
                                         beam_step=beam_step, contract=contract)
                              if manifest.spec.kind == "tokens" else None)
-        self._workers: Workers[Seq2Seq] = Workers([self])  # load(workers=N) adds the other copies
-        self._token_workers = self._workers.mapped(lambda model: model._token_steps)
-        self._whole: list[Seq2Seq] = [self]  # `copies`: models that decode every call whole
-        # int8 quantizes activations per call: a split would change results (runtime.workers), so it never splits
+        # load(workers=N): N models that decode every call whole, the first over this one's sessions (no reference
+        # back to this model: its sessions go with it); int8 quantizes activations per call, so it never splits
+        self._workers: Workers[Seq2Seq] | None = None
+        self._token_workers: Workers[Any] | None = None
         self._splits = manifest.precision != INT8
 
     @classmethod
@@ -130,11 +130,11 @@ class Seq2Seq:
         vocabularies = load_vocabularies(path, manifest) if manifest.vocabularies else None
         models = [cls(manifest, sessions, path, vocabularies, io_binding=on_cuda if io_binding is None else io_binding,
                       device_id=device_id) for sessions in copies]
-        models[0]._workers = Workers(models)
-        models[0]._token_workers = models[0]._workers.mapped(lambda model: model._token_steps)
         if workers > 1:  # the first copy's sessions again, in a model of its own that never splits a call
-            models[0]._whole = [cls(manifest, copies[0], path, vocabularies, io_binding=models[0].io_binding,
-                                    device_id=device_id), *models[1:]]
+            whole = [cls(manifest, copies[0], path, vocabularies, io_binding=models[0].io_binding,
+                         device_id=device_id), *models[1:]]
+            models[0]._workers = Workers(whole)
+            models[0]._token_workers = models[0]._workers.mapped(lambda model: model._token_steps)
         return models[0]
 
     @property
@@ -157,7 +157,7 @@ class Seq2Seq:
         """The model's copies (`load(workers=N)`: N, each on sessions of its own; else this model), each decoding
         every call whole: a caller that runs whole calls side by side (`infer`'s batches) hands each one call at a
         time."""
-        return list(self._whole)
+        return list(self._workers.copies) if self._workers is not None else [self]
 
     def predict(
         self, source: Any, target_len: int | None = None, source_mask: Any = None, return_attention: bool = False,
@@ -171,13 +171,14 @@ class Seq2Seq:
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
-        parts = self._workers.chunks(src.shape[0]) if self._splits else [slice(0, src.shape[0])]
+        workers = self._workers if self._splits else None
+        parts = workers.chunks(src.shape[0]) if workers is not None else [slice(0, src.shape[0])]
 
         def decode(model: Seq2Seq, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
             with flushing(rows.stop - rows.start > 1 or not mask[rows].all()):  # one unpadded row has no mask
                 return model._decode_points(src[rows], mask[rows], steps, cancel)
 
-        found = self._workers.run(parts, decode)
+        found = workers.run(parts, decode) if workers is not None else [decode(self, parts[0])]
         outputs = found[0][0] if len(found) == 1 else np.concatenate([out for out, _ in found])
         attention = found[0][1] if len(found) == 1 or found[0][1] is None else np.concatenate([a for _, a in found])
         check_outputs(src, outputs, attention)  # over the whole batch: a bad row is named by its own index

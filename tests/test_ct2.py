@@ -146,7 +146,7 @@ def test_the_bench_gives_both_sides_workers_and_they_decode_alike(tmp_path, tran
                               tmp_path / "ct2")
     loaded = load({"fp32": transformer_export.path, "int8": transformer_export.path, "ct2": converted},
                   ["1t", "2w"])
-    assert len(loaded["seq2onnx", "fp32", "2w"][0]._workers.copies) == 2
+    assert len(loaded["seq2onnx", "fp32", "2w"][0].copies) == 2
     model = loaded["seq2onnx", "fp32", "1t"][0]
     texts = (toy_sources() * 40)[:70]  # 70 rows: ours splits (2 x SPLIT_ROWS), CT2 takes chunks of 35
     calls = {key: copies[0] for key, copies in decoders(loaded, model, texts, 1, MAX_LEN).items()}

@@ -171,7 +171,7 @@ def test_small_calls_and_seeded_sampling_run_whole(transformer_export):
 @two_cpus
 def test_an_error_names_the_whole_batchs_index_and_a_cancel_stops_every_chunk():
     model = Seq2Seq.load(ARTIFACTS / "squares", workers=2, fused=False)
-    second = model._workers.copies[1]  # decodes inputs 40-79
+    second = model.copies[1]  # decodes inputs 40-79
     run_step = second.run_step
 
     def overflowing(feed: dict) -> dict:  # as a model whose step overflows on extreme inputs (test_runtime's)
@@ -224,6 +224,24 @@ def test_copies_decode_every_call_whole_and_int8_never_splits(transformer_export
     outputs = [runner.invoke(infer, [str(int8_transformer.path), "--input", str(sources), "--beam", "4", *args])
                for args in (["--threads", "1"], ["--workers", "2"])]
     assert outputs[0].exit_code == outputs[1].exit_code == 0 and outputs[0].output == outputs[1].output
+
+
+@pytest.mark.parametrize("workers", [1, 2] if max_threads() >= 2 else [1])
+def test_a_model_is_freed_when_its_last_reference_goes(workers):
+    """No reference cycle keeps a model (and its onnxruntime sessions) alive until the garbage collector, or until
+    the interpreter's own teardown, runs."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        model = Seq2Seq.load(ARTIFACTS / "dates", workers=workers)
+        model.translate_batch(texts(70))
+        freed = [weakref.ref(m) for m in (model, *model.copies)]
+        del model
+        assert all(ref() is None for ref in freed)
+    finally:
+        gc.enable()
 
 
 @two_cpus
