@@ -228,7 +228,7 @@ class TokenRun:
         """(number, (batch, last), its translations), in order. A model loaded with workers decodes that many
         batches at once, batch n on copy n mod N (`Seq2Seq.copies`: each decodes a call whole), as one copy decodes
         it alone (the same seed, the same attention for the plot): the output is one copy's, byte for byte."""
-        copies = getattr(self.model, "copies", [self.model])
+        copies = self.model.copies
 
         def decode(copy: Any, number: int, batch: list[Item], before: int) -> list[list[Translation]]:
             want = self.attention or (self.plot and before < MAX_ITEMS)  # the plot's first items carry attention

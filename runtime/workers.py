@@ -1,8 +1,8 @@
 """Data-parallel decoding (`Seq2Seq.load(workers=N)`): a call of many rows is split into contiguous chunks of its
 inputs, decoded at once by N copies of the sessions (one on the calling thread, the others on a pool of N - 1
 threads), and joined in order: CTranslate2's inter_threads. Each copy has its own sessions, so their allocators do
-not contend (one session run from two threads at once measured 0.90x the one-thread time at batch 64 against 0.67x
-for two sessions: `benchmarks/workers_bench.py`).
+not contend (the wide greedy graph at batch 64 in two halves at once: 0.90x the one-thread time on one session, 0.67x
+on two; a scratch comparison on the 2-core Xeon VM of the README's workers figures).
 
 A chunk keeps the whole call's padding width, starts on a block of the wide greedy loop and is decoded by the graph
 the whole call would use, so a float32 or float16 export returns exactly what one copy returns for the whole call.
@@ -18,9 +18,10 @@ from typing import Any, Callable, Generic, TypeVar
 from .errors import InputError, brief
 from .sessions import max_threads
 
-# Rows (inputs x beams) each chunk must hold. Waking a pool thread costs ~0.1-2 ms on a VM whose idle vCPU the
-# host has parked, so short calls run whole: on the 2-core Xeon VM, 2 workers took 0.61x-0.72x the time of one at
-# 64 rows (transformer greedy and beam 5, batch 64), 0.73x at 40 (beam 5, batch 8) and 0.9-1.3x at 8-16 rows.
+# Rows (inputs x beams) each chunk must hold. Short bursts on two threads did not run side by side on the 2-core
+# Xeon VM (numpy products split over two threads: 1.43x the serial time for 0.6 ms of work, 0.66x for 16 ms), so
+# short calls run whole: 2 workers took 0.61x-0.72x the time of one at 64 rows (the dates transformer, greedy and
+# beam 5, batch 64) and 0.9-1.3x at 8-16 rows.
 SPLIT_ROWS = 32
 # Chunks start at multiples of this many inputs: the wide greedy loop decodes inputs in blocks of 4
 # (export.tokens.fast.GROUP), and a chunk that starts inside a block regroups the rest, which moves float32 sums.
@@ -84,8 +85,3 @@ class Workers(Generic[C]):
             for future in futures:
                 future.exception()  # waits: nothing of this call runs on after it returns or raises
         return [first, *(future.result() for future in futures)]
-
-    def close(self) -> None:
-        """Let the pool's threads end (they are idle between calls)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
