@@ -202,8 +202,8 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         found = decode(own, slice(0, len(texts)))
     else:  # seeded draws are the whole batch's: such a call runs whole
         width = ids.shape[1]
-        parts = workers.chunks(len(texts), beam_size, lambda n: _graph(steps, n, width, search, sampler))
-        parts = [slice(0, len(texts))] if sampler is not None and seed is not None else parts
+        parts = ([slice(0, len(texts))] if sampler is not None and seed is not None else
+                 workers.chunks(len(texts), beam_size, lambda n: _graph(steps, n, width, search, sampler)))
         found = [hyps for part in workers.run(parts, decode) for hyps in part]
     target = vocabularies["target"]
     return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
