@@ -214,8 +214,9 @@ def _graph(steps: TokenSteps, inputs: int, width: int, search: dict[str, Any], s
     """Which graph `_decode` runs for `inputs` sources of `width` tokens (an id): a chunk of a split call must run
     the whole call's (the wide and fast graphs' float32 sums differ)."""
     beam_size, beam = search["beam_size"], search["beam_size"] != 1 or search["num_hypotheses"] != 1
-    if beam and steps.beam_graph(inputs, width, beam_size) is not None:
-        return id(steps.beam_graph(inputs, width, beam_size))
+    graph = steps.beam_graph(inputs, width, beam_size) if beam else None
+    if graph is not None:
+        return id(graph)
     if beam and steps.has_beam_step:
         return 0  # a recurrent model's beam step: one graph for every size
     if not beam and sampler is None and steps.greedy is not None:
