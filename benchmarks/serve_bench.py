@@ -2,6 +2,7 @@
 
     python benchmarks/serve_bench.py [MODEL_DIR] [--requests 100000] [--duration 5] [--concurrency 1 8 32]
                                      [--replicas 1 2] [--beam 1] [--threads 2] [--server-threads 1]
+                                     [--server-workers 1 2]
                                      [--no-ray] [--json FILE.json] [--plot FILE.png] [--force]
 
 Each request is one text (MODEL_DIR: artifacts/dates), drawn seeded from fixed dates, greedy unless --beam. A cell
@@ -9,7 +10,9 @@ Each request is one text (MODEL_DIR: artifacts/dates), drawn seeded from fixed d
 done or --duration s have passed; --max-total skips or shortens cells past it. Modes, in this order:
   in-process    Seq2Seq.load(threads=--threads).translate_batch([text]) from N threads: no HTTP, no batching.
   serve         `seq2onnx serve MODEL_DIR` (the default: one process, FastAPI on uvicorn) as a process of its own,
-                --num-cpus --server-threads, --max-batch-size 32, --batch-wait-ms as given.
+                --num-cpus --server-threads, --max-batch-size 32, --batch-wait-ms as given; with
+                --server-workers N other than 1, "serve --workers N" (N copies decoding batches at once), one
+                server process per value, all started together and measured one after another in each round.
   serve --ray R a local Ray (2 CPUs), Serve on 127.0.0.1, build_app(ServeConfig(num_cpus=2/R, max_batch_size=32)):
                 R=1 decodes on 2 onnxruntime threads, R=2 on 1 each; then the same with Ray's documented
                 throughput options (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for the whole Ray, access log off), "opt".
@@ -273,13 +276,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(model_dir: Path, threads: int, batch_wait_ms: float, log: Path) -> Iterator[str]:
+def server_process(model_dir: Path, threads: int, batch_wait_ms: float, log: Path, workers: int = 1) -> Iterator[str]:
     """`seq2onnx serve MODEL_DIR` in a process of its own -> the base URL once it is ready; SIGTERM at the end."""
     port = free_port()
     with open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(model_dir), "--port", str(port),
                                  "--num-cpus", str(threads), "--max-batch-size", str(MAX_BATCH), "--batch-wait-ms",
-                                 str(batch_wait_ms)], stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                 str(batch_wait_ms), "--workers", str(workers)], stdout=sink, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -363,9 +366,12 @@ def run_all(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
 
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        with server_process(args.model_dir, args.server_threads, args.batch_wait_ms, tmp / "serve.log") as url:
-            progress(f"seq2onnx serve on {url}")
-            interleaved("one process", {"serve": url}, tmp)
+        with contextlib.ExitStack() as servers:
+            urls = {server_mode(w): servers.enter_context(server_process(
+                args.model_dir, args.server_threads, args.batch_wait_ms, tmp / f"serve{w}.log", w))
+                for w in args.server_workers}
+            progress(f"seq2onnx serve on {', '.join(urls.values())}")
+            interleaved("one process", urls, tmp)
         for optimized in ([] if args.no_ray else [False, True]):
             with local_serve(optimized) as url:
                 progress(f"Ray Serve on {url}{' (throughput options)' if optimized else ''}")
@@ -409,6 +415,11 @@ def report(f: dict[str, Any]) -> None:
              f"{f['errors']} errors{first}, {f['throughput']:.1f} req/s")
 
 
+def server_mode(workers: int) -> str:
+    """A one-process server's mode name in the table."""
+    return "serve" if workers == 1 else f"serve --workers {workers}"
+
+
 def serve_mode(replicas: int, optimized: bool = False) -> str:
     """A Ray Serve mode's name in the table."""
     return f"serve --ray {replicas}r{' opt' if optimized else ''}"
@@ -426,6 +437,11 @@ def ratios(rows: list[dict[str, Any]], levels: list[int]) -> list[tuple[str, int
                 each = [s / i for s, i in zip(rounds[phase, mode, c], rounds[phase, IN_PROCESS, c]) if i]
                 if each:
                     found.append((f"{mode} / in-process", c, float(np.median(each)), each))
+            base = server_mode(1)
+            if mode != base and (phase, base, c) in rounds:  # copies against one, each round's pair
+                each = [w / o for w, o in zip(rounds[phase, mode, c], rounds[phase, base, c]) if o]
+                if each:
+                    found.append((f"{mode} / {base}", c, float(np.median(each)), each))
     return found
 
 
@@ -493,6 +509,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, choices=[1, 2], help="in-process onnxruntime threads")
     p.add_argument("--server-threads", type=int, default=1, choices=[1, 2],
                    help="the one-process server's decoding threads (serve --num-cpus)")
+    p.add_argument("--server-workers", type=int, nargs="+", default=[1],
+                   help="the one-process server's copies of the model (serve --workers), one server per value")
     p.add_argument("--no-ray", action="store_true", help="leave out the Ray Serve modes")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; a cell's figures are their medians")
     p.add_argument("--client", choices=["wrk", "aiohttp"], default="wrk" if shutil.which("wrk") else "aiohttp",
@@ -503,8 +521,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, metavar="FILE.json", help="also write the figures to FILE.json")
     p.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = p.parse_args(argv)
-    if min(args.concurrency + args.replicas + [args.requests, args.beam, args.rounds]) < 1 or args.duration <= 0:
-        p.error("--requests, --concurrency, --replicas, --beam and --rounds must be at least 1; --duration above 0")
+    if (min(args.concurrency + args.replicas + args.server_workers + [args.requests, args.beam, args.rounds]) < 1
+            or args.duration <= 0):
+        p.error("--requests, --concurrency, --replicas, --server-workers, --beam and --rounds must be at least 1; "
+                "--duration above 0")
+    if len(set(args.server_workers)) < len(args.server_workers):
+        p.error(f"--server-workers: each count once, got {args.server_workers}")
+    if max(args.server_workers) * args.server_threads > len(os.sched_getaffinity(0)):
+        p.error(f"--server-workers {max(args.server_workers)} x --server-threads {args.server_threads}: more than the "
+                f"{len(os.sched_getaffinity(0))} CPUs this process may use")
     if args.max_total < 10:
         p.error(f"--max-total: expected at least 10 s (the server's start alone takes about 1 s), got {args.max_total:g}")
     manifest = args.model_dir / "manifest.json"

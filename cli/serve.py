@@ -7,11 +7,13 @@ process), and that the port is free."""
 from __future__ import annotations
 
 import errno
+import math
 import re
 import socket
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from runtime.errors import Seq2OnnxError
 from runtime.points import MAX_TARGET_LEN
@@ -28,7 +30,7 @@ from serving.config import (
 )
 
 from .cluster import check_reachable
-from .common import require
+from .common import check_workers_option, require
 
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = ("head", "every-node")
@@ -94,6 +96,9 @@ def check_model(model_dir: Path, provider: str) -> str:
                    "intra-op threads (at least 1).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider in every replica.")
+@click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Copies of the model in this process, each decoding a batch of its own at once (each on "
+                   "--num-cpus intra-op threads); not with --ray, whose replicas are the copies.")
 @click.option("--max-batch-size", type=click.IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
               help="Most items (sources or texts) decoded together, summed over merged requests; also the most "
                    "items one request may hold.")
@@ -128,7 +133,7 @@ def check_model(model_dir: Path, provider: str) -> str:
                                       "(this process; not on Ray).")
 @click.pass_context
 def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, replicas: str, num_cpus: float,
-                  provider: str, max_batch_size: int, batch_wait_ms: float, max_body_bytes: int,
+                  provider: str, workers: int, max_batch_size: int, batch_wait_ms: float, max_body_bytes: int,
                   max_decoding_length: int, request_timeout: float, proxy_location: str, name: str,
                   route_prefix: str, address: str | None, use_ray: bool, max_queue: int,
                   shutdown_timeout: float) -> None:
@@ -139,6 +144,9 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     /docs."""
     use_ray = use_ray or address is not None or replicas != "1"
     _refuse_ray_only(ctx, use_ray)
+    given_cpus = ctx.get_parameter_source("num_cpus") == ParameterSource.COMMANDLINE
+    check_workers_option(workers, max(1, math.floor(num_cpus)) if given_cpus else None, use_ray,
+                         ray_copies="--replicas", threads_flag="--num-cpus")
     if use_ray:
         require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
     else:
@@ -151,7 +159,7 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
                          batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
                          max_decoding_length=max_decoding_length, max_queue=max_queue,
-                         request_timeout_s=request_timeout)
+                         request_timeout_s=request_timeout, workers=workers)
     if use_ray:
         from .serve_ray import RayPlan, serve_on_ray
 
@@ -162,10 +170,14 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     click.echo("serve: stopped", err=True)
 
 
+def _decoding(config: ServeConfig) -> str:
+    """How this process decodes, for its ready line."""
+    threads = f"{config.threads} decoding thread(s)"
+    return threads if config.workers == 1 else f"{config.workers} copies of the model, {threads} each"
+
+
 def _refuse_ray_only(ctx: click.Context, use_ray: bool) -> None:
     """Ray Serve's own options, given without Ray, are usage errors rather than silently ignored."""
-    from click.core import ParameterSource
-
     given = [name for name in RAY_ONLY if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
     if given and not use_ray:
         flag = "--" + given[0].replace("_", "-")
@@ -183,7 +195,7 @@ def _serve_here(model_dir: Path, kind: str, config: ServeConfig, host: str, port
         under = prefix.rstrip("/")
         click.echo(f"serve: {model_dir} at http://{host}:{port}{under} (POST {route}; GET {under}/v1/model, "
                    f"{under}/healthz, {under}/readyz, {under}/metrics; docs at {under}/docs); this process, "
-                   f"{config.threads} decoding thread(s); Ctrl-C stops", err=True)
+                   f"{_decoding(config)}; Ctrl-C stops", err=True)
 
     stopped_by, service = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready)
     if stopped_by is None:

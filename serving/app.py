@@ -14,6 +14,7 @@ import ray
 from ray import serve
 from ray.serve import Application
 
+from runtime.errors import InputError
 from runtime.model import Seq2Seq
 
 from .answers import predict_body, translate_body
@@ -51,6 +52,10 @@ class Seq2SeqService:
 def build_app(model_dir: str | Path | None, config: ServeConfig = ServeConfig()) -> Application:
     """The application for `serve.run`: replicas, CPUs and batching from `config`. model_dir None loads from each
     replica's working directory: the model shipped with `ray.init(runtime_env={"working_dir": model_dir})`."""
+    if config.workers != 1:
+        raise InputError(f"workers: {config.workers} copies of the model in one process are for the one-process "
+                         "server; on Ray Serve every replica holds a copy: set how many with replicas and leave "
+                         "workers 1")
     replicas = config.replicas
     scaling: dict[str, Any] = ({"num_replicas": replicas.low} if replicas.fixed else {"autoscaling_config": {
         "min_replicas": replicas.low, "max_replicas": replicas.high,

@@ -16,6 +16,7 @@ DEFAULT_MAX_DECODING = 512  # beam search cost grows faster than the length: 50,
 DEFAULT_MAX_QUEUE = 256  # items waiting for a decode (8 full default batches); beyond it a request gets 503 at once
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 MAX_QUEUE_LIMIT = 1 << 20
+MAX_WORKERS = 1024  # the bound a config can state; loading checks workers x threads against the CPUs
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class ServeConfig:
     replicas: Replicas = Replicas(1, 1)
     max_queue: int = DEFAULT_MAX_QUEUE
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    workers: int = 1  # copies of the model in one process, each decoding a batch of its own at once (not on Ray)
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -57,6 +59,7 @@ class ServeConfig:
         _check_number("max_decoding_length", self.max_decoding_length, 1, MAX_TARGET_LEN, integer=True)
         _check_number("max_queue", self.max_queue, 1, MAX_QUEUE_LIMIT, integer=True)
         _check_number("request_timeout_s", self.request_timeout_s, 0.01, 3600.0)
+        _check_number("workers", self.workers, 1, MAX_WORKERS, integer=True)
         if not 1 <= self.replicas.low <= self.replicas.high:
             raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")
 

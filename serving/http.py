@@ -81,7 +81,8 @@ async def info(request: Request) -> ModelInfo:
     sizes = {side: len(vocab) for side, vocab in model.vocabularies.items()} or None
     return ModelInfo(kind=model.spec.kind, spec=dataclasses.asdict(model.spec), export_id=model.manifest.export_id,
                      precision=model.manifest.precision, vocabulary_size=sizes, providers=model.providers,
-                     threads=config.threads, max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms,
+                     threads=config.threads, workers=len(service.copies.models),
+                     max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms,
                      replica=service.name, node=service.node, version=runtime.__version__)
 
 

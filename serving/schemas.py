@@ -79,7 +79,8 @@ class ModelInfo(BaseModel):
     precision: str = Field(description="the export's weights: fp32, int8 or fp16")
     vocabulary_size: Optional[dict[str, int]] = Field(None, description="token models: source and target")
     providers: list[str]
-    threads: int
+    threads: int = Field(description="onnxruntime intra-op threads of each copy")
+    workers: int = Field(1, description="copies of the model, each decoding a batch of its own at once")
     max_batch_size: int
     batch_wait_ms: float
     replica: str

@@ -70,7 +70,7 @@ class Server(uvicorn.Server):
 
 def load_service(model_dir: str | Path, config: ServeConfig) -> Service:
     """The model loaded once, behind its service; named after this machine and process."""
-    model = Seq2Seq.load(model_dir, provider=config.provider, threads=config.threads)
+    model = Seq2Seq.load(model_dir, provider=config.provider, threads=config.threads, workers=config.workers)
     return Service(model, config, name=f"{socket.gethostname()}:{os.getpid()}")
 
 

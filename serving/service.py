@@ -4,8 +4,11 @@ Ray Serve replica). No Ray here.
 - A bounded queue: a request that would take the waiting items past `max_queue` is refused at once (Overloaded,
   HTTP 503 with Retry-After), rather than waiting minutes behind the others.
 - Batches: the first waiting request waits at most `batch_wait_ms` for company, up to `max_batch_size` items;
-  then one decode runs off the event loop, in the model's own thread, so the loop keeps accepting. Requests merge
+  then its decode runs off the event loop, in a thread of the model's, so the loop keeps accepting. Requests merge
   by `serving.batching`'s rules (sampling never merges; one bad request fails alone).
+- Copies: a model loaded with `workers=N` (`serve --workers N`) decodes up to N batches at once, each whole on a
+  copy of its own (`Seq2Seq.copies`); a batch is gathered when a copy is free, so under load the requests that
+  arrive during the decodes under way form the next batch, as with one.
 - Deadlines: a request waits at most its timeout (HTTP 408). When every request of a batch has given up (timed
   out, or its client went away), the decode stops between two steps and the thread takes the next batch.
 """
@@ -52,19 +55,41 @@ class Pending:
     given_up: bool = False
 
 
+class Copies:
+    """The models that decode (a model's `copies`), each one batch at a time in a thread of its own, and which of
+    them are free; shared by a service's batchers."""
+
+    def __init__(self, model: Seq2Seq) -> None:
+        self.models = model.copies
+        self.executor = ThreadPoolExecutor(max_workers=len(self.models), thread_name_prefix="seq2onnx-decode")
+        self._free: asyncio.Queue[Seq2Seq] | None = None
+
+    async def take(self) -> Seq2Seq:
+        """A free copy, once there is one."""
+        if self._free is None:  # made on the event loop that serves
+            self._free = asyncio.Queue()
+            for model in self.models:
+                self._free.put_nowait(model)
+        return await self._free.get()
+
+    def give_back(self, model: Seq2Seq) -> None:
+        self._free.put_nowait(model)
+
+
 @dataclass
 class Batcher:
-    """Requests of one kind gathered into decodes, one decode at a time in `executor`."""
+    """Requests of one kind gathered into decodes, as many at a time as `copies` has models."""
 
     model: Seq2Seq
     decode: Decode
     config: ServeConfig
-    executor: ThreadPoolExecutor
+    copies: Copies
     metrics: Metrics
     waiting: deque[Pending] = field(default_factory=deque)
     queued_items: int = 0
     _wake: asyncio.Event | None = None
     _worker: asyncio.Task | None = None
+    _decoding: set[asyncio.Task] = field(default_factory=set)
 
     async def submit(self, job: Job, timeout_s: float) -> Decoded:
         """Queue `job` and wait for its result (Overloaded at once when the queue is full; DeadlineExceeded after
@@ -101,27 +126,37 @@ class Batcher:
             self._worker = asyncio.get_running_loop().create_task(self._work())
 
     async def _work(self) -> None:
-        """Gather a batch, decode it in the model's thread, answer; until the queue is empty."""
+        """While requests wait: take a free copy, gather a batch, and decode it on that copy in its thread (answered
+        when done), so that with several copies several batches decode at once."""
         loop = asyncio.get_running_loop()
         while self.waiting:
+            model = await self.copies.take()
             batch = await self._gather()
             if not batch:
+                self.copies.give_back(model)
                 continue
-            items = sum(p.job.rows for p in batch)
-            self.metrics.batch_items.observe(items)
-            started = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(self.executor, self.decode, self.model,
-                                                     [p.job for p in batch], _all_given_up(batch))
-            except Cancelled:  # every request of the batch had given up: no one to answer
-                results = [Decoded(DeadlineExceeded("request: given up"), items, len(batch))] * len(batch)
-            except Exception as exc:  # a bug, not a user error (those are each request's own result)
-                results = [Decoded(exc, items, len(batch))] * len(batch)
-            finally:
-                self.metrics.decode_seconds.observe(time.perf_counter() - started)
-            for pending, result in zip(batch, results):
-                if not pending.answer.done():
-                    pending.answer.set_result(result)
+            task = loop.create_task(self._decode(model, batch))
+            self._decoding.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._decoding.discard)
+
+    async def _decode(self, model: Seq2Seq, batch: list[Pending]) -> None:
+        """Decode `batch` on `model` in the copies' threads, answer its requests, and free the copy."""
+        items = sum(p.job.rows for p in batch)
+        self.metrics.batch_items.observe(items)
+        started = time.perf_counter()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self.copies.executor, self.decode, model, [p.job for p in batch], _all_given_up(batch))
+        except Cancelled:  # every request of the batch had given up: no one to answer
+            results = [Decoded(DeadlineExceeded("request: given up"), items, len(batch))] * len(batch)
+        except Exception as exc:  # a bug, not a user error (those are each request's own result)
+            results = [Decoded(exc, items, len(batch))] * len(batch)
+        finally:
+            self.metrics.decode_seconds.observe(time.perf_counter() - started)
+            self.copies.give_back(model)
+        for pending, result in zip(batch, results):
+            if not pending.answer.done():
+                pending.answer.set_result(result)
 
     async def _gather(self) -> list[Pending]:
         """The next batch: the first waiting request and whoever arrives within batch_wait_ms, up to
@@ -148,17 +183,17 @@ class Batcher:
 
 
 class Service:
-    """The model, its two batchers (points and texts: one decodes at a time, in the model's one thread), the
-    server's bounds and its metrics."""
+    """The model, its two batchers (points and texts, sharing the model's copies: one decode at a time on each),
+    the server's bounds and its metrics."""
 
     def __init__(self, model: Seq2Seq, config: ServeConfig, name: str, node: str | None = None,
                  metrics: Metrics | None = None) -> None:
         self.model, self.config, self.name = model, config, name
         self.node = node or socket.gethostname()  # the machine (a Ray replica: its node id)
         self.metrics = metrics or Metrics()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seq2onnx-decode")
-        self.points = Batcher(model, decode_points, config, self.executor, self.metrics)
-        self.texts = Batcher(model, decode_texts, config, self.executor, self.metrics)
+        self.copies = Copies(model)
+        self.points = Batcher(model, decode_points, config, self.copies, self.metrics)
+        self.texts = Batcher(model, decode_texts, config, self.copies, self.metrics)
 
     @property
     def ready(self) -> bool:
@@ -175,8 +210,8 @@ class Service:
         return await self.texts.submit(job, self.config.request_timeout_s)
 
     def close(self) -> None:
-        """Stop the decode thread once what it holds is done."""
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the decode threads once what they hold is done."""
+        self.copies.executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _all_given_up(batch: list[Pending]) -> Callable[[], bool]:

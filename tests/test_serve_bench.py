@@ -3,6 +3,7 @@ client (CI has no wrk), in-process beside it; the table, ratios, JSON and PNG co
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from support.serve import DATES, ray_env
 
 ROOT = Path(__file__).resolve().parents[1]
+WORKERS = ("1", "2") if len(os.sched_getaffinity(0)) >= 2 else ("1",)  # serve --workers 2 needs two CPUs
 
 
 @pytest.mark.slow  # a server process and two 1 s cells per round
@@ -21,17 +23,20 @@ def test_serve_bench_prints_and_writes_its_figures(tmp_path: Any) -> None:
     with ray_env():
         done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), str(DATES), "--no-ray",
                                "--client", "aiohttp", "--rounds", "2", "--duration", "1", "--concurrency", "1", "4",
+                               "--server-workers", *WORKERS,
                                "--json", str(out), "--plot", str(png)],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(out.read_text())
     cells = {(c["mode"], c["concurrency"]): c for c in figures["cells"]}
-    assert set(cells) == {(mode, n) for mode in ("in-process", "serve") for n in (1, 4)}
+    servers = ("serve", "serve --workers 2")[:len(WORKERS)]
+    assert set(cells) == {(mode, n) for mode in ("in-process", *servers) for n in (1, 4)}
     for cell in cells.values():
         assert cell["errors"] == 0 and cell["throughput"] > 0 and len(cell["rounds"]) == 2, cell
     assert cells["serve", 4]["mean_batch"] >= 1  # requests per decode, read from the server's /metrics
     ratios = {(r["what"], r["concurrency"]): r for r in figures["ratios"]}
-    assert set(ratios) == {("serve / in-process", 1), ("serve / in-process", 4)}
+    pairs = ("serve / in-process", "serve --workers 2 / in-process", "serve --workers 2 / serve")
+    assert set(ratios) == {(what, n) for what in pairs[:1 + 2 * (len(WORKERS) - 1)] for n in (1, 4)}
     assert all(len(r["rounds"]) == 2 and r["ratio"] > 0 for r in ratios.values())
     assert "throughput serve / in-process" in done.stdout and png.read_bytes()[:4] == b"\x89PNG"
 
@@ -48,12 +53,15 @@ def _parse(*argv: str) -> Any:
 @pytest.mark.parametrize("argv, code, said", [
     ((str(ROOT / "artifacts" / "squares"),), 2, "a points model; this benchmark posts texts"),
     (("--rounds", "0"), 2, "--rounds must be at least 1"),
+    (("--server-workers", "0"), 2, "--server-workers, --beam and --rounds must be at least 1"),
+    (("--server-workers", "2", "2"), 2, "--server-workers: each count once, got [2, 2]"),
+    (("--server-workers", "999"), 2, "--server-workers 999 x --server-threads 1: more than the"),
     (("--max-total", "1"), 2, "--max-total: expected at least 10 s"),
     (("--json", "/nonexistent/dir/x.json"), 2, "directory '/nonexistent/dir' does not exist"),
     (("--json", "{taken}"), 1, "a file already exists there; pass --force"),
     (("--plot", "{tmp}/latency.jpg"), 2, "expected a file name ending in .png"),
     (("--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"), 2, "is the --json file too"),
-], ids=["points-model", "no-rounds", "no-time", "json-dir", "json-taken", "plot-suffix", "same-file"])
+], ids=["points-model", "no-rounds", "no-workers", "workers-twice", "workers-past-cpus", "no-time", "json-dir", "json-taken", "plot-suffix", "same-file"])
 def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], code: int, said: str,
                                                              tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from runtime.model import Seq2Seq
+from runtime.sessions import max_threads
 
 from support.devices import DEVICES
 from support.processes import default_sigint
@@ -100,8 +101,12 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGINT) -> str:
     return err
 
 
-@pytest.mark.parametrize("backend", [(), pytest.param(("--ray",), marks=pytest.mark.ray)], ids=["here", "ray"])
+@pytest.mark.parametrize("backend", [(), ("--workers", "2"), pytest.param(("--ray",), marks=pytest.mark.ray)],
+                         ids=["here", "here-workers", "ray"])
 def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ...]) -> None:
+    copies = 2 if "--workers" in backend else 1
+    if copies > max_threads():
+        pytest.skip("two copies of one thread need two CPUs")
     port = free_port()
     process = launch(str(DATES), "--port", str(port), "--num-cpus", "1", "--max-batch-size", "8", *backend)
     url = f"http://127.0.0.1:{port}"
@@ -111,11 +116,12 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
     want = Seq2Seq.load(DATES, threads=1).translate_batch(["march 3 1999", "3/3/15"], beam_size=3)
     assert [h[0]["text"] for h in reply.json()["translations"]] == [h[0].text for h in want]
     info = httpx.get(f"{url}/v1/model", timeout=30).json()
-    assert info["max_batch_size"] == 8 and info["threads"] == 1
+    assert info["max_batch_size"] == 8 and info["threads"] == 1 and info["workers"] == copies
     too_many = httpx.post(f"{url}/v1/translate", json={"texts": ["3/3/15"] * 9}, timeout=30)
     assert too_many.status_code == 413 and "--max-batch-size" in too_many.json()["error"]
     err = stop(process)
     assert f"at http://127.0.0.1:{port}" in err
+    assert ("2 copies of the model, 1 decoding thread(s) each" in err) == (copies == 2)
 
 
 @pytest.mark.ray
@@ -226,6 +232,15 @@ SERVE_CASES: dict[str, Case] = {
     "--name without --ray": case(*SERVE, "--name", "dates", code=USAGE, says=("--name", "add --ray")),
     "--max-queue 0": case(*SERVE, "--max-queue", "0", code=USAGE, says=("--max-queue", "1<=x")),
     "--shutdown-timeout -1": case(*SERVE, "--shutdown-timeout", "-1", code=USAGE, says=("--shutdown-timeout",)),
+    "--workers 0": case(*SERVE, "--workers", "0", code=USAGE, says=("--workers", "1<=x<=1024")),
+    "--workers with --ray": case(*SERVE, "--workers", "2", "--ray", code=USAGE,
+                                 says=("--workers 2", "with --ray every replica holds a copy", "--replicas")),
+    "--workers past the CPUs": case(*SERVE, "--workers", str(max_threads() + 1), code=USAGE,
+                                    says=(f"--workers {max_threads() + 1} of one thread need {max_threads() + 1} CPUs",
+                                          f"more than the {max_threads()} this process may use")),
+    "--workers x --num-cpus past the CPUs": case(*SERVE, "--workers", "2", "--num-cpus", str(max_threads() // 2 + 1),
+                                                 code=USAGE, says=(f"--workers 2 of --num-cpus {max_threads() // 2 + 1}",
+                                                                   "pass --workers x --num-cpus")),
 }
 if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
     SERVE_CASES["--provider cuda without CUDA"] = case(*SERVE, "--provider", "cuda", code=BAD_INPUT,
