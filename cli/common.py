@@ -100,18 +100,15 @@ def user_errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def check_workers_option(workers: int, threads: int | None, on_ray: bool, ray_copies: str = "--concurrency",
-                         threads_flag: str = "--threads") -> None:
-    """--workers: not with --ray (its actors or replicas are the copies, set by `ray_copies`), and workers x
-    threads (`threads_flag`; None: not given, one) within the CPUs."""
+def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> None:
+    """--workers: not with --ray (its actors are the copies: --concurrency), and workers x threads within the CPUs."""
     from runtime.sessions import max_threads
 
     if workers > 1 and on_ray:
         raise click.UsageError(f"--workers {workers} decodes on copies of the model in this process; with --ray every "
-                               f"{'replica' if ray_copies == '--replicas' else 'actor'} holds a copy: set how many "
-                               f"with {ray_copies} and drop --workers")
+                               "actor holds a copy: set how many with --concurrency and drop --workers")
     if workers * (threads or 1) > max_threads():
-        each = f" of {threads_flag} {threads}" if threads else " of one thread"
+        each = f" of --threads {threads}" if threads else " of one thread"
         raise click.UsageError(f"--workers {workers}{each} need {workers * (threads or 1)} CPUs, more than the "
-                               f"{max_threads()} this process may use; pass --workers x {threads_flag} (1 unless "
-                               f"given) of at most {max_threads()}")
+                               f"{max_threads()} this process may use; pass --workers x --threads (1 unless given) "
+                               f"of at most {max_threads()}")

@@ -30,7 +30,7 @@ from serving.config import (
 )
 
 from .cluster import check_reachable
-from .common import check_workers_option, require
+from .common import require
 
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = ("head", "every-node")
@@ -97,8 +97,9 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider in every replica.")
 @click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="Copies of the model in this process, each decoding a batch of its own at once (each on "
-                   "--num-cpus intra-op threads); not with --ray, whose replicas are the copies.")
+              help="Copies of the model in this process, each decoding a batch of its own at once on --num-cpus "
+                   "intra-op threads; --workers times --num-cpus may not pass this machine's CPUs. Not with --ray, "
+                   "whose replicas are the copies.")
 @click.option("--max-batch-size", type=click.IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
               help="Most items (sources or texts) decoded together, summed over merged requests; also the most "
                    "items one request may hold.")
@@ -144,9 +145,7 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     /docs."""
     use_ray = use_ray or address is not None or replicas != "1"
     _refuse_ray_only(ctx, use_ray)
-    given_cpus = ctx.get_parameter_source("num_cpus") == ParameterSource.COMMANDLINE
-    check_workers_option(workers, max(1, math.floor(num_cpus)) if given_cpus else None, use_ray,
-                         ray_copies="--replicas", threads_flag="--num-cpus")
+    _check_copies(workers, num_cpus, _ray_because(ctx, use_ray, address, replicas))
     if use_ray:
         require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
     else:
@@ -168,6 +167,39 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     else:
         _serve_here(model_dir, kind, config, host, port, route_prefix, shutdown_timeout)
     click.echo("serve: stopped", err=True)
+
+
+def _ray_because(ctx: click.Context, use_ray: bool, address: str | None, replicas: str) -> str | None:
+    """Why this command serves on Ray (the option that asks for it, as given), or None."""
+    if ctx.get_parameter_source("use_ray") == ParameterSource.COMMANDLINE:
+        return "--ray"
+    if address is not None:
+        return "--address (which implies --ray)"
+    return f"--replicas {replicas} (which implies --ray)" if use_ray else None
+
+
+def _check_copies(workers: int, num_cpus: float, ray: str | None) -> None:
+    """--workers: copies in this process only (Ray's replicas are its copies); in this process, workers x the
+    intra-op threads of --num-cpus within the CPUs it may use. On Ray, --num-cpus is what each replica reserves on
+    whichever node runs it: not this machine's to check."""
+    from runtime.sessions import max_threads
+
+    if ray is not None:
+        if workers > 1:
+            raise click.UsageError(f"--workers {workers} holds copies of the model in this process; with {ray} every "
+                                   "replica holds one: set how many with --replicas and drop --workers")
+        return
+    threads, cpus = max(1, math.floor(num_cpus)), max_threads()
+    if workers * threads <= cpus:
+        return
+    if workers == 1:
+        raise click.UsageError(f"--num-cpus {num_cpus:g}: {threads} decoding threads, more than the {cpus} CPUs this "
+                               f"process may use; pass --num-cpus {cpus} or less (on Ray, --num-cpus is reserved "
+                               "per replica)")
+    given = f"--workers {workers}" + (f" --num-cpus {num_cpus:g}" if threads > 1 else "")
+    each = "one decoding thread" if threads == 1 else f"{threads} decoding threads"
+    raise click.UsageError(f"{given}: {workers} copies of {each} each need {workers * threads} CPUs, more than the "
+                           f"{cpus} this process may use; pass --workers times --num-cpus of {cpus} or less")
 
 
 def _decoding(config: ServeConfig) -> str:

@@ -234,13 +234,22 @@ SERVE_CASES: dict[str, Case] = {
     "--shutdown-timeout -1": case(*SERVE, "--shutdown-timeout", "-1", code=USAGE, says=("--shutdown-timeout",)),
     "--workers 0": case(*SERVE, "--workers", "0", code=USAGE, says=("--workers", "1<=x<=1024")),
     "--workers with --ray": case(*SERVE, "--workers", "2", "--ray", code=USAGE,
-                                 says=("--workers 2", "with --ray every replica holds a copy", "--replicas")),
+                                 says=("--workers 2 holds copies", "with --ray every replica holds one", "--replicas")),
+    "--workers with --replicas": case(*SERVE, "--workers", "2", "--replicas", "2", code=USAGE,
+                                      says=("--workers 2", "with --replicas 2 (which implies --ray)")),
     "--workers past the CPUs": case(*SERVE, "--workers", str(max_threads() + 1), code=USAGE,
-                                    says=(f"--workers {max_threads() + 1} of one thread need {max_threads() + 1} CPUs",
+                                    says=(f"--workers {max_threads() + 1}: {max_threads() + 1} copies of one decoding "
+                                          f"thread each need {max_threads() + 1} CPUs",
                                           f"more than the {max_threads()} this process may use")),
     "--workers x --num-cpus past the CPUs": case(*SERVE, "--workers", "2", "--num-cpus", str(max_threads() // 2 + 1),
-                                                 code=USAGE, says=(f"--workers 2 of --num-cpus {max_threads() // 2 + 1}",
-                                                                   "pass --workers x --num-cpus")),
+                                                 code=USAGE, says=(f"--workers 2 --num-cpus {max_threads() // 2 + 1}: 2 "
+                                                                   "copies of", "pass --workers times --num-cpus")),
+    "--num-cpus past this machine's CPUs on Ray": case(*SERVE, "--address", "127.0.0.1:1", "--num-cpus",
+                                                       str(max_threads() + 1), code=BAD_INPUT,
+                                                       says=("--address 127.0.0.1:1", "nothing answers there")),
+    "--num-cpus past the CPUs": case(*SERVE, "--num-cpus", str(max_threads() + 1), code=USAGE,
+                                     says=(f"--num-cpus {max_threads() + 1}: {max_threads() + 1} decoding threads",
+                                           "on Ray, --num-cpus is reserved per replica")),
 }
 if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
     SERVE_CASES["--provider cuda without CUDA"] = case(*SERVE, "--provider", "cuda", code=BAD_INPUT,
