@@ -7,6 +7,7 @@ request's own source length. Tokens: requests with the same options decode toget
 their lengths). Sampling requests never merge: a seeded sample must not depend on what it was batched with."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -15,7 +16,7 @@ import numpy as np
 from runtime.errors import Cancelled, InputError, Seq2OnnxError
 from runtime.model import Seq2Seq
 from runtime.points import Cancel, check_mask, check_source, check_target_len
-from runtime.tokens import TRANSLATE_OPTIONS, Translation, check_texts
+from runtime.tokens import TRANSLATE_OPTIONS, Translation, check_texts, encode_sources
 
 
 class RequestTooLarge(Seq2OnnxError, ValueError):
@@ -161,12 +162,17 @@ def decode_texts(model: Seq2Seq, jobs: Sequence[TokenJob], cancel: Cancel | None
 
 def _texts_together(model: Seq2Seq, jobs: Sequence[TokenJob],
                     cancel: Cancel | None = None) -> list[list[list[Translation]]]:
-    """One translate_batch for all jobs (equal options), split back per job."""
+    """One translate_batch for all jobs (equal options), split back per job; attention cut back to the width the
+    job's own texts pad to, as a decode of the job alone returns it."""
     texts = [text for job in jobs for text in job.texts]
     found = model.translate_batch(texts, cancel=cancel, **jobs[0].options)
     results, start = [], 0
     for job in jobs:
-        results.append(found[start:start + job.rows])
+        mine = found[start:start + job.rows]
+        if jobs[0].options.get("return_attention") and len(jobs) > 1:
+            width = encode_sources(job.texts, model.vocabularies["source"], model.spec, model.contract)[0].shape[1]
+            mine = [[dataclasses.replace(h, attention=h.attention[:, :width]) for h in hyps] for hyps in mine]
+        results.append(mine)
         start += job.rows
     return results
 

@@ -382,6 +382,23 @@ def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq
         np.testing.assert_allclose(result.value[1], alphas, rtol=POINT_TOL, atol=POINT_TOL)
 
 
+def test_merged_texts_get_the_attention_width_of_their_own_request(dates: Seq2Seq) -> None:
+    """A short text decoded beside a long one: its attention is as wide as its own decode's, not the batch's."""
+    from serving.batching import decode_texts, token_job
+    from serving.schemas import TranslateRequest
+
+    options = {**TranslateRequest(texts=[]).options(), "return_attention": True, "beam_size": 2}
+    jobs = [token_job(dates, texts, options, MAX_BATCH, 512) for texts in (["1/2/03"], ["saturday, january 1 2000"])]
+    done = decode_texts(dates, jobs)
+    assert [d.batch_requests for d in done] == [2, 2]  # merged
+    for job, result in zip(jobs, done):
+        want = dates.translate_batch(job.texts, beam_size=2, return_attention=True)
+        for got_hyps, want_hyps in zip(result.value, want):
+            for got, alone in zip(got_hyps, want_hyps):
+                assert got.ids == alone.ids and got.attention.shape == alone.attention.shape
+                np.testing.assert_allclose(got.attention, alone.attention, rtol=SCORE_RTOL, atol=1e-7)
+
+
 def test_a_route_prefix_holds_every_route_docs_included(dates: Seq2Seq) -> None:
     """serve --route-prefix on the one process: the routes, the docs and the 404's list of routes all under it."""
     from fastapi.testclient import TestClient
