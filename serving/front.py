@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from runtime.errors import Seq2OnnxError
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
+from .encode import json_bytes
 from .schemas import TranslateRequest
 from .service import service_of
 
@@ -124,7 +125,7 @@ def _parsed(model: Any, scope: dict[str, Any], body: bytes) -> Any:
 
 
 async def _send_json(send: Any, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
-    body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    body = await json_bytes(payload)  # a large answer a part at a time: the loop answers others meanwhile
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(name.encode(), value.encode()) for name, value in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})

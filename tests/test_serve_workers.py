@@ -1,6 +1,7 @@
 """`serve --workers N` on the one-process server: N copies of the model decode N batches at once, each whole on its
-own copy, and every answer equals in-process decoding. Real sessions, threads and HTTP; the decodes are observed
-through a barrier that two of them must reach together."""
+own copy, and every answer equals in-process decoding; and a large answer is written in parts, so the server keeps
+answering meanwhile. Real sessions, threads and HTTP; the decodes are observed through a barrier that two of them
+must reach together."""
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,7 @@ from serving.schemas import TranslateRequest
 from serving.server import load_service
 from serving.service import Service
 
-from support.serve import DATES, embedded, free_port
+from support.serve import DATES, SQUARES, embedded, free_port
 
 TEXTS = ["march 3 1999", "3/3/15", "tuesday, march 3 2015", "12 dec 2001", "1/2/03", "july 4, 1776"]
 DEFAULTS = TranslateRequest(texts=[]).options()
@@ -113,3 +114,65 @@ def test_ray_refuses_workers() -> None:
 
     with pytest.raises(InputError, match="on Ray Serve every replica holds a copy: set how many with replicas"):
         build_app(DATES, ServeConfig(workers=2))
+
+
+def test_a_large_answer_does_not_hold_the_server() -> None:
+    """A long point decode (32 x 6,000 points: ~0.4 s of JSON) while GET /healthz is polled: the polls keep being
+    answered while its answer is written (they waited the whole encoding when it was written in one piece)."""
+    port = free_port()
+    big = {"source": [[[-1.0, -1.0], [-1.0, 1.0]]] * 32, "target_len": 6000}
+    with embedded({"/p": (SQUARES, ServeConfig(max_decoding_length=6000))}, port):
+        base = f"http://127.0.0.1:{port}/p"
+        answered: list[float] = []
+        stop = threading.Event()
+
+        def poll() -> None:
+            with httpx.Client(timeout=60) as client:
+                while not stop.is_set():
+                    assert client.get(f"{base}/healthz").status_code == 200
+                    answered.append(time.monotonic())
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            time.sleep(0.2)
+            started = time.monotonic()
+            assert httpx.post(f"{base}/v1/predict", json=big, timeout=60).status_code == 200
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+            poller.join(30)
+    during = [t for t in answered if started <= t <= started + took]
+    longest = max(b - a for a, b in zip([started, *during], [*during, started + took]))
+    assert longest < took / 2, (longest, took, len(during))
+
+
+@pytest.mark.parametrize("part", [1, 3, 7, 1000])
+def test_json_in_parts_is_json_dumps_and_turns_the_loop(part: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import serving.encode as encode
+
+    monkeypatch.setattr(encode, "PART_NUMBERS", part)
+    payload = {"outputs": [[[0.1 * i, -1e-300], [3.4e38, i]] for i in range(40)], "attention": None,
+               "texts": [{"text": "é\"\n", "ids": list(range(i)), "n": {"1": True}} for i in range(9)], "e": []}
+
+    async def encoded_with_ticks() -> tuple[bytes, int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.get_running_loop().create_task(tick())
+        await asyncio.sleep(0)
+        before = ticks
+        body = await encode.json_bytes(payload)
+        ticker.cancel()
+        return body, ticks - before
+
+    body, ticks = asyncio.run(encoded_with_ticks())
+    assert body == json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    assert (ticks > 10) == (part < 100), ticks  # small parts: the loop turned between them; one part: it did not
