@@ -437,8 +437,10 @@ def ratios(rows: list[dict[str, Any]], levels: list[int]) -> list[tuple[str, int
                 each = [s / i for s, i in zip(rounds[phase, mode, c], rounds[phase, IN_PROCESS, c]) if i]
                 if each:
                     found.append((f"{mode} / in-process", c, float(np.median(each)), each))
-            base = server_mode(1)
-            if mode != base and (phase, base, c) in rounds:  # copies against one, each round's pair
+    base = server_mode(1)
+    for phase, mode in dict.fromkeys((r["phase"], r["mode"]) for r in rows if r["mode"].startswith(f"{base} --")):
+        for c in levels:  # copies against one, each round's pair
+            if (phase, mode, c) in rounds and (phase, base, c) in rounds:
                 each = [w / o for w, o in zip(rounds[phase, mode, c], rounds[phase, base, c]) if o]
                 if each:
                     found.append((f"{mode} / {base}", c, float(np.median(each)), each))
@@ -521,10 +523,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, metavar="FILE.json", help="also write the figures to FILE.json")
     p.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = p.parse_args(argv)
-    if (min(args.concurrency + args.replicas + args.server_workers + [args.requests, args.beam, args.rounds]) < 1
-            or args.duration <= 0):
-        p.error("--requests, --concurrency, --replicas, --server-workers, --beam and --rounds must be at least 1; "
-                "--duration above 0")
+    if min(args.concurrency + args.replicas + [args.requests, args.beam, args.rounds]) < 1 or args.duration <= 0:
+        p.error("--requests, --concurrency, --replicas, --beam and --rounds must be at least 1; --duration above 0")
+    if min(args.server_workers) < 1:
+        p.error(f"--server-workers: expected copies of at least 1, got {args.server_workers}")
     if len(set(args.server_workers)) < len(args.server_workers):
         p.error(f"--server-workers: each count once, got {args.server_workers}")
     if max(args.server_workers) * args.server_threads > len(os.sched_getaffinity(0)):

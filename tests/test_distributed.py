@@ -239,6 +239,34 @@ def test_rank_shards_follow_the_distributed_sampler() -> None:
     assert torch.equal(Dist(0, 3, 0).shard(10, seed=7, epoch=2), shards[0])  # and only the epoch does
 
 
+def test_a_rank_that_finds_a_peer_gone_ignores_the_sigterm_that_follows() -> None:
+    """torchrun stops a rank with SIGTERM as it sees another die; a rank that has itself found the peer gone is on
+    its way out saying why, and that SIGTERM must not replace its message (it did, once, in CI)."""
+    code = """
+import os, signal, sys
+from training.distributed import Dist, PeerFailedError, Terminated
+
+def terminated(signum, frame):
+    raise Terminated()
+
+signal.signal(signal.SIGTERM, terminated)
+
+def collective():
+    raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
+
+try:
+    Dist(0, 2, 0).talk(collective)
+except PeerFailedError as err:
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("still saying:", err)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "still saying: another process of the run stopped (Connection closed by peer " \
+                                  "[127.0.0.1]:29500)"
+
+
 # ---- the command -------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ WORKERS = ("1", "2") if len(os.sched_getaffinity(0)) >= 2 else ("1",)  # serve -
 
 @pytest.mark.slow  # a server process and two 1 s cells per round
 def test_serve_bench_prints_and_writes_its_figures(tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib", reason="--plot needs the bench extra's matplotlib")
     out, png = tmp_path / "serve.json", tmp_path / "serve.png"
     with ray_env():
         done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), str(DATES), "--no-ray",
@@ -53,7 +54,7 @@ def _parse(*argv: str) -> Any:
 @pytest.mark.parametrize("argv, code, said", [
     ((str(ROOT / "artifacts" / "squares"),), 2, "a points model; this benchmark posts texts"),
     (("--rounds", "0"), 2, "--rounds must be at least 1"),
-    (("--server-workers", "0"), 2, "--server-workers, --beam and --rounds must be at least 1"),
+    (("--server-workers", "1", "0"), 2, "--server-workers: expected copies of at least 1, got [1, 0]"),
     (("--server-workers", "2", "2"), 2, "--server-workers: each count once, got [2, 2]"),
     (("--server-workers", "999"), 2, "--server-workers 999 x --server-threads 1: more than the"),
     (("--max-total", "1"), 2, "--max-total: expected at least 10 s"),
@@ -65,6 +66,8 @@ def _parse(*argv: str) -> Any:
 def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], code: int, said: str,
                                                              tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    if "--plot" in argv:
+        pytest.importorskip("matplotlib", reason="--plot is checked only where matplotlib is installed")
     taken = tmp_path / "kept.json"
     taken.write_text("{}")  # a user's file: refused without --force, and left as it was
     with pytest.raises(SystemExit) as stopped:

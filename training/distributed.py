@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,8 +69,12 @@ def _first_line(err: Exception) -> str:
 
 
 def _peer_failed(err: RuntimeError) -> PeerFailedError | RuntimeError:
-    """A transport error as PeerFailedError (its first line); anything else unchanged."""
+    """A transport error as PeerFailedError (its first line); anything else unchanged. From a PeerFailedError on,
+    SIGTERM is ignored: torchrun stops this rank too as it sees the other's death, and its SIGTERM landing while
+    this rank says why it stops replaced that message with a bare "interrupted" (seen once in CI)."""
     if isinstance(err, getattr(torch_dist, "DistError", ())) or any(w in str(err) for w in TRANSPORT_ERRORS):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # on its way out, as `stop` makes it
         return PeerFailedError(f"another process of the run stopped ({_first_line(err)})")
     return err
 
