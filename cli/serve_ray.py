@@ -49,6 +49,8 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig) -> None:
     try:
         _start_ray(plan.address, plan.model_dir)
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init sets a handler of its own
+        if started:
+            _check_cpus(config.num_cpus)
         config = dataclasses.replace(config, replicas=_resolve_replicas(plan.replicas, config.num_cpus))
         url = _http_url(serve.status(), plan.name, plan.host, plan.port)
         deployed = True  # from here on, what is on the cluster under `name` is ours to remove
@@ -105,6 +107,17 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
             raise click.ClickException(f"serve: could not start a local Ray ({_first_line(exc)})") from None
         raise join_failed(address, _first_line(exc)) from None
     return address is None
+
+
+def _check_cpus(num_cpus: float) -> None:
+    """A replica of the Ray started here must fit this machine: Serve would wait, then fail with "Stopped"."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    if num_cpus > cpus:
+        raise click.UsageError(f"--num-cpus {num_cpus:g}: each replica reserves that many CPUs, more than the {cpus:g} "
+                               f"of the Ray started on this machine; pass --num-cpus {cpus:g} or less, or --address "
+                               "of a cluster with larger nodes")
 
 
 def _resolve_replicas(text: str, num_cpus: float) -> Replicas:

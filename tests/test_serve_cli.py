@@ -266,6 +266,15 @@ def test_serve_refuses(workspace: Path, name: str) -> None:
     assert_refused(workspace, SERVE_CASES[name])
 
 
+@pytest.mark.ray
+def test_serve_on_a_local_ray_refuses_replicas_larger_than_this_machine(workspace: Path) -> None:
+    cpus = 1024  # more than any machine this runs on (the most --num-cpus takes)
+    assert_refused(workspace, dataclasses.replace(case(*SERVE, "--ray", "--num-cpus", str(cpus), "--port",
+                                                       str(free_port()), code=USAGE,
+                                                       says=(f"--num-cpus {cpus}: each replica reserves", "of the Ray "
+                                                             "started on this machine")), process=True))
+
+
 def test_serve_refuses_a_port_in_use(workspace: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
