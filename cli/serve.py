@@ -97,9 +97,9 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider in every replica.")
 @click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="Copies of the model in this process, each decoding a batch of its own at once on --num-cpus "
-                   "intra-op threads; --workers times --num-cpus may not pass this machine's CPUs. Not with --ray, "
-                   "whose replicas are the copies.")
+              help="Copies of the model in this process, each decoding a batch of its own at once on the "
+                   "intra-op threads of --num-cpus (its whole part, at least 1); copies times threads may not pass "
+                   "this machine's CPUs. Not with --ray, whose replicas are the copies.")
 @click.option("--max-batch-size", type=click.IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
               help="Most items (sources or texts) decoded together, summed over merged requests; also the most "
                    "items one request may hold.")
@@ -199,7 +199,8 @@ def _check_copies(workers: int, num_cpus: float, ray: str | None) -> None:
     given = f"--workers {workers}" + (f" --num-cpus {num_cpus:g}" if threads > 1 else "")
     each = "one decoding thread" if threads == 1 else f"{threads} decoding threads"
     raise click.UsageError(f"{given}: {workers} copies of {each} each need {workers * threads} CPUs, more than the "
-                           f"{cpus} this process may use; pass --workers times --num-cpus of {cpus} or less")
+                           f"{cpus} this process may use; pass --workers times the threads of --num-cpus (its whole part, at least 1) of "
+                           f"{cpus} or less")
 
 
 def _decoding(config: ServeConfig) -> str:

@@ -49,9 +49,9 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig) -> None:
     try:
         _start_ray(plan.address, plan.model_dir)
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init sets a handler of its own
-        if started:
-            _check_cpus(config.num_cpus)
         config = dataclasses.replace(config, replicas=_resolve_replicas(plan.replicas, config.num_cpus))
+        if started:
+            _check_cpus(config.num_cpus, config.replicas.low, plan.replicas)
         url = _http_url(serve.status(), plan.name, plan.host, plan.port)
         deployed = True  # from here on, what is on the cluster under `name` is ours to remove
         http = {"host": plan.host, "port": plan.port,
@@ -109,8 +109,9 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
     return address is None
 
 
-def _check_cpus(num_cpus: float) -> None:
-    """A replica of the Ray started here must fit this machine: Serve would wait, then fail with "Stopped"."""
+def _check_cpus(num_cpus: float, replicas: int, given: str) -> None:
+    """The replicas (at least `replicas`, of `num_cpus` each; `given`: --replicas as typed) must fit the Ray started
+    here: Serve would wait for CPUs that never come."""
     import ray
 
     cpus = ray.cluster_resources().get("CPU", 0.0)
@@ -118,6 +119,12 @@ def _check_cpus(num_cpus: float) -> None:
         raise click.UsageError(f"--num-cpus {num_cpus:g}: each replica reserves that many CPUs, more than the {cpus:g} "
                                f"of the Ray started on this machine; pass --num-cpus {cpus:g} or less, or --address "
                                "of a cluster with larger nodes")
+    if replicas * num_cpus > cpus:
+        least = "" if given == str(replicas) else f" (at least {replicas})"
+        raise click.UsageError(f"--replicas {given}{least} of --num-cpus {num_cpus:g}: they reserve "
+                               f"{replicas * num_cpus:g} CPUs, more than the {cpus:g} of the Ray started on this "
+                               "machine; pass fewer replicas or a smaller --num-cpus (--replicas auto fits them), or "
+                               "--address of a larger cluster")
 
 
 def _resolve_replicas(text: str, num_cpus: float) -> Replicas:

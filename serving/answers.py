@@ -11,30 +11,32 @@ from .batching import Decoded, RequestTooLarge
 from .service import DeadlineExceeded, Overloaded, Service
 
 
-def _tolist(array: Any) -> Any:
-    return None if array is None else array.tolist()
+def _tolist(array: Any, arrays: bool = False) -> Any:
+    return None if array is None else array if arrays else array.tolist()
 
 
-def hypothesis(h: Any) -> dict[str, Any]:
-    """A runtime Translation as a JSON-ready dict."""
+def hypothesis(h: Any, arrays: bool = False) -> dict[str, Any]:
+    """A runtime Translation as a JSON-ready dict (`arrays`: its attention left a numpy array, for
+    `serving.encode`)."""
     return {"text": h.text, "tokens": h.tokens, "ids": h.ids, "score": h.score, "log_prob": h.log_prob,
-            "attention": _tolist(h.attention)}
+            "attention": _tolist(h.attention, arrays)}
 
 
-def predict_body(service: Service, done: Decoded, return_attention: bool) -> dict[str, Any]:
-    """The /v1/predict answer of a decoded request (its own error raised)."""
+def predict_body(service: Service, done: Decoded, return_attention: bool, arrays: bool = False) -> dict[str, Any]:
+    """The /v1/predict answer of a decoded request (its own error raised); `arrays`: numpy arrays left as they are,
+    for `serving.encode` to write a part at a time (lists otherwise: a deployment handle's answer)."""
     if isinstance(done.value, Exception):
         raise done.value
     outputs, attention = done.value
-    return {"outputs": outputs.tolist(), "attention": _tolist(attention) if return_attention else None,
+    return {"outputs": _tolist(outputs, arrays), "attention": _tolist(attention, arrays) if return_attention else None,
             "export_id": service.model.manifest.export_id}
 
 
-def translate_body(service: Service, done: Decoded) -> dict[str, Any]:
-    """The /v1/translate answer of a decoded request (its own error raised)."""
+def translate_body(service: Service, done: Decoded, arrays: bool = False) -> dict[str, Any]:
+    """The /v1/translate answer of a decoded request (its own error raised); `arrays`: as for `predict_body`."""
     if isinstance(done.value, Exception):
         raise done.value
-    return {"translations": [[hypothesis(h) for h in hyps] for hyps in done.value],
+    return {"translations": [[hypothesis(h, arrays) for h in hyps] for hyps in done.value],
             "export_id": service.model.manifest.export_id}
 
 

@@ -1,26 +1,37 @@
 """Answers written as JSON on the event loop without holding it: a large answer (a long point decode, attention over
 long texts) is encoded a part at a time, and the loop serves other requests between the parts.
 
-`json.dumps` runs in C holding the GIL, so another thread would hold the loop just the same: a 32 x 10,000-point
-answer took 1.0 s, during which no other request was answered. Here no part holds more than about PART_NUMBERS
-numbers, and the text is byte for byte `json.dumps(payload, ensure_ascii=False, allow_nan=False,
-separators=(",", ":"))`."""
+`json.dumps` (and numpy's `tolist`) run in C holding the GIL, so another thread would hold the loop just the same: a
+32 x 10,000-point answer took 1.0 s, during which no other request was answered. Here no part holds more than about
+PART_NUMBERS numbers, and the text is byte for byte `json.dumps(payload, ensure_ascii=False, allow_nan=False,
+separators=(",", ":"))` of the payload with every numpy array as its `tolist()`."""
 from __future__ import annotations
 
 import asyncio
 import json
 from typing import Any
 
+import numpy as np
+
 PART_NUMBERS = 16_384  # numbers (or strings) encoded between two turns of the loop: ~10-20 ms of json.dumps here
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    """What json writes for a numpy array: its tolist()."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def size(value: Any) -> int:
     """About how many scalars `value` holds: lists are taken as rectangular (their first item's size, times their
     length), so this costs one walk down, not a walk of everything."""
+    if isinstance(value, np.ndarray):
+        return max(1, value.size)
     if isinstance(value, list):
         return len(value) * size(value[0]) if value else 1
     if isinstance(value, dict):
@@ -49,7 +60,8 @@ async def _write(value: Any, parts: list[str], since: list[int]) -> None:
             await _write(item, parts, since)
         parts.append("}")
         return
-    if not (isinstance(value, list) and size(value) > PART_NUMBERS):
+    big = size(value) > PART_NUMBERS
+    if not (big and (isinstance(value, list) or isinstance(value, np.ndarray) and value.ndim > 0)):
         parts.append(_dumps(value))
         await _written(size(value), since)
         return

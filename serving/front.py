@@ -71,10 +71,11 @@ class Front:
         try:
             if isinstance(request, TranslateRequest):
                 done = await service.translate(request.texts, request.options())
-                status, payload, headers = 200, translate_body(service, done), batch_headers(service, done)
+                status, payload = 200, translate_body(service, done, arrays=True)
+                headers = batch_headers(service, done)
             else:
                 done = await service.predict(request.source, request.source_mask, request.target_len)
-                payload = predict_body(service, done, request.return_attention)
+                payload = predict_body(service, done, request.return_attention, arrays=True)
                 status, headers = 200, batch_headers(service, done)
         except Seq2OnnxError as exc:
             status, payload, headers = refusal(exc)

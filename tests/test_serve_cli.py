@@ -243,7 +243,7 @@ SERVE_CASES: dict[str, Case] = {
                                           f"more than the {max_threads()} this process may use")),
     "--workers x --num-cpus past the CPUs": case(*SERVE, "--workers", "2", "--num-cpus", str(max_threads() // 2 + 1),
                                                  code=USAGE, says=(f"--workers 2 --num-cpus {max_threads() // 2 + 1}: 2 "
-                                                                   "copies of", "pass --workers times --num-cpus")),
+                                                                   "copies of", "pass --workers times the threads of --num-cpus")),
     "--num-cpus past this machine's CPUs on Ray": case(*SERVE, "--address", "127.0.0.1:1", "--num-cpus",
                                                        str(max_threads() + 1), code=BAD_INPUT,
                                                        says=("--address 127.0.0.1:1", "nothing answers there")),
@@ -267,12 +267,16 @@ def test_serve_refuses(workspace: Path, name: str) -> None:
 
 
 @pytest.mark.ray
-def test_serve_on_a_local_ray_refuses_replicas_larger_than_this_machine(workspace: Path) -> None:
-    cpus = 1024  # more than any machine this runs on (the most --num-cpus takes)
-    assert_refused(workspace, dataclasses.replace(case(*SERVE, "--ray", "--num-cpus", str(cpus), "--port",
-                                                       str(free_port()), code=USAGE,
-                                                       says=(f"--num-cpus {cpus}: each replica reserves", "of the Ray "
-                                                             "started on this machine")), process=True))
+@pytest.mark.parametrize("args, says", [
+    (("--num-cpus", "1024"), ("--num-cpus 1024: each replica reserves", "of the Ray started on this machine")),
+    (("--replicas", "1024:1025"), ("--replicas 1024:1025 (at least 1024) of --num-cpus 1: they reserve 1024 CPUs",
+                                   "(--replicas auto fits them)")),
+], ids=["one-too-large", "too-many"])
+def test_serve_on_a_local_ray_refuses_replicas_larger_than_this_machine(workspace: Path, args: tuple[str, ...],
+                                                                          says: tuple[str, ...]) -> None:
+    """More than any machine this runs on (1024: the most --num-cpus takes): refused, not waited for."""
+    assert_refused(workspace, dataclasses.replace(case(*SERVE, "--ray", *args, "--port", str(free_port()),
+                                                       code=USAGE, says=says), process=True))
 
 
 def test_serve_refuses_a_port_in_use(workspace: Path) -> None:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from runtime.errors import InputError
@@ -154,8 +155,10 @@ def test_json_in_parts_is_json_dumps_and_turns_the_loop(part: int, monkeypatch: 
     import serving.encode as encode
 
     monkeypatch.setattr(encode, "PART_NUMBERS", part)
-    payload = {"outputs": [[[0.1 * i, -1e-300], [3.4e38, i]] for i in range(40)], "attention": None,
-               "texts": [{"text": "é\"\n", "ids": list(range(i)), "n": {"1": True}} for i in range(9)], "e": []}
+    points = np.random.default_rng(part).normal(size=(6, 5, 2)).astype(np.float32)  # written as its tolist()
+    payload = {"outputs": [[[0.1 * i, -1e-300], [3.4e38, i]] for i in range(40)], "attention": None, "points": points,
+               "texts": [{"text": "é\"\n", "ids": list(range(i)), "attention": points[i % 6], "n": {"1": True}}
+                         for i in range(9)], "e": [], "none": np.zeros((3, 0), dtype=np.float32)}
 
     async def encoded_with_ticks() -> tuple[bytes, int]:
         ticks = 0
@@ -174,5 +177,6 @@ def test_json_in_parts_is_json_dumps_and_turns_the_loop(part: int, monkeypatch: 
         return body, ticks - before
 
     body, ticks = asyncio.run(encoded_with_ticks())
-    assert body == json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    plain = json.loads(json.dumps(payload, default=lambda a: a.tolist()))  # the arrays as their tolist()
+    assert body == json.dumps(plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     assert (ticks > 10) == (part < 100), ticks  # small parts: the loop turned between them; one part: it did not
