@@ -199,8 +199,8 @@ def _check_copies(workers: int, num_cpus: float, ray: str | None) -> None:
     given = f"--workers {workers}" + (f" --num-cpus {num_cpus:g}" if threads > 1 else "")
     each = "one decoding thread" if threads == 1 else f"{threads} decoding threads"
     raise click.UsageError(f"{given}: {workers} copies of {each} each need {workers * threads} CPUs, more than the "
-                           f"{cpus} this process may use; pass --workers times the threads of --num-cpus (its whole part, at least 1) of "
-                           f"{cpus} or less")
+                           f"{cpus} this process may use; pass --workers times the threads of --num-cpus (its whole "
+                           f"part, at least 1) of {cpus} or less")
 
 
 def _decoding(config: ServeConfig) -> str:

@@ -53,17 +53,17 @@ async def _write(value: Any, parts: list[str], since: list[int]) -> None:
     """Append `value`'s JSON to parts: whole where small; a large list in runs of items of about PART_NUMBERS
     scalars (one item at a time where an item is larger), a large dict value by value; a turn of the loop every
     PART_NUMBERS scalars written."""
-    if isinstance(value, dict) and size(value) > PART_NUMBERS:
+    n = size(value)
+    if isinstance(value, dict) and n > PART_NUMBERS:
         parts.append("{")
         for i, (key, item) in enumerate(value.items()):
             parts.append(("," if i else "") + _dumps(key if isinstance(key, str) else _dumps(key)) + ":")
             await _write(item, parts, since)
         parts.append("}")
         return
-    big = size(value) > PART_NUMBERS
-    if not (big and (isinstance(value, list) or isinstance(value, np.ndarray) and value.ndim > 0)):
+    if not (n > PART_NUMBERS and (isinstance(value, list) or isinstance(value, np.ndarray) and value.ndim > 0)):
         parts.append(_dumps(value))
-        await _written(size(value), since)
+        await _written(n, since)
         return
     each = size(value[0])
     if each > PART_NUMBERS:

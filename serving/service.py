@@ -80,7 +80,6 @@ class Copies:
 class Batcher:
     """Requests of one kind gathered into decodes, as many at a time as `copies` has models."""
 
-    model: Seq2Seq
     decode: Decode
     config: ServeConfig
     copies: Copies
@@ -192,8 +191,8 @@ class Service:
         self.node = node or socket.gethostname()  # the machine (a Ray replica: its node id)
         self.metrics = metrics or Metrics()
         self.copies = Copies(model)
-        self.points = Batcher(model, decode_points, config, self.copies, self.metrics)
-        self.texts = Batcher(model, decode_texts, config, self.copies, self.metrics)
+        self.points = Batcher(decode_points, config, self.copies, self.metrics)
+        self.texts = Batcher(decode_texts, config, self.copies, self.metrics)
 
     @property
     def ready(self) -> bool:
