@@ -139,23 +139,42 @@ def test_the_runtime_sends_calls_small_enough_to_fold_to_the_folded_graphs(tmp_p
     assert calls == {"fold": 2, "plain": 4}  # "a cat" (+ eos: 3 tokens) folds, greedy and beam; the rest do not
 
 
+@pytest.mark.parametrize("lifted", [False, True])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_the_folded_cross_attention_equals_multi_head_attention(rows):
-    """Folded (S, bias, O made once) against MultiHeadAttention over the same keys/values, padding included; Folded's
-    output holds fc_attn's bias (CROSS_BIAS), Fused's does not."""
+def test_the_folded_cross_attention_equals_multi_head_attention(rows, lifted):
+    """Folded (S, bias, O made once) against MultiHeadAttention over the same keys/values, padding included, each
+    reading the layer's own norm of the same stream; Folded's output holds fc_attn's bias (CROSS_BIAS), Fused's does
+    not. Lifted (export.tokens.lift): S holds the bias, so the fold reads the norm with its beta lifted; not lifted,
+    the plain norm and an Add a step."""
     spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=4, layers=2, max_positions=32)
     torch.manual_seed(0)
     model = build_token_model(spec)
+    with torch.no_grad():  # trained-looking norms: a beta of its own
+        for layer in model.decoder_layers:
+            layer.res2.norm.bias.normal_(0.0, 0.05)
+            layer.res2.norm.weight.uniform_(0.8, 1.2)
     h, d, e = spec.n_heads, spec.head_dim, spec.d_model
-    net = Net()
+    net = Net(lifts=lifted)
     cross = fold_cross(net, model, spec, ["keys", "values"] * spec.layers, "lengths")
+    assert (cross[1] == "") is lifted and (cross[4] == "") is lifted
     for i, layer in enumerate(model.decoder_layers):
-        fused = Fused("lengths").cross_attention(net, spec, "x", layer.cross_attention, ["keys", "values"])
-        folded = Folded("lengths").cross_attention(net, spec, "x", layer.cross_attention, cross[3 * i:3 * i + 3])
+        norm, up = layer.res2.norm, Folded.cross_lift(layer.res2.norm, cross[3 * i:3 * i + 3])
+        assert (up is not None) is lifted
+        x = net.one("LayerNormalization", ["z", net.weight("g", norm.weight), net.weight("b", norm.bias)],
+                    axis=-1, epsilon=norm.eps)
+        beta = norm.bias if up is None else norm.bias.double() + up.shift
+        lifted_x = net.one("LayerNormalization", ["z", net.weight("g", norm.weight), net.weight("b", beta)],
+                           axis=-1, epsilon=norm.eps)
+        fused = Fused("lengths").cross_attention(net, spec, x, layer.cross_attention, ["keys", "values"])
+        before = len(net.nodes)
+        folded = Folded("lengths").cross_attention(net, spec, lifted_x, layer.cross_attention,
+                                                   cross[3 * i:3 * i + 3])
+        step = [node.op_type for node in net.nodes[before:]]  # what a decoder step runs
+        assert step.count("Add") == (0 if lifted else 1) and len(step) == (5 if lifted else 6)
         net.op("Identity", [fused], [f"fused_{i}"])
         net.op("Identity", [folded], [f"folded_{i}"])
     outputs = [tensor(f"{kind}_{i}", FLOAT, None) for i in range(spec.layers) for kind in ("fused", "folded")]
-    graph = onnx.helper.make_graph(net.nodes, "fold", [tensor("x", FLOAT, None), tensor("keys", FLOAT, None),
+    graph = onnx.helper.make_graph(net.nodes, "fold", [tensor("z", FLOAT, None), tensor("keys", FLOAT, None),
                                                        tensor("values", FLOAT, None), tensor("lengths", INT32, None)],
                                    outputs, initializer=net.weights)
     model_proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
@@ -163,7 +182,7 @@ def test_the_folded_cross_attention_equals_multi_head_attention(rows):
     model_proto.ir_version = 8
     session = ort.InferenceSession(model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(rows)
-    feed = {"x": rng.normal(size=(3, rows, e)).astype(np.float32),
+    feed = {"z": (rng.normal(size=(3, rows, e)) * 3 + rng.normal(size=e)).astype(np.float32),
             "keys": rng.normal(size=(3, h, 7, d)).astype(np.float32),
             "values": rng.normal(size=(3, h, 7, d)).astype(np.float32),
             "lengths": np.array([7, 2, 5], np.int32)}  # padded keys: never read
@@ -176,6 +195,7 @@ def test_the_folded_cross_attention_equals_multi_head_attention(rows):
     feed["values"][1, :, 2:] = -1e3
     again = dict(zip([o.name for o in outputs], session.run(None, feed)))
     np.testing.assert_allclose(again["folded_0"], got["folded_0"], rtol=1e-6, atol=1e-6)
+    assert np.isfinite(again["folded_1"]).all()
 
 
 def test_cross_kv_splits_every_layers_keys_and_values_heads_major_in_three_kernels():

@@ -56,9 +56,11 @@ def _widened_products(proto: onnx.ModelProto) -> int:
             if t.data_type == onnx.TensorProto.INT8}
     made = {out: n for n in nodes for out in n.output}
 
-    def widened(name: str) -> bool:
-        mul = made.get(name)
-        cast = mul is not None and mul.op_type == "Mul" and made.get(mul.input[0])
+    def widened(name: str) -> bool:  # through a lifted weight's rank-one Add and an FFN's Concat (export.tokens.lift)
+        node = made.get(name)
+        while node is not None and node.op_type in ("Add", "Concat"):
+            node = made.get(node.input[0])
+        cast = node is not None and node.op_type == "Mul" and made.get(node.input[0])
         return bool(cast) and cast.op_type == "Cast" and cast.input[0] in int8
     return sum(n.op_type in ("MatMul", "Gemm") and widened(n.input[1]) for n in nodes)
 

@@ -19,6 +19,7 @@ from runtime.spec import ModelSpec
 from training.tokens.transformer import MultiHeadAttention
 
 from .kernels import FLOAT, INT32, MS, Net, qkv
+from .lift import Lift
 
 
 class Fused:
@@ -31,6 +32,11 @@ class Fused:
 
     def __init__(self, lengths32: str) -> None:
         self.lengths32 = lengths32  # (B,) int32: the cross-attention reads keys 0 .. length - 1
+
+    @staticmethod
+    def cross_lift(norm: torch.nn.Module, cross: list[str]) -> Lift | None:
+        """The lift (export.tokens.lift) the cross-attention's input must carry: none here (fold.Folded's may)."""
+        return None
 
     @staticmethod
     def empty_cache(net: Net, spec: ModelSpec, rows: str) -> list[str]:
@@ -62,7 +68,7 @@ class Batched:
     is a reshape, no transpose): more nodes, but 2-3x faster than the fused kernels from ~16 rows up."""
 
     CACHES, CROSS, CROSS_BIAS = Fused.CACHES, Fused.CROSS, Fused.CROSS_BIAS
-    empty_cache = Fused.empty_cache
+    empty_cache, cross_lift = Fused.empty_cache, staticmethod(Fused.cross_lift)
 
     def __init__(self, mask_bias: str) -> None:
         self.mask_bias = mask_bias  # (B, 1, 1, Ls): 0 where a source token is read, -inf on padding
@@ -211,13 +217,13 @@ def _scaled_qkv(net: Net, attention: MultiHeadAttention, head_dim: int) -> tuple
     return w, b
 
 
-def mask_bias(net: Net, lengths32: str, keys: str, shape: list[int] | None = None) -> str:
-    """(B, 1, 1, Ls) (or `shape`) additive mask: 0 for source positions < length, -inf after; Ls from keys
+def mask_bias(net: Net, lengths32: str, keys: str, shape: list[int] | None = None, fill: float = -np.inf) -> str:
+    """(B, 1, 1, Ls) (or `shape`) additive mask: 0 for source positions < length, `fill` after; Ls from keys
     (B, h, Ls, d)."""
     length = net.one("Cast", [net.one("Squeeze", [net.one("Shape", [keys], start=2, end=3)])], to=INT32)
     index = net.one("Range", [net.weight("zero", np.array(0, np.int32)), length,
                               net.weight("one", np.array(1, np.int32))])  # (Ls,)
     lengths = net.one("Unsqueeze", [lengths32, net.weight("axis1", np.array([1], np.int64))])  # (B, 1)
     bias = net.one("Where", [net.one("Less", [index, lengths]), net.weight("zero_f", np.array(0.0, np.float32)),
-                             net.weight("minus_inf", np.array(-np.inf, np.float32))])  # (B, Ls)
+                             net.weight("fill", np.array(fill, np.float32))])  # (B, Ls)
     return net.one("Reshape", [bias, net.weight("shape", np.array(shape or [0, 1, 1, -1], np.int64))])

@@ -7,12 +7,18 @@ Add and a Softmax where `attention.Fused` runs the query projection, MultiHeadAt
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from runtime.spec import ModelSpec
 from training.tokens.transformer import MultiHeadAttention, TransformerSeq2Seq
 
 from .attention import AncestryFused, Fused, mask_bias
 from .kernels import MS, Net
+from .lift import Lift, lift
+
+# A lifted fold's padding score (-inf there would make NaN: S holds it as FAR u): far below any score, and far
+# enough from float32's limit that FAR u and its sum with S stay finite
+FAR = -1e30
 
 
 class Folded(Fused):
@@ -28,11 +34,18 @@ class Folded(Fused):
     CROSS = 3  # S, bias, O per layer
     CROSS_BIAS = True
 
+    @staticmethod
+    def cross_lift(norm: torch.nn.Module, cross: list[str]) -> Lift | None:
+        """The lift `x` must carry for cross (fold_cross's, whose bias is then "": in S), or None."""
+        return lift(norm) if cross[1] == "" else None
+
     def cross_attention(self, net: Net, spec: ModelSpec, x: str, attention: MultiHeadAttention,
                         cross: list[str]) -> str:
-        """x (B, k, E), cross [S, bias, O] -> fc_attn(context) (B, k, E), its bias included."""
+        """x (B, k, E), cross [S, bias, O] -> fc_attn(context) (B, k, E), its bias included (bias "": x is
+        lifted and S holds it)."""
         keys, bias, out_by = cross
-        scores = net.one("Add", [net.one("FusedMatMul", [x, keys], MS, transB=1), bias])  # (B, k, h Ls)
+        scores = net.one("FusedMatMul", [x, keys], MS, transB=1)  # (B, k, h Ls)
+        scores = scores if bias == "" else net.one("Add", [scores, bias])
         heads = net.one("Reshape", [scores, net.weight("heads", np.array([0, 0, spec.n_heads, -1], np.int64))])
         weights = net.one("Reshape", [net.one("Softmax", [heads], axis=-1),
                                       net.weight("flat", np.array([0, 0, -1], np.int64))])  # (B, k, h Ls)
@@ -45,24 +58,35 @@ class AncestryFolded(Folded, AncestryFused):
 
 def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], lengths32: str) -> list[str]:
     """Every decoder layer's keys, values (B, h, Ls, d) (k0, v0, k1, ...) -> its S, bias and O for Folded: one
-    MatMul each by a per-head constant, (h, d, E) or (h, d, 1)."""
+    MatMul each by a per-head constant, (h, d, E) or (h, d, 1). Where the decoder's norm before the
+    cross-attention is lifted (`net.lifts`, pre-norm; export.tokens.lift), S holds the bias instead: the query bias
+    q_b rides on the norm (queries' = queries + (q_b - queries shift) u^T), the padding as FAR u, and the bias is ""."""
     h, d, e = spec.n_heads, spec.head_dim, spec.d_model
     scale = 1.0 / np.sqrt(d)
-    padding = mask_bias(net, lengths32, cross[0], [0, 1, -1, 1])  # (B, 1, Ls, 1)
+    lifts = [lift(layer.res2.norm) if net.lifts and spec.norm == "pre" else None for layer in model.decoder_layers]
+    padding = {fill: mask_bias(net, lengths32, cross[0], [0, 1, -1, 1], fill)  # (B, 1, Ls, 1)
+               for fill in {-np.inf if up is None else FAR for up in lifts}}
     by_row = net.weight("by_row", np.array([0, -1, e], np.int64))  # (B, h, Ls, E) -> (B, h Ls, E)
-    row = net.weight("row", np.array([0, 1, -1], np.int64))  # (B, h, Ls, 1) -> (B, 1, h Ls)
     folded = []
-    for layer, keys, values in zip(model.decoder_layers, cross[0::2], cross[1::2]):
+    for layer, keys, values, up in zip(model.decoder_layers, cross[0::2], cross[1::2], lifts):
         attention: MultiHeadAttention = layer.cross_attention
-        queries = net.effective(attention.queries).weight.detach().reshape(h, d, e) * scale  # (h, d, E): head i's
-        query_bias = attention.queries.bias.detach().reshape(h, d, 1) * scale
-        keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries)]), by_row])
-        bias = net.one("Add", [net.one("MatMul", [keys, net.weight("query_bias", query_bias)]), padding])
+        queries = net.effective(attention.queries).weight.detach().double().reshape(h, d, e) * scale  # (h, d, E)
+        query_bias = attention.queries.bias.detach().double().reshape(h, d, 1) * scale
+        if up is not None:
+            queries = queries + (query_bias - queries @ up.shift[:, None]) * up.direction
+            keys_by = net.one("MatMul", [keys, net.weight("queries", queries.float())])  # (B, h, Ls, E)
+            keys_by = net.one("Add", [keys_by, net.one("Mul", [padding[FAR], net.weight("u", up.direction.float())])])
+            folded += [net.one("Reshape", [keys_by, by_row]), ""]
+        else:
+            keys_by = net.one("Reshape", [net.one("MatMul", [keys, net.weight("queries", queries.float())]), by_row])
+            bias = net.one("MatMul", [keys, net.weight("query_bias", query_bias.float())])  # (B, h, Ls, 1)
+            bias = net.one("Add", [bias, padding[-np.inf]])
+            row = net.weight("row", np.array([0, 1, -1], np.int64))  # (B, h, Ls, 1) -> (B, 1, h Ls)
+            folded += [keys_by, net.one("Reshape", [bias, row])]
         out = net.effective(attention.fc_attn).weight.detach().T.reshape(h, d, e)  # (h, d, E): fc_attn^T's rows
         out_by = net.one("MatMul", [values, net.weight("out", out)])
         if net.shift(attention) is None:  # every head's rows: 1/h of the bias (else the values took it already)
             share = (attention.fc_attn.bias.detach() / h).reshape(1, 1, e)
             out_by = net.one("Add", [out_by, net.weight("out_bias", share)])
-        out_by = net.one("Reshape", [out_by, by_row])
-        folded += [keys_by, net.one("Reshape", [bias, row]), out_by]
+        folded.append(net.one("Reshape", [out_by, by_row]))
     return folded

@@ -19,17 +19,18 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.spec import ModelSpec
-from training.tokens.transformer import Decoder, Encoder, MultiHeadAttention, Residual, TransformerSeq2Seq
+from training.tokens.transformer import Decoder, Encoder, MultiHeadAttention, TransformerSeq2Seq
 
+from . import lift as lifting
 from .int8 import int8_columns, widened_linear
 from .shift import value_shift
+from .stream import MS, start
 
 if TYPE_CHECKING:
     from .attention import Batched, Fused
 
-MS = "com.microsoft"
 FLOAT, INT64, INT32, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
-LN_EPSILON = 1e-5  # nn.LayerNorm's default, which every norm of the model uses
+LIFTS = True  # Net's default for `lifts` (tests build the same graphs without them)
 
 
 class Net:
@@ -44,13 +45,17 @@ class Net:
     int8 with its column scales and widened by a Cast and a Mul, which onnxruntime folds into a float32 constant
     when it loads the graph; for the graphs of few rows, where quantizing the activations each call costs more than
     int8 products save (onnxruntime 1.32, 1 thread, Intel Xeon: DynamicQuantizeMatMul 1.4-2.9x a float32 Gemm's
-    time at 1-5 rows of the dates transformer's projections, 0.57-0.93x at 64-320)."""
+    time at 1-5 rows of the dates transformer's projections, 0.57-0.93x at 64-320). `lifts` (default LIFTS): a
+    pre-norm decoder's norms before the folded cross-attention's scores, the FFN and the output layer are lifted,
+    so that those products carry their biases (export.tokens.lift: no bias Add a step); float32 and widened int8
+    only, not on rows (a Gemm takes its bias there at no kernel's cost)."""
 
-    def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False,
-                 value_bias: bool = False, rows: bool = False, widen: bool = False) -> None:
+    def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False, value_bias: bool = False,
+                 rows: bool = False, widen: bool = False, lifts: bool | None = None) -> None:
         self.prefix, self.skip_norm, self.int8, self.rows = prefix, skip_norm, int8, rows
         self.widen = widen and int8
         self.value_bias = value_bias and (not int8 or self.widen)
+        self.lifts = (LIFTS if lifts is None else lifts) and (not int8 or self.widen) and not rows
         self.nodes, self.weights, self._count = [], [], 0
         self._shifts: dict[int, torch.Tensor | None] = {}  # value_shift per output projection, by id
 
@@ -82,7 +87,7 @@ class Net:
         """x (..., in) @ w (in, out) (+ b): MatMul (+ Add); 2-D rows with a bias: one Gemm; int8: one
         DynamicQuantizeMatMul, its bias included; widened int8: the float32 nodes over the widened weights."""
         if not self.int8 or self.widen:
-            weight = self._widened(w) if self.widen else self.weight("w", w)
+            weight = self.widened(w) if self.widen else self.weight("w", w)
             if self.rows and b is not None:
                 return self.one("Gemm", [x, weight, self.weight("b", b)])
             out = self.one("MatMul", [x, weight])
@@ -92,14 +97,14 @@ class Net:
                   self.weight("w_zero", np.zeros_like(scale, dtype=np.int8))]
         return self.one("DynamicQuantizeMatMul", inputs + ([self.weight("b", b)] if b is not None else []), MS)
 
-    def _widened(self, w: torch.Tensor) -> str:
+    def widened(self, w: torch.Tensor) -> str:
         """w (in, out) as int8 with one scale per column (int8_columns), widened back to float32 in the graph."""
         q, scale = int8_columns(w.detach().cpu().numpy())
         return self.one("Mul", [self.one("Cast", [self.weight("w_int8", q)], to=FLOAT), self.weight("w_scale", scale)])
 
     def effective(self, layer: torch.nn.Linear) -> torch.nn.Linear:
         """The layer as this graph multiplies by it: its int8 weights widened to float32 where `widen` (as
-        `_widened` makes them in the graph), for the products written from weights outside `matmul` (the folded
+        `widened` makes them in the graph), for the products written from weights outside `matmul` (the folded
         cross-attention) and the value shift solved against them; else the layer itself."""
         return widened_linear(layer) if self.widen else layer
 
@@ -136,65 +141,6 @@ class Net:
         """attention's value bias (d_model,), its output bias moved in where `shift` says."""
         shift = self.shift(attention)
         return attention.values.bias if shift is None else attention.values.bias + shift
-
-
-class Stream:
-    """The residual stream of a pre- or post-norm stack: `x` is the running sum; `inner` what the next sub-layer
-    reads (LN(x) in pre-norm, x in post-norm). `add` folds the residual add, the sub-layer's output bias and the
-    next LayerNorm into one SkipLayerNormalization."""
-
-    def __init__(self, net: Net, pre: bool, x: str, inner: str) -> None:
-        self.net, self.pre, self.x, self.inner = net, pre, x, inner
-
-    def add(self, sub: str, bias: torch.Tensor | None, after: Residual, next_norm: torch.nn.Module | None) -> None:
-        """x = x + sub + bias (None: sub holds its bias); then inner = next_norm(x) (pre) or x = after.norm(x)
-        (post)."""
-        net = self.net
-        if self.pre:
-            if next_norm is None or isinstance(next_norm, torch.nn.Identity):
-                self.x = net.one("Add", [sub if bias is None else net.one("Add", [sub, net.weight("b", bias)]),
-                                         self.x])
-                self.inner = self.x
-                return
-            norm = _skip_norm(net, sub, self.x, next_norm, bias)
-            self.inner, self.x = norm[0], norm[3]
-        else:
-            self.x = _skip_norm(net, sub, self.x, after.norm, bias)[0]
-            self.inner = self.x
-
-    def add_linear(self, x: str, layer: torch.nn.Linear, after: Residual, next_norm: torch.nn.Module | None,
-                   bias: bool = True) -> None:
-        """add(x W^T, b), the bias where it costs no kernel (Net.out_projection), else in the residual add;
-        bias=False: x already carries it (an attention's values took it, Net.shift)."""
-        if not bias:
-            self.add(self.net.linear(x, layer, bias=False), None, after, next_norm)
-            return
-        self.add(self.net.out_projection(x, layer), None if self.net.bias_in_matmul else layer.bias, after,
-                 next_norm)
-
-    def add_attention(self, x: str, attention: MultiHeadAttention, after: Residual,
-                      next_norm: torch.nn.Module | None) -> None:
-        """add_linear of attention's output projection: its bias left out where the values took it."""
-        self.add_linear(x, attention.fc_attn, after, next_norm, bias=self.net.shift(attention) is None)
-
-
-def _skip_norm(net: Net, sub: str, skip: str, norm: torch.nn.LayerNorm, bias: torch.Tensor | None) -> list[str]:
-    """LN(sub + skip + bias) and (4th output) the sum itself, as SkipLayerNormalization does."""
-    gamma, beta = net.weight("gamma", norm.weight), net.weight("beta", norm.bias)
-    if not net.skip_norm:
-        total = net.one("Add", [sub if bias is None else net.one("Add", [sub, net.weight("bias", bias)]), skip])
-        return [net.one("LayerNormalization", [total, gamma, beta], axis=-1, epsilon=LN_EPSILON), "", "", total]
-    inputs = [sub, skip, gamma, beta] + ([net.weight("bias", bias)] if bias is not None else [])
-    return net.op("SkipLayerNormalization", inputs, 4, MS, epsilon=LN_EPSILON)
-
-
-def start(net: Net, pre: bool, tokens: str, positions: str, first: Residual) -> Stream:
-    """The stream at embedding + position: both (.., S, E) or positions (S, E); pre-norm reads first.norm of it."""
-    if pre:
-        norm = _skip_norm(net, tokens, positions, first.norm, None)
-        return Stream(net, pre, norm[3], norm[0])
-    x = net.one("Add", [tokens, positions])
-    return Stream(net, pre, x, x)
 
 
 def qkv(net: Net, attention: MultiHeadAttention, shift: bool = True) -> tuple[str, str]:
@@ -264,24 +210,35 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)
     presents = []
+    ups = [lifting.lift(layer.res3.norm) if pre and net.lifts else None for layer in layers]
+    final_up = lifting.lift(model.decoder_norm) if pre and net.lifts else None
     for i, layer in enumerate(layers):
         caches = pasts[i * attend.CACHES:(i + 1) * attend.CACHES]
         context, grown = attend.self_attention(net, spec, stream.inner, layer.self_attention, caches)
         presents.extend(grown)
-        stream.add_attention(context, layer.self_attention, layer.res1, layer.res2.norm)
-        out = attend.cross_attention(net, spec, stream.inner, layer.cross_attention,
-                                     cross[i * attend.CROSS:(i + 1) * attend.CROSS])
+        own = cross[i * attend.CROSS:(i + 1) * attend.CROSS]
+        stream.add_attention(context, layer.self_attention, layer.res1, layer.res2.norm,
+                             attend.cross_lift(layer.res2.norm, own))
+        out = attend.cross_attention(net, spec, stream.inner, layer.cross_attention, own)
         held = attend.CROSS_BIAS or net.bias_in_matmul or net.shift(layer.cross_attention) is not None  # folded
         # into O, out_projection took it, or the values did
-        stream.add(out, None if held else layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm)
-        hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
-        stream.add_linear(hidden, layer.ffn.linear2, layer.res3, _next_norm(layers, i, model.decoder_norm, "res1"))
+        stream.add(out, None if held else layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm, ups[i])
+        after, up = _next_norm(layers, i, model.decoder_norm, "res1"), final_up if i + 1 == len(layers) else None
+        if ups[i] is None:
+            hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
+            stream.add_linear(hidden, layer.ffn.linear2, layer.res3, after, up=up)
+        else:  # both biases ride on the lifted norm: no Add
+            stream.add(lifting.ffn(net, stream.inner, layer.ffn.linear1, layer.ffn.linear2, ups[i]), None, layer.res3,
+                       after, up)
     out = stream.inner if pre else stream.x  # (B, 1, E)
     weight = model.target_embedding.weight if model.output is None else model.output.weight  # (V, E)
     bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): NEVER_LOGIT on <pad>, <s>
     if order is not None:
         weight, bias = weight[torch.as_tensor(order)], bias[torch.as_tensor(order)]
-    logits = net.matmul(out, weight.T, bias)  # (B, 1, V)
+    if final_up is None:
+        logits = net.matmul(out, weight.T, bias)  # (B, 1, V)
+    else:  # its bias rides on the lifted final norm
+        logits = lifting.product(net, out, weight.T, bias, final_up)
     return net.one("LogSoftmax", [logits], axis=-1), presents  # (B, 1, V)
 
 
