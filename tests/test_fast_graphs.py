@@ -162,7 +162,7 @@ def test_the_folded_cross_attention_equals_multi_head_attention(rows, lifted):
         assert (up is not None) is lifted
         x = net.one("LayerNormalization", ["z", net.weight("g", norm.weight), net.weight("b", norm.bias)],
                     axis=-1, epsilon=norm.eps)
-        beta = norm.bias if up is None else norm.bias.double() + up.shift
+        beta = norm.bias if up is None else norm.bias.double() + up.beta_add
         lifted_x = net.one("LayerNormalization", ["z", net.weight("g", norm.weight), net.weight("b", beta)],
                            axis=-1, epsilon=norm.eps)
         fused = Fused("lengths").cross_attention(net, spec, x, layer.cross_attention, ["keys", "values"])

@@ -117,7 +117,7 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     positions = net.one("Gather", [net.weight("positions", position_table(model)), rows("positions")])
     pasts = [f"past_{i}" for i in range(spec.layers)]
     cross = [f"cross_{kv}_{i}" for i in range(spec.layers) for kv in ("keys", "values")]
-    log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, cross, attend)
+    log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, cross, attend, chosen_only=False)
     if wide:
         net.op("Identity", [log_probs], ["log_probs"])  # (B, V)
     else:

@@ -200,18 +200,22 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
 
 def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, positions: str, pasts: list[str],
             cross: list[str], attend: Fused | Batched,
-            order: np.ndarray | None = None) -> tuple[str, list[str]]:  # or their Ancestry kinds
+            order: np.ndarray | None = None, chosen_only: bool = True) -> tuple[str, list[str]]:
     """One step: token embeddings (B, 1, E) (a beam graph's blocks: (B, k, E); the wide graphs' 2-D rows: (B, E)),
     position rows (B, 1, E), (B, E) or (1, E), the self-attention caches (`attend.CACHES` per layer, layer by
     layer) and the cross-attention's tensors (`attend.CROSS` per layer: keys and values (B, h, Ls, d), or Folded's)
     -> log-probs (B, 1, V) (blocks: (B, k, V); rows: (B, V)) and the grown caches, in the same order. `order`: the
-    ids of the log-prob columns (None: by id)."""
+    ids of the log-prob columns (None: by id). `attend` is any kind of export.tokens.attention or fold, Ancestry
+    kinds included. `chosen_only`: the graph reports only the log-probs of the tokens its search picks, so the output
+    layer's bias may ride on the lifted final norm too (export.tokens.lift); a step graph, whose every log-prob
+    leaves it, keeps that bias: there the never-output ids' -1e4 would carry the rank-one term's
+    float32 rounding (3-5e-3 from PyTorch's, where 1e-3 is float32's own step at 1e4)."""
     layers: list[Decoder] = list(model.decoder_layers)
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)
     presents = []
-    ups = [lifting.lift(layer.res3.norm) if pre and net.lifts else None for layer in layers]
-    final_up = lifting.lift(model.decoder_norm) if pre and net.lifts else None
+    ffn_lifts = [lifting.lift(layer.res3.norm) if pre and net.lifts else None for layer in layers]
+    out_lift = lifting.lift(model.decoder_norm) if pre and net.lifts and chosen_only else None
     for i, layer in enumerate(layers):
         caches = pasts[i * attend.CACHES:(i + 1) * attend.CACHES]
         context, grown = attend.self_attention(net, spec, stream.inner, layer.self_attention, caches)
@@ -222,23 +226,25 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
         out = attend.cross_attention(net, spec, stream.inner, layer.cross_attention, own)
         held = attend.CROSS_BIAS or net.bias_in_matmul or net.shift(layer.cross_attention) is not None  # folded
         # into O, out_projection took it, or the values did
-        stream.add(out, None if held else layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm, ups[i])
-        after, up = _next_norm(layers, i, model.decoder_norm, "res1"), final_up if i + 1 == len(layers) else None
-        if ups[i] is None:
+        stream.add(out, None if held else layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm,
+                   ffn_lifts[i])
+        after = _next_norm(layers, i, model.decoder_norm, "res1")
+        lifted = out_lift if i + 1 == len(layers) else None  # the final norm's
+        if ffn_lifts[i] is None:
             hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
-            stream.add_linear(hidden, layer.ffn.linear2, layer.res3, after, up=up)
+            stream.add_linear(hidden, layer.ffn.linear2, layer.res3, after, lifted=lifted)
         else:  # both biases ride on the lifted norm: no Add
-            stream.add(lifting.ffn(net, stream.inner, layer.ffn.linear1, layer.ffn.linear2, ups[i]), None, layer.res3,
-                       after, up)
+            stream.add(lifting.ffn(net, stream.inner, layer.ffn.linear1, layer.ffn.linear2, ffn_lifts[i]), None,
+                       layer.res3, after, lifted)
     out = stream.inner if pre else stream.x  # (B, 1, E)
     weight = model.target_embedding.weight if model.output is None else model.output.weight  # (V, E)
     bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): NEVER_LOGIT on <pad>, <s>
     if order is not None:
         weight, bias = weight[torch.as_tensor(order)], bias[torch.as_tensor(order)]
-    if final_up is None:
+    if out_lift is None:
         logits = net.matmul(out, weight.T, bias)  # (B, 1, V)
     else:  # its bias rides on the lifted final norm
-        logits = lifting.product(net, out, weight.T, bias, final_up)
+        logits = lifting.product(net, out, weight.T, bias, out_lift)
     return net.one("LogSoftmax", [logits], axis=-1), presents  # (B, 1, V)
 
 

@@ -28,8 +28,8 @@ class Stream:
         self.net, self.pre, self.x, self.inner = net, pre, x, inner
 
     def add(self, sub: str, bias: torch.Tensor | None, after: Residual, next_norm: torch.nn.Module | None,
-            up: Lift | None = None) -> None:
-        """x = x + sub + bias (None: sub holds its bias); then inner = next_norm(x) (pre; lifted by `up`) or
+            lifted: Lift | None = None) -> None:
+        """x = x + sub + bias (None: sub holds its bias); then inner = next_norm(x) (pre; `lifted`: its beta lifted) or
         x = after.norm(x) (post)."""
         net = self.net
         if self.pre:
@@ -38,33 +38,34 @@ class Stream:
                                          self.x])
                 self.inner = self.x
                 return
-            norm = _skip_norm(net, sub, self.x, next_norm, bias, up)
+            norm = _skip_norm(net, sub, self.x, next_norm, bias, lifted)
             self.inner, self.x = norm[0], norm[3]
         else:
             self.x = _skip_norm(net, sub, self.x, after.norm, bias)[0]
             self.inner = self.x
 
     def add_linear(self, x: str, layer: torch.nn.Linear, after: Residual, next_norm: torch.nn.Module | None,
-                   bias: bool = True, up: Lift | None = None) -> None:
+                   bias: bool = True, lifted: Lift | None = None) -> None:
         """add(x W^T, b), the bias where it costs no kernel (Net.out_projection), else in the residual add;
         bias=False: x already carries it (an attention's values took it, Net.shift)."""
         if not bias:
-            self.add(self.net.linear(x, layer, bias=False), None, after, next_norm, up)
+            self.add(self.net.linear(x, layer, bias=False), None, after, next_norm, lifted)
             return
         self.add(self.net.out_projection(x, layer), None if self.net.bias_in_matmul else layer.bias, after,
-                 next_norm, up)
+                 next_norm, lifted)
 
     def add_attention(self, x: str, attention: MultiHeadAttention, after: Residual,
-                      next_norm: torch.nn.Module | None, up: Lift | None = None) -> None:
+                      next_norm: torch.nn.Module | None, lifted: Lift | None = None) -> None:
         """add_linear of attention's output projection: its bias left out where the values took it."""
-        self.add_linear(x, attention.fc_attn, after, next_norm, bias=self.net.shift(attention) is None, up=up)
+        self.add_linear(x, attention.fc_attn, after, next_norm, bias=self.net.shift(attention) is None,
+                        lifted=lifted)
 
 
 def _skip_norm(net: Net, sub: str, skip: str, norm: torch.nn.LayerNorm, bias: torch.Tensor | None,
-               up: Lift | None = None) -> list[str]:
-    """LN(sub + skip + bias) (its beta lifted by `up`) and (4th output) the sum itself, as SkipLayerNormalization
+               lifted: Lift | None = None) -> list[str]:
+    """LN(sub + skip + bias) (its beta `lifted`) and (4th output) the sum itself, as SkipLayerNormalization
     does."""
-    beta = norm.bias if up is None else norm.bias.detach().double() + up.shift
+    beta = norm.bias if lifted is None else norm.bias.detach().double() + lifted.beta_add
     gamma, beta = net.weight("gamma", norm.weight), net.weight("beta", beta)
     if not net.skip_norm:
         total = net.one("Add", [sub if bias is None else net.one("Add", [sub, net.weight("bias", bias)]), skip])
