@@ -70,16 +70,17 @@ def test_a_norm_that_cannot_be_lifted_is_left():
     assert lift(tiny) is None
 
 
-def _decoder_ops(proto, tmp_path) -> Counter:
-    """The kernels of the graph's Loop body (a step), or of the graph itself (a step graph), as a session runs
-    them: constants folded (a lifted weight's rank-one Add among them), no other rewrite."""
+def _decoder_ops(proto, tmp_path, outer: bool = False) -> Counter:
+    """The kernels of the graph's Loop body (a step), or of the graph itself (a step graph; outer: the graph around
+    the Loop, the encoder's among them), as a session runs them: constants folded (a lifted weight's rank-one Add
+    among them), no other rewrite."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     graph = onnx.load(options.optimized_model_filepath).graph
     loops = [n for n in graph.node if n.op_type == "Loop"]
-    return Counter(n.op_type for n in (subgraphs(loops[0])[0].node if loops else graph.node))
+    return Counter(n.op_type for n in (subgraphs(loops[0])[0].node if loops and not outer else graph.node))
 
 
 def _run(proto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -123,6 +124,9 @@ def test_lifted_graphs_decode_as_unlifted_ones_with_fewer_adds_a_step(monkeypatc
     per_layer, once = SAVED[name]
     ops, plain_ops = _decoder_ops(lifted, tmp_path), _decoder_ops(plain, tmp_path)
     assert plain_ops["Add"] - ops["Add"] == per_layer * (spec.layers - mixed) + once
+    # once a call: each encoder layer's FFN biases, and the cross-attention keys' and values' (on the lifted memory)
+    assert _decoder_ops(plain, tmp_path, True)["Add"] - _decoder_ops(lifted, tmp_path, True)["Add"] == \
+        2 * spec.layers + 1
     rng = np.random.default_rng(5)
     feeds = {"source_ids": rng.integers(4, spec.source_vocab_size, (3, 7)), "source_lengths": np.array([7, 5, 2]),
              "max_length": np.array(8), "min_length": np.array(2), "beam_size": np.array(3),
@@ -139,7 +143,7 @@ def test_a_step_graph_lifts_its_ffn_but_not_its_output_layer_and_a_post_norm_sta
     """A step graph's every log-prob leaves it: its output layer keeps its bias, so the never-output ids (-1e4)
     read as unlifted (within float32's step at 1e4), where lifted they would carry the rank-one term's rounding."""
     model, spec = trained_looking
-    lifted = step_model(model, spec, "")
+    lifted, lifted_encoder = step_model(model, spec, ""), encoder_model(model, spec, "")
     post_spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=4, layers=2, max_positions=32,
                                norm="post")
     post = build_token_model(post_spec).eval()
@@ -149,9 +153,13 @@ def test_a_step_graph_lifts_its_ffn_but_not_its_output_layer_and_a_post_norm_sta
     # the FFN's first bias (its SkipLayerNormalization takes the FFN's second either way)
     assert _decoder_ops(plain, tmp_path)["Add"] - _decoder_ops(lifted, tmp_path)["Add"] == spec.layers
     encoder = encoder_model(model, spec, "")
+    # the encoder graph: each layer's FFN biases and the cross keys' and values' ride on lifted norms
+    assert _decoder_ops(encoder, tmp_path)["Add"] - _decoder_ops(lifted_encoder, tmp_path)["Add"] == 2 * spec.layers + 1
     rng = np.random.default_rng(2)
     feeds = {"source_ids": rng.integers(4, spec.source_vocab_size, (4, 6)), "source_lengths": np.array([6, 3, 5, 1])}
     state = dict(zip([o.name for o in encoder.graph.output], _run(encoder, feeds)))
+    for got, want in zip(_run(lifted_encoder, feeds), state.values()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     state["previous_tokens"] = rng.integers(4, spec.target_vocab_size, 4)  # the first step after the encoder
     got, want = _run(lifted, state)[0], _run(plain, state)[0]
     never = want < -1000

@@ -23,6 +23,7 @@ from training.tokens.transformer import Decoder, Encoder, MultiHeadAttention, Tr
 
 from . import lift as lifting
 from .int8 import int8_columns, widened_linear
+from .lift import Lift
 from .shift import value_shift
 from .stream import MS, start
 
@@ -163,7 +164,8 @@ def position_table(model: TransformerSeq2Seq) -> torch.Tensor:
 
 
 def encoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, ids: str, lengths32: str) -> str:
-    """ids (B, L) int64 and lengths (B,) int32 -> memory (B, L, E)."""
+    """ids (B, L) int64 and lengths (B,) int32 -> memory (B, L, E), the final norm's output: lifted where
+    `memory_lift` says (cross_kv reads it so), as each layer's norm before its FFN (export.tokens.lift)."""
     layers: list[Encoder] = list(model.encoder_layers)
     pre = spec.norm == "pre"
     table = position_table(model)
@@ -178,19 +180,32 @@ def encoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, ids: str, leng
         # relative against 1.8e-6 for the dates transformer's first layer)
         w, b = qkv(net, layer.attention, shift=False)
         att = net.one("Attention", [stream.inner, w, b, lengths32], MS, num_heads=spec.n_heads)  # (B, L, E)
-        stream.add_linear(att, layer.attention.fc_attn, layer.res1, layer.res2.norm)
-        hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, L, F)
-        stream.add_linear(hidden, layer.ffn.linear2, layer.res2, _next_norm(layers, i, model.encoder_norm, "res1"))
+        ffn_lift = lifting.lift(layer.res2.norm) if pre and net.lifts else None
+        stream.add_linear(att, layer.attention.fc_attn, layer.res1, layer.res2.norm, lifted=ffn_lift)
+        after = _next_norm(layers, i, model.encoder_norm, "res1")
+        lifted = memory_lift(net, model, spec) if i + 1 == len(layers) else None
+        if ffn_lift is None:
+            hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, L, F)
+            stream.add_linear(hidden, layer.ffn.linear2, layer.res2, after, lifted=lifted)
+        else:  # both biases ride on the lifted norm
+            stream.add(lifting.ffn(net, stream.inner, layer.ffn.linear1, layer.ffn.linear2, ffn_lift), None,
+                       layer.res2, after, lifted)
     return stream.inner if pre else stream.x
+
+
+def memory_lift(net: Net, model: TransformerSeq2Seq, spec: ModelSpec) -> Lift | None:
+    """The lift of the encoder's final norm, whose output only cross_kv's product reads, or None."""
+    return lifting.lift(model.encoder_norm) if spec.norm == "pre" and net.lifts else None
 
 
 def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) -> list[str]:
     """memory (B, L, E) -> every decoder layer's cross keys and values (B, h, L, d), k0, v0, k1, v1, ... in one
-    MatMul for all layers."""
+    MatMul for all layers (its bias on the lifted memory where `memory_lift` gives a lift)."""
     layers: list[Decoder] = list(model.decoder_layers)
     w = torch.cat([torch.cat([l.cross_attention.keys.weight, l.cross_attention.values.weight]) for l in layers])
     b = torch.cat([torch.cat([l.cross_attention.keys.bias, net.value_bias_of(l.cross_attention)]) for l in layers])
-    kv = net.matmul(memory, w.T, b)  # (B, L, 2 layers E)
+    lifted = memory_lift(net, model, spec)
+    kv = net.matmul(memory, w.T, b) if lifted is None else lifting.product(net, memory, w.T, b, lifted)  # (B, L, 2lE)
     shape = np.array([0, 0, 2 * len(layers) * spec.n_heads, spec.head_dim], np.int64)
     kv = net.one("Reshape", [kv, net.weight("shape", shape)])  # (B, L, 2 layers h, d)
     kv = net.one("Transpose", [kv], perm=[0, 2, 1, 3])  # (B, 2 layers h, L, d)
