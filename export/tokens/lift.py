@@ -66,8 +66,9 @@ def ffn(net: Net, x: str, linear1: torch.nn.Linear, linear2: torch.nn.Linear, by
     reads 1 (Relu keeps it), and linear2's one more row, its bias: MatMul, Relu, MatMul."""
     first = net.one("Concat", [_weight(net, linear1.weight.T, linear1.bias, by),
                                net.weight("u", by.direction.float()[:, None])], axis=1)  # (E, F + 1)
+    bias = torch.zeros(linear2.out_features) if linear2.bias is None else linear2.bias.detach()
     second = net.one("Concat", [_weight(net, linear2.weight.T, None, None),
-                                net.weight("b", linear2.bias.detach().float()[None, :])], axis=0)  # (F + 1, E)
+                                net.weight("b", bias.float()[None, :])], axis=0)  # (F + 1, E)
     return net.one("MatMul", [net.one("Relu", [net.one("MatMul", [x, first])]), second])
 
 
