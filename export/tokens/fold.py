@@ -15,7 +15,7 @@ from training.tokens.transformer import MultiHeadAttention, TransformerSeq2Seq
 
 from .attention import AncestryFused, Fused, mask_bias
 from .kernels import MS, Net
-from .lift import Lift, lift
+from .lift import Lift, lift, lift_in
 
 # A lifted fold's padding score (-inf there would make NaN: S holds it as FAR u): far below any score, and, with
 # |u| <= lift.LIFT_MAX_DIRECTION, far enough from float32's limit that FAR u and its sum with S stay finite
@@ -66,7 +66,7 @@ def fold_cross(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, cross: list
     and an Add a call), and the bias is ""."""
     h, d, e = spec.n_heads, spec.head_dim, spec.d_model
     scale = 1.0 / np.sqrt(d)
-    lifts = [lift(layer.res2.norm) if net.lifts and spec.norm == "pre" else None for layer in model.decoder_layers]
+    lifts = [lift_in(net, spec, layer.res2.norm) for layer in model.decoder_layers]
     padding = {fill: mask_bias(net, lengths32, cross[0], [0, 1, -1, 1], fill)  # (B, 1, Ls, 1)
                for fill in {-np.inf if by is None else FAR for by in lifts}}
     by_row = net.weight("by_row", np.array([0, -1, e], np.int64))  # (B, h, Ls, E) -> (B, h Ls, E)

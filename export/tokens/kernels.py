@@ -47,9 +47,10 @@ class Net:
     when it loads the graph; for the graphs of few rows, where quantizing the activations each call costs more than
     int8 products save (onnxruntime 1.32, 1 thread, Intel Xeon: DynamicQuantizeMatMul 1.4-2.9x a float32 Gemm's
     time at 1-5 rows of the dates transformer's projections, 0.57-0.93x at 64-320). `lifts` (default LIFTS): a
-    pre-norm decoder's norms before the folded cross-attention's scores, the FFN and the output layer are lifted,
-    so that those products carry their biases (export.tokens.lift: no bias Add a step); float32 and widened int8
-    only, not on rows (a Gemm takes its bias there at no kernel's cost)."""
+    pre-norm stack's norms before the folded cross-attention's scores, each FFN, the cross keys' and values'
+    product (the encoder's final norm) and the output layer are lifted, so that those products carry their biases
+    (export.tokens.lift: no bias Add); float32 and widened int8 only, not on rows (a Gemm takes its bias there at
+    no kernel's cost); the one test of it is lift.lift_in."""
 
     def __init__(self, prefix: str = "", skip_norm: bool = True, int8: bool = False, value_bias: bool = False,
                  rows: bool = False, widen: bool = False, lifts: bool | None = None) -> None:
@@ -180,22 +181,16 @@ def encoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, ids: str, leng
         # relative against 1.8e-6 for the dates transformer's first layer)
         w, b = qkv(net, layer.attention, shift=False)
         att = net.one("Attention", [stream.inner, w, b, lengths32], MS, num_heads=spec.n_heads)  # (B, L, E)
-        ffn_lift = lifting.lift(layer.res2.norm) if pre and net.lifts else None
+        ffn_lift = lifting.lift_in(net, spec, layer.res2.norm)
         stream.add_linear(att, layer.attention.fc_attn, layer.res1, layer.res2.norm, lifted=ffn_lift)
-        after = _next_norm(layers, i, model.encoder_norm, "res1")
-        lifted = memory_lift(net, model, spec) if i + 1 == len(layers) else None
-        if ffn_lift is None:
-            hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, L, F)
-            stream.add_linear(hidden, layer.ffn.linear2, layer.res2, after, lifted=lifted)
-        else:  # both biases ride on the lifted norm
-            stream.add(lifting.ffn(net, stream.inner, layer.ffn.linear1, layer.ffn.linear2, ffn_lift), None,
-                       layer.res2, after, lifted)
+        stream.add_ffn(layer.ffn.linear1, layer.ffn.linear2, layer.res2, _next_norm(layers, i, model.encoder_norm,
+                       "res1"), ffn_lift, memory_lift(net, model, spec) if i + 1 == len(layers) else None)
     return stream.inner if pre else stream.x
 
 
 def memory_lift(net: Net, model: TransformerSeq2Seq, spec: ModelSpec) -> Lift | None:
     """The lift of the encoder's final norm, whose output only cross_kv's product reads, or None."""
-    return lifting.lift(model.encoder_norm) if spec.norm == "pre" and net.lifts else None
+    return lifting.lift_in(net, spec, model.encoder_norm)
 
 
 def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) -> list[str]:
@@ -229,8 +224,8 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
     pre = spec.norm == "pre"
     stream = start(net, pre, tokens, positions, layers[0].res1)
     presents = []
-    ffn_lifts = [lifting.lift(layer.res3.norm) if pre and net.lifts else None for layer in layers]
-    out_lift = lifting.lift(model.decoder_norm) if pre and net.lifts and chosen_only else None
+    ffn_lifts = [lifting.lift_in(net, spec, layer.res3.norm) for layer in layers]
+    out_lift = lifting.lift_in(net, spec, model.decoder_norm) if chosen_only else None
     for i, layer in enumerate(layers):
         caches = pasts[i * attend.CACHES:(i + 1) * attend.CACHES]
         context, grown = attend.self_attention(net, spec, stream.inner, layer.self_attention, caches)
@@ -243,14 +238,8 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
         # into O, out_projection took it, or the values did
         stream.add(out, None if held else layer.cross_attention.fc_attn.bias, layer.res2, layer.res3.norm,
                    ffn_lifts[i])
-        after = _next_norm(layers, i, model.decoder_norm, "res1")
-        lifted = out_lift if i + 1 == len(layers) else None  # the final norm's
-        if ffn_lifts[i] is None:
-            hidden = net.one("Relu", [net.linear(stream.inner, layer.ffn.linear1)])  # (B, 1, F)
-            stream.add_linear(hidden, layer.ffn.linear2, layer.res3, after, lifted=lifted)
-        else:  # both biases ride on the lifted norm: no Add
-            stream.add(lifting.ffn(net, stream.inner, layer.ffn.linear1, layer.ffn.linear2, ffn_lifts[i]), None,
-                       layer.res3, after, lifted)
+        stream.add_ffn(layer.ffn.linear1, layer.ffn.linear2, layer.res3, _next_norm(layers, i, model.decoder_norm,
+                       "res1"), ffn_lifts[i], out_lift if i + 1 == len(layers) else None)
     out = stream.inner if pre else stream.x  # (B, 1, E)
     weight = model.target_embedding.weight if model.output is None else model.output.weight  # (V, E)
     bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): NEVER_LOGIT on <pad>, <s>

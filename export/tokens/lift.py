@@ -22,6 +22,8 @@ import torch
 from .int8 import int8_columns
 
 if TYPE_CHECKING:
+    from runtime.spec import ModelSpec
+
     from .kernels import Net
 
 LIFT_MIN_GAMMA = 1e-2
@@ -46,6 +48,11 @@ def lift(norm: torch.nn.Module) -> Lift | None:
     s = 1.0 if base >= 0 else -1.0
     direction = (1.0 / g) / (base + s * g.numel())
     return Lift(s * g, direction) if float(direction.abs().max()) <= LIFT_MAX_DIRECTION else None
+
+
+def lift_in(net: Net, spec: ModelSpec, norm: torch.nn.Module) -> Lift | None:
+    """The norm's lift in the graph `net` writes: where the graph lifts (`Net.lifts`) a pre-norm stack's norms."""
+    return lift(norm) if net.lifts and spec.norm == "pre" else None
 
 
 def rank_one(w: torch.Tensor, b: torch.Tensor | None, by: Lift) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ import torch
 
 from training.tokens.transformer import MultiHeadAttention, Residual
 
+from . import lift as lifting
 from .lift import Lift
 
 if TYPE_CHECKING:
@@ -53,6 +54,16 @@ class Stream:
             return
         self.add(self.net.out_projection(x, layer), None if self.net.bias_in_matmul else layer.bias, after,
                  next_norm, lifted)
+
+    def add_ffn(self, linear1: torch.nn.Linear, linear2: torch.nn.Linear, after: Residual,
+                next_norm: torch.nn.Module | None, ffn_lift: Lift | None, lifted: Lift | None = None) -> None:
+        """add(linear2(relu(linear1(inner)))): both biases on `inner` where it is lifted (`ffn_lift`, the lift its
+        norm took: lift.ffn), else MatMul + Add + Relu and add_linear."""
+        if ffn_lift is None:
+            hidden = self.net.one("Relu", [self.net.linear(self.inner, linear1)])  # (.., F)
+            self.add_linear(hidden, linear2, after, next_norm, lifted=lifted)
+        else:
+            self.add(lifting.ffn(self.net, self.inner, linear1, linear2, ffn_lift), None, after, next_norm, lifted)
 
     def add_attention(self, x: str, attention: MultiHeadAttention, after: Residual,
                       next_norm: torch.nn.Module | None, lifted: Lift | None = None) -> None:
