@@ -282,8 +282,8 @@ def server_process(model_dir: Path, threads: int, batch_wait_ms: float, log: Pat
     with open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(model_dir), "--port", str(port),
                                  "--num-cpus", str(threads), "--max-batch-size", str(MAX_BATCH), "--batch-wait-ms",
-                                 str(batch_wait_ms), "--workers", str(workers)], stdout=sink, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                 str(batch_wait_ms), "--workers", str(workers)], stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while READY not in log.read_text():

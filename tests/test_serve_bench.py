@@ -62,7 +62,8 @@ def _parse(*argv: str) -> Any:
     (("--json", "{taken}"), 1, "a file already exists there; pass --force"),
     (("--plot", "{tmp}/latency.jpg"), 2, "expected a file name ending in .png"),
     (("--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"), 2, "is the --json file too"),
-], ids=["points-model", "no-rounds", "no-workers", "workers-twice", "workers-past-cpus", "no-time", "json-dir", "json-taken", "plot-suffix", "same-file"])
+], ids=["points-model", "no-rounds", "no-workers", "workers-twice", "workers-past-cpus", "no-time", "json-dir",
+        "json-taken", "plot-suffix", "same-file"])
 def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], code: int, said: str,
                                                              tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -241,9 +241,10 @@ SERVE_CASES: dict[str, Case] = {
                                     says=(f"--workers {max_threads() + 1}: {max_threads() + 1} copies of one decoding "
                                           f"thread each need {max_threads() + 1} CPUs",
                                           f"more than the {max_threads()} this process may use")),
-    "--workers x --num-cpus past the CPUs": case(*SERVE, "--workers", "2", "--num-cpus", str(max_threads() // 2 + 1),
-                                                 code=USAGE, says=(f"--workers 2 --num-cpus {max_threads() // 2 + 1}: 2 "
-                                                                   "copies of", "pass --workers times the threads of --num-cpus")),
+    "--workers x --num-cpus past the CPUs": case(
+        *SERVE, "--workers", "2", "--num-cpus", str(max_threads() // 2 + 1), code=USAGE,
+        says=(f"--workers 2 --num-cpus {max_threads() // 2 + 1}: 2 copies of",
+              "pass --workers times the threads of --num-cpus")),
     "--num-cpus past this machine's CPUs on Ray": case(*SERVE, "--address", "127.0.0.1:1", "--num-cpus",
                                                        str(max_threads() + 1), code=BAD_INPUT,
                                                        says=("--address 127.0.0.1:1", "nothing answers there")),
