@@ -4,12 +4,12 @@
   (search.finish: new hypotheses, the n-best merge, the stopping rule, ~55 kernels) only where the step can change
   an n-best, and otherwise passes the n-best through.
 - **segmented** (fold_beam): a Loop of segments, each a Loop of steps that ends after the first step that can change
-  an n-best, then the finishing work for that step once. A step that changes nothing then runs no branch at all
-  (dates transformer, beam 5, `loop_graph_ab.py` both ways against the branched graph: ~6% faster at batch 1 and
-  20 forced tokens, ~4% eos free, ~2% at 2 inputs free). But a Loop copies its carried values, the caches among
-  them, when it ends, so from several inputs up, where some n-best is full and every step ends a segment, segments
-  cost more than the If (eos free, one way: 0.98-0.99x the time at 4 inputs, 1.05x at 15, 1.05-1.09x for wide_beam
-  at 64): the runtime sends fold_beam calls of one or two inputs.
+  an n-best, then the finishing work for that step once. A step that changes nothing then runs no branch at all:
+  the If alone cost ~9 us a step at batch 1, more than 5% of a call. But a Loop copies its carried values, the
+  caches among them, when it ends, so from a few inputs up, where some n-best is full and every step ends a
+  segment, segments cost more than the If (dates transformer, beam 5, eos free, `loop_graph_ab.py` against the
+  branched graph: 0.96-0.98x the time at batch 1, level at 2, 0.98-0.99x at 4, 1.05x at 15, 1.05-1.09x for
+  wide_beam at 64).
 
 A step ends a run (or takes the If's pass-through branch) unless some input has an eos among its first k candidates
 (a kept candidate then sits at rank k or later), it is the last step, or some input's n-best is full; at every other
