@@ -84,14 +84,7 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         assert all("If" not in {n.op_type for n in nodes} for nodes in graphs), role
         loops = [[n for n in nodes if n.op_type == "Loop"] for nodes in graphs]
         assert [len(found) for found in loops] == [1] * len(loops), role  # one decode loop a graph, run once
-        outer = [found[0].attribute[0].g.node for found in loops]  # folded first, then plain
-        if role == "beam":  # fold_beam in segments: no If anywhere; the plain graph's finishing work in an If
-            inner = [[n for n in nodes if n.op_type == "Loop"] for nodes in outer]
-            assert [len(found) for found in inner] == [1] * folds(spec) + [0]
-            assert ["If" in {n.op_type for n in nodes} for nodes in outer] == [False] * folds(spec) + [True]
-            outer = [found[0].attribute[0].g.node for found in inner[:folds(spec)]] + outer[folds(spec):]
-            assert all("If" not in {n.op_type for n in nodes} for nodes in outer[:folds(spec)])
-        bodies = [{n.op_type for n in nodes} for nodes in outer]  # the step's body
+        bodies = [{n.op_type for n in found[0].attribute[0].g.node} for found in loops]  # folded first, then plain
         assert ["MultiHeadAttention" in body for body in bodies] == [False] * folds(spec) + [True], role
         assert all("Attention" in body for body in bodies)
         wide = onnx.load(str(fast_export.path / FAST_FILES["wide_" + role])).graph.node

@@ -71,18 +71,16 @@ def test_a_norm_that_cannot_be_lifted_is_left():
 
 
 def _decoder_ops(proto, tmp_path, outer: bool = False) -> Counter:
-    """The kernels of the graph's Loop body (a step: in fold_beam, the body of its segments' Loop), or of the graph
-    itself (a step graph; outer: the graph around the Loop, the encoder's among them), as a session runs them: constants folded (a lifted weight's rank-one Add
+    """The kernels of the graph's Loop body (a step), or of the graph itself (a step graph; outer: the graph around
+    the Loop, the encoder's among them), as a session runs them: constants folded (a lifted weight's rank-one Add
     among them), no other rewrite."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     graph = onnx.load(options.optimized_model_filepath).graph
-    for _ in range(0 if outer else 2):  # into the Loop's body, and a segment's into its steps' (fold_beam)
-        loops = [n for n in graph.node if n.op_type == "Loop"]
-        graph = subgraphs(loops[0])[0] if loops else graph
-    return Counter(n.op_type for n in graph.node)
+    loops = [n for n in graph.node if n.op_type == "Loop"]
+    return Counter(n.op_type for n in (subgraphs(loops[0])[0].node if loops and not outer else graph.node))
 
 
 def _run(proto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
