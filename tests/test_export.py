@@ -11,7 +11,7 @@ from onnx.reference import ReferenceEvaluator
 
 from export.api import export_model
 from export.errors import DestinationExistsError, ParityError
-from export.parity import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL, Tolerance
+from export.parity import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL, ROUNDING_STEPS, Tolerance, within_rounding
 from export.points.parity import BATCH_SIZES, SOURCE_LENS, TARGET_LENS
 from runtime import Seq2Seq
 from runtime.contract import (
@@ -164,6 +164,24 @@ def test_parity_failure_lists_every_failure_and_writes_nothing(tmp_path):
         assert output in message
     assert "max_abs=" in message and message.count("\n") >= 5  # one line per failing check
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_rounding_is_read_in_float32_steps_of_the_value_compared():
+    """A difference beyond the tolerance is rounding only within a few float32 steps of the value (9.8e-4 at 1e4,
+    a never-output id's log-prob): `verify` then blames the tolerance, not the pair."""
+    want = np.array([[-1e4, -0.5, -3.0]], np.float32)
+    step = float(np.spacing(np.float32(1e4)))
+    assert step == 2.0 ** -10
+    off_by = lambda d: want + np.array([[d, 1e-7, 0.0]], np.float32)  # noqa: E731
+    assert within_rounding(off_by(2 * step), want, atol=1e-3, rtol=0.0)
+    assert within_rounding(off_by(ROUNDING_STEPS * step), want, atol=1e-3, rtol=0.0)
+    assert not within_rounding(off_by((ROUNDING_STEPS + 1) * step), want, atol=1e-3, rtol=0.0)
+    assert not within_rounding(want + np.array([[0.0, 1e-3, 0.0]], np.float32), want, atol=1e-5, rtol=0.0)
+    minus_inf = np.array([[-np.inf, -1.0]], np.float32)  # -inf on both sides is equal, on one side not rounding
+    assert within_rounding(minus_inf.copy(), minus_inf, atol=0.0, rtol=0.0)
+    assert not within_rounding(np.array([[-1e4, -1.0]], np.float32), minus_inf, atol=0.0, rtol=0.0)
+    assert not within_rounding(np.array([[np.nan, -1.0]], np.float32), minus_inf, atol=0.0, rtol=0.0)
+    assert not within_rounding(want[:, :2], want, atol=1.0, rtol=0.0)  # shapes differ
 
 
 def test_a_graph_failure_is_caught_even_when_the_decode_tolerance_is_loose(tmp_path):

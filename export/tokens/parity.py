@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from export.errors import VerifyError
-from export.parity import Row, Say, Tolerance, diffs
+from export.parity import Row, Say, Tolerance, diffs, within_rounding
 from runtime.errors import UsageError
 from runtime.model import Seq2Seq
 from runtime.optional_graphs import fold_tokens, folds
@@ -134,7 +134,7 @@ def _graph_row(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray, l
     torch_state, torch_step = side.steps(ids, lengths)
     tokens = np.full(len(ids), side.contract.specials.bos, dtype=np.int64)
     worst_abs = worst_rel = 0.0
-    ok = True
+    ok = rounding = True
     for _ in range(n_steps):
         got, want = steps.step(tokens, ort_state), torch_step(tokens, torch_state)
         both = np.isfinite(want.log_probs) & np.isfinite(got.log_probs)  # never-emitted ids: -inf on both sides
@@ -146,8 +146,9 @@ def _graph_row(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray, l
         worst_rel = max(worst_rel, float((diff / np.maximum(np.abs(np.where(both, want.log_probs, 1.0)),
                                                             1e-12)).max()))
         ok &= bool(np.allclose(got.log_probs, want.log_probs, atol=tol.atol, rtol=tol.rtol))
+        rounding &= within_rounding(got.log_probs, want.log_probs, tol.atol, tol.rtol)
         ort_state, torch_state, tokens = got.state, want.state, want.log_probs.argmax(-1)
-    return Row(case, len(ids), ids.shape[1], n_steps, "graph", "step.log_probs", worst_abs, worst_rel, ok)
+    return Row(case, len(ids), ids.shape[1], n_steps, "graph", "step.log_probs", worst_abs, worst_rel, ok, rounding)
 
 
 def _sequence_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarray, lengths: np.ndarray,
@@ -167,7 +168,7 @@ def _sequence_row(case: str, steps: TokenSteps, model: TokenModel, ids: np.ndarr
         ort_state = result.state
     got_all = np.stack(got, axis=1)  # (N, T, V)
     return Row(case, len(ids), ids.shape[1], n_steps, "graph", "sequence.log_probs",
-               *diffs(got_all, want, tol.atol, tol.rtol))
+               *diffs(got_all, want, tol.atol, tol.rtol), within_rounding(got_all, want, tol.atol, tol.rtol))
 
 
 def _decode_rows(case: str, steps: TokenSteps, side: TorchSide, ids: np.ndarray, lengths: np.ndarray,
