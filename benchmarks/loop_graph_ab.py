@@ -5,12 +5,13 @@ graphs are written (interleaved calls in one process, medians), after checking t
     seq2onnx export CKPT --out /tmp/b
     python benchmarks/loop_graph_ab.py /tmp/a /tmp/b --graph fast_beam --batch 1 --beam 5 [--steps 20]
 
---graph: fast_greedy, wide_greedy, fold_greedy, fast_beam, wide_beam, fold_beam (a transformer's one-call graphs,
-encoder inside) or greedy_loop (every export's traced loop: each export's own encoder runs first, untimed).
---after-graph: AFTER's graph where a change moved the work to another file of the same family (the folded body
-left fast_greedy's If for fold_greedy.onnx: --graph fast_greedy --after-graph fold_greedy). Token sources are random
-ids of --source-len tokens (some rows shorter), and decoding runs exactly --steps tokens (min = max length; --free:
-min length 0, rows end at their eos); point sources are random (batch, --source-len, F) and decode --steps points.
+--graph: fast_greedy, wide_greedy, fold_greedy, fast_beam, wide_beam, fold_beam, fold_few_beam (a transformer's
+one-call graphs, encoder inside) or greedy_loop (every export's traced loop: each export's own encoder runs first,
+untimed). --after-graph: AFTER's graph where a change moved the work to another file of the same family (the folded
+body left fast_greedy's If for fold_greedy.onnx: --graph fast_greedy --after-graph fold_greedy). Token sources are
+random ids of --source-len tokens (some rows shorter), and decoding runs exactly --steps tokens (min = max length;
+--free: min length 0, rows end at their eos); point sources are random (batch, --source-len, F) and decode --steps
+points.
 Prints each side's time (the mean of its sessions' medians: --sessions a side, made after one untimed session in
 blocks of before, after, after, before and the mirror, every one warmed, their calls interleaved), the ratio after /
 before (< 1: the change is faster) and the spread of each side's session medians; 1 intra-op thread. Denormals are
@@ -43,11 +44,15 @@ from runtime.vocab import EOS  # noqa: E402
 ABBA = (0, 1, 1, 0, 1, 0, 0, 1)  # the order sessions are made in: before, after, after, before, then the mirror
 GRAPHS = {"fast_greedy": FAST_FILES["greedy"], "wide_greedy": FAST_FILES["wide_greedy"],
           "fold_greedy": FAST_FILES["fold_greedy"], "fast_beam": FAST_FILES["beam"],
-          "wide_beam": FAST_FILES["wide_beam"], "fold_beam": FAST_FILES["fold_beam"], "greedy_loop": GREEDY_FILE}
+          "wide_beam": FAST_FILES["wide_beam"], "fold_beam": FAST_FILES["fold_beam"],
+          "fold_few_beam": FAST_FILES["fold_few_beam"], "greedy_loop": GREEDY_FILE}
 
 
 def why_missing(name: str) -> str:
     """Why an export may lack a one-call graph, for the refusal."""
+    if name == FAST_FILES["fold_few_beam"]:
+        return (" (fold_few_beam.onnx is written where folded graphs are, by exports since it was added: "
+                "runtime.contract.FAST_FILES)")
     if name in (FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]):
         return (" (folded graphs are written only for float32 and int8 transformers whose sources fold: "
                 "runtime.optional_graphs.folds)")
@@ -58,7 +63,7 @@ def why_missing(name: str) -> str:
 
 def family(graph: str) -> str:
     """Graphs of one family take the same inputs: the one-call greedy graphs, the beam graphs, the traced loop."""
-    return "greedy_loop" if graph == "greedy_loop" else graph.split("_")[1]
+    return "greedy_loop" if graph == "greedy_loop" else graph.rsplit("_", 1)[1]
 
 
 def session(model_dir: Path, graphs: dict, name: str) -> ort.InferenceSession:

@@ -116,7 +116,7 @@ def token_quality(reference: Seq2Seq, candidate: Seq2Seq, tol: QualityTolerance,
         text_len = position_limit(spec, spec.target_len + DATA_STEP_MARGIN)
         rows += _token_set("texts", reference, candidate, batches, text_len, tol)
         folded = candidate.token_steps.fast is not None and candidate.token_steps.fast.folded is not None
-        if folded:  # batches of TEXT_BATCH are too large to fold: one text a call runs fold_greedy and fold_beam
+        if folded:  # batches of TEXT_BATCH are too large to fold: one text a call runs fold_greedy and fold_few_beam
             singles = [encode_sources([text], vocab, spec, contract) for text in texts[:ONE_BY_ONE]]
             rows += _token_set("texts one by one", reference, candidate, singles, text_len, tol)
     return rows
@@ -179,7 +179,7 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, max_len: in
         return [h.tokens for h in greedy_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, **common)]
     if search == "greedy_loop":
         return [h.tokens for h in steps.greedy_tokens(ids, lengths, max_len, 0, False)]
-    if search == f"beam_graph{QUALITY_BEAM}":  # fast_beam, fold_beam or wide_beam, as translate picks them
+    if search == f"beam_graph{QUALITY_BEAM}":  # fast_beam, fold_(few_)beam or wide_beam, as translate picks them
         found = steps.beam_graph(*ids.shape, QUALITY_BEAM).hypotheses(ids, lengths, QUALITY_BEAM, 1, 1.0, max_len, 0)
         return [hyps[0].tokens if hyps else [] for hyps in found]
     found = beam_search(steps.step, steps.encode(ids, lengths), steps.batch_axes, beam_size=QUALITY_BEAM,

@@ -243,7 +243,9 @@ GRAPH_KEY = "seq2onnx.graph"
 # state, one encoder and two step/greedy pairs over it: onnxruntime's fused `com.microsoft` kernels (fewest nodes:
 # small batches) and batched MatMuls ("wide": faster from WIDE_ROWS rows up). Optional; no attention weights.
 # fold_greedy/fold_beam: the one-call greedy and beam graphs with the cross-attention folded, for calls of at most
-# optional_graphs.fold_tokens source tokens (small models only; fast_greedy/fast_beam run the rest).
+# optional_graphs.fold_tokens source tokens (small models only; fast_greedy/fast_beam run the rest); fold_few_beam:
+# fold_beam with its loop in segments (no If a step), for such calls of at most token_steps.FEW_BEAM_INPUTS inputs.
 FAST_FILES = {"encoder": "fast_encoder.onnx", "step": "fast_decoder_step.onnx", "greedy": "fast_greedy.onnx",
               "beam": "fast_beam.onnx", "wide_step": "wide_decoder_step.onnx", "wide_greedy": "wide_greedy.onnx",
-              "wide_beam": "wide_beam.onnx", "fold_greedy": "fold_greedy.onnx", "fold_beam": "fold_beam.onnx"}
+              "wide_beam": "wide_beam.onnx", "fold_greedy": "fold_greedy.onnx", "fold_beam": "fold_beam.onnx",
+              "fold_few_beam": "fold_few_beam.onnx"}

@@ -38,9 +38,10 @@ from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 from .workers import Workers, check_workers
 
 FAST_NAMES = frozenset(FAST_FILES.values())
-ONE_CALL_ROLES = ("greedy", "wide_greedy", "beam", "wide_beam", "fold_greedy", "fold_beam")  # off with fused=False
+ONE_CALL_ROLES = ("greedy", "wide_greedy", "beam", "wide_beam", "fold_greedy", "fold_beam",
+                  "fold_few_beam")  # off with fused=False
 # sessions without the CPU arena on the CPU (sessions.ARENA)
-SMALL_CALLS = frozenset(FAST_FILES[r] for r in ("greedy", "beam", "fold_greedy", "fold_beam"))
+SMALL_CALLS = frozenset(FAST_FILES[r] for r in ("greedy", "beam", "fold_greedy", "fold_beam", "fold_few_beam"))
 
 
 class Seq2Seq:
@@ -255,7 +256,7 @@ def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id
 
     wide = (Graphs(run("wide_step", set(feedback)), greedy("wide_greedy"), beam("wide_beam"))
             if FAST_FILES["wide_step"] in sessions else None)
-    folded = (FoldedGraphs(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec))
+    folded = (FoldedGraphs(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec), beam("fold_few_beam"))
               if {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]} <= set(sessions) else None)
     return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
                       greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide, folded=folded,

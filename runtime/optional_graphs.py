@@ -101,4 +101,4 @@ def fast_graph_io(spec: ModelSpec) -> dict[str, dict[str, dict[str, Dims]]]:
                         "tokens": [BATCH, HYPOTHESES, DECODE_LEN], "lengths": [BATCH, HYPOTHESES]}}
     return {"encoder": {"inputs": sources, "outputs": fast_state(spec, 0)}, "step": step, "greedy": greedy,
             "beam": beam, "wide_step": step, "wide_greedy": greedy, "wide_beam": beam, "fold_greedy": greedy,
-            "fold_beam": beam}
+            "fold_beam": beam, "fold_few_beam": beam}

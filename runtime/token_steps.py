@@ -44,6 +44,10 @@ WIDE_BEAM_INPUTS_INT8 = 4
 # mask, k times the attention's arithmetic, so past 32 the step loop's beam search is faster (dates transformer,
 # batch 1-4, 40 tokens: the graph 0.66x its time at beam 16, 0.82x at 32, 1.06-1.09x at 64, 1.40x at 128).
 MAX_GRAPH_BEAM = 32
+# The most inputs a folded call runs fold_few_beam for (its loop in segments, no If a step), where the export has it:
+# dates transformer, beam 5, eos free, against fold_beam (`loop_graph_ab.py`, both ways): ~4% faster at 1 input
+# (~6% at 20 forced tokens), ~2% at 2, 6-8% slower at 3 and 5-8% at 4 (export.tokens.beam_body).
+FEW_BEAM_INPUTS = 2
 
 
 class TokenSteps:
@@ -125,13 +129,17 @@ class TokenSteps:
 
     def beam_graph(self, inputs: int, source_len: int, beam_size: int) -> BeamGraph | None:
         """The beam search graph that decodes `inputs` inputs of `source_len` tokens fastest (the wide one from
-        wide_beam_inputs up, else the folded one where they fold), or None without one or for a beam wider than
-        MAX_GRAPH_BEAM (the step loop's search is faster there)."""
+        wide_beam_inputs up, else the folded one where they fold: fold_few_beam's for at most FEW_BEAM_INPUTS
+        inputs), or None without one or for a beam wider than MAX_GRAPH_BEAM (the step loop's search is faster
+        there)."""
         if beam_size > MAX_GRAPH_BEAM:
             return None
         if self._wide(inputs, self.wide_beam_inputs):
             return self.wide.beam
-        return self.folded.beam if self._folds(inputs, source_len) else self.beam
+        if not self._folds(inputs, source_len):
+            return self.beam
+        few = self.folded.few_beam
+        return few if few is not None and inputs <= FEW_BEAM_INPUTS else self.folded.beam
 
     def only(self, wide: bool) -> "TokenSteps":
         """A view that always runs the wide graphs (wide) or never does (for parity tools)."""
@@ -157,6 +165,7 @@ class FoldedGraphs(NamedTuple):
     greedy: GreedyLoop
     beam: BeamGraph
     up_to: int
+    few_beam: BeamGraph | None = None  # fold_few_beam: calls of at most FEW_BEAM_INPUTS inputs (none in older exports)
 
 
 class Graphs(NamedTuple):

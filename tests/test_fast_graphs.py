@@ -26,7 +26,7 @@ from runtime.errors import Cancelled, InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.optional_graphs import FOLD_UP_TO, fold_tokens, folds
 from runtime.search import beam_search, greedy_search
-from runtime.token_steps import MAX_GRAPH_BEAM, WIDE_BEAM_INPUTS, WIDE_ROWS
+from runtime.token_steps import FEW_BEAM_INPUTS, MAX_GRAPH_BEAM, WIDE_BEAM_INPUTS, WIDE_ROWS
 from runtime.vocab import BOS, EOS
 from training.build import build_token_model
 
@@ -57,7 +57,7 @@ def _texts(n: int) -> list[str]:
 def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
     manifest = json.loads((fast_export.path / MANIFEST_FILE).read_text())
     spec = fast_export.model.spec
-    folded = {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]}
+    folded = {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"], FAST_FILES["fold_few_beam"]}
     assert folds(spec) == (spec.n_heads * spec.input_len * spec.d_model <= FOLD_UP_TO)  # "pre" folds, the other not
     assert set(manifest["graphs"]) & set(FAST_FILES.values()) == set(FAST_FILES.values()) - (set() if folds(spec)
                                                                                              else folded)
@@ -84,7 +84,10 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         assert all("If" not in {n.op_type for n in nodes} for nodes in graphs), role
         loops = [[n for n in nodes if n.op_type == "Loop"] for nodes in graphs]
         assert [len(found) for found in loops] == [1] * len(loops), role  # one decode loop a graph, run once
-        bodies = [{n.op_type for n in found[0].attribute[0].g.node} for found in loops]  # folded first, then plain
+        outer = [found[0].attribute[0].g.node for found in loops]  # folded first, then plain
+        if role == "beam":  # fold_beam's and fast_beam's finishing work in an If a step
+            assert all("If" in {n.op_type for n in nodes} for nodes in outer)
+        bodies = [{n.op_type for n in nodes} for nodes in outer]  # the step's body
         assert ["MultiHeadAttention" in body for body in bodies] == [False] * folds(spec) + [True], role
         assert all("Attention" in body for body in bodies)
         wide = onnx.load(str(fast_export.path / FAST_FILES["wide_" + role])).graph.node
@@ -100,12 +103,20 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
                                                                           if i != EOS]
         if folds(spec):  # every folded body reads S with FusedMatMul's transB (S^T and a plain MatMul: no faster)
             assert "FusedMatMul" in bodies[0] and "Softmax" in bodies[0], (role, bodies[0])
+    if folds(spec):  # fold_few_beam's loop in segments: a Loop of runs of steps, no If anywhere
+        nodes = onnx.load(str(fast_export.path / FAST_FILES["fold_few_beam"])).graph.node
+        assert [n.op_type for n in nodes].count("Loop") == 1 and "If" not in {n.op_type for n in nodes}
+        segment = next(n for n in nodes if n.op_type == "Loop").attribute[0].g.node
+        assert [n.op_type for n in segment].count("Loop") == 1 and "If" not in {n.op_type for n in segment}
+        steps = {n.op_type for n in next(n for n in segment if n.op_type == "Loop").attribute[0].g.node}
+        # a run stops on its own test (no eos among the first k) or at its trip count: no If, Less, And or Not a step
+        assert {"Attention", "FusedMatMul", "TopK"} <= steps and not {"If", "Less", "And", "Not"} & steps
     sessions = Seq2Seq.load(fast_export.path)._token_steps.fast  # the one-call graphs run without the CPU arena
     graphs = {"small": sessions, "wide": sessions.wide, **({"fold": sessions.folded} if folds(spec) else {})}
     arenas = {f"{name}_{kind}": getattr(found, kind)._run.session.get_session_options().enable_cpu_mem_arena
-              for name, found in graphs.items() for kind in ("greedy", "beam")}
+              for name, found in graphs.items() for kind in ("greedy", "beam", "few_beam") if hasattr(found, kind)}
     assert arenas == {"small_greedy": False, "small_beam": False, "wide_greedy": True, "wide_beam": True,
-                      **({"fold_greedy": False, "fold_beam": False} if folds(spec) else {})}
+                      **({"fold_greedy": False, "fold_beam": False, "fold_few_beam": False} if folds(spec) else {})}
     assert (sessions.folded is not None) == folds(spec)
 
 
@@ -122,10 +133,11 @@ def test_the_runtime_sends_calls_small_enough_to_fold_to_the_folded_graphs(tmp_p
     steps = fast.token_steps.fast
     for inputs, length, folded in ((1, 5, True), (1, 6, False), (2, 3, False), (5, 1, True)):
         assert (steps.greedy_loop(inputs, length) is steps.folded.greedy) == folded, (inputs, length)
-        assert (steps.beam_graph(inputs, length, 3) is steps.folded.beam) == folded, (inputs, length)
+        beam = steps.folded.few_beam if inputs <= FEW_BEAM_INPUTS else steps.folded.beam  # segments: 1-2 inputs
+        assert (steps.beam_graph(inputs, length, 3) is beam) == folded, (inputs, length)
         assert steps.greedy_loop(inputs, length) is (steps.folded.greedy if folded else steps.greedy)
     calls = {"fold": 0, "plain": 0}
-    for name, graph in (("fold", steps.folded.greedy), ("plain", steps.greedy), ("fold", steps.folded.beam),
+    for name, graph in (("fold", steps.folded.greedy), ("plain", steps.greedy), ("fold", steps.folded.few_beam),
                         ("plain", steps.beam)):
         def counted(*args, run=graph._run, name=name):
             calls[name] += 1
@@ -319,17 +331,21 @@ def _without(export: Path, names: list[str], to: Path) -> Path:
     return to
 
 
-@pytest.mark.parametrize("without", ["fast", "fold"])
+@pytest.mark.parametrize("without", ["fast", "fold", "few"])
 def test_an_export_without_fast_or_folded_graphs_still_loads_and_decodes(fast_export, tmp_path, without):
-    """Exports made before the fast graphs, or before the folded graphs had files of their own (their fast_greedy
-    and fast_beam picked the body in an If)."""
-    names = [FAST_FILES[r] for r in ("fold_greedy", "fold_beam")] if without == "fold" else list(FAST_FILES.values())
+    """Exports made before the fast graphs, before the folded graphs had files of their own (their fast_greedy
+    and fast_beam picked the body in an If), or before fold_few_beam."""
+    names = {"fast": list(FAST_FILES.values()), "few": [FAST_FILES["fold_few_beam"]],
+             "fold": [FAST_FILES[r] for r in ("fold_greedy", "fold_beam", "fold_few_beam")]}[without]
     runtime = Seq2Seq.load(_without(fast_export.path, names, tmp_path / "old"))
     assert (runtime.token_steps.fast is None) == (without == "fast")
     if without == "fold":
         steps = runtime.token_steps.fast
         assert steps.folded is None
         assert steps.greedy_loop(1, 1) is steps.greedy and steps.beam_graph(1, 1, 2) is steps.beam
+    if without == "few" and folds(runtime.spec):
+        steps = runtime.token_steps.fast
+        assert steps.folded.few_beam is None and steps.beam_graph(1, 1, 2) is steps.folded.beam
     want = Seq2Seq.load(fast_export.path)
     for options in (dict(beam_size=2), dict()):
         assert [h[0].ids for h in runtime.translate_batch(_texts(2), max_decoding_length=8, **options)] == \
@@ -364,7 +380,8 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
         want = beam_search(fast.step, fast.encode(ids, lengths), fast.batch_axes, batch_size=rows, bos_id=BOS,
                            eos_id=EOS, constant=fast.constant, **options)
         routed = fast.beam_graph(*ids.shape, k)  # the folded graph where the model folds; the plain one as well
-        for graph in dict.fromkeys([routed] + ([] if wide else [fast.beam])):
+        folded = [] if wide or fast.folded is None else [fast.folded.beam, fast.folded.few_beam]  # both loop shapes
+        for graph in dict.fromkeys([routed] + ([] if wide else [fast.beam]) + folded):
             got = graph.hypotheses(ids, lengths, k, options["num_hypotheses"], options["length_penalty"],
                                    options["max_decoding_length"], options["min_decoding_length"])
             assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want], options
@@ -439,6 +456,10 @@ def test_beam_search_runs_the_fast_beam_graph_below_wide_beam_inputs_and_the_wid
     assert fast.beam_graph(1, long, MAX_GRAPH_BEAM) is fast.beam
     assert fast.beam_graph(1, long, MAX_GRAPH_BEAM + 1) is None and fast.beam_graph(1, 1, MAX_GRAPH_BEAM + 1) is None
     assert (WIDE_BEAM_INPUTS - 1) * 5 >= WIDE_ROWS  # rows alone would have picked the wide graph
+    if fast.folded is not None:  # calls that fold: fold_few_beam up to FEW_BEAM_INPUTS inputs, then fold_beam
+        assert fast.beam_graph(1, 1, 5) is fast.folded.few_beam is not None
+        assert fast.beam_graph(FEW_BEAM_INPUTS, 1, 5) is fast.folded.few_beam
+        assert fast.beam_graph(FEW_BEAM_INPUTS + 1, 1, 5) is fast.folded.beam
     vocab = Seq2Seq.load(fast_export.path).vocabularies["source"]
     ids, lengths = vocab.encode_batch(_texts(WIDE_BEAM_INPUTS - 1), add_eos=True)
     found = [graph.hypotheses(ids, lengths, 5, 2, 1.0, 9, 0) for graph in (fast.beam, fast.wide.beam)]

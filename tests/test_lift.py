@@ -22,10 +22,12 @@ from training.build import build_token_model
 from support.models import toy_token_spec
 
 GRAPHS = {"fold_greedy": partial(greedy_model, fold=True), "fast_greedy": greedy_model,
-          "fold_beam": partial(beam_model, fold=True), "fast_beam": beam_model}
+          "fold_beam": partial(beam_model, fold=True), "fast_beam": beam_model,
+          "fold_few_beam": partial(beam_model, fold=True, segments=True)}
 # Adds a step the lifts take out, per lifted decoder layer and once: the folded cross-attention's score bias (folded
 # graphs only), the FFN's two biases; the output layer's bias
-SAVED = {"fold_greedy": (3, 1), "fast_greedy": (2, 1), "fold_beam": (3, 1), "fast_beam": (2, 1)}
+SAVED = {"fold_greedy": (3, 1), "fast_greedy": (2, 1), "fold_beam": (3, 1), "fast_beam": (2, 1),
+         "fold_few_beam": (3, 1)}
 
 
 def _norm(size: int, seed: int, beta_sign: float) -> torch.nn.LayerNorm:
@@ -71,16 +73,18 @@ def test_a_norm_that_cannot_be_lifted_is_left():
 
 
 def _decoder_ops(proto, tmp_path, outer: bool = False) -> Counter:
-    """The kernels of the graph's Loop body (a step), or of the graph itself (a step graph; outer: the graph around
-    the Loop, the encoder's among them), as a session runs them: constants folded (a lifted weight's rank-one Add
-    among them), no other rewrite."""
+    """The kernels of the graph's Loop body (a step: in fold_few_beam, the body of its segments' Loop), or of the graph
+    itself (a step graph; outer: the graph around the Loop, the encoder's among them), as a session runs them:
+    constants folded (a lifted weight's rank-one Add among them), no other rewrite."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     graph = onnx.load(options.optimized_model_filepath).graph
-    loops = [n for n in graph.node if n.op_type == "Loop"]
-    return Counter(n.op_type for n in (subgraphs(loops[0])[0].node if loops and not outer else graph.node))
+    for _ in range(0 if outer else 2):  # into the Loop's body, and a segment's into its steps' (fold_beam)
+        loops = [n for n in graph.node if n.op_type == "Loop"]
+        graph = subgraphs(loops[0])[0] if loops else graph
+    return Counter(n.op_type for n in graph.node)
 
 
 def _run(proto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

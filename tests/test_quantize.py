@@ -322,9 +322,9 @@ def test_cli_int8_export_refusal_and_verify(tmp_path):
 
 
 def test_token_quality_judges_the_beam_graphs_and_the_folded_graphs_one_text_a_call(transformer_export):
-    """The beam graphs (fast_beam, fold_beam, wide_beam) are judged as translate picks them, and, where the export
-    has folded graphs, texts one a call (batches of TEXT_BATCH are too large to fold). An export against itself:
-    every row exact."""
+    """The beam graphs (fast_beam, fold_beam, fold_few_beam, wide_beam) are judged as translate picks them, and,
+    where the export has folded graphs, texts one a call (batches of TEXT_BATCH are too large to fold). An export
+    against itself: every row exact."""
     runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
     assert runtime.token_steps.fast.folded is not None
     texts = ["the cat sat", "a dog ran", "the cat ran on the mat", "a bird flew"] * 10

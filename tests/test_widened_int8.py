@@ -29,7 +29,8 @@ from training.build import build_token_model
 from support.models import export_token_model, toy_token_spec
 
 WIDENED = {"fold_greedy": partial(greedy_model, fold=True), "fast_greedy": greedy_model,
-           "fold_beam": partial(beam_model, fold=True), "fast_beam": beam_model, "fast_decoder_step": step_model}
+           "fold_beam": partial(beam_model, fold=True), "fast_beam": beam_model, "fast_decoder_step": step_model,
+           "fold_few_beam": partial(beam_model, fold=True, segments=True)}
 QUANTIZED = {"wide_greedy": partial(greedy_model, wide=True), "wide_beam": partial(beam_model, wide=True),
              "wide_decoder_step": partial(step_model, wide=True), "fast_encoder": encoder_model}
 
@@ -101,7 +102,7 @@ def _rounded(model: torch.nn.Module) -> torch.nn.Module:
     return rounded
 
 
-@pytest.mark.parametrize("name", ["fold_greedy", "fast_greedy", "fold_beam", "fast_beam"])
+@pytest.mark.parametrize("name", ["fold_greedy", "fast_greedy", "fold_beam", "fast_beam", "fold_few_beam"])
 def test_a_widened_graph_is_float32_arithmetic_over_the_int8_weights_bit_for_bit(toy, name):
     """Widened, an int8 graph decodes bit for bit as the float32 graph of the model with its weights rounded to
     those int8 weights (the output biases' shift and the folded cross-attention included), and not as the model's

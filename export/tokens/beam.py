@@ -1,5 +1,6 @@
-"""A transformer's beam search in one graph (fast_beam.onnx, wide_beam.onnx): the encoder, then an ONNX Loop whose
-body is the fast decoder step and `runtime.search.beam`'s rules written in ONNX ops, so one `run` decodes a batch.
+"""A transformer's beam search in one graph (fast_beam.onnx, wide_beam.onnx, fold_beam.onnx, fold_few_beam.onnx): the
+encoder, then an ONNX Loop of the fast decoder step and `runtime.search.beam`'s rules written in ONNX ops, so one
+`run` decodes a batch.
 
 Rows are (batch x beam), input b owning rows b*k .. b*k+k-1, and the decoder reads them as (B, k, E) blocks: an
 input's k queries attend as one block to its one copy of the cross-attention keys/values and to its own append-only
@@ -12,8 +13,9 @@ max_length the live ones end as they are. Finished hypotheses merge into each in
 (n-best, new) (ties: earlier first, as a stable sort). An input is done when its n-best is full and no live beam can
 beat the worst (the same bound); done inputs keep running, masked, until all are done. Token histories are kept per
 row (batch x beam, max_length), reordered with the mask. The finishing work (new hypotheses, the n-best merge, the
-stopping rule: ~50 kernels) sits in an If that runs only at a step where some input has an eos among its first k
-candidates, at the last step, or once some input's n-best is full; at every other step nothing it computes changes.
+stopping rule: ~55 kernels) runs only after a step where some input has an eos among its first k candidates, at the
+last step, or once some input's n-best is full; at every other step nothing it computes changes (beam_body: in an If
+each step, or, in fold_few_beam, once after each run of steps).
 
 Inputs: source_ids, source_lengths, max_length, min_length, beam_size, num_hypotheses (int64 scalars) and
 length_penalty (float64 scalar). Outputs (batch, num_hypotheses[, max_length]): scores, log_probs (float64), tokens
@@ -33,6 +35,7 @@ from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
 from .attention import AncestryFused, BlockBatched, mask_bias, own_slots
+from .beam_body import STEP_MASK, branched, segmented
 from .fold import AncestryFolded, fold_cross
 from .kernels import (
     BOOL,
@@ -41,17 +44,11 @@ from .kernels import (
     INT64,
     Net,
     cross_kv,
-    decoder,
     encoder,
     graph,
-    position_table,
-    tensor,
 )
-from .search import DOUBLE, FINISH_TYPES, finish, select, unchanged
+from .search import DOUBLE, NBEST
 from .search import constant as _c
-
-CARRIED = ["tokens", "live", "history", "done", "scores", "log_probs", "hyp_tokens", "lengths", "full", "ancestry"]
-STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by the attention kind
 
 
 class Outer:
@@ -95,8 +92,7 @@ class Outer:
         self.rank_after = net.one("Add", [self.rank, self.m_scalar])  # an eos candidate's sort key: after every other
         self.k_last = net.one("Sub", ["beam_size", _c(net, "one", 1)])  # a kept candidate's last rank without an eos
         self.last_iter = net.one("Sub", ["max_length", _c(net, "one", 1)])
-        steps = net.one("Range", [_c(net, "zero", 0), "max_length", _c(net, "one", 1)])  # (T,)
-        self.steps = steps
+        self.step_range = steps = net.one("Range", [_c(net, "zero", 0), "max_length", _c(net, "one", 1)])  # (T,)
         self.shape_bkt = net.one("Concat", [shape_bk, net.one("Reshape", ["max_length", _c(net, "one_d", [1])])],
                                  axis=0)  # [B, k, T]
         self.shape_bht = net.one("Concat", [self.batch, self.h, net.one("Reshape", ["max_length",
@@ -107,11 +103,17 @@ class Outer:
         early = net.one("Unsqueeze", [net.one("Less", [steps, "min_length"]), _c(net, "ax1", [1])])  # (T, 1)
         self.penalties = net.one("Where", [early, net.weight("eos_penalty", eos),
                                            net.weight("no_penalty", np.zeros_like(eos))])  # (T, V)
+        self.true = _c(net, "true", True, bool)
+        # ENDED's first values, which no segment reads (a run of steps always runs one)
+        self.nothing = [_c(net, "no_ids", [], np.int64), _c(net, "no_sums", [], np.float64),
+                        _c(net, "no_ids", [], np.int64), _c(net, "no_flags", [], bool),
+                        _c(net, "no_sums", [], np.float64)]
 
 
-def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
-    """The carried values' first values: bos (B, k), live [0, -inf, ...] per input (B, k, 1) (wide: both (B * k,
-    1)), empty history and n-best, no input done or full, no cache slot written, empty caches."""
+def _first(net: Net, o: Outer, spec: ModelSpec) -> tuple[list[str], list[str], list[str]]:
+    """The carried values' first values (beam_body): the steps' (STEPS: step 0, bos (B, k), live [0, -inf, ...] per
+    input (B, k, 1) (wide: both (B * k, 1)), empty history, no cache slot written), the empty caches, and
+    DONE_NBEST's (no input done, empty n-best, open: none full)."""
     first = net.one("Where", [net.one("Equal", [o.beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (k,)
     live = net.one("Expand", [first, o.shape_bk])  # (B, k)
@@ -130,60 +132,23 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> list[str]:
     log_probs = net.one("Expand", [_c(net, "zero_d", 0.0, np.float64), shape_bh])
     hyp_tokens = net.one("ConstantOfShape", [o.shape_bht], value=helper.make_tensor("z", INT64, [1], [0]))
     lengths = net.one("Expand", [_c(net, "zero", 0), shape_bh])
-    full = _c(net, "false", False, bool)
+    open_ = _c(net, "true", True, bool)
     none = net.one("Concat", [o.rows, _c(net, "zero_d1", [0])], axis=0)  # [B * k, 0]: no slot written yet
     ancestry = net.one("ConstantOfShape", [none], value=helper.make_tensor("z", o.mask_type, [1], [0]))
     empty = o.attend.empty_cache(net, spec, o.batch)  # one append-only cache per input
-    return [tokens, live, history, done, scores, log_probs, hyp_tokens, lengths, full, ancestry] + \
-        empty * spec.layers
-
-
-def _body(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, widen: bool) -> onnx.GraphProto:
-    # Add + LayerNormalization (faster than SkipLayerNormalization at k rows an input); its caches are its own
-    net = Net("beam/", skip_norm=False, int8=int8, value_bias=True, rows=o.wide, widen=widen)
-    names = {n: f"beam/{n}" for n in CARRIED}
-    pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
-    table = position_table(model)
-    embedding = net.weight("target_embedding", model.target_embedding.weight)
-    tokens = net.one("GatherND" if o.wide else "Gather", [embedding, names["tokens"]])  # (B * k, E) or (B, k, E)
-    positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), "beam/iter"])  # (1, E)
-    ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)  # (B * k, k t): this step's slots added
-    net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
-    log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
-    r = select(net, o, log_probs, names["live"])
-    parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
-    chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])  # (B * k, 1)
-    at_step = net.one("Equal", [o.steps, "beam/iter"])  # (T,)
-    grown = net.one("Where", [at_step, chosen, net.one("Gather", [names["history"], parents], axis=0)])
-    last = net.one("Equal", ["beam/iter", o.last_iter])
-    # Only a step where an input finishes a hypothesis (an eos among its first k candidates: a kept candidate
-    # then sits at rank k or later), the last step, or one after some n-best filled up can change the n-best or
-    # end an input: every other step skips that work (~50 kernels) in one If.
-    eos_first = net.one("Greater", [net.one("ReduceMax", [r.pick], keepdims=0), o.k_last])
-    work = net.one("Or", [net.one("Or", [eos_first, last]), names["full"]])
-    after = net.op("If", [work], len(FINISH_TYPES), then_branch=finish(o, r, names, grown, last),
-                   else_branch=unchanged(names))
-    if o.wide:  # (B * k, 1) each
-        live, next_tokens = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), chosen
-    else:
-        live, next_tokens = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])]), r.tokens  # (B, k, 1), (B, k)
-    outs = [after[6], next_tokens, live, grown, after[4], *after[:4], after[5]]
-    outs += [net.one("Gather", [ancestry, parents], axis=0), *presents]  # the mask follows rows; caches stay
-    types = [BOOL, INT64, DOUBLE, INT64, BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL, o.mask_type]
-    types += [FLOAT] * len(presents)
-    inputs = [tensor("beam/iter", INT64, []), tensor("beam/cond", BOOL, [])]
-    inputs += [tensor(names[n], t, None) for n, t in zip(CARRIED, types[1:])] + [tensor(p, FLOAT, None)
-                                                                                for p in pasts]
-    return graph(net, "beam_body", inputs, [tensor(n, t, None) for n, t in zip(outs, types)], "")
+    steps = [_c(net, "zero", 0), tokens, live, history, ancestry]
+    return steps, empty * spec.layers, [done, scores, log_probs, hyp_tokens, lengths, open_]
 
 
 def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
-               int8: bool = False, fold: bool = False) -> onnx.ModelProto:
+               int8: bool = False, fold: bool = False, segments: bool = False) -> onnx.ModelProto:
     """The beam search graph, declared as `optional_graphs.fast_graph_io(spec)["beam"]`; fold: with the
-    cross-attention folded (export.tokens.fold), for small calls. int8 computes the graphs for few inputs in float32
-    over its int8 weights (Net.widen; dates transformer, beam 5, 20 steps, against int8 arithmetic: folded at batch 1
-    0.932-0.943x the time, loop_graph_ab both ways; plain at 40 tokens, one bare run each, 0.935x at batch 1, 0.956x
-    at 2, 1.03x at 3), and runs the wide graph from runtime.token_steps.WIDE_BEAM_INPUTS_INT8 inputs up."""
+    cross-attention folded (export.tokens.fold), for small calls; segments: its loop in segments
+    (beam_body.segmented: fold_few_beam, for calls of one or two inputs), else an If a step (beam_body.branched).
+    int8 computes the graphs for few inputs in float32 over its int8 weights (Net.widen; dates transformer, beam 5,
+    20 steps, against int8 arithmetic: folded at batch 1 0.932-0.943x the time, loop_graph_ab both ways; plain at
+    40 tokens, one bare run each, 0.935x at batch 1, 0.956x at 2, 1.03x at 3), and runs the wide graph from
+    runtime.token_steps.WIDE_BEAM_INPUTS_INT8 inputs up."""
     from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]
@@ -195,9 +160,10 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
         outer = copy.copy(outer)
         outer.attend = AncestryFolded(outer.lengths32, STEP_MASK)
         outer.cross = fold_cross(net, model, spec, outer.cross, outer.lengths32)
-    outs = net.op("Loop", ["max_length", _c(net, "true", True, bool), *first], len(first),
-                  body=_body(model, spec, outer, int8, widen=not wide))
-    for name, value in zip(("scores", "log_probs", "tokens", "lengths"), outs[4:8]):
-        net.op("Identity", [value], [name])
+    steps, caches, own = first
+    body = (segmented if segments else branched)(model, spec, outer, int8, widen=not wide)
+    outs = net.op("Loop", ["max_length", outer.true, *steps, *caches, *own], len(steps + caches + own), body=body)
+    for name, value in zip(NBEST, outs[-len(own) + 1:-1]):
+        net.op("Identity", [value], [{"hyp_tokens": "tokens"}.get(name, name)])
     types = {**TYPES, "length_penalty": DOUBLE, "scores": DOUBLE, "log_probs": DOUBLE}
     return _model(graph(net, "fast_beam", _inputs(io["inputs"], types), _inputs(io["outputs"], types), doc))

@@ -295,4 +295,5 @@ def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -
 FAST_BUILDERS = {"encoder": encoder_model, "step": step_model, "greedy": greedy_model,  # by FAST_FILES role
                  "beam": beam_model, "wide_step": partial(step_model, wide=True),
                  "wide_greedy": partial(greedy_model, wide=True), "wide_beam": partial(beam_model, wide=True),
-                 "fold_greedy": partial(greedy_model, fold=True), "fold_beam": partial(beam_model, fold=True)}
+                 "fold_greedy": partial(greedy_model, fold=True), "fold_beam": partial(beam_model, fold=True),
+                 "fold_few_beam": partial(beam_model, fold=True, segments=True)}

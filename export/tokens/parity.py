@@ -80,9 +80,9 @@ def run_token_parity(model: Any, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
 
 
 def _plain_case(spec: ModelSpec, runtime: Seq2Seq) -> tuple[tuple[int, int], ...]:
-    """A transformer with folded graphs (fold_greedy, fold_beam, which the runtime sends calls of at most
-    fold_tokens source tokens): one more case, just past the bound, so that the plain fast graphs are checked too
-    (TOKEN_CASES may all fold)."""
+    """A transformer with folded graphs (fold_greedy, fold_beam and fold_few_beam, which the runtime sends calls of
+    at most fold_tokens source tokens; TOKEN_CASES's batch-1 cases run fold_few_beam, b4 fold_beam where it folds):
+    one more case, just past the bound, so that the plain fast graphs are checked too (TOKEN_CASES may all fold)."""
     if runtime.token_steps.fast is None or not folds(spec):
         return ()
     length = position_limit(spec, max(length for _, length in TOKEN_CASES))

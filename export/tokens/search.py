@@ -1,30 +1,40 @@
-"""The beam graph's search rules in ONNX ops (`export.tokens.beam`, whose Loop body calls them; the numpy search is
-`runtime.search.beam`): a step's ranked candidates and the k kept, and the finishing work that runs in an If only
-at a step that can change an n-best: new hypotheses, the n-best merge and the stopping rule."""
+"""The beam graph's search rules in ONNX ops (`export.tokens.beam`, whose loops call them; the numpy search is
+`runtime.search.beam`): a step's ranked candidates and the k kept, and the finishing work that runs only after a
+step that can change an n-best: new hypotheses, the n-best merge and the stopping rule."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import onnx
 from onnx import TensorProto
 
 from runtime.vocab import EOS
 
-from .kernels import BOOL, FLOAT, INT64, Net, graph, tensor
+from .kernels import FLOAT, Net
 
 if TYPE_CHECKING:
     from .beam import Outer
 
 DOUBLE = TensorProto.DOUBLE
-NBEST = ("scores", "log_probs", "hyp_tokens", "lengths")  # the carried n-best, as the finishing If returns it
-# The finishing If's outputs: the n-best (scores, log-probs, tokens, lengths), done, any n-best full, cond.
-FINISH_TYPES = [DOUBLE, DOUBLE, INT64, INT64, BOOL, BOOL, BOOL]
+NBEST = ("scores", "log_probs", "hyp_tokens", "lengths")  # the carried n-best, as `finish` returns it
 
 
 def constant(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
     """A weight of `value` as `dtype`."""
     return net.weight(hint, np.array(value, dtype))
+
+
+class Ended(NamedTuple):
+    """The step a run of steps ended at, as `finish` reads it: its index t (int64 scalar), the token histories
+    before it and after it (B * k, T), and its ranked candidates (Ranked's sums, index, is_eos and kept)."""
+
+    t: str
+    before: str
+    grown: str
+    sums: str
+    index: str
+    is_eos: str
+    kept: str
 
 
 class Ranked(NamedTuple):
@@ -40,11 +50,11 @@ class Ranked(NamedTuple):
     kept: str
 
 
-def select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
-    """The step's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the ranked
+def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
+    """Step t's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the ranked
     candidates and the k kept: the first k non-eos in rank order (there are always k: at most one eos per beam among
     the 2k)."""
-    step = net.one("Gather", [o.penalties, "beam/iter"])  # (V,): -inf on eos below min_length
+    step = net.one("Gather", [o.penalties, t])  # (V,): -inf on eos below min_length
     wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B, k, V)
     flat = net.one("Reshape", [net.one("Add", [wide, live]), o.kv])  # (B, k * V)
     sums, index = net.op("TopK", [flat, o.m], 2, axis=1)  # (B, m): ties by the lower index, as a stable sort
@@ -57,13 +67,13 @@ def select(net: Net, o: Outer, log_probs: str, live: str) -> Ranked:
     return Ranked(sums, index, is_eos, pick, beams, tokens, net.one("GatherElements", [sums, pick], axis=1))
 
 
-def _ends(net: Net, o: Outer, r: Ranked, history: str, grown: str, done: str, last: str) -> tuple[str, ...]:
-    """This step's finished hypotheses: eos among the first k candidates, and at max_length the live beams;
+def _ends(net: Net, o: Outer, r: Ended, done: str, last: str) -> tuple[str, ...]:
+    """Step r.t's finished hypotheses: eos among the first k candidates, and at max_length the live beams;
     scores, log-probs, tokens (B, 2k, T) and lengths, -inf where none (or the input is done)."""
     zero, k, axis = constant(net, "zero_d1", [0]), o.k, constant(net, "ax1", [1])
     sums, index, is_eos = (net.one("Slice", [a, zero, k, axis]) for a in (r.sums, r.index, r.is_eos))  # (B, k)
     beams = net.one("Div", [index, constant(net, "v", o.spec.target_vocab_size)])
-    step_len = net.one("Add", ["beam/iter", constant(net, "one", 1)])
+    step_len = net.one("Add", [r.t, constant(net, "one", 1)])
     norm = net.one("Pow", [net.one("Cast", [step_len], to=DOUBLE), "length_penalty"])
     running = net.one("Unsqueeze", [net.one("Not", [done]), axis])  # (B, 1)
     minus_inf = constant(net, "minus_inf", -np.inf, np.float64)
@@ -72,9 +82,9 @@ def _ends(net: Net, o: Outer, r: Ranked, history: str, grown: str, done: str, la
     scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
                                 net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
     log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
-    parents = net.one("Gather", [history, net.one("Add", [o.base, beams])], axis=0)  # (B, k, T): eos excluded
-    tokens = net.one("Concat", [parents, net.one("Reshape", [grown, o.shape_bkt])], axis=1)  # (B, 2k, T)
-    lengths = net.one("Concat", [net.one("Expand", ["beam/iter", o.shape_bk]),
+    parents = net.one("Gather", [r.before, net.one("Add", [o.base, beams])], axis=0)  # (B, k, T): eos excluded
+    tokens = net.one("Concat", [parents, net.one("Reshape", [r.grown, o.shape_bkt])], axis=1)  # (B, 2k, T)
+    lengths = net.one("Concat", [net.one("Expand", [r.t, o.shape_bk]),
                                  net.one("Expand", [step_len, o.shape_bk])], axis=1)
     return scores, log_probs, tokens, lengths, step_len
 
@@ -91,8 +101,8 @@ def _merge(net: Net, o: Outer, old: list[str], new: tuple[str, ...]) -> list[str
 
 def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
           last: str) -> tuple[str, str, str]:
-    """done or (n-best full and no live beam can beat the worst): (B,); whether any input's n-best is full; and
-    whether any input is still running (the loop's condition)."""
+    """done or (n-best full and no live beam can beat the worst): (B,); whether no input's n-best is full yet (open);
+    and whether any input is still running."""
     worst = net.one("ReduceMin", [scores], axes=[1], keepdims=1)  # (B, 1): -inf while not full
     minus_inf = constant(net, "minus_inf", -np.inf, np.float64)
     full = net.one("Greater", [worst, minus_inf])
@@ -103,24 +113,18 @@ def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
     bound = net.one("Where", [last, minus_inf, bound])
     stops = net.one("And", [full, net.one("LessOrEqual", [bound, worst])])  # (B, 1)
     done = net.one("Or", [done, net.one("Squeeze", [stops, constant(net, "ax1", [1])])])
-    any_full = net.one("Greater", [net.one("ReduceMax", [worst], keepdims=0), minus_inf])
+    open_ = net.one("Equal", [net.one("ReduceMax", [worst], keepdims=0), minus_inf])  # every worst -inf: none full
     least = net.one("ReduceMin", [net.one("Cast", [done], to=FLOAT)], keepdims=0)
-    return done, any_full, net.one("Less", [least, constant(net, "half", 0.5, np.float32)])
+    return done, open_, net.one("Less", [least, constant(net, "half", 0.5, np.float32)])
 
 
-def finish(o: Outer, r: Ranked, names: dict[str, str], grown: str, last: str) -> onnx.GraphProto:
-    """The If branch that records this step's finished hypotheses and tests the stopping rule: (n-best, done,
-    any input full, loop condition)."""
-    net = Net("beam/finish/")
-    ends = _ends(net, o, r, names["history"], grown, names["done"], last)
-    best = _merge(net, o, [names[n] for n in NBEST], ends[:4])
-    outs = [*best, *_done(net, o, best[0], r.kept, ends[4], names["done"], last)]
-    return graph(net, "beam_finish", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
-
-
-def unchanged(names: dict[str, str]) -> onnx.GraphProto:
-    """The If branch for a step that finishes nothing and where no input's n-best is full: nothing changes."""
-    net = Net("beam/same/")
-    outs = [net.one("Identity", [names[n]]) for n in (*NBEST, "done", "full")]
-    outs.append(net.one("Identity", [constant(net, "true", True, bool)]))
-    return graph(net, "beam_same", [], [tensor(n, t, None) for n, t in zip(outs, FINISH_TYPES)], "")
+def finish(net: Net, o: Outer, r: Ended, nbest: list[str], done: str) -> tuple[list[str], str, str, str]:
+    """After step r.t, where some input may have finished a hypothesis or some n-best is full (or it is the last):
+    record the step's finished hypotheses in the n-best (NBEST's four) and test the stopping rule; returns the
+    n-best, done (B,), whether no input's n-best is full yet, and whether to go on (an input still running before
+    max_length)."""
+    last = net.one("Equal", [r.t, o.last_iter])
+    ends = _ends(net, o, r, done, last)
+    best = _merge(net, o, nbest, ends[:4])
+    done, open_, running = _done(net, o, best[0], r.kept, ends[4], done, last)
+    return best, done, open_, net.one("And", [running, net.one("Not", [last])])

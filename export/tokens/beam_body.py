@@ -1,0 +1,161 @@
+"""The beam graph's loops (`export.tokens.beam`), in one of two shapes around the same step:
+
+- **branched** (fast_beam, wide_beam): one Loop; each iteration is a step, then an If that runs the finishing work
+  (search.finish: new hypotheses, the n-best merge, the stopping rule, ~55 kernels) only where the step can change
+  an n-best, and otherwise passes the n-best through.
+- **segmented** (fold_few_beam): a Loop of segments, each a Loop of steps that ends after the first step that can
+  change an n-best, then the finishing work for that step once. A step that changes nothing then runs no branch at
+  all (dates transformer, beam 5, `loop_graph_ab.py` both ways against fold_beam: ~6% faster at batch 1 and 20
+  forced tokens, ~4% eos free, ~2% at 2 inputs free). But a Loop copies its carried values, the caches among them,
+  when it ends, so from a few inputs up, where some input finishes or fills its n-best at most steps and most steps
+  end a segment, segments cost more than the If (eos free: 6-8% slower at 3 inputs, 5-8% at 4, ~6% at 8, ~8% at 15;
+  1.05-1.09x for wide_beam at 64, one way): the runtime sends fold_few_beam calls of at most
+  `runtime.token_steps.FEW_BEAM_INPUTS` inputs.
+
+A step ends a run (in the branched graphs: takes the If's finishing branch) where some input has an eos among its
+first k candidates (a kept candidate then sits at rank k or later), at the last step, or once some input's n-best is
+full; at every other step nothing the finishing work computes changes. The step index is carried ("step"), not the
+Loop's own counter, which a segment's inner Loop restarts.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import onnx
+
+from runtime.spec import ModelSpec
+from training.tokens.transformer import TransformerSeq2Seq
+
+from .kernels import BOOL, FLOAT, INT64, Net, decoder, graph, position_table, tensor
+from .search import DOUBLE, NBEST, Ended, finish, select
+from .search import constant as _c
+
+if TYPE_CHECKING:
+    from .beam import Outer
+
+# The carried values: the steps' (then the self-attention caches), the n-best's with done and open (no input's
+# n-best full), and what a run of steps hands its segment about the step it ended at (search.Ended, less its index:
+# the token history before that step, then the step's candidates).
+STEPS = ["step", "tokens", "live", "history", "ancestry"]
+DONE_NBEST = ["done", *NBEST, "open"]
+ENDED = ["before", "sums", "index", "is_eos", "kept"]
+STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by the attention kind
+
+
+def carried_types(o: Outer, caches: int) -> tuple[list[int], list[int], list[int]]:
+    """The element types of STEPS, of the caches and of DONE_NBEST."""
+    return [INT64, INT64, DOUBLE, INT64, o.mask_type], [FLOAT] * caches, [BOOL, DOUBLE, DOUBLE, INT64, INT64, BOOL]
+
+
+class Stepped(NamedTuple):
+    """One step, its beams picked: STEPS' next values and the caches', the step as finish reads it, and whether no
+    input has an eos among its first k candidates (a kept candidate then sits at rank k or later)."""
+
+    steps: list[str]
+    presents: list[str]
+    ended: Ended
+    no_eos_first: str
+
+
+def _step(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, names: dict[str, str],
+          pasts: list[str]) -> Stepped:
+    t = names["step"]
+    table = position_table(model)
+    embedding = net.weight("target_embedding", model.target_embedding.weight)
+    tokens = net.one("GatherND" if o.wide else "Gather", [embedding, names["tokens"]])  # (B * k, E) or (B, k, E)
+    positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), t])  # (1, E)
+    ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)  # (B * k, k t): this step's slots added
+    net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
+    log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
+    r = select(net, o, log_probs, names["live"], t)
+    parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
+    chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])  # (B * k, 1)
+    at_step = net.one("Equal", [o.step_range, t])  # (T,)
+    grown = net.one("Where", [at_step, chosen, net.one("Gather", [names["history"], parents], axis=0)])
+    no_eos_first = net.one("LessOrEqual", [net.one("ReduceMax", [r.pick], keepdims=0), o.k_last])
+    if o.wide:  # (B * k, 1) each
+        live, next_tokens = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), chosen
+    else:
+        live, next_tokens = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])]), r.tokens  # (B, k, 1), (B, k)
+    steps = [net.one("Add", [t, _c(net, "one", 1)]), next_tokens, live, grown,
+             net.one("Gather", [ancestry, parents], axis=0)]  # the mask follows rows; the caches stay
+    ended = Ended(t, names["history"], grown, r.sums, r.index, r.is_eos, r.kept)
+    return Stepped(steps, presents, ended, no_eos_first)
+
+
+def _step_net(o: Outer, int8: bool, widen: bool) -> Net:
+    # Add + LayerNormalization (faster than SkipLayerNormalization at k rows an input); its caches are its own
+    return Net("beam/", skip_norm=False, int8=int8, value_bias=True, rows=o.wide, widen=widen)
+
+
+def _inputs(prefix: str, names: list[str], kinds: list[int]) -> list[onnx.ValueInfoProto]:
+    """A Loop body's inputs: its iteration count and condition, then `names` of `kinds`."""
+    return [tensor(f"{prefix}iter", INT64, []), tensor(f"{prefix}cond", BOOL, [])] + [
+        tensor(n, e, None) for n, e in zip(names, kinds)]
+
+
+def branched(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, widen: bool) -> onnx.GraphProto:
+    """One step, then the finishing work in an If (or the n-best passed through): carries STEPS, the caches and
+    DONE_NBEST."""
+    net = _step_net(o, int8, widen)
+    names = {n: f"beam/{n}" for n in (*STEPS, *DONE_NBEST)}
+    pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
+    s = _step(net, model, spec, o, names, pasts)
+    # calm: the step can leave every n-best as it is (no eos among the first k, not the last step, none full)
+    calm = net.one("And", [net.one("And", [s.no_eos_first, net.one("Less", [names["step"], o.last_iter])]),
+                           names["open"]])
+    step_types, cache_types, own_types = carried_types(o, len(pasts))
+    branch_types = [*own_types[1:-1], BOOL, BOOL, BOOL]  # the n-best, done, open, whether to go on
+    finishing = Net("beam/finish/")
+    best, done, open_, more = finish(finishing, o, s.ended, [names[n] for n in NBEST], names["done"])
+    outs = [*best, done, open_, more]
+    then = graph(finishing, "beam_finish", [], [tensor(n, e, None) for n, e in zip(outs, branch_types)], "")
+    same = Net("beam/same/")
+    outs = [same.one("Identity", [names[n]]) for n in (*NBEST, "done", "open")]
+    outs.append(same.one("Identity", [_c(same, "true", True, bool)]))
+    passed = graph(same, "beam_same", [], [tensor(n, e, None) for n, e in zip(outs, branch_types)], "")
+    after = net.op("If", [calm], len(branch_types), then_branch=passed, else_branch=then)
+    outs = [after[6], *s.steps, *s.presents, after[4], *after[:4], after[5]]
+    kinds = [*step_types, *cache_types, *own_types]
+    return graph(net, "beam_body", _inputs("beam/", [*(names[n] for n in STEPS), *pasts,
+                                                      *(names[n] for n in DONE_NBEST)], kinds),
+                 [tensor(n, e, None) for n, e in zip(outs, [BOOL, *kinds])], "")
+
+
+def _steps(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, widen: bool) -> onnx.GraphProto:
+    """A segment's inner Loop body: one step; the run goes on while no input has an eos among its first k (its trip
+    count ends it at the last step, or after one step once an n-best is full), and hands its segment the step it
+    ended at (ENDED). Carries STEPS, the caches and ENDED."""
+    net = _step_net(o, int8, widen)
+    names = {n: f"beam/{n}" for n in STEPS}
+    pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
+    s = _step(net, model, spec, o, names, pasts)
+    e = s.ended
+    outs = [s.no_eos_first, *s.steps, *s.presents, net.one("Identity", [e.before]), e.sums, e.index, e.is_eos, e.kept]
+    step_types, cache_types, _ = carried_types(o, len(pasts))
+    kinds = [*step_types, *cache_types, INT64, DOUBLE, INT64, BOOL, DOUBLE]
+    return graph(net, "beam_steps", _inputs("beam/", [*names.values(), *pasts, *(f"beam/{n}_in" for n in ENDED)],
+                                            kinds), [tensor(n, k, None) for n, k in zip(outs, [BOOL, *kinds])], "")
+
+
+def segmented(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, widen: bool) -> onnx.GraphProto:
+    """A segment: a run of steps (the inner Loop) up to one that can change an n-best, then the finishing work for
+    that step. The run's trip count is the steps left (the last ends it), or 1 once some n-best is full (every step
+    then can); its condition, that no input has an eos among its first k. Carries STEPS, the caches and
+    DONE_NBEST, as `branched`."""
+    net = Net("beam/seg/")
+    names = {n: f"beam/seg/{n}" for n in (*STEPS, *DONE_NBEST)}
+    pasts = [f"beam/seg/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
+    trips = net.one("Where", [names["open"], net.one("Sub", ["max_length", names["step"]]), _c(net, "one", 1)])
+    inner = net.op("Loop", [trips, o.true, *(names[n] for n in STEPS), *pasts, *o.nothing],
+                   len(STEPS) + len(pasts) + len(ENDED), body=_steps(model, spec, o, int8, widen))
+    steps, presents, ended = inner[:len(STEPS)], inner[len(STEPS):-len(ENDED)], inner[-len(ENDED):]
+    t = net.one("Sub", [steps[0], _c(net, "one", 1)])  # the step the run ended at
+    best, done, open_, more = finish(net, o, Ended(t, ended[0], steps[3], *ended[1:]), [names[n] for n in NBEST],
+                                     names["done"])
+    step_types, cache_types, own_types = carried_types(o, len(pasts))
+    kinds = [*step_types, *cache_types, *own_types]
+    return graph(net, "beam_segment", _inputs("beam/seg/", [*(names[n] for n in STEPS), *pasts,
+                                                             *(names[n] for n in DONE_NBEST)], kinds),
+                 [tensor(n, k, None) for n, k in zip([more, *steps, *presents, done, *best, open_],
+                                                     [BOOL, *kinds])], "")
