@@ -81,7 +81,7 @@ def _decoder_ops(proto, tmp_path, outer: bool = False) -> Counter:
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     graph = onnx.load(options.optimized_model_filepath).graph
-    for _ in range(0 if outer else 2):  # into the Loop's body, and a segment's into its steps' (fold_beam)
+    for _ in range(0 if outer else 2):  # into the Loop's body, and a segment's into its steps' (fold_few_beam)
         loops = [n for n in graph.node if n.op_type == "Loop"]
         graph = subgraphs(loops[0])[0] if loops else graph
     return Counter(n.op_type for n in graph.node)

@@ -13,7 +13,9 @@ min_length and stops once every row emitted eos. Inside the loop the log-prob co
 a row is live while its every index was above 0 (one Min a step). After the loop, the indices become ids, and
 tokens after a row's eos are 0 and their log-probs 0. The wide greedy loop reads G inputs as one block
 (attention.BlockBatched): no other graph reads its cache. fold_greedy.onnx and fold_beam.onnx are the greedy and
-beam graphs with a folded cross-attention body, for small calls (export.tokens.fold); the runtime picks them.
+beam graphs with a folded cross-attention body, for small calls (export.tokens.fold), and fold_few_beam.onnx the beam
+graph again with its loop in segments, for calls of one or two inputs (export.tokens.beam_body); the runtime picks
+them.
 
 These graphs carry no attention weights: asking for attention decodes with the traced graphs instead.
 """

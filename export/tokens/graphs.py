@@ -140,7 +140,8 @@ FOLD = (" The cross-attention folded into per-input matrices made once per call:
 FAST_DOCS.update({FAST_FILES[f"fold_{role}"]: FAST_DOCS[FAST_FILES[role]] + FOLD for role in ("greedy", "beam")})
 FAST_DOCS[FAST_FILES["fold_few_beam"]] = FAST_DOCS[FAST_FILES["fold_beam"]] + (
     " Its steps run in an inner Loop that ends at a step that can change an n-best; the finishing work then runs "
-    "once (no If a step): faster for calls of one or two inputs, which the runtime sends here.")
+    "once (no If a step): faster for calls of few inputs (runtime.token_steps.FEW_BEAM_INPUTS), which the "
+    "runtime sends here.")
 GREEDY_DOCS = {
     GREEDY_FILE: "seq2onnx greedy loop: the decoder step in an ONNX Loop, run once per request after the encoder; the "
     "first token is bos, each next one the argmax (ties: lowest id). The encoder's state, max_length (int64 scalar, "

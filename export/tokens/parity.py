@@ -39,7 +39,7 @@ from training.tokens.data import load_text_dataset, reload_text_dataset
 
 from .sides import OwnModel, TorchSide, side_of, token_batch  # noqa: F401  (token_batch: export.quality's too)
 
-TOKEN_CASES = ((1, 1), (1, 7), (4, 6), (16, 12))  # (batch, padded source length)
+TOKEN_CASES = ((1, 1), (1, 7), (2, 3), (4, 6), (16, 12))  # (batch, padded source length)
 DATA_BATCHES = (1, 8, 64)  # real texts: consecutive chunks of these sizes, each padded to its longest row
 PARITY_STEPS = 12
 PARITY_BEAM = 3
@@ -81,7 +81,7 @@ def run_token_parity(model: Any, runtime: Seq2Seq, tol: Tolerance) -> list[Row]:
 
 def _plain_case(spec: ModelSpec, runtime: Seq2Seq) -> tuple[tuple[int, int], ...]:
     """A transformer with folded graphs (fold_greedy, fold_beam and fold_few_beam, which the runtime sends calls of
-    at most fold_tokens source tokens; TOKEN_CASES's batch-1 cases run fold_few_beam, b4 fold_beam where it folds):
+    at most fold_tokens source tokens; TOKEN_CASES's b1 and b2 cases run fold_few_beam, b4 fold_beam where they fold):
     one more case, just past the bound, so that the plain fast graphs are checked too (TOKEN_CASES may all fold)."""
     if runtime.token_steps.fast is None or not folds(spec):
         return ()
