@@ -1,8 +1,8 @@
 """The beam graph's loops (`export.tokens.beam`), in one of two shapes around the same step:
 
-- **branched** (fast_beam, wide_beam): one Loop; each iteration is a step, then an If that runs the finishing work
-  (search.finish: new hypotheses, the n-best merge, the stopping rule, ~55 kernels) only where the step can change
-  an n-best, and otherwise passes the n-best through.
+- **branched** (fast_beam, wide_beam, fold_beam): one Loop; each iteration is a step, then an If that runs the
+  finishing work (search.finish: new hypotheses, the n-best merge, the stopping rule, ~55 kernels) only where the
+  step can change an n-best, and otherwise passes the n-best through.
 - **segmented** (fold_few_beam): a Loop of segments, each a Loop of steps that ends after the first step that can
   change an n-best, then the finishing work for that step once. A step that changes nothing then runs no branch at
   all (dates transformer, beam 5, `loop_graph_ab.py` both ways against fold_beam: ~6% faster at batch 1 and 20
@@ -59,6 +59,8 @@ class Stepped(NamedTuple):
 
 def _step(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, names: dict[str, str],
           pasts: list[str]) -> Stepped:
+    """Step t (names["step"]): the decoder over the carried tokens, caches and ancestry mask, then select's k kept
+    beams, each beam's token history grown by its token after its parent's."""
     t = names["step"]
     table = position_table(model)
     embedding = net.weight("target_embedding", model.target_embedding.weight)
@@ -109,12 +111,12 @@ def branched(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, w
     finishing = Net("beam/finish/")
     best, done, open_, more = finish(finishing, o, s.ended, [names[n] for n in NBEST], names["done"])
     outs = [*best, done, open_, more]
-    then = graph(finishing, "beam_finish", [], [tensor(n, e, None) for n, e in zip(outs, branch_types)], "")
+    finishes = graph(finishing, "beam_finish", [], [tensor(n, e, None) for n, e in zip(outs, branch_types)], "")
     same = Net("beam/same/")
     outs = [same.one("Identity", [names[n]]) for n in (*NBEST, "done", "open")]
     outs.append(same.one("Identity", [_c(same, "true", True, bool)]))
     passed = graph(same, "beam_same", [], [tensor(n, e, None) for n, e in zip(outs, branch_types)], "")
-    after = net.op("If", [calm], len(branch_types), then_branch=passed, else_branch=then)
+    after = net.op("If", [calm], len(branch_types), then_branch=passed, else_branch=finishes)
     outs = [after[6], *s.steps, *s.presents, after[4], *after[:4], after[5]]
     kinds = [*step_types, *cache_types, *own_types]
     return graph(net, "beam_body", _inputs("beam/", [*(names[n] for n in STEPS), *pasts,
