@@ -103,6 +103,11 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
                                                                           if i != EOS]
         if folds(spec):  # every folded body reads S with FusedMatMul's transB (S^T and a plain MatMul: no faster)
             assert "FusedMatMul" in bodies[0] and "Softmax" in bodies[0], (role, bodies[0])
+    for name in set(manifest["graphs"]) & set(FAST_FILES.values()):  # every weight is read (onnxruntime warns of
+        proto = onnx.load(str(fast_export.path / name))  # and drops the rest as a session loads the graph)
+        graphs = list(_graphs(proto.graph))
+        read = {i for g in graphs for n in g.node for i in n.input}
+        assert not {w.name for g in graphs for w in g.initializer} - read, name
     if folds(spec):  # fold_few_beam's loop in segments: a Loop of runs of steps, no If anywhere
         nodes = onnx.load(str(fast_export.path / FAST_FILES["fold_few_beam"])).graph.node
         assert [n.op_type for n in nodes].count("Loop") == 1 and "If" not in {n.op_type for n in nodes}

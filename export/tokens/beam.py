@@ -104,10 +104,6 @@ class Outer:
         self.penalties = net.one("Where", [early, net.weight("eos_penalty", eos),
                                            net.weight("no_penalty", np.zeros_like(eos))])  # (T, V)
         self.true = _c(net, "true", True, bool)
-        # ENDED's first values, which no segment reads (a run of steps always runs one)
-        self.nothing = [_c(net, "no_ids", [], np.int64), _c(net, "no_sums", [], np.float64),
-                        _c(net, "no_ids", [], np.int64), _c(net, "no_flags", [], bool),
-                        _c(net, "no_sums", [], np.float64)]
 
 
 def _first(net: Net, o: Outer, spec: ModelSpec) -> tuple[list[str], list[str], list[str]]:

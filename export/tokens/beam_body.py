@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import onnx
 
 from runtime.spec import ModelSpec
@@ -149,7 +150,10 @@ def segmented(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, 
     names = {n: f"beam/seg/{n}" for n in (*STEPS, *DONE_NBEST)}
     pasts = [f"beam/seg/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
     trips = net.one("Where", [names["open"], net.one("Sub", ["max_length", names["step"]]), _c(net, "one", 1)])
-    inner = net.op("Loop", [trips, o.true, *(names[n] for n in STEPS), *pasts, *o.nothing],
+    # ENDED's first values, which the segment never reads: a run of steps always runs one
+    nothing = [_c(net, f"no_{n}", [], dtype) for n, dtype in zip(ENDED, (np.int64, np.float64, np.int64, bool,
+                                                                           np.float64))]
+    inner = net.op("Loop", [trips, o.true, *(names[n] for n in STEPS), *pasts, *nothing],
                    len(STEPS) + len(pasts) + len(ENDED), body=_steps(model, spec, o, int8, widen))
     steps, presents, ended = inner[:len(STEPS)], inner[len(STEPS):-len(ENDED)], inner[-len(ENDED):]
     t = net.one("Sub", [steps[0], _c(net, "one", 1)])  # the step the run ended at
