@@ -12,10 +12,8 @@ still live, and the caches; it picks the argmax with TopK (ties: the lowest id, 
 min_length and stops once every row emitted eos. Inside the loop the log-prob columns are in `eos_first` order, so
 a row is live while its every index was above 0 (one Min a step). After the loop, the indices become ids, and
 tokens after a row's eos are 0 and their log-probs 0. The wide greedy loop reads G inputs as one block
-(attention.BlockBatched): no other graph reads its cache. fold_greedy.onnx and fold_beam.onnx are the greedy and
-beam graphs with a folded cross-attention body, for small calls (export.tokens.fold), and fold_few_beam.onnx the beam
-graph again with its loop in segments, for calls of one or two inputs (export.tokens.beam_body); the runtime picks
-them.
+(attention.BlockBatched): no other graph reads its cache. fold_greedy.onnx and fold_beam.onnx (fold_few_beam.onnx:
+its loop in segments, export.tokens.beam_body) run a folded cross-attention, for small calls (export.tokens.fold).
 
 These graphs carry no attention weights: asking for attention decodes with the traced graphs instead.
 """
