@@ -62,16 +62,18 @@ class Tolerance:
         return f"atol={self.atol:g} (graphs), drift_atol={self.drift_atol:g} (decode), rtol={self.rtol:g}"
 
 
-def diffs(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool]:
-    """Max absolute and relative difference, and whether every element is within atol + rtol*|expected|."""
+def diffs(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool, bool]:
+    """Max absolute and relative difference, whether every element is within atol + rtol*|expected|, and whether
+    every one beyond that is float32 rounding (`within_rounding`): Row's last four fields."""
     if actual.shape != expected.shape:
-        return float("inf"), float("inf"), False
+        return float("inf"), float("inf"), False, False
     if expected.size == 0:
-        return 0.0, 0.0, True
+        return 0.0, 0.0, True, True
     want = expected.astype(np.float64)
     err = np.abs(actual.astype(np.float64) - want)
     ok = bool(np.all(err <= atol + rtol * np.abs(want)))
-    return float(err.max()), float((err / np.maximum(np.abs(want), REL_FLOOR)).max()), ok
+    rounding = ok or within_rounding(actual, expected, atol, rtol)
+    return float(err.max()), float((err / np.maximum(np.abs(want), REL_FLOOR)).max()), ok, rounding
 
 
 def within_rounding(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> bool:

@@ -45,7 +45,7 @@ WIDE_BEAM_INPUTS_INT8 = 4
 # batch 1-4, 40 tokens: the graph 0.66x its time at beam 16, 0.82x at 32, 1.06-1.09x at 64, 1.40x at 128).
 MAX_GRAPH_BEAM = 32
 # The most inputs a folded call runs fold_few_beam for (its loop in segments, no If a step), where the export has it:
-# dates transformer, beam 5, eos free, against fold_beam (`loop_graph_ab.py`, both ways): ~4% faster at 1 input
+# dates transformer, beam 5, eos free, against fold_beam (`loop_graph_ab.py`, both ways): ~5% faster at 1 input
 # (~6% at 20 forced tokens), ~2% at 2, 6-8% slower at 3 and 5-8% at 4 (export.tokens.beam_body).
 FEW_BEAM_INPUTS = 2
 

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from export.errors import VerifyError
-from export.parity import Row, Say, Tolerance, diffs, within_rounding
+from export.parity import Row, Say, Tolerance, diffs
 from runtime.errors import UsageError
 from runtime.model import Seq2Seq
 from runtime.points import greedy_decode
@@ -122,8 +122,7 @@ def compare(model: EncoderDecoder, runtime: Seq2Seq, case: Case, tol: Tolerance)
     for check, pairs, atol in (("graph", graph_pairs(model, runtime, case), tol.atol),
                                ("decode", decode_pairs(model, runtime, case), tol.drift_atol)):
         for output, (got, want) in pairs.items():
-            rows.append(Row(case.name, *shape, check, output, *diffs(got, want, atol, tol.rtol),
-                            within_rounding(got, want, atol, tol.rtol)))
+            rows.append(Row(case.name, *shape, check, output, *diffs(got, want, atol, tol.rtol)))
     return rows
 
 

@@ -1,10 +1,10 @@
 """The one-call graphs' folded cross-attention, for small calls: each head's keys times its query projection and its
 values times its rows of the output projection, made once per call (`fold_cross`), so a step runs two products and a
 Softmax (and an Add where the norm before it is not lifted: export.tokens.lift) where `attention.Fused` runs the
-query projection, MultiHeadAttention and the output projection (Folded; AncestryFolded for the beam graph's
-blocks). The export writes them as graphs of their own (fold_greedy.onnx, fold_beam.onnx, and fold_few_beam.onnx
-for one or two inputs) beside the plain ones, and the runtime picks per call by the sources' size
-(optional_graphs.fold_tokens): an If inside one graph made the same choice at ~2.6% of a greedy batch-1 call."""
+query projection, MultiHeadAttention and the output projection (Folded; AncestryFolded for the beam graph's blocks).
+The export writes them as graphs of their own (fold_greedy.onnx, fold_beam.onnx, and fold_few_beam.onnx for few
+inputs: runtime.token_steps.FEW_BEAM_INPUTS) beside the plain ones, and the runtime picks per call by the sources'
+size (optional_graphs.fold_tokens): an If inside one graph made the same choice at ~2.6% of a greedy batch-1 call."""
 from __future__ import annotations
 
 import numpy as np

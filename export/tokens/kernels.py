@@ -199,8 +199,7 @@ def cross_kv(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, memory: str) 
     layers: list[Decoder] = list(model.decoder_layers)
     w = torch.cat([torch.cat([l.cross_attention.keys.weight, l.cross_attention.values.weight]) for l in layers])
     b = torch.cat([torch.cat([l.cross_attention.keys.bias, net.value_bias_of(l.cross_attention)]) for l in layers])
-    lifted = memory_lift(net, model, spec)
-    kv = net.matmul(memory, w.T, b) if lifted is None else lifting.product(net, memory, w.T, b, lifted)  # (B, L, 2lE)
+    kv = lifting.product(net, memory, w.T, b, memory_lift(net, model, spec))  # (B, L, 2 layers E)
     shape = np.array([0, 0, 2 * len(layers) * spec.n_heads, spec.head_dim], np.int64)
     kv = net.one("Reshape", [kv, net.weight("shape", shape)])  # (B, L, 2 layers h, d)
     kv = net.one("Transpose", [kv], perm=[0, 2, 1, 3])  # (B, 2 layers h, L, d)
@@ -245,10 +244,7 @@ def decoder(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, tokens: str, p
     bias = model.never_output + (0 if model.output is None else model.output.bias)  # (V,): NEVER_LOGIT on <pad>, <s>
     if order is not None:
         weight, bias = weight[torch.as_tensor(order)], bias[torch.as_tensor(order)]
-    if out_lift is None:
-        logits = net.matmul(out, weight.T, bias)  # (B, 1, V)
-    else:  # its bias rides on the lifted final norm
-        logits = lifting.product(net, out, weight.T, bias, out_lift)
+    logits = lifting.product(net, out, weight.T, bias, out_lift)  # (B, 1, V): its bias on the lifted final norm
     return net.one("LogSoftmax", [logits], axis=-1), presents  # (B, 1, V)
 
 

@@ -63,9 +63,9 @@ def rank_one(w: torch.Tensor, b: torch.Tensor | None, by: Lift) -> tuple[torch.T
     return by.direction[:, None], c[None, :]
 
 
-def product(net: Net, x: str, w: torch.Tensor, b: torch.Tensor | None, by: Lift) -> str:
-    """x w + b for x read from the norm lifted `by`: one MatMul."""
-    return net.one("MatMul", [x, _weight(net, w, b, by)])
+def product(net: Net, x: str, w: torch.Tensor, b: torch.Tensor | None, by: Lift | None) -> str:
+    """x w + b for x read from the norm lifted `by`: one MatMul (`by` None: Net.matmul, its bias its own)."""
+    return net.matmul(x, w, b) if by is None else net.one("MatMul", [x, _weight(net, w, b, by)])
 
 
 def ffn(net: Net, x: str, linear1: torch.nn.Linear, linear2: torch.nn.Linear, by: Lift) -> str:
