@@ -46,6 +46,7 @@ from .kernels import (
     cross_kv,
     encoder,
     graph,
+    min_length,
 )
 from .search import DOUBLE, NBEST
 from .search import constant as _c
@@ -98,11 +99,7 @@ class Outer:
         self.shape_bht = net.one("Concat", [self.batch, self.h, net.one("Reshape", ["max_length",
                                                                                    _c(net, "one_d", [1])])], axis=0)
         self.max_pow = net.one("Pow", [net.one("Cast", ["max_length"], to=DOUBLE), "length_penalty"])
-        eos = np.zeros(vocab, np.float32)
-        eos[EOS] = -np.inf
-        early = net.one("Unsqueeze", [net.one("Less", [steps, "min_length"]), _c(net, "ax1", [1])])  # (T, 1)
-        self.penalties = net.one("Where", [early, net.weight("eos_penalty", eos),
-                                           net.weight("no_penalty", np.zeros_like(eos))])  # (T, V)
+        self.min_length = min_length(net, vocab, EOS, steps)  # a step's eos row: kernels.eos_row
         self.true = _c(net, "true", True, bool)
 
 

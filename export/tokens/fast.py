@@ -40,11 +40,14 @@ from .kernels import (
     INT32,
     INT64,
     MS,
+    MinLength,
     Net,
     cross_kv,
     decoder,
     encoder,
+    eos_row,
     graph,
+    min_length,
     position_table,
     tensor,
 )
@@ -139,19 +142,7 @@ def eos_first(vocab_size: int) -> np.ndarray:
     return np.array([EOS] + [i for i in range(vocab_size) if i != EOS], np.int64)
 
 
-def _penalties(net: Net, spec: ModelSpec) -> str:
-    """(max_length, 1, V), columns in eos_first order: row t adds -inf to eos while t < min_length, else 0 (one
-    Gather per step)."""
-    eos = np.zeros(spec.target_vocab_size, np.float32)
-    eos[0] = -np.inf  # eos_first
-    index = net.one("Range", [net.weight("zero", np.array(0, np.int64)), "max_length",
-                              net.weight("one", np.array(1, np.int64))])  # (T,)
-    early = net.one("Unsqueeze", [net.one("Less", [index, "min_length"]),
-                                  net.weight("axes", np.array([1, 2], np.int64))])  # (T, 1, 1)
-    return net.one("Where", [early, net.weight("eos_penalty", eos), net.weight("no_penalty", np.zeros_like(eos))])
-
-
-def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penalties: str,
+def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], rule: MinLength,
           attend: Fused | Batched, int8: bool, own: str | None = None, widen: bool = False) -> onnx.GraphProto:
     """The loop body: (iter, cond, last token (B, 1, 1), live (B, 1, 1), [bias (G, G t),] past_i...) -> (cond,
     token, live, [bias,] present_i..., scanned token and log-prob (B, 1, 1)). Tokens are indices in `eos_first`
@@ -175,7 +166,7 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], penaltie
     if own is not None:
         net.op("Concat", ["body/bias", own], [STEP_BIAS], axis=1)  # (G, G t): row j reads slots s G + j
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, cross, attend, order)
-    log_probs = net.one("Add", [log_probs, net.one("Gather", [penalties, "body/iter"])])  # (B, 1, V)
+    log_probs = net.one("Add", [log_probs, eos_row(net, rule, "body/iter")])  # (B, 1, V)
     best_lp, best = net.op("TopK", [log_probs, net.weight("k", np.array([1], np.int64))], 2, axis=-1)  # (B, 1, 1)
     net.op("Min", ["body/live", best], ["body/live_out"])  # 0 from a row's eos (index 0) on
     net.op("Cast", [net.one("ReduceMax", ["body/live_out"], keepdims=0)], ["body/cond_out"], to=BOOL)  # any live
@@ -209,10 +200,10 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         live = net.one("Expand", [net.weight("live", np.array([[[1]]], np.int64)), cube])  # (B, 1, 1) each
         inputs = ["max_length", net.weight("true", np.array(True)), first, live,
                   *attend.empty_cache(net, spec, batch) * spec.layers]
-        penalties, count = _penalties(net, spec), 2 + spec.layers + 2
+        rule, count = min_length(net, spec.target_vocab_size, 0), 2 + spec.layers + 2  # eos_first: eos is 0
         if fold:
             cross, attend = fold_cross(net, model, spec, cross, "memory_lengths"), Folded("memory_lengths")
-        scans = net.op("Loop", inputs, count, body=_body(model, spec, cross, penalties, attend, int8,
+        scans = net.op("Loop", inputs, count, body=_body(model, spec, cross, rule, attend, int8,
                                                          widen=True))[-2:]
         tokens, log_probs = (_time_last(net, scan) for scan in scans)
     tokens = net.one("Gather", [net.weight("ids", eos_first(spec.target_vocab_size)), tokens])  # indices -> ids
@@ -288,7 +279,8 @@ def _blocked(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, int8: bool) -
                       value=helper.make_tensor("z", FLOAT, [1], [0.0]))  # (G, 0)
     outs = net.op("Loop", ["max_length", net.weight("true", np.array(True)), first, live, no_slot,
                            *attend.empty_cache(net, spec, blocks) * spec.layers], 3 + 2 * spec.layers + 2,
-                  body=_body(model, spec, cross, _penalties(net, spec), attend, int8, own))
+                  body=_body(model, spec, cross, min_length(net, spec.target_vocab_size, 0), attend, int8,
+                              own))
     return tuple(net.one("Slice", [_time_last(net, scan), c["zero"], batch, c["zero"]]) for scan in outs[-2:])
 
 

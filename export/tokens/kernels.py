@@ -11,7 +11,7 @@ is the traced graphs' arithmetic (and PyTorch's), checked before anything is wri
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import onnx
@@ -157,6 +157,33 @@ def qkv(net: Net, attention: MultiHeadAttention, shift: bool = True) -> tuple[st
 def _next_norm(layers: list, i: int, final: torch.nn.Module, pick: str) -> torch.nn.Module:
     """The LayerNorm that reads the stream after layer i's last sub-layer: the next layer's first, or the final."""
     return getattr(layers[i + 1], pick).norm if i + 1 < len(layers) else final
+
+
+class MinLength(NamedTuple):
+    """What keeps eos out below min_length, made once a call: `early` (max_length,) int64, 1 while step t <
+    min_length, and `rows` (2, V): row 0 adds nothing, row 1 adds -inf to eos. A step adds `eos_row`'s row."""
+
+    early: str
+    rows: str
+
+
+def min_length(net: Net, vocab_size: int, eos_column: int, steps: str | None = None) -> MinLength:
+    """MinLength for a decode of up to max_length steps (the graph's inputs max_length and min_length; `steps`: the
+    graph's (max_length,) range 0 .. max_length - 1, if it has one); eos sits in column `eos_column`. O(max_length)
+    a call: a (max_length, V) table read by step would save a kernel a step, but writes max_length x V values every
+    call (10 ms at 256 x 32000; 34-46 ms in the one-call graphs, whose sessions run without the arena and so
+    take a fresh 33 MB each call)."""
+    steps = steps or net.one("Range", [net.weight("zero", np.array(0, np.int64)), "max_length",
+                                       net.weight("one", np.array(1, np.int64))])  # (T,)
+    rows = np.zeros((2, vocab_size), np.float32)
+    rows[1, eos_column] = -np.inf
+    early = net.one("Cast", [net.one("Less", [steps, "min_length"])], to=INT64)
+    return MinLength(early, net.weight("eos_rows", rows))
+
+
+def eos_row(net: Net, rule: MinLength, t: str) -> str:
+    """(V,): what step t (int64 scalar) adds to the log-probs: -inf on eos while t < min_length, else 0."""
+    return net.one("Gather", [rule.rows, net.one("Gather", [rule.early, t])])
 
 
 def position_table(model: TransformerSeq2Seq) -> torch.Tensor:

@@ -20,9 +20,10 @@ def carried(step_inputs: set[str], contract: TokenContract) -> set[str]:
 
 def token_body(graph: onnx.GraphProto, rename: dict[str, str],
                contract: TokenContract) -> tuple[onnx.GraphProto, list[str]]:
-    """Tokens: carry (previous_tokens, finished, fed-back state); add the step's eos penalty (from a table the outer
-    graph builds once), pick the argmax with TopK (ties: the lowest id), scan the chosen tokens, their log-probs and
-    alphas, and continue while any row has not emitted eos. Rows that ended keep decoding: `finish` blanks them."""
+    """Tokens: carry (previous_tokens, finished, fed-back state); add the step's eos penalty (the row the outer
+    graph's tables give it: `penalties`), pick the argmax with TopK (ties: the lowest id), scan the chosen tokens,
+    their log-probs and alphas, and continue while any row has not emitted eos. Rows that ended keep decoding:
+    `finish` blanks them."""
     types = elem_types(graph)
     feedback = [(fed, out) for out, fed in contract.feedback.items() if out in types and fed in types]
     nodes, weights = body_nodes(graph, rename)
@@ -31,7 +32,8 @@ def token_body(graph: onnx.GraphProto, rename: dict[str, str],
                 const(LOOP + "half", np.array(0.5, dtype=np.float32)), const(LOOP + "axis1", np.array([1], np.int64))]
     L = LOOP
     nodes += [
-        helper.make_node("Gather", [L + "penalties", L + "iter"], [L + "penalty"]),  # (V,)
+        helper.make_node("Gather", [L + "early", L + "iter"], [L + "early_now"]),  # 1 while iter < min_length
+        helper.make_node("Gather", [L + "eos_rows", L + "early_now"], [L + "penalty"]),  # (V,)
         helper.make_node("Add", [rename["log_probs"], L + "penalty"], [L + "log_probs"]),  # (B, V)
         helper.make_node("TopK", [L + "log_probs", L + "k"], [L + "scan_token_log_probs", L + "scan_tokens"],
                          axis=1),  # (B, 1) each
@@ -58,23 +60,22 @@ def token_body(graph: onnx.GraphProto, rename: dict[str, str],
 
 
 def penalties(nodes: list[onnx.NodeProto], weights: list[TensorProto], contract: TokenContract) -> None:
-    """LOOP/penalties (max_length, V): row t adds -inf to eos while t < min_length, else 0."""
-    eos_penalty = np.zeros(contract.target_vocab_size, dtype=np.float32)
-    eos_penalty[contract.specials.eos] = -np.inf
-    weights += [const(LOOP + "eos_penalty", eos_penalty), const(LOOP + "no_penalty", np.zeros_like(eos_penalty)),
-                const(LOOP + "zero_i", np.array(0, np.int64)), const(LOOP + "one_i", np.array(1, np.int64)),
-                const(LOOP + "axis_1", np.array([1], np.int64))]
+    """LOOP/early (max_length,) int64, 1 while step t < min_length, and LOOP/eos_rows (2, V): row 0 adds nothing,
+    row 1 -inf to eos; step t adds row early[t] (a (max_length, V) table would cost O(max_length x V) a call:
+    export.tokens.kernels.min_length)."""
+    rows = np.zeros((2, contract.target_vocab_size), dtype=np.float32)
+    rows[1, contract.specials.eos] = -np.inf
+    weights += [const(LOOP + "eos_rows", rows), const(LOOP + "zero_i", np.array(0, np.int64)),
+                const(LOOP + "one_i", np.array(1, np.int64))]
     nodes += [helper.make_node("Range", [LOOP + "zero_i", "max_length", LOOP + "one_i"], [LOOP + "steps"]),  # (T,)
               helper.make_node("Less", [LOOP + "steps", "min_length"], [LOOP + "early_steps"]),
-              helper.make_node("Unsqueeze", [LOOP + "early_steps", LOOP + "axis_1"], [LOOP + "early_column"]),
-              helper.make_node("Where", [LOOP + "early_column", LOOP + "eos_penalty", LOOP + "no_penalty"],
-                               [LOOP + "penalties"])]  # (T, V)
+              helper.make_node("Cast", [LOOP + "early_steps"], [LOOP + "early"], to=TensorProto.INT64)]
 
 
 def outer(nodes: list[onnx.NodeProto], weights: list[TensorProto], contract: TokenContract,
           carried: list[str]) -> tuple[str, list[str], Shapes]:
     """The loop's length input (max_length), its carried values' first values (bos, none finished, the encoder's
-    state), the eos penalty table, and the batch-first shape of each scan output: tokens and token_log_probs
+    state), the eos penalty's tables, and the batch-first shape of each scan output: tokens and token_log_probs
     (batch, decode_len), alphas (batch, decode_len, source_len)."""
     first, first_axis = next(iter(contract.batch_axes.items()))
     batch = dim(nodes, weights, first, first_axis)

@@ -10,7 +10,7 @@ from onnx import TensorProto
 
 from runtime.vocab import EOS
 
-from .kernels import FLOAT, Net
+from .kernels import FLOAT, Net, eos_row
 
 if TYPE_CHECKING:
     from .beam import Outer
@@ -54,7 +54,7 @@ def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
     """Step t's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the ranked
     candidates and the k kept: the first k non-eos in rank order (there are always k: at most one eos per beam among
     the 2k)."""
-    step = net.one("Gather", [o.penalties, t])  # (V,): -inf on eos below min_length
+    step = eos_row(net, o.min_length, t)  # (V,): -inf on eos below min_length
     wide = net.one("Cast", [net.one("Add", [log_probs, step])], to=DOUBLE)  # (B, k, V)
     flat = net.one("Reshape", [net.one("Add", [wide, live]), o.kv])  # (B, k * V)
     sums, index = net.op("TopK", [flat, o.m], 2, axis=1)  # (B, m): ties by the lower index, as a stable sort
