@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import export.tokens.beam as beam_module
 import runtime.optional_graphs as optional_graphs
 from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
@@ -371,9 +372,40 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
     """Random batches and options: the graph's n-best equals runtime.search.beam_search driven by the same
     variant's step: the same ids in the same order, scores and log-probs within float32 rounding (the graph's
     cross-attention reads an input's beams as one block)."""
-    fast = Seq2Seq.load(fast_export.path).token_steps.fast.only(wide)
-    vocab = Seq2Seq.load(fast_export.path).vocabularies["source"]
-    rng = np.random.default_rng(int(wide))
+    _check_beam_graphs(fast_export.path, wide, seed=int(wide))
+
+
+@pytest.fixture(scope="module")
+def per_beam_export(tmp_path_factory):
+    """The pre-norm model of fast_export, its beam graphs ranking each beam's best 2k first (search.select), as
+    exports do from RANK_PER_BEAM_FROM target ids (the toy vocabulary has 14)."""
+    before = beam_module.RANK_PER_BEAM_FROM
+    beam_module.RANK_PER_BEAM_FROM = 1
+    try:
+        spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+        return export_token_model(spec, tmp_path_factory.mktemp("per_beam") / "model")
+    finally:
+        beam_module.RANK_PER_BEAM_FROM = before
+
+
+def _top_ks(path: Path) -> int:
+    return sum(node.op_type == "TopK" for g in _graphs(onnx.load(path).graph) for node in g.node)
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["fused", "wide"])
+def test_ranking_each_beams_best_first_finds_what_the_numpy_beam_search_finds(per_beam_export, transformer_export,
+                                                                            wide):
+    """From RANK_PER_BEAM_FROM ids a step takes each beam's best 2k by a float32 TopK before the float64 ranking:
+    the same n-best as the numpy search, as the graphs that rank all k V (one TopK more a step, where it runs)."""
+    for name in ("fast_beam", "wide_beam", "fold_beam", "fold_few_beam"):
+        assert _top_ks(per_beam_export.path / f"{name}.onnx") == _top_ks(transformer_export.path / f"{name}.onnx") + 1
+    _check_beam_graphs(per_beam_export.path, wide, seed=7 + int(wide))
+
+
+def _check_beam_graphs(path: Path, wide: bool, seed: int) -> None:
+    fast = Seq2Seq.load(path).token_steps.fast.only(wide)
+    vocab = Seq2Seq.load(path).vocabularies["source"]
+    rng = np.random.default_rng(seed)
     for _ in range(12):
         rows = int(rng.integers(1, 5))
         k = int(rng.integers(1, 6))

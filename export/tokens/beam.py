@@ -48,7 +48,7 @@ from .kernels import (
     graph,
     min_length,
 )
-from .search import DOUBLE, NBEST
+from .search import DOUBLE, NBEST, RANK_PER_BEAM_FROM
 from .search import constant as _c
 
 
@@ -85,7 +85,11 @@ class Outer:
         self.step_shape = net.one("Concat", [*step_shape, _c(net, "minus_one", [-1])], axis=0)
         self.shape_bk = shape_bk
         vocab = spec.target_vocab_size
-        self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, _c(net, "v", [vocab])])], axis=0)
+        self.per_beam = None  # search.select: each beam's best min(2k, V) first, from RANK_PER_BEAM_FROM ids
+        if vocab >= RANK_PER_BEAM_FROM:
+            self.per_beam = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]), _c(net, "v", [vocab])])
+        ranked = self.per_beam or _c(net, "v", [vocab])
+        self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, ranked])], axis=0)  # [B, k V or k k']
         self.m = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]),
                                  net.one("Mul", [self.k, _c(net, "v", [vocab])])])  # (1,): min(2k, kV)
         self.m_scalar = net.one("Squeeze", [self.m])
