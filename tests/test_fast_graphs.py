@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-import export.tokens.beam as beam_module
+import export.tokens.search as search_module
 import runtime.optional_graphs as optional_graphs
 from export.tokens.attention import Fused
 from export.tokens.fast import BLOCKS_UP_TO, GROUP, eos_first
@@ -379,13 +379,13 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
 def per_beam_export(tmp_path_factory):
     """The pre-norm model of fast_export, its beam graphs ranking each beam's best 2k first (search.select), as
     exports do from RANK_PER_BEAM_FROM target ids (the toy vocabulary has 14)."""
-    before = beam_module.RANK_PER_BEAM_FROM
-    beam_module.RANK_PER_BEAM_FROM = 1
+    before = search_module.RANK_PER_BEAM_FROM
+    search_module.RANK_PER_BEAM_FROM = 1
     try:
         spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
         return export_token_model(spec, tmp_path_factory.mktemp("per_beam") / "model")
     finally:
-        beam_module.RANK_PER_BEAM_FROM = before
+        search_module.RANK_PER_BEAM_FROM = before
 
 
 def _top_ks(path: Path) -> int:

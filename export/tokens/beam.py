@@ -34,6 +34,7 @@ from runtime.spec import ModelSpec
 from runtime.vocab import BOS, EOS
 from training.tokens.transformer import TransformerSeq2Seq
 
+from . import search
 from .attention import AncestryFused, BlockBatched, mask_bias, own_slots
 from .beam_body import STEP_MASK, branched, segmented
 from .fold import AncestryFolded, fold_cross
@@ -48,7 +49,7 @@ from .kernels import (
     graph,
     min_length,
 )
-from .search import DOUBLE, NBEST, RANK_PER_BEAM_FROM
+from .search import DOUBLE, NBEST
 from .search import constant as _c
 
 
@@ -86,7 +87,7 @@ class Outer:
         self.shape_bk = shape_bk
         vocab = spec.target_vocab_size
         self.per_beam = None  # search.select: each beam's best min(2k, V) first, from RANK_PER_BEAM_FROM ids
-        if vocab >= RANK_PER_BEAM_FROM:
+        if vocab >= search.RANK_PER_BEAM_FROM:  # read as the graph is built (tests lower it)
             self.per_beam = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]), _c(net, "v", [vocab])])
         ranked = self.per_beam or _c(net, "v", [vocab])
         self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, ranked])], axis=0)  # [B, k V or k k']
