@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import export.tokens.int8 as int8_module
 from export.fused import subgraphs
 from export.precision import WIDENED as WIDENED_WEIGHTS
 from export.precision import quantized_ops
@@ -79,6 +80,21 @@ def test_graphs_for_few_rows_widen_their_int8_weights_and_the_others_quantize_ac
         proto = build(model, spec, "", int8=True)
         assert "DynamicQuantizeMatMul" in [n.op_type for n in _nodes(proto.graph)], name
         assert _widened_products(proto) == 0, name
+
+
+def test_a_model_with_a_matrix_past_widen_up_to_multiplies_in_int8_in_every_graph(toy, monkeypatch):
+    """Past WIDEN_UP_TO values in some weight matrix (float32 weights past the caches cost more to read than a row
+    costs to quantize: int8.widens), the graphs for few rows quantize activations as the wide ones do; at it, they
+    widen."""
+    model, spec = toy
+    largest = max(3 * spec.d_model ** 2, spec.d_model * spec.d_ff, spec.d_model * spec.target_vocab_size)
+    monkeypatch.setattr(int8_module, "WIDEN_UP_TO", largest - 1)
+    for name, build in WIDENED.items():
+        proto = build(model, spec, "", int8=True)
+        assert "DynamicQuantizeMatMul" in [n.op_type for n in _nodes(proto.graph)], name
+        assert _widened_products(proto) == 0, name
+    monkeypatch.setattr(int8_module, "WIDEN_UP_TO", largest)
+    assert all(_widened_products(build(model, spec, "", int8=True)) > 0 for build in WIDENED.values())
 
 
 def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -148,3 +164,25 @@ def test_an_int8_export_runs_the_wide_beam_graph_from_fewer_inputs(tmp_path, tra
         picked = [fast.beam_graph(inputs, 4, 5) for inputs in (threshold - 1, threshold)]
         assert picked[0] is not fast.wide.beam and picked[1] is fast.wide.beam
     assert WIDE_BEAM_INPUTS_INT8 < WIDE_BEAM_INPUTS
+
+
+def test_an_int8_export_past_widen_up_to_decodes_through_every_graph(tmp_path, monkeypatch):
+    """Exported with its graphs for few rows in int8 arithmetic (as a model past WIDEN_UP_TO is), an int8 model
+    passes export's checks (parity of the float32 graphs, then the int8 graphs' quality rows) and decodes through
+    the graphs the runtime routes 1-5 inputs to, greedy and beam."""
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=1, max_positions=32)
+    loose = QualityTolerance(min_exact_match=0.0, min_token_agreement=0.0)  # untrained: the ids may tie
+    monkeypatch.setattr(int8_module, "WIDEN_UP_TO", 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = export_token_model(spec, tmp_path / "int8", quantize="int8", quality_tol=loose).path
+    for name in WIDENED:
+        proto = onnx.load(path / f"{name}.onnx")
+        assert _widened_products(proto) == 0 and "DynamicQuantizeMatMul" in [n.op_type for n in _nodes(proto.graph)]
+    model = Seq2Seq.load(path, provider="cpu")
+    texts = ["the cat sat", "a dog ran on the mat", "the bird", "a cat sat on the dog", "the mat flew"]
+    for beam in (1, 3):
+        for n in (1, 2, 5):
+            got = model.translate_batch(texts[:n], beam_size=beam, max_decoding_length=6)
+            assert len(got) == n and all(hyps and all(isinstance(t, int) for t in hyps[0].ids) for hyps in got)
+

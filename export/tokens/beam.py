@@ -38,6 +38,7 @@ from . import search
 from .attention import AncestryFused, BlockBatched, mask_bias, own_slots
 from .beam_body import STEP_MASK, branched, segmented
 from .fold import AncestryFolded, fold_cross
+from .int8 import widens
 from .kernels import (
     BOOL,
     FLOAT,
@@ -150,7 +151,8 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]
-    net = Net(skip_norm=False, int8=int8, value_bias=True, widen=not wide)  # the one call's caches are its own
+    widen = not wide and widens(spec)
+    net = Net(skip_norm=False, int8=int8, value_bias=True, widen=widen)  # the one call's caches are its own
     outer = Outer(net, model, spec, wide)
     first = _first(net, outer, spec)
 
@@ -159,7 +161,7 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
         outer.attend = AncestryFolded(outer.lengths32, STEP_MASK)
         outer.cross = fold_cross(net, model, spec, outer.cross, outer.lengths32)
     steps, caches, own = first
-    body = (segmented if segments else branched)(model, spec, outer, int8, widen=not wide)
+    body = (segmented if segments else branched)(model, spec, outer, int8, widen=widen)
     outs = net.op("Loop", ["max_length", outer.true, *steps, *caches, *own], len(steps + caches + own), body=body)
     for name, value in zip(NBEST, outs[-len(own) + 1:-1]):
         net.op("Identity", [value], [{"hyp_tokens": "tokens"}.get(name, name)])

@@ -34,6 +34,7 @@ from training.tokens.transformer import TransformerSeq2Seq
 from .attention import Batched, BlockBatched, Fused, mask_bias, own_slots
 from .beam import beam_model
 from .fold import Folded, fold_cross
+from .int8 import widens
 from .kernels import (
     BOOL,
     FLOAT,
@@ -109,7 +110,8 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     """One decoder step over the state the fast encoder makes; wide: attention in batched MatMuls (from WIDE_ROWS
     rows) and the rows as one 2-D (B, E) matrix, so each projection with a bias is one Gemm (Net.rows)."""
     io = fast_graph_io(spec)["step"]
-    net = Net(skip_norm=not wide, int8=int8, rows=wide, widen=not wide)  # int8: widened below WIDE_ROWS rows
+    net = Net(skip_norm=not wide, int8=int8, rows=wide,
+              widen=not wide and widens(spec))  # int8: widened below WIDE_ROWS rows
     attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0")) if wide else Fused("memory_lengths")
     axis1 = None if wide else net.weight("axis1", np.array([1], np.int64))
 
@@ -186,7 +188,8 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
     transformer, 20 steps, loop_graph_ab both ways, against int8 arithmetic: folded at batch 1 0.835-0.871x the time,
     not folded at 29 tokens 0.831-0.848x, batch 4 0.912-0.917x with the value shift)."""
     io = fast_graph_io(spec)["greedy"]
-    net = Net(skip_norm=False, int8=int8, value_bias=True, widen=not wide)  # the encoder: batch x source_len rows
+    net = Net(skip_norm=False, int8=int8, value_bias=True,
+              widen=not wide and widens(spec))  # the encoder: batch x source_len rows
     if wide:
         tokens, log_probs = _blocked(net, model, spec, int8)
     else:
@@ -204,7 +207,7 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         if fold:
             cross, attend = fold_cross(net, model, spec, cross, "memory_lengths"), Folded("memory_lengths")
         scans = net.op("Loop", inputs, count, body=_body(model, spec, cross, rule, attend, int8,
-                                                         widen=True))[-2:]
+                                                         widen=widens(spec)))[-2:]
         tokens, log_probs = (_time_last(net, scan) for scan in scans)
     tokens = net.one("Gather", [net.weight("ids", eos_first(spec.target_vocab_size)), tokens])  # indices -> ids
     # after a row's first eos: 0 (<pad>) and log-prob 0, as the traced loop graph gives
