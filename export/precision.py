@@ -8,6 +8,7 @@ from typing import Any
 
 import onnx
 
+from export.tokens.int8 import WIDEN_UP_TO, widens
 from runtime.contract import BEAM_STEP_FILE, FAST_FILES, graph_io
 from runtime.defaults import INT8
 from runtime.optional_graphs import optional_graph_io
@@ -36,11 +37,14 @@ def precision_entry(model_dir: Path, spec: ModelSpec, mode: str) -> dict[str, An
               "parity": "measured on the float32 graphs before conversion; 'quality' compares the converted ones "
                         "with them"}
     if mode == INT8 and set(FAST_FILES.values()) & set(graphs):  # rebuilt from the weights, not converted
+        few = ("in float32 over the same weights, widened as a session loads them" if widens(spec) else
+               f"in int8 too (a weight matrix holds more than {WIDEN_UP_TO} values: float32 weights past the caches "
+               "cost more to read than a row to quantize)")
         common["fast_graphs"] = ("int8 weights in [-63, 63] with one scale per output column; the graphs for many "
                                  "rows (wide_*, fast_encoder) multiply in int8 (DynamicQuantizeMatMul, activations "
                                  "quantized per call), the graphs for few rows (fold_*, fast_greedy, fast_beam, "
-                                 "fast_decoder_step) in float32 over the same weights, widened as a session loads "
-                                 "them; the self-attention's Q/K/V projection (inside the Attention kernel) float32")
+                                 f"fast_decoder_step) {few}; the self-attention's Q/K/V projection (inside the "
+                                 "Attention kernel) float32")
     if mode == INT8:
         return {**common, "activations": "uint8, quantized per call (dynamic), where a graph multiplies in int8",
                 "per_channel": False,

@@ -1,9 +1,11 @@
-"""An int8 transformer's graphs for few rows compute in float32 over their int8 weights (Net.widen), the others in
-int8 arithmetic (DynamicQuantizeMatMul): which graphs are which, and that a widened graph computes exactly float32
-arithmetic over the int8 weights."""
+"""An int8 transformer's graphs for few rows compute in float32 over their int8 weights (Net.widen) while no weight
+matrix they quantize is past WIDEN_UP_TO values, the others (and past it, all) in int8 arithmetic
+(DynamicQuantizeMatMul): which graphs are which, and that a widened graph computes exactly float32 arithmetic over the
+int8 weights."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import warnings
 from collections import Counter
@@ -14,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from onnx import numpy_helper
 
 import export.tokens.int8 as int8_module
 from export.fused import subgraphs
@@ -22,7 +25,8 @@ from export.precision import quantized_ops
 from export.quality_rows import QualityTolerance
 from export.tokens.beam import beam_model
 from export.tokens.fast import encoder_model, greedy_model, step_model
-from export.tokens.int8 import int8_columns
+from export.tokens.int8 import int8_columns, widened_linear
+from runtime.contract import MANIFEST_FILE
 from runtime.model import Seq2Seq
 from runtime.token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8
 from training.build import build_token_model
@@ -87,7 +91,7 @@ def test_a_model_with_a_matrix_past_widen_up_to_multiplies_in_int8_in_every_grap
     costs to quantize: int8.widens), the graphs for few rows quantize activations as the wide ones do; at it, they
     widen."""
     model, spec = toy
-    largest = max(3 * spec.d_model ** 2, spec.d_model * spec.d_ff, spec.d_model * spec.target_vocab_size)
+    largest = max(2 * spec.d_model ** 2, spec.d_model * spec.d_ff, spec.d_model * spec.target_vocab_size)
     monkeypatch.setattr(int8_module, "WIDEN_UP_TO", largest - 1)
     for name, build in WIDENED.items():
         proto = build(model, spec, "", int8=True)
@@ -95,6 +99,21 @@ def test_a_model_with_a_matrix_past_widen_up_to_multiplies_in_int8_in_every_grap
         assert _widened_products(proto) == 0, name
     monkeypatch.setattr(int8_module, "WIDEN_UP_TO", largest)
     assert all(_widened_products(build(model, spec, "", int8=True)) > 0 for build in WIDENED.values())
+
+
+def test_the_folded_cross_attention_is_made_from_the_int8_rounded_weights_in_int8_arithmetic_too(toy, monkeypatch):
+    """Past WIDEN_UP_TO, a folded graph's cross-attention matrices (made in float32 once a call) still come from the
+    int8-rounded weights the other products multiply by, as widened; the manifest says which arithmetic it is."""
+    model, spec = toy
+    h, d, e = spec.n_heads, spec.head_dim, spec.d_model
+    for bound in (0, int8_module.WIDEN_UP_TO):
+        monkeypatch.setattr(int8_module, "WIDEN_UP_TO", bound)
+        proto = greedy_model(model, spec, "", int8=True, fold=True)
+        outs = [numpy_helper.to_array(t) for t in proto.graph.initializer if t.dims == [h, d, e]]
+        for layer in model.decoder_layers:
+            rounded = widened_linear(layer.cross_attention.fc_attn).weight.detach().T.reshape(h, d, e).numpy()
+            exact = layer.cross_attention.fc_attn.weight.detach().T.reshape(h, d, e).numpy()
+            assert any(np.array_equal(o, rounded) for o in outs) and not any(np.array_equal(o, exact) for o in outs)
 
 
 def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -158,6 +177,8 @@ def test_an_int8_export_runs_the_wide_beam_graph_from_fewer_inputs(tmp_path, tra
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         int8 = export_token_model(spec, tmp_path / "int8", quantize="int8", quality_tol=loose).path
+    assert "widened as a session loads them" in json.loads((int8 / MANIFEST_FILE).read_text())["precision"][
+        "fast_graphs"]
     for path, threshold in ((int8, WIDE_BEAM_INPUTS_INT8), (transformer_export.path, WIDE_BEAM_INPUTS)):
         fast = Seq2Seq.load(path, provider="cpu").token_steps.fast
         assert fast.wide_beam_inputs == threshold
@@ -179,6 +200,7 @@ def test_an_int8_export_past_widen_up_to_decodes_through_every_graph(tmp_path, m
     for name in WIDENED:
         proto = onnx.load(path / f"{name}.onnx")
         assert _widened_products(proto) == 0 and "DynamicQuantizeMatMul" in [n.op_type for n in _nodes(proto.graph)]
+    assert "in int8 too" in json.loads((path / MANIFEST_FILE).read_text())["precision"]["fast_graphs"]
     model = Seq2Seq.load(path, provider="cpu")
     texts = ["the cat sat", "a dog ran on the mat", "the bird", "a cat sat on the dog", "the mat flew"]
     for beam in (1, 3):

@@ -111,7 +111,7 @@ def step_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     rows) and the rows as one 2-D (B, E) matrix, so each projection with a bias is one Gemm (Net.rows)."""
     io = fast_graph_io(spec)["step"]
     net = Net(skip_norm=not wide, int8=int8, rows=wide,
-              widen=not wide and widens(spec))  # int8: widened below WIDE_ROWS rows
+              widen=not wide and widens(spec))  # int8: widened below WIDE_ROWS rows (int8.widens)
     attend = Batched(mask_bias(net, "memory_lengths", "cross_keys_0")) if wide else Fused("memory_lengths")
     axis1 = None if wide else net.weight("axis1", np.array([1], np.int64))
 
@@ -184,7 +184,8 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], rule: Mi
 def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
                  int8: bool = False, fold: bool = False) -> onnx.ModelProto:
     """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`); fold: with the cross-attention folded. int8:
-    the graphs for fewer than WIDE_GREEDY_INPUTS inputs compute in float32 over the int8 weights (Net.widen; dates
+    the graphs for fewer than WIDE_GREEDY_INPUTS inputs compute in float32 over the int8 weights where int8.widens
+    (Net.widen; dates
     transformer, 20 steps, loop_graph_ab both ways, against int8 arithmetic: folded at batch 1 0.835-0.871x the time,
     not folded at 29 tokens 0.831-0.848x, batch 4 0.912-0.917x with the value shift)."""
     io = fast_graph_io(spec)["greedy"]

@@ -105,10 +105,11 @@ class Net:
         return self.one("Mul", [self.one("Cast", [self.weight("w_int8", q)], to=FLOAT), self.weight("w_scale", scale)])
 
     def effective(self, layer: torch.nn.Linear) -> torch.nn.Linear:
-        """The layer as this graph multiplies by it: its int8 weights widened to float32 where `widen` (as
-        `widened` makes them in the graph), for the products written from weights outside `matmul` (the folded
-        cross-attention) and the value shift solved against them; else the layer itself."""
-        return widened_linear(layer) if self.widen else layer
+        """The layer as this graph multiplies by it: at int8 its int8 weights widened to float32 (as `widened` makes
+        them in the graph, and as DynamicQuantizeMatMul scales them), for the products written from weights outside
+        `matmul` (the folded cross-attention, made in float32 once a call) and the value shift solved against them;
+        else the layer itself."""
+        return widened_linear(layer) if self.int8 else layer
 
     def linear(self, x: str, layer: torch.nn.Linear, bias: bool = True) -> str:
         """x (..., in) -> x W^T (+ b) (..., out)."""
