@@ -144,11 +144,10 @@ def beam_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool 
     """The beam search graph, declared as `optional_graphs.fast_graph_io(spec)["beam"]`; fold: with the cross-attention
     folded (export.tokens.fold), for small calls; segments: its loop in segments (beam_body.segmented:
     fold_few_beam, for calls of runtime.token_steps.FEW_BEAM_INPUTS inputs or fewer), else an If a step
-    (beam_body.branched). int8 computes the graphs for few inputs in float32 over its int8 weights where
-    int8.widens (Net.widen;
-    dates transformer, beam 5, 20 steps, against int8 arithmetic: folded at batch 1 0.932-0.943x the time,
-    loop_graph_ab both ways; plain at 40 tokens, one bare run each, 0.935x at batch 1, 0.956x at 2, 1.03x at 3),
-    and runs the wide graph from runtime.token_steps.WIDE_BEAM_INPUTS_INT8 inputs up."""
+    (beam_body.branched). int8 computes the graphs for few inputs in float32 over its int8 weights where int8.widens
+    (Net.widen; dates transformer, beam 5, 20 steps, against int8 arithmetic: folded at batch 1 0.932-0.943x the time,
+    loop_graph_ab both ways; plain at 40 tokens, one bare run each, 0.935x at batch 1, 0.956x at 2, 1.03x at 3), and
+    runs the wide graph from runtime.token_steps.WIDE_BEAM_INPUTS_INT8 inputs up."""
     from .fast import TYPES, _inputs, _model  # fast.py lists this builder among its graphs
 
     io = fast_graph_io(spec)["beam"]

@@ -183,11 +183,10 @@ def _body(model: TransformerSeq2Seq, spec: ModelSpec, cross: list[str], rule: Mi
 
 def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: bool = False,
                  int8: bool = False, fold: bool = False) -> onnx.ModelProto:
-    """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`); fold: with the cross-attention folded. int8:
-    the graphs for fewer than WIDE_GREEDY_INPUTS inputs compute in float32 over the int8 weights where int8.widens
-    (Net.widen; dates
-    transformer, 20 steps, loop_graph_ab both ways, against int8 arithmetic: folded at batch 1 0.835-0.871x the time,
-    not folded at 29 tokens 0.831-0.848x, batch 4 0.912-0.917x with the value shift)."""
+    """The greedy graph; wide: in blocks of GROUP inputs (`_blocked`); fold: with the cross-attention folded. int8: the
+    graphs for fewer than WIDE_GREEDY_INPUTS inputs compute in float32 over the int8 weights where int8.widens
+    (Net.widen; dates transformer, 20 steps, loop_graph_ab both ways, against int8 arithmetic: folded at batch 1
+    0.835-0.871x the time, not folded at 29 tokens 0.831-0.848x, batch 4 0.912-0.917x with the value shift)."""
     io = fast_graph_io(spec)["greedy"]
     net = Net(skip_norm=False, int8=int8, value_bias=True,
               widen=not wide and widens(spec))  # the encoder: batch x source_len rows
