@@ -179,7 +179,28 @@ def squeeze_carried(body: onnx.GraphProto, carried: int) -> dict[int, int]:
         if len(scans) == len(consumers.get(fed, [])) and fed not in {o.name for o in body.output}:
             body.node.remove(unsqueeze)
         squeezed[i] = axis
+    _drop_unread(body)
     return squeezed
+
+
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """Remove the initializers and Constant nodes no node or output of `graph` reads (the index and axes of the
+    nodes squeeze_carried took out; onnxruntime would warn of each at every session it opens)."""
+    while True:
+        read = {name for node in _all_nodes(graph) for name in node.input} | {o.name for o in graph.output}
+        unread = [n for n in graph.node if n.op_type == "Constant" and n.output[0] not in read]
+        for node in unread:
+            graph.node.remove(node)
+        if not unread:
+            break
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """graph's nodes and its subgraphs' (which may read graph's values from the outer scope)."""
+    return [n for node in graph.node for n in [node, *(m for sub in subgraphs(node) for m in _all_nodes(sub))]]
 
 
 def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto, decl: Any,
@@ -190,10 +211,13 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
     inputs = [value(name, types.get(name, TensorProto.INT64), dims) for name, dims in io["inputs"].items()]
     outputs = [value(name, TensorProto.INT64 if name == "tokens" else TensorProto.FLOAT, dims)
                for name, dims in io["outputs"].items()]
-    weights = [const(LOOP + "true", np.array(True)), const(LOOP + "index_0", np.array(0, np.int64))]
+    weights = [const(LOOP + "true", np.array(True))]
     nodes: list[onnx.NodeProto] = []
     length, initial, shapes = loop.outer(nodes, weights, decl, carried)
-    for i, axis in squeeze_carried(body, len(initial)).items():  # the first value as the body now carries it
+    squeezed = squeeze_carried(body, len(initial))
+    if squeezed:
+        weights.append(const(LOOP + "index_0", np.array(0, np.int64)))
+    for i, axis in squeezed.items():  # the first value as the body now carries it
         nodes.append(helper.make_node("Gather", [initial[i], LOOP + "index_0"], [f"{initial[i]}_narrow"],
                                       axis=axis))
         initial[i] = f"{initial[i]}_narrow"

@@ -128,6 +128,19 @@ def test_token_greedy_loop_mixes_ended_and_live_rows(eos_biased):
         np.testing.assert_allclose([h[0].score for h in got], [h[0].score for h in want], rtol=1e-6)
 
 
+def test_every_greedy_loop_reads_every_initializer_it_holds(exports, transformer_export, recurrent_export):
+    """The index and axes of the nodes that carrying narrowed states takes out of the body leave with them, and the
+    outer graph holds its index 0 only where it narrows: onnxruntime would warn of each unread initializer at every
+    session it opens."""
+    paths = [e.path for e in exports.values()] + [transformer_export.path, recurrent_export.path]
+    for path in paths:
+        model = onnx.load(str(path / GREEDY_FILE))
+        graphs = [model.graph] + [n.attribute[0].g for n in model.graph.node if n.op_type == "Loop"]
+        read = {name for g in graphs for n in g.node for name in n.input} | {o.name for g in graphs for o in g.output}
+        assert not {w.name for g in graphs for w in g.initializer} - read, path
+        assert not [n for g in graphs for n in g.node if n.op_type == "Constant" and n.output[0] not in read], path
+
+
 def test_the_loop_graph_wraps_the_step_with_symbolic_lengths(exports, eos_biased):
     for path, spec in [(exports["none"].path, exports["none"].spec),
                        (eos_biased["transformer"], Seq2Seq.load(eos_biased["transformer"]).spec)]:
@@ -137,10 +150,12 @@ def test_the_loop_graph_wraps_the_step_with_symbolic_lengths(exports, eos_biased
         assert len(loops) == 1
         step_ops = sorted(n.op_type for n in onnx.load(str(path / "decoder_step.onnx")).graph.node)
         body_ops = [n.op_type for n in loops[0].attribute[0].g.node]
-        # every step node is inside, but the x[0] and unsqueeze of each state the loop carries narrow
+        # every step node is inside, but the x[0] and unsqueeze of each state the loop carries narrow (and the
+        # Constants of their index and axes)
         narrowed = sum(n.output[0].endswith("_narrow") for n in model.graph.node)
         missing = {op: max(0, step_ops.count(op) - body_ops.count(op)) for op in set(step_ops)}
-        assert not any(n for op, n in missing.items() if op not in ("Gather", "Unsqueeze")), missing
+        assert not any(n for op, n in missing.items() if op not in ("Gather", "Unsqueeze", "Constant")), missing
+        assert missing.get("Constant", 0) <= 2 * narrowed, missing
         assert missing.get("Gather", 0) == missing.get("Unsqueeze", 0) == narrowed, (missing, narrowed)
         assert narrowed == (2 if spec.kind == "points" else 0)  # the previous point (N, 1, F) and hidden (1, N, H)
         declared = {**greedy_io(spec)["inputs"], **greedy_io(spec)["outputs"]}
