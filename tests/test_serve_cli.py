@@ -38,6 +38,14 @@ START_TIMEOUT = 150  # Ray start + Serve + replicas, on a loaded 2-core CI box
 STOP_TIMEOUT = 60
 
 
+def _command(pid: int) -> str:
+    """A process's command line, for a failure message."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid} (gone)"
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes of a process group (from /proc)."""
     members = []
@@ -140,7 +148,11 @@ def test_sigterm_while_ray_starts_stops_what_had_started(tmp_path: Path) -> None
             time.sleep(0.05)
         assert READY not in log.read_text()
         process.send_signal(signal.SIGTERM)
-        process.wait(timeout=STOP_TIMEOUT)
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:  # seen once in a CI run (2026-11-29): say where it stood
+            pytest.fail(f"serve did not stop within {STOP_TIMEOUT} s of SIGTERM; its group: "
+                        f"{[_command(pid) for pid in group_members(process.pid)]}; its log:\n{log.read_text()[-3000:]}")
         deadline = time.monotonic() + 20  # Ray's helpers exit right after the driver
         while group_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
