@@ -185,14 +185,11 @@ def squeeze_carried(body: onnx.GraphProto, carried: int) -> dict[int, int]:
 
 def _drop_unread(graph: onnx.GraphProto) -> None:
     """Remove the initializers and Constant nodes no node or output of `graph` reads (the index and axes of the
-    nodes squeeze_carried took out; onnxruntime would warn of each at every session it opens)."""
-    while True:
-        read = {name for node in _all_nodes(graph) for name in node.input} | {o.name for o in graph.output}
-        unread = [n for n in graph.node if n.op_type == "Constant" and n.output[0] not in read]
-        for node in unread:
-            graph.node.remove(node)
-        if not unread:
-            break
+    nodes squeeze_carried took out; onnxruntime would warn of each at every session it opens). One pass: a Constant
+    reads nothing, so removing one leaves nothing else unread."""
+    read = {name for node in _all_nodes(graph) for name in node.input} | {o.name for o in graph.output}
+    for node in [n for n in graph.node if n.op_type == "Constant" and n.output[0] not in read]:
+        graph.node.remove(node)
     kept = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept)

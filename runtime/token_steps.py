@@ -36,10 +36,10 @@ WIDE_ROWS = 6
 WIDE_GREEDY_INPUTS, WIDE_BEAM_INPUTS = 8, 16
 # ... and for an int8 export's beam graphs, whose wide one multiplies in int8 and the others in float32 (Net.widen) up
 # to export.tokens.int8.WIDEN_UP_TO (past it in int8 too: 32000 target ids, d_model 128, beam 5, 32 tokens, wide
-# against fast_beam 0.99x the time at 2 inputs, 0.97x at 4, 0.93-0.96x at 8): dates transformer, beam 5, Intel Xeon, bare runs (one or two each): the wide graph against the plain one at 40
-# tokens 1.19x the time at 1 input, 1.09-1.10x at 2, 1.01x at 3, 0.93x at 4, 0.89x at 8; at 13 tokens 1.09x at 3,
-# 1.02x at 4, 0.95x at 6. Through translate_batch, 41-character texts, 0.984x at 4 and 0.988x at 8 the time of
-# the int8 plain graph it replaced there.
+# against fast_beam 0.99x the time at 2 inputs, 0.97x at 4, 0.93-0.96x at 8): dates transformer, beam 5, Intel Xeon,
+# bare runs (one or two each): the wide graph against the plain one at 40 tokens 1.19x the time at 1 input, 1.09-1.10x
+# at 2, 1.01x at 3, 0.93x at 4, 0.89x at 8; at 13 tokens 1.09x at 3, 1.02x at 4, 0.95x at 6. Through translate_batch,
+# 41-character texts, 0.984x at 4 and 0.988x at 8 the time of the int8 plain graph it replaced there.
 WIDE_BEAM_INPUTS_INT8 = 4
 # The widest beam the beam graphs run: an input's k beams read k * t cache slots each step through their ancestry
 # mask, k times the attention's arithmetic, so past 32 the step loop's beam search is faster (dates transformer,

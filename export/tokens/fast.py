@@ -207,7 +207,7 @@ def greedy_model(model: TransformerSeq2Seq, spec: ModelSpec, doc: str, wide: boo
         if fold:
             cross, attend = fold_cross(net, model, spec, cross, "memory_lengths"), Folded("memory_lengths")
         scans = net.op("Loop", inputs, count, body=_body(model, spec, cross, rule, attend, int8,
-                                                         widen=widens(spec)))[-2:]
+                                                         widen=net.widen))[-2:]
         tokens, log_probs = (_time_last(net, scan) for scan in scans)
     tokens = net.one("Gather", [net.weight("ids", eos_first(spec.target_vocab_size)), tokens])  # indices -> ids
     # after a row's first eos: 0 (<pad>) and log-prob 0, as the traced loop graph gives
