@@ -35,6 +35,7 @@ from .common import require
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = ("head", "every-node")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0  # as serving.server's: --help stays free of uvicorn's import
+DEFAULT_RAY_SHUTDOWN_TIMEOUT_S = 30.0  # a start-up step under way, then Serve's and Ray's shutdown (~5 s idle here)
 RAY_ONLY = ("proxy_location", "name")  # options that mean something on Ray Serve only
 
 
@@ -129,15 +130,17 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--max-queue", type=click.IntRange(1, MAX_QUEUE_LIMIT), default=DEFAULT_MAX_QUEUE, show_default=True,
               help="Most items (sources or texts) waiting for a decode, per process or replica; a request beyond "
                    "it is answered 503 with Retry-After at once.")
-@click.option("--shutdown-timeout", type=click.FloatRange(0, 3600), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
-              show_default=True, help="On Ctrl-C or SIGTERM, how long the requests under way may take to finish "
-                                      "(this process; not on Ray).")
+@click.option("--shutdown-timeout", type=click.FloatRange(0, 3600), default=None,
+              help=f"On Ctrl-C or SIGTERM, how long stopping may take. In this process: the requests under way "
+                   f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s). On Ray: a start-up step under way, removing the "
+                   f"deployment and stopping the Ray started here (default {DEFAULT_RAY_SHUTDOWN_TIMEOUT_S:g} s); "
+                   "past it, or on a second signal, the processes this command started are killed.")
 @click.pass_context
 def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, replicas: str, num_cpus: float,
                   provider: str, workers: int, max_batch_size: int, batch_wait_ms: float, max_body_bytes: int,
                   max_decoding_length: int, request_timeout: float, proxy_location: str, name: str,
                   route_prefix: str, address: str | None, use_ray: bool, max_queue: int,
-                  shutdown_timeout: float) -> None:
+                  shutdown_timeout: float | None) -> None:
     """Serve the exported model in MODEL_DIR over HTTP, with dynamic batching: in this process by default, or on
     Ray Serve with --ray.
 
@@ -163,9 +166,10 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
         from .serve_ray import RayPlan, serve_on_ray
 
         serve_on_ray(RayPlan(model_dir, kind, host, port, name, route_prefix, proxy_location, address, replicas),
-                     config)
+                     config, DEFAULT_RAY_SHUTDOWN_TIMEOUT_S if shutdown_timeout is None else shutdown_timeout)
     else:
-        _serve_here(model_dir, kind, config, host, port, route_prefix, shutdown_timeout)
+        _serve_here(model_dir, kind, config, host, port, route_prefix,
+                    DEFAULT_SHUTDOWN_TIMEOUT_S if shutdown_timeout is None else shutdown_timeout)
     click.echo("serve: stopped", err=True)
 
 

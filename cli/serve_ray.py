@@ -3,8 +3,7 @@ until Ctrl-C or SIGTERM. The same HTTP app and service as the one-process server
 from __future__ import annotations
 
 import dataclasses
-import signal
-import time
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,10 @@ from serving.config import Replicas, ServeConfig, parse_replicas
 
 from .cluster import join_failed
 from .common import Interrupted
+from .ray_stop import Stop, drive
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first
-
-
-class Stopped(Exception):
-    """SIGTERM: stop serving as Ctrl-C does."""
 
 
 @dataclass(frozen=True)
@@ -39,43 +35,55 @@ class RayPlan:
     replicas: str  # N, MIN:MAX or auto: resolved once Ray runs
 
 
-def serve_on_ray(plan: RayPlan, config: ServeConfig) -> None:
-    """Start (or join) Ray, deploy, serve until stopped, then remove what was deployed."""
+def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) -> None:
+    """Start (or join) Ray, deploy, serve until SIGTERM or Ctrl-C, then remove what was deployed. Ray is driven from a
+    thread of its own (`cli.ray_stop`): a signal stops it between steps, never inside one."""
+    note = "" if plan.address is None else (f"; the application {plan.name!r} may still run on the cluster at "
+                                            f"{plan.address} (serve.delete({plan.name!r}) removes it)")
+    served: list[bool] = []
+    asked = drive(lambda stop: served.append(_serve(plan, config, stop)), shutdown_timeout_s, note)
+    if asked and not served[0]:
+        raise Interrupted("serve: interrupted while starting; what had started is stopped")
+
+
+def _serve(plan: RayPlan, config: ServeConfig, stop: Stop) -> bool:
+    """The Ray thread: start, deploy, serve until asked to stop, stop. True when it served (it was ready)."""
     import ray
     from ray import serve
 
-    # SIGTERM while Ray starts stops as Ctrl-C does: what had started is shut down, never left running
-    previous, started, deployed = signal.signal(signal.SIGTERM, _on_sigterm), plan.address is None, False
+    started, deployed = plan.address is None, False
     try:
         _start_ray(plan.address, plan.model_dir)
-        signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init sets a handler of its own
+        stop.connected.set()
+        if stop.requested.is_set():
+            return False
         config = dataclasses.replace(config, replicas=_resolve_replicas(plan.replicas, config.num_cpus))
         if started:
             _check_cpus(config.num_cpus, config.replicas.low, plan.replicas)
         url = _http_url(serve.status(), plan.name, plan.host, plan.port)
+        if stop.requested.is_set():
+            return False
         deployed = True  # from here on, what is on the cluster under `name` is ours to remove
         http = {"host": plan.host, "port": plan.port,
                 "request_timeout_s": config.request_timeout_s + SERVE_TIMEOUT_MARGIN_S}
         _deploy(plan, config, http)
+        if stop.requested.is_set():
+            return False
         under = plan.route_prefix.rstrip("/")
         route = under + ("/v1/predict" if plan.kind == "points" else "/v1/translate")
         click.echo(f"serve: {plan.model_dir} at {url}{under} (POST {route}; GET {under}/v1/model, {under}/healthz, "
                    f"{under}/readyz, {under}/metrics; docs at {under}/docs); Ray Serve, {_describe(config.replicas)} of "
                    f"{config.num_cpus:g} CPU each; Ray at {ray.get_runtime_context().gcs_address}; Ctrl-C stops",
                    err=True)
-        _wait()
-    except (KeyboardInterrupt, Stopped):  # Ctrl-C or SIGTERM before the server was up (after, _wait returns)
-        raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
-    except SystemExit as exc:  # SIGTERM inside ray.init, whose own handler exits with the signal's number
-        if exc.code != signal.SIGTERM:
-            raise
-        raise Interrupted("serve: interrupted while starting; what had started is stopped") from None
+        stop.requested.wait()
+        click.echo("serve: stopping", err=True)
+        return True
     finally:
+        stop.stopping.set()
         if deployed or (started and ray.is_initialized()):
             _stop(plan.name, on_cluster=not started)
         if started:
-            ray.shutdown()  # also the processes of a local Ray interrupted while it started
-        signal.signal(signal.SIGTERM, previous)
+            ray.shutdown()
 
 
 def _http_url(status: Any, name: str, host: str, port: int) -> str:
@@ -97,6 +105,7 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
     process started it."""
     import ray
 
+    logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
     try:
         if address is None:
             ray.init(address="local", include_dashboard=False)  # never attach to a Ray someone else runs here
@@ -107,6 +116,13 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
             raise click.ClickException(f"serve: could not start a local Ray ({_first_line(exc)})") from None
         raise join_failed(address, _first_line(exc)) from None
     return address is None
+
+
+class _NotMainThread(logging.Filter):
+    """Ray's warning that it set no SIGTERM handler off the main thread: on purpose here (`cli.ray_stop`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def _check_cpus(num_cpus: float, replicas: int, given: str) -> None:
@@ -155,22 +171,6 @@ def _first_line(exc: BaseException) -> str:
 def _describe(replicas: Replicas) -> str:
     return (f"{replicas.low} replica{'s' if replicas.low > 1 else ''}" if replicas.fixed
             else f"{replicas.low} to {replicas.high} replicas (autoscaling)")
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Stopped
-
-
-def _wait() -> None:
-    """Block until Ctrl-C or SIGTERM."""
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        while True:
-            time.sleep(1.0)
-    except (KeyboardInterrupt, Stopped):
-        click.echo("serve: stopping", err=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _stop(name: str, on_cluster: bool) -> None:
