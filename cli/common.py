@@ -8,6 +8,7 @@ Exit codes, the same for every command:
     2    usage: an unknown option, a malformed or out-of-range value, a named file that does not exist,
          options that contradict each other (click prints the usage line)
     130  interrupted (Ctrl-C); nothing half-written is left behind
+    143  stopped by SIGTERM (a service manager's stop, `kill`): as Ctrl-C, and nothing half-written is left behind
 """
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ import functools
 import importlib
 import math
 import signal
+import threading
 from typing import Any, Callable, TypeVar
 
 import click
 
-from runtime.errors import Seq2OnnxError, UsageError
+from runtime.errors import Seq2OnnxError, Terminated, UsageError
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a process that SIGTERM ended
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -35,6 +38,38 @@ class Interrupted(click.ClickException):
     def __init__(self, message: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         super().__init__(message)
+
+
+class StoppedBySigterm(Interrupted):
+    """Stopped by SIGTERM: exit 143, with the same line saying what was kept."""
+
+    exit_code = EXIT_TERMINATED
+
+
+_SIGTERMS: list[int] = []  # SIGTERM came (Terminated was raised): an interrupted command exits 143, not 130
+
+
+def raise_on_sigterm() -> Callable[[], None]:
+    """From here on SIGTERM raises `Terminated` wherever this (the main) thread is, as Ctrl-C raises
+    KeyboardInterrupt, so every command stops as it does on Ctrl-C: cleanup runs, nothing half-written is left
+    (the default action killed the process at once, leaving an output's temporary sibling behind). Once: the
+    process is on its way out, and further SIGTERMs are ignored. Returns what puts the previous handler back.
+    Commands that serve or launch put handlers of their own over it while they run."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _SIGTERMS.append(signum)
+    raise Terminated()
+
+
+def stopped_by_sigterm() -> bool:
+    """Whether SIGTERM stopped this command (`raise_on_sigterm`)."""
+    return bool(_SIGTERMS)
 
 
 class FiniteFloatRange(click.FloatRange):

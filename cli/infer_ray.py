@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,7 +16,7 @@ import click
 import numpy as np
 import ray
 
-from runtime.errors import Seq2OnnxError, one_line
+from runtime.errors import Seq2OnnxError, Terminated, one_line
 from runtime.infer_tokens import (
     TOKEN_OUTPUT_SUFFIXES,
     Item,
@@ -48,10 +49,13 @@ from .infer_tokens import (
     model_kind,
     refuse_token_options,
 )
+from .ray_stop import Stop, drive
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
 # where the driver already reports its error as one line.
 QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
+# On a signal: the step under way (ray.init, a block of lines) ends, then Ray stops; past this, what started is killed
+RAY_STOP_DEADLINE_S = 30.0
 
 
 def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
@@ -73,13 +77,29 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
     if n == 0:
         write_atomically(output, lambda f: None, job.force)
     else:
-        with ray_session(job.address, plan.model_dir):
-            if job.address is not None:  # shipped with the job: each actor reads its node's copy
-                plan = dataclasses.replace(plan, model_dir=None)
-            start = time.perf_counter()
-            actors, lines = decode_rows(n, make, decoder, plan, _actors(plan, job.concurrency), unit, most)
-            write_lines(output, lines, job.force)
-            seconds = time.perf_counter() - start
+        done: list[tuple[int, float]] = []
+
+        def run(stop: Stop) -> None:  # on a thread of its own: signals raised inside Ray's calls left Ray running
+            with ray_session(job.address, plan.model_dir, stop):
+                if stop.requested.is_set():  # it came while Ray started
+                    return
+                start = time.perf_counter()
+                actors, lines = decode_rows(n, make, decoder, shipped, _actors(plan, job.concurrency), unit, most)
+                # closed before Ray stops: Ray Data's iterator, left open, reported to a Ray that was gone, which
+                # started a new local Ray (its agents outlived the command)
+                with closing(lines):
+                    try:
+                        write_lines(output, _until_stopped(lines, stop), job.force)
+                    except _Stopped:  # the temporary sibling is gone: nothing was written
+                        return
+                done.append((actors, time.perf_counter() - start))
+
+        # shipped with a job on a cluster: each actor reads its node's copy
+        shipped = plan if job.address is None else dataclasses.replace(plan, model_dir=None)
+        signum = drive(run, RAY_STOP_DEADLINE_S, "infer --ray")
+        if signum is not None:
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        actors, seconds = done[0]
         click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
                    f"on {actors} actor{'' if actors == 1 else 's'}", err=True)
     click.echo(f"wrote {output} ({n} input{'' if n == 1 else 's'})", err=True)
@@ -168,10 +188,23 @@ def _innermost(exc: BaseException | None) -> str:
     return one_line(found)
 
 
+class _Stopped(Exception):
+    """A signal asked to stop while decoding (`cli.ray_stop`): raised between two lines, on the Ray thread."""
+
+
+def _until_stopped(lines: Iterator[str], stop: Stop) -> Iterator[str]:
+    for line in lines:
+        if stop.requested.is_set():
+            raise _Stopped
+        yield line
+
+
 @contextmanager
-def ray_session(address: str | None, model_dir: str | None = None) -> Iterator[None]:
+def ray_session(address: str | None, model_dir: str | None, stop: Stop) -> Iterator[None]:
     """Join --address, shipping model_dir as the job's working directory (Ray uploads it to every node that runs
-    an actor), or start a local Ray on this machine's CPUs; leave it (a local one stops) at the end."""
+    an actor), or start a local Ray on this machine's CPUs; leave it (a local one stops) at the end. On the Ray
+    thread of `cli.ray_stop.drive`: Ray stops from the thread that started it (from another, it took 17 s and
+    left its agents running)."""
     if address is not None:
         check_reachable(address)
     try:
@@ -183,7 +216,9 @@ def ray_session(address: str | None, model_dir: str | None = None) -> Iterator[N
         if address is None:
             raise click.ClickException(f"--ray: could not start a local Ray ({one_line(exc)})") from None
         raise join_failed(address, one_line(exc)) from None
+    stop.connected.set()
     try:
         yield
     finally:
+        stop.stopping.set()
         ray.shutdown()

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from .common import Interrupted
+from .common import Interrupted, StoppedBySigterm
 from .train_options import flag, given
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")
@@ -37,13 +37,6 @@ ENDPOINT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<por
 RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read once, when torch loads
 ELASTIC_LOGGERS = "torch.distributed.elastic"
-
-
-class StoppedBySigterm(Interrupted):
-    """The launcher stopped by SIGTERM (a service manager, `kill`): exit 143, as a shell reports a process that
-    SIGTERM ended, with the same line saying what was kept."""
-
-    exit_code = 128 + signal.SIGTERM
 
 
 def quiet_launcher() -> bool:

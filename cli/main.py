@@ -9,8 +9,16 @@ import sys
 import click
 
 from runtime import __version__
+from runtime.errors import Terminated
 
-from .common import EXIT_INTERRUPTED, Interrupted
+from .common import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Interrupted,
+    StoppedBySigterm,
+    raise_on_sigterm,
+    stopped_by_sigterm,
+)
 
 # Loaded only when used, so `infer` and `--help` work on an install without torch.
 LAZY_COMMANDS = {
@@ -37,13 +45,18 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module_name), attr)
 
     def invoke(self, ctx: click.Context) -> object:
-        """Run the subcommand; Ctrl-C anywhere is exit 130 (click's own `Abort` would exit 1)."""
+        """Run the subcommand; Ctrl-C anywhere is exit 130 (click's own `Abort` would exit 1), SIGTERM 143."""
+        restore = raise_on_sigterm()
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             name = ctx.invoked_subcommand or "seq2onnx"
-            raise Interrupted(f"{name}: interrupted; nothing was written (outputs are published whole "
-                              "or not at all)") from None
+            stopped = (StoppedBySigterm, "stopped by SIGTERM") if isinstance(exc, Terminated) else (Interrupted,
+                                                                                                 "interrupted")
+            raise stopped[0](f"{name}: {stopped[1]}; nothing was written (outputs are published whole or not at "
+                             "all)") from None
+        finally:
+            restore()
 
 
 @click.group(cls=LazyGroup)
@@ -60,8 +73,8 @@ def entry(args: list[str] | None = None) -> None:
     try:
         main(args=args, prog_name="seq2onnx")
     except SystemExit as exc:
-        if exc.code != EXIT_INTERRUPTED:
+        if exc.code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             raise
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(EXIT_TERMINATED if stopped_by_sigterm() else exc.code)

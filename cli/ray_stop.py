@@ -1,13 +1,16 @@
-"""How `seq2onnx serve --ray` stops on SIGTERM or Ctrl-C, whatever it was doing at the time.
+"""How the commands that drive Ray (`serve --ray`, `infer --ray`) stop on SIGTERM or Ctrl-C, whatever they were
+doing at the time.
 
-Every call into Ray runs on one thread of its own (start, serve and stop alike: Serve's client stalled 30 s when shut
-down from another thread than the one that started it), so a signal never lands inside one. Raised there, as
-Python raises KeyboardInterrupt, it left Ray's agents running after an interrupted `ray.init`, and turned into a
-SystemError traceback (exit 1) inside `serve.start`. The main thread only turns signals into a request the Ray thread
-reads between its steps, then lets it stop what it started. A second signal, or a stop that outlasts its deadline,
-kills the processes this command started (the local Ray) and exits at once."""
+Every call into Ray runs on one thread of its own, start and stop alike: stopped from another thread than the one
+that started it, Serve's controller stalled 30 s, and Ray took 17 s and left its agents running. So a signal never
+lands inside a call into Ray. Raised there, as Python raises KeyboardInterrupt, it left Ray's agents running after
+an interrupted `ray.init`, and came out of `serve.start` as a SystemError traceback (exit 1). The main thread only
+turns signals into a request the Ray thread reads between its steps, then lets it stop what it started. A second
+signal, or a stop that outlasts its deadline, kills the processes this command started (the local Ray) and exits
+at once."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -17,9 +20,10 @@ from collections.abc import Callable
 
 import click
 
+from .common import EXIT_INTERRUPTED, EXIT_TERMINATED
+
 POLL_S = 0.05  # how often the main thread looks at signals, the deadline, and whether Ray is up
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-EXIT_INTERRUPTED = 130
 EXIT_FAILED = 1
 
 
@@ -31,18 +35,19 @@ class Stop:
         self.stopping = threading.Event()  # the Ray thread is stopping what it started (on a request or a failure)
         # Ray is up: its core worker put a C++ handler on SIGTERM (it logs and aborts): the main thread puts ours back
         self.connected = threading.Event()
-        self.signals = 0
+        self.signals: list[int] = []
 
     def on_signal(self, signum: int, frame: object) -> None:
-        self.signals += 1
+        self.signals.append(signum)
         self.requested.set()
 
 
-def drive(work: Callable[[Stop], None], deadline_s: float, note: str = "") -> bool:
+def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str = "", note: str = "") -> int | None:
     """Run `work(stop)` on a thread of its own until it returns, this (the main) thread taking SIGTERM and SIGINT.
     Stopping, once asked for or once `work` says it began, may take `deadline_s`; past that, or on a second
-    signal, the processes this one started are killed and the process exits (`note`: what may outlive it).
-    Returns whether a signal asked to stop; raises what `work` raised."""
+    signal, the processes this one started are killed and the process exits, saying so (as `who`; `limit`: the
+    option that set the deadline; `note`: what may outlive the process).
+    Returns the signal that asked to stop, if one did; raises what `work` raised."""
     stop, failure = Stop(), []
 
     def run() -> None:
@@ -51,6 +56,7 @@ def drive(work: Callable[[Stop], None], deadline_s: float, note: str = "") -> bo
         except BaseException as exc:  # handed to the main thread, which raises it
             failure.append(exc)
 
+    logging.getLogger("ray._private.worker").addFilter(_not_main_thread)
     thread = threading.Thread(target=run, name="seq2onnx-ray", daemon=True)
     previous = {sig: signal.signal(sig, stop.on_signal) for sig in SIGNALS}
     try:
@@ -62,22 +68,31 @@ def drive(work: Callable[[Stop], None], deadline_s: float, note: str = "") -> bo
                 for sig in SIGNALS:
                     signal.signal(sig, stop.on_signal)
                 rearmed = True
-            if stop.signals > 1:
-                _kill_and_exit("a second signal while stopping", note, EXIT_INTERRUPTED)
+            if len(stop.signals) > 1:
+                _kill_and_exit(who, "a second signal while stopping", note, _exit_code(stop.signals[0]))
             if deadline is None and (stop.requested.is_set() or stop.stopping.is_set()):
                 deadline = time.monotonic() + deadline_s
             if deadline is not None and time.monotonic() > deadline and thread.is_alive():
-                _kill_and_exit(f"Ray did not stop within --shutdown-timeout {deadline_s:g} s", note,
-                               EXIT_INTERRUPTED if stop.requested.is_set() else EXIT_FAILED)
+                _kill_and_exit(who, f"Ray did not stop within {limit}{deadline_s:g} s", note,
+                               _exit_code(stop.signals[0]) if stop.signals else EXIT_FAILED)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if failure:
         raise failure[0]
-    return stop.requested.is_set()
+    return stop.signals[0] if stop.signals else None
 
 
-def _kill_and_exit(why: str, note: str, code: int) -> None:
+def _not_main_thread(record: logging.LogRecord) -> bool:
+    """Drops Ray's warning that it set no SIGTERM handler off the main thread: on purpose here."""
+    return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def _exit_code(signum: int) -> int:
+    return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
+
+
+def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
     """Kill every process this one started (and theirs), say so, and exit now: no cleanup runs after this."""
     import psutil
 
@@ -88,6 +103,6 @@ def _kill_and_exit(why: str, note: str, code: int) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(children, timeout=5)
-    click.echo(f"serve: {why}: killed the {len(children)} processes this command had started{note}", err=True)
+    click.echo(f"{who}: {why}: killed the {len(children)} processes this command had started{note}", err=True)
     sys.stderr.flush()
     os._exit(code)

@@ -3,7 +3,7 @@ until Ctrl-C or SIGTERM. The same HTTP app and service as the one-process server
 from __future__ import annotations
 
 import dataclasses
-import logging
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ import click
 from serving.config import Replicas, ServeConfig, parse_replicas
 
 from .cluster import join_failed
-from .common import Interrupted
+from .common import Interrupted, StoppedBySigterm
 from .ray_stop import Stop, drive
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
@@ -41,9 +41,11 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) 
     note = "" if plan.address is None else (f"; the application {plan.name!r} may still run on the cluster at "
                                             f"{plan.address} (serve.delete({plan.name!r}) removes it)")
     served: list[bool] = []
-    asked = drive(lambda stop: served.append(_serve(plan, config, stop)), shutdown_timeout_s, note)
-    if asked and not served[0]:
-        raise Interrupted("serve: interrupted while starting; what had started is stopped")
+    signum = drive(lambda stop: served.append(_serve(plan, config, stop)), shutdown_timeout_s, "serve",
+                   "--shutdown-timeout ", note)
+    if signum is not None and not served[0]:
+        stopped = (StoppedBySigterm, "stopped by SIGTERM") if signum == signal.SIGTERM else (Interrupted, "interrupted")
+        raise stopped[0](f"serve: {stopped[1]} while starting; what had started is stopped")
 
 
 def _serve(plan: RayPlan, config: ServeConfig, stop: Stop) -> bool:
@@ -105,7 +107,6 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
     process started it."""
     import ray
 
-    logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
     try:
         if address is None:
             ray.init(address="local", include_dashboard=False)  # never attach to a Ray someone else runs here
@@ -116,13 +117,6 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
             raise click.ClickException(f"serve: could not start a local Ray ({_first_line(exc)})") from None
         raise join_failed(address, _first_line(exc)) from None
     return address is None
-
-
-class _NotMainThread(logging.Filter):
-    """Ray's warning that it set no SIGTERM handler off the main thread: on purpose here (`cli.ray_stop`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def _check_cpus(num_cpus: float, replicas: int, given: str) -> None:

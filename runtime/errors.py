@@ -32,6 +32,12 @@ class Cancelled(Seq2OnnxError, RuntimeError):
     went away); nothing was returned."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager's stop, `kill`, torchrun stopping its ranks), raised where Ctrl-C's
+    KeyboardInterrupt would be: a KeyboardInterrupt, so whatever handles Ctrl-C (say what was kept, leave nothing
+    half-written) handles it too."""
+
+
 class MissingExtraError(Seq2OnnxError, RuntimeError):
     """An optional dependency (an extra of the install) that this use needs is not installed."""
 

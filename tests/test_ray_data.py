@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,6 +33,7 @@ from serving.offline import (
 )
 from training.tokens.builtin import generate_dates
 
+from support.processes import command_line, default_sigint, group_members
 from support.serve import DATES, SQUARES, local_ray
 
 pytestmark = pytest.mark.ray
@@ -146,6 +149,44 @@ def test_existing_output_is_kept_without_force_and_on_a_bad_line(texts_file: Pat
         assert len(errors) == 1 and all(s in errors[0] for s in says), result.stderr
         assert "Traceback" not in result.stderr
     assert output.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == sorted([bad, output])
+
+
+# When the signal comes: Ray's first processes exist (ray.init under way; raised inside it, Ctrl-C left Ray's agents
+# running); the output's temporary sibling exists (decoding; SIGTERM's default action left that file behind).
+STARTING, DECODING = "ray-starts", "decoding"
+
+
+@pytest.mark.parametrize("when", [STARTING, DECODING])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_infer_on_ray_and_leaves_nothing(tmp_path: Path, when: str, sig: int) -> None:
+    texts, out = tmp_path / "texts.txt", tmp_path / "out.jsonl"
+    texts.write_text("\n".join(date_lines(20000, 5)) + "\n", encoding="utf-8")
+    out.write_text("an older result\n")
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts), "--output",
+                                 str(out), "--ray", "--force"], stdout=log, stderr=subprocess.STDOUT,
+                                env=child_env(), start_new_session=True, preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + 120
+        while not (len(group_members(proc.pid)) >= 2 if when == STARTING else
+                   any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir())):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()[-3000:]
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 20  # Ray's helpers exit right after the driver
+        while group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = [command_line(pid) for pid in group_members(proc.pid)]
+    finally:
+        if proc.poll() is None or group_members(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    said = (tmp_path / "log").read_text()
+    code, says = (130, "interrupted") if sig == signal.SIGINT else (143, "stopped by SIGTERM")
+    assert proc.returncode == code and f"infer: {says}; nothing was written" in said, said[-3000:]
+    assert "Traceback" not in said and not left, (left, said[-3000:])
+    assert out.read_text() == "an older result\n" and sorted(tmp_path.iterdir()) == [tmp_path / "log", out, texts]
 
 
 def test_without_ray_installed_the_serve_extra_is_named(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +36,7 @@ from support.reliability import (
     workspace_fixtures,
     write,
 )
+from support.serve import DATES
 
 SQUARE = [[[-1, -1], [-1, 1]]]  # JSON integers: the shipped model's own example, without ".0"
 
@@ -465,18 +468,40 @@ def test_api_refuses(workspace: Path, name: str, monkeypatch: pytest.MonkeyPatch
 
 # ---- Ctrl-C: exit 130 in every command, nothing half-written ---------------------------------------------------
 
-def test_ctrl_c_during_export_exits_130_and_writes_nothing(workspace: Path) -> None:
-    import signal
-    import time
+# Ctrl-C exits 130, SIGTERM (a service manager's stop, `kill`) 143; each says so (SIGTERM's default action killed
+# the process, leaving the output's temporary sibling behind)
+STOPS = {"ctrl-c": (signal.SIGINT, 130, "interrupted"), "sigterm": (signal.SIGTERM, 143, "stopped by SIGTERM")}
 
-    with child_process([sys.executable, "-m", "cli", "export", "ckpt", "--out", "fresh"],
-                       cwd=workspace) as proc:
+
+def _stop_once_staged(command: list[str], cwd: Path, staging: str, stop: str) -> tuple[int, str]:
+    """Run `command`, send it `stop` once a temporary sibling named .{staging}.*.tmp appears in cwd."""
+    with child_process(command, cwd=cwd) as proc:
         deadline = time.monotonic() + 120
-        while not any(p.name.startswith(".fresh.") and p.name.endswith(".tmp") for p in workspace.iterdir()):
-            assert proc.poll() is None and time.monotonic() < deadline, "export ended before its staging appeared"
+        while not any(p.name.startswith(f".{staging}.") and p.name.endswith(".tmp") for p in cwd.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "it ended before its staging appeared"
             time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)  # mid-export: graphs are being written or parity is running
+        proc.send_signal(STOPS[stop][0])
         _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr and "export: interrupted" in stderr, stderr
+    return proc.returncode, stderr
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_ctrl_c_or_sigterm_during_export_writes_nothing(workspace: Path, stop: str) -> None:
+    # mid-export: graphs are being written or parity is running
+    code, stderr = _stop_once_staged([sys.executable, "-m", "cli", "export", "ckpt", "--out", "fresh"], workspace,
+                                     "fresh", stop)
+    assert code == STOPS[stop][1], stderr
+    assert "Traceback" not in stderr and f"export: {STOPS[stop][2]}" in stderr, stderr
     assert sorted(p.name for p in workspace.iterdir() if "fresh" in p.name) == []
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_ctrl_c_or_sigterm_during_infer_keeps_the_output_as_it_was(tmp_path: Path, stop: str) -> None:
+    texts, out = tmp_path / "texts.txt", tmp_path / "out.jsonl"
+    texts.write_text("".join(f"march {i % 28 + 1} 19{i % 100:02d}\n" for i in range(20000)))
+    out.write_text("an older result\n")
+    code, stderr = _stop_once_staged([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts),
+                                      "--output", str(out), "--force"], tmp_path, "out.jsonl", stop)
+    assert code == STOPS[stop][1], stderr
+    assert "Traceback" not in stderr and f"infer: {STOPS[stop][2]}; nothing was written" in stderr, stderr
+    assert out.read_text() == "an older result\n" and sorted(tmp_path.iterdir()) == [out, texts]

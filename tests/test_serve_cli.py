@@ -22,7 +22,7 @@ from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES
-from support.processes import default_sigint
+from support.processes import command_line, default_sigint, group_members
 from support.reliability import (
     BAD_INPUT,
     USAGE,
@@ -36,28 +36,6 @@ from support.serve import DATES, SQUARES, free_port, ray_env, wait_healthy
 
 START_TIMEOUT = 150  # Ray start + Serve + replicas, on a loaded 2-core CI box
 STOP_TIMEOUT = 60
-
-
-def _command(pid: int) -> str:
-    """A process's command line, for a failure message."""
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-    except OSError:
-        return f"{pid} (gone)"
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes of a process group (from /proc)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(entry.name))
-    return members
 
 
 READY = "Ctrl-C stops"
@@ -158,11 +136,11 @@ def _stopped(process: subprocess.Popen, log: Path) -> tuple[str, list[int]]:
             process.wait(timeout=STOP_TIMEOUT)
         except subprocess.TimeoutExpired:  # seen once in a CI run (2026-11-29): say where it stood
             pytest.fail(f"serve did not stop within {STOP_TIMEOUT} s of SIGTERM; its group: "
-                        f"{[_command(pid) for pid in group_members(process.pid)]}; its log:\n{log.read_text()[-3000:]}")
+                        f"{[command_line(pid) for pid in group_members(process.pid)]}; its log:\n{log.read_text()[-3000:]}")
         deadline = time.monotonic() + 20  # Ray's helpers exit right after the driver
         while group_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        left = [_command(pid) for pid in group_members(process.pid)]
+        left = [command_line(pid) for pid in group_members(process.pid)]
     finally:
         if process.poll() is None or group_members(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
@@ -181,7 +159,7 @@ WHEN = {"ray-starts": lambda pid, text: len(group_members(pid)) >= 2,
 @pytest.mark.ray
 @pytest.mark.parametrize("when", list(WHEN))
 def test_sigterm_while_starting_stops_what_had_started(tmp_path: Path, when: str) -> None:
-    """SIGTERM at any step of starting: exit 130 with a one-line message, nothing of Ray left behind."""
+    """SIGTERM at any step of starting: exit 143 with a one-line message, nothing of Ray left behind."""
     process, log = _start_serving(tmp_path)
     _wait_for(process, log, lambda: WHEN[when](process.pid, log.read_text()))
     process.send_signal(signal.SIGTERM)
@@ -189,9 +167,9 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path: Path, when: str
     if READY in said.split("serve: stopping")[0] and process.returncode == 0:  # ready before the signal landed
         assert "serve: stopped" in said
     else:
-        assert process.returncode == 130 and "serve: interrupted while starting" in said, said[-3000:]
+        assert process.returncode == 143 and "serve: stopped by SIGTERM while starting" in said, said[-3000:]
     refused = [line for line in said.splitlines()  # click's "Error: ...", but for the one-line message
-               if line.startswith("Error:") and "interrupted while starting" not in line]
+               if line.startswith("Error:") and "stopped by SIGTERM while starting" not in line]
     assert "Traceback" not in said and not refused and not left, (left, said[-3000:])
 
 
@@ -203,7 +181,7 @@ def test_a_second_sigterm_while_stopping_kills_what_had_started(tmp_path: Path) 
     time.sleep(0.3)
     process.send_signal(signal.SIGTERM)
     said, left = _stopped(process, log)
-    assert process.returncode == 130 and "serve: a second signal while stopping: killed the" in said, said[-3000:]
+    assert process.returncode == 143 and "serve: a second signal while stopping: killed the" in said, said[-3000:]
     assert "Traceback" not in said and not left, (left, said[-3000:])
 
 
@@ -214,7 +192,7 @@ def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Pat
     _wait_for(process, log, lambda: READY in log.read_text())
     process.send_signal(signal.SIGTERM)
     said, left = _stopped(process, log)
-    assert process.returncode == 130, said[-3000:]
+    assert process.returncode == 143, said[-3000:]
     assert "serve: Ray did not stop within --shutdown-timeout 0.2 s: killed the" in said, said[-3000:]
     assert "Traceback" not in said and not left, (left, said[-3000:])
 

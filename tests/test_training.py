@@ -520,6 +520,23 @@ def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None
     assert_same_weights(resumed[0].state_dict(), straight[0].state_dict())
 
 
+def test_sigterm_stops_training_as_ctrl_c_does_and_exits_143(tmp_path: Path) -> None:
+    """SIGTERM (a service manager's stop) once a state was saved: the run stops, says where, keeps the state; it
+    killed the process at once before, with no word of what was kept."""
+    out = tmp_path / "ck"
+    state = partial_dir(out) / CHECKPOINT_STATE_FILE
+    with child_process([*cli_command(), "train", "--quiet", "--epochs", "100000", "--out", str(out)],
+                       cwd=tmp_path) as proc:
+        deadline = time.monotonic() + 120
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "stopped by SIGTERM during epoch" in stderr and "rerun with --resume to continue" in stderr, stderr
+    assert "Traceback" not in stderr and not out.exists() and load_train_state(state)["epoch"] >= 0
+
+
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([*cli_command(), "train", "--data", str(tmp_path / "nope.npz")],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)

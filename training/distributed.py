@@ -33,6 +33,8 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.utils.data import DistributedSampler
 
+from runtime.errors import Terminated  # SIGTERM, raised as a KeyboardInterrupt (torchrun's stop of every rank)
+
 BACKEND = "gloo"  # the transport, as spec.json records it
 GLOO_ONE_WORKER = "seq2onnx_gloo"  # gloo with one worker thread, registered under this name by `start`
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # the network interfaces gloo binds, as torch's own gloo reads them
@@ -53,11 +55,6 @@ TRANSPORT_ERRORS = ("gloo", "Connection", "connection", "peer")
 
 class PeerFailedError(RuntimeError):
     """A collective failed because another rank of the run stopped (killed, crashed, or interrupted)."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: what torchrun sends every rank when one fails or when it is interrupted itself. A KeyboardInterrupt,
-    so the Ctrl-C handling (say what was saved, leave nothing half-written) covers it too."""
 
 
 def _first_line(err: Exception) -> str:

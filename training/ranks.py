@@ -117,6 +117,8 @@ def why_stopped(err: BaseException, dist: Dist | None = None) -> str:
     if isinstance(err, Terminated):
         if dist is not None and dist.launcher_died(within=LAUNCHER_EXIT_S):
             return f"stopped: its launcher (pid {dist.launcher}) died"
+        if dist is None:
+            return "stopped by SIGTERM"
         return "stopped by SIGTERM (torchrun stops every process when one of them fails or it is interrupted)"
     return "interrupted"
 

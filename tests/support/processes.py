@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+from pathlib import Path
 from typing import Iterator
 
 
@@ -32,3 +33,25 @@ def assert_refused_in_one_line(done: subprocess.CompletedProcess, says: str) -> 
     """A script refused its input before any work: non-zero, no traceback, nothing on stdout, `says` on stderr."""
     assert done.returncode != 0 and "Traceback" not in done.stderr and not done.stdout
     assert says in done.stderr, done.stderr
+
+
+def command_line(pid: int) -> str:
+    """A process's command line, for a failure message."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid} (gone)"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
