@@ -12,12 +12,13 @@ Exit codes, the same for every command:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
 import signal
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
@@ -65,6 +66,25 @@ def _terminated(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _SIGTERMS.append(signum)
     raise Terminated()
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is done, then land as they would have: raised inside an extension
+    module's import (onnxruntime's, torch's) they came out as an ImportError traceback, exit 1."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: came.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if came:
+        signal.raise_signal(came[0])  # to the handler that was there before
 
 
 def stopped_by_sigterm() -> bool:

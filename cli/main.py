@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import click
@@ -16,6 +17,7 @@ from .common import (
     EXIT_TERMINATED,
     Interrupted,
     StoppedBySigterm,
+    held_signals,
     raise_on_sigterm,
     stopped_by_sigterm,
 )
@@ -32,6 +34,11 @@ LAZY_COMMANDS = {
 }
 
 
+COMMAND = "seq2onnx.command"  # ctx.meta: the subcommand being loaded or run, for a message about its stop
+AFTER_STOPPED = {"serve": "it had not started serving"}  # the rest say what a stop leaves of their outputs
+IN_PROGRAM: list[bool] = []  # `entry` runs: the process ends with the command (not a test calling `main`)
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
@@ -41,8 +48,11 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in LAZY_COMMANDS:
             return None
+        ctx.meta[COMMAND] = name
         module_name, attr = LAZY_COMMANDS[name]
-        return getattr(importlib.import_module(module_name), attr)
+        with held_signals():
+            module = importlib.import_module(module_name)
+        return getattr(module, attr)
 
     def invoke(self, ctx: click.Context) -> object:
         """Run the subcommand; Ctrl-C anywhere is exit 130 (click's own `Abort` would exit 1), SIGTERM 143."""
@@ -50,13 +60,26 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as exc:
-            name = ctx.invoked_subcommand or "seq2onnx"
-            stopped = (StoppedBySigterm, "stopped by SIGTERM") if isinstance(exc, Terminated) else (Interrupted,
-                                                                                                 "interrupted")
-            raise stopped[0](f"{name}: {stopped[1]}; nothing was written (outputs are published whole or not at "
-                             "all)") from None
+            raise _stopped(ctx, exc) from None
+        except (ImportError, SystemError) as exc:  # an extension's import or call that a signal interrupted
+            if not isinstance(exc.__context__, KeyboardInterrupt) or exc.__suppress_context__:
+                raise
+            raise _stopped(ctx, exc.__context__) from None
         finally:
-            restore()
+            # Once the command is done its outputs are published: a SIGTERM now must not kill the process (143,
+            # and no word) on its way out
+            if IN_PROGRAM:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            else:
+                restore()
+
+
+def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:
+    name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
+    what = AFTER_STOPPED.get(name, "nothing was written (outputs are published whole or not at all)")
+    if isinstance(interrupt, Terminated):
+        return StoppedBySigterm(f"{name}: stopped by SIGTERM; {what}")
+    return Interrupted(f"{name}: interrupted; {what}")
 
 
 @click.group(cls=LazyGroup)
@@ -70,6 +93,7 @@ def entry(args: list[str] | None = None) -> None:
     then ends at once with 130, because CPython kills itself with SIGINT at exit (status -2, not 130) when the
     KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
     though our handler caught it."""
+    IN_PROGRAM.append(True)
     try:
         main(args=args, prog_name="seq2onnx")
     except SystemExit as exc:

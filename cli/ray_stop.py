@@ -96,6 +96,9 @@ def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
     """Kill every process this one started (and theirs), say so, and exit now: no cleanup runs after this."""
     import psutil
 
+    from runtime.atomic_file import discard_staged
+
+    discard_staged()  # an output being written (infer --ray): no finally runs after os._exit
     children = psutil.Process().children(recursive=True)
     for child in children:
         try:
@@ -103,6 +106,6 @@ def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(children, timeout=5)
-    click.echo(f"{who}: {why}: killed the {len(children)} processes this command had started{note}", err=True)
+    click.echo(f"Error: {who}: {why}: killed the {len(children)} processes this command had started{note}", err=True)
     sys.stderr.flush()
     os._exit(code)

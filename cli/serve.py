@@ -30,7 +30,7 @@ from serving.config import (
 )
 
 from .cluster import check_reachable
-from .common import require
+from .common import FiniteFloatRange, require
 
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = ("head", "every-node")
@@ -92,7 +92,7 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--replicas", default="1", show_default=True, callback=_replicas_option,
               help="Ray Serve: N replicas, MIN:MAX autoscaling bounds, or 'auto' (1 to what the cluster's CPUs "
                    "hold); other than 1 implies --ray.")
-@click.option("--num-cpus", type=click.FloatRange(0.01, 1024), default=1.0, show_default=True,
+@click.option("--num-cpus", type=FiniteFloatRange(0.01, 1024), default=1.0, show_default=True,
               help="CPUs for decoding (per replica on Ray, where they are reserved); onnxruntime runs that many "
                    "intra-op threads (at least 1).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
@@ -104,12 +104,12 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--max-batch-size", type=click.IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
               help="Most items (sources or texts) decoded together, summed over merged requests; also the most "
                    "items one request may hold.")
-@click.option("--batch-wait-ms", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
+@click.option("--batch-wait-ms", type=FiniteFloatRange(0, 10_000), default=0.0, show_default=True,
               help="How long a request may wait for company before its decode starts. 0: a batch is what waits "
                    "when the decoder is free (requests that arrive during a decode form the next one).")
 @click.option("--max-body-bytes", type=click.IntRange(1024, 1 << 30), default=DEFAULT_MAX_BODY_BYTES,
               show_default=True, help="Largest request body accepted (413 beyond).")
-@click.option("--request-timeout", type=click.FloatRange(0.1, 3600), default=DEFAULT_REQUEST_TIMEOUT_S,
+@click.option("--request-timeout", type=FiniteFloatRange(0.1, 3600), default=DEFAULT_REQUEST_TIMEOUT_S,
               show_default=True, help="Seconds before a request is answered 408 instead of waiting on; its decode "
                                       "stops once no request of its batch waits.")
 @click.option("--proxy-location", type=click.Choice(PROXY_LOCATIONS), default="every-node", show_default=True,
@@ -130,11 +130,11 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--max-queue", type=click.IntRange(1, MAX_QUEUE_LIMIT), default=DEFAULT_MAX_QUEUE, show_default=True,
               help="Most items (sources or texts) waiting for a decode, per process or replica; a request beyond "
                    "it is answered 503 with Retry-After at once.")
-@click.option("--shutdown-timeout", type=click.FloatRange(0, 3600), default=None,
+@click.option("--shutdown-timeout", type=FiniteFloatRange(0, 3600), default=None,
               help=f"On Ctrl-C or SIGTERM, how long stopping may take. In this process: the requests under way "
                    f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s). On Ray: a start-up step under way, removing the "
                    f"deployment and stopping the Ray started here (default {DEFAULT_RAY_SHUTDOWN_TIMEOUT_S:g} s); "
-                   "past it, or on a second signal, the processes this command started are killed.")
+                   "past it (0: at once), or on a second signal, the processes this command started are killed.")
 @click.pass_context
 def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, replicas: str, num_cpus: float,
                   provider: str, workers: int, max_batch_size: int, batch_wait_ms: float, max_body_bytes: int,

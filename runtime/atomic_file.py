@@ -4,7 +4,8 @@ and checkpoint files go through it; each caller brings its own rule for what may
 (`runtime.destination`).
 
 The staged sibling is removed on any error; a writer killed mid-write leaves it behind, and no later writer removes
-another's (it may be a live one's).
+another's (it may be a live one's). A process about to end itself at once (`os._exit`: `cli.ray_stop`'s kill)
+removes its own with `discard_staged`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ from typing import BinaryIO, Callable
 
 from .atomic import STAGING_SUFFIX, sibling
 
+_STAGED: set[Path] = set()  # this process's siblings being written
+
+
+def discard_staged() -> None:
+    """Remove the siblings this process is writing now: for a process that ends itself with `os._exit`, where no
+    `finally` runs."""
+    for tmp in list(_STAGED):
+        tmp.unlink(missing_ok=True)
+
 
 def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: bool = True) -> None:
     """Write one file whole or not at all: `write` fills a fresh hidden sibling (permissions as the umask says),
@@ -23,6 +33,7 @@ def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: boo
     none) is kept: FileExistsError, nothing written."""
     path = Path(path)
     tmp = sibling(path, STAGING_SUFFIX)
+    _STAGED.add(tmp)
     try:
         with open(tmp, "xb") as f:
             write(f)
@@ -33,6 +44,8 @@ def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: boo
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        _STAGED.discard(tmp)
 
 
 def _publish_new(tmp: Path, path: Path) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 from runtime.sessions import max_threads
 
-from support.processes import child_process
+from support.processes import child_process, default_sigint
 from support.reliability import (
     BAD_INPUT,
     SHIPPED_CHECKPOINT,
@@ -36,7 +37,7 @@ from support.reliability import (
     workspace_fixtures,
     write,
 )
-from support.serve import DATES
+from support.serve import DATES, SQUARES
 
 SQUARE = [[[-1, -1], [-1, 1]]]  # JSON integers: the shipped model's own example, without ".0"
 
@@ -493,6 +494,55 @@ def test_ctrl_c_or_sigterm_during_export_writes_nothing(workspace: Path, stop: s
     assert code == STOPS[stop][1], stderr
     assert "Traceback" not in stderr and f"export: {STOPS[stop][2]}" in stderr, stderr
     assert sorted(p.name for p in workspace.iterdir() if "fresh" in p.name) == []
+
+
+HELD = """
+import os, signal, sys, time
+from cli.common import held_signals, raise_on_sigterm
+from runtime.errors import Terminated
+raise_on_sigterm()
+done = []
+try:
+    with held_signals():
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+        time.sleep(0.2)
+        done.append("the block ran to its end")
+except (Terminated, KeyboardInterrupt) as exc:
+    print(type(exc).__name__, "after", done)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_signals_are_held_lands_after_the_block(sig: str) -> None:
+    """`cli.common.held_signals` (around a command's import: a signal inside onnxruntime's came out as an
+    ImportError traceback, exit 1): the block ends, then the signal raises as it would have."""
+    done = subprocess.run([sys.executable, "-c", HELD, sig], capture_output=True, text=True, timeout=60,
+                          preexec_fn=default_sigint)
+    want = "Terminated" if sig == "SIGTERM" else "KeyboardInterrupt"
+    assert done.stdout.strip() == f"{want} after ['the block ran to its end']", done.stdout + done.stderr
+
+
+AFTER = """
+import os, signal, sys, time
+from cli.main import entry
+try:
+    entry(sys.argv[1:])
+except SystemExit as exc:
+    print("exit", exc.code, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print("still here")
+"""
+
+
+def test_sigterm_once_a_command_is_done_does_not_kill_the_process(tmp_path: Path) -> None:
+    """The output is published and the command returned: a SIGTERM on the way out killed the process (143, and no
+    word), as if the run had failed."""
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-c", AFTER, "infer", str(SQUARES), "--input", "-", "--output", str(out)],
+                          input=json.dumps(SQUARE), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["exit", "0", "still", "here"], done.stdout + done.stderr
+    assert out.exists()
 
 
 @pytest.mark.parametrize("stop", list(STOPS))

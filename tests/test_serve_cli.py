@@ -275,6 +275,11 @@ SERVE_CASES: dict[str, Case] = {
     "--name without --ray": case(*SERVE, "--name", "dates", code=USAGE, says=("--name", "add --ray")),
     "--max-queue 0": case(*SERVE, "--max-queue", "0", code=USAGE, says=("--max-queue", "1<=x")),
     "--shutdown-timeout -1": case(*SERVE, "--shutdown-timeout", "-1", code=USAGE, says=("--shutdown-timeout",)),
+    # nan passes every range comparison: a nan --shutdown-timeout crashed the server as it stopped (one process) or
+    # never ran out (Ray)
+    **{f"{option} {value}": case(*SERVE, option, value, code=USAGE, says=(option, "expected a finite number"))
+       for option in ("--shutdown-timeout", "--request-timeout", "--batch-wait-ms", "--num-cpus")
+       for value in ("nan", "inf")},
     "--workers 0": case(*SERVE, "--workers", "0", code=USAGE, says=("--workers", "1<=x<=1024")),
     "--workers with --ray": case(*SERVE, "--workers", "2", "--ray", code=USAGE,
                                  says=("--workers 2 holds copies", "with --ray every replica holds one", "--replicas")),
