@@ -33,7 +33,7 @@ from serving.offline import (
 )
 from training.tokens.builtin import generate_dates
 
-from support.processes import command_line, default_sigint, group_members
+from support.processes import default_sigint, group_members, leftovers
 from support.serve import DATES, SQUARES, local_ray
 
 pytestmark = pytest.mark.ray
@@ -176,15 +176,8 @@ def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int]) -> tuple
         for i, sig in enumerate(signals):
             time.sleep(0.3 * (i > 0))
             proc.send_signal(sig)
-        proc.wait(timeout=60)
-        deadline = time.monotonic() + 20  # Ray's helpers exit right after the driver
-        while group_members(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = [command_line(pid) for pid in group_members(proc.pid)]
     finally:
-        if proc.poll() is None or group_members(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        left = leftovers(proc, 60, tmp_path / "log")
     said = (tmp_path / "log").read_text()
     assert "Traceback" not in said and not left, (left, said[-3000:])
     assert out.read_text() == "an older result\n" and sorted(tmp_path.iterdir()) == [tmp_path / "log", out, texts]

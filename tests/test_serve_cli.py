@@ -22,7 +22,7 @@ from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES
-from support.processes import command_line, default_sigint, group_members
+from support.processes import default_sigint, group_members, leftovers
 from support.reliability import (
     BAD_INPUT,
     USAGE,
@@ -128,23 +128,9 @@ def _wait_for(process: subprocess.Popen, log: Path, reached) -> None:
     assert reached(), log.read_text()[-3000:]
 
 
-def _stopped(process: subprocess.Popen, log: Path) -> tuple[str, list[int]]:
-    """Wait for the command to exit (failing with where it stood if it does not) and for its group to go; its
-    log, and what of its group was still there 20 s on (killed then)."""
-    try:
-        try:
-            process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:  # seen once in a CI run (2026-11-29): say where it stood
-            pytest.fail(f"serve did not stop within {STOP_TIMEOUT} s of SIGTERM; its group: "
-                        f"{[command_line(pid) for pid in group_members(process.pid)]}; its log:\n{log.read_text()[-3000:]}")
-        deadline = time.monotonic() + 20  # Ray's helpers exit right after the driver
-        while group_members(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = [command_line(pid) for pid in group_members(process.pid)]
-    finally:
-        if process.poll() is None or group_members(process.pid):
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+def _stopped(process: subprocess.Popen, log: Path) -> tuple[str, list[str]]:
+    """Its log once it stopped, and what of its process group was left."""
+    left = leftovers(process, STOP_TIMEOUT, log)
     return log.read_text(), left
 
 

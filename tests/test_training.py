@@ -499,7 +499,8 @@ def test_cli_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
     assert not partial_dir(out).exists()
 
 
-def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+def _stop_once_saved(tmp_path: Path, sig: int) -> tuple[Path, Path, int, str]:
+    """A long `train` to tmp_path/ck, sent `sig` once it saved a state: --out, the state, exit code, stderr."""
     out = tmp_path / "ck"
     state = partial_dir(out) / CHECKPOINT_STATE_FILE
     with child_process([*cli_command(), "train", "--quiet", "--epochs", "100000", "--out", str(out)],
@@ -507,9 +508,14 @@ def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None
         deadline = time.monotonic() + 120
         while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    return out, state, proc.returncode, stderr
+
+
+def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    out, state, code, stderr = _stop_once_saved(tmp_path, signal.SIGINT)
+    assert code == 130, stderr
     assert "rerun with --resume to continue" in stderr and "Traceback" not in stderr
     assert not out.exists()
     epochs = str(load_train_state(state)["epoch"] + 2)
@@ -523,16 +529,8 @@ def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None
 def test_sigterm_stops_training_as_ctrl_c_does_and_exits_143(tmp_path: Path) -> None:
     """SIGTERM (a service manager's stop) once a state was saved: the run stops, says where, keeps the state; it
     killed the process at once before, with no word of what was kept."""
-    out = tmp_path / "ck"
-    state = partial_dir(out) / CHECKPOINT_STATE_FILE
-    with child_process([*cli_command(), "train", "--quiet", "--epochs", "100000", "--out", str(out)],
-                       cwd=tmp_path) as proc:
-        deadline = time.monotonic() + 120
-        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr
+    out, state, code, stderr = _stop_once_saved(tmp_path, signal.SIGTERM)
+    assert code == 143, stderr
     assert "stopped by SIGTERM during epoch" in stderr and "rerun with --resume to continue" in stderr, stderr
     assert "Traceback" not in stderr and not out.exists() and load_train_state(state)["epoch"] >= 0
 

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -55,3 +58,26 @@ def group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members
+
+
+def leftovers(process: subprocess.Popen, timeout: float, log: Path) -> list[str]:
+    """Wait `timeout` for `process`, leader of its own process group, to exit (failing with where it stood if it
+    does not), then up to 20 s for its group to go (Ray's helpers exit right after the driver): the command lines
+    of what was left, which is then killed."""
+    import pytest
+
+    try:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # seen once in a CI run (2026-11-29): say where it stood
+            pytest.fail(f"{process.args[:4]} did not stop within {timeout} s of the signal; its group: "
+                        f"{[command_line(pid) for pid in group_members(process.pid)]}; its log:\n"
+                        f"{log.read_text()[-3000:]}")
+        deadline = time.monotonic() + 20
+        while group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return [command_line(pid) for pid in group_members(process.pid)]
+    finally:
+        if process.poll() is None or group_members(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
