@@ -99,13 +99,16 @@ def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
     from runtime.atomic_file import discard_staged
 
     discard_staged()  # an output being written (infer --ray): no finally runs after os._exit
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(children, timeout=5)
-    click.echo(f"Error: {who}: {why}: killed the {len(children)} processes this command had started{note}", err=True)
+    killed: set[int] = set()
+    for _ in range(2):  # again: one may have been starting a process while the first pass killed
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(children, timeout=5)
+        killed.update(child.pid for child in children)
+    click.echo(f"Error: {who}: {why}: killed the {len(killed)} processes this command had started{note}", err=True)
     sys.stderr.flush()
     os._exit(code)
