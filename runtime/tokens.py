@@ -206,7 +206,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
                  workers.chunks(len(texts), beam_size, lambda n: _graph(steps, n, width, search, sampler)))
         found = [hyps for part in workers.run(parts, decode) for hyps in part]
     target = vocabularies["target"]
-    return [[Translation(target.decode(h.tokens), [target.tokens[i] for i in h.tokens], list(h.tokens), h.score,
+    return [[Translation(*target.text_and_tokens(h.tokens), list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]
 
 

@@ -2,6 +2,7 @@
 naming the input)."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,24 @@ MAX_VOCAB_FILE_BYTES = 64 << 20  # a large BPE tokenizer JSON is a few MiB; more
 def check_text(text: Any) -> None:
     if not isinstance(text, str):
         raise VocabError(f"text must be a string, got {type(text).__name__}: {brief(text)}")
+
+
+def check_regular(regular: tuple[str, ...], tokenizer: str, reserved: tuple[str, ...]) -> None:
+    """Every non-special token of a vocabulary is a unique, non-empty string fitting the tokenizer kind, and none is
+    one of the `reserved` special tokens."""
+    bad = [t for t in regular if not isinstance(t, str) or not t]
+    if bad:
+        raise VocabError(f"vocabulary tokens must be non-empty strings, got {brief(bad[:5])}")
+    duplicates = sorted(t for t, c in Counter(regular).items() if c > 1 or t in reserved)
+    if duplicates:
+        raise VocabError(f"vocabulary tokens must be unique (the specials included), "
+                         f"got repeated {brief(duplicates[:5])}")
+    if tokenizer == "char" and any(len(t) != 1 for t in regular):
+        raise VocabError(f"a 'char' vocabulary holds single characters, got "
+                         f"{brief([t for t in regular if len(t) != 1][:5])}")
+    if tokenizer == "whitespace" and any(t.split() != [t] for t in regular):
+        raise VocabError(f"a 'whitespace' vocabulary holds tokens without whitespace, got "
+                         f"{brief([t for t in regular if t.split() != [t]][:5])}")
 
 
 def id_list(ids: Any, size: int) -> list[int]:
