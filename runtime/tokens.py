@@ -125,14 +125,26 @@ def too_long(n: int, spec: ModelSpec, contract: TokenContract | None = None) -> 
     return f"{n} tokens with the closing </s>, more than the {limit} allowed"
 
 
+def _first_unencodable(texts: list[str], vocab: Vocabulary) -> int:
+    for i, text in enumerate(texts):
+        try:
+            vocab.encode(text)
+        except VocabError:
+            return i
+    raise AssertionError("encode_batch refused texts that encode one by one")
+
+
 def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec,
                    contract: TokenContract | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded ids (N, L) and lengths (N,) as the model was trained on them (its tokens, reversed where it
     was trained so, between the bos and eos it reads; padded to its fixed length if it has one), refusing over-long
     inputs by index."""
     rules = contract_for(spec, contract).sources
-    ids, lengths = vocab.encode_batch(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse,
-                                      width=rules.fixed_len or 0)  # (N, fixed_len) where fixed: what it reads
+    try:
+        ids, lengths = vocab.encode_batch(texts, add_bos=rules.add_bos, add_eos=rules.add_eos, reverse=rules.reverse,
+                                          width=rules.fixed_len or 0)  # (N, fixed_len) where fixed: what it reads
+    except VocabError as exc:  # a token a vocabulary without unk lacks: a bad text, named by its index
+        raise InputError(f"texts[{_first_unencodable(texts, vocab)}]: {exc}") from None
     if ids.shape[1] > rules.max_len:  # a row may be over: name the first that is
         for i, n in enumerate(lengths.tolist()):
             if n > rules.max_len:

@@ -174,9 +174,8 @@ class Vocabulary:
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ids up to the first EOS; PAD and BOS are skipped, UNK reads as <unk> (subword: the tokenizer's
         own decoding, which skips special tokens)."""
-        values = ids if type(ids) is list and all(type(i) is int for i in ids) else None  # the API's own lists
-        if values is None or (values and not 0 <= min(values) <= max(values) < len(self.tokens)):
-            values = id_list(ids, len(self.tokens))  # anything else, and every refusal: checked one by one
+        # the API's own lists as they are; anything else, and every refusal, checked one by one
+        values = ids if _plain_ids(ids, len(self.tokens)) else id_list(ids, len(self.tokens))
         specials = self.ids
         if specials.eos in values:
             values = values[:values.index(specials.eos)]
@@ -187,15 +186,15 @@ class Vocabulary:
         return JOINERS[self.tokenizer].join(self.tokens[i] for i in kept)
 
     def text_and_tokens(self, ids: list[int]) -> tuple[str, list[str]]:
-        """(decode(ids), [tokens[i] for i in ids]) for the runtime's own hypotheses, the text joined from those
-        pieces where no id is one decode stops at or leaves out (a third of decode's time, 64 of the dates model's
-        20-token outputs)."""
+        """(decode(ids), [tokens[i] for i in ids]), refusals included; the text is joined from those pieces where no
+        id is one decode stops at or leaves out (a third of decode's time for the dates model's 20-token outputs)."""
         tokens = self.tokens
-        if not ids or 0 <= min(ids) <= max(ids) < len(tokens):  # else decode refuses them
-            pieces = [tokens[i] for i in ids]
-            if self.tokenizer != "subword" and self._dropped.isdisjoint(ids):
-                return JOINERS[self.tokenizer].join(pieces), pieces
-        return self.decode(ids), [tokens[i] for i in ids]
+        if not _plain_ids(ids, len(tokens)):
+            ids = id_list(ids, len(tokens))  # decode's refusals: what is not a sequence of ids in range
+        pieces = [tokens[i] for i in ids]
+        if self.tokenizer != "subword" and self._dropped.isdisjoint(ids):
+            return JOINERS[self.tokenizer].join(pieces), pieces
+        return self.decode(ids), pieces
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = True,
                      reverse: bool = False, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -287,6 +286,11 @@ class Vocabulary:
             return cls.from_dict(data)
         except VocabError as err:
             raise VocabError(f"vocabulary file {str(path)!r}: {err}") from err
+
+
+def _plain_ids(ids: Any, size: int) -> bool:
+    """ids is a list of Python ints in [0, size) (the runtime's own hypotheses), which need no check one by one."""
+    return type(ids) is list and set(map(type, ids)) <= {int} and (not ids or 0 <= min(ids) <= max(ids) < size)
 
 
 def _split(text: str, kind: str) -> list[str]:

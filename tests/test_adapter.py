@@ -13,6 +13,7 @@ from export.adapted import Adapted, AdaptedEncoder, AdaptedStep, probe
 from export.api import export_model
 from export.tokens.sides import AdaptedModel
 from runtime.contract import GREEDY_FILE, MANIFEST_FILE
+from runtime.errors import InputError
 from runtime.model import Seq2Seq
 from runtime.search import beam_search, greedy_search
 from runtime.tokens import encode_sources
@@ -92,6 +93,18 @@ def test_the_models_own_special_ids_are_kept(foreign):
     assert runtime.contract.specials == adapter.target_vocab.ids
     text = runtime.translate_batch([WORDS[0]])[0][0]
     assert all(i not in adapter.target_vocab.ids.ids for i in text.ids)
+
+
+def test_a_word_the_vocabulary_lacks_is_a_bad_text_or_its_unk(foreign):
+    _, adapter, path = foreign
+    runtime = Seq2Seq.load(path)
+    texts = [WORDS[0], f"{WORDS[1]} zebra"]
+    if adapter.source_vocab.ids.unk is not None:  # read as unk, decoded like any other text
+        assert len(runtime.translate_batch(texts)) == 2
+        return
+    with pytest.raises(InputError, match=r"^texts\[1\]: text 'green zebra': token 'zebra' is not in the "
+                                         "vocabulary, which has no unknown-token id"):
+        runtime.translate_batch(texts)
 
 
 def test_greedy_search_over_the_pytorch_side_is_the_models_own_decode(foreign):

@@ -3,6 +3,7 @@ they stand for: the same ids, text, tokens and refusals, for char and whitespace
 specials and declared ones (unk or not)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,31 @@ def test_text_and_tokens_refuses_what_decode_refuses() -> None:
     assert vocab.text_and_tokens([]) == ("", [])
     assert vocab.text_and_tokens([4, 3, 5]) == ("a<unk>b", ["a", "<unk>", "b"])  # unk is read, not left out
     assert vocab.text_and_tokens([4, 1, 0, 5, 2, 6]) == ("ab", ["a", "<s>", "<pad>", "b", "</s>", "c"])
+
+
+IDS = {"array": lambda: np.array([4, 5]), "empty array": lambda: np.array([], dtype=np.int64),
+       "tuple": lambda: (4, 5), "numpy ints": lambda: [np.int64(4), 5], "iterator": lambda: iter([4, 5]),
+       "float": lambda: [5.0], "ints and a float": lambda: [4, 6.0], "numpy bool": lambda: [np.bool_(True)],
+       "str item": lambda: ["a"], "None item": lambda: [4, None], "nested": lambda: [[4, 5]], "None": lambda: None,
+       "int": lambda: 7, "str": lambda: "45"}
+
+
+@pytest.mark.parametrize("make", IDS.values(), ids=IDS.keys())
+def test_text_and_tokens_reads_and_refuses_what_decode_does(make: Any) -> None:
+    vocab = _vocabulary("char", declared=False, has_unk=True)
+    once = make()
+    seen = list(once) if isinstance(once, Iterator) else once  # an iterator is read once: decode a copy
+    expected = _outcome(lambda: (vocab.decode(seen), [vocab.tokens[i] for i in seen]))
+    assert _outcome(lambda: vocab.text_and_tokens(make())) == expected
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_bools_are_not_ids_even_where_the_id_would_be_kept(flag: bool) -> None:
+    vocab = _vocabulary("whitespace", declared=True, has_unk=True)  # ids 1 and 2 are regular tokens here
+    with pytest.raises(VocabError, match=rf"ids\[0\] must be an int in \[0, 8\), got {flag}"):
+        vocab.text_and_tokens([flag])
+    with pytest.raises(VocabError, match=rf"got {flag}"):
+        vocab.decode([flag])
 
 
 @settings(max_examples=300, deadline=None)
