@@ -69,7 +69,11 @@ def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError],
                       missing: str | Callable[[], str]) -> bytes:
     """A regular file's bytes, at most max_bytes; a link, FIFO, device, directory or larger file raises `error`. A
     missing file raises `error` with `missing` (a callable: made only then)."""
-    if path.is_symlink():
+    try:
+        link = path.is_symlink()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, ...
+        raise error(f"{path}: cannot be opened ({exc}); check the path") from None
+    if link:
         raise error(f"{path}: is a symbolic link; a model's files must be regular files inside its directory, "
                     "copy the real file in place of the link")
     try:

@@ -23,7 +23,16 @@ from .fused import BeamGraph, GreedyLoop
 from .graph_checks import check_session
 from .manifest import Manifest, read_manifest
 from .optional_graphs import fast_feedback, fast_graph_io, fold_tokens
-from .points import Cancel, check_mask, check_outputs, check_source, check_target_len, greedy_decode, stoppable
+from .points import (
+    Cancel,
+    check_cancel,
+    check_mask,
+    check_outputs,
+    check_source,
+    check_target_len,
+    greedy_decode,
+    stoppable,
+)
 from .sessions import (
     CUDA,
     check_device_id,
@@ -172,6 +181,9 @@ class Seq2Seq:
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
+        if not isinstance(return_attention, bool):
+            raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
+        check_cancel(cancel)
         workers = self._workers if self._splits else None
         parts = workers.chunks(src.shape[0]) if workers is not None else [slice(0, src.shape[0])]
 

@@ -3,6 +3,7 @@
 loop: encode once, then step, feed the prediction back, stop."""
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Any, Callable, TypeVar
@@ -156,11 +157,35 @@ Cancel = Callable[[], bool]  # asked between decoder steps: True stops the decod
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def check_cancel(cancel: Any) -> None:
+    """`cancel` is None or something to call."""
+    if cancel is not None and not callable(cancel):
+        raise InputError(f"cancel: expected a function of no arguments that returns True to stop the decode, got "
+                         f"{brief(cancel)}")
+
+
+def asked(cancel: Cancel) -> bool:
+    """cancel()'s answer as a bool; a cancel that cannot be called with no arguments, or answers what has no one
+    truth value, is an InputError (its own exceptions pass through)."""
+    try:
+        answer = cancel()
+    except TypeError as exc:
+        try:
+            inspect.signature(cancel).bind()
+        except (TypeError, ValueError):  # it does not take no arguments: the call, not its body, failed
+            raise InputError(f"cancel: expected a function of no arguments, got {brief(cancel)} ({exc})") from None
+        raise
+    try:
+        return bool(answer)  # None and the like: go on, as the caller's own `if` would read them
+    except (TypeError, ValueError):  # no one truth value: an array of several
+        raise InputError(f"cancel: expected True or False from cancel(), got {brief(answer)}") from None
+
+
 def stoppable(step: F, cancel: Cancel) -> F:
     """`step` that first asks `cancel` and raises Cancelled when it says stop: one check per decoder step, in
     every decoding loop (points, greedy, beam, sampling), without the loops knowing."""
     def checked(*args: Any) -> Any:
-        if cancel():
+        if asked(cancel):
             raise Cancelled("decode: cancelled by its caller between two steps (a deadline passed or the client "
                             "went away)")
         return step(*args)

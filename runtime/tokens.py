@@ -25,9 +25,10 @@ from .declared import TokenContract
 from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
-from .points import MAX_TARGET_LEN, Cancel, stoppable
+from .points import MAX_TARGET_LEN, Cancel, check_cancel, stoppable
 from .search import beam_search, greedy_search, sample
 from .search.beam import MAX_BEAM, check_beam
+from .search.filters import check_temperature, check_topp
 from .spec import ModelSpec
 from .token_steps import TokenSteps, contract_for
 from .vocab import VocabError, Vocabulary
@@ -187,6 +188,12 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     check_min_length(min_decoding_length, max_decoding_length)
     if not isinstance(return_attention, bool):
         raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
+    sampling_topk = check_int("sampling_topk", sampling_topk, 0)
+    sampling_topp = check_topp("sampling_topp", sampling_topp)
+    sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
+    if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
+        check_int("seed", seed, 0)
+    check_cancel(cancel)
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
     if sampling and beam_size != 1:
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "

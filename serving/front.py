@@ -121,7 +121,7 @@ def _parsed(model: Any, scope: dict[str, Any], body: bytes) -> Any:
         return None
     try:
         return model.model_validate(json.loads(body))
-    except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
+    except (ValueError, ValidationError, RecursionError):  # JSONDecodeError is a ValueError; too deep: FastAPI says
         return None
 
 

@@ -181,10 +181,13 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     is a 422, as one that is not JSON is."""
     if exc.status_code == 400 and exc.detail == UNDECODED_BODY:
         cause = exc.__cause__
-        why = (f"not UTF-8 (byte {cause.object[cause.start]:#04x} at offset {cause.start})"
-               if isinstance(cause, UnicodeDecodeError) else f"unreadable ({one_line(cause)})")
-        return JSONResponse({"error": f"{request.method} {request.url.path}: the body is {why}; send JSON in UTF-8"},
-                            status_code=422)
+        if isinstance(cause, RecursionError):  # arrays in arrays past Python's recursion limit
+            why = "JSON nested too deeply to parse; send the arrays the route's schema (/docs) describes"
+        elif isinstance(cause, UnicodeDecodeError):
+            why = f"not UTF-8 (byte {cause.object[cause.start]:#04x} at offset {cause.start}); send JSON in UTF-8"
+        else:
+            why = f"unreadable ({one_line(cause)}); send JSON in UTF-8"
+        return JSONResponse({"error": f"{request.method} {request.url.path}: the body is {why}"}, status_code=422)
     under = request.scope.get("root_path", "") + getattr(request.app.state, "route_prefix", "")  # Ray's, ours
     return JSONResponse({"error": f"{request.method} {request.url.path}: {str(exc.detail).lower()}; the routes are "
                                   f"{routes(under)}"}, status_code=exc.status_code,

@@ -239,6 +239,10 @@ BAD_REQUESTS = {
     "GET on a POST route": ("/tokens/v1/translate", "GET", 405, "GET /tokens/v1/translate"),
     "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict"),
     "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
+    "texts nested past the recursion limit": ("/tokens/v1/translate", b'{"texts": ' + b"[" * 20_000 + b"]" * 20_000
+                                              + b"}", 422, "the body is JSON nested too deeply to parse"),
+    "a source nested past the recursion limit": ("/points/v1/predict", b'{"source": ' + b"[" * 20_000
+                                                 + b"]" * 20_000 + b"}", 422, "nested too deeply"),
     "oversized body": ("/points/v1/predict", b"[" + b"1," * MAX_BODY + b"1]", 413, "--max-body-bytes"),
 }
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -449,6 +450,20 @@ def test_cli_refuses_to_overwrite_and_checks_resume_options(tmp_path: Path) -> N
     assert result.exit_code == 1 and "pass --resume to continue it or --force" in result.output
     result = CliRunner().invoke(main, ["train", "--quiet", "--force", "--epochs", "1", "--out", str(fresh)])
     assert result.exit_code == 0 and fresh.is_dir() and not partial_dir(fresh).exists()
+
+
+def test_resume_refuses_the_state_of_another_model_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    assert run_cli("--epochs", "1", "--out", str(ours)).exit_code == 0
+    assert run_cli("--epochs", "1", "--hidden-dim", "3", "--out", str(theirs)).exit_code == 0
+    shutil.copy(theirs / CHECKPOINT_STATE_FILE, ours / CHECKPOINT_STATE_FILE)  # swapped in by hand
+    before = snapshot(ours)
+    result = CliRunner().invoke(main, ["train", "--quiet", "--resume", "--epochs", "2", "--out", str(ours)])
+    assert result.exit_code == 1, result.output
+    assert "is of another model than" in result.output and "hidden_dim" in result.output, result.output
+    assert snapshot(ours) == before and not partial_dir(ours).exists()
+    # a state that is the checkpoint's own still resumes (its spec.json holds the same spec)
+    assert run_cli("--resume", "--epochs", "2", "--out", str(theirs)).exit_code == 0
 
 
 def test_resume_to_fewer_epochs_than_saved_is_a_usage_error(tmp_path: Path) -> None:

@@ -114,6 +114,20 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def check_state_of(out: str | Path, state_file: Path, state: dict[str, Any]) -> None:
+    """A state resumed into `out` is of the model `out`'s spec.json holds, where it holds one (a first run's
+    interrupted state has no checkpoint yet to be held against)."""
+    if not (Path(out) / CHECKPOINT_SPEC_FILE).is_file():
+        return
+    meta = read_meta(out)
+    saved = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
+    differ = sorted(k for k in {*saved, *state["spec"]} if saved.get(k) != state["spec"].get(k))
+    if differ:
+        raise CheckpointError(f"training state {str(state_file)!r} is of another model than "
+                              f"{str(Path(out) / CHECKPOINT_SPEC_FILE)!r} (they differ in {differ[:6]}); resume the "
+                              "directory it was saved in, or start afresh with --force")
+
+
 def save_checkpoint(
     out: str | Path,
     model: EncoderDecoder | TokenModel,

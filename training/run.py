@@ -19,6 +19,7 @@ from runtime.errors import UsageError
 
 from .checkpoint import (
     check_checkpoint_destination,
+    check_state_of,
     clear_partial,
     find_resume_state,
     load_train_state,
@@ -173,6 +174,7 @@ def _setup(plan: RunPlan, hooks: RunHooks, dist: Dist | None) -> tuple[dict[str,
     if state_file is None:
         raise _nothing_to_resume(out)
     state = load_train_state(state_file)
+    check_state_of(out, state_file, state)
     kind = "tokens" if state["spec"].get("kind") == "tokens" else "points"
     opts = hooks.resumed_options(kind, state)
     _check_resumed_epochs(out, state, opts["epochs"], finished=state_file.parent != partial)
