@@ -109,6 +109,9 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
         raise OutputFileError(f"{text}: expected a file name ending in {', '.join(suffixes)}")
     parent = target.parent
     if not parent.is_dir():
+        if parent.exists():  # a file where the path needs a directory
+            raise OutputFileError(f"{text}: {str(parent)!r} is a file, not a directory; expected a file name in a "
+                                  "directory")
         raise OutputFileError(f"{text}: directory {str(parent)!r} does not exist; create it first")
     if not os.access(parent, os.W_OK):
         raise OutputFileError(f"{text}: directory {str(parent)!r} is not writable")

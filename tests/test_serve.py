@@ -239,6 +239,8 @@ BAD_REQUESTS = {
     "GET on a POST route": ("/tokens/v1/translate", "GET", 405, "GET /tokens/v1/translate"),
     "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict"),
     "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
+    "a 5000-digit integer": ("/tokens/v1/translate", b'{"texts": ["a"], "beam_size": ' + b"9" * 5000 + b"}", 422,
+                             "an integer of more digits than this server reads"),
     "texts nested past the recursion limit": ("/tokens/v1/translate", b'{"texts": ' + b"[" * 20_000 + b"]" * 20_000
                                               + b"}", 422, "the body is JSON nested too deeply to parse"),
     "a source nested past the recursion limit": ("/points/v1/predict", b'{"source": ' + b"[" * 20_000
