@@ -225,7 +225,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
                  workers.chunks(len(texts), beam_size, lambda n: _graph(steps, n, width, search, sampler)))
         found = [hyps for part in workers.run(parts, decode) for hyps in part]
     target = vocabularies["target"]
-    return [[Translation(*target.text_and_tokens(h.tokens), list(h.tokens), h.score,
+    return [[Translation(*target.hypothesis_text(h.tokens), list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]
 
 

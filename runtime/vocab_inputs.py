@@ -36,6 +36,11 @@ def check_regular(regular: tuple[str, ...], tokenizer: str, reserved: tuple[str,
                          f"{brief([t for t in regular if t.split() != [t]][:5])}")
 
 
+def plain_ids(ids: Any, size: int) -> bool:
+    """ids is a list of Python ints in [0, size) (the runtime's own hypotheses), which need no check one by one."""
+    return type(ids) is list and set(map(type, ids)) <= {int} and (not ids or 0 <= min(ids) <= max(ids) < size)
+
+
 def id_list(ids: Any, size: int) -> list[int]:
     """ids (a sequence or 1-D array) as a list of ints in [0, size), else VocabError naming the first offender
     (checked one by one: numpy would read True as 1, and 1.5 beside ints as floats)."""

@@ -40,10 +40,11 @@ def _outcome(call: Any) -> Any:
 
 @settings(max_examples=300, deadline=None)
 @given(VOCABULARIES, st.data())
-def test_text_and_tokens_is_decode_and_the_tokens(vocab: Vocabulary, data: st.DataObject) -> None:
+def test_text_and_tokens_and_hypothesis_text_are_decode_and_the_tokens(vocab: Vocabulary, data: st.DataObject) -> None:
     ids = data.draw(st.lists(st.integers(-2, len(vocab) + 1), max_size=12), label="ids")
     expected = _outcome(lambda: (vocab.decode(ids), [vocab.tokens[i] for i in ids]))
     assert _outcome(lambda: vocab.text_and_tokens(ids)) == expected
+    assert _outcome(lambda: vocab.hypothesis_text(ids)) == expected  # the runtime's own lists: no type checks
 
 
 def test_text_and_tokens_refuses_what_decode_refuses() -> None:
