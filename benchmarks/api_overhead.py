@@ -15,7 +15,8 @@ The difference is the API's whole cost per call: checking the options, tokenizin
 outputs back into hypotheses (or points) and text, any search the runtime drives from Python between graph calls (a
 recurrent model's beam search: most of its figure), and any slowdown of the runs that this work causes (measured on
 a 2-core EPYC: a few microseconds of numpy work before a run made the run itself 5-20 us slower, more than the work
-took).
+took). The last column is the API call with every graph run answered from the recording: its own Python work,
+without the runs' effect on it (the text work of a batch, the search between steps).
 """
 from __future__ import annotations
 
@@ -40,16 +41,19 @@ from runtime.model import Seq2Seq  # noqa: E402
 from runtime.points import MAX_TARGET_LEN  # noqa: E402
 from runtime.search.beam import MAX_BEAM  # noqa: E402
 
+Recorded = list[tuple[SessionRunner, dict[str, Any], bool, dict[str, Any]]]
 
-def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[str, Any], bool]]:
-    """The (runner, feed, whether denormals were flushed) of every graph run one API call makes, in order (runners
-    of every kind are recorded)."""
-    calls: list[tuple[SessionRunner, dict[str, Any], bool]] = []
+
+def recorded_calls(call: Callable[[], Any]) -> Recorded:
+    """The (runner, feed, whether denormals were flushed, outputs) of every graph run one API call makes, in order
+    (runners of every kind are recorded)."""
+    calls: Recorded = []
     original = SessionRunner.__call__
 
     def record(self: SessionRunner, feed: dict[str, Any], cancel: Any = None) -> dict[str, Any]:
-        calls.append((self, dict(feed), flushes_now()))
-        return original(self, feed, cancel)
+        outputs = original(self, feed, cancel)
+        calls.append((self, dict(feed), flushes_now(), outputs))
+        return outputs
 
     SessionRunner.__call__ = record  # type: ignore[method-assign]
     try:
@@ -59,16 +63,32 @@ def recorded_calls(call: Callable[[], Any]) -> list[tuple[SessionRunner, dict[st
     return calls
 
 
-def replay(calls: list[tuple[SessionRunner, dict[str, Any], bool]]) -> Callable[[], int]:
+def replay(calls: Recorded) -> Callable[[], int]:
     """The recorded runs, bare: each runner's own `_run` on its recorded feed, in order (0 tokens, for `measure`),
     with denormals flushed once around them where the API flushed (it does so once a decode: runtime.denormals)."""
-    flushed = any(f for _, _, f in calls)
+    flushed = any(f for _, _, f, _ in calls)
 
     def run() -> int:
         with flushing(flushed):
-            for runner, feed, _ in calls:
+            for runner, feed, _, _ in calls:
                 runner._run(feed)
         return 0
+    return run
+
+
+def answered(call: Callable[[], int], calls: Recorded) -> Callable[[], int]:
+    """The API call with every graph run answered from the recording, in order: its Python work alone (what it
+    does around the runs, without the runs' effect on it)."""
+    answers = [outputs for *_, outputs in calls]
+
+    def run() -> int:
+        given = iter(answers)
+        original = SessionRunner.__call__
+        SessionRunner.__call__ = lambda self, feed, cancel=None: next(given)  # type: ignore[method-assign]
+        try:
+            return call()
+        finally:
+            SessionRunner.__call__ = original  # type: ignore[method-assign]
     return run
 
 
@@ -106,11 +126,13 @@ def case_options(batches: str, repeats: int) -> Callable[[Callable], Callable]:
 
 
 def case_line(label: str, runs: int, times: dict[str, Timing]) -> str:
-    """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us (p10 65), 1.081x'."""
-    bare, api = (times[k].median_s * 1e6 for k in ("bare", "api"))
-    bare10, api10 = (np.percentile(times[k].samples, 10) * 1e6 for k in ("bare", "api"))
+    """'greedy b1: bare 1 run(s) 861 us (p10 840) | API 931 us (p10 905) | API adds 70 us (p10 65), 1.081x |
+    its Python alone 18 us (p10 17)'."""
+    bare, api, alone = (times[k].median_s * 1e6 for k in ("bare", "api", "python"))
+    bare10, api10, alone10 = (np.percentile(times[k].samples, 10) * 1e6 for k in ("bare", "api", "python"))
     return (f"{label}: bare {runs} run(s) {bare:.0f} us (p10 {bare10:.0f}) | API {api:.0f} us (p10 {api10:.0f}) | "
-            f"API adds {api - bare:.0f} us (p10 {api10 - bare10:.0f}), {api / bare:.3f}x")
+            f"API adds {api - bare:.0f} us (p10 {api10 - bare10:.0f}), {api / bare:.3f}x | its Python alone "
+            f"{alone:.0f} us (p10 {alone10:.0f})")
 
 
 @click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
@@ -135,7 +157,8 @@ def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], sour
                 api = ort_call(model, cell, inputs[batch])
                 recorded = recorded_calls(api)
                 label = f"{'greedy' if beam in (None, 1) else f'beam {beam}'} b{batch}"
-                times = measure({"bare": replay(recorded), "api": api}, warmup=1, repeats=repeats)
+                times = measure({"bare": replay(recorded), "api": api, "python": answered(api, recorded)},
+                                warmup=1, repeats=repeats)
                 print(case_line(label, len(recorded), times), flush=True)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None

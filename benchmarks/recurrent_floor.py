@@ -206,7 +206,7 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
         if len(runs) != 2:
             raise click.ClickException(f"{model_dir}: a greedy decode made {len(runs)} onnxruntime runs, expected the "
                                        "encoder and the greedy loop; this measures exports with a greedy loop graph")
-        (encoder, encoder_feed, _), (loop, _, _) = runs
+        (encoder, encoder_feed, _, _), (loop, _, _, _) = runs
         data = read_graph(model_dir, encoder.name, model.manifest.graphs[encoder.name]["sha256"])  # as loaded
         nodes = recurrent_nodes(onnx.load_from_string(data).graph, str(model_dir / encoder.name))
         node = nodes[0][0]

@@ -12,8 +12,8 @@ from support.processes import assert_refused_in_one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "api_overhead.py"
-LINE = re.compile(r"^(greedy|beam \d+) b(\d+): bare (\d+) run\(s\) \d+ us \(p10 \d+\) \| API \d+ us \(p10 \d+\) \| "
-                  r"API adds -?\d+ us \(p10 -?\d+\), [\d.]+x$")
+LINE = re.compile(r"^(greedy|beam \d+) b(\d+): bare (\d+) run\(s\) \d+ us \(p10 \d+\) \| API (\d+) us \(p10 \d+\) \| "
+                  r"API adds -?\d+ us \(p10 -?\d+\), [\d.]+x \| its Python alone (\d+) us \(p10 \d+\)$")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -26,6 +26,7 @@ def cases(stdout: str) -> list[tuple[str, int, int]]:
     lines = stdout.strip().splitlines()[1:]
     matches = [LINE.match(line) for line in lines]
     assert all(matches), lines
+    assert all(int(m[5]) < int(m[4]) for m in matches), lines  # the call without its runs takes less than with them
     return [(m[1], int(m[2]), int(m[3])) for m in matches]
 
 
