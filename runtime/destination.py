@@ -109,8 +109,9 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
         raise OutputFileError(f"{text}: expected a file name ending in {', '.join(suffixes)}")
     parent = target.parent
     if not parent.is_dir():
-        if parent.exists():  # a file where the path needs a directory
-            raise OutputFileError(f"{text}: {str(parent)!r} is a file, not a directory; expected a file name in a "
+        blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
+        if blocking is not None and not blocking.is_dir():  # a file where the path needs a directory
+            raise OutputFileError(f"{text}: {str(blocking)!r} is a file, not a directory; expected a file name in a "
                                   "directory")
         raise OutputFileError(f"{text}: directory {str(parent)!r} does not exist; create it first")
     if not os.access(parent, os.W_OK):

@@ -464,6 +464,11 @@ def test_resume_refuses_the_state_of_another_model_and_keeps_the_checkpoint(tmp_
     assert snapshot(ours) == before and not partial_dir(ours).exists()
     # a state that is the checkpoint's own still resumes (its spec.json holds the same spec)
     assert run_cli("--resume", "--epochs", "2", "--out", str(theirs)).exit_code == 0
+    # an interrupted --force run that trains another model in place of ours resumes too (its state is in .partial)
+    save_train_state(partial_dir(ours) / CHECKPOINT_STATE_FILE, load_train_state(theirs / CHECKPOINT_STATE_FILE),
+                     read_data_description(theirs))
+    assert run_cli("--resume", "--epochs", "3", "--out", str(ours)).exit_code == 0
+    assert load_checkpoint(ours)[1].hidden_dim == 3 and not partial_dir(ours).exists()
 
 
 def test_resume_to_fewer_epochs_than_saved_is_a_usage_error(tmp_path: Path) -> None:
