@@ -35,6 +35,7 @@ class Interrupted(click.ClickException):
     the process with -SIGINT instead of exiting 130."""
 
     exit_code = EXIT_INTERRUPTED
+    says = "interrupted"  # how a message names the stop
 
     def __init__(self, message: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -45,6 +46,12 @@ class StoppedBySigterm(Interrupted):
     """Stopped by SIGTERM: exit 143, with the same line saying what was kept."""
 
     exit_code = EXIT_TERMINATED
+    says = "stopped by SIGTERM"
+
+
+def stop_for(signum: int) -> type[Interrupted]:
+    """The stop a signal makes: SIGTERM's, else Ctrl-C's."""
+    return StoppedBySigterm if signum == signal.SIGTERM else Interrupted
 
 
 _SIGTERMS: list[int] = []  # SIGTERM came (Terminated was raised): an interrupted command exits 143, not 130

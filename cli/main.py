@@ -77,9 +77,8 @@ class LazyGroup(click.Group):
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:
     name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
     what = AFTER_STOPPED.get(name, "nothing was written (outputs are published whole or not at all)")
-    if isinstance(interrupt, Terminated):
-        return StoppedBySigterm(f"{name}: stopped by SIGTERM; {what}")
-    return Interrupted(f"{name}: interrupted; {what}")
+    stop = StoppedBySigterm if isinstance(interrupt, Terminated) else Interrupted
+    return stop(f"{name}: {stop.says}; {what}")
 
 
 @click.group(cls=LazyGroup)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import click
 
-from .common import EXIT_INTERRUPTED, EXIT_TERMINATED
+from .common import stop_for
 
 POLL_S = 0.05  # how often the main thread looks at signals, the deadline, and whether Ray is up
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -69,12 +69,12 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
                     signal.signal(sig, stop.on_signal)
                 rearmed = True
             if len(stop.signals) > 1:
-                _kill_and_exit(who, "a second signal while stopping", note, _exit_code(stop.signals[0]))
+                _kill_and_exit(who, "a second signal while stopping", note, stop_for(stop.signals[0]).exit_code)
             if deadline is None and (stop.requested.is_set() or stop.stopping.is_set()):
                 deadline = time.monotonic() + deadline_s
             if deadline is not None and time.monotonic() > deadline and thread.is_alive():
                 _kill_and_exit(who, f"Ray did not stop within {limit}{deadline_s:g} s", note,
-                               _exit_code(stop.signals[0]) if stop.signals else EXIT_FAILED)
+                               stop_for(stop.signals[0]).exit_code if stop.signals else EXIT_FAILED)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -86,10 +86,6 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
 def _not_main_thread(record: logging.LogRecord) -> bool:
     """Drops Ray's warning that it set no SIGTERM handler off the main thread: on purpose here."""
     return "SIGTERM handler is not set" not in record.getMessage()
-
-
-def _exit_code(signum: int) -> int:
-    return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
 
 
 def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:

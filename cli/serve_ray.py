@@ -3,7 +3,6 @@ until Ctrl-C or SIGTERM. The same HTTP app and service as the one-process server
 from __future__ import annotations
 
 import dataclasses
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import click
 from serving.config import Replicas, ServeConfig, parse_replicas
 
 from .cluster import join_failed
-from .common import Interrupted, StoppedBySigterm
+from .common import stop_for
 from .ray_stop import Stop, drive
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
@@ -44,8 +43,8 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) 
     signum = drive(lambda stop: served.append(_serve(plan, config, stop)), shutdown_timeout_s, "serve",
                    "--shutdown-timeout ", note)
     if signum is not None and not served[0]:
-        stopped = (StoppedBySigterm, "stopped by SIGTERM") if signum == signal.SIGTERM else (Interrupted, "interrupted")
-        raise stopped[0](f"serve: {stopped[1]} while starting; what had started is stopped")
+        stop = stop_for(signum)
+        raise stop(f"serve: {stop.says} while starting; what had started is stopped")
 
 
 def _serve(plan: RayPlan, config: ServeConfig, stop: Stop) -> bool:

@@ -33,7 +33,7 @@ from serving.offline import (
 )
 from training.tokens.builtin import generate_dates
 
-from support.processes import default_sigint, group_members, leftovers
+from support.processes import default_sigint, group_members, leftovers, wait_until
 from support.serve import DATES, SQUARES, local_ray
 
 pytestmark = pytest.mark.ray
@@ -168,11 +168,9 @@ def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int]) -> tuple
                                  str(out), "--ray", "--force"], stdout=log, stderr=subprocess.STDOUT,
                                 env=child_env(), start_new_session=True, preexec_fn=default_sigint)
     try:
-        deadline = time.monotonic() + 120
-        while not (len(group_members(proc.pid)) >= 2 if when == STARTING else
-                   any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir())):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()[-3000:]
-            time.sleep(0.02)
+        wait_until(proc, lambda: (len(group_members(proc.pid)) >= 2 if when == STARTING else
+                                  any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir())),
+                   120, tmp_path / "log")
         for i, sig in enumerate(signals):
             time.sleep(0.3 * (i > 0))
             proc.send_signal(sig)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -22,7 +22,7 @@ from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES
-from support.processes import default_sigint, group_members, leftovers
+from support.processes import default_sigint, group_members, leftovers, wait_until
 from support.reliability import (
     BAD_INPUT,
     USAGE,
@@ -120,12 +120,8 @@ def _start_serving(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     return process, log
 
 
-def _wait_for(process: subprocess.Popen, log: Path, reached) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not reached() and time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.05)
-    assert reached(), log.read_text()[-3000:]
+def _wait_for(process: subprocess.Popen, log: Path, reached: Callable[[], bool]) -> None:
+    wait_until(process, reached, START_TIMEOUT, log)
 
 
 def _stopped(process: subprocess.Popen, log: Path) -> tuple[str, list[str]]:

@@ -115,9 +115,10 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
 
 
 def check_state_of(out: str | Path, state_file: Path, state: dict[str, Any]) -> None:
-    """A finished checkpoint's state is of the model its spec.json holds. (An interrupted run's state, in
-    `<out>.partial`, is of the run that will replace `out`: a --force run may train another model there.)"""
-    if state_file.parent != Path(out) or not (Path(out) / CHECKPOINT_SPEC_FILE).is_file():
+    """A finished checkpoint's state (`state_file` in `out`) is of the model its spec.json holds, where it holds
+    one. Not for an interrupted run's state, in `<out>.partial`: that is the run that will replace `out`, and a
+    --force run may train another model there."""
+    if not (Path(out) / CHECKPOINT_SPEC_FILE).is_file():
         return
     meta = read_meta(out)
     saved = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}

@@ -173,11 +173,12 @@ def _setup(plan: RunPlan, hooks: RunHooks, dist: Dist | None) -> tuple[dict[str,
     state_file = find_resume_state(out)
     if state_file is None:
         raise _nothing_to_resume(out)
-    state = load_train_state(state_file)
-    check_state_of(out, state_file, state)
+    state, finished = load_train_state(state_file), state_file.parent != partial
+    if finished:
+        check_state_of(out, state_file, state)
     kind = "tokens" if state["spec"].get("kind") == "tokens" else "points"
     opts = hooks.resumed_options(kind, state)
-    _check_resumed_epochs(out, state, opts["epochs"], finished=state_file.parent != partial)
+    _check_resumed_epochs(out, state, opts["epochs"], finished=finished)
     world_size, saved_size = 1 if dist is None else dist.world_size, int(state.get("world_size", 1))
     if world_size != saved_size:
         batch = opts["batch_size"]

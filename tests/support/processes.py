@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 def default_sigint() -> None:
@@ -58,6 +58,14 @@ def group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members
+
+
+def wait_until(process: subprocess.Popen, reached: Callable[[], bool], timeout: float, log: Path) -> None:
+    """Poll until `reached()`, failing with the end of `log` if `process` exits first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not reached():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
 
 
 def leftovers(process: subprocess.Popen, timeout: float, log: Path) -> list[str]:
