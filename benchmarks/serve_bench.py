@@ -2,7 +2,7 @@
 
     python benchmarks/serve_bench.py [MODEL_DIR] [--requests 100000] [--duration 5] [--concurrency 1 8 32]
                                      [--replicas 1 2] [--beam 1] [--threads 2] [--server-threads 1]
-                                     [--server-workers 1 2]
+                                     [--server-workers 1 2] [--server-allocators system auto]
                                      [--no-ray] [--json FILE.json] [--plot FILE.png] [--force]
 
 Each request is one text (MODEL_DIR: artifacts/dates), drawn seeded from fixed dates, greedy unless --beam. A cell
@@ -12,7 +12,8 @@ done or --duration s have passed; --max-total skips or shortens cells past it. M
   serve         `seq2onnx serve MODEL_DIR` (the default: one process, FastAPI on uvicorn) as a process of its own,
                 --num-cpus --server-threads, --max-batch-size 32, --batch-wait-ms as given; with
                 --server-workers N other than 1, "serve --workers N" (N copies decoding batches at once), one
-                server process per value, all started together and measured one after another in each round.
+                server process per value, all started together and measured one after another in each round;
+                likewise with --server-allocators, "serve --allocator A" for A other than auto (the default).
   serve --ray R a local Ray (2 CPUs), Serve on 127.0.0.1, build_app(ServeConfig(num_cpus=2/R, max_batch_size=32)):
                 R=1 decodes on 2 onnxruntime threads, R=2 on 1 each; then the same with Ray's documented
                 throughput options (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for the whole Ray, access log off), "opt".
@@ -276,13 +277,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(model_dir: Path, threads: int, batch_wait_ms: float, log: Path, workers: int = 1) -> Iterator[str]:
+def server_process(model_dir: Path, threads: int, batch_wait_ms: float, log: Path, workers: int = 1,
+                   allocator: str = "auto") -> Iterator[str]:
     """`seq2onnx serve MODEL_DIR` in a process of its own -> the base URL once it is ready; SIGTERM at the end."""
     port = free_port()
     with open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(model_dir), "--port", str(port),
                                  "--num-cpus", str(threads), "--max-batch-size", str(MAX_BATCH), "--batch-wait-ms",
-                                 str(batch_wait_ms), "--workers", str(workers)], stdout=sink,
+                                 str(batch_wait_ms), "--workers", str(workers), "--allocator", allocator], stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -367,9 +369,9 @@ def run_all(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         with contextlib.ExitStack() as servers:
-            urls = {server_mode(w): servers.enter_context(server_process(
-                args.model_dir, args.server_threads, args.batch_wait_ms, tmp / f"serve{w}.log", w))
-                for w in args.server_workers}
+            urls = {server_mode(w, a): servers.enter_context(server_process(
+                args.model_dir, args.server_threads, args.batch_wait_ms, tmp / f"serve{w}-{i}.log", w, a))
+                for w in args.server_workers for i, a in enumerate(args.server_allocators)}
             progress(f"seq2onnx serve on {', '.join(urls.values())}")
             interleaved("one process", urls, tmp)
         for optimized in ([] if args.no_ray else [False, True]):
@@ -415,9 +417,10 @@ def report(f: dict[str, Any]) -> None:
              f"{f['errors']} errors{first}, {f['throughput']:.1f} req/s")
 
 
-def server_mode(workers: int) -> str:
-    """A one-process server's mode name in the table."""
-    return "serve" if workers == 1 else f"serve --workers {workers}"
+def server_mode(workers: int, allocator: str = "auto") -> str:
+    """A one-process server's mode name in the table: its options other than the defaults."""
+    return "serve" + (f" --workers {workers}" if workers != 1 else "") + (
+        f" --allocator {allocator}" if allocator != "auto" else "")
 
 
 def serve_mode(replicas: int, optimized: bool = False) -> str:
@@ -513,6 +516,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the one-process server's decoding threads (serve --num-cpus)")
     p.add_argument("--server-workers", type=int, nargs="+", default=[1],
                    help="the one-process server's copies of the model (serve --workers), one server per value")
+    p.add_argument("--server-allocators", nargs="+", default=["auto"],
+                   help="the one-process server's C allocator (serve --allocator), one server per value (with each "
+                        "--server-workers count)")
     p.add_argument("--no-ray", action="store_true", help="leave out the Ray Serve modes")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; a cell's figures are their medians")
     p.add_argument("--client", choices=["wrk", "aiohttp"], default="wrk" if shutil.which("wrk") else "aiohttp",
@@ -529,6 +535,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--server-workers: expected copies of at least 1, got {args.server_workers}")
     if len(set(args.server_workers)) < len(args.server_workers):
         p.error(f"--server-workers: each count once, got {args.server_workers}")
+    if len(set(args.server_allocators)) < len(args.server_allocators):
+        p.error(f"--server-allocators: each allocator once, got {args.server_allocators}")
     if max(args.server_workers) * args.server_threads > len(os.sched_getaffinity(0)):
         p.error(f"--server-workers {max(args.server_workers)} x --server-threads {args.server_threads}: more than the "
                 f"{len(os.sched_getaffinity(0))} CPUs this process may use")

@@ -24,20 +24,21 @@ def test_serve_bench_prints_and_writes_its_figures(tmp_path: Any) -> None:
     with ray_env():
         done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), str(DATES), "--no-ray",
                                "--client", "aiohttp", "--rounds", "2", "--duration", "1", "--concurrency", "1", "4",
-                               "--server-workers", *WORKERS,
+                               "--server-workers", *WORKERS, "--server-allocators", "auto", "system",
                                "--json", str(out), "--plot", str(png)],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(out.read_text())
     cells = {(c["mode"], c["concurrency"]): c for c in figures["cells"]}
-    servers = ("serve", "serve --workers 2")[:len(WORKERS)]
+    servers = [mode + allocator for mode in ("serve", "serve --workers 2")[:len(WORKERS)]
+               for allocator in ("", " --allocator system")]
     assert set(cells) == {(mode, n) for mode in ("in-process", *servers) for n in (1, 4)}
     for cell in cells.values():
         assert cell["errors"] == 0 and cell["throughput"] > 0 and len(cell["rounds"]) == 2, cell
     assert cells["serve", 4]["mean_batch"] >= 1  # requests per decode, read from the server's /metrics
     ratios = {(r["what"], r["concurrency"]): r for r in figures["ratios"]}
-    pairs = ("serve / in-process", "serve --workers 2 / in-process", "serve --workers 2 / serve")
-    assert set(ratios) == {(what, n) for what in pairs[:1 + 2 * (len(WORKERS) - 1)] for n in (1, 4)}
+    pairs = [f"{mode} / in-process" for mode in servers] + [f"{mode} / serve" for mode in servers[1:]]
+    assert set(ratios) == {(what, n) for what in pairs for n in (1, 4)}
     assert all(len(r["rounds"]) == 2 and r["ratio"] > 0 for r in ratios.values())
     assert "throughput serve / in-process" in done.stdout and png.read_bytes()[:4] == b"\x89PNG"
 
@@ -57,12 +58,13 @@ def _parse(*argv: str) -> Any:
     (("--server-workers", "1", "0"), 2, "--server-workers: expected copies of at least 1, got [1, 0]"),
     (("--server-workers", "2", "2"), 2, "--server-workers: each count once, got [2, 2]"),
     (("--server-workers", "999"), 2, "--server-workers 999 x --server-threads 1: more than the"),
+    (("--server-allocators", "system", "system"), 2, "--server-allocators: each allocator once"),
     (("--max-total", "1"), 2, "--max-total: expected at least 10 s"),
     (("--json", "/nonexistent/dir/x.json"), 2, "directory '/nonexistent/dir' does not exist"),
     (("--json", "{taken}"), 1, "a file already exists there; pass --force"),
     (("--plot", "{tmp}/latency.jpg"), 2, "expected a file name ending in .png"),
     (("--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"), 2, "is the --json file too"),
-], ids=["points-model", "no-rounds", "no-workers", "workers-twice", "workers-past-cpus", "no-time", "json-dir",
+], ids=["points-model", "no-rounds", "no-workers", "workers-twice", "workers-past-cpus", "allocator-twice", "no-time", "json-dir",
         "json-taken", "plot-suffix", "same-file"])
 def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], code: int, said: str,
                                                              tmp_path: Path,

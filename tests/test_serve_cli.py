@@ -281,6 +281,13 @@ SERVE_CASES: dict[str, Case] = {
     "--num-cpus past the CPUs": case(*SERVE, "--num-cpus", str(max_threads() + 1), code=USAGE,
                                      says=(f"--num-cpus {max_threads() + 1}: {max_threads() + 1} decoding threads",
                                            "on Ray, --num-cpus is reserved per replica")),
+    "--allocator not a file": case(*SERVE, "--allocator", "jemalloc", code=USAGE,
+                                   says=("--allocator", "expected auto, system, mimalloc or the path", "'jemalloc'")),
+    "--allocator with --ray": case(*SERVE, "--allocator", "mimalloc", "--ray", code=USAGE,
+                                   says=("--allocator", "Ray Serve's replicas are processes Ray starts")),
+    # the program starts itself again with the file preloaded; the loader ignores what is no library: refused then
+    "--allocator a file, no library": case(*SERVE, "--allocator", "userdata/notes.txt", code=USAGE, process=True,
+                                           says=("--allocator", "could not be preloaded", "not a shared library")),
 }
 if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
     SERVE_CASES["--provider cuda without CUDA"] = case(*SERVE, "--provider", "cuda", code=BAD_INPUT,
@@ -289,7 +296,8 @@ if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
 
 # `serve --address` imports Ray before it refuses anything, and importing Ray changes the importing process (its
 # environment): those rows get a process of their own.
-SERVE_CASES = {name: dataclasses.replace(row, process="--address" in row.args) for name, row in SERVE_CASES.items()}
+SERVE_CASES = {name: dataclasses.replace(row, process=row.process or "--address" in row.args)
+               for name, row in SERVE_CASES.items()}
 
 
 @pytest.mark.parametrize("name", list(SERVE_CASES))

@@ -1,0 +1,133 @@
+"""--allocator (cli.allocator): a real process started again with its allocator preloaded, checked in its own memory
+map; the user's LD_PRELOAD put back for the processes it starts; refusals; and `seq2onnx serve` end to end."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli.allocator import choose, mimalloc_library
+
+from support.processes import default_sigint
+from support.serve import DATES, free_port, wait_healthy
+
+ROOT = Path(__file__).resolve().parents[1]
+MIMALLOC = mimalloc_library()
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or MIMALLOC is None,
+                                reason="mimalloc is preloaded on Linux, from the serve extra's cmeel-mimalloc")
+
+# A program that says when it starts, then chooses its allocator (argv[1]) and reports what it and a child map.
+PROGRAM = """
+import os, subprocess, sys
+sys.path.insert(0, {root!r})
+print("start", os.getpid(), flush=True)
+from cli.allocator import choose
+print("runs with", choose(sys.argv[1]))
+print("LD_PRELOAD", os.environ.get("LD_PRELOAD"))
+print("SEQ2ONNX", sorted(k for k in os.environ if k.startswith("SEQ2ONNX")))
+own = open("/proc/self/maps").read()
+child = subprocess.run(["cat", "/proc/self/maps"], capture_output=True, text=True).stdout
+print("own maps mimalloc", "libmimalloc" in own)
+print("child maps mimalloc", "libmimalloc" in child)
+"""
+
+
+def run(value: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return subprocess.run([sys.executable, "-c", PROGRAM.format(root=str(ROOT)), value], capture_output=True,
+                          text=True, timeout=60, env={**environ, **env})
+
+
+def lines(done: subprocess.CompletedProcess) -> list[str]:
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("value", ["mimalloc", "auto", str(MIMALLOC)])
+def test_the_process_starts_again_with_mimalloc_and_its_children_do_not_inherit_it(value: str) -> None:
+    out = lines(run(value))
+    starts = [line for line in out if line.startswith("start")]
+    assert len(starts) == 2 and len(set(starts)) == 1  # started again, in place: the same pid
+    assert "runs with libmimalloc.so.3" in out
+    assert "own maps mimalloc True" in out and "child maps mimalloc False" in out
+    assert "LD_PRELOAD None" in out and "SEQ2ONNX []" in out
+
+
+def test_the_system_allocator_starts_nothing_again() -> None:
+    out = lines(run("system"))
+    assert len([line for line in out if line.startswith("start")]) == 1
+    assert "runs with the system's malloc" in out and "own maps mimalloc False" in out
+
+
+def test_the_users_own_ld_preload_is_kept_and_put_back() -> None:
+    libm = next(p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6",
+                            "/lib/aarch64-linux-gnu/libm.so.6", "/usr/lib/aarch64-linux-gnu/libm.so.6")
+                if Path(p).exists())
+    out = lines(run("mimalloc", LD_PRELOAD=libm))
+    assert "own maps mimalloc True" in out and f"LD_PRELOAD {libm}" in out and "SEQ2ONNX []" in out
+
+
+def test_auto_leaves_an_allocator_the_user_preloaded() -> None:
+    out = lines(run("auto", LD_PRELOAD=str(MIMALLOC)))
+    assert len([line for line in out if line.startswith("start")]) == 1
+    assert "runs with libmimalloc.so.3 (preloaded already)" in out
+
+
+@pytest.mark.parametrize("value, says", [
+    ("notes.txt", ("could not be preloaded", "not a shared library")),
+    ("missing.so", ("expected auto, system, mimalloc or the path", "missing.so', which is not a file")),
+])
+def test_what_cannot_be_preloaded_is_refused(tmp_path: Path, value: str, says: tuple[str, ...]) -> None:
+    (tmp_path / "notes.txt").write_text("not a library\n")
+    done = run(str(tmp_path / value))
+    assert done.returncode == 1 and "runs with" not in done.stdout
+    assert all(s in done.stderr for s in says), done.stderr
+
+
+def test_auto_goes_on_with_the_system_allocator_where_the_library_will_not_load(tmp_path: Path) -> None:
+    """A process started again whose library the loader refused (here: as if auto had found a broken one)."""
+    broken = tmp_path / "libmimalloc.so.3"
+    broken.write_text("not a library\n")
+    done = subprocess.run([sys.executable, "-c", PROGRAM.format(root=str(ROOT)), "auto"], capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "SEQ2ONNX_PRELOADING": str(broken), "LD_PRELOAD": str(broken)})
+    out = lines(done)
+    assert "runs with the system's malloc" in out and "could not be preloaded" in done.stderr
+    assert "LD_PRELOAD None" in out
+
+
+def test_a_caller_in_its_own_process_is_never_started_again() -> None:
+    """A test (or a library) calling the command: auto keeps the system's malloc; a named allocator is refused."""
+    assert choose("auto", program=False) in ("the system's malloc", "libmimalloc.so.3 (preloaded already)")
+    if "libmimalloc" not in Path("/proc/self/maps").read_text():
+        with pytest.raises(Exception, match="only the seq2onnx program on Linux does"):
+            choose("mimalloc", program=False)
+
+
+@pytest.mark.parametrize("allocator, loaded", [("auto", True), ("system", False)])
+def test_serve_runs_with_the_allocator_it_was_given(tmp_path: Path, allocator: str, loaded: bool) -> None:
+    port, log = free_port(), tmp_path / "serve.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port),
+                                    "--allocator", allocator], stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                   cwd=ROOT, start_new_session=True, preexec_fn=default_sigint)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/healthz", 120, process)
+        maps = Path(f"/proc/{process.pid}/maps").read_text()  # the pid the supervisor holds is the server's
+        assert ("libmimalloc" in maps) == loaded
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"texts": ["march 3 1999"]}, timeout=30)
+        assert reply.status_code == 200 and reply.json()["translations"][0][0]["text"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = log.read_text()
+    assert ("libmimalloc.so.3; Ctrl-C stops" if loaded else "the system's malloc; Ctrl-C stops") in text, text
+    assert "serve: stopped" in text
