@@ -1,7 +1,8 @@
 """seq2onnx against CTranslate2 on the same transformer: outputs cross-checked token for token, then decode times.
 
     python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 24] [--batches 1,64] [--beams 1,5]
-                                   [--threads 1,2] [--workers 1,2] [--instances 3] [--json OUT.json] [--plot OUT.png] [--force]
+                                   [--threads 1,2] [--workers 1,2] [--instances 3] [--allocator system]
+                                   [--json OUT.json] [--plot OUT.png] [--force]
 
 CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported twice through the public API
 (`export_model`: float32, and `quantize="int8"` as `seq2onnx export --quantize int8`; whatever graphs the export
@@ -35,6 +36,8 @@ slower). "paired" is the median over rounds of the two sides' ratio within a rou
 configuration), samples taken tens of milliseconds apart: a shared machine's slow and fast phases, which last seconds, move
 both samples of a round alike and cancel there, where they move a ratio of medians (four runs of batch-1 greedy on
 one machine: ratio of medians 1.16-1.65, paired 1.52-1.59).
+--allocator (cli.allocator, as `seq2onnx serve --allocator`) runs the whole process, both engines, with another C
+allocator: the script starts itself again with it preloaded.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ from bench_outputs import JSON, PNG, check_click, publish
 from ct2_check import check_failures, cross_check, ct2_ids
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 
+from cli.allocator import choose as choose_allocator
 from export.api import QualityLossWarning, export_model
 from runtime.bench_report import cpu_model
 from runtime.contract import VOCAB_FILES
@@ -71,7 +75,7 @@ from training.tokens.data import load_text_dataset
 
 SOURCE_TOKENS = 12  # tokens of a timed source (dates: characters); its encoder reads 13 positions with the </s>
 CHECK_TEXTS = 256  # held-out sources of any length for the cross-check
-WARMUP = 2
+WARMUP = 3
 SAMPLE_S = 0.02  # --inner 0: calls in a row per sample, so that a sample lasts about this long
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
@@ -168,18 +172,20 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
     in a row, their mean; round r runs copy r mod N of each of its N copies, and the decoders run in reverse order
     in rounds N..2N-1, 3N..4N-1, ..., so that every copy runs in both orders), after WARMUP calls of every copy and
-    the length check. `inner` 0: enough calls for one SAMPLE_S sample of the slowest decoder's last warm-up call.
-    Not its first: a translator's first call sets itself up (CTranslate2's took 46 ms where its next took 0.65),
-    which made it one call a round, each timed cold.
+    the length check. `inner` 0: enough calls for one SAMPLE_S sample of the slowest decoder's fastest warm-up call
+    after its first. Not the first: a translator's first call sets itself up (CTranslate2's took 46 ms where its next
+    took 0.65), which made it one call a round, each timed cold; nor any one later call: with mimalloc preloaded
+    (--allocator) ours spiked once, at its second call (7.8 ms against 1.6), which made it two calls a round.
     Returns the times and the calls a sample."""
     warm = 0.0
     for key, copies in calls.items():
         for call in copies:
+            took = []
             for _ in range(WARMUP):
                 start = time.perf_counter()
                 lengths = {len(ids) for ids in call()}
-                took = time.perf_counter() - start
-            warm = max(warm, took)
+                took.append(time.perf_counter() - start)
+            warm = max(warm, min(took[1:]))
             if lengths != {steps}:
                 raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, "
                                            f"expected exactly --steps {steps} for every hypothesis")
@@ -336,13 +342,17 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
                    "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
+@click.option("--allocator", default="system", show_default=True,
+              help="The process's C allocator, both engines': system, mimalloc, auto or a library to preload "
+                   "(cli.allocator); the script starts itself again with it.")
 def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[int], beams: list[int],
          threads: list[int], workers: list[int], json_out: Path | None, plot_out: Path | None, force: bool,
-         ct2_text: bool, instances: int) -> None:
+         ct2_text: bool, instances: int, allocator: str) -> None:
     """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
     def note(line: str) -> None:
         click.echo(line, err=True)
 
+    malloc = choose_allocator(allocator)
     check_outputs(json_out, plot_out, force)  # before a minute of work, not after
     if plot_out is not None:
         try:
@@ -350,7 +360,8 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
         except MissingExtraError as err:
             raise click.ClickException(str(err)) from None
     info = machine()
-    note(f"{info['cpu']}, {info['cpus']} CPUs, flags {info['flags']}\nuptime: {info['uptime']}")
+    info["allocator"] = malloc
+    note(f"{info['cpu']}, {info['cpus']} CPUs, flags {info['flags']}, {malloc}\nuptime: {info['uptime']}")
     with tempfile.TemporaryDirectory(prefix="ct2-bench-") as tmp:
         dirs, (check_texts, texts) = prepare(checkpoint, Path(tmp), steps, note)
         model = Seq2Seq.load(dirs["fp32"], provider="cpu")
@@ -376,7 +387,7 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
                 times, calls_a_sample = measure(calls, repeats, steps, inner)
                 rows.append({**summarise(batch, beam, times), "inner": calls_a_sample})
                 note(f"  {calls_a_sample} call(s) of each decoder a sample")
-    click.echo(f"{info['cpu']}; {info['flags']}; uptime: {machine()['uptime']}")
+    click.echo(f"{info['cpu']}; {info['flags']}; {malloc}; uptime: {machine()['uptime']}")
     click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats} "
                f"rounds over {instances} cop{'ies' if instances > 1 else 'y'} of each decoder; "
                "ratio = seq2onnx / CT2 (> 1: seq2onnx slower); CT2 "
