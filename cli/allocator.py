@@ -69,6 +69,11 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
             return "the system's malloc"
         raise click.BadParameter(f"{value!r} is preloaded by starting the program again, which only the seq2onnx "
                                  "program on Linux does; use --allocator system here", param_hint=f"'{option}'")
+    if any(c in str(library) for c in ": \t\n"):  # LD_PRELOAD splits at colons and spaces, with no escape
+        if value == "auto":
+            return "the system's malloc"
+        raise click.BadParameter(f"{str(library)!r}: the loader's LD_PRELOAD cannot hold a path with a colon or a "
+                                 "space; link the library from a path without them", param_hint=f"'{option}'")
     _restart(library)
     raise AssertionError("unreachable: execv returned")
 

@@ -131,3 +131,14 @@ def test_serve_runs_with_the_allocator_it_was_given(tmp_path: Path, allocator: s
     text = log.read_text()
     assert ("libmimalloc.so.3; Ctrl-C stops" if loaded else "the system's malloc; Ctrl-C stops") in text, text
     assert "serve: stopped" in text
+
+
+@pytest.mark.parametrize("name", ["lib mimalloc.so", "lib:mimalloc.so"])
+def test_a_path_ld_preload_cannot_hold_is_refused_before_starting_again(tmp_path: Path, name: str) -> None:
+    """LD_PRELOAD splits at colons and spaces: such a path would preload something else, or nothing. (A link to
+    the library from such a path is fine: the link is followed.)"""
+    copy = tmp_path / name
+    copy.write_bytes(MIMALLOC.read_bytes())
+    done = run(str(copy))
+    assert done.returncode == 1 and len([line for line in done.stdout.splitlines() if line.startswith("start")]) == 1
+    assert "cannot hold a path with a colon or a space" in done.stderr, done.stderr
