@@ -537,6 +537,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--server-workers: each count once, got {args.server_workers}")
     if len(set(args.server_allocators)) < len(args.server_allocators):
         p.error(f"--server-allocators: each allocator once, got {args.server_allocators}")
+    unknown = [a for a in args.server_allocators if a not in ("auto", "system", "mimalloc") and not Path(a).is_file()]
+    if unknown:
+        p.error(f"--server-allocators: expected auto, system, mimalloc or a library's path, got {unknown[0]!r}")
     if max(args.server_workers) * args.server_threads > len(os.sched_getaffinity(0)):
         p.error(f"--server-workers {max(args.server_workers)} x --server-threads {args.server_threads}: more than the "
                 f"{len(os.sched_getaffinity(0))} CPUs this process may use")

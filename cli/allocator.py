@@ -4,17 +4,21 @@ onnxruntime allocates small C++ objects for every kernel it runs (tensors, shape
 iteration): ~300 mallocs a step of the dates transformer's batch-1 beam graph, ~6,000 a call. glibc's malloc spent
 ~14% of that call's time in `perf` and ~1.5 M of its 13.5 M instructions (callgrind); mimalloc and jemalloc cost less
 per allocation and keep the objects closer together. A process's allocator is chosen when it starts (the dynamic
-loader's LD_PRELOAD), so `choose` starts the program again, in place (`execv`: the same pid, so a supervisor's
-signals still reach it), with the library preloaded, and the new process checks that the library is in its memory
-map. LD_PRELOAD is then put back as the user had it, so processes this one starts run with their own allocator.
+loader's LD_PRELOAD), so `choose` starts the program again, in place (`execve`: the same pid, so a supervisor's
+signals still reach it; Ctrl-C and SIGTERM are held across it and land once the program's handlers are back), with
+the library preloaded, and the new process checks that `malloc` is now the library's. LD_PRELOAD is then put back as
+the user had it, so processes this one starts run with their own allocator.
 
 Choices: "system" (the C library's malloc), "mimalloc" (the `cmeel-mimalloc` wheel, installed with the `serve`
 extra on Linux), a path to a shared library to preload (jemalloc, tcmalloc ...), or "auto": mimalloc where it is
-installed and the platform is Linux, else the system's, and nothing at all where an allocator is preloaded already.
+installed and the platform is Linux, else the system's. Where `malloc` is already another library's (the user's own
+LD_PRELOAD), auto and system say so and leave it, and a named allocator is refused: two allocators stacked crashed.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -23,9 +27,9 @@ import click
 
 CHOICES = ("auto", "system", "mimalloc")
 WHEEL = "cmeel-mimalloc"
-PRELOADING = "SEQ2ONNX_PRELOADING"  # set across the execv: the library this process was started again with
+PRELOADING = "SEQ2ONNX_PRELOADING"  # "pid:library" across the execve (the pid survives it; a stray value does not)
 PRELOAD_WAS = "SEQ2ONNX_LD_PRELOAD_WAS"  # the user's own LD_PRELOAD, put back after the check
-KNOWN = ("libmimalloc", "libjemalloc", "libtcmalloc")  # allocators "auto" leaves alone when already preloaded
+HELD = {signal.SIGINT, signal.SIGTERM}  # blocked across the execve: a signal then waits for the new handlers
 
 
 def mimalloc_library() -> Path | None:
@@ -38,32 +42,56 @@ def mimalloc_library() -> Path | None:
     return Path(found[0].locate()).resolve() if found else None
 
 
-def mapped_libraries() -> set[str]:
-    """The resolved paths of the shared libraries in this process's memory map (Linux), else an empty set."""
+def malloc_owner() -> Path | None:
+    """The file whose `malloc` this process calls (the first definition the loader finds: a preloaded library's
+    before the C library's), from this process's memory map; None where that cannot be read (not Linux)."""
     try:
+        address = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value or 0
         lines = Path("/proc/self/maps").read_text().splitlines()
+    except (OSError, AttributeError):
+        return None
+    for line in lines:
+        fields = line.split(None, 5)
+        start, _, end = fields[0].partition("-")
+        if len(fields) == 6 and int(start, 16) <= address < int(end, 16):
+            return Path(fields[5]).resolve()
+    return None
+
+
+def _mapped(library: Path) -> bool:
+    """Whether `library` is in this process's memory map."""
+    try:
+        return any(line.split(None, 5)[-1] == str(library) for line in Path("/proc/self/maps").read_text().splitlines())
     except OSError:
-        return set()
-    return {str(Path(line.split(None, 5)[5]).resolve()) for line in lines if len(line.split(None, 5)) == 6
-            and ".so" in line.split(None, 5)[5]}
+        return False
+
+
+def is_system(owner: Path | None) -> bool:
+    """Whether `owner` (malloc_owner's) is the C library itself."""
+    return owner is None or owner.name.startswith(("libc.so", "libc-", "ld-musl"))
 
 
 def choose(value: str, option: str = "--allocator", program: bool = True) -> str:
     """Run this process with the allocator `value` names, starting it again where needed (never returns then).
     Returns what it runs with, in words, for the program's ready line. `program`: this process is the command
     (not a test calling it in its own process), so it may be started again."""
-    if os.environ.get(PRELOADING) is not None:
-        return _after_restart(value, option)
+    pid, _, library = os.environ.get(PRELOADING, "").partition(":")
+    if pid == str(os.getpid()) and library:
+        return _after_restart(Path(library), value, option)
+    owner = malloc_owner()
+    if not is_system(owner):
+        if value in ("auto", "system"):
+            return f"{owner.name} (preloaded already, by your LD_PRELOAD)"  # type: ignore[union-attr]
+        library = _library(value, option)
+        if library == owner:
+            return f"{owner.name} (preloaded already)"  # type: ignore[union-attr]
+        raise click.BadParameter(f"malloc is {owner} already (your LD_PRELOAD), and two allocators in one process "
+                                 f"crash; drop it from LD_PRELOAD, or use --allocator auto", param_hint=f"'{option}'")
     if value == "system":
         return "the system's malloc"
-    preloaded = sorted(p for p in mapped_libraries() if Path(p).name.startswith(KNOWN))
-    if value == "auto" and preloaded:
-        return f"{Path(preloaded[0]).name} (preloaded already)"
     library = _library(value, option)
     if library is None:
         return "the system's malloc"
-    if str(library) in mapped_libraries():
-        return f"{library.name} (preloaded already)"
     if not program or not sys.executable or not sys.platform.startswith("linux"):
         if value == "auto":
             return "the system's malloc"
@@ -75,7 +103,7 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
         raise click.BadParameter(f"{str(library)!r}: the loader's LD_PRELOAD cannot hold a path with a colon or a "
                                  "space; link the library from a path without them", param_hint=f"'{option}'")
     _restart(library)
-    raise AssertionError("unreachable: execv returned")
+    raise AssertionError("unreachable: execve returned")
 
 
 def _library(value: str, option: str) -> Path | None:
@@ -89,41 +117,56 @@ def _library(value: str, option: str) -> Path | None:
                                      f"which brings {WHEEL} on Linux) or use --allocator system",
                                      param_hint=f"'{option}'")
         return library
-    path = Path(value).expanduser()
     if not linux:
         raise click.BadParameter(f"a library to preload ({value!r}) works on Linux only; use --allocator system",
                                  param_hint=f"'{option}'")
-    if not path.is_file():
-        raise click.BadParameter(f"expected auto, system, mimalloc or the path of a shared library to preload, "
-                                 f"got {value!r}, which is not a file", param_hint=f"'{option}'")
-    return path.resolve()
+    try:
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.resolve()
+        why = "which is not a file"
+    except (OSError, RuntimeError) as exc:  # a name too long, a directory we may not search, ~nosuchuser
+        why = f"which cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    raise click.BadParameter(f"expected auto, system, mimalloc or the path of a shared library to preload, got "
+                             f"{value[:200]!r}, {why}", param_hint=f"'{option}'")
 
 
 def _restart(library: Path) -> None:
-    """execv this program again with `library` first in LD_PRELOAD."""
+    """execve this program again with `library` first in LD_PRELOAD, Ctrl-C and SIGTERM held until it is back."""
     was = os.environ.get("LD_PRELOAD")
-    env = dict(os.environ, LD_PRELOAD=f"{library}:{was}" if was else str(library), **{PRELOADING: str(library)})
+    env = dict(os.environ, LD_PRELOAD=f"{library}:{was}" if was else str(library),
+               **{PRELOADING: f"{os.getpid()}:{library}"})
     if was is not None:
         env[PRELOAD_WAS] = was
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, list(sys.orig_argv), env)
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        os.execve(sys.executable, list(sys.orig_argv), env)
+    except OSError as exc:
+        raise click.ClickException(f"could not start {sys.executable} again with {library} preloaded "
+                                   f"({exc.strerror or exc}); use --allocator system") from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
 
 
-def _after_restart(value: str, option: str) -> str:
-    """In the process started again: the user's LD_PRELOAD put back, and the library found in the memory map, or a
-    refusal for an allocator asked for by name or path (auto goes on with the system's, saying so)."""
-    library = os.environ.pop(PRELOADING)
+def _after_restart(library: Path, value: str, option: str) -> str:
+    """In the process started again: the user's LD_PRELOAD put back, a signal held across the execve let in, and
+    malloc found to be the library's, or a refusal for an allocator asked for by name or path (auto goes on with
+    the system's, saying so)."""
+    os.environ.pop(PRELOADING)
     was = os.environ.pop(PRELOAD_WAS, None)
     if was is None:
         os.environ.pop("LD_PRELOAD", None)
     else:
         os.environ["LD_PRELOAD"] = was
-    if library in mapped_libraries():
-        return Path(library).name
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+    owner = malloc_owner()
+    if owner == library:
+        return library.name
+    why = (f"was preloaded, but malloc is {owner}'s" if _mapped(library) and owner is not None else
+           "could not be preloaded (see the loader's message above)")
     if value == "auto":
-        click.echo(f"note: {library} could not be preloaded (see the loader's message above); running with the "
-                   "system's malloc", err=True)
+        click.echo(f"note: {library} {why}; running with the system's malloc", err=True)
         return "the system's malloc"
-    raise click.BadParameter(f"{library} could not be preloaded (see the loader's message above): not a shared "
-                             "library this machine can load", param_hint=f"'{option}'")
+    raise click.BadParameter(f"{library} {why}: not an allocator this machine can preload", param_hint=f"'{option}'")

@@ -284,10 +284,12 @@ SERVE_CASES: dict[str, Case] = {
     "--allocator not a file": case(*SERVE, "--allocator", "jemalloc", code=USAGE,
                                    says=("--allocator", "expected auto, system, mimalloc or the path", "'jemalloc'")),
     "--allocator with --ray": case(*SERVE, "--allocator", "mimalloc", "--ray", code=USAGE,
-                                   says=("--allocator", "Ray Serve's replicas are processes Ray starts")),
+                                   says=("--allocator", "'mimalloc' with --ray", "Ray Serve's replicas are processes")),
+    "--allocator with --replicas": case(*SERVE, "--allocator", "mimalloc", "--replicas", "2", code=USAGE,
+                                        says=("--allocator", "with --replicas 2 (which implies --ray)")),
     # the program starts itself again with the file preloaded; the loader ignores what is no library: refused then
     "--allocator a file, no library": case(*SERVE, "--allocator", "userdata/notes.txt", code=USAGE, process=True,
-                                           says=("--allocator", "could not be preloaded", "not a shared library")),
+                                           says=("--allocator", "could not be preloaded", "not an allocator")),
 }
 if "cuda" not in DEVICES:  # where CUDA works, --provider cuda is a fine request
     SERVE_CASES["--provider cuda without CUDA"] = case(*SERVE, "--provider", "cuda", code=BAD_INPUT,
