@@ -25,7 +25,6 @@ from pathlib import Path
 
 import click
 
-CHOICES = ("auto", "system", "mimalloc")
 WHEEL = "cmeel-mimalloc"
 PRELOADING = "SEQ2ONNX_PRELOADING"  # "pid:library" across the execve (the pid survives it; a stray value does not)
 PRELOAD_WAS = "SEQ2ONNX_LD_PRELOAD_WAS"  # the user's own LD_PRELOAD, put back after the check
@@ -53,7 +52,7 @@ def malloc_owner() -> Path | None:
     for line in lines:
         fields = line.split(None, 5)
         start, _, end = fields[0].partition("-")
-        if len(fields) == 6 and int(start, 16) <= address < int(end, 16):
+        if len(fields) == 6 and int(start or "0", 16) <= address < int(end or "0", 16):
             return Path(fields[5]).resolve()
     return None
 
