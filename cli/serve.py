@@ -157,11 +157,11 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     use_ray = use_ray or address is not None or replicas != "1"
     _refuse_ray_only(ctx, use_ray)
     _check_copies(workers, num_cpus, _ray_because(ctx, use_ray, address, replicas))
+    malloc = _allocator(allocator, _ray_because(ctx, use_ray, address, replicas))  # before the heavy imports
     if use_ray:
         require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
     else:
         require(("fastapi", "uvicorn", "prometheus_client"), "FastAPI, uvicorn and prometheus-client", "serve", "serve")
-    malloc = _allocator(allocator, _ray_because(ctx, use_ray, address, replicas))
     kind = check_model(model_dir, provider)
     if address is None:
         check_port_free(host, port)
