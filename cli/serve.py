@@ -15,9 +15,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from runtime.defaults import MAX_TARGET_LEN, PROVIDERS
 from runtime.errors import Seq2OnnxError
-from runtime.points import MAX_TARGET_LEN
-from runtime.sessions import PROVIDERS
 from serving.config import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_DECODING,
@@ -208,7 +207,7 @@ def _check_copies(workers: int, num_cpus: float, ray: str | None) -> None:
     """--workers: copies in this process only (Ray's replicas are its copies); in this process, workers x the
     intra-op threads of --num-cpus within the CPUs it may use. On Ray, --num-cpus is what each replica reserves on
     whichever node runs it: not this machine's to check."""
-    from runtime.sessions import max_threads
+    from runtime.defaults import max_threads
 
     if ray is not None:
         if workers > 1:

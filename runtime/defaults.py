@@ -1,11 +1,25 @@
 """Defaults and tolerances in one place, torch-free: what `--help` shows is what the library uses.
 
-Training (`seq2onnx train`, the trainers), export parity and reduced-precision quality, and precision names.
+Training (`seq2onnx train`, the trainers), export parity and reduced-precision quality, precision names, and the
+runtime's limits that commands check their options against (here rather than beside the code that uses them, so that
+checking options imports neither numpy nor onnxruntime: `serve` may start itself again before it loads them).
 Everything here is plain data; the packages that use these values import them from here.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# -- runtime: limits and choices that options are checked against --
+MAX_TARGET_LEN = 10_000  # the longest decode a call may ask for (runtime.points, runtime.tokens)
+PROVIDERS = ("auto", "cpu", "cuda")  # runtime.sessions
+
+
+def max_threads() -> int:
+    """CPUs this process may run on: the most intra-op threads that do not oversubscribe the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 # -- export: parity of onnxruntime against PyTorch (export.parity.Tolerance) --
 DEFAULT_ATOL = 1e-5

@@ -10,10 +10,10 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
+from .defaults import MAX_TARGET_LEN
 from .errors import Cancelled, InputError, brief, one_line
 from .spec import ModelSpec
 
-MAX_TARGET_LEN = 10_000
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger finite values become inf in float32
 FLOAT32_RANGE = f"±{FLOAT32_MAX:.1e}".replace("e+", "e")  # '±3.4e38'
 NUMBER_KINDS = "fiu"  # float, signed and unsigned int: JSON has no int/float distinction, all are cast to float32

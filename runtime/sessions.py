@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import numbers
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import onnxruntime as ort
 
+from .defaults import PROVIDERS, max_threads
 from .denormals import keeping_flags, session_flag
 from .errors import InputError, IntegrityError, ProviderError, brief, one_line
 from .manifest import read_regular_file, sha256_bytes
 
-PROVIDERS = ("auto", "cpu", "cuda")
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 MAX_GRAPH_BYTES = (2 << 30) - 1  # protobuf cannot parse a larger message; larger models need external data
@@ -62,13 +61,6 @@ ALLOW_SPINNING = "session.intra_op.allow_spinning"
 # garbage Range limit (its source-length mask, e.g. (1, 1, 813186446, 1): 0 of 10 calls right, at any optimization
 # level), and with it 10 of 10; the plain graphs ran right either way.
 ARENA = True
-
-
-def max_threads() -> int:
-    """CPUs this process may run on: the most intra-op threads that do not oversubscribe the machine."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def check_threads(threads: Any) -> int | None:

@@ -6,9 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.defaults import MAX_TARGET_LEN, PROVIDERS
 from runtime.errors import InputError, brief
-from runtime.points import MAX_TARGET_LEN
-from runtime.sessions import PROVIDERS
 
 MAX_BATCH_LIMIT = 4096
 DEFAULT_MAX_BODY_BYTES = 4 << 20
