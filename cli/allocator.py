@@ -16,6 +16,7 @@ LD_PRELOAD), auto and system say so and leave it, and a named allocator is refus
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -26,7 +27,8 @@ from pathlib import Path
 import click
 
 WHEEL = "cmeel-mimalloc"
-PRELOADING = "SEQ2ONNX_PRELOADING"  # "pid:library" across the execve (the pid survives it; a stray value does not)
+PRELOADING = "SEQ2ONNX_PRELOADING"  # "pid:held:library" across the execve (the pid survives it; a stray value does
+# not), held: which of HELD the process had blocked itself before, comma-separated
 PRELOAD_WAS = "SEQ2ONNX_LD_PRELOAD_WAS"  # the user's own LD_PRELOAD, put back after the check
 HELD = {signal.SIGINT, signal.SIGTERM}  # blocked across the execve: a signal then waits for the new handlers
 
@@ -46,7 +48,7 @@ def malloc_owner() -> Path | None:
     before the C library's), from this process's memory map; None where that cannot be read (not Linux)."""
     try:
         address = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value or 0
-        lines = Path("/proc/self/maps").read_text().splitlines()
+        lines = _maps()
     except (OSError, AttributeError):
         return None
     for line in lines:
@@ -57,10 +59,15 @@ def malloc_owner() -> Path | None:
     return None
 
 
+def _maps() -> list[str]:
+    """This process's memory map, a line a region; file names that are not UTF-8 kept as os.fsdecode keeps them."""
+    return Path("/proc/self/maps").read_text(errors="surrogateescape").splitlines()
+
+
 def _mapped(library: Path) -> bool:
-    """Whether `library` is in this process's memory map."""
+    """Whether `library` (resolved) is in this process's memory map."""
     try:
-        return any(line.split(None, 5)[-1] == str(library) for line in Path("/proc/self/maps").read_text().splitlines())
+        return any(line.split(None, 5)[-1] == str(library.resolve()) for line in _maps())
     except OSError:
         return False
 
@@ -74,22 +81,23 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
     """Run this process with the allocator `value` names, starting it again where needed (never returns then).
     Returns what it runs with, in words, for the program's ready line. `program`: this process is the command
     (not a test calling it in its own process), so it may be started again."""
-    pid, _, library = os.environ.get(PRELOADING, "").partition(":")
+    pid, _, rest = os.environ.get(PRELOADING, "").partition(":")
+    held, _, library = rest.partition(":")
     if pid == str(os.getpid()) and library:
-        return _after_restart(Path(library), value, option)
+        return _after_restart(Path(library), held, value, option)
     owner = malloc_owner()
     if not is_system(owner):
         if value in ("auto", "system"):
             return f"{owner.name} (preloaded already, by your LD_PRELOAD)"  # type: ignore[union-attr]
         library = _library(value, option)
-        if library == owner:
+        if library is not None and library.resolve() == owner:
             return f"{owner.name} (preloaded already)"  # type: ignore[union-attr]
         raise click.BadParameter(f"malloc is {owner} already (your LD_PRELOAD), and two allocators in one process "
                                  f"crash; drop it from LD_PRELOAD, or use --allocator auto", param_hint=f"'{option}'")
     if value == "system":
         return "the system's malloc"
     library = _library(value, option)
-    if library is None:
+    if library is None or is_system(library.resolve()):
         return "the system's malloc"
     if not program or not sys.executable or not sys.platform.startswith("linux"):
         if value == "auto":
@@ -97,10 +105,12 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
         raise click.BadParameter(f"{value!r} is preloaded by starting the program again, which only the seq2onnx "
                                  "program on Linux does; use --allocator system here", param_hint=f"'{option}'")
     if any(c in str(library) for c in ": \t\n"):  # LD_PRELOAD splits at colons and spaces, with no escape
+        why = (f"{str(library)!r}: the loader's LD_PRELOAD cannot hold a path with a colon or a space; a symbolic "
+               "link to it from a path without them will do")
         if value == "auto":
+            click.echo(f"note: {why}; running with the system's malloc", err=True)
             return "the system's malloc"
-        raise click.BadParameter(f"{str(library)!r}: the loader's LD_PRELOAD cannot hold a path with a colon or a "
-                                 "space; link the library from a path without them", param_hint=f"'{option}'")
+        raise click.BadParameter(why, param_hint=f"'{option}'")
     _restart(library)
     raise AssertionError("unreachable: execve returned")
 
@@ -122,7 +132,7 @@ def _library(value: str, option: str) -> Path | None:
     try:
         path = Path(value).expanduser()
         if path.is_file():
-            return path.resolve()
+            return path.absolute()  # as given: a link is what the loader is handed (resolved where compared)
         why = "which is not a file"
     except (OSError, RuntimeError) as exc:  # a name too long, a directory we may not search, ~nosuchuser
         why = f"which cannot be read ({getattr(exc, 'strerror', None) or exc})"
@@ -133,23 +143,25 @@ def _library(value: str, option: str) -> Path | None:
 def _restart(library: Path) -> None:
     """execve this program again with `library` first in LD_PRELOAD, Ctrl-C and SIGTERM held until it is back."""
     was = os.environ.get("LD_PRELOAD")
+    for stream in (sys.stdout, sys.stderr):  # None where the descriptor was closed
+        with contextlib.suppress(Exception):
+            stream.flush()  # type: ignore[union-attr]
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD) & HELD  # what the process's parent had held stays held
+    held = ",".join(str(int(s)) for s in sorted(before))
     env = dict(os.environ, LD_PRELOAD=f"{library}:{was}" if was else str(library),
-               **{PRELOADING: f"{os.getpid()}:{library}"})
+               **{PRELOADING: f"{os.getpid()}:{held}:{library}"})
     if was is not None:
         env[PRELOAD_WAS] = was
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
     try:
         os.execve(sys.executable, list(sys.orig_argv), env)
     except OSError as exc:
         raise click.ClickException(f"could not start {sys.executable} again with {library} preloaded "
                                    f"({exc.strerror or exc}); use --allocator system") from None
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD - before)
 
 
-def _after_restart(library: Path, value: str, option: str) -> str:
+def _after_restart(library: Path, held: str, value: str, option: str) -> str:
     """In the process started again: the user's LD_PRELOAD put back, a signal held across the execve let in, and
     malloc found to be the library's, or a refusal for an allocator asked for by name or path (auto goes on with
     the system's, saying so)."""
@@ -159,9 +171,10 @@ def _after_restart(library: Path, value: str, option: str) -> str:
         os.environ.pop("LD_PRELOAD", None)
     else:
         os.environ["LD_PRELOAD"] = was
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+    before = {signal.Signals(int(s)) for s in held.split(",") if s.isdigit()}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD - before)
     owner = malloc_owner()
-    if owner == library:
+    if owner is not None and owner == library.resolve():
         return library.name
     why = (f"was preloaded, but malloc is {owner}'s" if _mapped(library) and owner is not None else
            "could not be preloaded (see the loader's message above)")

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -36,17 +37,27 @@ print("runs with", choose(sys.argv[1]))
 print("held after", sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
 print("LD_PRELOAD", os.environ.get("LD_PRELOAD"))
 print("SEQ2ONNX", sorted(k for k in os.environ if k.startswith("SEQ2ONNX")))
-own = open("/proc/self/maps").read()
-child = subprocess.run(["cat", "/proc/self/maps"], capture_output=True, text=True).stdout
+own = open("/proc/self/maps", errors="surrogateescape").read()
+child = subprocess.run(["cat", "/proc/self/maps"], capture_output=True, text=True, errors="surrogateescape").stdout
 print("own maps mimalloc", "libmimalloc" in own)
 print("child maps mimalloc", "libmimalloc" in child)
 """
 
 
-def run(value: str, *restart_with: str, **env: str) -> subprocess.CompletedProcess:
+def run(value: str, *restart_with: str, preexec_fn: Any = None, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     return subprocess.run([sys.executable, "-c", PROGRAM.format(root=str(ROOT)), value, *restart_with],
-                          capture_output=True, text=True, timeout=60, env={**environ, **env})
+                          capture_output=True, text=True, errors="surrogateescape", timeout=60, env={**environ, **env},
+                          preexec_fn=preexec_fn)
+
+
+def libc_family(name: str) -> str:
+    """The path of one of the C library's own files (libm.so.6, libc.so.6) on this machine."""
+    found = [p for p in (f"/lib/x86_64-linux-gnu/{name}", f"/usr/lib/x86_64-linux-gnu/{name}",
+                         f"/lib/aarch64-linux-gnu/{name}", f"/usr/lib/aarch64-linux-gnu/{name}") if Path(p).exists()]
+    if not found:
+        pytest.skip("not a Debian layout")
+    return found[0]
 
 
 def lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -173,3 +184,33 @@ def test_a_path_ld_preload_cannot_hold_is_refused_before_starting_again(tmp_path
     done = run(str(copy))
     assert done.returncode == 1 and len([line for line in done.stdout.splitlines() if line.startswith("start")]) == 1
     assert "cannot hold a path with a colon or a space" in done.stderr, done.stderr
+
+
+def test_what_the_walk_found_second(tmp_path: Path) -> None:
+    """A file name that is not UTF-8 in the memory map; a link from a plain path to a library under a path with a
+    space (the link is what the loader gets); the C library itself asked for."""
+    odd = os.fsdecode(bytes(tmp_path) + b"/m\xff.so")
+    Path(odd).write_bytes(Path(libc_family("libm.so.6")).read_bytes())
+    out = lines(run("system", LD_PRELOAD=odd))
+    assert "runs with the system's malloc" in out
+    spaced = tmp_path / "with space"
+    spaced.mkdir()
+    (spaced / "libmimalloc.so.3").write_bytes(MIMALLOC.read_bytes())
+    (tmp_path / "linked.so").symlink_to(spaced / "libmimalloc.so.3")
+    assert "runs with linked.so" in lines(run(str(tmp_path / "linked.so")))
+    out = lines(run(libc_family("libc.so.6")))
+    assert len([line for line in out if line.startswith("start")]) == 1 and "runs with the system's malloc" in out
+
+
+def test_a_closed_stderr_and_a_parents_held_sigterm_survive_the_restart() -> None:
+    """The restart flushes what it can (a closed descriptor's stream is None), and lets in only what it held:
+    a SIGTERM the parent had blocked stays blocked."""
+    def closed_and_held() -> None:
+        os.close(2)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    done = run("mimalloc", preexec_fn=closed_and_held)
+    out = done.stdout.splitlines()
+    assert done.returncode == 0 and "runs with libmimalloc.so.3" in out, done.stdout
+    term = int(signal.SIGTERM)
+    assert [line for line in out if line.startswith("held")] == [
+        f"held [{term}]", f"held {sorted([int(signal.SIGINT), term])}", f"held after [{term}]"]
