@@ -30,6 +30,7 @@ WHEEL = "cmeel-mimalloc"
 PRELOADING = "SEQ2ONNX_PRELOADING"  # "pid:held:library" across the execve (the pid survives it; a stray value does
 # not), held: which of HELD the process had blocked itself before, comma-separated
 PRELOAD_WAS = "SEQ2ONNX_LD_PRELOAD_WAS"  # the user's own LD_PRELOAD, put back after the check
+SYSTEM = "the system's malloc"  # what a process that keeps the C library's malloc runs with, in words
 HELD = {signal.SIGINT, signal.SIGTERM}  # blocked across the execve: a signal then waits for the new handlers
 
 
@@ -48,28 +49,29 @@ def malloc_owner() -> Path | None:
     before the C library's), from this process's memory map; None where that cannot be read (not Linux)."""
     try:
         address = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value or 0
-        lines = _maps()
     except (OSError, AttributeError):
         return None
-    for line in lines:
-        fields = line.split(None, 5)
+    return next((Path(path).resolve() for start, end, path in _file_regions() if start <= address < end), None)
+
+
+def _file_regions() -> list[tuple[int, int, str]]:
+    """(start, end, file) of each region of this process's memory map that maps a file (file names that are not
+    UTF-8 kept as os.fsdecode keeps them); none where the map cannot be read."""
+    try:
+        lines = Path("/proc/self/maps").read_text(errors="surrogateescape").splitlines()
+    except OSError:
+        return []
+    regions = []
+    for fields in (line.split(None, 5) for line in lines):
         start, _, end = fields[0].partition("-")
-        if len(fields) == 6 and int(start or "0", 16) <= address < int(end or "0", 16):
-            return Path(fields[5]).resolve()
-    return None
-
-
-def _maps() -> list[str]:
-    """This process's memory map, a line a region; file names that are not UTF-8 kept as os.fsdecode keeps them."""
-    return Path("/proc/self/maps").read_text(errors="surrogateescape").splitlines()
+        if len(fields) == 6 and start and end:
+            regions.append((int(start, 16), int(end, 16), fields[5]))
+    return regions
 
 
 def _mapped(library: Path) -> bool:
     """Whether `library` (resolved) is in this process's memory map."""
-    try:
-        return any(line.split(None, 5)[-1] == str(library.resolve()) for line in _maps())
-    except OSError:
-        return False
+    return any(path == str(library.resolve()) for _, _, path in _file_regions())
 
 
 def is_system(owner: Path | None) -> bool:
@@ -95,21 +97,21 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
         raise click.BadParameter(f"malloc is {owner} already (your LD_PRELOAD), and two allocators in one process "
                                  f"crash; drop it from LD_PRELOAD, or use --allocator auto", param_hint=f"'{option}'")
     if value == "system":
-        return "the system's malloc"
+        return SYSTEM
     library = _library(value, option)
     if library is None or is_system(library.resolve()):
-        return "the system's malloc"
+        return SYSTEM
     if not program or not sys.executable or not sys.platform.startswith("linux"):
         if value == "auto":
-            return "the system's malloc"
+            return SYSTEM
         raise click.BadParameter(f"{value!r} is preloaded by starting the program again, which only the seq2onnx "
                                  "program on Linux does; use --allocator system here", param_hint=f"'{option}'")
     if any(c in str(library) for c in ": \t\n"):  # LD_PRELOAD splits at colons and spaces, with no escape
         why = (f"{str(library)!r}: the loader's LD_PRELOAD cannot hold a path with a colon or a space; a symbolic "
                "link to it from a path without them will do")
         if value == "auto":
-            click.echo(f"note: {why}; running with the system's malloc", err=True)
-            return "the system's malloc"
+            click.echo(f"note: {why}; running with {SYSTEM}", err=True)
+            return SYSTEM
         raise click.BadParameter(why, param_hint=f"'{option}'")
     _restart(library)
     raise AssertionError("unreachable: execve returned")
@@ -179,6 +181,6 @@ def _after_restart(library: Path, held: str, value: str, option: str) -> str:
     why = (f"was preloaded, but malloc is {owner}'s" if _mapped(library) and owner is not None else
            "could not be preloaded (see the loader's message above)")
     if value == "auto":
-        click.echo(f"note: {library} {why}; running with the system's malloc", err=True)
-        return "the system's malloc"
+        click.echo(f"note: {library} {why}; running with {SYSTEM}", err=True)
+        return SYSTEM
     raise click.BadParameter(f"{library} {why}: not an allocator this machine can preload", param_hint=f"'{option}'")

@@ -28,6 +28,7 @@ from serving.config import (
     parse_replicas,
 )
 
+from .allocator import SYSTEM
 from .allocator import choose as choose_allocator
 from .cluster import check_reachable
 from .common import FiniteFloatRange, require
@@ -188,7 +189,7 @@ def _allocator(allocator: str, ray: str | None) -> str:
         if allocator not in ("auto", "system"):
             raise click.BadParameter(f"{allocator!r} with {ray}: Ray Serve's replicas are processes Ray starts, "
                                      "with its own allocator; drop --allocator", param_hint="'--allocator'")
-        return "the system's malloc"
+        return SYSTEM
     from .main import IN_PROGRAM
 
     return choose_allocator(allocator, program=bool(IN_PROGRAM))

@@ -3,7 +3,8 @@
 Training (`seq2onnx train`, the trainers), export parity and reduced-precision quality, precision names, and the
 runtime's limits that commands check their options against (here rather than beside the code that uses them, so that
 checking options imports neither numpy nor onnxruntime: `serve` may start itself again before it loads them).
-Everything here is plain data; the packages that use these values import them from here.
+Everything here is plain data (and `max_threads`, which reads the CPUs this process may use); the packages that
+use these values import them from here.
 """
 from __future__ import annotations
 
