@@ -11,6 +11,8 @@ from typing import Any
 import click
 import numpy as np
 
+from runtime import strict_json
+
 
 class InputFileError(click.ClickException):
     """The --input file cannot be read as sources (one line, no usage text)."""
@@ -84,34 +86,13 @@ def _numpy_problem(exc: Exception) -> str:
     return f"cannot be read as NumPy arrays ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
 
-class JsonRefused(ValueError):
-    """Valid JSON that json.loads would quietly bend (a repeated key, an infinite number)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object; a key given twice is refused (json.loads would keep the last one silently)."""
-    keys = [key for key, _ in pairs]
-    twice = sorted({key for key in keys if keys.count(key) > 1})
-    if twice:
-        raise JsonRefused(f"JSON object gives the key(s) {twice} more than once; give each once")
-    return dict(pairs)
-
-
-def _finite_float(text: str) -> float:
-    """A JSON number; one beyond float64 (1e400) would silently become inf."""
-    value = float(text)
-    if not np.isfinite(value):
-        raise JsonRefused(f"JSON number {text} is beyond the float32 range (+-3.4e38); scale the data")
-    return value
-
-
 def parse_json(data: bytes, where: str) -> tuple[Any, Any]:
     """JSON: nested lists (N, L, F), or {"source": ..., "source_mask": ...} and no other keys."""
     if not data.strip():
         raise InputFileError(f"{where}: is empty; expected JSON nested lists (N, L, F) or an object with 'source'")
     try:
-        doc = json.loads(data, object_pairs_hook=_unique_keys, parse_float=_finite_float)
-    except JsonRefused as exc:
+        doc = strict_json.loads(data)
+    except strict_json.JsonRefused as exc:
         raise InputFileError(f"{where}: {exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputFileError(f"{where}: not valid JSON ({exc})") from None

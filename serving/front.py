@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from runtime import strict_json
 from runtime.errors import Seq2OnnxError
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
@@ -120,8 +120,8 @@ def _parsed(model: Any, scope: dict[str, Any], body: bytes) -> Any:
     if not body or not (content_type == b"application/json" or content_type.endswith(b"+json")):
         return None
     try:
-        return model.model_validate(json.loads(body))
-    except (ValueError, ValidationError, RecursionError):  # JSONDecodeError is a ValueError; too deep: FastAPI says
+        return model.model_validate(strict_json.loads(body))
+    except (ValueError, ValidationError, RecursionError):  # JSONDecodeError and JsonRefused are ValueErrors; FastAPI says
         return None
 
 

@@ -17,9 +17,11 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import runtime
+from runtime import strict_json
 from runtime.errors import Seq2OnnxError, one_line
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
@@ -55,7 +57,27 @@ def _service(request: Request) -> Service:
     return service_of(request.app)
 
 
-router = APIRouter()
+class _StrictJsonRequest(Request):
+    """A request whose JSON body is read by `runtime.strict_json` (a repeated key or 1e400 refused, as `infer`
+    refuses them), not by json.loads, which keeps the last key and reads 1e400 as infinity."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = strict_json.loads(await self.body())
+        return self._json
+
+
+class _StrictJsonRoute(APIRoute):
+    def get_route_handler(self) -> Any:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJsonRequest(request.scope, request.receive))
+
+        return strict
+
+
+router = APIRouter(route_class=_StrictJsonRoute)
 
 
 @router.post("/v1/predict", response_model=PredictResponse, responses=REFUSALS)
@@ -182,7 +204,9 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     is a 422, as one that is not JSON is."""
     if exc.status_code == 400 and exc.detail == UNDECODED_BODY:
         cause = exc.__cause__
-        if isinstance(cause, RecursionError):  # arrays in arrays past Python's recursion limit
+        if isinstance(cause, strict_json.JsonRefused):
+            why = f"refused: {cause}"
+        elif isinstance(cause, RecursionError):  # arrays in arrays past Python's recursion limit
             why = "JSON nested too deeply to parse; send the arrays the route's schema (/docs) describes"
         elif isinstance(cause, ValueError) and "integer string conversion" in str(cause):
             why = (f"JSON with an integer of more digits than this server reads ({sys.get_int_max_str_digits()}); "

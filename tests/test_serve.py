@@ -222,6 +222,13 @@ BAD_REQUESTS = {
     "ragged source": ("/points/v1/predict", {"source": [[[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]]]}, 400, "source"),
     "wrong feature count": ("/points/v1/predict", {"source": [[[1.0, 2.0, 3.0]]]}, 400, "source"),
     "NaN point": ("/points/v1/predict", b'{"source": [[[NaN, 1.0]]]}', 400, "finite"),
+    "1e400 point": ("/points/v1/predict", b'{"source": [[[1e400, 1.0]]]}', 422, "1e400 is beyond the float32 range"),
+    "1e400 option": ("/tokens/v1/translate", b'{"texts": ["a"], "length_penalty": -1e400}', 422,
+                     "-1e400 is beyond the float32 range"),
+    "a repeated key": ("/tokens/v1/translate", b'{"texts": ["3/3/15"], "beam_size": 2, "texts": ["a"]}', 422,
+                       "the key(s) ['texts'] more than once"),
+    "a repeated key inside": ("/points/v1/predict", b'{"source": [[[1.0, 2.0]]], "source_mask": null, '
+                              b'"target_len": 2, "target_len": 3}', 422, "['target_len'] more than once"),
     "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source.0.0.0"),
     "mask of 2": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[2]]}, 400, "source_mask"),
     "target_len 0": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 0}, 400, "target_len"),
@@ -264,6 +271,16 @@ def test_bad_requests_get_4xx_with_one_line(served: Served, name: str) -> None:
     message = reply.json()["error"]
     assert says in message and "\n" not in message and "Traceback" not in message
     assert served.client.get(path.split("/v")[0] + "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["1e400 point", "a repeated key"])
+def test_streamed_body_is_read_as_strictly(served: Served, name: str) -> None:
+    """A body without Content-Length goes to FastAPI's own parsing (the front answers declared lengths only): it
+    refuses what the front refuses."""
+    path, body, status, says = BAD_REQUESTS[name]
+    reply = served.client.post(path, content=iter([body[:5], body[5:]]), headers={"content-type": "application/json"})
+    assert "content-length" not in reply.request.headers
+    assert reply.status_code == status and says in reply.json()["error"], reply.text
 
 
 def test_streamed_oversized_body_is_refused(served: Served) -> None:
