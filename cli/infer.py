@@ -18,7 +18,7 @@ from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
-from runtime.sessions import PROVIDERS
+from runtime.sessions import MAX_DEVICE_ID, PROVIDERS
 
 from .common import check_threads_option, check_workers_option, user_errors
 from .infer_points import read_input
@@ -129,7 +129,7 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="Copies of the model, one thread each (with --threads: that many each): token models decode "
                    "N batches at once, point models split the input from 64 sources (not int8 ones); the output is "
                    "the same.")
-@click.option("--device-id", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--device-id", type=click.IntRange(0, MAX_DEVICE_ID), default=0, show_default=True,
               help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Greedy decoding in the export's greedy loop graph, and a transformer's beam search in its beam "

@@ -20,7 +20,10 @@ NUMBER_KINDS = "fiu"  # float, signed and unsigned int: JSON has no int/float di
 MASK_VALUES = (0, 1)
 
 
-def _describe(arr: np.ndarray) -> str:
+def _describe(arr: np.ndarray, given: Any = None) -> str:
+    """An array by its shape and dtype; a value numpy could only wrap as one object (a dict, None) by its type."""
+    if arr.ndim == 0 and arr.dtype.kind == "O" and not isinstance(given, np.ndarray):
+        return "None" if given is None else f"a {type(given).__name__} ({brief(given)})"
     return f"shape {tuple(arr.shape)} dtype {arr.dtype}"
 
 
@@ -53,9 +56,9 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     if arr.dtype.kind in NUMBER_KINDS and isinstance(source, (list, tuple)) and _holds_bool(source):
         raise InputError("source: expected numbers, got true/false among them; pass 1.0/0.0 if that is meant")
     if arr.dtype.kind not in NUMBER_KINDS:
-        hint = " (mixed types, or integers beyond int64)" if arr.dtype.kind == "O" else ""
+        hint = " (mixed types, or integers beyond int64)" if arr.dtype.kind == "O" and arr.ndim else ""
         raise InputError(
-            f"source: expected floating-point or integer values (cast to float32), got {_describe(arr)}{hint}; "
+            f"source: expected floating-point or integer values (cast to float32), got {_describe(arr, source)}{hint}; "
             "pass numbers, not bool, complex, text, dates or objects"
         )
     if arr.ndim != 3 or arr.shape[2] != spec.n_features:
@@ -112,7 +115,8 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
         return np.ones((n, 1, length), dtype=bool)
     mask = _as_array(source_mask, "source_mask", f"a bool or 0/1 array of shape ({n}, 1, {length})")
     if mask.dtype != bool and mask.dtype.kind not in NUMBER_KINDS:
-        raise InputError(f"source_mask: expected bool or 0/1 numbers, got {_describe(mask)}; pass True/False or 1/0")
+        raise InputError(f"source_mask: expected bool or 0/1 numbers, got {_describe(mask, source_mask)}; "
+                         "pass True/False or 1/0")
     if mask.shape == (n, length):
         mask = mask[:, None, :]  # (N, 1, L)
     if mask.shape != (n, 1, length):

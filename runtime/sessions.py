@@ -189,11 +189,16 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     raise ValueError(f"truncated or overlong varint before byte {end}")
 
 
+MAX_DEVICE_ID = 2**31 - 1  # onnxruntime reads the ordinal as a C int
+
+
 def check_device_id(device_id: Any) -> int:
-    """A CUDA device ordinal: a non-negative int."""
-    if isinstance(device_id, bool) or not isinstance(device_id, numbers.Integral) or device_id < 0:
-        raise InputError(f"device_id: expected a non-negative int (a CUDA device ordinal, 0 for the first GPU), "
-                         f"got {brief(device_id)}")
+    """A CUDA device ordinal: an int from 0 to MAX_DEVICE_ID, on any provider (a value no GPU can have is a
+    mistake whether or not a GPU is used)."""
+    if (isinstance(device_id, bool) or not isinstance(device_id, numbers.Integral)
+            or not 0 <= device_id <= MAX_DEVICE_ID):
+        raise InputError(f"device_id: expected an int from 0 to {MAX_DEVICE_ID} (a CUDA device ordinal, 0 for the "
+                         f"first GPU), got {brief(device_id)}")
     return int(device_id)
 
 
