@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .atomic import STAGING_SUFFIX, sibling
 from .errors import Seq2OnnxError
 
 # How many foreign entries a message lists before it says "...".
@@ -92,6 +93,20 @@ class OutputFileError(DestinationError):
         self.exists = exists
 
 
+def _creation_refused(target: Path) -> str | None:
+    """Why no file can be created beside `target`, found by creating (and removing) the staging sibling the write
+    will use: os.access says yes to root on a read-only mount or in /proc, where the write then fails after the
+    work is done."""
+    probe = sibling(target, STAGING_SUFFIX)
+    try:
+        with open(probe, "xb"):
+            pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    probe.unlink(missing_ok=True)
+    return None
+
+
 def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] = ()) -> None:
     """Before any work: `path` names a file (not a folder, not empty) ending in one of `suffixes` (any name when
     empty) in an existing, writable folder, and no file or link there is replaced unless `force`. Raises
@@ -114,8 +129,9 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
             raise OutputFileError(f"{text}: {str(blocking)!r} is a file, not a directory; expected a file name in a "
                                   "directory")
         raise OutputFileError(f"{text}: directory {str(parent)!r} does not exist; create it first")
-    if not os.access(parent, os.W_OK):
-        raise OutputFileError(f"{text}: directory {str(parent)!r} is not writable")
+    refused = _creation_refused(target)
+    if refused is not None:
+        raise OutputFileError(f"{text}: directory {str(parent)!r} takes no new file ({refused}); choose another place")
     if os.path.lexists(target) and not force:
         what = "a link" if target.is_symlink() else "a file"
         raise OutputFileError(f"{text}: {what} already exists there; pass --force to replace it, or choose another "

@@ -279,6 +279,8 @@ CLI_CASES: dict[str, Case] = {
                               says=("--threads", "got 0")),
     "infer --output nodir/": case(*INFER, "--input", "points.npy", "--output", "nodir/o.json", code=USAGE,
                                   says=("--output", "nodir", "does not exist")),
+    "infer --plot where no file can be made": case(*INFER, "--input", "points.npy", "--plot", "/proc/p.png",
+                                                   code=USAGE, says=("--plot", "'/proc' takes no new file")),
     "infer --plot nodir/": case(*INFER, "--input", "points.npy", "--plot", "nodir/p.png", code=USAGE,
                                 says=("--plot", "nodir", "does not exist")),
     "infer --output under a file": case(*INFER, "--input", "points.npy", "--output", "afile/sub/o.json", code=USAGE,
