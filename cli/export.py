@@ -142,7 +142,7 @@ def load_adapter(value: str) -> Any:
 @click.command("export", short_help="Export a checkpoint (or your own model) to ONNX, checked for parity first.")
 @click.argument("checkpoint", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--adapter", metavar="MODULE:FUNCTION", default=None, help=ADAPTER_HELP)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Directory to write the export to (a new one, or an earlier export with --force).")
 @click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
 @tolerance_options
@@ -190,11 +190,11 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
     try:
         check_destination(normalized(out), force)  # a refused --out is said before any work
         source = checkpoint if checkpoint is not None else load_adapter(adapter)
-        click.echo(f"exporting {checkpoint or adapter} (opset {opset}); checking parity over the shape matrix ...",
-                   err=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QualityLossWarning)
             path = export_model(source, out, opset=opset, tol=tol, force=force, progress=True,
+                                on_loaded=lambda: click.echo(f"exporting {checkpoint or adapter} (opset {opset}); "
+                                                             "checking parity over the shape matrix ...", err=True),
                                 on_parity=lambda rows: click.echo(format_table(rows, tol)),
                                 quantize=quantize, dtype=dtype, quality_tol=quality_tol,
                                 accept_quality_loss=accept_quality_loss,

@@ -160,7 +160,7 @@ def _transformer_default(name: str) -> str:
 @click.option("--eval-beam", type=click.IntRange(min=0), default=None,
               help="Token models: beam size of the final held-out accuracy (PyTorch); 0 skips it.  [default: 5]")
 # -- the run --
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Checkpoint directory.  [default: artifacts/checkpoints/<data>-<attention>, "
                    "<data>-transformer for transformers]")
 @click.option("--save-every", type=click.IntRange(min=1), default=1, show_default=True,

@@ -137,6 +137,7 @@ def export_model(
     quantize: str | None = None, dtype: str = FP32, quality_tol: QualityTolerance = QualityTolerance(),
     accept_quality_loss: bool = False, quality_data: Any = None,
     on_quality: Callable[[list[QualityRow]], None] | None = None,
+    on_loaded: Callable[[], None] | None = None,
 ) -> Path:
     """Export, check parity over the shape matrix, and only then move the result into `out`.
 
@@ -149,7 +150,8 @@ def export_model(
     `quantize='int8'` or `dtype='fp16'`: the float32 graphs are checked for parity first, then converted, then
     compared with the float32 ones (`export.quality`) on `quality_data` (texts or (N, L, F) sources; default: a
     checkpoint's own test data) and random inputs. Beyond `quality_tol` a QualityError is raised and nothing is
-    written, unless `accept_quality_loss`: then it is published with a QualityLossWarning."""
+    written, unless `accept_quality_loss`: then it is published with a QualityLossWarning. `on_loaded` is called
+    once the source has loaded and its vocabularies are checked, before the graphs are made."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset: expected {MIN_OPSET}..{MAX_OPSET}, got {opset}")
     mode = precision_mode(quantize, dtype)
@@ -161,17 +163,20 @@ def export_model(
     check_destination(out, force)  # before any work; checked again just before publishing
     with restored_modes(source):
         return _export(source, out, opset, tol, force, progress, on_parity, vocabularies, mode, quality_tol,
-                       accept_quality_loss, quality_data, on_quality)
+                       accept_quality_loss, quality_data, on_quality, on_loaded)
 
 
 def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, progress: bool,
             on_parity: Callable[[list[Row]], None] | None, vocabularies: tuple[Vocabulary, Vocabulary] | None,
             mode: str, quality_tol: QualityTolerance, accept_quality_loss: bool, quality_data: Any,
-            on_quality: Callable[[list[QualityRow]], None] | None) -> Path:
+            on_quality: Callable[[list[QualityRow]], None] | None,
+            on_loaded: Callable[[], None] | None = None) -> Path:
     model, spec, described = load_source(source)
     if mode != FP32:
         quality_tol.check_kind(spec.kind)  # before any graph is written
     vocabularies = source_vocabularies(source, spec, vocabularies)
+    if on_loaded is not None:
+        on_loaded()
     contract = model.contract if isinstance(model, Adapted) else None
     export_id = uuid.uuid4().hex
     with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:

@@ -34,6 +34,7 @@ from support.reliability import (
     edit_json,
     npz,
     run_cli,
+    run_in_process,
     workspace_fixtures,
     write,
 )
@@ -120,8 +121,8 @@ CLI_CASES: dict[str, Case] = {
                                               says=("ckpt_plus", "did not write", "extra.txt")),
     "train --out existing ckpt": case("train", "--out", "ckpt", code=BAD_INPUT,
                                       says=("ckpt", "already exists", "--force")),
-    "train --out a file --force": case("train", "--out", "afile", "--force", code=USAGE,
-                                       says=("--out", "afile", "is a file")),
+    "train --out a file --force": case("train", "--out", "afile", "--force", code=BAD_INPUT,
+                                       says=("afile", "exists and is not a directory", "choose another --out")),
     "train --out under a file": case("train", "--out", "afile/run", code=BAD_INPUT,
                                      says=("afile/run", "cannot be created", "afile is a file")),
     "train --out where its lock cannot be made": case("train", "--out", "locked/run", code=BAD_INPUT,
@@ -241,7 +242,8 @@ CLI_CASES: dict[str, Case] = {
                                                says=("--out", "ckpt/onnx", "or inside it")),
     "export --out another checkpoint --force": case("export", "ckpt", "--out", "edited", "--force", code=BAD_INPUT,
                                                     says=("edited", "not a seq2onnx export", "spec.json")),
-    "export --out a file": case("export", "ckpt", "--out", "afile", code=USAGE, says=("--out", "afile", "is a file")),
+    "export --out a file": case("export", "ckpt", "--out", "afile", code=BAD_INPUT,
+                                says=("afile", "exists and is not a directory", "choose another --out")),
     "export --out where its lock cannot be made": case("export", "ckpt", "--out", "locked/run", code=BAD_INPUT,
                                                        says=("locked/run", "cannot be written", ".run.lock")),
     "export --out under a file": case("export", "ckpt", "--out", "afile/sub/m", code=BAD_INPUT,
@@ -366,6 +368,14 @@ CLI_CASES: dict[str, Case] = {
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_cli_refuses(workspace: Path, name: str) -> None:
     assert_refused(workspace, CLI_CASES[name])
+
+
+@pytest.mark.parametrize("name", ["export truncated weights", "export garbage weights"])
+def test_a_checkpoint_that_cannot_load_is_refused_before_export_says_it_starts(workspace: Path, name: str) -> None:
+    """Nothing on stderr but the refusal: no "exporting ..." line for an export that never began."""
+    result = run_in_process(workspace, CLI_CASES[name])
+    assert result.returncode == BAD_INPUT and result.stderr.startswith("Error: "), result.stderr
+    assert "exporting" not in result.stderr
 
 
 def test_json_integers_decode_like_floats(workspace: Path) -> None:
