@@ -162,10 +162,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def check_cancel(cancel: Any) -> None:
-    """`cancel` is None or something to call."""
-    if cancel is not None and not callable(cancel):
+    """`cancel` is None or something to call with no arguments (checked here, so a call that never asks it, an
+    empty batch, refuses it too)."""
+    if cancel is None:
+        return
+    if not callable(cancel):
         raise InputError(f"cancel: expected a function of no arguments that returns True to stop the decode, got "
                          f"{brief(cancel)}")
+    try:
+        inspect.signature(cancel).bind()
+    except TypeError as exc:
+        raise InputError(f"cancel: expected a function of no arguments, got {brief(cancel)} ({exc})") from None
+    except ValueError:  # no signature to read (some builtins): its first call says, through `asked`
+        pass
 
 
 def asked(cancel: Cancel) -> bool:

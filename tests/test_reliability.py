@@ -477,6 +477,8 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "predict return_attention 'false'": (_predict(np.zeros((1, 2, 2)), return_attention="false"), "input",
                                          ("return_attention", "True or False", "'false'")),
     "predict cancel 5": (_predict(np.zeros((1, 2, 2)), cancel=5), "input", ("cancel", "function of no arguments")),
+    "predict no items, cancel of one argument": (_predict(np.zeros((0, 2, 2)), cancel=lambda stop: False), "input",
+                                                 ("cancel", "function of no arguments")),
     "load a name too long": (lambda d: _load(d, model="m" * 5000), "manifest", ("cannot be opened", "too long")),
     "export_model to cwd": (_export("."), "destination", ("current directory",)),
     "export_model over user dir": (_export("userdata", force=True), "destination", ("not a seq2onnx export",)),

@@ -223,6 +223,8 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
     "translate cancel 5": (_translate(["3/3/15"], cancel=5), ("cancel", "function of no arguments", "5")),
     "translate cancel of one argument": (_translate(["3/3/15"], cancel=lambda stop: False),
                                          ("cancel", "function of no arguments")),
+    "translate no texts, cancel of one argument": (_translate([], cancel=lambda stop: False),
+                                                   ("cancel", "function of no arguments", "missing a required")),
     "translate cancel answers an array": (_translate(["3/3/15"], cancel=lambda: np.array([True, False])),
                                           ("cancel", "True or False", "array")),
     "translate on a point model": (lambda d: _model(d, "model").translate_batch(["3/3/15"]), ("point model",)),
