@@ -91,7 +91,7 @@ def parse_json(data: bytes, where: str) -> tuple[Any, Any]:
     if not data.strip():
         raise InputFileError(f"{where}: is empty; expected JSON nested lists (N, L, F) or an object with 'source'")
     try:
-        doc = strict_json.loads(data)
+        doc = strict_json.loads(data, wide_ints_as_floats=True)  # as HTTP's float fields
     except strict_json.JsonRefused as exc:
         raise InputFileError(f"{where}: {exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -10,7 +10,6 @@ inside `serving.front.Front`, which answers well-formed decode requests itself; 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Any
 
@@ -208,9 +207,6 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
             why = f"refused: {cause}"
         elif isinstance(cause, RecursionError):  # arrays in arrays past Python's recursion limit
             why = "JSON nested too deeply to parse; send the arrays the route's schema (/docs) describes"
-        elif isinstance(cause, ValueError) and "integer string conversion" in str(cause):
-            why = (f"JSON with an integer of more digits than this server reads ({sys.get_int_max_str_digits()}); "
-                   "send numbers the schema takes")
         elif isinstance(cause, UnicodeDecodeError):
             why = f"not UTF-8 (byte {cause.object[cause.start]:#04x} at offset {cause.start}); send JSON in UTF-8"
         else:

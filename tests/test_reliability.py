@@ -341,7 +341,13 @@ CLI_CASES: dict[str, Case] = {
                                     stdin='{"source": [[[1, 2]]], "source": [[[3, 4]]]}',
                                     says=("stdin", "['source'] more than once")),
     "infer JSON 1e400": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[1e400, 0], [0, 0]]]",
-                             says=("stdin", "1e400", "float32 range")),
+                             says=("stdin", "1e400", "too large for any float")),
+    "infer JSON 5000-digit integer": case(*INFER, "--input", "-", code=BAD_INPUT,
+                                          stdin="[[[1, 0], [0, " + "9" * 5000 + "]]]",
+                                          says=("stdin", "has more digits than the 4300 read here")),
+    "infer JSON 400-digit integer": case(*INFER, "--input", "-", code=BAD_INPUT,
+                                         stdin="[[[1, 0], [0, " + "9" * 400 + "]]]",
+                                         says=("stdin", "(400 characters) is too large for any float")),
     "infer empty stdin": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="", says=("stdin", "is empty")),
     "infer JSON 1e40": case(*INFER, "--input", "-", code=BAD_INPUT, stdin="[[[1e40, 0], [0, 0]]]",
                             says=("source", "float32 range", "1e+40")),
@@ -376,6 +382,14 @@ def test_a_checkpoint_that_cannot_load_is_refused_before_export_says_it_starts(w
     result = run_in_process(workspace, CLI_CASES[name])
     assert result.returncode == BAD_INPUT and result.stderr.startswith("Error: "), result.stderr
     assert "exporting" not in result.stderr
+
+
+def test_json_integers_beyond_int64_decode_like_floats(workspace: Path) -> None:
+    """An integer past int64 in --input is a number, as HTTP's float fields read it (numpy would make it an object)."""
+    wide = run_cli(workspace, case(*INFER, "--input", "-", code=0, says=(), stdin="[[[-1, -1], [-1, 99999999999999999999]]]"))
+    floats = run_cli(workspace, case(*INFER, "--input", "-", code=0, says=(), stdin="[[[-1.0, -1.0], [-1.0, 1e20]]]"))
+    assert wide.returncode == 0, wide.stderr
+    assert json.loads(wide.stdout)["outputs"] == json.loads(floats.stdout)["outputs"]
 
 
 def test_json_integers_decode_like_floats(workspace: Path) -> None:
