@@ -184,9 +184,9 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="'--opset'")
     if checkpoint is not None and normalized(out).resolve().is_relative_to(checkpoint.resolve()):
-        raise click.BadParameter(f"{out} is CHECKPOINT {checkpoint} or inside it; an export there would make the "
-                                 "checkpoint hold files seq2onnx training does not write, choose a directory beside it",
-                                 param_hint="'--out'")
+        raise click.ClickException(f"--out {out} is CHECKPOINT {checkpoint} or inside it; an export there would make "
+                                   "the checkpoint hold files seq2onnx training does not write, choose a directory "
+                                   "beside it")  # exit 1, as every refused --out
     try:
         check_destination(normalized(out), force)  # a refused --out is said before any work
         source = checkpoint if checkpoint is not None else load_adapter(adapter)

@@ -2,6 +2,7 @@
 `--help` and a greedy `infer` load no torch. Exit codes: see `cli.common`."""
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
@@ -61,6 +62,14 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except KeyboardInterrupt as exc:
             raise _stopped(ctx, exc) from None
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            # a path of a name over the file system's limit, met wherever a command looks at one (a check of a
+            # --data file, a destination's parent): the user's mistake, said in one line
+            name = os.fsdecode(exc.filename) if exc.filename is not None else "a path given"
+            shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name)} characters)"
+            raise click.ClickException(f"{shown}: {exc.strerror}; choose a shorter name") from None
         except (ImportError, SystemError) as exc:  # an extension's import or call that a signal interrupted
             if not isinstance(exc.__context__, KeyboardInterrupt) or exc.__suppress_context__:
                 raise

@@ -20,6 +20,7 @@ import ctypes
 import errno
 import fcntl
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -41,6 +42,9 @@ AT_FDCWD = -100  # <fcntl.h>: paths relative to the working directory
 RENAME_EXCHANGE = 2  # <linux/fs.h>: atomically swap two existing paths
 EXCHANGE_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}  # old kernel, or a filesystem without it
 APPEARED = {errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR}  # rename onto something that appeared
+NAME_MAX = 255  # bytes in one name on Linux's file systems
+# a sibling's marks around its stem: '.', '.', the random hex and the longest suffix (a lock's name has fewer)
+SIBLING_MARKS = 2 + UUID_HEX_CHARS + max(len(s) for s in (STAGING_SUFFIX, BACKUP_SUFFIX, LOCK_SUFFIX))
 
 
 class DestinationBusyError(Seq2OnnxError, OSError):
@@ -62,15 +66,30 @@ _HOLDS: dict[Path, _Hold] = {}
 _HOLDS_LOCK = threading.Lock()
 
 
+def stem(name: str) -> str:
+    """The part of a sibling's name that stands for `name`: `name` itself, or, where `name` leaves no room for the
+    sibling's marks within NAME_MAX bytes, its start and a hash of the whole (so a file of a valid long name can
+    still be written through a sibling)."""
+    raw = os.fsencode(name)
+    room = NAME_MAX - SIBLING_MARKS
+    if len(raw) <= room:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:8]
+    cut = room - len(digest) - 1
+    while cut and raw[cut] & 0xC0 == 0x80:  # not inside a UTF-8 character
+        cut -= 1
+    return os.fsdecode(raw[:cut]) + "~" + digest
+
+
 def sibling(path: Path, suffix: str) -> Path:
     """A fresh hidden name beside `path` (same filesystem, so renames are atomic)."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:UUID_HEX_CHARS]}{suffix}")
+    return path.with_name(f".{stem(path.name)}.{uuid.uuid4().hex[:UUID_HEX_CHARS]}{suffix}")
 
 
 def lock_file(out: str | Path) -> Path:
     """The hidden lock file guarding `out`: `.<name>.lock` beside it."""
     key = _canonical(out)
-    return key.with_name(f".{key.name}{LOCK_SUFFIX}")
+    return key.with_name(f".{stem(key.name)}{LOCK_SUFFIX}")
 
 
 def _canonical(out: str | Path) -> Path:
@@ -170,7 +189,7 @@ def _release(key: Path, lock: Path) -> None:
 
 def _leftover_pattern(out: Path) -> re.Pattern[str]:
     suffixes = "|".join(re.escape(s) for s in (STAGING_SUFFIX, BACKUP_SUFFIX))
-    return re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{{UUID_HEX_CHARS}}}({suffixes})")
+    return re.compile(rf"\.{re.escape(stem(out.name))}\.[0-9a-f]{{{UUID_HEX_CHARS}}}({suffixes})")
 
 
 def leftovers(out: str | Path) -> list[Path]:

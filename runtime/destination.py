@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .atomic import STAGING_SUFFIX, sibling
+from .atomic import NAME_MAX, STAGING_SUFFIX, sibling
+from .contract import CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, MANIFEST_FILE
 from .errors import Seq2OnnxError
 
 # How many foreign entries a message lists before it says "...".
@@ -43,6 +44,30 @@ def protected_reason(out: Path) -> str | None:
     return None
 
 
+def enclosing_artifact(out: Path) -> tuple[str, Path] | None:
+    """(kind, directory) of the nearest seq2onnx checkpoint (spec.json and weights.pt) or export (manifest.json and
+    a graph) that holds `out` below it, or None."""
+    for parent in out.parents:
+        try:
+            names = set(os.listdir(parent))
+        except OSError:  # not there yet, or not readable: nothing of ours to spoil
+            continue
+        if {CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE} <= names:
+            return "checkpoint", parent
+        if MANIFEST_FILE in names and any(name.endswith(".onnx") for name in names):
+            return "export", parent
+    return None
+
+
+def too_long(path: Path) -> str | None:
+    """Why `path` cannot be a file's path on this system (a name over NAME_MAX bytes), or None."""
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            return f"its name {part[:16]!r}... is {size} bytes long, more than the {NAME_MAX} a name may have"
+    return None
+
+
 def _listed(names: list[str]) -> str:
     shown = names[:LISTED_ENTRIES]
     return str(shown)[:-1] + (", ...]" if len(names) > LISTED_ENTRIES else "]")
@@ -59,13 +84,23 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
     if reason is not None:
         raise DestinationError(f"{out}: refusing to write {article} {kind} there ({reason}); choose a new directory "
                                f"for --out, e.g. --out {example}")
+    if (long := too_long(out)) is not None:
+        raise DestinationError(f"{str(out)[:60]}...: {long}; choose a shorter --out")
+    if (inside := enclosing_artifact(out)) is not None:
+        raise DestinationError(f"{out}: is inside the seq2onnx {inside[0]} {inside[1]}, which could then not be "
+                               f"replaced (it would hold files seq2onnx does not write there); choose a directory "
+                               f"beside it, e.g. --out {inside[1].parent / example.split('/')[-1]}")
     if not os.path.lexists(out):
         blocker = next((p for p in out.parents if os.path.lexists(p)), None)  # the nearest ancestor that exists
         if blocker is not None and not blocker.is_dir():
             what = "a broken link" if blocker.is_symlink() and not blocker.exists() else "a file, not a directory"
             raise DestinationError(f"{out}: cannot be created: {blocker} is {what}; choose another --out")
         return
-    if out.is_symlink() or not out.is_dir():
+    if out.is_symlink():
+        where = "points nowhere" if not out.exists() else f"points to {os.readlink(out)}"
+        raise DestinationError(f"{out}: is a link ({where}); refusing to write through it, even with --force; "
+                               "choose another --out")
+    if not out.is_dir():
         raise DestinationError(f"{out}: exists and is not a directory; refusing to replace it, even with --force; "
                                "choose another --out")
     entries = sorted(entry.name for entry in out.iterdir())
@@ -116,6 +151,8 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
     if not text:
         raise OutputFileError("'': expected a file name, got an empty one")
     target = Path(text)
+    if (long := too_long(target)) is not None:
+        raise OutputFileError(f"{text[:60]}...: {long}; choose a shorter name")
     if text.endswith(("/", os.sep)):
         raise OutputFileError(f"{text}: ends in '/', which names a directory; expected a file name")
     if target.is_dir():
@@ -131,7 +168,8 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
         raise OutputFileError(f"{text}: directory {str(parent)!r} does not exist; create it first")
     refused = _creation_refused(target)
     if refused is not None:
-        raise OutputFileError(f"{text}: directory {str(parent)!r} takes no new file ({refused}); choose another place")
+        raise OutputFileError(f"{text}: no file can be made in directory {str(parent)!r} (the system said: {refused}); "
+                              "choose another place")
     if os.path.lexists(target) and not force:
         what = "a link" if target.is_symlink() else "a file"
         raise OutputFileError(f"{text}: {what} already exists there; pass --force to replace it, or choose another "

@@ -473,6 +473,24 @@ def test_the_next_writer_cleans_a_killed_writers_leftovers(tmp_path: Path) -> No
     assert os.listdir(tmp_path) == ["out"]
 
 
+@pytest.mark.parametrize("name", ["x" * 236, "x" * 237, "a" * 249 + ".jsonl", "é" * 125 + ".npz"])
+def test_a_long_valid_name_is_written_through_siblings_within_the_name_limit(tmp_path: Path, name: str) -> None:
+    """Staging and lock siblings add their marks to the name; for a name near 255 bytes they carry a shortened
+    stem and a hash instead, so any name the file system takes can be written, and a killed writer's leftovers of
+    that name are still found."""
+    assert len(os.fsencode(name)) <= atomic.NAME_MAX
+    atomic_file.write_file(tmp_path / name, lambda f: f.write(b"data"))
+    assert (tmp_path / name).read_bytes() == b"data" and os.listdir(tmp_path) == [name]
+    out = tmp_path / f"d{name[1:]}"
+    assert len(os.fsencode(atomic.sibling(out, atomic.STAGING_SUFFIX).name)) <= atomic.NAME_MAX
+    assert len(os.fsencode(atomic.lock_file(out).name)) <= atomic.NAME_MAX
+    make_tree(atomic.sibling(out, atomic.STAGING_SUFFIX), "killed mid-write")
+    with staged_directory(out, lambda existing: None) as staging:
+        (staging / MANIFEST_FILE).write_text("new")
+    assert (out / MANIFEST_FILE).read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == sorted([name, out.name])
+
+
 def test_exchange_errors_other_than_unsupported_are_raised(tmp_path: Path) -> None:
     if atomic._renameat2() is None:
         pytest.skip("libc has no renameat2")

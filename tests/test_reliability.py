@@ -65,6 +65,8 @@ def setup_workspace(case_dir: Path) -> None:
     write(case_dir / "model_plus" / "README.txt", "mine\n")
     write(case_dir / "afile", "a file, not a directory\n")
     (case_dir / "emptydir").mkdir()
+    os.symlink("emptydir", case_dir / "linkdir")
+    os.symlink("nowhere", case_dir / "danglinglink")
     (case_dir / "locked" / ".run.lock").mkdir(parents=True)  # where --out locked/run's lock file would go
     np.save(case_dir / "points.npy", np.zeros((2, 2, 2), dtype=np.float32))
     write(case_dir / "results.json", "{}\n")
@@ -236,10 +238,27 @@ CLI_CASES: dict[str, Case] = {
                                                  says=("model_plus", "did not write", "README.txt")),
     "export --out existing": case("export", "ckpt", "--out", "model", code=BAD_INPUT,
                                   says=("model", "already exists", "--force")),
-    "export --out its own checkpoint --force": case("export", "ckpt", "--out", "ckpt", "--force", code=USAGE,
+    "export --out its own checkpoint --force": case("export", "ckpt", "--out", "ckpt", "--force", code=BAD_INPUT,
                                                     says=("--out", "ckpt is CHECKPOINT", "or inside it")),
-    "export --out inside the checkpoint": case("export", "ckpt", "--out", "ckpt/onnx", code=USAGE,
+    "export --out inside the checkpoint": case("export", "ckpt", "--out", "ckpt/onnx", code=BAD_INPUT,
                                                says=("--out", "ckpt/onnx", "or inside it")),
+    "export --out inside another checkpoint": case("export", "ckpt", "--out", "edited/onnx", code=BAD_INPUT,
+                                                   says=("edited/onnx", "inside the seq2onnx checkpoint",
+                                                         "choose a directory beside it")),
+    "export --out inside an export": case("export", "ckpt", "--out", "model/sub", code=BAD_INPUT,
+                                          says=("model/sub", "inside the seq2onnx export", "beside it")),
+    "train --out inside an export": case("train", "--out", "model/deeper/run", code=BAD_INPUT,
+                                         says=("model/deeper/run", "inside the seq2onnx export")),
+    "export --out a link to an empty directory": case("export", "ckpt", "--out", "linkdir", code=BAD_INPUT,
+                                                      says=("linkdir", "is a link (points to emptydir)")),
+    "export --out a dangling link --force": case("export", "ckpt", "--out", "danglinglink", "--force",
+                                                 code=BAD_INPUT, says=("danglinglink", "is a link (points nowhere)")),
+    "export --out a 300-byte name": case("export", "ckpt", "--out", "n" * 300, code=BAD_INPUT,
+                                         says=("300 bytes long, more than the 255",)),
+    "eval --data a 300-byte name": case("eval", "model", "--data", "d" * 296 + ".tsv", code=BAD_INPUT,
+                                        says=("(300 characters): File name too long", "choose a shorter name")),
+    "infer --output a 300-byte name": case(*INFER, "--input", "points.npy", "--output", "o" * 296 + ".npy",
+                                           code=USAGE, says=("--output", "300 bytes long")),
     "export --out another checkpoint --force": case("export", "ckpt", "--out", "edited", "--force", code=BAD_INPUT,
                                                     says=("edited", "not a seq2onnx export", "spec.json")),
     "export --out a file": case("export", "ckpt", "--out", "afile", code=BAD_INPUT,
@@ -282,7 +301,7 @@ CLI_CASES: dict[str, Case] = {
     "infer --output nodir/": case(*INFER, "--input", "points.npy", "--output", "nodir/o.json", code=USAGE,
                                   says=("--output", "nodir", "does not exist")),
     "infer --plot where no file can be made": case(*INFER, "--input", "points.npy", "--plot", "/proc/p.png",
-                                                   code=USAGE, says=("--plot", "'/proc' takes no new file")),
+                                                   code=USAGE, says=("--plot", "no file can be made in directory '/proc'")),
     "infer --plot nodir/": case(*INFER, "--input", "points.npy", "--plot", "nodir/p.png", code=USAGE,
                                 says=("--plot", "nodir", "does not exist")),
     "infer --output under a file": case(*INFER, "--input", "points.npy", "--output", "afile/sub/o.json", code=USAGE,

@@ -38,7 +38,10 @@ def tree_hash(path: Path) -> dict[str, str]:
         rel = str(item.relative_to(path))
         if rel.split(os.sep)[0] == HOME:
             continue
-        out[rel] = "dir" if item.is_dir() else hashlib.sha256(item.read_bytes()).hexdigest()
+        if item.is_symlink():  # a link is its target's name (a dangling one has no bytes to hash)
+            out[rel] = f"link:{os.readlink(item)}"
+        else:
+            out[rel] = "dir" if item.is_dir() else hashlib.sha256(item.read_bytes()).hexdigest()
     return out
 
 
@@ -71,7 +74,7 @@ def copy_workspace(template: Path, tmp_path: Path) -> Path:
     """A fresh copy of the workspace inside a parent directory of its own (some cases aim at `..`), with the
     cases' HOME beside it."""
     case_dir = tmp_path / "work"
-    shutil.copytree(template, case_dir)
+    shutil.copytree(template, case_dir, symlinks=True)
     (tmp_path / HOME).mkdir()
     return case_dir
 
