@@ -281,6 +281,12 @@ def _model_dir(path: Any) -> Path:
         model_dir = Path(path)
     except TypeError:
         model_dir = None
-    if model_dir is None or "\0" in str(model_dir):
+    if model_dir is None or "\0" in str(model_dir) or not str(path):
         raise InputError(f"path: expected a str or os.PathLike naming a model directory, got {brief(path)}")
+    try:
+        is_file = model_dir.is_file()
+    except OSError:  # a name too long for the file system: reading the manifest says so
+        is_file = False
+    if is_file:  # e.g. its manifest.json, which names the directory beside it
+        raise InputError(f"path: {model_dir} is a file; pass the export's directory ({model_dir.parent})")
     return model_dir

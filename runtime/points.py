@@ -21,9 +21,13 @@ MASK_VALUES = (0, 1)
 
 
 def _describe(arr: np.ndarray, given: Any = None) -> str:
-    """An array by its shape and dtype; a value numpy could only wrap as one object (a dict, None) by its type."""
-    if arr.ndim == 0 and arr.dtype.kind == "O" and not isinstance(given, np.ndarray):
-        return "None" if given is None else f"a {type(given).__name__} ({brief(given)})"
+    """An array by its shape and dtype; a value numpy could only wrap as one element (a dict, None, a str) by its
+    type."""
+    if arr.ndim == 0 and arr.dtype.kind in "OUS" and not isinstance(given, np.ndarray):
+        if given is None:
+            return "None"
+        name = type(given).__name__
+        return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({brief(given)})"
     return f"shape {tuple(arr.shape)} dtype {arr.dtype}"
 
 
@@ -52,6 +56,9 @@ def _holds_bool(value: Any) -> bool:
 
 def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     """Return source as a C-contiguous float32 (N, L, F) array, or raise InputError."""
+    if isinstance(source, np.ma.MaskedArray):  # np.asarray would drop its mask without a word
+        raise InputError("source: got a numpy masked array, whose mask this model does not read; pass the data "
+                         "(source.filled(0)) and mark padding with source_mask (True for a real point)")
     arr = _as_array(source, "source", f"a numeric array of shape (N, L, {spec.n_features})")
     if arr.dtype.kind in NUMBER_KINDS and isinstance(source, (list, tuple)) and _holds_bool(source):
         raise InputError("source: expected numbers, got true/false among them; pass 1.0/0.0 if that is meant")

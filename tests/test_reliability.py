@@ -444,6 +444,12 @@ def _load(case_dir: Path, **kwargs: Any) -> Any:
     return Seq2Seq.load(case_dir / kwargs.pop("model", "model"), **kwargs)
 
 
+def _load_path(path: Any) -> Any:
+    from runtime.model import Seq2Seq
+
+    return Seq2Seq.load(path)
+
+
 def _predict(source: Any, **kwargs: Any) -> Callable[[Path], Any]:
     return lambda d: _load(d).predict(source, **kwargs)
 
@@ -493,6 +499,9 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "predict a dict": (_predict({"source": [[[1.0, 2.0]]]}), "input", ("source", "got a dict")),
     "predict None": (_predict(None), "input", ("source", "got None")),
     "load not an export": (lambda d: _load(d, model="userdata"), "manifest", ("userdata", "no manifest")),
+    "load a manifest file": (lambda d: _load(d, model="model/manifest.json"), "input",
+                             ("manifest.json is a file", "pass the export's directory")),
+    "load ''": (lambda d: _load_path(""), "input", ("path", "naming a model directory", "''")),
     "load tampered graph": (lambda d: _load(d, model="tampered"), "integrity", ("encoder.onnx", "sha256")),
     "predict bools": (_predict(np.ones((1, 2, 2), bool)), "input", ("source", "bool")),
     "predict strings": (_predict([[["a", "b"]]]), "input", ("source", "<U1")),
