@@ -2,7 +2,8 @@
 
 Routes: POST /v1/predict (points), POST /v1/translate (tokens), GET /v1/model, GET /healthz (alive), GET /readyz
 (the model loaded and the queue not full), GET /metrics (Prometheus text); /docs shows the schemas. Refusals are
-one line, `{"error": ...}`: 400 a bad request, 413 too large, 422 a malformed body, 408 not answered within the
+one line, `{"error": ...}`: 400 a bad request, 413 too large, 415 a compressed body, 422 a malformed body, 408 not
+answered within the
 request timeout, 503 (with Retry-After) the queue full. Every decode answer says how it was batched in
 `x-seq2onnx-batch-requests` / `-rows` and which server answered in `x-seq2onnx-replica`. `create_app` returns it
 inside `serving.front.Front`, which answers well-formed decode requests itself; both answer through
@@ -76,7 +77,7 @@ class _StrictJsonRoute(APIRoute):
         return strict
 
 
-router = APIRouter(route_class=_StrictJsonRoute)
+router = APIRouter(route_class=_StrictJsonRoute, redirect_slashes=False)  # /v1/translate/ is a 404 that lists the routes
 
 
 @router.post("/v1/predict", response_model=PredictResponse, responses=REFUSALS)
@@ -164,7 +165,7 @@ def attach(app: Front, service: Service) -> Front:
 def create_app(prefix: str = "") -> Front:
     """A fresh app (routes under `prefix`), to `attach` a service to before it serves."""
     under = prefix.rstrip("/")
-    app = FastAPI(title="seq2onnx", version=runtime.__version__, docs_url=f"{under}/docs",
+    app = FastAPI(title="seq2onnx", version=runtime.__version__, docs_url=f"{under}/docs", redirect_slashes=False,
                   openapi_url=f"{under}/openapi.json", redoc_url=f"{under}/redoc",
                   summary="Encoder-decoder models with attention, exported to ONNX")
     app.state.route_prefix = under

@@ -27,9 +27,14 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         service = service_of(scope.get("app"))
         limit = service.config.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return await _too_large(send, declared.decode("latin-1"), limit)
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"identity", b""):  # gzip and the like: the body would be read as JSON, and fail as such
+            return await _refuse(send, 415, f"Content-Encoding {encoding.decode('latin-1')!r}: this server reads only "
+                                            "uncompressed bodies; send the JSON as it is")
         body = await _read_bounded(receive, limit)  # FastAPI reads whole bodies anyway
         if body is None:
             return await _too_large(send, f"more than {limit}", limit)
@@ -61,10 +66,13 @@ async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
 
 
 async def _too_large(send: Send, given: str, limit: int) -> None:
-    error = (f"request body: at most {limit} bytes (serve --max-body-bytes), got {given} bytes; send fewer items "
-             "per request")
+    await _refuse(send, 413, f"request body: at most {limit} bytes (serve --max-body-bytes), got {given} bytes; send "
+                             "fewer items per request")
+
+
+async def _refuse(send: Send, status: int, error: str) -> None:
     body = json.dumps({"error": error}, separators=(",", ":")).encode()  # compact, as JSONResponse writes it
-    await send({"type": "http.response.start", "status": 413,
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 

@@ -245,6 +245,10 @@ BAD_REQUESTS = {
                         'Content-Type: application/json, got Content-Type: "text/plain"'),
     "GET on a POST route": ("/tokens/v1/translate", "GET", 405, "GET /tokens/v1/translate"),
     "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict"),
+    "a route with a trailing slash": ("/tokens/v1/translate/", {"texts": ["a"]}, 404,
+                                      "POST /tokens/v1/translate/: not found; the routes are"),
+    "a gzip body": ("/tokens/v1/translate", ("application/json", b"\x1f\x8b\x08\x00", {"content-encoding": "gzip"}),
+                    415, "Content-Encoding 'gzip': this server reads only uncompressed bodies"),
     "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
     "a 5000-digit integer": ("/tokens/v1/translate", b'{"texts": ["a"], "beam_size": ' + b"9" * 5000 + b"}", 422,
                              "has more digits than the 4300 read here"),
@@ -261,8 +265,9 @@ def test_bad_requests_get_4xx_with_one_line(served: Served, name: str) -> None:
     path, body, status, says = BAD_REQUESTS[name]
     if body == "GET":
         reply = served.client.get(path)
-    elif isinstance(body, tuple):  # (content type, raw body)
-        reply = served.client.post(path, content=body[1], headers={"content-type": body[0]})
+    elif isinstance(body, tuple):  # (content type, raw body[, more headers])
+        headers = {"content-type": body[0], **(body[2] if len(body) > 2 else {})}
+        reply = served.client.post(path, content=body[1], headers=headers)
     elif isinstance(body, bytes):
         reply = served.client.post(path, content=body, headers={"content-type": "application/json"})
     else:
