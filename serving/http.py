@@ -3,8 +3,8 @@
 Routes: POST /v1/predict (points), POST /v1/translate (tokens), GET /v1/model, GET /healthz (alive), GET /readyz
 (the model loaded and the queue not full), GET /metrics (Prometheus text); /docs shows the schemas. Refusals are
 one line, `{"error": ...}`: 400 a bad request, 413 too large, 415 a compressed body, 422 a malformed body, 408 not
-answered within the request timeout, 503 (with Retry-After) the queue full. Every decode answer says how it was batched in
-`x-seq2onnx-batch-requests` / `-rows` and which server answered in `x-seq2onnx-replica`. `create_app` returns it
+answered within the request timeout, 503 (with Retry-After) the queue full. Every decode answer says how it was
+batched in `x-seq2onnx-batch-requests` / `-rows` and which server answered in `x-seq2onnx-replica`. `create_app` returns it
 inside `serving.front.Front`, which answers well-formed decode requests itself; both answer through
 `serving.answers`. No Ray here."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .schemas import (
 )
 from .service import Service, service_of
 
-REFUSALS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 408, 413, 422, 503)}
+REFUSALS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 408, 413, 415, 422, 503)}
 ROUTES = (("POST", "/v1/predict"), ("POST", "/v1/translate"), ("GET", "/v1/model"), ("GET", "/healthz"),
           ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/docs"))
 
