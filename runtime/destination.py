@@ -9,6 +9,7 @@ Checkpoints (`train --out`) and exports (`export --out`) share these rules:
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from .errors import Seq2OnnxError
 
 # How many foreign entries a message lists before it says "...".
 LISTED_ENTRIES = 5
+PATH_MAX = 4096  # bytes in a whole path on Linux
+MAX_MARKER_BYTES = 16 << 20  # a spec.json or manifest.json read to tell whether its directory is seq2onnx's
 
 
 class DestinationError(Seq2OnnxError, FileExistsError):
@@ -44,27 +47,45 @@ def protected_reason(out: Path) -> str | None:
     return None
 
 
+def _ours(path: Path) -> bool:
+    """Whether `path` is a JSON object of seq2onnx's (a checkpoint's spec.json or an export's manifest.json both hold
+    format_version and spec), read only so far."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_MARKER_BYTES + 1)
+        doc = json.loads(data) if len(data) <= MAX_MARKER_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and {"format_version", "spec"} <= set(doc)
+
+
 def enclosing_artifact(out: Path) -> tuple[str, Path] | None:
-    """(kind, directory) of the nearest seq2onnx checkpoint (spec.json and weights.pt) or export (manifest.json and
-    a graph) that holds `out` below it, or None."""
+    """(kind, directory) of the nearest seq2onnx checkpoint (its spec.json and weights.pt) or export (its
+    manifest.json and a graph) that holds `out` below it, or None."""
     for parent in out.parents:
         try:
             names = set(os.listdir(parent))
         except OSError:  # not there yet, or not readable: nothing of ours to spoil
             continue
-        if {CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE} <= names:
+        if {CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE} <= names and _ours(parent / CHECKPOINT_SPEC_FILE):
             return "checkpoint", parent
-        if MANIFEST_FILE in names and any(name.endswith(".onnx") for name in names):
+        if (MANIFEST_FILE in names and any(name.endswith(".onnx") for name in names)
+                and _ours(parent / MANIFEST_FILE)):
             return "export", parent
     return None
 
 
-def too_long(path: Path) -> str | None:
-    """Why `path` cannot be a file's path on this system (a name over NAME_MAX bytes), or None."""
+def too_long(path: Path, suffix: str = "") -> str | None:
+    """Why `path` (and a sibling of it ending in `suffix`) cannot be a path on this system: a name over NAME_MAX
+    bytes, or the whole over PATH_MAX; else None."""
+    whole = len(os.fsencode(os.path.abspath(path))) + len(suffix)
+    if whole > PATH_MAX:
+        return f"it is {whole} bytes long, more than the {PATH_MAX} a path may have"
     for part in path.parts:
-        size = len(os.fsencode(part))
+        size = len(os.fsencode(part)) + (len(suffix) if part == path.name else 0)
         if size > NAME_MAX:
-            return f"its name {part[:16]!r}... is {size} bytes long, more than the {NAME_MAX} a name may have"
+            limit = f"{NAME_MAX - len(suffix)} (with the {suffix} beside it)" if suffix else str(NAME_MAX)
+            return f"its name {part[:16]!r}... is {size - len(suffix)} bytes long, more than the {limit} a name may have"
     return None
 
 
@@ -73,10 +94,12 @@ def _listed(names: list[str]) -> str:
     return str(shown)[:-1] + (", ...]" if len(names) > LISTED_ENTRIES else "]")
 
 
-def check_destination(out: str | Path, force: bool, kind: str, marker: str, owned: frozenset[str]) -> None:
+def check_destination(out: str | Path, force: bool, kind: str, marker: str, owned: frozenset[str],
+                      sibling_suffix: str = "") -> None:
     """Raise DestinationError unless writing the `kind` artifact to `out` loses nothing of the user's.
 
-    `marker` is the file that identifies an artifact of this kind; `owned` every name seq2onnx writes in it."""
+    `marker` is the file that identifies an artifact of this kind; `owned` every name seq2onnx writes in it;
+    `sibling_suffix`: a sibling `out` + suffix the writer also makes (a training run's `.partial`)."""
     out = normalized(out)
     article = "an" if kind[0] in "aeiou" else "a"
     example = {"checkpoint": "runs/NAME", "export": "models/NAME"}.get(kind, "NEW_DIR")
@@ -84,8 +107,11 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
     if reason is not None:
         raise DestinationError(f"{out}: refusing to write {article} {kind} there ({reason}); choose a new directory "
                                f"for --out, e.g. --out {example}")
-    if (long := too_long(out)) is not None:
+    if (long := too_long(out, sibling_suffix)) is not None:
         raise DestinationError(f"{str(out)[:60]}...: {long}; choose a shorter --out")
+    if kind == "export" and os.fsencode(out) != str(out).encode("utf-8", "surrogatepass"):  # bytes, not UTF-8 text
+        raise DestinationError(f"{str(out)!r}: the --out path is not UTF-8 text, which torch's ONNX exporter cannot "
+                               "write under; choose a path in UTF-8")
     if (inside := enclosing_artifact(out)) is not None:
         raise DestinationError(f"{out}: is inside the seq2onnx {inside[0]} {inside[1]}, which could then not be "
                                f"replaced (it would hold files seq2onnx does not write there); choose a directory "

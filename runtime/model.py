@@ -287,6 +287,7 @@ def _model_dir(path: Any) -> Path:
         is_file = model_dir.is_file()
     except OSError:  # a name too long for the file system: reading the manifest says so
         is_file = False
-    if is_file:  # e.g. its manifest.json, which names the directory beside it
-        raise InputError(f"path: {model_dir} is a file; pass the export's directory ({model_dir.parent})")
+    if is_file:  # e.g. its manifest.json: the directory beside it may be the export meant
+        raise InputError(f"path: {model_dir} is a file; pass a directory written by `seq2onnx export`"
+                         + (f" ({model_dir.parent}?)" if model_dir.name == "manifest.json" else ""))
     return model_dir

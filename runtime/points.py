@@ -111,7 +111,7 @@ def check_target_len(target_len: Any, spec: ModelSpec) -> int:
     if isinstance(target_len, bool) or not isinstance(target_len, numbers.Integral):
         raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}] or None, got {brief(target_len)}")
     if not 1 <= int(target_len) <= MAX_TARGET_LEN:
-        raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}], got {int(target_len)}")
+        raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}], got {brief(int(target_len))}")
     return int(target_len)
 
 
@@ -120,6 +120,9 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
     n, length = source.shape[:2]
     if source_mask is None:
         return np.ones((n, 1, length), dtype=bool)
+    if isinstance(source_mask, np.ma.MaskedArray):  # np.asarray would drop its own mask without a word
+        raise InputError("source_mask: got a numpy masked array, whose mask is not read; pass plain True/False (or "
+                         "1/0) values, True for a real point")
     mask = _as_array(source_mask, "source_mask", f"a bool or 0/1 array of shape ({n}, 1, {length})")
     if mask.dtype != bool and mask.dtype.kind not in NUMBER_KINDS:
         raise InputError(f"source_mask: expected bool or 0/1 numbers, got {_describe(mask, source_mask)}; "

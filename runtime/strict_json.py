@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 INT64 = 2**63
+FLOAT64_MAX = int(sys.float_info.max)
 
 
 class JsonRefused(ValueError):
@@ -40,20 +41,18 @@ def _float(text: str) -> float:
 
 def _int(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:  # more digits than sys.get_int_max_str_digits() lets Python convert
         raise JsonRefused(f"JSON integer {_shown(text)} has more digits than the {sys.get_int_max_str_digits()} "
                           "read here; send numbers of fewer digits") from None
+    if abs(value) > FLOAT64_MAX:  # no field here takes a number past every float
+        _finite(text, float("inf"))
+    return value
 
 
 def _int_or_float(text: str) -> int | float:
     value = _int(text)
-    if -INT64 <= value < INT64:
-        return value
-    try:
-        return float(value)
-    except OverflowError:  # past float64's range
-        return _finite(text, float("inf"))
+    return value if -INT64 <= value < INT64 else float(value)
 
 
 def loads(data: bytes | str, wide_ints_as_floats: bool = False) -> Any:

@@ -15,6 +15,7 @@ from runtime.errors import Seq2OnnxError
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
 from .encode import json_bytes
+from .limits import compressed
 from .schemas import TranslateRequest
 from .service import service_of
 
@@ -61,7 +62,7 @@ class Front:
         route = self.routes.get(_route_path(scope)) if scope["method"] == "POST" else None
         service = service_of(self.app) if route is not None else None
         declared = dict(scope["headers"]).get(b"content-length", b"") if service is not None else b""
-        if not declared.isdigit() or int(declared) > service.config.max_body_bytes:
+        if not declared.isdigit() or int(declared) > service.config.max_body_bytes or compressed(scope):
             return await self.app(scope, receive, send)  # the body limit and the route say what is wrong
         started = time.perf_counter()
         body = await _read_body(receive)

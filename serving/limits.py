@@ -12,6 +12,7 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
 class BodyLimit:
@@ -31,10 +32,10 @@ class BodyLimit:
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return await _too_large(send, declared.decode("latin-1"), limit)
-        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
-        if encoding not in (b"identity", b""):  # gzip and the like: the body would be read as JSON, and fail as such
-            return await _refuse(send, 415, f"Content-Encoding {encoding.decode('latin-1')!r}: this server reads only "
-                                            "uncompressed bodies; send the JSON as it is")
+        encoding = compressed(scope)
+        if encoding is not None and scope.get("method") in BODY_METHODS:  # read as JSON it would fail as such
+            return await _refuse(send, 415, f"Content-Encoding {encoding!r}: this server reads only uncompressed "
+                                            "bodies; send the JSON as it is")
         body = await _read_bounded(receive, limit)  # FastAPI reads whole bodies anyway
         if body is None:
             return await _too_large(send, f"more than {limit}", limit)
@@ -48,6 +49,14 @@ class BodyLimit:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+def compressed(scope: Scope) -> str | None:
+    """The request's Content-Encoding where it is other than identity (every such header counted), else None."""
+    codings = [coding.strip().lower() for name, value in scope.get("headers") or [] if name == b"content-encoding"
+               for coding in value.decode("latin-1").split(",")]
+    other = [coding for coding in codings if coding not in ("identity", "")]
+    return ", ".join(other) if other else None
 
 
 async def _read_bounded(receive: Receive, limit: int) -> bytes | None:

@@ -255,6 +255,12 @@ CLI_CASES: dict[str, Case] = {
                                                  code=BAD_INPUT, says=("danglinglink", "is a link (points nowhere)")),
     "export --out a 300-byte name": case("export", "ckpt", "--out", "n" * 300, code=BAD_INPUT,
                                          says=("300 bytes long, more than the 255",)),
+    "train --out a 250-byte name": case("train", "--out", "t" * 250, code=BAD_INPUT,
+                                        says=("250 bytes long, more than the 247 (with the .partial beside it)",)),
+    "export --out a path over 4096 bytes": case("export", "ckpt", "--out", "/".join(["d" * 200] * 21), code=BAD_INPUT,
+                                                says=("more than the 4096 a path may have",)),
+    "export --out a name that is not UTF-8": case("export", "ckpt", "--out", os.fsdecode(b"bad\xffname"),
+                                                  code=BAD_INPUT, says=("not UTF-8 text",), process=True),
     "eval --data a 300-byte name": case("eval", "model", "--data", "d" * 296 + ".tsv", code=BAD_INPUT,
                                         says=("(300 characters): File name too long", "choose a shorter name")),
     "infer --output a 300-byte name": case(*INFER, "--input", "points.npy", "--output", "o" * 296 + ".npy",
@@ -403,6 +409,25 @@ def test_a_checkpoint_that_cannot_load_is_refused_before_export_says_it_starts(w
     assert "exporting" not in result.stderr
 
 
+def test_only_seq2onnx_artifacts_hold_an_out_back(tmp_path: Path) -> None:
+    """A directory is a checkpoint or export that an --out may not go inside only when its spec.json or
+    manifest.json is seq2onnx's (format_version and spec), beside its weights or a graph; another tool's files of
+    those names are not."""
+    from runtime.destination import enclosing_artifact
+
+    shutil.copytree(SHIPPED_MODEL, tmp_path / "export")
+    shutil.copytree(SHIPPED_CHECKPOINT, tmp_path / "ckpt")
+    for name, files in (("webapp", {"manifest.json": '{"name": "my-web-app"}', "resnet50.onnx": "junk"}),
+                        ("torchproj", {"spec.json": '{"lr": 0.1}', "weights.pt": "junk"}),
+                        ("garbled", {"manifest.json": "{not json", "m.onnx": "junk"})):
+        (tmp_path / name).mkdir()
+        for file, text in files.items():
+            write(tmp_path / name / file, text)
+        assert enclosing_artifact(tmp_path / name / "models" / "m") is None, name
+    assert enclosing_artifact(tmp_path / "export" / "a" / "b") == ("export", tmp_path / "export")
+    assert enclosing_artifact(tmp_path / "ckpt" / "onnx") == ("checkpoint", tmp_path / "ckpt")
+
+
 def test_json_integers_beyond_int64_decode_like_floats(workspace: Path) -> None:
     """An integer past int64 in --input is a number, as HTTP's float fields read it (numpy would make it an object)."""
     wide = run_cli(workspace, case(*INFER, "--input", "-", code=0, says=(), stdin="[[[-1, -1], [-1, 99999999999999999999]]]"))
@@ -500,7 +525,9 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "predict None": (_predict(None), "input", ("source", "got None")),
     "load not an export": (lambda d: _load(d, model="userdata"), "manifest", ("userdata", "no manifest")),
     "load a manifest file": (lambda d: _load(d, model="model/manifest.json"), "input",
-                             ("manifest.json is a file", "pass the export's directory")),
+                             ("manifest.json is a file", "written by `seq2onnx export`", "model?)")),
+    "load a checkpoint's spec.json": (lambda d: _load(d, model="ckpt/spec.json"), "input",
+                                      ("spec.json is a file", "written by `seq2onnx export`")),
     "load ''": (lambda d: _load_path(""), "input", ("path", "naming a model directory", "''")),
     "load tampered graph": (lambda d: _load(d, model="tampered"), "integrity", ("encoder.onnx", "sha256")),
     "predict bools": (_predict(np.ones((1, 2, 2), bool)), "input", ("source", "bool")),
@@ -513,6 +540,8 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "predict source_len 0": (_predict(np.zeros((1, 0, 2))), "input", ("source", "source_len >= 1")),
     "predict target_len 0": (_predict(np.zeros((1, 2, 2)), target_len=0), "input", ("target_len", "got 0")),
     "predict target_len 2.5": (_predict(np.zeros((1, 2, 2)), target_len=2.5), "input", ("target_len", "2.5")),
+    "predict target_len of 4300 digits": (_predict(np.zeros((1, 2, 2)), target_len=int("1" * 4300)), "input",
+                                          ("target_len", "11111...")),
     "predict mask shape": (_predict(np.zeros((1, 2, 2)), source_mask=np.ones((1, 3), bool)), "input",
                            ("source_mask", "(1, 1, 2)", "(1, 3)")),
     "predict mask 0.5": (_predict(np.zeros((1, 2, 2)), source_mask=[[0.5, 1.0]]), "input", ("source_mask",)),

@@ -305,6 +305,7 @@ def test_bad_target_len_is_refused(dot, bad):
     (np.full((2, 1, 2), 1 + 0j), r"source_mask: expected bool or 0/1 numbers, .* complex128"),
     ({1, 0}, r"source_mask: expected bool or 0/1 numbers, got a set \(\{0, 1\}\); pass True/False"),
     (object(), r"source_mask: expected bool or 0/1 numbers, got an object \(<object object"),
+    (np.ma.masked_array(np.ones((2, 2), bool), mask=[[0, 1], [0, 0]]), r"source_mask: got a numpy masked array"),
     (np.full((2, 1, 2), 2, np.int64), r"only 0 and 1"),
     ([[1, 1], [1]], r"source_mask: expected a bool or 0/1 array .* numpy cannot turn into an array"),
     (np.array([[[1, 1]], [[0, 0]]]), r"item 1 has none"),

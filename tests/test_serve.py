@@ -247,8 +247,19 @@ BAD_REQUESTS = {
     "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict"),
     "a route with a trailing slash": ("/tokens/v1/translate/", {"texts": ["a"]}, 404,
                                       "POST /tokens/v1/translate/: not found; the routes are"),
-    "a gzip body": ("/tokens/v1/translate", ("application/json", b"\x1f\x8b\x08\x00", {"content-encoding": "gzip"}),
+    "a gzip body": ("/tokens/v1/translate", ("application/json", b"\x1f\x8b\x08\x00", [("content-encoding", "gzip")]),
                     415, "Content-Encoding 'gzip': this server reads only uncompressed bodies"),
+    "a JSON body said to be br": ("/tokens/v1/translate", ("application/json", b'{"texts": ["3/3/15"]}',
+                                                           [("content-encoding", "BR")]), 415, "Content-Encoding 'br'"),
+    "a JSON body said to be gzip, then identity": ("/points/v1/predict", ("application/json",
+                                                                         b'{"source": [[[1.0, 2.0]]]}',
+                                                                         [("content-encoding", "gzip"),
+                                                                          ("content-encoding", "identity")]),
+                                                   415, "Content-Encoding 'gzip'"),
+    "a 401-digit integer option": ("/tokens/v1/translate", b'{"texts": ["a"], "beam_size": 1' + b"0" * 400 + b"}", 422,
+                                   "(401 characters) is too large for any float"),
+    "a 401-digit integer point": ("/points/v1/predict", b'{"source": [[[1' + b"0" * 400 + b', 1.0]]]}', 422,
+                                  "(401 characters) is too large for any float"),
     "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
     "a 5000-digit integer": ("/tokens/v1/translate", b'{"texts": ["a"], "beam_size": ' + b"9" * 5000 + b"}", 422,
                              "has more digits than the 4300 read here"),
@@ -265,8 +276,8 @@ def test_bad_requests_get_4xx_with_one_line(served: Served, name: str) -> None:
     path, body, status, says = BAD_REQUESTS[name]
     if body == "GET":
         reply = served.client.get(path)
-    elif isinstance(body, tuple):  # (content type, raw body[, more headers])
-        headers = {"content-type": body[0], **(body[2] if len(body) > 2 else {})}
+    elif isinstance(body, tuple):  # (content type, raw body[, more (name, value) headers])
+        headers = [("content-type", body[0]), *(body[2] if len(body) > 2 else [])]
         reply = served.client.post(path, content=body[1], headers=headers)
     elif isinstance(body, bytes):
         reply = served.client.post(path, content=body, headers={"content-type": "application/json"})
@@ -286,6 +297,11 @@ def test_streamed_body_is_read_as_strictly(served: Served, name: str) -> None:
     reply = served.client.post(path, content=iter([body[:5], body[5:]]), headers={"content-type": "application/json"})
     assert "content-length" not in reply.request.headers
     assert reply.status_code == status and says in reply.json()["error"], reply.text
+
+
+def test_a_content_encoding_on_a_get_changes_nothing(served: Served) -> None:
+    reply = served.client.get("/tokens/healthz", headers={"content-encoding": "gzip"})
+    assert reply.status_code == 200, reply.text
 
 
 def test_streamed_oversized_body_is_refused(served: Served) -> None:

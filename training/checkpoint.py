@@ -86,7 +86,8 @@ def clear_partial(out: str | Path) -> None:
 
 def check_checkpoint_destination(out: str | Path, force: bool) -> None:
     """Refuse protected paths and anything but an earlier checkpoint (that one only with force)."""
-    check_destination(out, force, kind="checkpoint", marker=CHECKPOINT_SPEC_FILE, owned=TOKEN_CHECKPOINT_FILES)
+    check_destination(out, force, kind="checkpoint", marker=CHECKPOINT_SPEC_FILE, owned=TOKEN_CHECKPOINT_FILES,
+                      sibling_suffix=PARTIAL_SUFFIX)
 
 
 def _write_json(path: Path, data: Any) -> None:
