@@ -81,8 +81,8 @@ def too_long(path: Path, suffix: str = "") -> str | None:
     whole = len(os.fsencode(os.path.abspath(path))) + len(suffix)
     if whole > PATH_MAX:
         return f"it is {whole} bytes long, more than the {PATH_MAX} a path may have"
-    for part in path.parts:
-        size = len(os.fsencode(part)) + (len(suffix) if part == path.name else 0)
+    for i, part in enumerate(path.parts):
+        size = len(os.fsencode(part)) + (len(suffix) if i == len(path.parts) - 1 else 0)
         if size > NAME_MAX:
             limit = f"{NAME_MAX - len(suffix)} (with the {suffix} beside it)" if suffix else str(NAME_MAX)
             return f"its name {part[:16]!r}... is {size - len(suffix)} bytes long, more than the {limit} a name may have"
