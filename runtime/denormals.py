@@ -44,6 +44,7 @@ import numpy as np
 DENORMAL_AS_ZERO = "session.set_denormal_as_zero"  # onnxruntime's session option for its worker threads
 FLUSH_BITS = 0x8040  # MXCSR: FTZ (bit 15) and DAZ (bit 6)
 FENV_BYTES, MXCSR_OFFSET = 32, 28  # x86-64 fenv_t: the x87 environment (28 bytes), then the MXCSR word
+LIBM = "libm.so.6"  # glibc's libm on x86-64 Linux, by its soname
 FLUSH = True  # seq2onnx flushes where it can; False runs every decode with the thread's own flags
 
 
@@ -67,13 +68,18 @@ class _Flags:
     def _load(self) -> bool:
         if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
             return False
-        name = ctypes.util.find_library("m")
-        if name is None or ctypes.sizeof(_Fenv) != FENV_BYTES:
+        if ctypes.sizeof(_Fenv) != FENV_BYTES:
             return False
-        try:
-            libm = ctypes.CDLL(name)
+        try:  # glibc's soname first: find_library runs /sbin/ldconfig in a child process (~10 ms, and a process
+            libm = ctypes.CDLL(LIBM)  # that a supervisor watching this one's group sees come and go)
         except OSError:
-            return False
+            name = ctypes.util.find_library("m")
+            if name is None:
+                return False
+            try:
+                libm = ctypes.CDLL(name)
+            except OSError:
+                return False
         self._get, self._set = libm.fegetenv, libm.fesetenv
         for function in (self._get, self._set):
             function.argtypes, function.restype = [ctypes.POINTER(_Fenv)], ctypes.c_int

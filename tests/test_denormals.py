@@ -160,6 +160,21 @@ def test_making_the_first_session_of_a_process_leaves_its_thread_as_it_was(pytho
 
 
 @needs_flags
+def test_the_flags_load_libm_without_a_child_process(python: str) -> None:
+    """libm is loaded by its soname: ctypes.util.find_library would run /sbin/ldconfig in a child process, which a
+    supervisor watching the server's process group sees come and go (and which costs milliseconds at start)."""
+    code = ("import subprocess; started = []; real = subprocess.Popen.__init__\n"
+            "def spy(self, args, *a, **k): started.append(args); real(self, args, *a, **k)\n"
+            "subprocess.Popen.__init__ = spy\n"
+            "from runtime.denormals import FLAGS, flushing, flushes_now\n"
+            "with flushing(): flushed = flushes_now()\n"
+            "print(FLAGS.works, flushed, started)")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "[]"], done.stdout
+
+
+@needs_flags
 @pytest.mark.parametrize("texts, beam, flushed", [(["a b", "c"], 1, True), (["a b"], 2, True), (["a b"], 1, False)])
 def test_a_decode_of_more_than_one_row_flushes_for_its_length_only(transformer_export, texts: list[str], beam: int,
                                                                     flushed: bool) -> None:
