@@ -9,6 +9,9 @@ from typing import Any
 
 INT64 = 2**63
 FLOAT64_MAX = int(sys.float_info.max)
+# a byte's class in _may_need_checks' sketch: digits '0', exponent marks 'e', signs '-', everything else ' '
+_SKETCH = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b"eE" else ord("-") if b in b"+-"
+                else ord(" ") for b in range(256))
 
 
 class JsonRefused(ValueError):
@@ -60,5 +63,19 @@ def loads(data: bytes | str, wide_ints_as_floats: bool = False) -> Any:
     refused (JsonRefused). `wide_ints_as_floats`: integers beyond int64 read as floats, where every number is
     data for a float array (numpy would otherwise hold them as objects), as a float field of the HTTP schemas reads
     them. NaN and Infinity written as such stay Python's (the runtime refuses them where numbers must be finite)."""
+    if not _may_need_checks(data, wide_ints_as_floats):  # json's own C conversion: ~3x faster on 6,400 points
+        return json.loads(data, object_pairs_hook=_unique_keys)
     return json.loads(data, object_pairs_hook=_unique_keys, parse_float=_float,
                       parse_int=_int_or_float if wide_ints_as_floats else _int)
+
+
+def _may_need_checks(data: bytes | str, wide_ints: bool) -> bool:
+    """Whether the text may hold a number the checks above could refuse or widen: one with an exponent of 3 or more
+    digits or a run of 100 digits (without both, a number stays under 1e199: finite, and an integer within 4300
+    digits), 19 digits with `wide_ints` (past int64), or an Infinity (told apart there from a number that
+    overflows). Found by substring search over a digits-and-exponents sketch of the text: the equivalent regular
+    expression took ~1 ms on a 130 KB body."""
+    raw = data if isinstance(data, (bytes, bytearray)) else data.encode("utf-8", "surrogatepass")
+    sketch = raw.translate(_SKETCH)
+    run = b"0" * (19 if wide_ints else 100)
+    return b"e000" in sketch or b"e-000" in sketch or run in sketch or b"Infinity" in raw
