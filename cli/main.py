@@ -11,7 +11,7 @@ import sys
 import click
 
 from runtime import __version__
-from runtime.errors import Terminated
+from runtime.errors import Terminated, clipped
 
 from .common import (
     EXIT_INTERRUPTED,
@@ -68,8 +68,7 @@ class LazyGroup(click.Group):
             # a path of a name over the file system's limit, met wherever a command looks at one (a check of a
             # --data file, a destination's parent): the user's mistake, said in one line
             name = os.fsdecode(exc.filename) if exc.filename is not None else "a path given"
-            shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name)} characters)"
-            raise click.ClickException(f"{shown}: {exc.strerror}; choose a shorter name") from None
+            raise click.ClickException(f"{clipped(name, 80)}: {exc.strerror}; choose a shorter name") from None
         except (ImportError, SystemError) as exc:  # an extension's import or call that a signal interrupted
             if not isinstance(exc.__context__, KeyboardInterrupt) or exc.__suppress_context__:
                 raise

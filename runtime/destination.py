@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .atomic import NAME_MAX, STAGING_SUFFIX, sibling
 from .contract import CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, MANIFEST_FILE
-from .errors import Seq2OnnxError
+from .errors import Seq2OnnxError, clipped
 
 # How many foreign entries a message lists before it says "...".
 LISTED_ENTRIES = 5
@@ -108,7 +108,7 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
         raise DestinationError(f"{out}: refusing to write {article} {kind} there ({reason}); choose a new directory "
                                f"for --out, e.g. --out {example}")
     if (long := too_long(out, sibling_suffix)) is not None:
-        raise DestinationError(f"{str(out)[:60]}...: {long}; choose a shorter --out")
+        raise DestinationError(f"{clipped(str(out), 120)}: {long}; choose a shorter --out")
     if kind == "export" and os.fsencode(out) != str(out).encode("utf-8", "surrogatepass"):  # bytes, not UTF-8 text
         raise DestinationError(f"{str(out)!r}: the --out path is not UTF-8 text, which torch's ONNX exporter cannot "
                                "write under; choose a path in UTF-8")
@@ -178,7 +178,7 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
         raise OutputFileError("'': expected a file name, got an empty one")
     target = Path(text)
     if (long := too_long(target)) is not None:
-        raise OutputFileError(f"{text[:60]}...: {long}; choose a shorter name")
+        raise OutputFileError(f"{clipped(text, 120)}: {long}; choose a shorter name")
     if text.endswith(("/", os.sep)):
         raise OutputFileError(f"{text}: ends in '/', which names a directory; expected a file name")
     if target.is_dir():

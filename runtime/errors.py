@@ -62,6 +62,12 @@ def one_line(text: object) -> str:
     return " ".join(line.strip() for line in str(text).splitlines())
 
 
+def clipped(text: str, limit: int) -> str:
+    """`text`, or where it is longer than `limit` its start and its length, for a message that quotes a caller's
+    long string (a path, a number's digits)."""
+    return text if len(text) <= limit else f"{text[: limit // 2]}... ({len(text)} characters)"
+
+
 def brief(value: object) -> str:
     """A one-line repr of a caller's value, cut to BRIEF_CHARS, for error messages."""
     try:

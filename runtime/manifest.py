@@ -23,7 +23,7 @@ from .contract import (
 )
 from .declared import ContractError, TokenContract
 from .defaults import FP32
-from .errors import ManifestError, Seq2OnnxError, brief
+from .errors import ManifestError, Seq2OnnxError, brief, clipped
 from .optional_graphs import optional_graph_io
 from .spec import ModelSpec, SpecError
 
@@ -72,8 +72,8 @@ def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError],
     try:
         link = path.is_symlink()
     except (OSError, ValueError) as exc:  # a name too long for the file system, ...
-        shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:120]}... ({len(str(path))} characters)"
-        raise error(f"{shown}: cannot be opened ({getattr(exc, 'strerror', None) or exc}); check the path") from None
+        raise error(f"{clipped(str(path), 200)}: cannot be opened ({getattr(exc, 'strerror', None) or exc}); check "
+                    "the path") from None
     if link:
         raise error(f"{path}: is a symbolic link; a model's files must be regular files inside its directory, "
                     "copy the real file in place of the link")

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from .errors import clipped
+
 INT64 = 2**63
 FLOAT64_MAX = int(sys.float_info.max)
 # a byte's class in _may_need_checks' sketch: digits '0', exponent marks 'e', signs '-', everything else ' '
@@ -27,13 +29,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _shown(text: str) -> str:
-    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
-
-
 def _finite(text: str, value: float) -> float:
     if value in (float("inf"), float("-inf")):
-        raise JsonRefused(f"JSON number {_shown(text)} is too large for any float (it would read as infinity); "
+        raise JsonRefused(f"JSON number {clipped(text, 24)} is too large for any float (it would read as infinity); "
                           "send finite numbers")
     return value
 
@@ -46,7 +44,7 @@ def _int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:  # more digits than sys.get_int_max_str_digits() lets Python convert
-        raise JsonRefused(f"JSON integer {_shown(text)} has more digits than the {sys.get_int_max_str_digits()} "
+        raise JsonRefused(f"JSON integer {clipped(text, 24)} has more digits than the {sys.get_int_max_str_digits()} "
                           "read here; send numbers of fewer digits") from None
     if abs(value) > FLOAT64_MAX:  # no field here takes a number past every float
         _finite(text, float("inf"))
