@@ -183,7 +183,7 @@ class Seq2Seq:
         mask = check_mask(source_mask, src)
         if not isinstance(return_attention, bool):
             raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
-        check_cancel(cancel)
+        check_cancel(cancel, src.shape[0])
         workers = self._workers if self._splits else None
         parts = workers.chunks(src.shape[0]) if workers is not None else [slice(0, src.shape[0])]
 

@@ -171,14 +171,17 @@ Cancel = Callable[[], bool]  # asked between decoder steps: True stops the decod
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def check_cancel(cancel: Any) -> None:
-    """`cancel` is None or something to call with no arguments (checked here, so a call that never asks it, an
-    empty batch, refuses it too)."""
+def check_cancel(cancel: Any, items: int) -> None:
+    """`cancel` is None or something to call with no arguments. A call of `items` > 0 asks it before its first
+    decoder step, where `asked` says so of one that takes arguments; a call of none never asks it, so its signature
+    is read here (~10 us, which the serving path's every decode would otherwise pay)."""
     if cancel is None:
         return
     if not callable(cancel):
         raise InputError(f"cancel: expected a function of no arguments that returns True to stop the decode, got "
                          f"{brief(cancel)}")
+    if items:
+        return
     try:
         inspect.signature(cancel).bind()
     except TypeError as exc:

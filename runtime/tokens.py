@@ -193,7 +193,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
     if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
         check_int("seed", seed, 0)
-    check_cancel(cancel)
+    check_cancel(cancel, len(texts))
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
     if sampling and beam_size != 1:
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
