@@ -68,8 +68,8 @@ class Sources:
 
 @dataclass(frozen=True)
 class TokenContract:
-    """See the module docstring. `never`: target ids the step never emits (their log-prob is -inf in the graph);
-    `max_decoding_length`: the most output tokens the model can produce (a transformer's position table), None
+    """See the module docstring. `never`: target ids the step never emits (their log-prob is -inf in a declared
+    model's graph, -1e4 in seq2onnx's own; beam search results never hold them); `max_decoding_length`: the most output tokens the model can produce (a transformer's position table), None
     for any number."""
 
     encoder: GraphDecl

@@ -224,6 +224,12 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         parts = ([slice(0, len(texts))] if sampler is not None and seed is not None else
                  workers.chunks(len(texts), beam_size, lambda n: _graph(steps, n, width, search, sampler)))
         found = [hyps for part in workers.run(parts, decode) for hyps in part]
+    never = frozenset(steps.contract.never)
+    if never and (beam_size != 1 or num_hypotheses != 1):
+        # seq2onnx's own step graphs put <pad> and <s> at NEVER_LOGIT (-1e4), not -inf (parity stays finite): a
+        # beam with more slots than real candidates fills them with such tokens, every one ranked below every real
+        # hypothesis. They are no outputs: dropped, as the search drops -inf candidates (the n-best may be shorter).
+        found = [[h for h in hyps if never.isdisjoint(h.tokens)] for hyps in found]
     target = vocabularies["target"]
     return [[Translation(*target.hypothesis_text(h.tokens), list(h.tokens), h.score,
                          h.log_prob, h.attention) for h in hyps] for hyps in found]

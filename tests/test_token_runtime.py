@@ -15,7 +15,9 @@ from export.errors import ExportError
 from runtime.errors import InputError, IntegrityError
 from runtime.model import Seq2Seq
 from runtime.spec import ModelSpec
+from runtime.specials import BOS, PAD
 from runtime.vocab import Vocabulary
+from training.tokens.base import NEVER_LOGIT
 from training.tokens.builtin import toy_translation
 from training.tokens.recurrent import TokenSeq2Seq
 
@@ -62,6 +64,27 @@ def test_beam_n_best_and_seeded_sampling(token_export):
     assert first == runtime.translate_batch(["one is one"] * 3, sampling_topk=0, seed=5)
     attention = runtime.translate_batch(["one is one"], return_attention=True)[0][0].attention
     assert attention.shape[1] == len("one is one".split()) + 1  # the source's tokens and its eos
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("export", ["recurrent_export", "transformer_export"])
+@pytest.mark.parametrize("inputs", [1, 20])  # 20: the wide beam graph
+def test_a_beam_wider_than_the_vocabulary_returns_no_never_output_token(request, export, fused, inputs):
+    """<pad> and <s> sit at a log-prob of -1e4 in the step (NEVER_LOGIT), not -inf: a beam with fewer real
+    candidates than slots took them in as hypotheses (' <pad>' in the n-best) until translate dropped them."""
+    path = request.getfixturevalue(export).path
+    runtime = Seq2Seq.load(path, provider="cpu", fused=fused)
+    size = runtime.spec.target_vocab_size
+    for length in (1, 3):
+        found = runtime.translate_batch(["one is one"] * inputs, beam_size=size, num_hypotheses=size,
+                                        max_decoding_length=length)
+        for hyps in found:
+            assert hyps and all({PAD, BOS}.isdisjoint(h.ids) for h in hyps), [h.ids for h in hyps]
+            assert all(h.log_prob > NEVER_LOGIT / 2 for h in hyps)
+            assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len(found[0]) <= size - 2 if length == 1 else True  # one token: at most the real ids
+    plain = runtime.translate_batch(["one is one"], beam_size=4, num_hypotheses=4, max_decoding_length=3)
+    assert len(plain[0]) == 4  # a beam with enough real candidates keeps its whole n-best
 
 
 @pytest.mark.parametrize(("texts", "options", "message"), [
