@@ -18,7 +18,7 @@ from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
-from runtime.sessions import MAX_DEVICE_ID, PROVIDERS
+from runtime.sessions import DEFAULT_MAX_THREADS, MAX_DEVICE_ID, PROVIDERS
 
 from .common import check_threads_option, check_workers_option, user_errors
 from .infer_points import read_input
@@ -31,6 +31,8 @@ from .infer_tokens import (
 )
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
+THREADS_HELP = ("onnxruntime intra-op threads, 1 to the number of usable CPUs.  [default: the usable CPUs, at "
+                f"most {DEFAULT_MAX_THREADS}]")  # runtime.sessions.default_threads; eval's too
 PLOT_SUFFIXES = (".png",)
 
 
@@ -124,7 +126,7 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw the first items' attention (point models: and points) to FILE.png (needs matplotlib).")
 @click.option("--threads", type=int, default=None, callback=check_threads_option,
-              help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
+              help=THREADS_HELP)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Copies of the model, one thread each (with --threads: that many each): token models decode "
                    "N batches at once, point models split the input from 64 sources (not int8 ones); the output is "
@@ -167,9 +169,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     if model_kind(model_dir, texts) == "tokens":
         return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path,
                              (threads, workers), device_id, fused, force, decoding)
-    refuse_token_options(click.get_current_context(), model_dir)
-    if input_path is None:
-        raise click.UsageError("Missing option '--input'.")
+    refuse_token_options(click.get_current_context(), model_dir, input_path)
     check_outputs(input_path, output_path, plot_path, attention, force)
     source, mask = read_input(input_path)
     try:

@@ -136,9 +136,7 @@ def _token_work(ctx: click.Context, job: RayJob,
 
 def _point_work(ctx: click.Context, job: RayJob, base: dict[str, Any]) -> tuple[Plan, np.ndarray, np.ndarray]:
     """A point model's plan, its (N, L, F) sources and (N, 1, L) mask, checked as predict checks them."""
-    refuse_token_options(ctx, job.model_dir)
-    if job.input_path is None:
-        raise click.UsageError("Missing option '--input'.")
+    refuse_token_options(ctx, job.model_dir, job.input_path)
     check_outputs(job.input_path, job.output_path, None, job.attention, job.force, TOKEN_OUTPUT_SUFFIXES)
     source, mask = read_input(job.input_path)
     model = _load(base)

@@ -69,13 +69,20 @@ def _given(ctx: click.Context, names: Iterable[str]) -> list[str]:
     return [params[n].opts[0] for n in names if ctx.get_parameter_source(n) is not ParameterSource.DEFAULT]
 
 
-def refuse_token_options(ctx: click.Context, model_dir: Path) -> None:
-    """A point model given --text or decoding options: a usage error naming them."""
+def refuse_token_options(ctx: click.Context, model_dir: Path, input_path: str | None) -> None:
+    """A point model given --text or decoding options, no --input, or an --input it cannot read (as a token model
+    given a .npy): usage errors naming them."""
     given = _given(ctx, TOKEN_ONLY)
     if given:
         raise click.UsageError(f"{', '.join(given)}: {model_dir} is a point model, which reads numeric sources "
                                "from --input (.npy, .npz, .json, or '-' for JSON) and decodes --target-len points; "
                                "these options are for token models")
+    if input_path is None:
+        raise click.UsageError("Missing option '--input'.")
+    suffix = Path(input_path).suffix.lower()
+    if input_path != "-" and suffix not in POINT_SUFFIXES:
+        raise click.UsageError(f"--input: {input_path}: {model_dir} is a point model, which reads a .npy, .npz or "
+                               f"JSON file, or '-' for JSON on stdin; got {f'a {suffix} file' if suffix else 'no suffix'}")
 
 
 def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | None, texts: tuple[str, ...]) -> None:

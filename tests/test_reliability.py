@@ -349,7 +349,8 @@ CLI_CASES: dict[str, Case] = {
                                  says=("encoder.onnx", "sha256", "re-export")),
     # infer: inputs
     "infer --input missing": case(*INFER, "--input", "nope.json", code=USAGE, says=("--input", "nope.json", "does not exist")),
-    "infer --input .txt": case(*INFER, "--input", "points.txt", code=BAD_INPUT, says=("points.txt", ".npy, .npz or .json")),
+    "infer --input .txt": case(*INFER, "--input", "points.txt", code=USAGE,
+                               says=("points.txt", "is a point model", ".npy, .npz or JSON file", "got a .txt file")),
     "infer --input text as .npy": case(*INFER, "--input", "text.npy", code=BAD_INPUT,
                                        says=("text.npy", "not a NumPy .npy file")),
     "infer --input pickled .npy": case(*INFER, "--input", "objects.npy", code=BAD_INPUT,
