@@ -50,6 +50,8 @@ def check_pair(checkpoint: Any, model_dir: Path, spec: Any, runtime: Any, model:
     if runtime.spec != spec:
         mine, theirs = dataclasses.asdict(spec), dataclasses.asdict(runtime.spec)  # defaults shown, not None
         fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        kinds = [k for k in ("kind", "arch") if k in fields]  # other kinds' fields only differ by their defaults
+        fields = kinds or fields
         shown = ", ".join(f"{k}: {mine.get(k)!r} vs {theirs.get(k)!r}" for k in fields)
         raise VerifyError(f"{checkpoint} and {model_dir} hold different models ({shown}); they cannot be compared")
     if spec.kind == "tokens":

@@ -71,7 +71,8 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     if arr.ndim != 3 or arr.shape[2] != spec.n_features:
         raise InputError(
             f"source: expected shape (batch, source_len, {spec.n_features}), got {_describe(arr)}"
-            + ("; add a batch axis with source[None]" if arr.ndim == 2 else "")
+            + (f"; one source of shape (L, {spec.n_features}) needs a batch axis: (1, L, {spec.n_features}), "
+               "source[None] in numpy" if arr.ndim == 2 and arr.shape[1] == spec.n_features else "")
         )
     if arr.shape[1] < 1:
         raise InputError(f"source: expected source_len >= 1, got {_describe(arr)}")

@@ -410,3 +410,15 @@ def test_shipped_squares_model_completes_the_square():
     out, alphas = model.predict(np.stack(sources), return_attention=True)
     np.testing.assert_allclose(out, np.stack(targets), atol=0.25)  # test MSE is 0.011: about 0.1 per coordinate
     assert alphas.shape == (8, 2, 2)
+
+
+@pytest.mark.parametrize(("source", "hint"), [(np.zeros((2, 2)), True), (np.zeros((1, 0)), False),
+                                              (np.zeros((3, 5)), False)])
+def test_a_batch_axis_is_suggested_only_for_one_source_of_points(source, hint):
+    """(L, F) is one source without its batch axis; (1, 0) or (3, 5) is not, and adding an axis would not help."""
+    from pathlib import Path
+
+    model = Seq2Seq.load(Path(__file__).resolve().parents[1] / "artifacts" / "squares", provider="cpu")
+    with pytest.raises(InputError, match=r"expected shape \(batch, source_len, 2\)") as caught:
+        model.predict(source)
+    assert ("needs a batch axis: (1, L, 2)" in str(caught.value)) == hint

@@ -92,7 +92,7 @@ def test_a_beam_wider_than_the_vocabulary_returns_no_never_output_token(request,
     ((t for t in ["one"]), {}, "got <generator object .*>; pass them as a list"),
     ([""], {}, "texts[0]: expected a non-empty string"),
     (["ok", "caf\udce9"], {}, "texts[1]: expected Unicode text, got a lone surrogate U.DCE9 at character 3"),
-    (["one " * 2000], {}, "more than the 1024 allowed"),
+    (["one " * 2000], {}, "more than the 1024 the runtime reads of one source"),
     (["one"], {"beam": 3}, "unknown options ['beam']"),
     (["one"], {"beam_size": 3, "sampling_topk": 5}, "sampling needs beam_size 1"),
     (["one"], {"beam_size": 0}, "beam_size must be an int in [1, 256]"),
@@ -296,3 +296,18 @@ def test_verify_compares_a_transformer_checkpoint_with_its_export(transformer_ex
     with_long = CliRunner().invoke(verify_command, [str(checkpoint), str(tmp_path / "model"), "--data", str(tsv)])
     assert with_long.exit_code == 0, with_long.output
     assert "longer than the transformer's max_positions 8" in with_long.output
+
+
+def test_verify_of_a_recurrent_checkpoint_and_a_transformer_export_names_the_architectures(
+        recurrent_export, transformer_export, tmp_path):
+    """Two kinds of model differ in every field of the other's kind (d_ff 0 against 256 ...): the refusal names
+    the architectures only."""
+    from click.testing import CliRunner
+
+    from cli.export import verify_command
+
+    checkpoint = save_token_checkpoint(tmp_path / "ck", recurrent_export.model,
+                                       (recurrent_export.source, recurrent_export.target))
+    result = CliRunner().invoke(verify_command, [str(checkpoint), str(transformer_export.path)])
+    assert result.exit_code == 1, result.output
+    assert "hold different models (arch: 'recurrent' vs 'transformer')" in result.output, result.output

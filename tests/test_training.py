@@ -33,6 +33,7 @@ from training.checkpoint import (
     load_train_state,
     partial_dir,
     read_data_description,
+    read_meta,
     save_checkpoint,
     save_train_state,
 )
@@ -588,3 +589,10 @@ def test_train_command_without_torch(args: list[str], code: int, expected: str) 
     assert proc.returncode == code, proc.stderr
     assert expected in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("meta", "says"), [({}, "has no format_version;"), ({"format_version": 7}, "has format_version 7;")])
+def test_a_checkpoint_of_no_or_another_format_version_says_which(tmp_path: Path, meta: dict, says: str) -> None:
+    (tmp_path / "spec.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=re.escape(says) + ".*reads checkpoints of format_version 1"):
+        read_meta(tmp_path)
