@@ -27,6 +27,7 @@ from training.tokens.data import MAX_LEN_MARGIN
 
 from .common import FiniteFloatRange
 from .common import check_threads_option as check_threads
+from .infer import THREADS_HELP
 
 DEFAULT_BEAM = 5
 DEFAULT_BATCH_SIZE = 64
@@ -105,8 +106,7 @@ def accuracy_target(data: str, split: str, exact: float) -> dict[str, Any] | Non
               help="Sources per translate_batch call.")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider; 'cuda' fails clearly where CUDA cannot run.")
-@click.option("--threads", type=int, default=None, callback=check_threads,
-              help="onnxruntime intra-op threads, 1 to the number of usable CPUs.")
+@click.option("--threads", type=int, default=None, callback=check_threads, help=THREADS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--min-exact", type=FiniteFloatRange(min=0.0, max=1.0), default=None,
               help="Exit 1 when greedy exact accuracy is below this (after printing the figures).")

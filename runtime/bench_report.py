@@ -44,7 +44,8 @@ def _ms(value: float | None) -> str:
 
 
 def _rate(value: float) -> str:
-    return f"{value:.4g}" if value < 1e5 else f"{value:.3e}"
+    """A rate in a 9-wide column: 4 significant digits below 1000, whole numbers up to 9 digits (not 1.339e+04)."""
+    return f"{value:.4g}" if value < 1e3 else f"{value:.0f}" if value < 1e9 else f"{value:.3e}"
 
 
 def progress(record: dict[str, Any]) -> str:

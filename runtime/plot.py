@@ -135,4 +135,4 @@ def plot_heatmaps(maps: list[Heatmap], title: str, f: IO[bytes]) -> None:
     for ax, item in zip(axes[:, 0], maps):
         _draw_map(fig, ax, item)
     fig.suptitle(title)
-    fig.savefig(f, format="png", dpi=100)
+    fig.savefig(f, format="png", dpi=100, bbox_inches="tight")  # a narrow map's axis label is wider than the figure

@@ -270,3 +270,12 @@ def test_fused_beam_cells_alone_on_a_transformer_export(transformer_export: Any)
     assert result.returncode == 0, result.stderr
     cells = json.loads(result.stdout)["cells"]
     assert {(c["loop"], c["beam"]) for c in cells} == {("fused", 5)}
+
+
+@pytest.mark.parametrize(("rate", "shown"), [(748.93, "748.9"), (7335.2, "7335"), (13390.4, "13390"),
+                                             (0.51234, "0.5123"), (2.5e9, "2.500e+09")])
+def test_rates_read_as_plain_numbers_in_their_column(rate: float, shown: str) -> None:
+    """The seq/s and tok/s columns: one style per column, not 7335 beside 1.339e+04."""
+    from runtime.bench_report import _rate
+
+    assert _rate(rate) == shown and len(shown) <= 9

@@ -167,3 +167,14 @@ def test_verify_refuses_a_mismatched_pair(pipeline, tmp_path):
     mixed = cli("verify", again, model)
     assert_user_error(mixed, "the two are not a pair")
     assert "trained again" in mixed.stderr and "tighter than an export" not in mixed.stderr
+
+
+@pytest.mark.parametrize(("command", "says", "not_says"), [
+    ("train", "lr_decay**e. [default: 0.8]", "transformers: 0.8"),  # one default where both archs agree
+    ("train", "[default: 1; transformers: 2]", None),  # --layers: two where they differ
+    ("infer", "[default: the usable CPUs, at most 4]", None),
+    ("eval", "[default: the usable CPUs, at most 4]", None),
+])
+def test_help_states_each_default_once(command: str, says: str, not_says: str | None) -> None:
+    shown = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=200).output.split())
+    assert says in shown and (not_says is None or not_says not in shown), shown

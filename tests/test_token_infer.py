@@ -266,3 +266,22 @@ def test_a_transformer_refuses_what_its_position_table_cannot_hold(transformer_e
     assert result.returncode == code and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr
+
+
+def test_a_narrow_attention_map_keeps_its_whole_axis_label(tmp_path):
+    """A map of few source tokens is narrower than its x-axis name: the PNG grows to hold it (it was cut off)."""
+    import io
+
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    from runtime.plot import Heatmap, plot_heatmaps
+
+    name = "source token (the order the model read them); * = unknown to the model, read as its unknown token"
+    out = io.BytesIO()
+    plot_heatmaps([Heatmap(np.eye(3, 2), ["a", "b", "c"], ["x*", "</s>"], "output token", name, "input 0")],
+                  "attention", out)
+    fig = Figure(dpi=100)
+    text = fig.text(0, 0, name, fontsize="small")
+    fig.canvas.draw()
+    assert Image.open(io.BytesIO(out.getvalue())).width >= text.get_window_extent().width
