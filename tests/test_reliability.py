@@ -230,7 +230,7 @@ CLI_CASES: dict[str, Case] = {
     "export spec not JSON": case("export", "nojson", "--out", "m", code=BAD_INPUT,
                                  says=("nojson/spec.json", "not readable JSON")),
     "export spec future version": case("export", "future", "--out", "m", code=BAD_INPUT,
-                                       says=("future/spec.json", "format_version 99", "reads 1")),
+                                       says=("future/spec.json", "format_version 99", "reads checkpoints of format_version 1")),
     "export --out .": case("export", "ckpt", "--out", ".", code=BAD_INPUT, says=("current directory",)),
     "export --out userdir --force": case("export", "ckpt", "--out", "userdata", "--force", code=BAD_INPUT,
                                          says=("userdata", "not a seq2onnx export", "notes.txt")),
