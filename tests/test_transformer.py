@@ -206,6 +206,8 @@ def test_spec_fills_d_model_and_round_trips():
 
 
 def test_verify_names_each_differing_field_with_its_value_defaults_included():
+    """Two models of one architecture: every field that differs, with its value (defaults shown, not None). Two
+    architectures: those alone, as every field of the other's kind differs only by its default (d_ff 0 ...)."""
     from pathlib import Path
     from types import SimpleNamespace
 
@@ -214,6 +216,9 @@ def test_verify_names_each_differing_field_with_its_value_defaults_included():
     recurrent = ModelSpec(kind="tokens", embedding_dim=4, source_vocab_size=VOCAB, target_vocab_size=VOCAB)
     with pytest.raises(VerifyError) as info:
         check_pair(Path("ckpt"), Path("model"), recurrent, SimpleNamespace(spec=tf_spec()))
+    assert "hold different models (arch: 'recurrent' vs 'transformer');" in str(info.value)
+    with pytest.raises(VerifyError) as info:
+        check_pair(Path("ckpt"), Path("model"), tf_spec(d_ff=32), SimpleNamespace(spec=tf_spec(max_positions=64)))
     message = str(info.value)
-    assert "arch: 'recurrent' vs 'transformer'" in message and "max_positions: 0 vs 1024" in message
+    assert "d_ff: 32 vs 24" in message and "max_positions: 1024 vs 64" in message
     assert "None" not in message  # fields left out of the saved form are shown at their defaults
