@@ -210,7 +210,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
                   constant=steps.constant)
     search = dict(beam_size=beam_size, num_hypotheses=num_hypotheses, length_penalty=length_penalty)
     sampler = dict(seed=seed, sampling_temperature=sampling_temperature, sampling_topk=sampling_topk,
-                   sampling_topp=sampling_topp) if sampling else None
+                   sampling_topp=sampling_topp, never=steps.contract.never) if sampling else None
 
     def decode(copy: TokenSteps, rows: slice) -> list[list[Any]]:
         n = rows.stop - rows.start

@@ -309,6 +309,35 @@ def test_sampling_that_keeps_one_token_equals_greedy(name, filters):
     np.testing.assert_allclose([h.log_prob for h in sampled], [h.log_prob for h in greedy], rtol=SCORE_RTOL)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_a_vanishing_temperature_samples_the_greedy_tokens(name, recwarn):
+    """T -> 0 is argmax. Log-probs / T overflowed to -inf in every column where the best log-prob was under
+    -1.8e308 T (-4 at the smallest normal T: an unsure step over a vocabulary of a few hundred), and the draw then
+    took column 0."""
+    unsure = np.log(np.full((2, 400), 1 / 400))  # (B, V): every log-prob -5.99
+    unsure[:, 7] += 1e-3  # one best token, still under -4
+    out = filter_logits(unsure, temperature=2.3e-308)
+    assert (np.argmax(out, axis=1) == 7).all() and np.isfinite(out[:, 7]).all()
+    model = MODELS[name]()
+    greedy = run_greedy(model, 3, max_decoding_length=8, min_decoding_length=2)
+    sampled = run_sample(model, 3, max_decoding_length=8, min_decoding_length=2, seed=3, sampling_temperature=1e-300)
+    assert [h.tokens for h in sampled] == [h.tokens for h in greedy]
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # no overflow warning either
+
+
+def test_a_huge_temperature_never_draws_a_never_output_id():
+    """T -> inf is uniform, but over the tokens the model can output: `never` ids stay at -inf (a step that puts
+    them at a finite floor, -1e4 / 1e30 ~ 0, drew them)."""
+    model = Markov(4)
+    model.table[:, 3] = -1e4  # a never-output id at seq2onnx's floor, not -inf
+    hyps = run_sample(model, 2000, max_decoding_length=3, seed=1, sampling_temperature=1e30, never=(3,))
+    assert not any(3 in h.tokens for h in hyps)
+    drawn = np.bincount([t for h in hyps for t in h.tokens], minlength=V)
+    assert drawn[[2, 4]].min() > 0 and drawn[BOS] > 0  # the others are all drawn (BOS is an ordinary id here)
+    plain = run_sample(model, 2000, max_decoding_length=3, seed=1, sampling_temperature=1e30)
+    assert any(3 in h.tokens for h in plain)  # without `never` the floor is no floor at that temperature
+
+
 def test_sampling_is_reproducible_with_a_seed():
     model = History(23, batch=3)
     kw = dict(max_decoding_length=8, sampling_temperature=1.5)
@@ -403,6 +432,9 @@ def call_with(strategy: str, **kw):
     ("sample", dict(sampling_topk=-1), "sampling_topk"),
     ("sample", dict(sampling_topp=0.0), "sampling_topp"),
     ("sample", dict(sampling_topp=1.5), "sampling_topp"),
+    ("sample", dict(sampling_topp=1e-320), "sampling_topp"),  # subnormal: 0 while denormals are flushed
+    ("sample", dict(sampling_temperature=5e-324), "sampling_temperature"),
+    ("sample", dict(never=(V,)), "never"),
     ("sample", dict(seed="x"), "seed"),
 ])
 def test_invalid_arguments_raise_input_error_naming_them(strategy, kw, name):

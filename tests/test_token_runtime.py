@@ -87,6 +87,29 @@ def test_a_beam_wider_than_the_vocabulary_returns_no_never_output_token(request,
     assert len(plain[0]) == 4  # a beam with enough real candidates keeps its whole n-best
 
 
+@pytest.mark.parametrize("export", ["recurrent_export", "transformer_export"])
+def test_sampling_at_any_temperature_returns_no_never_output_token(request, export):
+    """At a temperature of 1e4 or more the never-output ids' -1e4 reads as ~0, and sampling drew them; at a tiny
+    one, a row whose every log-prob / T overflowed took id 0 (<pad>)."""
+    runtime = Seq2Seq.load(request.getfixturevalue(export).path, provider="cpu")
+    for temperature in (1e30, 1e6, 2.3e-308):
+        found = runtime.translate_batch(["one is one", "two"] * 20, sampling_temperature=temperature,
+                                        sampling_topk=0, seed=1, max_decoding_length=6)
+        assert all({PAD, BOS}.isdisjoint(h[0].ids) for h in found), temperature
+    greedy = runtime.translate_batch(["one is one", "two"], max_decoding_length=6)
+    coldest = runtime.translate_batch(["one is one", "two"], sampling_temperature=2.3e-308, sampling_topk=0, seed=1,
+                                      max_decoding_length=6)
+    assert [h[0].ids for h in coldest] == [h[0].ids for h in greedy]
+
+
+@pytest.mark.parametrize("texts", [["one"], ["one", "two"]])  # one row is decoded without flushing denormals
+@pytest.mark.parametrize("option", ["sampling_topp", "sampling_temperature"])
+def test_a_subnormal_sampling_option_is_refused_whatever_the_batch(token_export, texts, option):
+    runtime = Seq2Seq.load(token_export[3], provider="cpu")
+    with pytest.raises(InputError, match=rf"^{option} must be at least 2.225e-308 .* got 1e-320$"):
+        runtime.translate_batch(texts, sampling_topk=0, **{option: 1e-320})
+
+
 @pytest.mark.parametrize(("texts", "options", "message"), [
     ("one is one", {}, "wrap one text as [text]"),
     ((t for t in ["one"]), {}, "got <generator object .*>; pass them as a list"),

@@ -7,6 +7,7 @@ as `np.argmax` does, so top-k=1 and a tiny top-p pick exactly the greedy token.
 from __future__ import annotations
 
 import numbers
+import sys
 
 import numpy as np
 
@@ -14,19 +15,30 @@ from runtime.errors import InputError, brief
 
 from .step import check_int, is_finite_real
 
+SMALLEST = sys.float_info.min  # 2.2e-308: below it a float is subnormal, which a decode that flushes denormals
+# (runtime.denormals) reads as 0, so an option that small would pass or fail by the batch's size
+
+
+def _subnormal(name: str, value: float) -> None:
+    if value < SMALLEST:
+        raise InputError(f"{name} must be at least {SMALLEST:.4g} (a smaller float reads as 0 while decoding), got "
+                         f"{brief(value)}")
+
 
 def check_temperature(name: str, value: object) -> float:
-    """`value` as a finite float > 0, else an InputError naming `name`."""
+    """`value` as a finite float > 0 (a normal one), else an InputError naming `name`."""
     if not (is_finite_real(value) and value > 0):
         raise InputError(f"{name} must be a finite float > 0, got {brief(value)}")
+    _subnormal(name, value)  # type: ignore[arg-type]
     return float(value)
 
 
 def check_topp(name: str, value: object) -> float:
-    """`value` as a float in (0, 1], else an InputError naming `name`."""
+    """`value` as a float in (0, 1] (a normal one), else an InputError naming `name`."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
     if not ok:
         raise InputError(f"{name} must be a float in (0, 1], got {brief(value)}")
+    _subnormal(name, value)  # type: ignore[arg-type]
     return float(value)
 
 
@@ -43,8 +55,12 @@ def _keep(logits: np.ndarray, order: np.ndarray, kept_ranks: np.ndarray) -> np.n
 
 
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """Logits divided by `temperature` (> 1 flattens, < 1 sharpens)."""
-    return logits / check_temperature("temperature", temperature)
+    """Logits divided by `temperature` (> 1 flattens, < 1 sharpens), each row shifted first so that its best is 0:
+    no softmax changes, and a tiny temperature cannot overflow every column of a row to -inf (its best stays 0)."""
+    temperature = check_temperature("temperature", temperature)
+    best = logits.max(axis=1, keepdims=True)  # (B, 1)
+    with np.errstate(over="ignore"):  # what overflows is -inf: probability 0, as it was
+        return (logits - np.where(np.isfinite(best), best, 0.0)) / temperature
 
 
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
@@ -76,7 +92,7 @@ def filter_logits(logits: np.ndarray, temperature: float = 1.0, topk: int = 0, t
     temperature = check_temperature("sampling_temperature", temperature)
     topk = check_int("sampling_topk", topk, 0)
     topp = check_topp("sampling_topp", topp)
-    out = logits / temperature if temperature != 1.0 else logits
+    out = apply_temperature(logits, temperature) if temperature != 1.0 else logits
     if topk:
         out = top_k_filter(out, topk)
     return top_p_filter(out, topp)
