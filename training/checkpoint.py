@@ -186,7 +186,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     meta_file = path / CHECKPOINT_SPEC_FILE
     meta = _read_json(meta_file)
     version = meta.get("format_version") if isinstance(meta, dict) else None
-    if version != CHECKPOINT_FORMAT_VERSION:
+    if type(version) is not int or version != CHECKPOINT_FORMAT_VERSION:  # not true, nor 1.0
         has = "has no format_version" if version is None else f"has format_version {version!r}"
         raise CheckpointError(f"checkpoint file {str(meta_file)!r} {has}; this seq2onnx reads checkpoints of "
                               f"format_version {CHECKPOINT_FORMAT_VERSION}, as `seq2onnx train` writes them")
