@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from runtime.evaluate import (
     Progress,
@@ -116,6 +117,10 @@ def eval_command(model_dir: Path, data: str, split: str, limit: int | None, beam
                  quiet: bool) -> None:
     """Decode --data's held-out pairs with the exported token model in MODEL_DIR and print greedy and beam
     accuracy (exact: the hypothesis stopped with exactly the reference's target ids) and speed."""
+    given = click.get_current_context().get_parameter_source("length_penalty") is not ParameterSource.DEFAULT
+    if beam == 0 and given:  # as infer refuses it without a beam
+        raise click.UsageError("--length-penalty: it scores the beam row, which --beam 0 skips; give --beam N or "
+                               "drop --length-penalty")
     model = load_token_model(model_dir, provider, threads)
     pairs, left_out = readable_pairs(model, load_pairs(data, split, limit))
     if left_out:

@@ -155,3 +155,23 @@ def test_eos_is_what_ends_an_exact_hypothesis():
     assert (stopped["exact"], stopped["token"]) == (1.0, 1.0)
     assert (cut_off["exact"], cut_off["token"]) == (0.0, 2 / 3)
     assert score([[5, 7, 6]], [[5, 6]], max_len=9)["token"] == 1 / 3 and EOS not in (5, 6, 7)
+
+
+@pytest.mark.parametrize("beam_size", [5, 100, 256])
+def test_the_beam_line_keeps_a_gap_before_its_figures_at_any_beam(beam_size):
+    from runtime.evaluate import format_report
+
+    figures = {"exact": 1.0, "exact_count": 5, "token": 1.0, "sequences_per_s": 100.0}
+    report = {"model": "m", "providers": ["CPUExecutionProvider"], "data": "d", "split": "test", "sequences": 5,
+              "max_decoding_length": 11, "greedy": figures, "target": None,
+              "beam": {**figures, "beam_size": beam_size, "length_penalty": 1.0, "never_worse": True, "lost": 0,
+                       "gained": 0}}
+    line = format_report(report).splitlines()[3]
+    assert line.startswith(f"beam {beam_size} ") and f"beam {beam_size} exact" in " ".join(line.split()), line
+
+
+def test_a_length_penalty_without_a_beam_row_is_a_usage_error():
+    shipped = Path(__file__).resolve().parents[1] / "artifacts" / "dates"
+    result = CliRunner().invoke(main, ["eval", str(shipped), "--data", "dates", "--limit", "2", "--beam", "0",
+                                       "--length-penalty", "2"])
+    assert result.exit_code == 2 and "--length-penalty: it scores the beam row, which --beam 0 skips" in result.output
