@@ -17,6 +17,7 @@ import functools
 import importlib
 import math
 import signal
+import sys
 import threading
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -114,6 +115,18 @@ class FiniteFloatRange(click.FloatRange):
         if self.min is None and self.max is None:
             return "finite"
         return super()._describe_range()
+
+
+class NormalFloatRange(FiniteFloatRange):
+    """A FiniteFloatRange that also refuses a subnormal number (0 < |x| < 2.2e-308), which a decode that flushes
+    denormals (runtime.denormals) reads as 0."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if 0 < abs(number) < sys.float_info.min:
+            self.fail(f"{value!r} is below {sys.float_info.min:.4g}, the smallest normal float (decoding reads a "
+                      "smaller one as 0)", param, ctx)
+        return number
 
 
 def check_threads_option(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:

@@ -21,7 +21,7 @@ from runtime.points import MAX_TARGET_LEN
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
 from runtime.tokens import undecoded
 
-from .common import FiniteFloatRange
+from .common import FiniteFloatRange, NormalFloatRange
 
 
 def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,9 +41,9 @@ def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sample", is_flag=True, help="Token models: draw each token at random instead of searching."),
         click.option("--top-k", type=click.IntRange(0), default=None,
                      help="With --sample: draw among the k likeliest tokens (default 0: all)."),
-        click.option("--top-p", type=FiniteFloatRange(0, 1, min_open=True), default=None,
+        click.option("--top-p", type=NormalFloatRange(0, 1, min_open=True), default=None,
                      help="With --sample: draw among the likeliest tokens holding this much probability (default 1)."),
-        click.option("--temperature", type=FiniteFloatRange(0, min_open=True), default=None,
+        click.option("--temperature", type=NormalFloatRange(0, min_open=True), default=None,
                      help="With --sample: > 1 flattens, < 1 sharpens the distribution (default 1)."),
         click.option("--seed", type=click.IntRange(0), default=None,
                      help="With --sample: the same seed and --batch-size repeat the same draws."),
