@@ -81,8 +81,9 @@ def refuse_token_options(ctx: click.Context, model_dir: Path, input_path: str | 
         raise click.UsageError("Missing option '--input'.")
     suffix = Path(input_path).suffix.lower()
     if input_path != "-" and suffix not in POINT_SUFFIXES:
+        got = f"a {suffix} file" if suffix else "no suffix"
         raise click.UsageError(f"--input: {input_path}: {model_dir} is a point model, which reads a .npy, .npz or "
-                               f"JSON file, or '-' for JSON on stdin; got {f'a {suffix} file' if suffix else 'no suffix'}")
+                               f"JSON file, or '-' for JSON on stdin; got {got}")
 
 
 def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | None, texts: tuple[str, ...]) -> None:

@@ -81,7 +81,9 @@ def _kind_defaults(points: Any, tokens: Any, transformer: str | None = None) -> 
 def _token_defaults(recurrent: Any, name: str) -> str:
     """'[default: R; transformers: X]' for an option of both token archs ('[default: R]' where they agree)."""
     transformer = f"{TRANSFORMER_DEFAULTS[name]:g}"
-    return f"[default: {recurrent}]" if f"{recurrent}" == transformer else f"[default: {recurrent}; transformers: {transformer}]"
+    if f"{recurrent}" == transformer:
+        return f"[default: {recurrent}]"
+    return f"[default: {recurrent}; transformers: {transformer}]"
 
 
 def _transformer_default(name: str) -> str:

@@ -69,8 +69,8 @@ class Sources:
 @dataclass(frozen=True)
 class TokenContract:
     """See the module docstring. `never`: target ids the step never emits (their log-prob is -inf in a declared
-    model's graph, -1e4 in seq2onnx's own; beam search results never hold them); `max_decoding_length`: the most output tokens the model can produce (a transformer's position table), None
-    for any number."""
+    model's graph, -1e4 in seq2onnx's own; beam search and sampling never return them); `max_decoding_length`: the
+    most output tokens the model can produce (a transformer's position table), None for any number."""
 
     encoder: GraphDecl
     step: GraphDecl

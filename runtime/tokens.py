@@ -123,8 +123,8 @@ def too_long(n: int, spec: ModelSpec, contract: TokenContract | None = None) -> 
     if spec.is_transformer and limit == spec.max_positions:
         return (f"{n} tokens with the closing </s>, more than this transformer's max_positions {limit} (source "
                 "token i reads row i of its position table)")
-    return (f"{n} tokens with the closing </s>, more than the {limit} the runtime reads of one source (its attention's "
-            "memory grows with the length)")
+    return (f"{n} tokens with the closing </s>, more than the {limit} the runtime reads of one source (its "
+            "attention's memory grows with the length)")
 
 
 def _first_unencodable(texts: list[str], vocab: Vocabulary) -> int:

@@ -591,7 +591,8 @@ def test_train_command_without_torch(args: list[str], code: int, expected: str) 
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize(("meta", "says"), [({}, "has no format_version;"), ({"format_version": 7}, "has format_version 7;"),
+@pytest.mark.parametrize(("meta", "says"), [({}, "has no format_version;"),
+                                           ({"format_version": 7}, "has format_version 7;"),
                                            ({"format_version": True}, "has format_version True;"),
                                            ({"format_version": 1.0}, "has format_version 1.0;")])
 def test_a_checkpoint_of_no_or_another_format_version_says_which(tmp_path: Path, meta: dict, says: str) -> None:
