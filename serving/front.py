@@ -15,6 +15,7 @@ from runtime.errors import Seq2OnnxError
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
 from .encode import json_bytes
+from .gone import ClientGone, unless_gone
 from .limits import compressed
 from .schemas import TranslateRequest
 from .service import service_of
@@ -71,15 +72,19 @@ class Front:
             return await self.app(scope, _replay(body, receive), send)
         try:
             if isinstance(request, TranslateRequest):
-                done = await service.translate(request.texts, request.options())
+                done = await unless_gone(service.translate(request.texts, request.options()), receive, scope)
                 status, payload = 200, translate_body(service, done, arrays=True)
                 headers = batch_headers(service, done)
             else:
-                done = await service.predict(request.source, request.source_mask, request.target_len)
+                done = await unless_gone(service.predict(request.source, request.source_mask, request.target_len),
+                                         receive, scope)
                 payload = predict_body(service, done, request.return_attention, arrays=True)
                 status, headers = 200, batch_headers(service, done)
         except Seq2OnnxError as exc:
             status, payload, headers = refusal(exc)
+        except ClientGone:  # no one to answer: its decode was given up
+            count(service, route.path, None, started)
+            return
         except BaseException:  # cut off (shutdown past its timeout, the client gone): no answer
             count(service, route.path, None, started)
             raise

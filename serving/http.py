@@ -26,6 +26,7 @@ from runtime.errors import Seq2OnnxError, one_line
 from .answers import batch_headers, count, predict_body, refusal, translate_body
 from .batching import Decoded
 from .front import Front
+from .gone import GONE, ClientGone, unless_gone
 from .limits import BodyLimit, describe_validation
 from .metrics import CONTENT_TYPE
 from .schemas import (
@@ -83,7 +84,11 @@ router = APIRouter(route_class=_StrictJsonRoute, redirect_slashes=False)  # /v1/
 async def http_predict(body: PredictRequest, request: Request) -> JSONResponse:
     """Point models: predict target_len points per source sequence."""
     service = _service(request)
-    done = await service.predict(body.source, body.source_mask, body.target_len)
+    try:
+        done = await unless_gone(service.predict(body.source, body.source_mask, body.target_len), request.receive,
+                                 request.scope)
+    except ClientGone:  # counted unanswered by Measured; the reply reaches no one
+        return JSONResponse({}, status_code=499)
     return _reply(service, predict_body(service, done, body.return_attention), done)
 
 
@@ -91,7 +96,10 @@ async def http_predict(body: PredictRequest, request: Request) -> JSONResponse:
 async def http_translate(body: TranslateRequest, request: Request) -> JSONResponse:
     """Token models: translate texts with greedy search, beam search or sampling."""
     service = _service(request)
-    done = await service.translate(body.texts, body.options())
+    try:
+        done = await unless_gone(service.translate(body.texts, body.options()), request.receive, request.scope)
+    except ClientGone:  # counted unanswered by Measured; the reply reaches no one
+        return JSONResponse({}, status_code=499)
     return _reply(service, translate_body(service, done), done)
 
 
@@ -152,7 +160,7 @@ class Measured:
             service = service_of(scope.get("app"))
             route = getattr(scope.get("route"), "path", "other")  # the route's template: a bounded label set
             if service is not None:
-                count(service, route, status[0] if answered[0] else None, started)
+                count(service, route, status[0] if answered[0] and not scope.get(GONE) else None, started)
 
 
 def attach(app: Front, service: Service) -> Front:

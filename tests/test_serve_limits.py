@@ -122,6 +122,37 @@ def test_metrics_count_the_requests_sent(base: str) -> None:
     assert "seq2onnx_queue_items 0.0" in after and "seq2onnx_decode_duration_seconds_bucket" in after
 
 
+@pytest.mark.parametrize("framing", ["length", "chunked"])  # the front's fast path; FastAPI's route
+def test_a_client_that_goes_away_stops_its_decode_and_counts_unanswered(framing: str) -> None:
+    """uvicorn does not cancel a request whose client disconnects: its decode ran to the end (~3 s here), and it
+    counted as a 200. It now stops between two steps, and the request counts as ended without an answer."""
+    import json
+    import socket
+
+    port = free_port()
+    with embedded({"/q": (DATES, CONFIGS["/queue"])}, port):
+        url = f"http://127.0.0.1:{port}/q"
+        before = httpx.get(f"{url}/metrics", timeout=5).text
+        body = json.dumps(LONG).encode()
+        head = "POST /q/v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        if framing == "length":
+            raw = f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+        else:
+            raw = f"{head}Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(raw)
+            time.sleep(0.5)  # the long decode under way
+        started = time.monotonic()
+        short = httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30)
+        freed_after = time.monotonic() - started
+        after = httpx.get(f"{url}/metrics", timeout=5).text
+    assert short.status_code == 200 and freed_after < 1.0, (short.status_code, freed_after)
+    gone = metric(after, "seq2onnx_unanswered_total") - metric(before, "seq2onnx_unanswered_total")
+    answered = (metric(after, "seq2onnx_requests_total", route="/v1/translate", status="200")
+                - metric(before, "seq2onnx_requests_total", route="/v1/translate", status="200"))
+    assert (gone, answered) == (1, 1), (gone, answered)  # the gone one unanswered, the short one answered
+
+
 @pytest.mark.slow  # a server process under load for seconds
 def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any) -> None:
     """The one-process server: clients post until well after SIGTERM. None hangs; every request the server took up
