@@ -84,9 +84,10 @@ class TokenSteps:
         # expands it once per beam instead of reordering it every step.
         self.constant = frozenset(self.state_names) - frozenset(self.feedback.values())
 
-    def encode(self, source_ids: np.ndarray, source_lengths: np.ndarray) -> State:
-        """ids (N, L) int64 right-padded, lengths (N,) int64 -> the state the first step reads."""
-        produced = self._encoder({"source_ids": source_ids, "source_lengths": source_lengths})
+    def encode(self, source_ids: np.ndarray, source_lengths: np.ndarray, cancel: Cancel | None = None) -> State:
+        """ids (N, L) int64 right-padded, lengths (N,) int64 -> the state the first step reads; with `cancel`, the
+        run is watched (a large batch's encoder runs for seconds) and stops with Cancelled when it says so."""
+        produced = self._encoder({"source_ids": source_ids, "source_lengths": source_lengths}, cancel)
         return {name: produced[name] for name in self.state_names}
 
     def step(self, tokens: np.ndarray, state: State) -> StepResult:
@@ -155,7 +156,7 @@ class TokenSteps:
         greedy = self.greedy_loop(*source_ids.shape)
         sources = {"source_ids": source_ids, "source_lengths": source_lengths}
         reads_sources = set(sources) <= set(greedy.inputs)
-        state = sources if reads_sources else self.encode(source_ids, source_lengths)
+        state = sources if reads_sources else self.encode(source_ids, source_lengths, cancel)
         return greedy.tokens(state, max_length, min_length, return_attention, cancel)
 
 

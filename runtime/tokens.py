@@ -264,11 +264,11 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dic
         fold = steps.has_beam_step
         step = steps.beam_step if fold else steps.step
         step = step if cancel is None else stoppable(step, cancel)
-        return beam_search(step, steps.encode(ids, lengths), steps.batch_axes, per_input=fold, **search, **common)
+        return beam_search(step, steps.encode(ids, lengths, cancel), steps.batch_axes, per_input=fold, **search, **common)
     if sampler is not None:
-        return [[h] for h in sample(step, steps.encode(ids, lengths), steps.batch_axes, **sampler, **common)]
+        return [[h] for h in sample(step, steps.encode(ids, lengths, cancel), steps.batch_axes, **sampler, **common)]
     if steps.greedy is not None:  # one call (two where the encoder is its own graph): the greedy loop graph
         tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
         return [[h] for h in tokens(ids, lengths, common["max_decoding_length"], common["min_decoding_length"],
                                     common["return_attention"], cancel)]
-    return [[h] for h in greedy_search(step, steps.encode(ids, lengths), steps.batch_axes, **common)]
+    return [[h] for h in greedy_search(step, steps.encode(ids, lengths, cancel), steps.batch_axes, **common)]

@@ -334,3 +334,14 @@ def test_verify_of_a_recurrent_checkpoint_and_a_transformer_export_names_the_arc
     result = CliRunner().invoke(verify_command, [str(checkpoint), str(transformer_export.path)])
     assert result.exit_code == 1, result.output
     assert "hold different models (arch: 'recurrent' vs 'transformer')" in result.output, result.output
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=5), dict(sampling_topk=3), dict()])
+def test_a_cancel_reaches_a_recurrent_decode_at_its_encoder(token_export, options):
+    """`cancel` was first asked at the first decoder step: a large call ran its whole encoder first (4 s for 8000
+    texts of the dates model). The encoder's run is now watched as the loop graphs are."""
+    from runtime.errors import Cancelled
+
+    runtime = Seq2Seq.load(token_export[3], provider="cpu", fused=False)
+    with pytest.raises(Cancelled, match=r"^encoder\.onnx: cancelled by its caller"):
+        runtime.translate_batch(["one is one", "two"] * 3, cancel=lambda: True, **options)
