@@ -174,8 +174,9 @@ class Seq2Seq:
         cancel: Cancel | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray | None]:
         """Decode (N, Ls, F) sources -> (N, Lt, F) points [and attention (N, [heads,] Lt, Ls)]. `cancel`, if
-        given, is asked before every decoder step (the greedy loop graph: before its one call); when it returns
-        True the decode stops with `runtime.errors.Cancelled` (a service's deadline, a client gone)."""
+        given, is asked before the encoder and before every decoder step (the greedy loop graph: before its one
+        call, and it and its encoder are watched while they run); when it returns True the decode stops with
+        `runtime.errors.Cancelled` (a service's deadline, a client gone)."""
         if self.spec.kind != "points":
             raise InputError(f"source: {self.path} is a token model, which takes texts; call translate_batch(texts)")
         src = check_source(source, self.spec)
@@ -202,7 +203,8 @@ class Seq2Seq:
         if src.shape[0] == 0:
             outputs, attention = self._empty(src, steps)
         elif self._greedy is not None:
-            states = self._encode({"source": src, "source_mask": mask})
+            encode = self._encode if cancel is None else stoppable(self._encode, cancel)  # asked before, watched in
+            states = encode({"source": src, "source_mask": mask}, cancel)
             points = self._greedy.points if cancel is None else stoppable(self._greedy.points, cancel)
             outputs, attention = points({**states, "source_mask": mask}, steps, cancel)  # watched while it runs
         else:

@@ -225,8 +225,9 @@ def greedy_decode(
     source: np.ndarray, source_mask: np.ndarray, target_len: int, cancel: Cancel | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Decode `target_len` points -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None; `cancel` is
-    asked before every step (see `stoppable`)."""
+    asked before the encoder and before every step (see `stoppable`)."""
     run_step = run_step if cancel is None else stoppable(run_step, cancel)
+    run_encoder = run_encoder if cancel is None else stoppable(run_encoder, cancel)  # a caller's runner: not watched
     states = run_encoder({"source": source, "source_mask": source_mask})
     states["source_mask"] = source_mask
     feed = {name: states[name] for name in step_inputs}

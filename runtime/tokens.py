@@ -179,7 +179,8 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
               return_attention: bool = False, cancel: Cancel | None = None,
               workers: Workers[TokenSteps] | None = None) -> list[list[Translation]]:
     """Encode the texts once, decode with the chosen strategy, and turn ids back into text. `cancel` is asked
-    before every decoder step (a one-call graph, the greedy loop or the beam graph: before it, and while it runs):
+    before the encoder and before every decoder step (a one-call graph, the greedy loop or the beam graph: before
+    it), and watched while the encoder or a one-call graph runs:
     True stops with Cancelled. `workers`: copies of `steps` (steps first) that decode chunks of a call of many
     rows at once (runtime.workers); a seeded sampling call runs whole, its draws being the batch's."""
     texts = check_texts(texts)
@@ -254,6 +255,7 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dic
             sampler: dict[str, Any] | None, common: dict[str, Any], cancel: Cancel | None) -> list[list[Any]]:
     """The n-best hypotheses per source: the beam graph, the beam step or step loop, sampling, or greedy."""
     step = steps.step if cancel is None else stoppable(steps.step, cancel)
+    encode = steps.encode if cancel is None else stoppable(steps.encode, cancel)  # asked before, watched in
     beam_size, num_hypotheses = search["beam_size"], search["num_hypotheses"]
     beam = steps.beam_graph(*ids.shape, beam_size)  # a transformer's beam search graph, or None
     if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
@@ -264,11 +266,11 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dic
         fold = steps.has_beam_step
         step = steps.beam_step if fold else steps.step
         step = step if cancel is None else stoppable(step, cancel)
-        return beam_search(step, steps.encode(ids, lengths, cancel), steps.batch_axes, per_input=fold, **search, **common)
+        return beam_search(step, encode(ids, lengths, cancel), steps.batch_axes, per_input=fold, **search, **common)
     if sampler is not None:
-        return [[h] for h in sample(step, steps.encode(ids, lengths, cancel), steps.batch_axes, **sampler, **common)]
+        return [[h] for h in sample(step, encode(ids, lengths, cancel), steps.batch_axes, **sampler, **common)]
     if steps.greedy is not None:  # one call (two where the encoder is its own graph): the greedy loop graph
         tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
         return [[h] for h in tokens(ids, lengths, common["max_decoding_length"], common["min_decoding_length"],
                                     common["return_attention"], cancel)]
-    return [[h] for h in greedy_search(step, steps.encode(ids, lengths, cancel), steps.batch_axes, **common)]
+    return [[h] for h in greedy_search(step, encode(ids, lengths, cancel), steps.batch_axes, **common)]

@@ -422,3 +422,22 @@ def test_a_batch_axis_is_suggested_only_for_one_source_of_points(source, hint):
     with pytest.raises(InputError, match=r"expected shape \(batch, source_len, 2\)") as caught:
         model.predict(source)
     assert ("needs a batch axis: (1, L, 2)" in str(caught.value)) == hint
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["greedy loop graph", "step loop"])
+def test_a_cancel_already_set_stops_a_point_decode_before_its_encoder_runs(fused):
+    """`predict` asked `cancel` first at its first step (or before its loop graph), after the encoder had run
+    whole: it is now asked before the encoder, as a token decode's is."""
+    from pathlib import Path
+
+    from runtime.errors import Cancelled
+
+    model = Seq2Seq.load(Path(__file__).resolve().parents[1] / "artifacts" / "squares", provider="cpu", fused=fused)
+    ran: list[int] = []
+    name = "_encode" if fused else "run_encoder"  # the fused path's runner; the step loop's replaceable one
+    encoder = getattr(model, name)
+    setattr(model, name, lambda *args: ran.append(1) or encoder(*args))  # a witness: it runs the real session
+    with pytest.raises(Cancelled, match=r"^decode: cancelled by its caller"):
+        model.predict(np.ones((3, 2, 2), np.float32), cancel=lambda: True)
+    assert not ran
+    assert model.predict(np.ones((1, 2, 2), np.float32)).shape == (1, 2, 2) and ran == [1]  # the witness works

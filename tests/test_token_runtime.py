@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -337,11 +338,31 @@ def test_verify_of_a_recurrent_checkpoint_and_a_transformer_export_names_the_arc
 
 
 @pytest.mark.parametrize("options", [dict(beam_size=5), dict(sampling_topk=3), dict()])
-def test_a_cancel_reaches_a_recurrent_decode_at_its_encoder(token_export, options):
-    """`cancel` was first asked at the first decoder step: a large call ran its whole encoder first (4 s for 8000
-    texts of the dates model). The encoder's run is now watched as the loop graphs are."""
+def test_a_cancel_already_set_stops_a_recurrent_decode_before_its_encoder_runs(token_export, options):
+    """The step loops asked `cancel` first at their first step, after the encoder: a cancel already set ran the
+    encoder (watched, so it was stopped when the watchdog's thread asked in time, and ran whole when it did not:
+    a flaky test in CI). It is now asked on the caller's thread before the encoder, as before the one-call graphs."""
     from runtime.errors import Cancelled
 
     runtime = Seq2Seq.load(token_export[3], provider="cpu", fused=False)
-    with pytest.raises(Cancelled, match=r"^encoder\.onnx: cancelled by its caller"):
+    steps, ran = runtime._token_steps, []
+    encoder = steps._encoder
+    steps._encoder = lambda *args: ran.append(1) or encoder(*args)  # a witness: it runs the real session
+    with pytest.raises(Cancelled, match=r"^decode: cancelled by its caller"):
         runtime.translate_batch(["one is one", "two"] * 3, cancel=lambda: True, **options)
+    assert not ran
+    assert runtime.translate_batch(["two"], **options) and ran == [1]  # the witness sees a run
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=5), dict(sampling_topk=3), dict()])
+def test_a_cancel_reaches_a_recurrent_decode_while_its_encoder_runs(token_export, options):
+    """A cancel that turns true once the encoder runs stops it there: its run is watched, as the loop graphs' are
+    (a call of 8000 texts of the dates model ran its encoder whole, 4 s, before the first step's question). Here
+    cancel says stop only on the watchdog's thread, and 16000 texts keep the encoder busy ~0.1 s."""
+    from runtime.errors import Cancelled
+
+    runtime = Seq2Seq.load(token_export[3], provider="cpu", fused=False, threads=1)
+    caller = threading.get_ident()
+    with pytest.raises(Cancelled, match=r"^encoder\.onnx: cancelled by its caller while it ran"):
+        runtime.translate_batch(["one is one two"] * 16000, cancel=lambda: threading.get_ident() != caller,
+                                **options)
