@@ -10,6 +10,8 @@ the host first (its `numpy()`), and the next call moves it back.
 """
 from __future__ import annotations
 
+import os
+import queue
 import threading
 import time
 from typing import Any, Callable
@@ -33,16 +35,29 @@ def shape_of(value: Any) -> tuple[int, ...]:
 
 
 class Watchdog:
-    """One daemon thread that asks the `cancel` of every watched run, each POLL_S, and sets onnxruntime's terminate
-    flag on the run whose caller says stop: a graph that decodes in one call (the greedy loop, the beam graph)
-    stops within milliseconds, between two of its kernels, instead of running to its end."""
+    """Asks the `cancel` of every watched run each POLL_S and sets onnxruntime's terminate flag on the run whose
+    caller says stop: a graph that decodes in one call (the greedy loop, the beam graph) stops within milliseconds,
+    between two of its kernels, instead of running to its end (a graph that is one long kernel, a recurrent
+    encoder's GRU, stops when that kernel ends).
+
+    One daemon thread polls; up to ASKERS daemon threads ask, each run's cancel on one of them and never twice at
+    once, so a cancel that blocks holds one asker and the other runs' cancels are still asked. A cancel that raises,
+    anything at all, counts as "go on" here (the run's own check on its caller's thread reports it). A forked child
+    starts afresh: the parent's threads do not exist there."""
 
     POLL_S = 0.005
+    ASKERS = 4
 
     def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
         self._runs: dict[int, tuple[ort.RunOptions, Callable[[], bool]]] = {}
+        self._asking: set[int] = set()  # runs whose cancel an asker holds now
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._asks: queue.SimpleQueue[tuple[int, ort.RunOptions, Callable[[], bool]]] = queue.SimpleQueue()
+        self._askers = self._idle = 0
 
     def watch(self, options: ort.RunOptions, cancel: Callable[[], bool]) -> None:
         with self._wake:
@@ -57,23 +72,42 @@ class Watchdog:
             self._runs.pop(id(options), None)
 
     def _loop(self) -> None:
-        clear_on_this_thread()  # started from a decode, perhaps a flushed one: callers' cancels run as they would
         while True:
             with self._wake:
                 while not self._runs:
                     self._wake.wait()
-                runs = list(self._runs.values())
-            for options, cancel in runs:
-                try:
-                    stop = bool(cancel())
-                except Exception:  # a broken cancel must not kill the watchdog; the run's own check reports it
-                    stop = False
-                if stop:
-                    options.terminate = True
+                # an ask in flight holds its options alive, so no new run can take its id before it ends
+                due = [(key, *run) for key, run in self._runs.items() if key not in self._asking]
+                self._asking.update(key for key, _, _ in due)
+                short = len(due) + self._asks.qsize() - self._idle  # asks no waiting asker would take
+                for _ in range(max(0, min(short, self.ASKERS - self._askers))):
+                    threading.Thread(target=self._ask, name="seq2onnx-watchdog-ask", daemon=True).start()
+                    self._askers += 1
+            for item in due:
+                self._asks.put(item)
             time.sleep(self.POLL_S)
+
+    def _ask(self) -> None:
+        clear_on_this_thread()  # started from a decode, perhaps a flushed one: callers' cancels run as they would
+        while True:
+            with self._wake:
+                self._idle += 1
+            key, options, cancel = self._asks.get()
+            with self._wake:
+                self._idle -= 1
+            try:
+                if bool(cancel()):
+                    options.terminate = True
+            except BaseException:  # noqa: BLE001 - a broken cancel must not end an asker; its run's check reports it
+                pass
+            finally:
+                with self._wake:
+                    self._asking.discard(key)
+            del options, cancel
 
 
 WATCHDOG = Watchdog()
+os.register_at_fork(after_in_child=WATCHDOG._start)  # its threads are the parent's
 
 
 class SessionRunner:

@@ -228,12 +228,12 @@ print(sorted(seen))
 
 @needs_flags
 def test_the_watchdog_started_inside_a_flushed_decode_does_not_flush(transformer_export, python: str) -> None:
-    """A new thread inherits its starter's FTZ/DAZ: the cancel watchdog, started by the first watched decode (here
-    a flushed one, in a fresh process), clears them, so the cancels it asks later run as their callers' would."""
+    """A new thread inherits its starter's FTZ/DAZ: the cancel watchdog's askers, started by the first watched
+    decode (here a flushed one, in a fresh process), clear them, so the cancels they ask run as their callers' would."""
     done = subprocess.run([python, "-c", WATCHDOG_PROBE, str(transformer_export.path)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "('seq2onnx-watchdog', False)" in done.stdout and "True" not in done.stdout, done.stdout
+    assert "('seq2onnx-watchdog-ask', False)" in done.stdout and "True" not in done.stdout, done.stdout
 
 
 @needs_flags

@@ -1,0 +1,118 @@
+"""The cancel watchdog (runtime.binding.Watchdog) against what a caller's cancel can do: block, raise anything, or
+live in a forked child. Real runs of a transformer's one-call greedy graph, long enough to be stopped while they run."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from runtime.errors import Cancelled
+from runtime.model import Seq2Seq
+
+from support.models import export_token_model, toy_token_spec
+
+TEXTS = ["the cat sat", "a dog ran", "the cat ran on the mat", "a bird flew", "the dog sat", "a cat"]
+LONG = dict(min_decoding_length=32, max_decoding_length=32)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    return export_token_model(spec, tmp_path_factory.mktemp("watchdog") / "model").path
+
+
+def texts(n: int) -> list[str]:
+    return [TEXTS[i % len(TEXTS)] for i in range(n)]
+
+
+def off_caller(answer):
+    """A cancel that answers `answer()` when asked off its caller's thread (by the watchdog), False on it."""
+    caller = threading.get_ident()
+    return lambda: threading.get_ident() != caller and answer()
+
+
+def test_a_cancel_that_blocks_does_not_keep_another_runs_cancel_from_being_asked(model_dir):
+    """The watchdog asked every watched run's cancel on its one thread: a caller's cancel that blocked (one that does
+    I/O) held every other run's, which then ran to its end (the walk: 753 ms, asked twice). Each cancel is now asked
+    on one of a few askers, never twice at once."""
+    model = Seq2Seq.load(model_dir, threads=1)
+    batch = texts(8192)
+    start = time.monotonic()
+    model.translate_batch(batch, **LONG)
+    whole = time.monotonic() - start
+    stuck, release = threading.Event(), threading.Event()
+
+    def blocking() -> bool:
+        stuck.set()
+        release.wait(30)
+        return False
+
+    first_done: list[object] = []
+
+    def first() -> None:
+        first_done.append(model.translate_batch(batch, cancel=off_caller(blocking), **LONG))
+
+    a = threading.Thread(target=first)
+    a.start()
+    try:
+        assert stuck.wait(30)  # the first run's cancel now holds an asker
+        flipped = time.monotonic()
+        with pytest.raises(Cancelled, match="while it ran"):
+            model.translate_batch(batch, cancel=off_caller(lambda: True), **LONG)
+        assert time.monotonic() - flipped < whole / 2, (time.monotonic() - flipped, whole)
+    finally:
+        release.set()
+        a.join(120)
+    assert first_done and len(first_done[0]) == len(batch)  # the blocked one went on, and ended whole
+
+
+@pytest.mark.parametrize("error", [asyncio.CancelledError, SystemExit, KeyboardInterrupt, ValueError])
+def test_a_cancel_that_raises_anything_on_the_watchdog_leaves_it_working(model_dir, error):
+    """The watchdog caught Exception only: a cancel that raised asyncio.CancelledError (or any BaseException) on its
+    thread ended that thread, and no one-call graph in the process was stopped by a cancel after that."""
+    model = Seq2Seq.load(model_dir, threads=1)
+
+    def broken() -> bool:
+        raise error("from the caller's cancel")
+
+    assert len(model.translate_batch(texts(2048), cancel=off_caller(broken), **LONG)) == 2048
+    with pytest.raises(Cancelled, match="while it ran"):
+        model.translate_batch(texts(4096), cancel=off_caller(lambda: True), **LONG)
+
+
+FORKED = """
+import os, sys, threading
+from runtime.errors import Cancelled
+from runtime.model import Seq2Seq
+model = Seq2Seq.load(sys.argv[1], threads=1)
+long = dict(min_decoding_length=32, max_decoding_length=32)
+texts = ["the cat sat", "a dog ran"] * 2048
+def off_caller():
+    caller = threading.get_ident()
+    return lambda: threading.get_ident() != caller
+try:  # the parent's watchdog runs
+    model.translate_batch(texts, cancel=off_caller(), **long)
+    sys.exit("the parent's run was not stopped")
+except Cancelled:
+    pass
+pid = os.fork()
+if pid == 0:
+    try:
+        model.translate_batch(texts, cancel=off_caller(), **long)
+        os._exit(3)  # ran to its end: the child had no watchdog
+    except Cancelled:
+        os._exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_has_a_watchdog_of_its_own(model_dir):
+    """A child forked after the parent's watchdog started had the parent's thread object but no thread: its one-call
+    graphs ran to their end whatever its cancel said (the walk: not cancelled, 1006 ms)."""
+    done = subprocess.run([sys.executable, "-c", FORKED, str(model_dir)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
