@@ -66,7 +66,11 @@ class Front:
         if not declared.isdigit() or int(declared) > service.config.max_body_bytes or compressed(scope):
             return await self.app(scope, receive, send)  # the body limit and the route say what is wrong
         started = time.perf_counter()
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive)
+        except ClientGone:  # gone before the whole body came: no request to answer
+            count(service, route.path, None, started)
+            return
         request = _parsed(route.body_field.field_info.annotation, scope, body)
         if request is None:  # FastAPI's own parsing and validation say what is wrong, in its words
             return await self.app(scope, _replay(body, receive), send)
@@ -99,11 +103,14 @@ def _route_path(scope: dict[str, Any]) -> str:
 
 
 async def _read_body(receive: Any) -> bytes:
+    """The whole body; ClientGone if the client disconnects before its end."""
     chunks = []
     while True:
         message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone
         chunks.append(message.get("body", b""))
-        if message["type"] != "http.request" or not message.get("more_body", False):
+        if not message.get("more_body", False):
             return b"".join(chunks)
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Any, Awaitable, Callable
 
 from .config import DEFAULT_MAX_BODY_BYTES
+from .gone import GONE, ClientGone
 from .service import service_of
 
 Scope = dict[str, Any]
@@ -36,7 +37,11 @@ class BodyLimit:
         if encoding is not None and scope.get("method") in BODY_METHODS:  # read as JSON it would fail as such
             return await _refuse(send, 415, f"Content-Encoding {encoding!r}: this server reads only uncompressed "
                                             "bodies; send the JSON as it is")
-        body = await _read_bounded(receive, limit)  # FastAPI reads whole bodies anyway
+        try:
+            body = await _read_bounded(receive, limit)  # FastAPI reads whole bodies anyway
+        except ClientGone:  # before the whole body came: no answer, counted unanswered (Measured reads GONE)
+            scope[GONE] = True
+            return
         if body is None:
             return await _too_large(send, f"more than {limit}", limit)
         replayed = False
@@ -60,12 +65,13 @@ def compressed(scope: Scope) -> str | None:
 
 
 async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None as soon as it passes `limit` bytes."""
+    """The whole request body, or None as soon as it passes `limit` bytes; ClientGone if the client disconnects
+    before its end (a part of a body is no request to answer)."""
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return b"".join(chunks)  # the client went away; the app sees an empty body
+            raise ClientGone
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > limit:

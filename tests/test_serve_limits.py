@@ -153,6 +153,38 @@ def test_a_client_that_goes_away_stops_its_decode_and_counts_unanswered(framing:
     assert (gone, answered) == (1, 1), (gone, answered)  # the gone one unanswered, the short one answered
 
 
+@pytest.mark.parametrize("framing", ["length", "chunked"])  # the front's fast path; FastAPI's (BodyLimit reads it)
+def test_a_client_that_goes_away_before_its_whole_body_gets_no_answer_and_counts_unanswered(framing: str) -> None:
+    """A disconnect in the middle of the body ended the read as if the body were whole: the part was parsed and
+    refused (422, "not valid JSON" or "field required") to no one, and counted as answered."""
+    import socket
+
+    port = free_port()
+    with embedded({"/q": (DATES, CONFIGS["/queue"])}, port):
+        url = f"http://127.0.0.1:{port}/q"
+        before = httpx.get(f"{url}/metrics", timeout=5).text
+        part = b'{"texts": ["march 3'
+        head = "POST /q/v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        if framing == "length":
+            raw = f"{head}Content-Length: {len(part) + 40}\r\n\r\n".encode() + part
+        else:
+            raw = f"{head}Transfer-Encoding: chunked\r\n\r\n{len(part):x}\r\n".encode() + part + b"\r\n"
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(raw)
+            time.sleep(0.3)  # the part is read, the rest never comes
+        deadline = time.monotonic() + 10
+        while True:  # the server reads the disconnect on its own time
+            after = httpx.get(f"{url}/metrics", timeout=5).text
+            gone = metric(after, "seq2onnx_unanswered_total") - metric(before, "seq2onnx_unanswered_total")
+            if gone or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30).status_code == 200
+    refused = sum(float(value) for value in re.findall(r'seq2onnx_requests_total\{[^}]*status="4\d\d"[^}]*\} (\S+)',
+                                                        after))
+    assert gone == 1 and refused == 0, (gone, refused)
+
+
 @pytest.mark.slow  # a server process under load for seconds
 def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any) -> None:
     """The one-process server: clients post until well after SIGTERM. None hangs; every request the server took up
