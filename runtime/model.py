@@ -24,6 +24,7 @@ from .graph_checks import check_session
 from .manifest import Manifest, read_manifest
 from .optional_graphs import fast_feedback, fast_graph_io, fold_tokens
 from .points import (
+    BEFORE,
     Cancel,
     check_cancel,
     check_mask,
@@ -203,7 +204,7 @@ class Seq2Seq:
         if src.shape[0] == 0:
             outputs, attention = self._empty(src, steps)
         elif self._greedy is not None:
-            encode = self._encode if cancel is None else stoppable(self._encode, cancel)  # asked before, watched in
+            encode = self._encode if cancel is None else stoppable(self._encode, cancel, BEFORE)  # then watched
             states = encode({"source": src, "source_mask": mask}, cancel)
             points = self._greedy.points if cancel is None else stoppable(self._greedy.points, cancel)
             outputs, attention = points({**states, "source_mask": mask}, steps, cancel)  # watched while it runs

@@ -208,13 +208,16 @@ def asked(cancel: Cancel) -> bool:
         raise InputError(f"cancel: expected True or False from cancel(), got {brief(answer)}") from None
 
 
-def stoppable(step: F, cancel: Cancel) -> F:
+BEFORE = "before it started"  # where a decode stood when the ask before its first graph said stop
+
+
+def stoppable(step: F, cancel: Cancel, when: str = "between two steps") -> F:
     """`step` that first asks `cancel` and raises Cancelled when it says stop: one check per decoder step, in
-    every decoding loop (points, greedy, beam, sampling), without the loops knowing."""
+    every decoding loop (points, greedy, beam, sampling), without the loops knowing; `when` says where the decode
+    stood (a call that starts a decode: "before it started")."""
     def checked(*args: Any) -> Any:
         if asked(cancel):
-            raise Cancelled("decode: cancelled by its caller between two steps (a deadline passed or the client "
-                            "went away)")
+            raise Cancelled(f"decode: cancelled by its caller {when} (a deadline passed or the client went away)")
         return step(*args)
 
     return checked  # type: ignore[return-value]
@@ -227,7 +230,7 @@ def greedy_decode(
     """Decode `target_len` points -> outputs (N, Lt, F) and alphas (N, [heads,] Lt, Ls) or None; `cancel` is
     asked before the encoder and before every step (see `stoppable`)."""
     run_step = run_step if cancel is None else stoppable(run_step, cancel)
-    run_encoder = run_encoder if cancel is None else stoppable(run_encoder, cancel)  # a caller's runner: not watched
+    run_encoder = run_encoder if cancel is None else stoppable(run_encoder, cancel, BEFORE)  # a caller's: not watched
     states = run_encoder({"source": source, "source_mask": source_mask})
     states["source_mask"] = source_mask
     feed = {name: states[name] for name in step_inputs}

@@ -25,7 +25,7 @@ from .declared import TokenContract
 from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
-from .points import MAX_TARGET_LEN, Cancel, check_cancel, stoppable
+from .points import BEFORE, MAX_TARGET_LEN, Cancel, check_cancel, stoppable
 from .search import beam_search, greedy_search, sample
 from .search.beam import MAX_BEAM, check_beam
 from .search.filters import check_temperature, check_topp
@@ -255,11 +255,11 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dic
             sampler: dict[str, Any] | None, common: dict[str, Any], cancel: Cancel | None) -> list[list[Any]]:
     """The n-best hypotheses per source: the beam graph, the beam step or step loop, sampling, or greedy."""
     step = steps.step if cancel is None else stoppable(steps.step, cancel)
-    encode = steps.encode if cancel is None else stoppable(steps.encode, cancel)  # asked before, watched in
+    encode = steps.encode if cancel is None else stoppable(steps.encode, cancel, BEFORE)  # asked, then watched
     beam_size, num_hypotheses = search["beam_size"], search["num_hypotheses"]
     beam = steps.beam_graph(*ids.shape, beam_size)  # a transformer's beam search graph, or None
     if (beam_size != 1 or num_hypotheses != 1) and beam is not None:  # one call: the export's beam graph
-        run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel)  # asked before, watched in
+        run = beam.hypotheses if cancel is None else stoppable(beam.hypotheses, cancel, BEFORE)  # then watched
         return run(ids, lengths, beam_size, num_hypotheses, search["length_penalty"],
                    common["max_decoding_length"], common["min_decoding_length"], cancel)
     if beam_size != 1 or num_hypotheses != 1:  # with a beam step, what attention reads stays once per input
@@ -270,7 +270,7 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dic
     if sampler is not None:
         return [[h] for h in sample(step, encode(ids, lengths, cancel), steps.batch_axes, **sampler, **common)]
     if steps.greedy is not None:  # one call (two where the encoder is its own graph): the greedy loop graph
-        tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel)
+        tokens = steps.greedy_tokens if cancel is None else stoppable(steps.greedy_tokens, cancel, BEFORE)
         return [[h] for h in tokens(ids, lengths, common["max_decoding_length"], common["min_decoding_length"],
                                     common["return_attention"], cancel)]
     return [[h] for h in greedy_search(step, encode(ids, lengths, cancel), steps.batch_axes, **common)]

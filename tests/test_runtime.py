@@ -437,7 +437,7 @@ def test_a_cancel_already_set_stops_a_point_decode_before_its_encoder_runs(fused
     name = "_encode" if fused else "run_encoder"  # the fused path's runner; the step loop's replaceable one
     encoder = getattr(model, name)
     setattr(model, name, lambda *args: ran.append(1) or encoder(*args))  # a witness: it runs the real session
-    with pytest.raises(Cancelled, match=r"^decode: cancelled by its caller"):
+    with pytest.raises(Cancelled, match=r"^decode: cancelled by its caller before it started"):
         model.predict(np.ones((3, 2, 2), np.float32), cancel=lambda: True)
     assert not ran
     assert model.predict(np.ones((1, 2, 2), np.float32)).shape == (1, 2, 2) and ran == [1]  # the witness works

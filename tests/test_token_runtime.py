@@ -348,7 +348,7 @@ def test_a_cancel_already_set_stops_a_recurrent_decode_before_its_encoder_runs(t
     steps, ran = runtime._token_steps, []
     encoder = steps._encoder
     steps._encoder = lambda *args: ran.append(1) or encoder(*args)  # a witness: it runs the real session
-    with pytest.raises(Cancelled, match=r"^decode: cancelled by its caller"):
+    with pytest.raises(Cancelled, match=r"^decode: cancelled by its caller before it started"):
         runtime.translate_batch(["one is one", "two"] * 3, cancel=lambda: True, **options)
     assert not ran
     assert runtime.translate_batch(["two"], **options) and ran == [1]  # the witness sees a run
