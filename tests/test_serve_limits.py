@@ -122,6 +122,16 @@ def test_metrics_count_the_requests_sent(base: str) -> None:
     assert "seq2onnx_queue_items 0.0" in after and "seq2onnx_decode_duration_seconds_bucket" in after
 
 
+def posted(body: bytes, framing: str, missing: int = 0) -> bytes:
+    """A raw POST of `body` to /q/v1/translate, its length declared ("length") or chunked; `missing` bytes short of
+    what it declares (chunked: no last chunk)."""
+    head = "POST /q/v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if framing == "length":
+        return f"{head}Content-Length: {len(body) + missing}\r\n\r\n".encode() + body
+    end = b"\r\n" if missing else b"\r\n0\r\n\r\n"
+    return f"{head}Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode() + body + end
+
+
 @pytest.mark.parametrize("framing", ["length", "chunked"])  # the front's fast path; FastAPI's route
 def test_a_client_that_goes_away_stops_its_decode_and_counts_unanswered(framing: str) -> None:
     """uvicorn does not cancel a request whose client disconnects: its decode ran to the end (~3 s here), and it
@@ -133,14 +143,8 @@ def test_a_client_that_goes_away_stops_its_decode_and_counts_unanswered(framing:
     with embedded({"/q": (DATES, CONFIGS["/queue"])}, port):
         url = f"http://127.0.0.1:{port}/q"
         before = httpx.get(f"{url}/metrics", timeout=5).text
-        body = json.dumps(LONG).encode()
-        head = "POST /q/v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        if framing == "length":
-            raw = f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
-        else:
-            raw = f"{head}Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
         with socket.create_connection(("127.0.0.1", port)) as client:
-            client.sendall(raw)
+            client.sendall(posted(json.dumps(LONG).encode(), framing))
             time.sleep(0.5)  # the long decode under way
         started = time.monotonic()
         short = httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30)
@@ -163,14 +167,8 @@ def test_a_client_that_goes_away_before_its_whole_body_gets_no_answer_and_counts
     with embedded({"/q": (DATES, CONFIGS["/queue"])}, port):
         url = f"http://127.0.0.1:{port}/q"
         before = httpx.get(f"{url}/metrics", timeout=5).text
-        part = b'{"texts": ["march 3'
-        head = "POST /q/v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        if framing == "length":
-            raw = f"{head}Content-Length: {len(part) + 40}\r\n\r\n".encode() + part
-        else:
-            raw = f"{head}Transfer-Encoding: chunked\r\n\r\n{len(part):x}\r\n".encode() + part + b"\r\n"
         with socket.create_connection(("127.0.0.1", port)) as client:
-            client.sendall(raw)
+            client.sendall(posted(b'{"texts": ["march 3', framing, missing=40))
             time.sleep(0.3)  # the part is read, the rest never comes
         deadline = time.monotonic() + 10
         while True:  # the server reads the disconnect on its own time
