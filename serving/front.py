@@ -56,7 +56,8 @@ class Front:
             # answered in JSON, not uvicorn's plain 500 and a traceback; it stays counted as ended without an answer
             with contextlib.suppress(Exception):  # the connection may be gone already
                 await _send_json(send, 503, {"error": "this server is shutting down and stopped this request "
-                                             "before it was answered (serve --shutdown-timeout); retry"},
+                                             "before it was answered (past serve --shutdown-timeout, or a second "
+                                             "Ctrl-C); retry"},
                                  {"retry-after": "1", "connection": "close"})
 
     async def _answer(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
