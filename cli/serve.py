@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from runtime.defaults import MAX_TARGET_LEN, PROVIDERS
 from runtime.errors import Seq2OnnxError
 from serving.config import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_DECODING,
     DEFAULT_MAX_QUEUE,
@@ -113,6 +114,9 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--request-timeout", type=FiniteFloatRange(0.1, 3600), default=DEFAULT_REQUEST_TIMEOUT_S,
               show_default=True, help="Seconds before a request is answered 408 instead of waiting on; its decode "
                                       "stops once no request of its batch waits.")
+@click.option("--body-timeout", type=FiniteFloatRange(0.1, 3600), default=DEFAULT_BODY_TIMEOUT_S,
+              show_default=True, help="Seconds a request's body may take to arrive after its headers: a body "
+                                      "trickled in or cut short is answered 408 and its connection closed.")
 @click.option("--proxy-location", type=click.Choice(PROXY_LOCATIONS), default="every-node", show_default=True,
               help="Ray Serve: where it runs HTTP proxies, every node (put a load balancer in front) or the head "
                    "only.")
@@ -146,7 +150,7 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.pass_context
 def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, replicas: str, num_cpus: float,
                   provider: str, workers: int, max_batch_size: int, batch_wait_ms: float, max_body_bytes: int,
-                  max_decoding_length: int, request_timeout: float, proxy_location: str, name: str,
+                  max_decoding_length: int, request_timeout: float, body_timeout: float, proxy_location: str, name: str,
                   route_prefix: str, address: str | None, use_ray: bool, max_queue: int,
                   shutdown_timeout: float | None, allocator: str) -> None:
     """Serve the exported model in MODEL_DIR over HTTP, with dynamic batching: in this process by default, or on
@@ -170,7 +174,7 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
                          batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
                          max_decoding_length=max_decoding_length, max_queue=max_queue,
-                         request_timeout_s=request_timeout, workers=workers)
+                         request_timeout_s=request_timeout, body_timeout_s=body_timeout, workers=workers)
     if use_ray:
         from .serve_ray import RayPlan, serve_on_ray
 

@@ -14,6 +14,7 @@ DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_MAX_DECODING = 512  # beam search cost grows faster than the length: 50,000 steps held a replica for minutes
 DEFAULT_MAX_QUEUE = 256  # items waiting for a decode (8 full default batches); beyond it a request gets 503 at once
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
+DEFAULT_BODY_TIMEOUT_S = 30.0  # a body trickled in (or never ended) holds a connection no longer than this
 MAX_QUEUE_LIMIT = 1 << 20
 MAX_WORKERS = 1024  # the bound a config can state; loading checks workers x threads against the CPUs
 
@@ -35,7 +36,8 @@ class ServeConfig:
     """How each server (the one process, or each Ray Serve replica) loads, batches and bounds its work.
     max_batch_size counts items (points sources or texts), summed over the requests merged into one decode; a
     request may hold at most that many. max_queue: items that may wait for a decode (503 beyond);
-    request_timeout_s: how long a request may wait for its answer (408 beyond, and its decode stops)."""
+    request_timeout_s: how long a request may wait for its answer (408 beyond, and its decode stops);
+    body_timeout_s: how long its body may take to arrive after its headers (408 beyond, and the connection closes)."""
 
     provider: str = "auto"
     num_cpus: float = 1.0
@@ -46,6 +48,7 @@ class ServeConfig:
     replicas: Replicas = Replicas(1, 1)
     max_queue: int = DEFAULT_MAX_QUEUE
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     workers: int = 1  # copies of the model in one process, each decoding a batch of its own at once (not on Ray)
 
     def __post_init__(self) -> None:
@@ -58,6 +61,7 @@ class ServeConfig:
         _check_number("max_decoding_length", self.max_decoding_length, 1, MAX_TARGET_LEN, integer=True)
         _check_number("max_queue", self.max_queue, 1, MAX_QUEUE_LIMIT, integer=True)
         _check_number("request_timeout_s", self.request_timeout_s, 0.01, 3600.0)
+        _check_number("body_timeout_s", self.body_timeout_s, 0.01, 3600.0)
         _check_number("workers", self.workers, 1, MAX_WORKERS, integer=True)
         if not 1 <= self.replicas.low <= self.replicas.high:
             raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")

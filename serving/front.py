@@ -16,7 +16,7 @@ from runtime.errors import Seq2OnnxError
 from .answers import batch_headers, count, predict_body, refusal, translate_body
 from .encode import json_bytes
 from .gone import ClientGone, unless_gone
-from .limits import compressed
+from .limits import BodyTimeout, compressed, read_body
 from .schemas import TranslateRequest
 from .service import service_of
 
@@ -68,9 +68,13 @@ class Front:
             return await self.app(scope, receive, send)  # the body limit and the route say what is wrong
         started = time.perf_counter()
         try:
-            body = await _read_body(receive)
+            body = await read_body(receive, service.config.body_timeout_s)
         except ClientGone:  # gone before the whole body came: no request to answer
             count(service, route.path, None, started)
+            return
+        except BodyTimeout as late:
+            await _send_json(send, 408, {"error": str(late)}, {"connection": "close"})
+            count(service, route.path, 408, started)
             return
         request = _parsed(route.body_field.field_info.annotation, scope, body)
         if request is None:  # FastAPI's own parsing and validation say what is wrong, in its words
@@ -101,18 +105,6 @@ def _route_path(scope: dict[str, Any]) -> str:
     """The request's path as the app's routes see it (a mount's or Serve's prefix taken off)."""
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root):] if root and path.startswith(root) else path
-
-
-async def _read_body(receive: Any) -> bytes:
-    """The whole body; ClientGone if the client disconnects before its end."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise ClientGone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Any) -> Any:

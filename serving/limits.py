@@ -2,10 +2,11 @@
 errors turned into the house's one-line message."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Awaitable, Callable
 
-from .config import DEFAULT_MAX_BODY_BYTES
+from .config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from .gone import GONE, ClientGone
 from .service import service_of
 
@@ -29,6 +30,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         service = service_of(scope.get("app"))
         limit = service.config.max_body_bytes if service is not None else DEFAULT_MAX_BODY_BYTES
+        timeout = service.config.body_timeout_s if service is not None else DEFAULT_BODY_TIMEOUT_S
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -38,10 +40,12 @@ class BodyLimit:
             return await _refuse(send, 415, f"Content-Encoding {encoding!r}: this server reads only uncompressed "
                                             "bodies; send the JSON as it is")
         try:
-            body = await _read_bounded(receive, limit)  # FastAPI reads whole bodies anyway
+            body = await read_body(receive, timeout, limit)  # FastAPI reads whole bodies anyway
         except ClientGone:  # before the whole body came: no answer, counted unanswered (Measured reads GONE)
             scope[GONE] = True
             return
+        except BodyTimeout as late:
+            return await _refuse(send, 408, str(late), close=True)
         if body is None:
             return await _too_large(send, f"more than {limit}", limit)
         replayed = False
@@ -64,20 +68,31 @@ def compressed(scope: Scope) -> str | None:
     return ", ".join(other) if other else None
 
 
-async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
+class BodyTimeout(Exception):
+    """The request's body had not all come when its time (serve --body-timeout) ran out."""
+
+
+async def read_body(receive: Receive, timeout_s: float, limit: int | None = None) -> bytes | None:
     """The whole request body, or None as soon as it passes `limit` bytes; ClientGone if the client disconnects
-    before its end (a part of a body is no request to answer)."""
+    before its end (a part of a body is no request to answer), BodyTimeout if it has not ended within timeout_s (a
+    body trickled in, or one shorter than its Content-Length, would hold its connection for as long as the client
+    keeps it open)."""
     chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise ClientGone
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        if size > limit:
-            return None
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise ClientGone
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if limit is not None and size > limit:
+                    return None
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise BodyTimeout(f"request body: {size} bytes came in {timeout_s:g} s, and not its end (serve "
+                          "--body-timeout); send the whole body at once") from None
 
 
 async def _too_large(send: Send, given: str, limit: int) -> None:
@@ -85,10 +100,11 @@ async def _too_large(send: Send, given: str, limit: int) -> None:
                              "fewer items per request")
 
 
-async def _refuse(send: Send, status: int, error: str) -> None:
+async def _refuse(send: Send, status: int, error: str, close: bool = False) -> None:
     body = json.dumps({"error": error}, separators=(",", ":")).encode()  # compact, as JSONResponse writes it
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": headers + [(b"connection", b"close")] * close})
     await send({"type": "http.response.body", "body": body})
 
 

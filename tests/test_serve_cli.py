@@ -246,6 +246,7 @@ SERVE_CASES: dict[str, Case] = {
     "--batch-wait-ms -1": case(*SERVE, "--batch-wait-ms", "-1", code=USAGE, says=("--batch-wait-ms", "0<=x")),
     "--max-body-bytes 10": case(*SERVE, "--max-body-bytes", "10", code=USAGE, says=("--max-body-bytes", "1024<=x")),
     "--request-timeout 0": case(*SERVE, "--request-timeout", "0", code=USAGE, says=("--request-timeout",)),
+    "--body-timeout 0": case(*SERVE, "--body-timeout", "0", code=USAGE, says=("--body-timeout", "0.1<=x<=3600")),
     "--port 0": case(*SERVE, "--port", "0", code=USAGE, says=("--port", "1<=x<=65535")),
     "--port word": case(*SERVE, "--port", "http", code=USAGE, says=("--port", "'http' is not a valid integer")),
     "--host not of this machine": case(*SERVE, "--host", "192.0.2.254", "--port", "18999", code=BAD_INPUT,
@@ -260,7 +261,7 @@ SERVE_CASES: dict[str, Case] = {
     # nan passes every range comparison: a nan --shutdown-timeout crashed the server as it stopped (one process) or
     # never ran out (Ray)
     **{f"{option} {value}": case(*SERVE, option, value, code=USAGE, says=(option, "expected a finite number"))
-       for option in ("--shutdown-timeout", "--request-timeout", "--batch-wait-ms", "--num-cpus")
+       for option in ("--shutdown-timeout", "--request-timeout", "--body-timeout", "--batch-wait-ms", "--num-cpus")
        for value in ("nan", "inf")},
     "--workers 0": case(*SERVE, "--workers", "0", code=USAGE, says=("--workers", "1<=x<=1024")),
     "--workers with --ray": case(*SERVE, "--workers", "2", "--ray", code=USAGE,
