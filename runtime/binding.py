@@ -95,8 +95,9 @@ class Watchdog:
             key, options, cancel = self._asks.get()
             with self._wake:
                 self._idle -= 1
+                ended = self._runs.get(key, (None,))[0] is not options
             try:
-                if bool(cancel()):
+                if not ended and bool(cancel()):  # an ask queued for a run that has ended is dropped
                     options.terminate = True
             except BaseException:  # noqa: BLE001 - a broken cancel must not end an asker; its run's check reports it
                 pass

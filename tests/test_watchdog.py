@@ -116,3 +116,41 @@ def test_a_forked_child_has_a_watchdog_of_its_own(model_dir):
     graphs ran to their end whatever its cancel said (the walk: not cancelled, 1006 ms)."""
     done = subprocess.run([sys.executable, "-c", FORKED, str(model_dir)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
+def test_asks_queued_for_runs_that_have_ended_are_dropped():
+    """Each poll queued an ask for every watched run, and an asker called it even after its run had ended: with slow
+    cancels and many short calls, the queue grew without bound and a later run's stop waited behind seconds of asks
+    for no one (the walk: a queue of 1218 asks, a stop 16 s late). An asker now drops an ask whose run has ended."""
+    import onnxruntime as ort
+
+    from runtime.binding import Watchdog
+
+    watchdog = Watchdog()  # its own threads, none shared with the other tests
+    late: list[float] = []
+    gone_at: dict[int, float] = {}
+
+    def slow(key: int):
+        def cancel() -> bool:
+            if key in gone_at:
+                late.append(time.monotonic() - gone_at[key])
+            time.sleep(0.05)
+            return False
+        return cancel
+
+    runs = [ort.RunOptions() for _ in range(200)]
+    for key, options in enumerate(runs):
+        watchdog.watch(options, slow(key))
+    time.sleep(3 * Watchdog.POLL_S)  # one poll queues an ask for each
+    for key, options in enumerate(runs):
+        watchdog.unwatch(options)
+        gone_at[key] = time.monotonic()
+    last = ort.RunOptions()
+    watchdog.watch(last, lambda: True)
+    started = time.monotonic()
+    while not last.terminate and time.monotonic() - started < 10:
+        time.sleep(0.005)
+    waited = time.monotonic() - started
+    watchdog.unwatch(last)
+    assert last.terminate and waited < 1.0, waited  # behind 200 asks of 50 ms on 4 askers: 2.5 s
+    assert len(late) <= Watchdog.ASKERS, len(late)  # only the asks already under way when their runs ended
