@@ -76,6 +76,9 @@ class Front:
             await _send_json(send, 408, {"error": str(late)}, {"connection": "close"})
             count(service, route.path, 408, started)
             return
+        except BaseException:  # cut off while its body came (a shutdown past its timeout): no answer
+            count(service, route.path, None, started)
+            raise
         request = _parsed(route.body_field.field_info.annotation, scope, body)
         if request is None:  # FastAPI's own parsing and validation say what is wrong, in its words
             return await self.app(scope, _replay(body, receive), send)

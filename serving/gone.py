@@ -42,7 +42,8 @@ async def unless_gone(work: Awaitable[T], receive: Any, scope: dict[str, Any]) -
     except asyncio.CancelledError:
         if not gone:  # the server's shutdown cut the request off
             raise
-        task.uncancel()  # our own cancel, answered here: the task goes on as it would have
+        if hasattr(task, "uncancel"):  # Python 3.11+ counts cancels: ours is answered here, the task goes on
+            task.uncancel()
         scope[GONE] = True
         raise ClientGone from None
     finally:

@@ -77,22 +77,30 @@ async def read_body(receive: Receive, timeout_s: float, limit: int | None = None
     before its end (a part of a body is no request to answer), BodyTimeout if it has not ended within timeout_s (a
     body trickled in, or one shorter than its Content-Length, would hold its connection for as long as the client
     keeps it open)."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
     try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    raise ClientGone
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
-                if limit is not None and size > limit:
-                    return None
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
-    except TimeoutError:
-        raise BodyTimeout(f"request body: {size} bytes came in {timeout_s:g} s, and not its end (serve "
-                          "--body-timeout); send the whole body at once") from None
+        if hasattr(asyncio, "timeout"):  # Python 3.11+: no task of its own
+            async with asyncio.timeout(timeout_s):
+                return await _read(receive, chunks, limit)
+        return await asyncio.wait_for(_read(receive, chunks, limit), timeout_s)
+    except asyncio.TimeoutError:  # TimeoutError itself from 3.11
+        size = sum(map(len, chunks))
+        raise BodyTimeout(f"request body: {size} byte{'s' * (size != 1)} came in {timeout_s:g} s, and not its end "
+                          "(serve --body-timeout); send the whole body at once") from None
+
+
+async def _read(receive: Receive, chunks: list[bytes], limit: int | None) -> bytes | None:
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if limit is not None and size > limit:
+            return None
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 async def _too_large(send: Send, given: str, limit: int) -> None:

@@ -3,6 +3,7 @@ the body is read), work that ends first or last, and a server that cuts the requ
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -60,7 +61,8 @@ def test_a_client_that_goes_cancels_the_work_and_the_task_goes_on():
         with pytest.raises(ClientGone):
             await unless_gone(sleeper(30, ended), receiver(0.05, []), scope)
         assert loop.time() - started < 5 and ended == ["cancelled"] and scope[GONE] is True
-        assert asyncio.current_task().cancelling() == 0  # its own cancel was taken back: later awaits run
+        if sys.version_info >= (3, 11):  # 3.11 counts cancels
+            assert asyncio.current_task().cancelling() == 0  # its own cancel was taken back: later awaits run
         await asyncio.sleep(0.01)
     asyncio.run(main())
 
