@@ -15,8 +15,9 @@ threads (intra-op threads >= 2); the thread that calls a decode of more than one
 model's batch of more than one source or with a padded mask) sets them for the decode's length (`flushing`) and puts
 its own flags back after, since onnxruntime runs part of every call (all of it at 1 thread) on the caller's thread,
 and a service's threads must not change how the rest of its code rounds. A decode of one row skips that: it reads no
-mask (no padding, no blocks), and the four libm calls, ~2 us themselves, made the greedy batch-1 call 1.2-1.7%
-slower. onnxruntime also sets or clears the bits, for good, on the thread that makes the process's first session
+mask (no padding, no blocks), and the libm calls, ~2 us in a tight loop, made the greedy batch-1 call 1.2-1.7%
+slower (run just after a graph, with Python's and ctypes' code out of the caches, four of them took ~40 us on an AMD
+EPYC; a block now makes three, ~10 us, and keeps no per-thread state). onnxruntime also sets or clears the bits, for good, on the thread that makes the process's first session
 (as that session's option says); `keeping_flags` undoes that around session creation. A thread started during a
 flushed decode inherits the bits: the cancel watchdog clears them when it starts (`clear_on_this_thread`). The bits
 are read and written with C's fegetenv/fesetenv through ctypes, on x86-64 Linux with glibc, whose fenv_t ends with
@@ -36,7 +37,6 @@ import ctypes
 import ctypes.util
 import platform
 import sys
-import threading
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,6 @@ class _Flags:
 
     def __init__(self) -> None:
         self._works: bool | None = None  # found out on first use: nothing is touched at import
-        self._local = threading.local()
 
     @property
     def works(self) -> bool:
@@ -81,8 +80,8 @@ class _Flags:
             except OSError:
                 return False
         self._get, self._set = libm.fegetenv, libm.fesetenv
-        for function in (self._get, self._set):
-            function.argtypes, function.restype = [ctypes.POINTER(_Fenv)], ctypes.c_int
+        for function in (self._get, self._set):  # called with ctypes.byref(a _Fenv) only: no argtypes to convert
+            function.restype = ctypes.c_int  # through (3 cold calls took 19 us with them, 12.5 without)
         return True
 
     def _check(self) -> bool:
@@ -104,19 +103,20 @@ class _Flags:
             self._set(ctypes.byref(saved))
 
     def enter(self) -> Any:
-        """Set FTZ and DAZ on this thread; returns what `exit` needs to put the thread's flags back. The two
-        environments are kept per thread and reused (only the outermost `flushing` block calls this)."""
-        local = self._local
-        buffers = getattr(local, "buffers", None)
-        if buffers is None:
-            saved, flushed = _Fenv(), _Fenv()
-            buffers = local.buffers = (saved, flushed, ctypes.byref(saved), ctypes.byref(flushed))
-        saved, flushed, saved_ref, flushed_ref = buffers
-        if self._get(saved_ref) != 0 or self._get(flushed_ref) != 0:
+        """Set FTZ and DAZ on this thread; returns what `exit` needs to put the thread's flags back, or None where
+        there is nothing to put back (the bits were set already: an outer `flushing` block, or the thread's own
+        choice). Three libm calls a block, its own buffer (threads and nested blocks each hold theirs)."""
+        env = _Fenv()
+        ref = ctypes.byref(env)
+        if self._get(ref) != 0:
             return None
-        flushed.mxcsr |= FLUSH_BITS
-        self._set(flushed_ref)
-        return saved_ref
+        mxcsr = env.mxcsr
+        if mxcsr & FLUSH_BITS == FLUSH_BITS:
+            return None
+        env.mxcsr = mxcsr | FLUSH_BITS
+        self._set(ref)
+        env.mxcsr = mxcsr  # what exit puts back: the environment as it was (exception flags raised since dropped)
+        return ref
 
     def exit(self, saved: Any) -> None:
         if saved is not None:
@@ -125,8 +125,8 @@ class _Flags:
 
 class flushing:  # noqa: N801 (a context manager, named for the `with` line it reads in)
     """`with flushing():` runs its block with denormals flushed on this thread, then restores the thread's flags;
-    `flushing(False)` leaves them (a decode of one row). Nested blocks cost a thread-local counter; only the
-    outermost touches the flags."""
+    `flushing(False)` leaves them (a decode of one row). A block inside another finds the bits set and leaves them
+    to the outer one."""
 
     __slots__ = ("_saved", "_wanted")
 
@@ -134,14 +134,11 @@ class flushing:  # noqa: N801 (a context manager, named for the `with` line it r
         self._wanted = wanted
 
     def __enter__(self) -> None:
-        local = FLAGS._local
-        depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
-        self._saved = FLAGS.enter() if depth == 0 and self._wanted and FLUSH and FLAGS.works else None
+        self._saved = FLAGS.enter() if self._wanted and FLUSH and FLAGS.works else None
 
     def __exit__(self, *exc: object) -> None:
-        FLAGS._local.depth -= 1
-        FLAGS.exit(self._saved)
+        if self._saved is not None:
+            FLAGS.exit(self._saved)
 
 
 class keeping_flags:  # noqa: N801

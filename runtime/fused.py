@@ -30,6 +30,16 @@ def scalar(value: int | float, dtype: str) -> np.ndarray:
     return array
 
 
+@functools.lru_cache(maxsize=4096)
+def beam_scalars(max_length: int, min_length: int, beam_size: int, num_hypotheses: int,
+                 length_penalty: float) -> dict[str, np.ndarray]:
+    """The beam graph's scalar feeds, made once per set of options (one cache lookup a call, not five); callers copy
+    the dict, never change it."""
+    return {"length_penalty": scalar(length_penalty, "float64"), "max_length": scalar(max_length, "int64"),
+            "min_length": scalar(min_length, "int64"), "beam_size": scalar(beam_size, "int64"),
+            "num_hypotheses": scalar(num_hypotheses, "int64")}
+
+
 class GreedyLoop:
     """A greedy loop session with its declared I/O; thread-safe like the session."""
 
@@ -38,6 +48,7 @@ class GreedyLoop:
         self.spec, self.eos = spec, eos  # eos: the token model's own end id
         self._run = run  # the greedy loop session's runner (errors typed, inputs on the host or the device)
         self.inputs, self.outputs = list(io["inputs"]), list(io["outputs"])
+        self.reads_sources = {"source_ids", "source_lengths"} <= set(self.inputs)  # encodes inside its one call
 
     def points(self, states: dict[str, np.ndarray], target_len: int,
                cancel: Cancel | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -82,13 +93,15 @@ class BeamGraph:
                    cancel: Cancel | None = None) -> list[list[Hypothesis]]:
         """Up to num_hypotheses Hypotheses per input, best first, as `runtime.search.beam_search` finds them (the
         arguments checked by the caller); `cancel` stops the run while it runs (Cancelled)."""
-        scalars = {"max_length": max_length, "min_length": min_length, "beam_size": beam_size,
-                   "num_hypotheses": num_hypotheses}
         feed = {"source_ids": source_ids, "source_lengths": source_lengths,
-                "length_penalty": scalar(length_penalty, "float64"),
-                **{name: scalar(value, "int64") for name, value in scalars.items()}}
+                **beam_scalars(max_length, min_length, beam_size, num_hypotheses, length_penalty)}
         result = self._run(feed, cancel)
-        scores, log_probs, tokens, lengths = (result[n].tolist() for n in ("scores", "log_probs", "tokens",
-                                                                           "lengths"))
-        return [[Hypothesis(ids[:n], score, log_prob) for score, log_prob, ids, n in zip(*slots)
-                 if math.isfinite(score)] for slots in zip(scores, log_probs, tokens, lengths)]
+        out = []  # loops, not comprehensions: fewer frames around a batch-1 call (see Vocabulary.encode_batch)
+        for slots in zip(result["scores"].tolist(), result["log_probs"].tolist(), result["tokens"].tolist(),
+                         result["lengths"].tolist()):
+            hypotheses = []
+            for score, log_prob, ids, n in zip(*slots):
+                if math.isfinite(score):  # an empty slot (fewer hypotheses than asked for)
+                    hypotheses.append(Hypothesis(ids[:n], score, log_prob))
+            out.append(hypotheses)
+        return out

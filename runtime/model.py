@@ -44,7 +44,7 @@ from .sessions import (
 )
 from .spec import ModelSpec
 from .token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8, FoldedGraphs, Graphs, TokenSteps
-from .tokens import TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
+from .tokens import OPTION_NAMES, TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
 from .workers import Workers, check_workers
 
 FAST_NAMES = frozenset(FAST_FILES.values())
@@ -222,8 +222,8 @@ class Seq2Seq:
         its spec.max_positions. `cancel`: as for `predict`."""
         if self.spec.kind != "tokens":
             raise InputError(f"texts: {self.path} is a point model, which takes numeric sources; call predict(source)")
-        unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
-        if unknown:
+        if not OPTION_NAMES.issuperset(options):
+            unknown = sorted(set(options) - OPTION_NAMES)
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
         return translate(self._token_steps, self.vocabularies, texts, cancel=cancel,
                          workers=self._token_workers if self._splits else None, **options)

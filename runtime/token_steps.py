@@ -83,6 +83,7 @@ class TokenSteps:
         # What a step reads but never feeds back (memory, keys, masks, cross-attention keys/values): beam search
         # expands it once per beam instead of reordering it every step.
         self.constant = frozenset(self.state_names) - frozenset(self.feedback.values())
+        self.checked_options: dict[tuple, tuple] = {}  # translate's option sets that passed (tokens.translate_options)
 
     def encode(self, source_ids: np.ndarray, source_lengths: np.ndarray, cancel: Cancel | None = None) -> State:
         """ids (N, L) int64 right-padded, lengths (N,) int64 -> the state the first step reads; with `cancel`, the
@@ -154,9 +155,8 @@ class TokenSteps:
         """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call;
         `cancel` is watched while the loop runs."""
         greedy = self.greedy_loop(*source_ids.shape)
-        sources = {"source_ids": source_ids, "source_lengths": source_lengths}
-        reads_sources = set(sources) <= set(greedy.inputs)
-        state = sources if reads_sources else self.encode(source_ids, source_lengths, cancel)
+        state = ({"source_ids": source_ids, "source_lengths": source_lengths} if greedy.reads_sources
+                 else self.encode(source_ids, source_lengths, cancel))
         return greedy.tokens(state, max_length, min_length, return_attention, cancel)
 
 

@@ -37,6 +37,9 @@ from .workers import Workers
 MAX_VOCAB_BYTES = 64 << 20
 TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
                      "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
+OPTION_NAMES = frozenset(TRANSLATE_OPTIONS)
+CHECKED_OPTIONS = 256  # option sets a model keeps as checked (translate_options); one more empties the memory
+PLAIN_TYPES = frozenset({int, float, bool, type(None)})
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,42 @@ def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: T
     return length
 
 
+def translate_options(steps: TokenSteps, *values: Any) -> tuple[int, float, int, float, float]:
+    """translate's options from beam_size to return_attention, in its order, checked: (max_decoding_length,
+    length_penalty, sampling_topk, sampling_topp, sampling_temperature) as it reads them. A set of plain values
+    (int, float, bool, None) that passed for this model is looked up, not checked again: a service sends the same
+    options call after call, and the dozen checks, run cold after a batch-1 graph, cost 15-25 us a call."""
+    types = tuple(map(type, values))
+    if not PLAIN_TYPES.issuperset(types):  # numpy ints, int subclasses, anything unhashable: checked every time
+        return _check_options(steps, *values)
+    key = (values, types)  # the types too: True == 1 and 20.0 == 20, which the checks tell apart
+    cache = steps.checked_options
+    found = cache.get(key)
+    if found is None:
+        found = _check_options(steps, *values)
+        if len(cache) >= CHECKED_OPTIONS:
+            cache.clear()
+        cache[key] = found
+    return found
+
+
+def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, length_penalty: Any,
+                   max_decoding_length: Any, min_decoding_length: Any, sampling_topk: Any, sampling_topp: Any,
+                   sampling_temperature: Any, seed: Any, return_attention: Any) -> tuple[int, float, int, float, float]:
+    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
+    check_int("beam_size", beam_size, 1, MAX_BEAM)
+    _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
+    check_min_length(min_decoding_length, max_decoding_length)
+    if not isinstance(return_attention, bool):
+        raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
+    sampling_topk = check_int("sampling_topk", sampling_topk, 0)
+    sampling_topp = check_topp("sampling_topp", sampling_topp)
+    sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
+    if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
+        check_int("seed", seed, 0)
+    return max_decoding_length, length_penalty, sampling_topk, sampling_topp, sampling_temperature
+
+
 def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any, beam_size: int = 1,
               num_hypotheses: int = 1, length_penalty: float = 1.0, max_decoding_length: int | None = None,
               min_decoding_length: int = 0, sampling_topk: int = 1,
@@ -184,17 +223,9 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     True stops with Cancelled. `workers`: copies of `steps` (steps first) that decode chunks of a call of many
     rows at once (runtime.workers); a seeded sampling call runs whole, its draws being the batch's."""
     texts = check_texts(texts)
-    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
-    check_int("beam_size", beam_size, 1, MAX_BEAM)  # every option checked, even for no texts
-    _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
-    check_min_length(min_decoding_length, max_decoding_length)
-    if not isinstance(return_attention, bool):
-        raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
-    sampling_topk = check_int("sampling_topk", sampling_topk, 0)
-    sampling_topp = check_topp("sampling_topp", sampling_topp)
-    sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
-    if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
-        check_int("seed", seed, 0)
+    max_decoding_length, length_penalty, sampling_topk, sampling_topp, sampling_temperature = translate_options(
+        steps, beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length, sampling_topk,
+        sampling_topp, sampling_temperature, seed, return_attention)  # every option checked, even for no texts
     check_cancel(cancel, len(texts))
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
     if sampling and beam_size != 1:
@@ -226,15 +257,20 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         parts = ([slice(0, len(texts))] if sampler is not None and seed is not None else
                  workers.chunks(len(texts), beam_size, lambda n: _graph(steps, n, width, search, sampler)))
         found = [hyps for part in workers.run(parts, decode) for hyps in part]
-    never = frozenset(steps.contract.never)
-    if never and (beam_size != 1 or num_hypotheses != 1):
-        # seq2onnx's own step graphs put <pad> and <s> at NEVER_LOGIT (-1e4), not -inf (parity stays finite): a
-        # beam with more slots than real candidates fills them with such tokens, every one ranked below every real
-        # hypothesis. They are no outputs: dropped, as the search drops -inf candidates (the n-best may be shorter).
-        found = [[h for h in hyps if never.isdisjoint(h.tokens)] for hyps in found]
-    target = vocabularies["target"]
-    return [[Translation(*target.hypothesis_text(h.tokens), list(h.tokens), h.score,
-                         h.log_prob, h.attention) for h in hyps] for hyps in found]
+    never = steps.contract.never
+    # seq2onnx's own step graphs put <pad> and <s> at NEVER_LOGIT (-1e4), not -inf (parity stays finite): a beam
+    # with more slots than real candidates fills them with such tokens, every one ranked below every real
+    # hypothesis. They are no outputs: dropped, as the search drops -inf candidates (the n-best may be shorter).
+    dropped = frozenset(never) if never and (beam_size != 1 or num_hypotheses != 1) else None
+    text = vocabularies["target"].hypothesis_text
+    out = []  # loops, not comprehensions: fewer frames around a batch-1 call (see Vocabulary.encode_batch)
+    for hypotheses in found:
+        row = []
+        for h in hypotheses:
+            if dropped is None or dropped.isdisjoint(h.tokens):
+                row.append(Translation(*text(h.tokens), list(h.tokens), h.score, h.log_prob, h.attention))
+        out.append(row)
+    return out
 
 
 def _graph(steps: TokenSteps, inputs: int, width: int, search: dict[str, Any], sampler: dict[str, Any] | None) -> int:

@@ -208,29 +208,41 @@ class Vocabulary:
         """Ids (N, max(width, longest)) int64 right-padded with PAD, and each row's length (N,) int64; `reverse`
         reverses each text's tokens (BOS and EOS stay where they are). Built from Python lists, one numpy call per
         array: a decode at batch 1 runs measurably slower after more numpy work (benchmarks/api_overhead.py)."""
-        if isinstance(texts, str):
-            raise VocabError(f"texts must be a list of strings, got one string {brief(texts)}; wrap it in a list")
-        if not isinstance(texts, Iterable):
-            raise VocabError(f"texts must be a list of strings, got {brief(texts)}")
-        if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+        if type(texts) is not list:  # the ABC's check is slow: lists pass first
+            if isinstance(texts, str):
+                raise VocabError(f"texts must be a list of strings, got one string {brief(texts)}; wrap it in a list")
+            if not isinstance(texts, Iterable):
+                raise VocabError(f"texts must be a list of strings, got {brief(texts)}")
+        if type(width) is not int and (isinstance(width, bool) or not isinstance(width, int)) or width < 0:
             raise VocabError(f"width must be an int >= 0 (the least padded length), got {brief(width)}")
         specials = self.ids
+        head, tail = [specials.bos] * add_bos, [specials.eos] * add_eos
         rows = self._rows(list(texts))
-        rows = [[specials.bos] * add_bos + (r[::-1] if reverse else r) + [specials.eos] * add_eos for r in rows]
-        lengths = [len(r) for r in rows]
-        width = max(width, *lengths) if lengths else width
-        ids = np.array([r + [specials.filler] * (width - len(r)) for r in rows], dtype=ID_DTYPE)
+        lengths = []
+        for i, row in enumerate(rows):  # loops, not comprehensions: fewer frames for a decode's one or few texts
+            row = rows[i] = head + (row[::-1] if reverse else row) + tail
+            lengths.append(len(row))
+            width = max(width, len(row))
+        filler = specials.filler
+        for row in rows:
+            if len(row) < width:
+                row += [filler] * (width - len(row))
+        ids = np.array(rows, dtype=ID_DTYPE)
         return ids if rows else ids.reshape(0, width), np.array(lengths, dtype=ID_DTYPE)
 
     def _rows(self, texts: list[str]) -> list[list[int]]:
-        """encode(text, add_eos=False) of each text; 'char' and 'whitespace' in one comprehension where every text
-        is a str and every token known or read as unk (else text by text, for encode's refusals)."""
+        """encode(text, add_eos=False) of each text; 'char' and 'whitespace' in one pass where every text is a str
+        and every token known or read as unk (else text by text, for encode's refusals)."""
         unk = self.ids.unk
-        if self.tokenizer != "subword" and all(type(t) is str for t in texts):
-            get, chars = self._index.get, self.tokenizer == "char"
-            rows = [[get(token, unk) for token in (t if chars else t.split())] for t in texts]
-            if unk is not None or not any(None in r for r in rows):
-                return rows
+        if self.tokenizer != "subword":
+            get, chars, rows = self._index.get, self.tokenizer == "char", []
+            for text in texts:
+                if type(text) is not str:
+                    break
+                rows.append([get(token, unk) for token in (text if chars else text.split())])
+            else:
+                if unk is not None or not any(None in r for r in rows):
+                    return rows
         return [self.encode(t, add_bos=False, add_eos=False) for t in texts]
 
     # -- storage ---------------------------------------------------------------------------------------------------

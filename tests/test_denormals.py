@@ -111,10 +111,23 @@ def test_a_run_in_a_block_flushes_on_the_caller_and_on_onnxruntime_s_workers(thr
 def test_a_block_that_is_not_wanted_leaves_the_flags() -> None:
     with flushing(False):
         assert not flushes_now()
-        with flushing():  # nested: the outer block decided
-            assert not flushes_now()
+        with flushing():  # a block that wants them inside one that does not: its own
+            assert flushes_now()
+        assert not flushes_now()
     with flushing(), flushing(False):
         assert flushes_now()
+    assert not flushes_now()
+
+
+@needs_flags
+def test_a_thread_that_flushes_of_its_own_keeps_its_flags_after_a_block() -> None:
+    """A service that set FTZ/DAZ itself: a block finds them set and puts nothing back, so they stay set."""
+    with keeping_flags():
+        denormals.FLAGS.enter()  # the thread's own choice, not a block's
+        with flushing():
+            assert flushes_now()
+        assert flushes_now()
+    assert not flushes_now()
 
 
 @needs_flags

@@ -35,7 +35,7 @@ def check_temperature(name: str, value: object) -> float:
 
 def check_topp(name: str, value: object) -> float:
     """`value` as a float in (0, 1] (a normal one), else an InputError naming `name`."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
+    ok = (type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, bool))) and 0 < value <= 1
     if not ok:
         raise InputError(f"{name} must be a float in (0, 1], got {brief(value)}")
     _subnormal(name, value)  # type: ignore[arg-type]
