@@ -190,7 +190,8 @@ class Seq2Seq:
         parts = workers.chunks(src.shape[0]) if workers is not None else [slice(0, src.shape[0])]
 
         def decode(model: Seq2Seq, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
-            with flushing(rows.stop - rows.start > 1 or not mask[rows].all()):  # one unpadded row has no mask
+            padded = source_mask is not None and not mask[rows].all()
+            with flushing(rows.stop - rows.start > 1 or padded):  # one unpadded row has no mask
                 return model._decode_points(src[rows], mask[rows], steps, cancel)
 
         found = workers.run(parts, decode) if workers is not None else [decode(self, parts[0])]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import TRANSFORMER_MAX_POSITIONS
 
 from runtime import tokens
 from runtime.errors import InputError
 from runtime.model import Seq2Seq
-
-from conftest import TRANSFORMER_MAX_POSITIONS
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from runtime import Seq2Seq
 from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
 from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
 from runtime.manifest import sha256_file
-from runtime.points import MAX_TARGET_LEN, check_outputs
+from runtime.points import MAX_TARGET_LEN, SHARED_MASK_SIZE, check_mask, check_outputs
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES
@@ -313,6 +313,28 @@ def test_bad_target_len_is_refused(dot, bad):
 def test_bad_masks_are_refused(dot, mask, match):
     with pytest.raises(InputError, match=match):
         dot.predict(source_batch(2, 2), source_mask=mask)
+
+
+def test_a_missing_mask_is_one_shared_read_only_array_for_small_shapes(dot):
+    """No source_mask: small calls share one all-True mask per shape (no array made per call), which no one can
+    write through; large ones get a fresh one (a shared mask would hold their memory)."""
+    source = source_batch(2, 3)
+    first = check_mask(None, source)
+    assert first is check_mask(None, source) and not first.flags.writeable and first.all()
+    with pytest.raises(ValueError, match="read-only"):
+        first[0, 0, 0] = False
+    big = np.zeros((2, SHARED_MASK_SIZE, 2), np.float32)
+    assert check_mask(None, big).flags.writeable
+    np.testing.assert_array_equal(dot.predict(source), dot.predict(source, source_mask=np.ones((2, 3), bool)))
+
+
+def test_both_infinities_in_a_source_are_refused_without_a_warning(dot):
+    source = source_batch(1, 3)
+    source[0, 0, 0], source[0, 1, 1] = np.inf, -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InputError, match="expected finite values"):
+            dot.predict(source)
 
 
 def test_int_float_and_2d_masks_equal_bool_mask(dot):
