@@ -131,14 +131,15 @@ class flushing:  # noqa: N801 (a context manager, named for the `with` line it r
     __slots__ = ("_saved", "_wanted")
 
     def __init__(self, wanted: bool = True) -> None:
-        self._wanted = wanted
+        self._wanted, self._saved = wanted, []  # a stack: one object may be entered again inside itself
 
     def __enter__(self) -> None:
-        self._saved = FLAGS.enter() if self._wanted and FLUSH and FLAGS.works else None
+        self._saved.append(FLAGS.enter() if self._wanted and FLUSH and FLAGS.works else None)
 
     def __exit__(self, *exc: object) -> None:
-        if self._saved is not None:
-            FLAGS.exit(self._saved)
+        saved = self._saved.pop()
+        if saved is not None:
+            FLAGS.exit(saved)
 
 
 class keeping_flags:  # noqa: N801

@@ -156,10 +156,9 @@ SHARED_MASK_SIZE = 1 << 16  # the most points an all-valid mask made once and sh
 
 @functools.lru_cache(maxsize=256)
 def _full_mask(n: int, length: int) -> np.ndarray:
-    """A read-only all-True (n, 1, length) mask, made once per shape: a decode without source_mask makes no array."""
-    mask = np.ones((n, 1, length), dtype=bool)
-    mask.flags.writeable = False
-    return mask
+    """A read-only all-True (n, 1, length) mask, made once per shape: a decode without source_mask makes no array.
+    Over immutable bytes, so that no one can make it writeable again (numpy refuses)."""
+    return np.frombuffer(b"\x01" * (n * length), dtype=bool).reshape(n, 1, length)
 
 
 def check_outputs(source: np.ndarray, outputs: np.ndarray, attention: np.ndarray | None) -> None:

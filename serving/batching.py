@@ -79,6 +79,9 @@ def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None
     if isinstance(value, int) and not isinstance(value, bool) and value > bound:
         raise InputError(f"{name}: at most {bound} on this server (serve --max-decoding-length), got {value}; ask "
                          "for a shorter output")
+    low = 0 if name == "min_decoding_length" else 1
+    if isinstance(value, int) and not isinstance(value, bool) and value < low:  # the runtime's message would name
+        raise InputError(f"{name}: expected an int in [{low}, {bound}] on this server, got {value}")  # its own bound
 
 
 def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int,

@@ -120,6 +120,16 @@ def test_a_block_that_is_not_wanted_leaves_the_flags() -> None:
 
 
 @needs_flags
+def test_one_block_object_entered_inside_itself_puts_the_flags_back() -> None:
+    block = flushing()
+    with block:
+        with block:
+            assert flushes_now()
+        assert flushes_now()
+    assert not flushes_now()
+
+
+@needs_flags
 def test_a_thread_that_flushes_of_its_own_keeps_its_flags_after_a_block() -> None:
     """A service that set FTZ/DAZ itself: a block finds them set and puts nothing back, so they stay set."""
     with keeping_flags():

@@ -432,6 +432,8 @@ def _check_beam_graphs(path: Path, wide: bool, seed: int) -> None:
     (dict(beam_size=257), "beam_size must be an int in \\[1, 256\\]"),
     (dict(beam_size=True), "beam_size must be an int in"),
     (dict(beam_size=2, num_hypotheses=3), "num_hypotheses must be at most beam_size \\(2\\), got 3"),
+    (dict(beam_size=4, num_hypotheses=10**30), r"got 10{30}; pass at most 4, or a wider beam \(beam_size is at most "
+                                                 r"256\)"),
     (dict(beam_size=2, length_penalty=60.0), "length_penalty must be from -50 to 50"),
     (dict(length_penalty=float("nan")), "length_penalty must be a finite float"),
     (dict(beam_size=2, min_decoding_length=9, max_decoding_length=4),

@@ -323,6 +323,8 @@ def test_a_missing_mask_is_one_shared_read_only_array_for_small_shapes(dot):
     assert first is check_mask(None, source) and not first.flags.writeable and first.all()
     with pytest.raises(ValueError, match="read-only"):
         first[0, 0, 0] = False
+    with pytest.raises(ValueError, match="WRITEABLE"):  # nor made writeable again: it lies over immutable bytes
+        first.flags.writeable = True
     big = np.zeros((2, SHARED_MASK_SIZE, 2), np.float32)
     assert check_mask(None, big).flags.writeable
     np.testing.assert_array_equal(dot.predict(source), dot.predict(source, source_mask=np.ones((2, 3), bool)))

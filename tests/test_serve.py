@@ -231,7 +231,12 @@ BAD_REQUESTS = {
                               b'"target_len": 2, "target_len": 3}', 422, "['target_len'] more than once"),
     "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source.0.0.0"),
     "mask of 2": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[2]]}, 400, "source_mask"),
-    "target_len 0": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 0}, 400, "target_len"),
+    "target_len 0": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 0}, 400,
+                     "target_len: expected an int in [1, 512] on this server, got 0"),  # not the runtime's 10000
+    "max_decoding_length 0": ("/tokens/v1/translate", {"texts": ["a"], "max_decoding_length": 0}, 400,
+                              "max_decoding_length: expected an int in [1, 512] on this server, got 0"),
+    "min_decoding_length -1": ("/tokens/v1/translate", {"texts": ["a"], "min_decoding_length": -1}, 400,
+                               "min_decoding_length: expected an int in [0, 512] on this server, got -1"),
     "max_decoding_length over the bound": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 5,
                                                                    "max_decoding_length": 50_000}, 400,
                                            "--max-decoding-length"),

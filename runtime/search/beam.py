@@ -92,8 +92,9 @@ def check_beam(beam_size: int, num_hypotheses: int, length_penalty: float) -> tu
     k = check_int("beam_size", beam_size, 1)
     n = check_int("num_hypotheses", num_hypotheses, 1)
     if n > k:
-        raise InputError(f"num_hypotheses must be at most beam_size ({k}), got {n}; pass beam_size >= {n}, or fewer "
-                         "hypotheses")
+        fix = f"pass beam_size >= {n}, or fewer hypotheses" if n <= MAX_BEAM else \
+            f"pass at most {k}, or a wider beam (beam_size is at most {MAX_BEAM})"
+        raise InputError(f"num_hypotheses must be at most beam_size ({k}), got {n}; {fix}")
     length_penalty = check_float("length_penalty", length_penalty)
     if abs(length_penalty) > MAX_LENGTH_PENALTY:
         raise InputError(f"length_penalty must be from -{MAX_LENGTH_PENALTY} to {MAX_LENGTH_PENALTY}, got "
