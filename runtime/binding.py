@@ -35,8 +35,8 @@ def shape_of(value: Any) -> tuple[int, ...]:
 
 
 class Watchdog:
-    """Asks the `cancel` of every watched run each POLL_S and sets onnxruntime's terminate flag on the run whose
-    caller says stop: a graph that decodes in one call (the greedy loop, the beam graph) stops within milliseconds,
+    """Asks the `cancel` of every watched run each POLL_S, from POLL_S after it was watched (its caller has just
+    asked), and sets onnxruntime's terminate flag on the run whose caller says stop: a graph that decodes in one call (the greedy loop, the beam graph) stops within milliseconds,
     between two of its kernels, instead of running to its end (a graph that is one long kernel, a recurrent
     encoder's GRU, stops when that kernel ends).
 
@@ -47,12 +47,17 @@ class Watchdog:
 
     POLL_S = 0.005
     ASKERS = 4
+    # How long the poll thread keeps ticking after the last watched run ended before it sleeps until the next: a
+    # service's next call then finds it awake and wakes no thread (waking it, and asking at once, cost a batch-1
+    # call 17-33 us; benchmarks/RESULTS.md). Idle, 1 s of ticks is ~200 wakeups; then none.
+    LINGER_S = 1.0
 
     def __init__(self) -> None:
         self._start()
 
     def _start(self) -> None:
-        self._runs: dict[int, tuple[ort.RunOptions, Callable[[], bool]]] = {}
+        self._runs: dict[int, tuple[ort.RunOptions, Callable[[], bool], float]] = {}  # with when it was watched
+        self._sleeping = False  # the poll thread waits for a run (notify it), rather than ticking
         self._asking: set[int] = set()  # runs whose cancel an asker holds now
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -61,23 +66,35 @@ class Watchdog:
 
     def watch(self, options: ort.RunOptions, cancel: Callable[[], bool]) -> None:
         with self._wake:
-            self._runs[id(options)] = (options, cancel)
+            self._runs[id(options)] = (options, cancel, time.monotonic())
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="seq2onnx-watchdog", daemon=True)
                 self._thread.start()
-            self._wake.notify()
+            elif self._sleeping:
+                self._wake.notify()
 
     def unwatch(self, options: ort.RunOptions) -> None:
         with self._wake:
             self._runs.pop(id(options), None)
 
     def _loop(self) -> None:
+        busy = time.monotonic()
         while True:
             with self._wake:
-                while not self._runs:
-                    self._wake.wait()
-                # an ask in flight holds its options alive, so no new run can take its id before it ends
-                due = [(key, *run) for key, run in self._runs.items() if key not in self._asking]
+                now = time.monotonic()
+                if self._runs:
+                    busy = now
+                elif now - busy >= self.LINGER_S:
+                    self._sleeping = True
+                    while not self._runs:
+                        self._wake.wait()
+                    self._sleeping = False
+                    busy = now = time.monotonic()
+                # A run's caller asked its cancel just before it started: the first ask here is a poll later, so a
+                # short run is never asked twice. An ask in flight holds its options alive, so no new run can take
+                # its id before it ends.
+                due = [(key, options, cancel) for key, (options, cancel, since) in self._runs.items()
+                       if since <= now - self.POLL_S and key not in self._asking]
                 self._asking.update(key for key, _, _ in due)
                 short = len(due) + self._asks.qsize() - self._idle  # asks no waiting asker would take
                 for _ in range(max(0, min(short, self.ASKERS - self._askers))):

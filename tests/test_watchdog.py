@@ -154,3 +154,36 @@ def test_asks_queued_for_runs_that_have_ended_are_dropped():
     watchdog.unwatch(last)
     assert last.terminate and waited < 1.0, waited  # behind 200 asks of 50 ms on 4 askers: 2.5 s
     assert len(late) <= Watchdog.ASKERS, len(late)  # only the asks already under way when their runs ended
+
+
+def test_a_short_run_is_not_asked_and_wakes_nothing_while_the_watchdog_ticks(monkeypatch):
+    """A run's caller asks its cancel just before the run: the watchdog's first ask comes a poll later, so a run
+    shorter than that is never asked there (asking at once, and waking the poll thread for every run, cost a
+    batch-1 call 17-33 us). The poll thread keeps ticking LINGER_S after the last run, so a service's next call
+    wakes nothing, then sleeps until a run comes."""
+    import onnxruntime as ort
+
+    from runtime.binding import Watchdog
+
+    monkeypatch.setattr(Watchdog, "LINGER_S", 0.3)
+    watchdog = Watchdog()
+    asked: list[float] = []
+    for _ in range(50):
+        options = ort.RunOptions()
+        watchdog.watch(options, lambda: asked.append(time.monotonic()) or False)
+        time.sleep(Watchdog.POLL_S / 5)
+        watchdog.unwatch(options)
+    time.sleep(3 * Watchdog.POLL_S)
+    assert asked == []
+    assert not watchdog._sleeping  # ticking: the runs ended under LINGER_S ago
+    deadline = time.monotonic() + 5
+    while not watchdog._sleeping and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watchdog._sleeping  # and then it waits without ticking
+    long = ort.RunOptions()  # a run that lasts is asked, and stopped, a poll or two after it starts
+    watchdog.watch(long, lambda: True)
+    started = time.monotonic()
+    while not long.terminate and time.monotonic() - started < 5:
+        time.sleep(0.001)
+    watchdog.unwatch(long)
+    assert long.terminate and Watchdog.POLL_S <= time.monotonic() - started < 1.0
