@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -230,8 +232,9 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
     def all_stopped() -> str:  # what was kept, as it is when the run stops
         return f"every process of the run has stopped; {_kept(state_file)}"
 
-    try:
-        run(parse_args(torchrun_args(launch, forwarded_args(ctx))))
+    logs = tempfile.mkdtemp(prefix="seq2onnx-torchrun-")  # torchrun's own (its ranks' error files), else it leaves
+    try:  # a /tmp/torchelastic_* directory behind after every run
+        run(parse_args(["--log-dir", logs, *torchrun_args(launch, forwarded_args(ctx))]))
     except RendezvousTimeoutError:
         raise click.ClickException(f"not all {nodes} machines joined the rendezvous at {endpoint} within {wait_s} s; "
                                    "start the same command on each (--rdzv-timeout waits longer); "
@@ -258,6 +261,8 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         raise Interrupted(f"interrupted; {all_stopped()}") from None
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; {all_stopped()}") from None
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:

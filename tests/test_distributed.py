@@ -172,7 +172,8 @@ def ddp_record(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ddp") / "record.pt"
     worker = Path(__file__).with_name("ddp_worker.py")
     result = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                  str(worker), str(out)], cwd=out.parent, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                  "--log-dir", str(out.parent / "logs"), str(worker), str(out)], cwd=out.parent,
+                 env={**os.environ, "OMP_NUM_THREADS": "1"})  # its logs here, not a /tmp/torchelastic_* left
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(out, weights_only=False)
 
@@ -273,10 +274,20 @@ except PeerFailedError as err:
 def ddp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     """`seq2onnx train --nproc-per-node 2` on the built-in toy translation, 3 epochs."""
     work = tmp_path_factory.mktemp("ddp-cli")
+    (work / "tmp").mkdir()  # the launcher's TMPDIR: test_the_launcher_leaves_no_run_directory_in_...
     result = run(seq2onnx("train", "--data", "toy-translation", "--epochs", "3", "--eval-beam", "0", "--out", "ckpt",
-                          "--nproc-per-node", "2"), cwd=work)
+                          "--nproc-per-node", "2"), cwd=work, env={**os.environ, "TMPDIR": str(work / "tmp")})
     assert result.returncode == 0, result.stderr[-3000:]
     return work / "ckpt", result
+
+
+def test_the_launcher_leaves_no_run_directory_in_the_temp_directory(ddp_checkpoint: Any) -> None:
+    """torchrun makes a log directory (its ranks' error files) in the temp directory and never removes it: a
+    /tmp/torchelastic_* a run. The launcher gives it one of its own and removes that. (What stays is shared by every
+    run, not one a run: torch's compile cache directory, onnxruntime's 51-byte .ses file.)"""
+    ckpt, _ = ddp_checkpoint
+    left = sorted(p.name for p in (ckpt.parent / "tmp").iterdir())
+    assert [name for name in left if name.startswith(("torchelastic_", "seq2onnx-torchrun-"))] == [], left
 
 
 def test_two_processes_write_one_checkpoint_of_the_usual_files(ddp_checkpoint: Any) -> None:
@@ -327,8 +338,8 @@ def test_one_process_resumes_a_two_process_checkpoint(ddp_checkpoint: Any, tmp_p
 def leave_worker(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """tests/ddp_leave_worker.py under torchrun, 2 ranks."""
     worker = Path(__file__).with_name("ddp_leave_worker.py")
-    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker),
-                *args], cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "--log-dir", str(cwd / "logs"), str(worker), *args], cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_a_rank_that_leaves_while_its_gloo_worker_lags_exits_cleanly(tmp_path: Path) -> None:
@@ -492,7 +503,7 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(launched: Any, tmp_path: Path) -> N
     first = launched(seq2onnx("train", *common, "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint,
                               "--rdzv-id", "pair"), "first")
     second = launched([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                       "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "pair", "-m", "training",
+                       "--log-dir", str(tmp_path / "logs"), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "pair", "-m", "training",
                        *common], "second")
     assert first.proc.wait(RUN_TIMEOUT_S) == 0, first.output()
     assert second.proc.wait(RUN_TIMEOUT_S) == 0, second.output()
