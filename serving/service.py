@@ -105,7 +105,7 @@ class Batcher:
         self._enqueue(pending)
         try:
             return await asyncio.wait_for(asyncio.shield(pending.answer), timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself from 3.11; not on 3.10
             pending.given_up = True
             raise DeadlineExceeded(f"request: not answered within {timeout_s:g} s (serve --request-timeout); its "
                                    "decode was stopped; ask for less (fewer items, a shorter output), or retry"
@@ -165,7 +165,7 @@ class Batcher:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), deadline - time.monotonic())
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError itself from 3.11; not on 3.10
                 break
         batch, items = [], 0
         while self.waiting and items + self.waiting[0].job.rows <= self.config.max_batch_size:
