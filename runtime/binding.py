@@ -36,9 +36,9 @@ def shape_of(value: Any) -> tuple[int, ...]:
 
 class Watchdog:
     """Asks the `cancel` of every watched run each POLL_S, from POLL_S after it was watched (its caller has just
-    asked), and sets onnxruntime's terminate flag on the run whose caller says stop: a graph that decodes in one call (the greedy loop, the beam graph) stops within milliseconds,
-    between two of its kernels, instead of running to its end (a graph that is one long kernel, a recurrent
-    encoder's GRU, stops when that kernel ends).
+    asked), and sets onnxruntime's terminate flag on the run whose caller says stop: a graph that decodes in one
+    call (the greedy loop, the beam graph) stops within milliseconds, between two of its kernels, instead of running
+    to its end (a graph that is one long kernel, a recurrent encoder's GRU, stops when that kernel ends).
 
     One daemon thread polls; up to ASKERS daemon threads ask, each run's cancel on one of them and never twice at
     once, so a cancel that blocks holds one asker and the other runs' cancels are still asked. A cancel that raises,

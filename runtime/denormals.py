@@ -17,9 +17,10 @@ its own flags back after, since onnxruntime runs part of every call (all of it a
 and a service's threads must not change how the rest of its code rounds. A decode of one row skips that: it reads no
 mask (no padding, no blocks), and the libm calls, ~2 us in a tight loop, made the greedy batch-1 call 1.2-1.7%
 slower (run just after a graph, with Python's and ctypes' code out of the caches, four of them took ~40 us on an AMD
-EPYC; a block now makes three, ~10 us, and keeps no per-thread state). onnxruntime also sets or clears the bits, for good, on the thread that makes the process's first session
-(as that session's option says); `keeping_flags` undoes that around session creation. A thread started during a
-flushed decode inherits the bits: the cancel watchdog clears them when it starts (`clear_on_this_thread`). The bits
+EPYC; a block now makes three, ~10 us, and keeps no per-thread state). onnxruntime also sets or clears the bits,
+for good, on the thread that makes the process's first session (as that session's option says); `keeping_flags`
+undoes that around session creation. A thread started during a flushed decode inherits the bits: the cancel
+watchdog clears them when it starts (`clear_on_this_thread`). The bits
 are read and written with C's fegetenv/fesetenv through ctypes, on x86-64 Linux with glibc, whose fenv_t ends with
 the MXCSR word (musl's is laid out the same, untested); a check on first use turns the feature off where setting the
 bits does not flush. Elsewhere (macOS, Windows, ARM) nothing is flushed and sessions are made without the option, so

@@ -339,7 +339,8 @@ def leave_worker(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """tests/ddp_leave_worker.py under torchrun, 2 ranks."""
     worker = Path(__file__).with_name("ddp_leave_worker.py")
     return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "--log-dir", str(cwd / "logs"), str(worker), *args], cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                "--log-dir", str(cwd / "logs"), str(worker), *args], cwd=cwd,
+               env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_a_rank_that_leaves_while_its_gloo_worker_lags_exits_cleanly(tmp_path: Path) -> None:
@@ -503,7 +504,8 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(launched: Any, tmp_path: Path) -> N
     first = launched(seq2onnx("train", *common, "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint,
                               "--rdzv-id", "pair"), "first")
     second = launched([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                       "--log-dir", str(tmp_path / "logs"), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "pair", "-m", "training",
+                       "--log-dir", str(tmp_path / "logs"), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                       "--rdzv-id", "pair", "-m", "training",
                        *common], "second")
     assert first.proc.wait(RUN_TIMEOUT_S) == 0, first.output()
     assert second.proc.wait(RUN_TIMEOUT_S) == 0, second.output()
