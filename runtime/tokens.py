@@ -197,6 +197,7 @@ def translate_options(steps: TokenSteps, *values: Any) -> tuple[int, float, int,
 def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, length_penalty: Any,
                    max_decoding_length: Any, min_decoding_length: Any, sampling_topk: Any, sampling_topp: Any,
                    sampling_temperature: Any, seed: Any, return_attention: Any) -> tuple[int, float, int, float, float]:
+    """Every check of translate's options, in the order their refusals come."""
     max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
     check_int("beam_size", beam_size, 1, MAX_BEAM)
     _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
