@@ -21,7 +21,7 @@ from .contract import BATCH, Dims
 from .declared import TokenContract
 from .errors import InputError
 from .fused import BeamGraph, GreedyLoop
-from .points import Cancel
+from .points import Cancel, stoppable
 from .spec import ModelSpec
 
 PREVIOUS = "previous_tokens"  # the step input that takes the previous token
@@ -155,9 +155,12 @@ class TokenSteps:
         """The greedy loop graph's decode (it must exist): encoder first, or inside the loop graph's one call;
         `cancel` is watched while the loop runs."""
         greedy = self.greedy_loop(*source_ids.shape)
-        state = ({"source_ids": source_ids, "source_lengths": source_lengths} if greedy.reads_sources
-                 else self.encode(source_ids, source_lengths, cancel))
-        return greedy.tokens(state, max_length, min_length, return_attention, cancel)
+        if greedy.reads_sources:
+            state, tokens = {"source_ids": source_ids, "source_lengths": source_lengths}, greedy.tokens
+        else:  # two graphs: cancel is asked between them too (the watchdog asks a run only from a poll into it)
+            state = self.encode(source_ids, source_lengths, cancel)
+            tokens = greedy.tokens if cancel is None else stoppable(greedy.tokens, cancel)
+        return tokens(state, max_length, min_length, return_attention, cancel)
 
 
 class FoldedGraphs(NamedTuple):

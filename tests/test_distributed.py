@@ -74,9 +74,12 @@ class Launched:
     def __init__(self, args: list[str], cwd: Path, log: Path) -> None:
         self.log = log
         self.workers: set[int] = set()
+        temp = cwd / "tmp"  # a launcher killed outright cannot remove its torchrun log directory: here, not in /tmp
+        temp.mkdir(exist_ok=True)
         with open(log, "w") as f:
             self.proc = subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=default_sigint)  # some tests stop it with Ctrl-C
+                                         preexec_fn=default_sigint,  # some tests stop it with Ctrl-C
+                                         env={**os.environ, "TMPDIR": str(temp)})
 
     def output(self) -> str:
         return self.log.read_text()

@@ -354,6 +354,24 @@ def test_a_cancel_already_set_stops_a_recurrent_decode_before_its_encoder_runs(t
     assert runtime.translate_batch(["two"], **options) and ran == [1]  # the witness sees a run
 
 
+def test_a_cancel_set_while_a_recurrent_encoder_runs_stops_the_decode_before_its_greedy_loop(token_export):
+    """A recurrent model's greedy decode is two graphs, the encoder and the loop. The watchdog asks a run's cancel
+    only from a poll into it, so a cancel set during a short encoder was never asked: the loop ran whole and the
+    call answered. It is now asked on the caller's thread between the two."""
+    from runtime.errors import Cancelled
+
+    runtime = Seq2Seq.load(token_export[3], provider="cpu", threads=1)
+    greedy = runtime._token_steps.greedy
+    assert greedy is not None and not greedy.reads_sources
+    loop, ran = greedy._run, []
+    greedy._run = lambda *args: ran.append(1) or loop(*args)  # a witness: it runs the real session
+    answers = iter([False])  # go on before the encoder, stop after it
+    with pytest.raises(Cancelled, match=r"^decode: cancelled by its caller between two steps"):
+        runtime.translate_batch(["one is one", "two"], cancel=lambda: next(answers, True))
+    assert not ran
+    assert runtime.translate_batch(["two"]) and ran == [1]  # the witness sees a run
+
+
 @pytest.mark.parametrize("options", [dict(beam_size=5), dict(sampling_topk=3), dict()])
 def test_a_cancel_reaches_a_recurrent_decode_while_its_encoder_runs(token_export, options):
     """A cancel that turns true once the encoder runs stops it there: its run is watched, as the loop graphs' are
