@@ -209,6 +209,9 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
     sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
     if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
         check_int("seed", seed, 0)
+    if (sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0) and beam_size != 1:
+        raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
+                         "options for beam search")
     return max_decoding_length, length_penalty, sampling_topk, sampling_topp, sampling_temperature
 
 
@@ -229,9 +232,6 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         sampling_topp, sampling_temperature, seed, return_attention)  # every option checked, even for no texts
     check_cancel(cancel, len(texts))
     sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
-    if sampling and beam_size != 1:
-        raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
-                         "options for beam search")
     fast = steps.fast is not None and not return_attention  # the fast graphs carry no attention weights
     own, steps = steps, steps.fast if fast else steps
     if not texts:

@@ -8,6 +8,7 @@ their lengths). Sampling requests never merge: a seeded sample must not depend o
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -16,7 +17,14 @@ import numpy as np
 from runtime.errors import Cancelled, InputError, Seq2OnnxError
 from runtime.model import Seq2Seq
 from runtime.points import Cancel, check_mask, check_source, check_target_len
-from runtime.tokens import TRANSLATE_OPTIONS, Translation, check_texts, encode_sources
+from runtime.tokens import (
+    TRANSLATE_OPTIONS,
+    Translation,
+    check_texts,
+    encode_sources,
+    translate,
+    translate_options,
+)
 
 
 class RequestTooLarge(Seq2OnnxError, ValueError):
@@ -43,6 +51,9 @@ class PointJob:
 
     def __post_init__(self) -> None:
         self.rows = int(self.source.shape[0])
+
+
+OPTION_DEFAULTS = {name: inspect.signature(translate).parameters[name].default for name in TRANSLATE_OPTIONS}
 
 
 @dataclass
@@ -97,7 +108,7 @@ def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, ma
 
 
 def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int, max_length: int) -> TokenJob:
-    """Check one translate request's texts and output lengths (its other options are checked when it decodes)."""
+    """Check one translate request's texts and options, against the model and the server's bounds."""
     if model.spec.kind != "tokens":
         raise InputError("texts: this server's model is a point model, which takes numeric sources; POST "
                          '{"source": [[[x, y], ...]]} to /v1/predict')
@@ -108,6 +119,9 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
         raise InputError(f"options: unknown {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
     for name in ("max_decoding_length", "min_decoding_length"):
         check_length(name, options.get(name), model, max_length)
+    # every other option refused here, at once, as the decode would refuse it after the batch wait (a set seen
+    # before is looked up, not checked again: runtime.tokens.translate_options)
+    translate_options(model.token_steps, *(options.get(name, OPTION_DEFAULTS[name]) for name in TRANSLATE_OPTIONS))
     return TokenJob(texts, options)
 
 

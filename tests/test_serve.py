@@ -406,6 +406,24 @@ def test_runtime_never_imports_ray() -> None:
     assert json.loads(done.stdout) == [[], [], []]
 
 
+@pytest.mark.parametrize("options, named", [
+    ({"beam_size": 0}, "beam_size"), ({"beam_size": 2, "sampling_topk": 3}, "sampling needs beam_size 1"),
+    ({"length_penalty": float("nan")}, "length_penalty"), ({"seed": -1}, "seed"),
+    ({"return_attention": 1}, "return_attention"), ({"num_hypotheses": 3}, "num_hypotheses"),
+])
+def test_a_bad_option_is_refused_before_its_request_queues(dates: Seq2Seq, options: dict, named: str) -> None:
+    """Options were checked only when the batch decoded: a bad one waited in the queue and the batch wait for its
+    400. They are checked as the request comes, as the decode would check them."""
+    from runtime.errors import InputError
+    from serving.batching import token_job
+    from serving.schemas import TranslateRequest
+
+    defaults = TranslateRequest(texts=[]).options()
+    with pytest.raises(InputError, match=named):
+        token_job(dates, ["a"], {**defaults, **options}, MAX_BATCH, 512)
+    assert token_job(dates, ["a"], dict(defaults), MAX_BATCH, 512).options == defaults
+
+
 def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq) -> None:
     """The batcher without Ray: a request that fails while merged is decoded alone, so only it gets the error."""
     from runtime.errors import InputError
