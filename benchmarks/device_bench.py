@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 from bench_outputs import JSON, check_args, publish
 
+from runtime.decode_options import check_decoding_length
 from runtime.errors import InputError, ProviderError, Seq2OnnxError
 from runtime.manifest import read_manifest
 from runtime.model import Seq2Seq
 from runtime.search.beam import MAX_BEAM
-from runtime.tokens import check_decoding_length, encode_sources
+from runtime.tokens import encode_sources
 from runtime.vocab import Vocabulary
 
 

@@ -60,8 +60,8 @@ def check_thread_counts(ctx: click.Context, param: click.Parameter, values: tupl
 def resolve_grid(ctx: click.Context, model_dir: Path, spec: Any, values: dict[str, tuple[int, ...]],
                  contract: Any = None) -> dict:
     """The grid's axes: the values given, else the kind's defaults; values the model cannot take are usage errors."""
+    from runtime.decode_options import decoding_limit
     from runtime.token_steps import contract_for
-    from runtime.tokens import decoding_limit
 
     axes = {name: unique(given) for name, given in values.items()}
     if spec.kind == "points":

@@ -16,6 +16,7 @@ from .contract import (
     GREEDY_FILE,
 )
 from .declared import TokenContract
+from .decode_options import OPTION_NAMES, TRANSLATE_OPTIONS
 from .defaults import INT8
 from .denormals import flushing
 from .errors import InputError, brief
@@ -44,7 +45,7 @@ from .sessions import (
 )
 from .spec import ModelSpec
 from .token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8, FoldedGraphs, Graphs, TokenSteps
-from .tokens import OPTION_NAMES, TRANSLATE_OPTIONS, Translation, load_vocabularies, translate
+from .tokens import Translation, load_vocabularies, translate
 from .workers import Workers, check_workers
 
 FAST_NAMES = frozenset(FAST_FILES.values())

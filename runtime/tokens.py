@@ -1,5 +1,6 @@
 """`Seq2Seq.translate_batch` over a token model's graphs (`runtime.token_steps.TokenSteps`): texts in, n-best
-translations out (greedy, beam or sampling), and the vocabularies and checks around it.
+translations out (greedy, beam or sampling), and the vocabularies and text checks around it (the options'
+checks: `runtime.decode_options`).
 
 `translate`'s options follow CTranslate2's `translate_batch`: `beam_size` (1 = greedy), `num_hypotheses`,
 `length_penalty` (score = sum of log-probs / length ** length_penalty, length counting the eos),
@@ -18,28 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from runtime.search.step import check_int, check_min_length
-
 from .contract import VOCAB_FILES
 from .declared import TokenContract
+from .decode_options import translate_options
 from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
-from .points import BEFORE, MAX_TARGET_LEN, Cancel, check_cancel, stoppable
+from .points import BEFORE, Cancel, check_cancel, stoppable
 from .search import beam_search, greedy_search, sample
-from .search.beam import MAX_BEAM, check_beam
-from .search.filters import check_temperature, check_topp
 from .spec import ModelSpec
 from .token_steps import TokenSteps, contract_for
 from .vocab import VocabError, Vocabulary
 from .workers import Workers
 
 MAX_VOCAB_BYTES = 64 << 20
-TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
-                     "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
-OPTION_NAMES = frozenset(TRANSLATE_OPTIONS)
-CHECKED_OPTIONS = 256  # option sets a model keeps as checked (translate_options); one more empties the memory
-PLAIN_TYPES = frozenset({int, float, bool, type(None)})
 
 
 @dataclass(frozen=True)
@@ -110,12 +103,6 @@ def source_token_limit(spec: ModelSpec, contract: TokenContract | None = None) -
     return contract_for(spec, contract).sources.max_len
 
 
-def decoding_limit(spec: ModelSpec, contract: TokenContract | None = None) -> int:
-    """The most output tokens one decode may ask for: a transformer's max_positions, a declared model's own bound,
-    else MAX_TARGET_LEN (as `seq2onnx serve` and `bench` allow)."""
-    return contract_for(spec, contract).max_decoding_length or MAX_TARGET_LEN
-
-
 def too_long(n: int, spec: ModelSpec, contract: TokenContract | None = None) -> str:
     """Why `n` source tokens (specials included) are refused: the limit, and where it comes from."""
     limit = source_token_limit(spec, contract)
@@ -155,64 +142,6 @@ def encode_sources(texts: list[str], vocab: Vocabulary, spec: ModelSpec,
             if n > rules.max_len:
                 raise InputError(f"texts[{i}]: {too_long(n, spec, contract)}; split the text")
     return ids, lengths
-
-
-def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: TokenContract | None = None) -> int:
-    """max_decoding_length (None: the spec's target_len) as an int >= 1 that the model can produce (a transformer:
-    output token t reads row t of its position table, so at most max_positions tokens)."""
-    default = max_decoding_length is None
-    length = check_int("max_decoding_length", spec.target_len if default else max_decoding_length, 1)
-    limit = decoding_limit(spec, contract)
-    if length > limit:
-        given = f"the default, the spec's target_len {length}," if default else f"{length}"
-        if spec.is_transformer:
-            why = f"this transformer's max_positions {limit} (output token t reads row t of its position table)"
-        elif contract_for(spec, contract).max_decoding_length:
-            why = f"the {limit} tokens this model can produce"
-        else:
-            why = f"{limit}, the most tokens one decode produces (as `seq2onnx serve` and `bench` allow)"
-        raise InputError(f"max_decoding_length: {given} is more than {why}; pass max_decoding_length <= {limit}")
-    return length
-
-
-def translate_options(steps: TokenSteps, *values: Any) -> tuple[int, float, int, float, float]:
-    """translate's options from beam_size to return_attention, in its order, checked: (max_decoding_length,
-    length_penalty, sampling_topk, sampling_topp, sampling_temperature) as it reads them. A set of plain values
-    (int, float, bool, None) that passed for this model is looked up, not checked again: a service sends the same
-    options call after call, and the dozen checks, run cold after a batch-1 graph, cost 15-25 us a call."""
-    types = tuple(map(type, values))
-    if not PLAIN_TYPES.issuperset(types):  # numpy ints, int subclasses, anything unhashable: checked every time
-        return _check_options(steps, *values)
-    key = (values, types)  # the types too: True == 1 and 20.0 == 20, which the checks tell apart
-    cache = steps.checked_options
-    found = cache.get(key)
-    if found is None:
-        found = _check_options(steps, *values)
-        if len(cache) >= CHECKED_OPTIONS:
-            cache.clear()
-        cache[key] = found
-    return found
-
-
-def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, length_penalty: Any,
-                   max_decoding_length: Any, min_decoding_length: Any, sampling_topk: Any, sampling_topp: Any,
-                   sampling_temperature: Any, seed: Any, return_attention: Any) -> tuple[int, float, int, float, float]:
-    """Every check of translate's options, in the order their refusals come."""
-    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
-    check_int("beam_size", beam_size, 1, MAX_BEAM)
-    _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
-    check_min_length(min_decoding_length, max_decoding_length)
-    if not isinstance(return_attention, bool):
-        raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
-    sampling_topk = check_int("sampling_topk", sampling_topk, 0)
-    sampling_topp = check_topp("sampling_topp", sampling_topp)
-    sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
-    if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
-        check_int("seed", seed, 0)
-    if (sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0) and beam_size != 1:
-        raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
-                         "options for beam search")
-    return max_decoding_length, length_penalty, sampling_topk, sampling_topp, sampling_temperature
 
 
 def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any, beam_size: int = 1,

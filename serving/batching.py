@@ -14,17 +14,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, translate_options
 from runtime.errors import Cancelled, InputError, Seq2OnnxError
 from runtime.model import Seq2Seq
 from runtime.points import Cancel, check_mask, check_source, check_target_len
-from runtime.tokens import (
-    TRANSLATE_OPTIONS,
-    Translation,
-    check_texts,
-    encode_sources,
-    translate,
-    translate_options,
-)
+from runtime.tokens import Translation, check_texts, encode_sources, translate
 
 
 class RequestTooLarge(Seq2OnnxError, ValueError):
@@ -114,13 +108,13 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
                          '{"source": [[[x, y], ...]]} to /v1/predict')
     texts = check_texts(texts)
     check_rows(len(texts), "texts", max_rows)
-    unknown = sorted(set(options) - set(TRANSLATE_OPTIONS))
-    if unknown:
+    if not OPTION_NAMES.issuperset(options):
+        unknown = sorted(set(options) - OPTION_NAMES)
         raise InputError(f"options: unknown {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
     for name in ("max_decoding_length", "min_decoding_length"):
         check_length(name, options.get(name), model, max_length)
     # every other option refused here, at once, as the decode would refuse it after the batch wait (a set seen
-    # before is looked up, not checked again: runtime.tokens.translate_options)
+    # before is looked up, not checked again: runtime.decode_options.translate_options)
     translate_options(model.token_steps, *(options.get(name, OPTION_DEFAULTS[name]) for name in TRANSLATE_OPTIONS))
     return TokenJob(texts, options)
 

@@ -1,4 +1,4 @@
-"""translate_batch's options are checked once per set of plain values a model has seen (runtime.tokens.
+"""translate_batch's options are checked once per set of plain values a model has seen (runtime.decode_options.
 translate_options): a service sends the same options call after call. Every refusal still comes, whatever passed
 before: bools against ints, floats against ints, numpy ints, unhashable values."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import TRANSFORMER_MAX_POSITIONS
 
-from runtime import tokens
+from runtime import decode_options
 from runtime.errors import InputError
 from runtime.model import Seq2Seq
 
@@ -21,12 +21,12 @@ def model(transformer_export) -> Seq2Seq:
 def checks(monkeypatch) -> list[tuple]:
     """The option sets that were checked in full."""
     seen: list[tuple] = []
-    real = tokens._check_options
+    real = decode_options._check_options
 
     def spy(steps, *values):
         seen.append(values)
         return real(steps, *values)
-    monkeypatch.setattr(tokens, "_check_options", spy)
+    monkeypatch.setattr(decode_options, "_check_options", spy)
     return seen
 
 
@@ -79,7 +79,7 @@ def test_a_refused_set_is_not_remembered(model: Seq2Seq) -> None:
 
 
 def test_the_memory_is_bounded(model: Seq2Seq, monkeypatch) -> None:
-    monkeypatch.setattr(tokens, "CHECKED_OPTIONS", 3)
+    monkeypatch.setattr(decode_options, "CHECKED_OPTIONS", 3)
     model.token_steps.checked_options.clear()
     for penalty in (0.5, 0.75, 1.0, 1.25, 1.5):
         model.translate_batch(["a"], beam_size=2, length_penalty=penalty, max_decoding_length=3)

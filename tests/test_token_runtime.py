@@ -286,7 +286,7 @@ def test_transformer_refuses_what_its_position_table_cannot_hold(transformer_exp
 
 
 def test_a_default_length_beyond_the_position_table_is_refused_by_name():
-    from runtime.tokens import check_decoding_length
+    from runtime.decode_options import check_decoding_length
 
     spec = ModelSpec(kind="tokens", arch="transformer", d_model=8, d_ff=8, n_heads=2, source_vocab_size=9,
                      target_vocab_size=9, target_len=12, max_positions=10)

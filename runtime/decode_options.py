@@ -1,0 +1,87 @@
+"""translate_batch's options checked (`translate_options`, once per set a model has seen), and the output length a
+model can produce (`decoding_limit`, `check_decoding_length`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .declared import TokenContract
+from .errors import InputError, brief
+from .points import MAX_TARGET_LEN
+from .search.beam import MAX_BEAM, check_beam
+from .search.filters import check_temperature, check_topp
+from .search.step import check_int, check_min_length
+from .spec import ModelSpec
+from .token_steps import contract_for
+
+if TYPE_CHECKING:
+    from .token_steps import TokenSteps
+
+TRANSLATE_OPTIONS = ("beam_size", "num_hypotheses", "length_penalty", "max_decoding_length", "min_decoding_length",
+                     "sampling_topk", "sampling_topp", "sampling_temperature", "seed", "return_attention")
+OPTION_NAMES = frozenset(TRANSLATE_OPTIONS)
+CHECKED_OPTIONS = 256  # option sets a model keeps as checked (translate_options); one more empties the memory
+PLAIN_TYPES = frozenset({int, float, bool, type(None)})
+
+
+def decoding_limit(spec: ModelSpec, contract: TokenContract | None = None) -> int:
+    """The most output tokens one decode may ask for: a transformer's max_positions, a declared model's own bound,
+    else MAX_TARGET_LEN (as `seq2onnx serve` and `bench` allow)."""
+    return contract_for(spec, contract).max_decoding_length or MAX_TARGET_LEN
+
+
+def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: TokenContract | None = None) -> int:
+    """max_decoding_length (None: the spec's target_len) as an int >= 1 that the model can produce (a transformer:
+    output token t reads row t of its position table, so at most max_positions tokens)."""
+    default = max_decoding_length is None
+    length = check_int("max_decoding_length", spec.target_len if default else max_decoding_length, 1)
+    limit = decoding_limit(spec, contract)
+    if length > limit:
+        given = f"the default, the spec's target_len {length}," if default else f"{length}"
+        if spec.is_transformer:
+            why = f"this transformer's max_positions {limit} (output token t reads row t of its position table)"
+        elif contract_for(spec, contract).max_decoding_length:
+            why = f"the {limit} tokens this model can produce"
+        else:
+            why = f"{limit}, the most tokens one decode produces (as `seq2onnx serve` and `bench` allow)"
+        raise InputError(f"max_decoding_length: {given} is more than {why}; pass max_decoding_length <= {limit}")
+    return length
+
+
+def translate_options(steps: TokenSteps, *values: Any) -> tuple[int, float, int, float, float]:
+    """translate's options from beam_size to return_attention, in its order, checked: (max_decoding_length,
+    length_penalty, sampling_topk, sampling_topp, sampling_temperature) as it reads them. A set of plain values
+    (int, float, bool, None) that passed for this model is looked up, not checked again: a service sends the same
+    options call after call, and the dozen checks, run cold after a batch-1 graph, cost 15-25 us a call."""
+    types = tuple(map(type, values))
+    if not PLAIN_TYPES.issuperset(types):  # numpy ints, int subclasses, anything unhashable: checked every time
+        return _check_options(steps, *values)
+    key = (values, types)  # the types too: True == 1 and 20.0 == 20, which the checks tell apart
+    cache = steps.checked_options
+    found = cache.get(key)
+    if found is None:
+        found = _check_options(steps, *values)
+        if len(cache) >= CHECKED_OPTIONS:
+            cache.clear()
+        cache[key] = found
+    return found
+
+
+def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, length_penalty: Any,
+                   max_decoding_length: Any, min_decoding_length: Any, sampling_topk: Any, sampling_topp: Any,
+                   sampling_temperature: Any, seed: Any, return_attention: Any) -> tuple[int, float, int, float, float]:
+    """Every check of translate's options, in the order their refusals come."""
+    max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
+    check_int("beam_size", beam_size, 1, MAX_BEAM)
+    _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
+    check_min_length(min_decoding_length, max_decoding_length)
+    if not isinstance(return_attention, bool):
+        raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
+    sampling_topk = check_int("sampling_topk", sampling_topk, 0)
+    sampling_topp = check_topp("sampling_topp", sampling_topp)
+    sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
+    if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
+        check_int("seed", seed, 0)
+    if (sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0) and beam_size != 1:
+        raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
+                         "options for beam search")
+    return max_decoding_length, length_penalty, sampling_topk, sampling_topp, sampling_temperature
