@@ -83,7 +83,7 @@ class TokenSteps:
         # What a step reads but never feeds back (memory, keys, masks, cross-attention keys/values): beam search
         # expands it once per beam instead of reordering it every step.
         self.constant = frozenset(self.state_names) - frozenset(self.feedback.values())
-        self.checked_options: dict[tuple, tuple] = {}  # translate's option sets that passed (decode_options.translate_options)
+        self.checked_options: dict[tuple, tuple] = {}  # option sets that passed (decode_options.translate_options)
 
     def encode(self, source_ids: np.ndarray, source_lengths: np.ndarray, cancel: Cancel | None = None) -> State:
         """ids (N, L) int64 right-padded, lengths (N,) int64 -> the state the first step reads; with `cancel`, the

@@ -81,12 +81,14 @@ def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None
     """Refuse an output length beyond the server's bound (the model's own default length is always allowed): one
     long beam search would hold a replica, and the requests queued behind it, for minutes."""
     bound = max(max_length, model.spec.target_len)
-    if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return  # the runtime's checks refuse it by type
+    if value > bound:
         raise InputError(f"{name}: at most {bound} on this server (serve --max-decoding-length), got {value}; ask "
                          "for a shorter output")
     low = 0 if name == "min_decoding_length" else 1
-    if isinstance(value, int) and not isinstance(value, bool) and value < low:  # the runtime's message would name
-        raise InputError(f"{name}: expected an int in [{low}, {bound}] on this server, got {value}")  # its own bound
+    if value < low:  # the runtime's message would name its own bound, not this server's
+        raise InputError(f"{name}: expected an int in [{low}, {bound}] on this server, got {value}")
 
 
 def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int,
