@@ -27,6 +27,7 @@ SCORE_RTOL = 1e-5  # merged batches may round a log-prob differently in the last
 POINT_TOL = 1e-6
 MAX_BODY = 64 << 10
 MAX_BATCH = 16
+SERVE_TIMEOUT_S = 30  # Serve's own request timeout on the Ray fixture (its proxy answers 408 past it)
 TEXTS = ["march 3 1999", "3/3/15", "tuesday, march 3 2015", "12 dec 2001", "1/2/03", "july 4, 1776",
          "saturday, january 1 2000", "5.6.07"]
 
@@ -46,7 +47,7 @@ def on_ray() -> Iterator[Served]:
     """Both models deployed on Ray Serve; batches wait 50 ms so that concurrent requests meet."""
     with local_ray():
         port = free_port()  # after Ray has taken its own ports
-        serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 30})
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": SERVE_TIMEOUT_S})
         serve.run(build_app(SQUARES, ServeConfig(**COMMON)), name="points", route_prefix="/points")
         serve.run(build_app(DATES, ServeConfig(**COMMON, replicas=Replicas(2, 2))), name="tokens",
                   route_prefix="/tokens")
@@ -338,15 +339,20 @@ def _replaced(app: str, before: list[str]) -> bool:
 
 @pytest.mark.ray
 def test_killed_replica_is_replaced_and_no_request_hangs(on_ray: Served) -> None:
-    """Four clients post for ~6 s while one of the two replicas is killed: every request ends (200, or an error
-    status with a body) within its timeout, and Serve brings the deployment back to two serving replicas."""
+    """Four clients post for ~6 s while one of the two replicas is killed: every request ends with a status (200, or
+    an error status with a body) before the client gives up, and Serve brings the deployment back to two serving
+    replicas.
+
+    A request under way on the killed replica mostly gets Serve's 500 at once. Ray sometimes loses one instead (1 kill
+    of 15 with a core kept busy, a request sent ~30 ms before the kill); Serve's proxy then answers it 408 at its own
+    request timeout. So the clients wait past that timeout: a request with no answer then is a hang."""
     before = _replica_actors("tokens")
     assert len(before) == 2
     outcomes: list[Any] = []
     stop = time.monotonic() + 6
 
     def client() -> None:
-        with httpx.Client(base_url=on_ray.url, timeout=20) as own:
+        with httpx.Client(base_url=on_ray.url, timeout=SERVE_TIMEOUT_S + 15) as own:
             for _ in range(300):
                 if time.monotonic() > stop:
                     return
@@ -364,12 +370,14 @@ def test_killed_replica_is_replaced_and_no_request_hangs(on_ray: Served) -> None
         time.sleep(0.05)
     ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=2 * SERVE_TIMEOUT_S + 30)
     assert not any(thread.is_alive() for thread in threads)
     statuses = [status for status, _ in outcomes]
     assert all(isinstance(s, int) for s in statuses), [o for o in outcomes if not isinstance(o[0], int)][:3]
     assert statuses.count(200) > 10
-    assert all(s == 200 or (s >= 500 and text) for s, text in outcomes)
+    lost = f"timed out after {float(SERVE_TIMEOUT_S)}s"  # Serve's answer to a request Ray lost with the replica
+    assert all(s == 200 or (s >= 500 and text) or (s == 408 and lost in text) for s, text in outcomes), \
+        [o for o in outcomes if o[0] != 200][:3]
     # Serve notices the dead replica by its health check, then starts another. Until it notices, its status still
     # counts the dead one as RUNNING, so wait for a replica that was not there before, and for it to run.
     deadline = time.monotonic() + 180
