@@ -14,16 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
 from .common import Interrupted, StoppedBySigterm
+from .run_logs import torchrun_logs
 from .train_options import flag, given
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")
@@ -232,37 +231,36 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
     def all_stopped() -> str:  # what was kept, as it is when the run stops
         return f"every process of the run has stopped; {_kept(state_file)}"
 
-    logs = tempfile.mkdtemp(prefix="seq2onnx-torchrun-")  # torchrun's own (its ranks' error files), else it leaves
-    try:  # a /tmp/torchelastic_* directory behind after every run
-        run(parse_args(["--log-dir", logs, *torchrun_args(launch, forwarded_args(ctx))]))
-    except RendezvousTimeoutError:
-        raise click.ClickException(f"not all {nodes} machines joined the rendezvous at {endpoint} within {wait_s} s; "
-                                   "start the same command on each (--rdzv-timeout waits longer); "
-                                   f"{_kept(state_file)}") from None
-    except (RendezvousError, DistError) as err:  # the rendezvous host is unreachable, or went away
-        raise click.ClickException(f"the rendezvous at {endpoint} failed: {_first_line(err)}; "
-                                   f"{_kept(state_file)}") from None
-    except ChildFailedError as err:
-        main = err.failures.get(0)
-        if main is not None and all(f.exitcode > 0 for f in err.failures.values()):
-            # Rank 0 ran here and said what went wrong (a usage or data error, a lost peer, and what was kept);
-            # the other ranks ended with it. Its status is the run's, without a second message.
-            raise click.exceptions.Exit(main.exitcode) from None
-        rank, failure = _root_failure(err.failures)
-        how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
-               else f"exited with status {failure.exitcode}")
-        failed = click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every process "
-                                      f"of the run has stopped (any message of theirs is above); {_kept(state_file)}")
-        failed.exit_code = failure.exitcode if failure.exitcode == click.UsageError.exit_code else 1  # stays usage
-        raise failed from None
-    except SignalException as err:
-        if err.sigval == signal.SIGTERM:
-            raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped()}") from None
-        raise Interrupted(f"interrupted; {all_stopped()}") from None
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; {all_stopped()}") from None
-    finally:
-        shutil.rmtree(logs, ignore_errors=True)
+    with torchrun_logs() as logs:  # torchrun's own (its ranks' error files): removed however the run ends
+        try:
+            run(parse_args(["--log-dir", logs, *torchrun_args(launch, forwarded_args(ctx))]))
+        except RendezvousTimeoutError:
+            raise click.ClickException(f"not all {nodes} machines joined the rendezvous at {endpoint} within "
+                                       f"{wait_s} s; start the same command on each (--rdzv-timeout waits longer); "
+                                       f"{_kept(state_file)}") from None
+        except (RendezvousError, DistError) as err:  # the rendezvous host is unreachable, or went away
+            raise click.ClickException(f"the rendezvous at {endpoint} failed: {_first_line(err)}; "
+                                       f"{_kept(state_file)}") from None
+        except ChildFailedError as err:
+            main = err.failures.get(0)
+            if main is not None and all(f.exitcode > 0 for f in err.failures.values()):
+                # Rank 0 ran here and said what went wrong (a usage or data error, a lost peer, and what was kept);
+                # the other ranks ended with it. Its status is the run's, without a second message.
+                raise click.exceptions.Exit(main.exitcode) from None
+            rank, failure = _root_failure(err.failures)
+            how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
+                   else f"exited with status {failure.exitcode}")
+            failed = click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every "
+                                          "process of the run has stopped (any message of theirs is above); "
+                                          f"{_kept(state_file)}")
+            failed.exit_code = failure.exitcode if failure.exitcode == click.UsageError.exit_code else 1  # stays usage
+            raise failed from None
+        except SignalException as err:
+            if err.sigval == signal.SIGTERM:
+                raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped()}") from None
+            raise Interrupted(f"interrupted; {all_stopped()}") from None
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted; {all_stopped()}") from None
 
 
 def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ import ddp_worker
 import pytest
 import torch
 
+from cli.run_logs import LOGS_PREFIX, sweep_torchrun_logs
 from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.vocab import PAD
 from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
@@ -449,7 +451,8 @@ def test_with_max_restarts_a_killed_rank_is_replaced_and_the_run_resumes_itself(
     assert not partial_dir(out).exists()
 
 
-def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launched: Any, tmp_path: Path) -> None:
+def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launched: Any, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "ckpt"
     run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "50", "--out", "ckpt", "--nproc-per-node", "2"))
     wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
@@ -465,6 +468,11 @@ def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launc
     assert f"Error: stopped: its launcher (pid {run_.proc.pid}) died during epoch" in said, said
     assert said.count("Error") == 1, said
     assert load_train_state(partial_dir(out) / CHECKPOINT_STATE_FILE)["epoch"] >= 1
+    # its torchrun log directory stayed behind; the next run's launcher removes it (as sweep_torchrun_logs here)
+    left = [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith(LOGS_PREFIX)]
+    assert len(left) == 1, left
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    assert sweep_torchrun_logs() == left
 
 
 @pytest.mark.parametrize(("sent", "code", "rank_says", "launcher_says"), [

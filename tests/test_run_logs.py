@@ -1,0 +1,67 @@
+"""torchrun's log directory for a `train --nproc-per-node` run (cli.run_logs): removed when the run ends, and by a
+later run where the launcher was killed outright, never while its launcher lives. Real processes and real flocks;
+no torch (tests/test_distributed.py kills a real launcher)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cli.run_logs import HELD, LOGS_PREFIX, sweep_torchrun_logs, torchrun_logs
+
+ROOT = Path(__file__).resolve().parents[1]
+HOLDER = ("import sys, time; from cli.run_logs import torchrun_logs\n"
+          "with torchrun_logs() as logs:\n    print(logs, flush=True)\n    time.sleep(120)\n")
+
+
+@pytest.fixture
+def temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temp directory of this process and of the processes it starts."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return tmp_path
+
+
+def _runs(temp: Path) -> list[str]:
+    return sorted(p.name for p in temp.iterdir() if p.name.startswith(LOGS_PREFIX))
+
+
+def test_the_directory_is_held_while_the_run_lasts_and_removed_after_however_it_ends(temp: Path) -> None:
+    with torchrun_logs() as logs:
+        assert Path(logs).parent == temp and (Path(logs) / HELD).is_file()
+        assert sweep_torchrun_logs() == [] and Path(logs).is_dir()  # its own launcher holds it
+    assert _runs(temp) == []
+    with pytest.raises(KeyError), torchrun_logs() as logs:
+        raise KeyError("the run failed")
+    assert _runs(temp) == []
+
+
+def test_a_killed_launchers_directory_goes_at_the_next_sweep_a_living_ones_stays(temp: Path) -> None:
+    holders = [subprocess.Popen([sys.executable, "-c", HOLDER], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    try:
+        dirs = [Path(h.stdout.readline().strip()) for h in holders]  # type: ignore[union-attr]
+        assert all(d.parent == temp and (d / HELD).is_file() for d in dirs)
+        not_a_run = temp / f"{LOGS_PREFIX}other"  # no HELD: not a run's, or one being made
+        not_a_run.mkdir()
+        (temp / f"{LOGS_PREFIX}file").write_text("")
+        assert sweep_torchrun_logs() == []
+        os.kill(holders[0].pid, signal.SIGKILL)  # no finally, no cleanup: its directory stays behind
+        holders[0].wait(10)
+        assert dirs[0].is_dir()
+        assert sweep_torchrun_logs() == [dirs[0]]
+        assert not dirs[0].exists() and dirs[1].is_dir() and not_a_run.is_dir()
+        with torchrun_logs():  # a run sweeps first: the second holder's directory is still its own
+            assert dirs[1].is_dir()
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait(10)
+    with torchrun_logs():
+        assert not dirs[1].exists()  # its holder was killed too: the next run removed it
+    assert _runs(temp) == sorted([not_a_run.name, f"{LOGS_PREFIX}file"])
