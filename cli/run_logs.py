@@ -38,6 +38,8 @@ def sweep_torchrun_logs() -> list[Path]:
     """Remove the run log directories in the temp directory whose launcher is gone; returns them."""
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{LOGS_PREFIX}*"):
+        if path.is_symlink():  # never a run's: runs make real directories
+            continue
         try:
             fd = os.open(path / HELD, os.O_RDWR)
         except OSError:  # being made or removed, or not a run's

@@ -50,12 +50,16 @@ def test_a_killed_launchers_directory_goes_at_the_next_sweep_a_living_ones_stays
         not_a_run = temp / f"{LOGS_PREFIX}other"  # no HELD: not a run's, or one being made
         not_a_run.mkdir()
         (temp / f"{LOGS_PREFIX}file").write_text("")
+        elsewhere = temp / "elsewhere"  # a link to a directory that looks like a gone run's: neither is touched
+        elsewhere.mkdir()
+        (elsewhere / HELD).write_text("")
+        (temp / f"{LOGS_PREFIX}link").symlink_to(elsewhere)
         assert sweep_torchrun_logs() == []
         os.kill(holders[0].pid, signal.SIGKILL)  # no finally, no cleanup: its directory stays behind
         holders[0].wait(10)
         assert dirs[0].is_dir()
         assert sweep_torchrun_logs() == [dirs[0]]
-        assert not dirs[0].exists() and dirs[1].is_dir() and not_a_run.is_dir()
+        assert not dirs[0].exists() and dirs[1].is_dir() and not_a_run.is_dir() and (elsewhere / HELD).is_file()
         with torchrun_logs():  # a run sweeps first: the second holder's directory is still its own
             assert dirs[1].is_dir()
     finally:
@@ -64,4 +68,4 @@ def test_a_killed_launchers_directory_goes_at_the_next_sweep_a_living_ones_stays
             holder.wait(10)
     with torchrun_logs():
         assert not dirs[1].exists()  # its holder was killed too: the next run removed it
-    assert _runs(temp) == sorted([not_a_run.name, f"{LOGS_PREFIX}file"])
+    assert _runs(temp) == sorted([not_a_run.name, f"{LOGS_PREFIX}file", f"{LOGS_PREFIX}link"])
