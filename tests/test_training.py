@@ -556,6 +556,19 @@ def test_sigterm_stops_training_as_ctrl_c_does_and_exits_143(tmp_path: Path) -> 
     assert "Traceback" not in stderr and not out.exists() and load_train_state(state)["epoch"] >= 0
 
 
+def test_a_run_stopped_before_any_save_says_so_in_the_launchers_words(tmp_path: Path) -> None:
+    """One process (and rank 0 under torchrun) and the launcher (cli.launch._kept) name what was kept alike."""
+    from cli.launch import _kept
+    from training.distributed import Terminated
+    from training.ranks import stopped_early
+
+    missing = tmp_path / "ckpt.partial" / "train_state.pt"
+    for err, why in ((KeyboardInterrupt(), "interrupted"), (Terminated(), "stopped by SIGTERM")):
+        said = str(stopped_early(err, 0, missing, None))
+        assert said == f"{why} during epoch 0; no training state was saved yet; rerun to start again", said
+        assert _kept(missing).startswith("no training state was saved yet")
+
+
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([*cli_command(), "train", "--data", str(tmp_path / "nope.npz")],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)

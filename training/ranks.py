@@ -131,7 +131,7 @@ def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist |
         return QuietExit(RunStopped.exit_code)
     why = why_stopped(err, dist)  # (first: it waits a moment to tell a dead launcher from torchrun's stop)
     hint = (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue"
-            if state_file.exists() else "no state was saved yet; rerun to start again")
+            if state_file.exists() else "no training state was saved yet; rerun to start again")
     left = 0 if dist is None or dist.launcher_died() else _restarts_left()
     restarting = left > 0 and isinstance(err, PeerFailedError)  # torchrun restarts after a failure, not a stop
     if restarting:
