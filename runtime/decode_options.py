@@ -23,6 +23,12 @@ CHECKED_OPTIONS = 256  # option sets a model keeps as checked (translate_options
 PLAIN_TYPES = frozenset({int, float, bool, type(None)})
 
 
+def samples(sampling_topk: Any = 1, sampling_topp: Any = 1.0, sampling_temperature: Any = 1.0) -> bool:
+    """Whether these options draw tokens at random (any of them off its default): a beam cannot, a service decodes
+    such a request alone, and offline inference keeps its chunks as in-process infer cuts them."""
+    return sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
+
+
 def decoding_limit(spec: ModelSpec, contract: TokenContract | None = None) -> int:
     """The most output tokens one decode may ask for: a transformer's max_positions, a declared model's own bound,
     else MAX_TARGET_LEN (as `seq2onnx serve` and `bench` allow)."""
@@ -81,7 +87,7 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
     sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
     if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
         check_int("seed", seed, 0)
-    if (sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0) and beam_size != 1:
+    if beam_size != 1 and samples(sampling_topk, sampling_topp, sampling_temperature):
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")
     return max_decoding_length, length_penalty, sampling_topk, sampling_topp, sampling_temperature

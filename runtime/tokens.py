@@ -21,7 +21,7 @@ import numpy as np
 
 from .contract import VOCAB_FILES
 from .declared import TokenContract
-from .decode_options import translate_options
+from .decode_options import samples, translate_options
 from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest, read_regular_file, sha256_bytes
@@ -160,7 +160,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         steps, beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length, sampling_topk,
         sampling_topp, sampling_temperature, seed, return_attention)  # every option checked, even for no texts
     check_cancel(cancel, len(texts))
-    sampling = sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
+    sampling = samples(sampling_topk, sampling_topp, sampling_temperature)
     fast = steps.fast is not None and not return_attention  # the fast graphs carry no attention weights
     own, steps = steps, steps.fast if fast else steps
     if not texts:

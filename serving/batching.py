@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, translate_options
+from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, samples, translate_options
 from runtime.errors import Cancelled, InputError, Seq2OnnxError
 from runtime.model import Seq2Seq
 from runtime.points import Cancel, check_mask, check_source, check_target_len
@@ -65,7 +65,7 @@ class TokenJob:
     def key(self) -> tuple[Any, ...] | None:
         """Requests with equal keys decode together; None (sampling) decodes alone."""
         o = self.options
-        if o["sampling_topk"] != 1 or o["sampling_topp"] != 1.0 or o["sampling_temperature"] != 1.0:
+        if samples(o["sampling_topk"], o["sampling_topp"], o["sampling_temperature"]):
             return None
         return tuple(repr(o[name]) for name in TRANSLATE_OPTIONS)
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
+from runtime.decode_options import samples
 from runtime.infer_tokens import Item, batch_seed, batches, record, source_columns
 from runtime.model import Seq2Seq
 
@@ -49,8 +50,7 @@ class Plan:
     def sampling(self) -> bool:
         """True when tokens are drawn at random, so chunks must stay as in-process infer cuts them."""
         o = self.options
-        return (o.get("sampling_topk", 1) != 1 or o.get("sampling_topp", 1.0) != 1.0
-                or o.get("sampling_temperature", 1.0) != 1.0)  # as runtime.tokens decides
+        return samples(o.get("sampling_topk", 1), o.get("sampling_topp", 1.0), o.get("sampling_temperature", 1.0))
 
     @property
     def gpus(self) -> int:
