@@ -33,6 +33,7 @@ from .allocator import SYSTEM
 from .allocator import choose as choose_allocator
 from .cluster import check_reachable
 from .common import FiniteFloatRange, require
+from .serve_ray import STOP_RESERVE_S
 
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = ("head", "every-node")
@@ -137,9 +138,10 @@ def check_model(model_dir: Path, provider: str) -> str:
                    "it is answered 503 with Retry-After at once.")
 @click.option("--shutdown-timeout", type=FiniteFloatRange(0, 3600), default=None,
               help=f"On Ctrl-C or SIGTERM, how long stopping may take. In this process: the requests under way "
-                   f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s). On Ray: a start-up step under way, removing the "
-                   f"deployment and stopping the Ray started here (default {DEFAULT_RAY_SHUTDOWN_TIMEOUT_S:g} s); "
-                   "past it (0: at once), or on a second signal, the processes this command started are killed.")
+                   f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s). On Ray: a start-up step under way, the requests "
+                   f"under way (for all but {STOP_RESERVE_S:g} s of it), removing the deployment and stopping the "
+                   f"Ray started here (default {DEFAULT_RAY_SHUTDOWN_TIMEOUT_S:g} s); past it (0: at once), or on a "
+                   "second signal, the processes this command started are killed.")
 @click.option("--allocator", default="auto", show_default=True,
               help="This process's C allocator (Linux): mimalloc (the serve extra installs it) makes onnxruntime's "
                    "many small allocations cheaper (the dates transformer over HTTP: ~5-12% more requests/s at "

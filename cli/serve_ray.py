@@ -17,6 +17,9 @@ from .ray_stop import Stop, drive
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first
+# Of --shutdown-timeout, what stopping Serve and the Ray started here takes after the replicas drained (~3-5 s here):
+# the replicas may finish the requests under way for the rest
+STOP_RESERVE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -40,15 +43,17 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) 
     note = "" if plan.address is None else (f"; the application {plan.name!r} may still run on the cluster at "
                                             f"{plan.address} (serve.delete({plan.name!r}) removes it)")
     served: list[bool] = []
-    signum = drive(lambda stop: served.append(_serve(plan, config, stop)), shutdown_timeout_s, "serve",
+    drain_s = max(0.0, shutdown_timeout_s - STOP_RESERVE_S)
+    signum = drive(lambda stop: served.append(_serve(plan, config, drain_s, stop)), shutdown_timeout_s, "serve",
                    "--shutdown-timeout ", note)
     if signum is not None and not served[0]:
         stop = stop_for(signum)
         raise stop(f"serve: {stop.says} while starting; what had started is stopped")
 
 
-def _serve(plan: RayPlan, config: ServeConfig, stop: Stop) -> bool:
-    """The Ray thread: start, deploy, serve until asked to stop, stop. True when it served (it was ready)."""
+def _serve(plan: RayPlan, config: ServeConfig, drain_s: float, stop: Stop) -> bool:
+    """The Ray thread: start, deploy, serve until asked to stop, stop (the replicas finish the requests under way
+    for up to `drain_s`). True when it served (it was ready)."""
     import ray
     from ray import serve
 
@@ -67,7 +72,7 @@ def _serve(plan: RayPlan, config: ServeConfig, stop: Stop) -> bool:
         deployed = True  # from here on, what is on the cluster under `name` is ours to remove
         http = {"host": plan.host, "port": plan.port,
                 "request_timeout_s": config.request_timeout_s + SERVE_TIMEOUT_MARGIN_S}
-        _deploy(plan, config, http)
+        _deploy(plan, config, http, drain_s)
         if stop.requested.is_set():
             return False
         under = plan.route_prefix.rstrip("/")
@@ -142,14 +147,14 @@ def _resolve_replicas(text: str, num_cpus: float) -> Replicas:
     return parse_replicas(text, ray.cluster_resources().get("CPU"), num_cpus)
 
 
-def _deploy(plan: RayPlan, config: ServeConfig, http: dict[str, Any]) -> None:
+def _deploy(plan: RayPlan, config: ServeConfig, http: dict[str, Any], drain_s: float) -> None:
     """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
     from ray import serve
 
     from serving.app import build_app
 
     serve.start(http_options=http, proxy_location=PROXY_LOCATIONS[plan.proxy_location])
-    app = build_app(None if plan.address is not None else plan.model_dir, config)  # None: each replica's workdir
+    app = build_app(None if plan.address is not None else plan.model_dir, config, drain_s)  # None: replicas' workdir
     try:
         serve.run(app, name=plan.name, route_prefix=plan.route_prefix)
     except Exception as exc:  # Serve raises its own types for a deployment that failed to start
@@ -171,9 +176,8 @@ def _stop(name: str, on_cluster: bool) -> None:
     from ray import serve
 
     try:
-        if on_cluster:
-            serve.delete(name)
-        else:
+        serve.delete(name)  # the replicas finish the requests under way (the proxy still answers them), then go
+        if not on_cluster:
             serve.shutdown()
     except Exception as exc:  # stopping must not hide why we stop; say what could not be cleaned
         click.echo(f"serve: note: could not stop Serve cleanly ({_first_line(exc)})", err=True)

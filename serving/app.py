@@ -18,12 +18,14 @@ from runtime.errors import InputError
 from runtime.model import Seq2Seq
 
 from .answers import predict_body, translate_body
-from .config import ServeConfig
+from .config import ServeConfig, check_number
 from .http import create_app
 from .schemas import TranslateRequest
 from .service import Service, serve_in_this_process
 
 app = create_app()
+DEFAULT_DRAIN_TIMEOUT_S = 20.0  # Serve's own default
+DRAIN_POLL_S = 0.1
 
 
 @serve.deployment
@@ -49,9 +51,12 @@ class Seq2SeqService:
         return translate_body(self.service, done)["translations"]
 
 
-def build_app(model_dir: str | Path | None, config: ServeConfig = ServeConfig()) -> Application:
+def build_app(model_dir: str | Path | None, config: ServeConfig = ServeConfig(),
+              drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> Application:
     """The application for `serve.run`: replicas, CPUs and batching from `config`. model_dir None loads from each
-    replica's working directory: the model shipped with `ray.init(runtime_env={"working_dir": model_dir})`."""
+    replica's working directory: the model shipped with `ray.init(runtime_env={"working_dir": model_dir})`.
+    Removed (`serve.delete`), a replica takes no new request and finishes those under way for up to
+    `drain_timeout_s`, looking every DRAIN_POLL_S (Serve's default looks every 2 s)."""
     if config.workers != 1:
         raise InputError(f"workers: {config.workers} copies of the model in one process are for the one-process "
                          "server; on Ray Serve every replica holds a copy: set how many with replicas and leave "
@@ -60,6 +65,9 @@ def build_app(model_dir: str | Path | None, config: ServeConfig = ServeConfig())
     scaling: dict[str, Any] = ({"num_replicas": replicas.low} if replicas.fixed else {"autoscaling_config": {
         "min_replicas": replicas.low, "max_replicas": replicas.high,
         "target_ongoing_requests": config.max_batch_size}})
+    check_number("drain_timeout_s", drain_timeout_s, 0, 3600)
     deployment = Seq2SeqService.options(max_ongoing_requests=config.max_ongoing_requests,
-                                        ray_actor_options={"num_cpus": config.num_cpus}, **scaling)
+                                        ray_actor_options={"num_cpus": config.num_cpus},
+                                        graceful_shutdown_timeout_s=drain_timeout_s,
+                                        graceful_shutdown_wait_loop_s=DRAIN_POLL_S, **scaling)
     return deployment.bind(None if model_dir is None else str(Path(model_dir).resolve()), config)

@@ -54,15 +54,15 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise InputError(f"provider: expected one of {list(PROVIDERS)}, got {brief(self.provider)}")
-        _check_number("num_cpus", self.num_cpus, 0.01, float(os.cpu_count() or 1) * 1024)
-        _check_number("max_batch_size", self.max_batch_size, 1, MAX_BATCH_LIMIT, integer=True)
-        _check_number("batch_wait_ms", self.batch_wait_ms, 0.0, 10_000.0)
-        _check_number("max_body_bytes", self.max_body_bytes, 1024, 1 << 30, integer=True)
-        _check_number("max_decoding_length", self.max_decoding_length, 1, MAX_TARGET_LEN, integer=True)
-        _check_number("max_queue", self.max_queue, 1, MAX_QUEUE_LIMIT, integer=True)
-        _check_number("request_timeout_s", self.request_timeout_s, 0.01, 3600.0)
-        _check_number("body_timeout_s", self.body_timeout_s, 0.01, 3600.0)
-        _check_number("workers", self.workers, 1, MAX_WORKERS, integer=True)
+        check_number("num_cpus", self.num_cpus, 0.01, float(os.cpu_count() or 1) * 1024)
+        check_number("max_batch_size", self.max_batch_size, 1, MAX_BATCH_LIMIT, integer=True)
+        check_number("batch_wait_ms", self.batch_wait_ms, 0.0, 10_000.0)
+        check_number("max_body_bytes", self.max_body_bytes, 1024, 1 << 30, integer=True)
+        check_number("max_decoding_length", self.max_decoding_length, 1, MAX_TARGET_LEN, integer=True)
+        check_number("max_queue", self.max_queue, 1, MAX_QUEUE_LIMIT, integer=True)
+        check_number("request_timeout_s", self.request_timeout_s, 0.01, 3600.0)
+        check_number("body_timeout_s", self.body_timeout_s, 0.01, 3600.0)
+        check_number("workers", self.workers, 1, MAX_WORKERS, integer=True)
         if not 1 <= self.replicas.low <= self.replicas.high:
             raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")
 
@@ -78,7 +78,7 @@ class ServeConfig:
         return self.max_queue + self.max_batch_size
 
 
-def _check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> None:
+def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
         kind = "an integer" if integer else "a number"

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -177,6 +178,34 @@ def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Pat
     assert process.returncode == 143, said[-3000:]
     assert "serve: Ray did not stop within --shutdown-timeout 0.2 s: killed the" in said, said[-3000:]
     assert "Traceback" not in said and not left, (left, said[-3000:])
+
+
+# a decode of ~3 s on one thread (10,000 steps of 96 beams)
+LONG = {"texts": ["3/3/15"], "beam_size": 96, "min_decoding_length": 10_000, "max_decoding_length": 10_000}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("shutdown_timeout", [None, "10.5"], ids=["drained", "past-the-drain"])
+def test_sigterm_on_ray_lets_the_decode_under_way_finish(launch, shutdown_timeout: str | None) -> None:
+    """SIGTERM while a replica decodes a request of ~3 s: the replicas finish what is under way, then Serve and Ray
+    stop (Serve's proxy was killed at once before, and the client's connection dropped). --shutdown-timeout less 10 s
+    bounds that drain: at 10.5 the request is cut off after ~0.5 s, answered by Serve's 500, and the command still
+    exits 0 within the timeout."""
+    port = free_port()
+    process = launch(str(DATES), "--ray", "--port", str(port), "--max-decoding-length", "10000",
+                     *(("--shutdown-timeout", shutdown_timeout) if shutdown_timeout else ()))
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(httpx.post, f"http://127.0.0.1:{port}/v1/translate", json=LONG, timeout=60)
+        time.sleep(0.8)  # the decode under way
+        signalled = time.monotonic()
+        stop(process, signal.SIGTERM)
+        stopped = time.monotonic() - signalled
+        reply = long.result()
+    if shutdown_timeout is None:
+        assert reply.status_code == 200, reply.text[:300]
+        assert len(reply.json()["translations"][0][0]["tokens"]) == 10_000
+    else:
+        assert reply.status_code == 500 and stopped < 10.5, (reply.status_code, reply.text[:300], stopped)
 
 
 @pytest.mark.ray

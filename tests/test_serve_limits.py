@@ -306,3 +306,14 @@ def test_config_refuses_a_bad_body_timeout(value: Any) -> None:
 
     with pytest.raises(InputError, match=r"^body_timeout_s: expected"):
         ServeConfig(body_timeout_s=value)
+
+
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), 3601, True, "30", None])
+def test_build_app_refuses_a_bad_drain_timeout(value: Any) -> None:
+    pytest.importorskip("ray.serve")
+    from runtime.errors import InputError
+    from serving.app import build_app
+
+    with pytest.raises(InputError, match=r"^drain_timeout_s: expected a number from 0 to 3600, got "):
+        build_app(DATES, ServeConfig(), value)
+
