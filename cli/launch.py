@@ -288,6 +288,6 @@ def _first_line(err: BaseException) -> str:
 
 def _kept(state_file: Path) -> str:
     if state_file.is_file():
-        return (f"the last saved state is in {str(state_file)!r}: rerun with --resume to continue (with any number "
+        return (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue (with any number "
                 "of processes)")
-    return "no training state was saved yet: rerun to start again"
+    return "no training state was saved yet; rerun to start again"

@@ -556,8 +556,9 @@ def test_sigterm_stops_training_as_ctrl_c_does_and_exits_143(tmp_path: Path) -> 
     assert "Traceback" not in stderr and not out.exists() and load_train_state(state)["epoch"] >= 0
 
 
-def test_a_run_stopped_before_any_save_says_so_in_the_launchers_words(tmp_path: Path) -> None:
-    """One process (and rank 0 under torchrun) and the launcher (cli.launch._kept) name what was kept alike."""
+def test_a_run_stopped_says_what_was_kept_in_the_launchers_words(tmp_path: Path) -> None:
+    """One process (and rank 0 under torchrun) and the launcher (cli.launch._kept) name what was kept alike, with
+    the same punctuation, whether or not a state was saved."""
     from cli.launch import _kept
     from training.distributed import Terminated
     from training.ranks import stopped_early
@@ -566,7 +567,11 @@ def test_a_run_stopped_before_any_save_says_so_in_the_launchers_words(tmp_path: 
     for err, why in ((KeyboardInterrupt(), "interrupted"), (Terminated(), "stopped by SIGTERM")):
         said = str(stopped_early(err, 0, missing, None))
         assert said == f"{why} during epoch 0; no training state was saved yet; rerun to start again", said
-        assert _kept(missing).startswith("no training state was saved yet")
+    assert said.endswith(f"; {_kept(missing)}"), (said, _kept(missing))
+    saved = tmp_path / "train_state.pt"
+    saved.write_bytes(b"")
+    kept, said = _kept(saved), str(stopped_early(KeyboardInterrupt(), 0, saved, None))
+    assert kept.startswith(said.split("; ", 1)[1]), (said, kept)  # the launcher adds "(with any number of processes)"
 
 
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:
