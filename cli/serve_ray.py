@@ -87,7 +87,7 @@ def _serve(plan: RayPlan, config: ServeConfig, drain_s: float, stop: Stop) -> bo
     finally:
         stop.stopping.set()
         if deployed or (started and ray.is_initialized()):
-            _stop(plan.name, on_cluster=not started)
+            _stop(plan.name, deployed, on_cluster=not started)
         if started:
             ray.shutdown()
 
@@ -171,12 +171,18 @@ def _describe(replicas: Replicas) -> str:
             else f"{replicas.low} to {replicas.high} replicas (autoscaling)")
 
 
-def _stop(name: str, on_cluster: bool) -> None:
-    """Remove what this command deployed: its application on a shared cluster, all of Serve on its own Ray."""
+def _stop(name: str, deployed: bool, on_cluster: bool) -> None:
+    """Remove what this command deployed: its application (whose replicas finish the requests under way while
+    Serve's proxy still passes their answers on), then, on its own Ray, all of Serve."""
     from ray import serve
 
     try:
-        serve.delete(name)  # the replicas finish the requests under way (the proxy still answers them), then go
+        if deployed:
+            try:
+                serve.delete(name)
+            except Exception:  # on its own Ray (stopped while Serve started, say), serve.shutdown removes it all
+                if on_cluster:
+                    raise
         if not on_cluster:
             serve.shutdown()
     except Exception as exc:  # stopping must not hide why we stop; say what could not be cleaned

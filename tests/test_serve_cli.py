@@ -154,6 +154,7 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path: Path, when: str
     refused = [line for line in said.splitlines()  # click's "Error: ...", but for the one-line message
                if line.startswith("Error:") and "stopped by SIGTERM while starting" not in line]
     assert "Traceback" not in said and not refused and not left, (left, said[-3000:])
+    assert "could not stop Serve cleanly" not in said, said[-3000:]
 
 
 @pytest.mark.ray
