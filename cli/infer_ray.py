@@ -49,7 +49,7 @@ from .infer_tokens import (
     model_kind,
     refuse_token_options,
 )
-from .ray_stop import Stop, drive
+from .ray_stop import Stop, drive, keep_group_signals_from_ray
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
 # where the driver already reports its error as one line.
@@ -207,6 +207,7 @@ def ray_session(address: str | None, model_dir: str | None, stop: Stop) -> Itera
         check_reachable(address)
     try:
         if address is None:
+            keep_group_signals_from_ray()
             ray.init(address="local", num_cpus=max_threads(), include_dashboard=False, **QUIET)
         else:
             ray.init(address=address, runtime_env={"working_dir": model_dir} if model_dir else None, **QUIET)

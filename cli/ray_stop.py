@@ -83,6 +83,18 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
     return stop.signals[0] if stop.signals else None
 
 
+def keep_group_signals_from_ray() -> None:
+    """Block SIGTERM on this thread, the Ray thread, before it starts a local Ray. The processes Ray starts inherit
+    the mask (and the workers its raylet starts, theirs), so a SIGTERM sent to the whole process group (`timeout`,
+    `kill -TERM -PGID`, systemd's default KillMode=control-group) reaches only this command, which stops them in
+    order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under Serve:
+    `serve --ray` waited out --shutdown-timeout, then killed everything (exit 143), and the requests under way were
+    lost. The cost: `ray.shutdown` gives each of its processes a second to take SIGTERM before it kills them."""
+    if threading.current_thread() is threading.main_thread():
+        raise RuntimeError("keep_group_signals_from_ray: the main thread takes the signals; call it on the Ray thread")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
 def _not_main_thread(record: logging.LogRecord) -> bool:
     """Drops Ray's warning that it set no SIGTERM handler off the main thread: on purpose here."""
     return "SIGTERM handler is not set" not in record.getMessage()

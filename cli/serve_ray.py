@@ -13,13 +13,14 @@ from serving.config import Replicas, ServeConfig, parse_replicas
 
 from .cluster import join_failed
 from .common import stop_for
-from .ray_stop import Stop, drive
+from .ray_stop import Stop, drive, keep_group_signals_from_ray
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first
-# Of --shutdown-timeout, what stopping Serve and the Ray started here takes after the replicas drained (~3-5 s here):
-# the replicas may finish the requests under way for the rest
-STOP_RESERVE_S = 10.0
+# Of --shutdown-timeout, what stopping Serve and the Ray started here takes after the replicas drained (~7-8 s here:
+# ray.shutdown gives each of its processes a second for the SIGTERM they block, keep_group_signals_from_ray): the
+# replicas may finish the requests under way for the rest
+STOP_RESERVE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) 
                                             f"{plan.address} (serve.delete({plan.name!r}) removes it)")
     served: list[bool] = []
     drain_s = max(0.0, shutdown_timeout_s - STOP_RESERVE_S)
+    if drain_s == 0:
+        click.echo(f"serve: note: --shutdown-timeout {shutdown_timeout_s:g} leaves the replicas no time to finish the "
+                   f"requests under way when it stops (stopping Serve and Ray takes up to {STOP_RESERVE_S:g} s of it)",
+                   err=True)
     signum = drive(lambda stop: served.append(_serve(plan, config, drain_s, stop)), shutdown_timeout_s, "serve",
                    "--shutdown-timeout ", note)
     if signum is not None and not served[0]:
@@ -113,6 +118,7 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
 
     try:
         if address is None:
+            keep_group_signals_from_ray()
             ray.init(address="local", include_dashboard=False)  # never attach to a Ray someone else runs here
         else:
             ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})

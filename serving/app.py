@@ -25,7 +25,7 @@ from .service import Service, serve_in_this_process
 
 app = create_app()
 DEFAULT_DRAIN_TIMEOUT_S = 20.0  # Serve's own default
-DRAIN_POLL_S = 0.1
+DRAIN_POLL_S = 0.5  # Serve logs a line at each look while requests are under way
 
 
 @serve.deployment
