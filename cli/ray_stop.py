@@ -10,6 +10,7 @@ signal, or a stop that outlasts its deadline, kills the processes this command s
 at once."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -57,6 +58,7 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
             failure.append(exc)
 
     logging.getLogger("ray._private.worker").addFilter(_not_main_thread)
+    _keep_sigterm_ours()
     thread = threading.Thread(target=run, name="seq2onnx-ray", daemon=True)
     previous = {sig: signal.signal(sig, stop.on_signal) for sig in SIGNALS}
     try:
@@ -81,6 +83,19 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
     if failure:
         raise failure[0]
     return stop.signals[0] if stop.signals else None
+
+
+def _keep_sigterm_ours() -> None:
+    """Ray's core worker, as the driver connects, puts absl's failure handler on SIGTERM (it logs a stack and aborts:
+    exit 134, nothing stopped), which stayed until the main thread put ours back after ray.init returned: a SIGTERM
+    0-0.4 s after Ray's "Started a local Ray instance" aborted 4-5 times in 6 here. Ray's switch for it,
+    RAY_DISABLE_FAILURE_SIGNAL_HANDLER, read once as Ray is imported, is set for this process alone (from the
+    environment every process of the Ray started here would take it); Python's faulthandler prints this process's
+    stacks on a crash instead."""
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    faulthandler.enable()
 
 
 def keep_group_signals_from_ray() -> None:
@@ -117,6 +132,7 @@ def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
                 pass
         psutil.wait_procs(children, timeout=5)
         killed.update(child.pid for child in children)
-    click.echo(f"Error: {who}: {why}: killed the {len(killed)} processes this command had started{note}", err=True)
+    count = f"{len(killed)} process{'' if len(killed) == 1 else 'es'}"
+    click.echo(f"Error: {who}: {why}: killed the {count} this command had started{note}", err=True)
     sys.stderr.flush()
     os._exit(code)

@@ -45,7 +45,7 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) 
                                             f"{plan.address} (serve.delete({plan.name!r}) removes it)")
     served: list[bool] = []
     drain_s = max(0.0, shutdown_timeout_s - STOP_RESERVE_S)
-    if drain_s == 0:
+    if drain_s == 0 < shutdown_timeout_s:  # 0: kill at once, said in its help
         click.echo(f"serve: note: --shutdown-timeout {shutdown_timeout_s:g} leaves the replicas no time to finish the "
                    f"requests under way when it stops (stopping Serve and Ray takes up to {STOP_RESERVE_S:g} s of it)",
                    err=True)

@@ -139,6 +139,8 @@ def _stopped(process: subprocess.Popen, log: Path) -> tuple[str, list[str]]:
 # the replica is being added (serve.run waits for it). Signals raised inside Ray's calls left its agents running
 # (ray.init), printed a SystemError traceback (serve.start) or 'the deployment failed to start: Stopped' (serve.run).
 WHEN = {"ray-starts": lambda pid, text: len(group_members(pid)) >= 2,
+        # then 0.15 s: Ray's core worker had put absl's handler on SIGTERM, which aborted the process (exit 134)
+        "ray-connects": lambda pid, text: "Started a local Ray instance" in text,
         "serve-starts": lambda pid, text: "Proxy starting on node" in text,
         "replica-starts": lambda pid, text: "Adding 1 replica" in text}
 
@@ -149,6 +151,7 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path: Path, when: str
     """SIGTERM at any step of starting: exit 143 with a one-line message, nothing of Ray left behind."""
     process, log = _start_serving(tmp_path)
     _wait_for(process, log, lambda: WHEN[when](process.pid, log.read_text()))
+    time.sleep(0.15 if when == "ray-connects" else 0)
     process.send_signal(signal.SIGTERM)
     said, left = _stopped(process, log)
     if READY in said.split("serve: stopping")[0] and process.returncode == 0:  # ready before the signal landed
