@@ -79,6 +79,7 @@ class ServeConfig:
 
 
 def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> None:
+    """Refuse `value` (InputError naming `name`) unless it is a number (an integer) from `low` to `high`."""
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
         kind = "an integer" if integer else "a number"

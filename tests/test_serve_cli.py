@@ -33,7 +33,7 @@ from support.reliability import (
     workspace_fixtures,
     write,
 )
-from support.serve import DATES, SQUARES, free_port, ray_env, wait_healthy
+from support.serve import DATES, LONG, SQUARES, free_port, ray_env, wait_healthy
 
 START_TIMEOUT = 150  # Ray start + Serve + replicas, on a loaded 2-core CI box
 STOP_TIMEOUT = 60
@@ -187,10 +187,6 @@ def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Pat
     assert "serve: Ray did not stop within --shutdown-timeout 0.2 s: killed the" in said, said[-3000:]
     assert "serve: note: --shutdown-timeout 0.2 leaves the replicas no time to finish the requests under way" in said
     assert "Traceback" not in said and not left, (left, said[-3000:])
-
-
-# a decode of ~3 s on one thread (10,000 steps of 96 beams)
-LONG = {"texts": ["3/3/15"], "beam_size": 96, "min_decoding_length": 10_000, "max_decoding_length": 10_000}
 
 
 @pytest.mark.ray

@@ -19,13 +19,11 @@ import pytest
 from serving.config import ServeConfig
 
 from support.processes import default_sigint
-from support.serve import DATES, embedded, free_port, local_ray, ray_env
+from support.serve import DATES, LONG, embedded, free_port, local_ray, ray_env
 
 TIMEOUT_S = 1.5  # the servers' request timeout
 MAX_QUEUE = 2
-# 96 rows, 10,000 steps: about 3 s of decoding here (beam search's bookkeeping is vectorised: 16 rows took 1.2 s),
-# which a deadline must cut short
-LONG = {"texts": ["3/3/15"], "beam_size": 96, "min_decoding_length": 10_000, "max_decoding_length": 10_000}
+# LONG (support.serve) decodes ~3 s here, which a deadline must cut short
 SHORT = {"texts": ["3/3/15"]}
 COMMON = dict(num_cpus=1, max_batch_size=8, batch_wait_ms=5.0, max_decoding_length=10_000)
 CONFIGS = {"/deadline": ServeConfig(**COMMON, request_timeout_s=TIMEOUT_S),  # a short deadline

@@ -14,6 +14,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 SQUARES = ROOT / "artifacts" / "squares"
 DATES = ROOT / "artifacts" / "dates"
+# a request for DATES that decodes ~3 s on one thread (10,000 steps of 96 beams; serve --max-decoding-length 10000)
+LONG = {"texts": ["3/3/15"], "beam_size": 96, "min_decoding_length": 10_000, "max_decoding_length": 10_000}
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage-stats reporting from test clusters
 
 
