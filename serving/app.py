@@ -61,7 +61,7 @@ def build_app(model_dir: str | Path | None, config: ServeConfig = ServeConfig(),
         raise InputError(f"workers: {config.workers} copies of the model in one process are for the one-process "
                          "server; on Ray Serve every replica holds a copy: set how many with replicas and leave "
                          "workers 1")
-    check_number("drain_timeout_s", drain_timeout_s, 0, 3600)
+    drain_timeout_s = check_number("drain_timeout_s", drain_timeout_s, 0, 3600)
     replicas = config.replicas
     scaling: dict[str, Any] = ({"num_replicas": replicas.low} if replicas.fixed else {"autoscaling_config": {
         "min_replicas": replicas.low, "max_replicas": replicas.high,

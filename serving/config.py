@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from runtime.defaults import MAX_TARGET_LEN, PROVIDERS
 from runtime.errors import InputError, brief
@@ -17,6 +20,17 @@ DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_BODY_TIMEOUT_S = 30.0  # a body trickled in (or never ended) holds a connection no longer than this
 MAX_QUEUE_LIMIT = 1 << 20
 MAX_WORKERS = 1024  # the bound a config can state; loading checks workers x threads against the CPUs
+_NUMBERS = [  # ServeConfig's numbers: name, low, high, integer
+    ("num_cpus", 0.01, float(os.cpu_count() or 1) * 1024, False),
+    ("max_batch_size", 1, MAX_BATCH_LIMIT, True),
+    ("batch_wait_ms", 0.0, 10_000.0, False),
+    ("max_body_bytes", 1024, 1 << 30, True),
+    ("max_decoding_length", 1, MAX_TARGET_LEN, True),
+    ("max_queue", 1, MAX_QUEUE_LIMIT, True),
+    ("request_timeout_s", 0.01, 3600.0, False),
+    ("body_timeout_s", 0.01, 3600.0, False),
+    ("workers", 1, MAX_WORKERS, True),
+]
 
 
 @dataclass(frozen=True)
@@ -54,15 +68,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise InputError(f"provider: expected one of {list(PROVIDERS)}, got {brief(self.provider)}")
-        check_number("num_cpus", self.num_cpus, 0.01, float(os.cpu_count() or 1) * 1024)
-        check_number("max_batch_size", self.max_batch_size, 1, MAX_BATCH_LIMIT, integer=True)
-        check_number("batch_wait_ms", self.batch_wait_ms, 0.0, 10_000.0)
-        check_number("max_body_bytes", self.max_body_bytes, 1024, 1 << 30, integer=True)
-        check_number("max_decoding_length", self.max_decoding_length, 1, MAX_TARGET_LEN, integer=True)
-        check_number("max_queue", self.max_queue, 1, MAX_QUEUE_LIMIT, integer=True)
-        check_number("request_timeout_s", self.request_timeout_s, 0.01, 3600.0)
-        check_number("body_timeout_s", self.body_timeout_s, 0.01, 3600.0)
-        check_number("workers", self.workers, 1, MAX_WORKERS, integer=True)
+        for name, low, high, integer in _NUMBERS:
+            object.__setattr__(self, name, check_number(name, getattr(self, name), low, high, integer))
         if not 1 <= self.replicas.low <= self.replicas.high:
             raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")
 
@@ -78,12 +85,14 @@ class ServeConfig:
         return self.max_queue + self.max_batch_size
 
 
-def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> None:
-    """Refuse `value` (InputError naming `name`) unless it is a number (an integer) from `low` to `high`."""
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-        kind = "an integer" if integer else "a number"
-        raise InputError(f"{name}: expected {kind} from {low:g} to {high:g}, got {brief(value)}")
+def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> int | float:
+    """`value` as a Python int (integer) or else float, if it is a number from `low` to `high` (numpy's too);
+    else InputError naming `name`. A bool is refused, and an integer's float form (2.0) is not an integer."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind) or not low <= value <= high:
+        said, bounds = ("an integer", f"{int(low)} to {int(high)}") if integer else ("a number", f"{low:g} to {high:g}")
+        raise InputError(f"{name}: expected {said} from {bounds}, got {brief(value)}")
+    return int(value) if integer else float(value)
 
 
 def parse_replicas(text: str, cluster_cpus: float | None = None, num_cpus: float = 1.0) -> Replicas:

@@ -4,6 +4,8 @@ and its decode stops, freeing the worker; /metrics counts what was sent. The one
 under load answers what it had accepted and exits 0."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import signal
 import subprocess
@@ -14,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import httpx
+import numpy as np
 import pytest
 
 from serving.config import ServeConfig
@@ -304,6 +307,22 @@ def test_config_refuses_a_bad_body_timeout(value: Any) -> None:
 
     with pytest.raises(InputError, match=r"^body_timeout_s: expected"):
         ServeConfig(body_timeout_s=value)
+
+
+@pytest.mark.parametrize("value", [np.int64(2), 4, np.float64(0.5), np.float32(0.5)])
+def test_config_takes_numpy_numbers_as_python_ones(value: Any) -> None:
+    config = ServeConfig(body_timeout_s=value, max_queue=np.int32(7), workers=np.uint8(1))
+    assert type(config.body_timeout_s) is float and config.body_timeout_s == float(value)
+    assert type(config.max_queue) is int and config.max_queue == 7 and type(config.workers) is int
+    assert json.loads(json.dumps(dataclasses.asdict(config)))["max_queue"] == 7  # as Serve's options take it
+
+
+@pytest.mark.parametrize("value", [np.float64(4.0), np.bool_(True), np.array([4]), np.float64("nan")])
+def test_config_refuses_a_numpy_value_that_is_not_an_integer(value: Any) -> None:
+    from runtime.errors import InputError
+
+    with pytest.raises(InputError, match=r"^max_queue: expected an integer from 1 to \d+, got "):
+        ServeConfig(max_queue=value)
 
 
 @pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), 3601, True, "30", None])
