@@ -8,7 +8,8 @@ Exit codes, the same for every command:
     2    usage: an unknown option, a malformed or out-of-range value, a named file that does not exist,
          options that contradict each other (click prints the usage line)
     130  interrupted (Ctrl-C); nothing half-written is left behind
-    143  stopped by SIGTERM (a service manager's stop, `kill`): as Ctrl-C, and nothing half-written is left behind
+    143  stopped by SIGTERM (a service manager's stop, `kill`): as Ctrl-C, and nothing half-written is left behind;
+         also a SIGHUP (the terminal closed), which `hang_up_as_sigterm` passes on as SIGTERM
 """
 from __future__ import annotations
 
@@ -68,6 +69,22 @@ def raise_on_sigterm() -> Callable[[], None]:
         return lambda: None
     previous = signal.signal(signal.SIGTERM, _terminated)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def hang_up_as_sigterm() -> None:
+    """From here on SIGHUP (the terminal closed, an SSH session dropped) is passed on to this process as SIGTERM,
+    so a command stops in order, as it does on `kill`: SIGHUP's default action killed it at once, which left an
+    output's temporary sibling behind, and a training run's state unsaved. A SIGHUP that was ignored when the
+    process started (`nohup`) stays ignored. Main thread only, like every signal handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        return
+    signal.signal(signal.SIGHUP, _hung_up)
+
+
+def _hung_up(signum: int, frame: Any) -> None:
+    signal.raise_signal(signal.SIGTERM)  # to whatever handles SIGTERM now (a server's stop, a rank's), or ignores it
 
 
 def _terminated(signum: int, frame: Any) -> None:

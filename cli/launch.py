@@ -256,7 +256,7 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
             failed.exit_code = failure.exitcode if failure.exitcode == click.UsageError.exit_code else 1  # stays usage
             raise failed from None
         except SignalException as err:
-            if err.sigval == signal.SIGTERM:
+            if err.sigval in (signal.SIGTERM, signal.SIGHUP):  # torchrun's handler takes SIGHUP too: as ours does
                 raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped()}") from None
             raise Interrupted(f"interrupted; {all_stopped()}") from None
         except KeyboardInterrupt:

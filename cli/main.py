@@ -18,6 +18,7 @@ from .common import (
     EXIT_TERMINATED,
     Interrupted,
     StoppedBySigterm,
+    hang_up_as_sigterm,
     held_signals,
     raise_on_sigterm,
     stopped_by_sigterm,
@@ -101,6 +102,7 @@ def entry(args: list[str] | None = None) -> None:
     KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
     though our handler caught it."""
     IN_PROGRAM.append(True)
+    hang_up_as_sigterm()
     try:
         main(args=args, prog_name="seq2onnx")
     except SystemExit as exc:

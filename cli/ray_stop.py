@@ -99,15 +99,17 @@ def _keep_sigterm_ours() -> None:
 
 
 def keep_group_signals_from_ray() -> None:
-    """Block SIGTERM on this thread, the Ray thread, before it starts a local Ray. The processes Ray starts inherit
+    """Block SIGTERM and SIGHUP on this thread, the Ray thread, before it starts a local Ray. The processes Ray starts inherit
     the mask (and the workers its raylet starts, theirs), so a SIGTERM sent to the whole process group (`timeout`,
     `kill -TERM -PGID`, systemd's default KillMode=control-group) reaches only this command, which stops them in
     order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under Serve:
     `serve --ray` waited out --shutdown-timeout, then killed everything (exit 143), and the requests under way were
-    lost. The cost: `ray.shutdown` gives each of its processes a second to take SIGTERM before it kills them."""
+    lost. SIGHUP, which a closed terminal sends the whole group, the same way: this command takes it as SIGTERM
+    (`cli.common.hang_up_as_sigterm`). The cost: `ray.shutdown` gives each of its processes a second to take
+    SIGTERM before it kills them."""
     if threading.current_thread() is threading.main_thread():
         raise RuntimeError("keep_group_signals_from_ray: the main thread takes the signals; call it on the Ray thread")
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
 
 
 def _not_main_thread(record: logging.LogRecord) -> bool:

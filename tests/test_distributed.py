@@ -480,7 +480,9 @@ def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launc
     (signal.SIGINT, 130, "interrupted during epoch", "Error: interrupted; every process of the run has stopped"),
     # a service manager's stop goes to the launcher, which stops the workers with SIGTERM
     (signal.SIGTERM, 143, "stopped by SIGTERM", "Error: stopped by SIGTERM; every process of the run has stopped"),
-], ids=["ctrl-c", "sigterm"])
+    # a closed terminal's hang-up goes to the foreground group too: a stop as SIGTERM's (it was exit 130, "interrupted")
+    (signal.SIGHUP, 143, "stopped by SIGTERM", "Error: stopped by SIGTERM; every process of the run has stopped"),
+], ids=["ctrl-c", "sigterm", "sighup"])
 def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path: Path, sent: int, code: int,
                                                         rank_says: str, launcher_says: str) -> None:
     out = tmp_path / "ckpt"
@@ -488,7 +490,7 @@ def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path:
     wait_for(lambda: _state_saved(out) or run_.proc.poll() is not None, 240, "the first saved epoch")
     assert run_.proc.poll() is None, run_.output()
     assert sorted(run_.ranks()) == [0, 1]
-    if sent == signal.SIGINT:
+    if sent in (signal.SIGINT, signal.SIGHUP):
         os.killpg(run_.proc.pid, sent)
     else:
         os.kill(run_.proc.pid, sent)

@@ -571,8 +571,10 @@ def test_api_refuses(workspace: Path, name: str, monkeypatch: pytest.MonkeyPatch
 # ---- Ctrl-C: exit 130 in every command, nothing half-written ---------------------------------------------------
 
 # Ctrl-C exits 130, SIGTERM (a service manager's stop, `kill`) 143; each says so (SIGTERM's default action killed
-# the process, leaving the output's temporary sibling behind)
-STOPS = {"ctrl-c": (signal.SIGINT, 130, "interrupted"), "sigterm": (signal.SIGTERM, 143, "stopped by SIGTERM")}
+# the process, leaving the output's temporary sibling behind). A closed terminal's SIGHUP is passed on as SIGTERM
+# (its default action killed the process the same way).
+STOPS = {"ctrl-c": (signal.SIGINT, 130, "interrupted"), "sigterm": (signal.SIGTERM, 143, "stopped by SIGTERM"),
+         "sighup": (signal.SIGHUP, 143, "stopped by SIGTERM")}
 
 
 def _stop_once_staged(command: list[str], cwd: Path, staging: str, stop: str) -> tuple[int, str]:
@@ -656,3 +658,25 @@ def test_ctrl_c_or_sigterm_during_infer_keeps_the_output_as_it_was(tmp_path: Pat
     assert code == STOPS[stop][1], stderr
     assert "Traceback" not in stderr and f"infer: {STOPS[stop][2]}; nothing was written" in stderr, stderr
     assert out.read_text() == "an older result\n" and sorted(tmp_path.iterdir()) == [out, texts]
+
+
+def _ignore_hang_up() -> None:
+    default_sigint()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts a command
+
+
+def test_a_hang_up_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
+    """`nohup seq2onnx infer ...`: the SIGHUP of a closed terminal does not stop it; it writes every record."""
+    texts, out = tmp_path / "texts.txt", tmp_path / "out.jsonl"
+    texts.write_text("".join(f"march {i % 28 + 1} 19{i % 100:02d}\n" for i in range(5000)))
+    with subprocess.Popen([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts), "--output",
+                           str(out)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_ignore_hang_up) as proc:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "it ended before its staging appeared"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert len(out.read_text().splitlines()) == 5000 and sorted(tmp_path.iterdir()) == [out, texts]

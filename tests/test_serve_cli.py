@@ -190,15 +190,18 @@ def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Pat
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("shutdown_timeout, group", [(None, False), (None, True), ("15.5", False)],
-                         ids=["drained", "group-signal", "past-the-drain"])
-def test_sigterm_on_ray_lets_the_decode_under_way_finish(launch, shutdown_timeout: str | None, group: bool) -> None:
+@pytest.mark.parametrize("shutdown_timeout, group, sig", [(None, False, signal.SIGTERM), (None, True, signal.SIGTERM),
+                                                          (None, True, signal.SIGHUP), ("15.5", False, signal.SIGTERM)],
+                         ids=["drained", "group-signal", "group-hang-up", "past-the-drain"])
+def test_sigterm_on_ray_lets_the_decode_under_way_finish(launch, shutdown_timeout: str | None, group: bool,
+                                                         sig: int) -> None:
     """SIGTERM while a replica decodes a request of ~3 s: the replicas finish what is under way, then Serve and Ray
     stop (Serve's proxy was killed at once before, and the client's connection dropped). The same when the signal
     goes to the whole process group, as `timeout` and systemd send it: Ray's processes keep out of it (it stopped
     their GCS and raylet under Serve before: the command waited out its 30 s, killed all and exited 143).
     --shutdown-timeout less 15 s bounds the drain: at 15.5 the request is cut off after ~0.5 s, answered by Serve's
-    500, and the command still exits 0 within the timeout."""
+    500, and the command still exits 0 within the timeout. A closed terminal's SIGHUP to the group stops it the same
+    way (it killed the command and Ray's processes at once, and the request with them)."""
     port = free_port()
     process = launch(str(DATES), "--ray", "--port", str(port), "--max-decoding-length", "10000",
                      *(("--shutdown-timeout", shutdown_timeout) if shutdown_timeout else ()))
@@ -206,7 +209,7 @@ def test_sigterm_on_ray_lets_the_decode_under_way_finish(launch, shutdown_timeou
         long = pool.submit(httpx.post, f"http://127.0.0.1:{port}/v1/translate", json=LONG, timeout=60)
         time.sleep(0.8)  # the decode under way
         signalled = time.monotonic()
-        stop(process, signal.SIGTERM, group)
+        stop(process, sig, group)
         stopped = time.monotonic() - signalled
         reply = long.result()
     if shutdown_timeout is None:
