@@ -680,3 +680,24 @@ def test_a_hang_up_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
         _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
     assert len(out.read_text().splitlines()) == 5000 and sorted(tmp_path.iterdir()) == [out, texts]
+
+
+NO_TEMPDIR = """
+import sys, tempfile
+tempfile._candidate_tempdir_list = lambda: ["/dev/null/tmp", "/proc/self/tmp"]  # none can hold a file: as a full or
+from cli.main import entry                                                         # read-only /tmp, /var/tmp, cwd
+entry(sys.argv[1:])
+"""
+
+
+def test_no_usable_temporary_directory_is_one_line_naming_tmpdir(tmp_path: Path) -> None:
+    """A command that needs a temporary directory where none can be written (here the launcher's log directory)
+    says so in one line and how to mend it; it was tempfile's traceback."""
+    done = subprocess.run([sys.executable, "-c", NO_TEMPDIR, "train", "--data", "squares", "--epochs", "1",
+                           "--nproc-per-node", "2", "--out", str(tmp_path / "ckpt")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().endswith("Error: train: no usable temporary directory found in ['/dev/null/tmp', "
+                                        "'/proc/self/tmp']: none of them can be written; set TMPDIR to a writable "
+                                        "directory"), done.stderr
+    assert sorted(tmp_path.iterdir()) == []
