@@ -117,6 +117,13 @@ def stopped_by_sigterm() -> bool:
     return bool(_SIGTERMS)
 
 
+def no_temporary_directory(exc: OSError) -> bool:
+    """Whether `exc` is `tempfile`'s error when none of TMPDIR, /tmp, /var/tmp, /usr/tmp and the working directory
+    takes a file (`cli.main` says it in one line, for every command)."""
+    return (isinstance(exc, FileNotFoundError) and exc.filename is None and isinstance(exc.strerror, str)
+            and exc.strerror.startswith("No usable temporary directory found in"))
+
+
 class FiniteFloatRange(click.FloatRange):
     """A FloatRange that also refuses nan and +-inf, which pass every range comparison."""
 

@@ -20,6 +20,7 @@ from .common import (
     StoppedBySigterm,
     hang_up_as_sigterm,
     held_signals,
+    no_temporary_directory,
     raise_on_sigterm,
     stopped_by_sigterm,
 )
@@ -64,7 +65,7 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt as exc:
             raise _stopped(ctx, exc) from None
         except OSError as exc:
-            if _no_temporary_directory(exc):  # tempfile found none it could write (ours, or a library's)
+            if no_temporary_directory(exc):  # tempfile found none it could write (ours, or a library's)
                 name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
                 raise click.ClickException(f"{name}: {exc.strerror[0].lower()}{exc.strerror[1:]}: none of them "
                                            "can be written; set TMPDIR to a writable directory") from None
@@ -85,12 +86,6 @@ class LazyGroup(click.Group):
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
             else:
                 restore()
-
-
-def _no_temporary_directory(exc: OSError) -> bool:
-    """`tempfile`'s error when none of TMPDIR, /tmp, /var/tmp, /usr/tmp and the working directory takes a file."""
-    return (isinstance(exc, FileNotFoundError) and exc.filename is None and isinstance(exc.strerror, str)
-            and exc.strerror.startswith("No usable temporary directory found in"))
 
 
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:

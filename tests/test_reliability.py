@@ -690,14 +690,17 @@ entry(sys.argv[1:])
 """
 
 
-def test_no_usable_temporary_directory_is_one_line_naming_tmpdir(tmp_path: Path) -> None:
-    """A command that needs a temporary directory where none can be written (here the launcher's log directory)
-    says so in one line and how to mend it; it was tempfile's traceback."""
-    done = subprocess.run([sys.executable, "-c", NO_TEMPDIR, "train", "--data", "squares", "--epochs", "1",
-                           "--nproc-per-node", "2", "--out", str(tmp_path / "ckpt")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("command", [
+    ["train", "--data", "squares", "--epochs", "1", "--nproc-per-node", "2", "--out", "fresh"],  # torchrun's logs
+    ["export", "ckpt", "--out", "fresh", "--quantize", "int8"],  # onnxruntime's quantizer writes its model there
+], ids=["train-launcher", "export-int8"])
+def test_no_usable_temporary_directory_is_one_line_naming_tmpdir(workspace: Path, command: list[str]) -> None:
+    """A command that needs a temporary directory where none can be written says so in one line and how to mend it
+    (it was tempfile's traceback, or an export's line that blamed --out), and writes nothing."""
+    done = subprocess.run([sys.executable, "-c", NO_TEMPDIR, *command], cwd=workspace, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().endswith("Error: train: no usable temporary directory found in ['/dev/null/tmp', "
-                                        "'/proc/self/tmp']: none of them can be written; set TMPDIR to a writable "
-                                        "directory"), done.stderr
-    assert sorted(tmp_path.iterdir()) == []
+    assert done.stderr.strip().endswith(f"Error: {command[0]}: no usable temporary directory found in "
+                                        "['/dev/null/tmp', '/proc/self/tmp']: none of them can be written; set TMPDIR "
+                                        "to a writable directory"), done.stderr
+    assert not [p for p in workspace.iterdir() if "fresh" in p.name]
