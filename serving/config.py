@@ -1,6 +1,7 @@
 """A served model's settings: one frozen dataclass shared by the CLI, the deployment and its replicas."""
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -19,6 +20,7 @@ DEFAULT_MAX_QUEUE = 256  # items waiting for a decode (8 full default batches); 
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_BODY_TIMEOUT_S = 30.0  # a body trickled in (or never ended) holds a connection no longer than this
 MAX_QUEUE_LIMIT = 1 << 20
+MAX_REPLICAS = 1 << 16  # a bound for a typo's sake: Serve would try to place them all
 MAX_WORKERS = 1024  # the bound a config can state; loading checks workers x threads against the CPUs
 _NUMBERS = [  # ServeConfig's numbers: name, low, high, integer
     ("num_cpus", 0.01, float(os.cpu_count() or 1) * 1024, False),
@@ -33,12 +35,33 @@ _NUMBERS = [  # ServeConfig's numbers: name, low, high, integer
 ]
 
 
+def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> int | float:
+    """`value` as a Python int (integer) or else float, if it is a number from `low` to `high` (numpy's too);
+    else InputError naming `name`. A bool is refused, and an integer's float form (2.0) is not an integer."""
+    kind = numbers.Integral if integer else numbers.Real
+    number = None
+    if isinstance(value, kind) and not isinstance(value, (bool, np.bool_)):
+        with contextlib.suppress(OverflowError):  # float(10**400)
+            number = int(value) if integer else float(value)  # compared as stored: np.float32(0.01) < 0.01
+    if number is None or not low <= number <= high:
+        said, bounds = ("an integer", f"{int(low)} to {int(high)}") if integer else ("a number", f"{low:g} to {high:g}")
+        raise InputError(f"{name}: expected {said} from {bounds}, got {brief(value)}")
+    return number
+
+
 @dataclass(frozen=True)
 class Replicas:
     """A fixed count (low == high) or autoscaling bounds."""
 
     low: int
     high: int
+
+    def __post_init__(self) -> None:
+        for name in ("low", "high"):  # Python ints (numpy's made so), as Serve's options take them
+            object.__setattr__(self, name, check_number(f"replicas.{name}", getattr(self, name), 1, MAX_REPLICAS,
+                                                        integer=True))
+        if self.low > self.high:
+            raise InputError(f"replicas: expected low <= high, got {self.low} > {self.high}")
 
     @property
     def fixed(self) -> bool:
@@ -70,8 +93,8 @@ class ServeConfig:
             raise InputError(f"provider: expected one of {list(PROVIDERS)}, got {brief(self.provider)}")
         for name, low, high, integer in _NUMBERS:
             object.__setattr__(self, name, check_number(name, getattr(self, name), low, high, integer))
-        if not 1 <= self.replicas.low <= self.replicas.high:
-            raise InputError(f"replicas: expected 1 <= low <= high, got {self.replicas}")
+        if not isinstance(self.replicas, Replicas):
+            raise InputError(f"replicas: expected a Replicas(low, high), got {brief(self.replicas)}")
 
     @property
     def threads(self) -> int:
@@ -85,20 +108,10 @@ class ServeConfig:
         return self.max_queue + self.max_batch_size
 
 
-def check_number(name: str, value: Any, low: float, high: float, integer: bool = False) -> int | float:
-    """`value` as a Python int (integer) or else float, if it is a number from `low` to `high` (numpy's too);
-    else InputError naming `name`. A bool is refused, and an integer's float form (2.0) is not an integer."""
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind) or not low <= value <= high:
-        said, bounds = ("an integer", f"{int(low)} to {int(high)}") if integer else ("a number", f"{low:g} to {high:g}")
-        raise InputError(f"{name}: expected {said} from {bounds}, got {brief(value)}")
-    return int(value) if integer else float(value)
-
-
 def parse_replicas(text: str, cluster_cpus: float | None = None, num_cpus: float = 1.0) -> Replicas:
     """'N' (fixed), 'MIN:MAX' (autoscaling) or 'auto' (1 to what the cluster's CPUs hold at num_cpus each)."""
     if text == "auto":
-        high = max(1, math.floor((cluster_cpus or os.cpu_count() or 1) / num_cpus))
+        high = min(max(1, math.floor((cluster_cpus or os.cpu_count() or 1) / num_cpus)), MAX_REPLICAS)
         return Replicas(1, high)
     low_text, colon, high_text = text.partition(":")
     try:
@@ -107,6 +120,6 @@ def parse_replicas(text: str, cluster_cpus: float | None = None, num_cpus: float
         low, high = int(low_text), int(high_text or low_text)
     except ValueError:
         raise InputError(f"replicas: expected N, MIN:MAX or auto, got {text!r}") from None
-    if not 1 <= low <= high:
-        raise InputError(f"replicas: expected 1 <= MIN <= MAX, got {text!r}")
+    if not 1 <= low <= high <= MAX_REPLICAS:
+        raise InputError(f"replicas: expected 1 <= MIN <= MAX <= {MAX_REPLICAS}, got {text!r}")
     return Replicas(low, high)

@@ -4,8 +4,6 @@ and its decode stops, freeing the worker; /metrics counts what was sent. The one
 under load answers what it had accepted and exits 0."""
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
 import signal
 import subprocess
@@ -16,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import httpx
-import numpy as np
 import pytest
 
 from serving.config import ServeConfig
@@ -299,38 +296,3 @@ def test_a_request_cut_off_at_shutdown_gets_a_json_503(tmp_path: Any) -> None:
     said = log.read_text()
     assert reply.status_code == 503 and "--shutdown-timeout" in reply.json()["error"], reply.text
     assert "Traceback" not in said and "serve: 0 request(s) answered, 3 ended without an answer" in said, said
-
-
-@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), 3601, True, "30"])
-def test_config_refuses_a_bad_body_timeout(value: Any) -> None:
-    from runtime.errors import InputError
-
-    with pytest.raises(InputError, match=r"^body_timeout_s: expected"):
-        ServeConfig(body_timeout_s=value)
-
-
-@pytest.mark.parametrize("value", [np.int64(2), 4, np.float64(0.5), np.float32(0.5)])
-def test_config_takes_numpy_numbers_as_python_ones(value: Any) -> None:
-    config = ServeConfig(body_timeout_s=value, max_queue=np.int32(7), workers=np.uint8(1))
-    assert type(config.body_timeout_s) is float and config.body_timeout_s == float(value)
-    assert type(config.max_queue) is int and config.max_queue == 7 and type(config.workers) is int
-    assert json.loads(json.dumps(dataclasses.asdict(config)))["max_queue"] == 7  # as Serve's options take it
-
-
-@pytest.mark.parametrize("value", [np.float64(4.0), np.bool_(True), np.array([4]), np.float64("nan")])
-def test_config_refuses_a_numpy_value_that_is_not_an_integer(value: Any) -> None:
-    from runtime.errors import InputError
-
-    with pytest.raises(InputError, match=r"^max_queue: expected an integer from 1 to \d+, got "):
-        ServeConfig(max_queue=value)
-
-
-@pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), 3601, True, "30", None])
-def test_build_app_refuses_a_bad_drain_timeout(value: Any) -> None:
-    pytest.importorskip("ray.serve")
-    from runtime.errors import InputError
-    from serving.app import build_app
-
-    with pytest.raises(InputError, match=r"^drain_timeout_s: expected a number from 0 to 3600, got "):
-        build_app(DATES, ServeConfig(), value)
-
