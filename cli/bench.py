@@ -35,7 +35,7 @@ from runtime.search.beam import MAX_BEAM
 from runtime.sessions import CPU, PROVIDERS, max_threads
 
 from .common import check_threads_option as check_threads
-from .common import require_torch
+from .common import require_torch, wrote
 from .infer import PLOT_SUFFIXES, check_output_path, write_atomically
 
 LOOP_CHOICES = ("auto", "step", "fused", "both")
@@ -279,8 +279,8 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
             click.echo(format_best(doc["best"]))
     if json_path and json_path != "-":
         write_atomically(json_path, lambda f: f.write(text.encode("utf-8")), force)
-        click.echo(f"wrote {json_path}", err=True)
+        wrote(json_path, last=not plot_path)
     if plot_path:
         title = f"{model_dir}: {describe_model(spec, doc['precision'])}"
         write_atomically(plot_path, lambda f: plot_latency(doc["cells"], title, f), force)
-        click.echo(f"wrote {plot_path}", err=True)
+        wrote(plot_path, last=True)

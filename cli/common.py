@@ -14,9 +14,11 @@ Exit codes, the same for every command:
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 import math
+import os
 import signal
 import sys
 import threading
@@ -27,6 +29,7 @@ import click
 from runtime.errors import Seq2OnnxError, Terminated, UsageError
 
 EXIT_INTERRUPTED = 130
+IN_PROGRAM: list[bool] = []  # `cli.main.entry` runs: the process ends with the command (not a test calling `main`)
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a process that SIGTERM ended
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,7 +87,47 @@ def hang_up_as_sigterm() -> None:
 
 
 def _hung_up(signum: int, frame: Any) -> None:
+    _quiet_a_closed_terminal()
     signal.raise_signal(signal.SIGTERM)  # to whatever handles SIGTERM now (a server's stop, a rank's), or ignores it
+
+
+def _quiet_a_closed_terminal() -> None:
+    """stdout and stderr on a terminal that has closed go to /dev/null: every write there fails (EIO), and the
+    stop's last line failing made Python exit 1 ('lost sys.stderr') instead of 143. A terminal still open, a file
+    or a pipe is left as it is."""
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            os.write(fd, b"")
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()  # what is buffered for the closed terminal goes nowhere either way
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+
+
+WRITTEN: list[str] = []  # what this command has published so far, for the line a stop then prints
+
+
+def wrote(path: Any, detail: str = "", err: bool = True, last: bool = False) -> None:
+    """Say that the output at `path` is published ('wrote PATH' and `detail`), and remember it: a stop from here on
+    says it was written. After the `last` output the command is `finished`: what is left is to return."""
+    WRITTEN.append(str(path))
+    if last:
+        finished()  # before the line: a stop sent on reading it must find the signals ignored
+    click.echo(f"wrote {path}{detail}", err=err)
+
+
+def finished() -> None:
+    """The command's outputs are published and it is on its way out (its sessions and models being freed): from
+    here on SIGTERM and SIGHUP no longer stop it, so a signal now neither says that nothing was written nor ends it
+    with 143 (or SIGHUP's 129, as the interpreter shuts down). In the program only (`entry`): a test calling `main`
+    keeps its handlers."""
+    if IN_PROGRAM and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _terminated(signum: int, frame: Any) -> None:

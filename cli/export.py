@@ -22,7 +22,7 @@ from runtime.defaults import (
 )
 from runtime.errors import UsageError
 
-from .common import FiniteFloatRange, no_temporary_directory, require_torch, user_errors
+from .common import FiniteFloatRange, no_temporary_directory, require_torch, user_errors, wrote
 from .train import check_data_option
 
 QUALITY_OPTIONS = ("max_output_diff", "max_attention_diff", "min_exact_match", "min_token_agreement")
@@ -213,7 +213,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
             click.echo(f"warning: {warning.message}", err=True)
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    click.echo(f"wrote {path}" + ("" if mode == "fp32" else f" ({mode}, quality report in its manifest)"))
+    wrote(path, "" if mode == "fp32" else f" ({mode}, quality report in its manifest)", err=False, last=True)
 
 
 def checkpoint_kind(checkpoint: Path) -> str:

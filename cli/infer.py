@@ -20,7 +20,7 @@ from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import DEFAULT_MAX_THREADS, MAX_DEVICE_ID, PROVIDERS
 
-from .common import check_threads_option, check_workers_option, user_errors
+from .common import check_threads_option, check_workers_option, user_errors, wrote
 from .infer_points import read_input
 from .infer_tokens import (
     check_token_usage,
@@ -185,11 +185,11 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
 
         points = np.asarray(source, dtype=np.float32)  # already checked by predict
         write_atomically(plot_path, lambda f: plot_predictions(points, outputs, alphas, f), force)
-        click.echo(f"wrote {plot_path} (items {shown_items(len(outputs))} of {len(outputs)})", err=True)
+        wrote(plot_path, f" (items {shown_items(len(outputs))} of {len(outputs)})")
     kept = alphas if attention else None
     if output_path:
         write_output(output_path, outputs, kept, model.providers, force)
-        click.echo(f"wrote {output_path}", err=True)
+        wrote(output_path, last=True)
     else:
         click.echo(json.dumps(as_json(outputs, kept, model.providers)))
 
@@ -272,7 +272,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     lines = (json.dumps(doc) + "\n" for doc in docs)
     if output_path:
         write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines), force)
-        click.echo(f"wrote {output_path} ({run.decoded} input{'' if run.decoded == 1 else 's'})", err=True)
+        wrote(output_path, f" ({run.decoded} input{'' if run.decoded == 1 else 's'})", last=plot_path is None)
     else:
         for line in lines:
             click.echo(line, nl=False)
@@ -288,4 +288,4 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
 
         title = f"attention of the best hypothesis: the first {len(run.shown)} of {run.decoded} inputs"
         write_atomically(plot_path, lambda f: plot_heatmaps(run.heatmaps(), title, f), force)
-        click.echo(f"wrote {plot_path}", err=True)
+        wrote(plot_path, last=True)

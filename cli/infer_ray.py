@@ -41,6 +41,7 @@ from serving.offline import (
 )
 
 from .cluster import check_reachable, join_failed
+from .common import wrote
 from .infer import RayJob, check_outputs, write_atomically
 from .infer_points import read_input
 from .infer_tokens import (
@@ -49,7 +50,7 @@ from .infer_tokens import (
     model_kind,
     refuse_token_options,
 )
-from .ray_stop import Stop, drive, keep_group_signals_from_ray
+from .ray_stop import RAY_FILES, Stop, drive, keep_group_signals_from_ray
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
 # where the driver already reports its error as one line.
@@ -102,7 +103,7 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
         actors, seconds = done[0]
         click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
                    f"on {actors} actor{'' if actors == 1 else 's'}", err=True)
-    click.echo(f"wrote {output} ({n} input{'' if n == 1 else 's'})", err=True)
+    wrote(output, f" ({n} input{'' if n == 1 else 's'})", last=True)
     if note:
         click.echo(note, err=True)
     if n == 0:
@@ -211,8 +212,11 @@ def ray_session(address: str | None, model_dir: str | None, stop: Stop) -> Itera
             ray.init(address="local", num_cpus=max_threads(), include_dashboard=False, **QUIET)
         else:
             ray.init(address=address, runtime_env={"working_dir": model_dir} if model_dir else None, **QUIET)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
+    except (ConnectionError, ValueError, RuntimeError, OSError) as exc:
         if address is None:
+            if isinstance(exc, OSError) and exc.filename is not None:  # its session directory: a read-only /tmp
+                raise click.ClickException(f"--ray: could not start a local Ray ({exc.strerror}: {exc.filename}); "
+                                           f"{RAY_FILES}") from None
             raise click.ClickException(f"--ray: could not start a local Ray ({one_line(exc)})") from None
         raise join_failed(address, one_line(exc)) from None
     stop.connected.set()

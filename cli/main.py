@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import os
-import signal
 import sys
+from typing import Any, Callable
 
 import click
 
@@ -16,8 +17,11 @@ from runtime.errors import Terminated, clipped
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    IN_PROGRAM,
+    WRITTEN,
     Interrupted,
     StoppedBySigterm,
+    finished,
     hang_up_as_sigterm,
     held_signals,
     no_temporary_directory,
@@ -39,7 +43,8 @@ LAZY_COMMANDS = {
 
 COMMAND = "seq2onnx.command"  # ctx.meta: the subcommand being loaded or run, for a message about its stop
 AFTER_STOPPED = {"serve": "it had not started serving"}  # the rest say what a stop leaves of their outputs
-IN_PROGRAM: list[bool] = []  # `entry` runs: the process ends with the command (not a test calling `main`)
+RETURNS = "_seq2onnx_notes_its_return"  # marks a command's callback wrapped by `_noting_its_return`
+RETURNED = False  # the command's callback returned (a stop after it finds the work done)
 
 
 class LazyGroup(click.Group):
@@ -55,15 +60,29 @@ class LazyGroup(click.Group):
         module_name, attr = LAZY_COMMANDS[name]
         with held_signals():
             module = importlib.import_module(module_name)
-        return getattr(module, attr)
+        command = getattr(module, attr)
+        if command.callback is not None and not hasattr(command.callback, RETURNS):
+            command.callback = _noting_its_return(command.callback)
+        return command
 
     def invoke(self, ctx: click.Context) -> object:
-        """Run the subcommand; Ctrl-C anywhere is exit 130 (click's own `Abort` would exit 1), SIGTERM 143."""
+        """Run the subcommand; Ctrl-C anywhere is exit 130 (click's own `Abort` would exit 1), SIGTERM 143. A stop
+        that lands once the command's callback returned (while it frees its models, or in the `finally` that stops
+        taking signals) finds the work done: exit 0."""
+        global RETURNED
+        RETURNED = False
+        WRITTEN.clear()
+        try:
+            return self._run(ctx)
+        except KeyboardInterrupt as exc:
+            if RETURNED:
+                return None
+            raise _stopped(ctx, exc) from None
+
+    def _run(self, ctx: click.Context) -> object:
         restore = raise_on_sigterm()
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt as exc:
-            raise _stopped(ctx, exc) from None
         except OSError as exc:
             if no_temporary_directory(exc):  # tempfile found none it could write (ours, or a library's)
                 name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
@@ -80,17 +99,33 @@ class LazyGroup(click.Group):
                 raise
             raise _stopped(ctx, exc.__context__) from None
         finally:
-            # Once the command is done its outputs are published: a SIGTERM now must not kill the process (143,
-            # and no word) on its way out
+            # Once the command is done its outputs are published: a SIGTERM or SIGHUP now must not kill the process
+            # (143 or 129, and no word) on its way out
             if IN_PROGRAM:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                finished()
             else:
                 restore()
+
+
+def _noting_its_return(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """`callback`, which notes in RETURNED that it returned: from there on the command's work is done."""
+
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        global RETURNED
+        result = callback(*args, **kwargs)
+        RETURNED = True  # no signal handler runs between the return and this store
+        return result
+
+    setattr(run, RETURNS, True)
+    return run
 
 
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:
     name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
     what = AFTER_STOPPED.get(name, "nothing was written (outputs are published whole or not at all)")
+    if WRITTEN and name not in AFTER_STOPPED:
+        what = f"it had written {', '.join(WRITTEN)}, and nothing else"
     stop = StoppedBySigterm if isinstance(interrupt, Terminated) else Interrupted
     return stop(f"{name}: {stop.says}; {what}")
 

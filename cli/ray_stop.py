@@ -25,6 +25,8 @@ from .common import stop_for
 
 POLL_S = 0.05  # how often the main thread looks at signals, the deadline, and whether Ray is up
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RAY_FILES = ("a local Ray keeps its files in RAY_TMPDIR, else TMPDIR, else /tmp: set RAY_TMPDIR or TMPDIR to a "
+             "writable directory")
 EXIT_FAILED = 1
 
 

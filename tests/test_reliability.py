@@ -660,28 +660,6 @@ def test_ctrl_c_or_sigterm_during_infer_keeps_the_output_as_it_was(tmp_path: Pat
     assert out.read_text() == "an older result\n" and sorted(tmp_path.iterdir()) == [out, texts]
 
 
-def _ignore_hang_up() -> None:
-    default_sigint()
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts a command
-
-
-def test_a_hang_up_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
-    """`nohup seq2onnx infer ...`: the SIGHUP of a closed terminal does not stop it; it writes every record."""
-    texts, out = tmp_path / "texts.txt", tmp_path / "out.jsonl"
-    texts.write_text("".join(f"march {i % 28 + 1} 19{i % 100:02d}\n" for i in range(5000)))
-    with subprocess.Popen([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts), "--output",
-                           str(out)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          preexec_fn=_ignore_hang_up) as proc:
-        deadline = time.monotonic() + 120
-        while not any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir()):
-            assert proc.poll() is None and time.monotonic() < deadline, "it ended before its staging appeared"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGHUP)
-        _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 0, stderr
-    assert len(out.read_text().splitlines()) == 5000 and sorted(tmp_path.iterdir()) == [out, texts]
-
-
 NO_TEMPDIR = """
 import sys, tempfile
 tempfile._candidate_tempdir_list = lambda: ["/dev/null/tmp", "/proc/self/tmp"]  # none can hold a file: as a full or

@@ -1,0 +1,127 @@
+"""How a command ends when a signal finds it at an edge: a terminal that closes under it, a SIGHUP that `nohup`
+ignores, a stop that comes once its output is published, and a local Ray that cannot write its files."""
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from support.processes import default_sigint
+from support.serve import DATES
+
+INFER = [sys.executable, "-m", "cli", "infer", str(DATES)]
+
+
+def _texts(path: Path, n: int) -> Path:
+    path.write_text("".join(f"march {i % 28 + 1} 19{i % 100:02d}\n" for i in range(n)))
+    return path
+
+
+def _wait_for_staging(directory: Path, name: str, running: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(f".{name}.") for p in directory.iterdir()):
+        assert running() and time.monotonic() < deadline, "it ended before its staging appeared"
+        time.sleep(0.02)
+
+
+def _ignore_hang_up() -> None:
+    default_sigint()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts a command
+
+
+def test_a_hang_up_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
+    """`nohup seq2onnx infer ...`: the SIGHUP of a closed terminal does not stop it; it writes every record."""
+    texts, out = _texts(tmp_path / "texts.txt", 5000), tmp_path / "out.jsonl"
+    with subprocess.Popen([*INFER, "--input", str(texts), "--output", str(out)], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_ignore_hang_up) as proc:
+        _wait_for_staging(tmp_path, "out.jsonl", lambda: proc.poll() is None)
+        proc.send_signal(signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert len(out.read_text().splitlines()) == 5000 and sorted(tmp_path.iterdir()) == [out, texts]
+
+
+def test_a_terminal_that_closes_stops_infer_as_sigterm_does(tmp_path: Path) -> None:
+    """The terminal the command runs on closes (the kernel hangs it up: SIGHUP to its group, and every later write
+    to it fails with EIO): it stops in order, exit 143, nothing left. It exited 1 before ('lost sys.stderr'): the
+    stop's last line, written to the closed terminal, failed."""
+    texts, out = _texts(tmp_path / "texts.txt", 20000), tmp_path / "out.jsonl"
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: on the new terminal
+        try:
+            os.chdir(tmp_path)
+            os.execv(sys.executable, [*INFER, "--input", str(texts), "--output", str(out)])
+        finally:
+            os._exit(127)
+    try:
+        def running() -> bool:
+            while select.select([terminal], [], [], 0)[0]:  # keep the terminal drained
+                if not os.read(terminal, 65536):
+                    break
+            return os.waitpid(pid, os.WNOHANG) == (0, 0)
+
+        _wait_for_staging(tmp_path, "out.jsonl", running)
+        os.close(terminal)
+        terminal = -1
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+            assert time.monotonic() < deadline, "it did not stop after its terminal closed"
+            time.sleep(0.05)
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    status = done[1]
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143, status
+    assert sorted(tmp_path.iterdir()) == [texts]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_a_stop_once_the_output_is_written_finds_the_work_done(tmp_path: Path, sig: int) -> None:
+    """The signal comes as 'wrote' is said, while the command frees its model on its way out: exit 0 with the
+    output in place. It said 'stopped by SIGTERM; nothing was written' with the file written, exit 143 (or 129 for
+    SIGHUP as the interpreter shut down)."""
+    out = tmp_path / "out.jsonl"
+    for _ in range(3):
+        with subprocess.Popen([*INFER, "--text", "3/3/15", "--output", str(out), "--force"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=default_sigint) as proc:
+            said = []
+            while not said or not said[-1].startswith("wrote "):
+                line = proc.stderr.readline()
+                assert line, "".join(said)
+                said.append(line)
+            proc.send_signal(sig)
+            _, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 0, "".join(said) + rest
+        assert "Error" not in rest and out.read_text().count("\n") == 1
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("command", [["infer", str(DATES), "--ray", "--text", "3/3/15", "--output", "out.jsonl"],
+                                     ["serve", str(DATES), "--ray", "--port", "1"]], ids=["infer", "serve"])
+def test_a_local_ray_that_cannot_write_its_files_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    """Ray keeps a local instance's files in RAY_TMPDIR, else TMPDIR, else /tmp: where it cannot make them, one
+    line saying so and what to set, exit 1 (it was Ray's traceback of ~60 lines), and no Ray left running."""
+    env = {**os.environ, "RAY_TMPDIR": "/dev/null/ray", "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run([sys.executable, "-m", "cli", *command], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    prefix = "serve" if command[0] == "serve" else "--ray"
+    assert done.stderr.strip().endswith(
+        f"Error: {prefix}: could not start a local Ray (Not a directory: /dev/null/ray); a local Ray keeps its files "
+        "in RAY_TMPDIR, else TMPDIR, else /tmp: set RAY_TMPDIR or TMPDIR to a writable directory"), done.stderr
+    assert sorted(tmp_path.iterdir()) == []
