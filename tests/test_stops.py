@@ -125,3 +125,23 @@ def test_a_local_ray_that_cannot_write_its_files_is_one_line(tmp_path: Path, com
         f"Error: {prefix}: could not start a local Ray (Not a directory: /dev/null/ray); a local Ray keeps its files "
         "in RAY_TMPDIR, else TMPDIR, else /tmp: set RAY_TMPDIR or TMPDIR to a writable directory"), done.stderr
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_stop_between_two_outputs_names_the_one_written() -> None:
+    """`infer --output O --plot P` stopped after O is published, before P: the line says O was written (it said
+    that nothing was)."""
+    import click
+
+    from cli import common
+    from cli.main import _stopped, main
+    from runtime.errors import Terminated
+
+    ctx = click.Context(main)
+    ctx.invoked_subcommand = "infer"
+    common.WRITTEN[:] = ["out.jsonl"]
+    try:
+        said = _stopped(ctx, Terminated()).message
+    finally:
+        common.WRITTEN.clear()
+    assert said == "infer: stopped by SIGTERM; it had written out.jsonl, and nothing else"
+    assert _stopped(ctx, KeyboardInterrupt()).message.startswith("infer: interrupted; nothing was written")
