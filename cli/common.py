@@ -87,11 +87,11 @@ def hang_up_as_sigterm() -> None:
 
 
 def _hung_up(signum: int, frame: Any) -> None:
-    _quiet_a_closed_terminal()
+    quiet_a_closed_terminal()
     signal.raise_signal(signal.SIGTERM)  # to whatever handles SIGTERM now (a server's stop, a rank's), or ignores it
 
 
-def _quiet_a_closed_terminal() -> None:
+def quiet_a_closed_terminal() -> None:
     """stdout and stderr on a terminal that has closed go to /dev/null: every write there fails (EIO), and the
     stop's last line failing made Python exit 1 ('lost sys.stderr') instead of 143. A terminal still open, a file
     or a pipe is left as it is."""
@@ -122,12 +122,12 @@ def wrote(path: Any, detail: str = "", err: bool = True, last: bool = False) -> 
 
 def finished() -> None:
     """The command's outputs are published and it is on its way out (its sessions and models being freed): from
-    here on SIGTERM and SIGHUP no longer stop it, so a signal now neither says that nothing was written nor ends it
-    with 143 (or SIGHUP's 129, as the interpreter shuts down). In the program only (`entry`): a test calling `main`
-    keeps its handlers."""
+    here on SIGTERM, SIGHUP and Ctrl-C no longer stop it, so a signal now neither says that nothing was written nor
+    ends it with 143 or 130 (or dies of SIGHUP or SIGINT as the interpreter shuts down). In the program only
+    (`entry`): a test calling `main` keeps its handlers."""
     if IN_PROGRAM and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _terminated(signum: int, frame: Any) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from .common import Interrupted, StoppedBySigterm
+from .common import Interrupted, StoppedBySigterm, quiet_a_closed_terminal
 from .run_logs import torchrun_logs
 from .train_options import flag, given
 
@@ -256,7 +256,9 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
             failed.exit_code = failure.exitcode if failure.exitcode == click.UsageError.exit_code else 1  # stays usage
             raise failed from None
         except SignalException as err:
-            if err.sigval in (signal.SIGTERM, signal.SIGHUP):  # torchrun's handler takes SIGHUP too: as ours does
+            if err.sigval == signal.SIGHUP:  # torchrun's handler takes it, not ours: the terminal may be gone
+                quiet_a_closed_terminal()
+            if err.sigval in (signal.SIGTERM, signal.SIGHUP):  # a hang-up as our SIGHUP handler makes it
                 raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped()}") from None
             raise Interrupted(f"interrupted; {all_stopped()}") from None
         except KeyboardInterrupt:

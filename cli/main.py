@@ -12,6 +12,7 @@ from typing import Any, Callable
 import click
 
 from runtime import __version__
+from runtime.atomic_file import discard_staged
 from runtime.errors import Terminated, clipped
 
 from .common import (
@@ -122,6 +123,8 @@ def _noting_its_return(callback: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:
+    """The stop's exception, saying what it left; first removes an output sibling whose removal the signal cut."""
+    discard_staged()
     name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
     what = AFTER_STOPPED.get(name, "nothing was written (outputs are published whole or not at all)")
     if WRITTEN and name not in AFTER_STOPPED:

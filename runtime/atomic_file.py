@@ -4,8 +4,8 @@ and checkpoint files go through it; each caller brings its own rule for what may
 (`runtime.destination`).
 
 The staged sibling is removed on any error; a writer killed mid-write leaves it behind, and no later writer removes
-another's (it may be a live one's). A process about to end itself at once (`os._exit`: `cli.ray_stop`'s kill)
-removes its own with `discard_staged`.
+another's (it may be a live one's). A process about to end itself at once (`os._exit`: `cli.ray_stop`'s kill), or
+stopped by a signal (whose exception can land inside the removal itself), removes its own with `discard_staged`.
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: boo
             _publish_new(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        _STAGED.discard(tmp)
+        _STAGED.discard(tmp)  # not reached when a signal's exception lands inside the removal (a SIGTERM as a failed
+        raise  # read is cleaned up): the sibling stays registered, for the program's stop to remove
+    _STAGED.discard(tmp)
 
 
 def _publish_new(tmp: Path, path: Path) -> None:

@@ -45,7 +45,8 @@ def check_number(name: str, value: Any, low: float, high: float, integer: bool =
             number = int(value) if integer else float(value)  # compared as stored: np.float32(0.01) < 0.01
     if number is None or not low <= number <= high:
         said, bounds = ("an integer", f"{int(low)} to {int(high)}") if integer else ("a number", f"{low:g} to {high:g}")
-        raise InputError(f"{name}: expected {said} from {bounds}, got {brief(value)}")
+        stored = f" ({number!r} as a Python float)" if number is not None and low <= value <= high else ""
+        raise InputError(f"{name}: expected {said} from {bounds}, got {brief(value)}{stored}")
     return number
 
 

@@ -50,50 +50,77 @@ def test_a_hang_up_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
     assert len(out.read_text().splitlines()) == 5000 and sorted(tmp_path.iterdir()) == [out, texts]
 
 
-def test_a_terminal_that_closes_stops_infer_as_sigterm_does(tmp_path: Path) -> None:
-    """The terminal the command runs on closes (the kernel hangs it up: SIGHUP to its group, and every later write
-    to it fails with EIO): it stops in order, exit 143, nothing left. It exited 1 before ('lost sys.stderr'): the
-    stop's last line, written to the closed terminal, failed."""
-    texts, out = _texts(tmp_path / "texts.txt", 20000), tmp_path / "out.jsonl"
+def _on_a_terminal_that_closes(argv: list[str], cwd: Path, ready: Callable[[], bool]) -> int:
+    """Run `argv` on a new terminal (its session's), close the terminal once `ready()`, return the exit status."""
     pid, terminal = pty.fork()
     if pid == 0:  # the child: on the new terminal
         try:
-            os.chdir(tmp_path)
-            os.execv(sys.executable, [*INFER, "--input", str(texts), "--output", str(out)])
+            os.chdir(cwd)
+            os.execv(argv[0], argv)
         finally:
             os._exit(127)
     try:
-        def running() -> bool:
+        deadline = time.monotonic() + 240
+        while not ready():
             while select.select([terminal], [], [], 0)[0]:  # keep the terminal drained
                 if not os.read(terminal, 65536):
                     break
-            return os.waitpid(pid, os.WNOHANG) == (0, 0)
-
-        _wait_for_staging(tmp_path, "out.jsonl", running)
+            assert os.waitpid(pid, os.WNOHANG) == (0, 0), "it ended before it was ready"
+            assert time.monotonic() < deadline, "it was not ready in time"
+            time.sleep(0.02)
         os.close(terminal)
         terminal = -1
         deadline = time.monotonic() + 60
         while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
             assert time.monotonic() < deadline, "it did not stop after its terminal closed"
             time.sleep(0.05)
+        return done[1]
     finally:
         if terminal >= 0:
             os.close(terminal)
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)  # the session's group: a launcher's ranks too
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-    status = done[1]
+
+
+def _staged(directory: Path, name: str) -> Callable[[], bool]:
+    return lambda: any(p.name.startswith(f".{name}.") for p in directory.iterdir())
+
+
+@pytest.mark.parametrize("source", ["file", "terminal"])
+def test_a_terminal_that_closes_stops_infer_as_sigterm_does(tmp_path: Path, source: str) -> None:
+    """The terminal the command runs on closes (the kernel hangs it up: SIGHUP to its group, and every later read
+    or write there fails with EIO): it stops in order, exit 143, nothing left. It exited 1 before ('lost
+    sys.stderr': the stop's last line failed on the closed terminal). Reading its texts from that terminal, it left
+    its staged output behind for good: the SIGTERM landed inside the removal that the failed read set off."""
+    texts, out = _texts(tmp_path / "texts.txt", 20000), tmp_path / "out.jsonl"
+    given = str(texts) if source == "file" else "-"
+    status = _on_a_terminal_that_closes([*INFER, "--input", given, "--output", str(out)], tmp_path,
+                                        _staged(tmp_path, "out.jsonl"))
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143, status
     assert sorted(tmp_path.iterdir()) == [texts]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+@pytest.mark.slow  # two training processes
+def test_a_terminal_that_closes_stops_a_launched_run_as_sigterm_does(tmp_path: Path) -> None:
+    """torchrun's handler takes the launcher's SIGHUP, not ours: its last line failed on the closed terminal, exit 1.
+    Now 143, and the state saved is kept for --resume."""
+    out = tmp_path / "ckpt"
+    state = tmp_path / "ckpt.partial" / "train_state.pt"
+    status = _on_a_terminal_that_closes(
+        [sys.executable, "-m", "cli", "train", "--data", "reverse", "--hidden-dim", "32", "--embedding-dim", "16",
+         "--eval-beam", "0", "--epochs", "50", "--out", str(out), "--nproc-per-node", "2"], tmp_path, state.is_file)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143, status
+    assert state.is_file() and not out.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["sigterm", "sighup", "ctrl-c"])
 def test_a_stop_once_the_output_is_written_finds_the_work_done(tmp_path: Path, sig: int) -> None:
     """The signal comes as 'wrote' is said, while the command frees its model on its way out: exit 0 with the
-    output in place. It said 'stopped by SIGTERM; nothing was written' with the file written, exit 143 (or 129 for
-    SIGHUP as the interpreter shut down)."""
+    output in place. It said 'stopped by SIGTERM; nothing was written' with the file written, exit 143 (or died of
+    SIGHUP or SIGINT as the interpreter shut down)."""
     out = tmp_path / "out.jsonl"
     for _ in range(3):
         with subprocess.Popen([*INFER, "--text", "3/3/15", "--output", str(out), "--force"], cwd=tmp_path,

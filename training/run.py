@@ -137,8 +137,9 @@ def run(plan: RunPlan, hooks: RunHooks, dist: Dist | None = None) -> None:
         if dist is not None:
             leave_together(dist, out)  # the report needs no other rank
         job.report()
-    except KeyboardInterrupt:
-        raise RunStopped(f"interrupted after {str(out)!r} was written; only the accuracy report was skipped") from None
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM's Terminated
+        raise RunStopped(f"{why_stopped(err, dist)} after {str(out)!r} was written; only the accuracy report was "
+                         "skipped") from None
 
 
 def _write(plan: RunPlan, job: Job, saved_state: Path, dist: Dist | None) -> None:
