@@ -29,8 +29,8 @@ import click
 from runtime.errors import Seq2OnnxError, Terminated, UsageError
 
 EXIT_INTERRUPTED = 130
-IN_PROGRAM: list[bool] = []  # `cli.main.entry` runs: the process ends with the command (not a test calling `main`)
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a process that SIGTERM ended
+IN_PROGRAM: list[bool] = []  # `cli.main.entry` runs: the process ends with the command (not a test calling `main`)
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -100,8 +100,8 @@ class LazyGroup(click.Group):
                 raise
             raise _stopped(ctx, exc.__context__) from None
         finally:
-            # Once the command is done its outputs are published: a SIGTERM or SIGHUP now must not kill the process
-            # (143 or 129, and no word) on its way out
+            # Once the command is done its outputs are published: a SIGTERM, SIGHUP or Ctrl-C now must not kill the
+            # process (143, 129 or 130, and no word) on its way out
             if IN_PROGRAM:
                 finished()
             else:
@@ -115,7 +115,7 @@ def _noting_its_return(callback: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         global RETURNED
         result = callback(*args, **kwargs)
-        RETURNED = True  # no signal handler runs between the return and this store
+        RETURNED = True  # (a stop whose handler runs before this store counts as one during the command)
         return result
 
     setattr(run, RETURNS, True)

@@ -101,10 +101,10 @@ def _keep_sigterm_ours() -> None:
 
 
 def keep_group_signals_from_ray() -> None:
-    """Block SIGTERM and SIGHUP on this thread, the Ray thread, before it starts a local Ray. The processes Ray starts inherit
-    the mask (and the workers its raylet starts, theirs), so a SIGTERM sent to the whole process group (`timeout`,
-    `kill -TERM -PGID`, systemd's default KillMode=control-group) reaches only this command, which stops them in
-    order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under Serve:
+    """Block SIGTERM and SIGHUP on this thread, the Ray thread, before it starts a local Ray. The processes Ray
+    starts inherit the mask (and the workers its raylet starts, theirs), so a SIGTERM sent to the whole process group
+    (`timeout`, `kill -TERM -PGID`, systemd's default KillMode=control-group) reaches only this command, which stops
+    them in order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under Serve:
     `serve --ray` waited out --shutdown-timeout, then killed everything (exit 143), and the requests under way were
     lost. SIGHUP, which a closed terminal sends the whole group, the same way: this command takes it as SIGTERM
     (`cli.common.hang_up_as_sigterm`). The cost: `ray.shutdown` gives each of its processes a second to take
