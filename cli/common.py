@@ -99,13 +99,30 @@ def quiet_a_closed_terminal() -> None:
         try:
             os.write(fd, b"")
         except OSError as exc:
-            if exc.errno != errno.EIO:
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()  # what is buffered for the closed terminal goes nowhere either way
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, fd)
-            os.close(null)
+            if exc.errno == errno.EIO:
+                _to_null(stream, fd)
+
+
+def _to_null(stream: Any, fd: int) -> None:
+    """Point `fd` (`stream`'s) at /dev/null: what it held, and what comes, goes nowhere, and no write fails."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+    with contextlib.suppress(OSError, ValueError):
+        stream.flush()  # what was buffered for the lost stream, now into /dev/null
+
+
+def say(line: str, err: bool = True) -> None:
+    """`click.echo`, for a line the command's result does not depend on (progress, 'wrote ...'). Where the stream
+    cannot take it (a full disk behind 2>, a terminal that closed while SIGHUP is ignored), the stream is pointed
+    at /dev/null from here on: a lost message made the run fail and lose its output, or exit 1 after writing it."""
+    try:
+        click.echo(line, err=err)
+    except OSError:
+        if err:
+            _to_null(sys.stderr, 2)
+        else:
+            _to_null(sys.stdout, 1)
 
 
 WRITTEN: list[str] = []  # what this command has published so far, for the line a stop then prints
@@ -117,7 +134,7 @@ def wrote(path: Any, detail: str = "", err: bool = True, last: bool = False) -> 
     WRITTEN.append(str(path))
     if last:
         finished()  # before the line: a stop sent on reading it must find the signals ignored
-    click.echo(f"wrote {path}{detail}", err=err)
+    say(f"wrote {path}{detail}", err=err)
 
 
 def finished() -> None:

@@ -20,7 +20,7 @@ from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import DEFAULT_MAX_THREADS, MAX_DEVICE_ID, PROVIDERS
 
-from .common import check_threads_option, check_workers_option, user_errors, wrote
+from .common import check_threads_option, check_workers_option, say, user_errors, wrote
 from .infer_points import read_input
 from .infer_tokens import (
     check_token_usage,
@@ -246,7 +246,9 @@ def _infer_on_ray(ctx: click.Context, job: RayJob) -> None:
 
 
 def _progress(line: str) -> None:
-    click.echo(line, err=True)
+    """A progress line on stderr; one that cannot be written is dropped (`cli.common.say`): it made the run fail
+    and lose its output, blamed on --output."""
+    say(line)
 
 
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,

@@ -172,3 +172,15 @@ def test_a_stop_between_two_outputs_names_the_one_written() -> None:
         common.WRITTEN.clear()
     assert said == "infer: stopped by SIGTERM; it had written out.jsonl, and nothing else"
     assert _stopped(ctx, KeyboardInterrupt()).message.startswith("infer: interrupted; nothing was written")
+
+
+def test_messages_that_cannot_be_written_cost_the_run_nothing(tmp_path: Path) -> None:
+    """stderr on a full disk (as on a terminal that closed while SIGHUP is ignored): progress and 'wrote' are lost,
+    the output is written whole and the exit is 0. The first progress line failed the run: exit 1, nothing
+    written, and its last line blamed --output."""
+    texts, out = _texts(tmp_path / "texts.txt", 3000), tmp_path / "out.jsonl"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*INFER, "--input", str(texts), "--output", str(out)], cwd=tmp_path, stderr=full,
+                              stdout=subprocess.PIPE, timeout=120)
+    assert done.returncode == 0
+    assert len(out.read_text().splitlines()) == 3000 and sorted(tmp_path.iterdir()) == [out, texts]
