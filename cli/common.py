@@ -119,6 +119,8 @@ def say(line: str, err: bool = True) -> None:
     try:
         click.echo(line, err=err)
     except OSError:
+        if not IN_PROGRAM:  # a caller of `main` in its own process keeps its streams
+            raise
         if err:
             _to_null(sys.stderr, 2)
         else:
