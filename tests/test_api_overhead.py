@@ -25,8 +25,7 @@ def cases(stdout: str) -> list[tuple[str, int, int]]:
     """(strategy, batch, bare runs) of every case line; every line after the header must be one."""
     lines = stdout.strip().splitlines()[1:]
     matches = [LINE.match(line) for line in lines]
-    assert all(matches), lines
-    assert all(int(m[5]) < int(m[4]) for m in matches), lines  # the call without its runs takes less than with them
+    assert all(matches), lines  # (no timing is compared: two repeats of each, on a shared machine)
     return [(m[1], int(m[2]), int(m[3])) for m in matches]
 
 
