@@ -50,7 +50,7 @@ from .infer_tokens import (
     model_kind,
     refuse_token_options,
 )
-from .ray_stop import RAY_FILES, Stop, drive, keep_group_signals_from_ray
+from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
 # where the driver already reports its error as one line.
@@ -214,10 +214,7 @@ def ray_session(address: str | None, model_dir: str | None, stop: Stop) -> Itera
             ray.init(address=address, runtime_env={"working_dir": model_dir} if model_dir else None, **QUIET)
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:
         if address is None:
-            if isinstance(exc, OSError) and exc.filename is not None:  # its session directory: a read-only /tmp
-                raise click.ClickException(f"--ray: could not start a local Ray ({exc.strerror}: {exc.filename}); "
-                                           f"{RAY_FILES}") from None
-            raise click.ClickException(f"--ray: could not start a local Ray ({one_line(exc)})") from None
+            raise local_ray_failed("--ray", exc, one_line(exc)) from None
         raise join_failed(address, one_line(exc)) from None
     stop.connected.set()
     try:

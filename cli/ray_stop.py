@@ -25,8 +25,6 @@ from .common import stop_for
 
 POLL_S = 0.05  # how often the main thread looks at signals, the deadline, and whether Ray is up
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-RAY_FILES = ("a local Ray keeps its files in RAY_TMPDIR, else TMPDIR, else /tmp: set RAY_TMPDIR or TMPDIR to a "
-             "writable directory")
 EXIT_FAILED = 1
 
 
@@ -100,13 +98,23 @@ def _keep_sigterm_ours() -> None:
     faulthandler.enable()
 
 
+def local_ray_failed(who: str, exc: Exception, reason: str) -> click.ClickException:
+    """`who` could not start a local Ray, for `reason`; where Ray could not make its session directory (a
+    read-only /tmp), which directory to set instead."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return click.ClickException(f"{who}: could not start a local Ray ({exc.strerror}: {exc.filename}); a local "
+                                    "Ray keeps its files in RAY_TMPDIR, else TMPDIR, else /tmp: set RAY_TMPDIR or "
+                                    "TMPDIR to a writable directory")
+    return click.ClickException(f"{who}: could not start a local Ray ({reason})")
+
+
 def keep_group_signals_from_ray() -> None:
     """Block SIGTERM and SIGHUP on this thread, the Ray thread, before it starts a local Ray. The processes Ray
     starts inherit the mask (and the workers its raylet starts, theirs), so a SIGTERM sent to the whole process group
     (`timeout`, `kill -TERM -PGID`, systemd's default KillMode=control-group) reaches only this command, which stops
-    them in order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under Serve:
-    `serve --ray` waited out --shutdown-timeout, then killed everything (exit 143), and the requests under way were
-    lost. SIGHUP, which a closed terminal sends the whole group, the same way: this command takes it as SIGTERM
+    them in order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under
+    Serve: `serve --ray` waited out --shutdown-timeout, then killed everything (exit 143), and the requests under
+    way were lost. SIGHUP, which a closed terminal sends the whole group, the same way: this command takes it as SIGTERM
     (`cli.common.hang_up_as_sigterm`). The cost: `ray.shutdown` gives each of its processes a second to take
     SIGTERM before it kills them."""
     if threading.current_thread() is threading.main_thread():

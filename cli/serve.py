@@ -38,7 +38,8 @@ from .serve_ray import STOP_RESERVE_S
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = ("head", "every-node")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0  # as serving.server's: --help stays free of uvicorn's import
-DEFAULT_RAY_SHUTDOWN_TIMEOUT_S = 30.0  # a start-up step under way, the drain, then Serve's and Ray's shutdown (~7.5 s idle here)
+# a start-up step under way, the drain, then Serve's and Ray's shutdown (~7.5 s idle here)
+DEFAULT_RAY_SHUTDOWN_TIMEOUT_S = 30.0
 RAY_ONLY = ("proxy_location", "name")  # options that mean something on Ray Serve only
 
 

@@ -13,7 +13,7 @@ from serving.config import Replicas, ServeConfig, parse_replicas
 
 from .cluster import join_failed
 from .common import stop_for
-from .ray_stop import RAY_FILES, Stop, drive, keep_group_signals_from_ray
+from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first
@@ -124,10 +124,7 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
             ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:
         if address is None:
-            if isinstance(exc, OSError) and exc.filename is not None:  # its session directory: a read-only /tmp
-                raise click.ClickException(f"serve: could not start a local Ray ({exc.strerror}: {exc.filename}); "
-                                           f"{RAY_FILES}") from None
-            raise click.ClickException(f"serve: could not start a local Ray ({_first_line(exc)})") from None
+            raise local_ray_failed("serve", exc, _first_line(exc)) from None
         raise join_failed(address, _first_line(exc)) from None
     return address is None
 
