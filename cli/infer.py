@@ -179,7 +179,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     if plot_path and len(outputs) == 0:
-        click.echo(f"note: the input holds no items, so nothing was drawn and {plot_path} was not written", err=True)
+        say(f"note: the input holds no items, so nothing was drawn and {plot_path} was not written")
     elif plot_path:
         from runtime.plot import plot_predictions, shown_items
 
@@ -279,12 +279,12 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
         for line in lines:
             click.echo(line, nl=False)
     if run.skipped:
-        click.echo(run.skipped_note(), err=True)
+        say(run.skipped_note())
     if run.decoded == 0:
         where = "stdin" if input_path == "-" else input_path
-        click.echo(f"note: {where} held no text, so nothing was decoded", err=True)
+        say(f"note: {where} held no text, so nothing was decoded")
     if plot_path and not run.shown:
-        click.echo(f"note: there were no inputs, so nothing was drawn and {plot_path} was not written", err=True)
+        say(f"note: there were no inputs, so nothing was drawn and {plot_path} was not written")
     elif plot_path:
         from runtime.plot import plot_heatmaps
 

@@ -41,7 +41,7 @@ from serving.offline import (
 )
 
 from .cluster import check_reachable, join_failed
-from .common import wrote
+from .common import say, wrote
 from .infer import RayJob, check_outputs, write_atomically
 from .infer_points import read_input
 from .infer_tokens import (
@@ -101,14 +101,14 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
         if signum is not None:
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
         actors, seconds = done[0]
-        click.echo(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
-                   f"on {actors} actor{'' if actors == 1 else 's'}", err=True)
+        say(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
+            f"on {actors} actor{'' if actors == 1 else 's'}")
     wrote(output, f" ({n} input{'' if n == 1 else 's'})", last=True)
     if note:
-        click.echo(note, err=True)
+        say(note)
     if n == 0:
-        click.echo(f"note: {'stdin' if job.input_path == '-' else job.input_path} held no "
-                   f"{'text' if tokens else 'items'}, so nothing was decoded", err=True)
+        say(f"note: {'stdin' if job.input_path == '-' else job.input_path} held no "
+            f"{'text' if tokens else 'items'}, so nothing was decoded")
 
 
 def _load(base: dict[str, Any]) -> Seq2Seq:

@@ -184,3 +184,17 @@ def test_messages_that_cannot_be_written_cost_the_run_nothing(tmp_path: Path) ->
                               stdout=subprocess.PIPE, timeout=120)
     assert done.returncode == 0
     assert len(out.read_text().splitlines()) == 3000 and sorted(tmp_path.iterdir()) == [out, texts]
+
+
+@pytest.mark.parametrize("text, records", [("march 3 2015\n\nmay 1 1999\n", 2), ("", 0)], ids=["blank-line", "empty"])
+def test_a_note_after_the_output_that_cannot_be_written_costs_nothing(tmp_path: Path, text: str,
+                                                                         records: int) -> None:
+    """The notes said after the records (blank lines skipped, an input with no text) go the way of 'wrote' on an
+    unwritable stderr: the records on stdout stand and the exit is 0. They failed the run, exit 1."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text(text)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*INFER, "--input", str(texts)], cwd=tmp_path, stderr=full, stdout=subprocess.PIPE,
+                              timeout=120)
+    assert done.returncode == 0
+    assert len(done.stdout.splitlines()) == records
