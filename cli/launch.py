@@ -259,10 +259,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
             if err.sigval == signal.SIGHUP:  # torchrun's handler takes it, not ours: the terminal may be gone
                 quiet_a_closed_terminal()
             if err.sigval in (signal.SIGTERM, signal.SIGHUP):  # a hang-up as our SIGHUP handler makes it
-                raise StoppedBySigterm(f"stopped by SIGTERM; {all_stopped()}") from None
-            raise Interrupted(f"interrupted; {all_stopped()}") from None
+                raise StoppedBySigterm(f"train: stopped by SIGTERM; {all_stopped()}") from None
+            raise Interrupted(f"train: interrupted; {all_stopped()}") from None
         except KeyboardInterrupt:
-            raise Interrupted(f"interrupted; {all_stopped()}") from None
+            raise Interrupted(f"train: interrupted; {all_stopped()}") from None
 
 
 def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:

@@ -76,7 +76,7 @@ def as_click(err: Exception, dist: Any) -> Exception | None:
     if isinstance(err, QuietExit):
         return click.exceptions.Exit(err.exit_code)
     if isinstance(err, RunStopped):
-        return Interrupted(str(err))
+        return Interrupted(f"train: {err}")  # as every command names itself in its stop's line
     if isinstance(err, RunError):
         shown = (Restarting if isinstance(err, RunRestarting) else click.ClickException)(str(err))
         shown.exit_code, shown.this_rank = err.exit_code, err.this_rank

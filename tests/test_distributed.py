@@ -465,7 +465,7 @@ def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launc
     run_.proc.wait(10)
     wait_for(run_.all_gone, STOP_WITHIN_S, "the ranks of the killed launcher to exit")
     said = run_.output()
-    assert f"Error: stopped: its launcher (pid {run_.proc.pid}) died during epoch" in said, said
+    assert f"Error: train: stopped: its launcher (pid {run_.proc.pid}) died during epoch" in said, said
     assert said.count("Error") == 1, said
     assert load_train_state(partial_dir(out) / CHECKPOINT_STATE_FILE)["epoch"] >= 1
     # its torchrun log directory stayed behind; the next run's launcher removes it (as sweep_torchrun_logs here)
@@ -477,11 +477,11 @@ def test_a_busy_out_is_refused_and_the_ranks_of_a_killed_launcher_stop_too(launc
 
 @pytest.mark.parametrize(("sent", "code", "rank_says", "launcher_says"), [
     # a terminal's Ctrl-C goes to the foreground group (torchrun passes it on to the workers, in sessions of their own)
-    (signal.SIGINT, 130, "interrupted during epoch", "Error: interrupted; every process of the run has stopped"),
+    (signal.SIGINT, 130, "interrupted during epoch", "Error: train: interrupted; every process of the run has stopped"),
     # a service manager's stop goes to the launcher, which stops the workers with SIGTERM
-    (signal.SIGTERM, 143, "stopped by SIGTERM", "Error: stopped by SIGTERM; every process of the run has stopped"),
+    (signal.SIGTERM, 143, "stopped by SIGTERM", "Error: train: stopped by SIGTERM; every process of the run has stopped"),
     # a closed terminal's hang-up goes to the foreground group too: a stop as SIGTERM's (it was exit 130, "interrupted")
-    (signal.SIGHUP, 143, "stopped by SIGTERM", "Error: stopped by SIGTERM; every process of the run has stopped"),
+    (signal.SIGHUP, 143, "stopped by SIGTERM", "Error: train: stopped by SIGTERM; every process of the run has stopped"),
 ], ids=["ctrl-c", "sigterm", "sighup"])
 def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path: Path, sent: int, code: int,
                                                         rank_says: str, launcher_says: str) -> None:
@@ -498,7 +498,7 @@ def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path:
     wait_for(run_.all_gone, 10, "every process of the run to exit")
     output = run_.output()
     assert status == code, output
-    assert f"Error: {rank_says}" in output and "rerun with --resume" in output  # rank 0
+    assert f"Error: train: {rank_says}" in output and "rerun with --resume" in output  # rank 0
     assert "rank 1" not in output  # the other ranks stop quietly: the user stopped them
     assert launcher_says in output and output.count("Error") == 2, output
     assert f"{launcher_says}; the last saved state is in " in output, output  # what is kept when it stops
@@ -567,7 +567,7 @@ def test_ctrl_c_before_the_first_epoch_is_said_once(launched: Any, tmp_path: Pat
     output = run_.output()
     ranks_said = [line for line in output.splitlines() if line.startswith("Error: ") and "every process" not in line]
     assert len(ranks_said) <= 1, output  # rank 0's line (none when it stopped before its handlers were in place)
-    assert "Error: interrupted; every process of the run has stopped; no training state was saved yet" in output
+    assert "Error: train: interrupted; every process of the run has stopped; no training state was saved yet" in output
     assert "Traceback" not in output
 
 

@@ -552,7 +552,8 @@ def test_sigterm_stops_training_as_ctrl_c_does_and_exits_143(tmp_path: Path) -> 
     killed the process at once before, with no word of what was kept."""
     out, state, code, stderr = _stop_once_saved(tmp_path, signal.SIGTERM)
     assert code == 143, stderr
-    assert "stopped by SIGTERM during epoch" in stderr and "rerun with --resume to continue" in stderr, stderr
+    assert "Error: train: stopped by SIGTERM during epoch" in stderr, stderr  # named, as every command's stop
+    assert "rerun with --resume to continue" in stderr, stderr
     assert "Traceback" not in stderr and not out.exists() and load_train_state(state)["epoch"] >= 0
 
 
