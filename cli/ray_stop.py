@@ -105,6 +105,11 @@ def local_ray_failed(who: str, exc: Exception, reason: str) -> click.ClickExcept
         return click.ClickException(f"{who}: could not start a local Ray ({exc.strerror}: {exc.filename}); a local "
                                     "Ray keeps its files in RAY_TMPDIR, else TMPDIR, else /tmp: set RAY_TMPDIR or "
                                     "TMPDIR to a writable directory")
+    if "AF_UNIX path length" in reason:  # its socket paths, under the directory, longer than a socket's 107 bytes
+        where = "RAY_TMPDIR" if os.environ.get("RAY_TMPDIR") else "TMPDIR" if os.environ.get("TMPDIR") else "/tmp"
+        return click.ClickException(f"{who}: could not start a local Ray ({reason}); a local Ray makes its sockets "
+                                    f"under RAY_TMPDIR, else TMPDIR, else /tmp (here {where}), and a socket's path "
+                                    "must fit in 107 bytes: set RAY_TMPDIR to a directory with a shorter path")
     return click.ClickException(f"{who}: could not start a local Ray ({reason})")
 
 

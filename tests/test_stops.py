@@ -154,6 +154,23 @@ def test_a_local_ray_that_cannot_write_its_files_is_one_line(tmp_path: Path, com
     assert sorted(tmp_path.iterdir()) == []
 
 
+@pytest.mark.ray
+def test_a_ray_directory_too_long_for_its_sockets_says_what_to_set(tmp_path: Path) -> None:
+    """A RAY_TMPDIR whose session paths exceed a Unix socket's 107 bytes: Ray's reason and what to set instead
+    (it was Ray's reason alone)."""
+    long = tmp_path / ("x" * 80)
+    long.mkdir()
+    env = {**os.environ, "RAY_TMPDIR": str(long), "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run([*INFER, "--ray", "--text", "3/3/15", "--output", "out.jsonl"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: --ray: could not start a local Ray (") and "AF_UNIX path length" in last, last
+    assert last.endswith("(here RAY_TMPDIR), and a socket's path must fit in 107 bytes: set RAY_TMPDIR to a "
+                         "directory with a shorter path"), last
+    assert sorted(tmp_path.iterdir()) == [long]
+
+
 def test_a_stop_between_two_outputs_names_the_one_written() -> None:
     """`infer --output O --plot P` stopped after O is published, before P: the line says O was written (it said
     that nothing was)."""
