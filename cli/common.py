@@ -112,6 +112,19 @@ def _to_null(stream: Any, fd: int) -> None:
         stream.flush()  # what was buffered for the lost stream, now into /dev/null
 
 
+ORT_TELEMETRY = "ORT_DISABLE_TELEMETRY"  # onnxruntime's own switch, read once when it starts
+
+
+def onnxruntime_telemetry_off() -> None:
+    """The program's processes run onnxruntime with its telemetry off, unless ORT_DISABLE_TELEMETRY says otherwise.
+    onnxruntime 1.29+ on Linux and macOS sends usage events (process, sessions, models, errors, run counts) to
+    Microsoft by default, keeps a device id and an event cache under ~/.cache/Microsoft/DeveloperTools, and with a
+    HOME it cannot write prints a warning at every start: unexpected from a tool that serves and decodes offline.
+    Set before onnxruntime is imported (it reads it once); the processes this one starts (torchrun's ranks, a
+    local Ray's) inherit it, and a cluster's get it with the job (`cli.cluster.runtime_env`)."""
+    os.environ.setdefault(ORT_TELEMETRY, "1")
+
+
 def say(line: str, err: bool = True) -> None:
     """`click.echo`, for a line the command's result does not depend on (progress, 'wrote ...'). Where the stream
     cannot take it (a full disk behind 2>, a terminal that closed while SIGHUP is ignored), the stream is pointed

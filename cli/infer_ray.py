@@ -40,7 +40,7 @@ from serving.offline import (
     token_dataset,
 )
 
-from .cluster import check_reachable, join_failed
+from .cluster import check_reachable, join_failed, runtime_env
 from .common import say, wrote
 from .infer import RayJob, check_outputs, write_atomically
 from .infer_points import read_input
@@ -211,7 +211,7 @@ def ray_session(address: str | None, model_dir: str | None, stop: Stop) -> Itera
             keep_group_signals_from_ray()
             ray.init(address="local", num_cpus=max_threads(), include_dashboard=False, **QUIET)
         else:
-            ray.init(address=address, runtime_env={"working_dir": model_dir} if model_dir else None, **QUIET)
+            ray.init(address=address, runtime_env=runtime_env(model_dir), **QUIET)
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:
         if address is None:
             raise local_ray_failed("--ray", exc, one_line(exc)) from None

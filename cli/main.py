@@ -26,6 +26,7 @@ from .common import (
     hang_up_as_sigterm,
     held_signals,
     no_temporary_directory,
+    onnxruntime_telemetry_off,
     raise_on_sigterm,
     stopped_by_sigterm,
 )
@@ -145,6 +146,7 @@ def entry(args: list[str] | None = None) -> None:
     KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
     though our handler caught it."""
     IN_PROGRAM.append(True)
+    onnxruntime_telemetry_off()
     hang_up_as_sigterm()
     try:
         main(args=args, prog_name="seq2onnx")

@@ -101,6 +101,11 @@ def _keep_sigterm_ours() -> None:
 def local_ray_failed(who: str, exc: Exception, reason: str) -> click.ClickException:
     """`who` could not start a local Ray, for `reason`; where Ray could not make its session directory (a
     read-only /tmp), which directory to set instead."""
+    if isinstance(exc, OSError) and exc.filename is not None and _in_home(os.fsdecode(exc.filename)):
+        home = os.path.expanduser("~")
+        return click.ClickException(f"{who}: could not start a local Ray ({exc.strerror}: {exc.filename}); a local "
+                                    f"Ray keeps its authentication token in ~/.ray/auth_token (HOME is {home}): make "
+                                    "HOME writable, or give the token in RAY_AUTH_TOKEN")
     if isinstance(exc, OSError) and exc.filename is not None:
         return click.ClickException(f"{who}: could not start a local Ray ({exc.strerror}: {exc.filename}); a local "
                                     "Ray keeps its files in RAY_TMPDIR, else TMPDIR, else /tmp: set RAY_TMPDIR or "
@@ -111,6 +116,12 @@ def local_ray_failed(who: str, exc: Exception, reason: str) -> click.ClickExcept
                                     f"under RAY_TMPDIR, else TMPDIR, else /tmp (here {where}), and a socket's path "
                                     "must fit in 107 bytes: set RAY_TMPDIR to a directory with a shorter path")
     return click.ClickException(f"{who}: could not start a local Ray ({reason})")
+
+
+def _in_home(path: str) -> bool:
+    """Whether `path` is HOME's .ray, or under it (Ray makes its token there for a local Ray it starts)."""
+    ray_dir = os.path.join(os.path.expanduser("~"), ".ray")
+    return path == ray_dir or path.startswith(ray_dir + os.sep)
 
 
 def keep_group_signals_from_ray() -> None:

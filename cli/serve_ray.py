@@ -11,7 +11,7 @@ import click
 
 from serving.config import Replicas, ServeConfig, parse_replicas
 
-from .cluster import join_failed
+from .cluster import join_failed, runtime_env
 from .common import stop_for
 from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed
 
@@ -121,7 +121,7 @@ def _start_ray(address: str | None, model_dir: Path) -> bool:
             keep_group_signals_from_ray()
             ray.init(address="local", include_dashboard=False)  # never attach to a Ray someone else runs here
         else:
-            ray.init(address=address, runtime_env={"working_dir": str(model_dir.resolve())})
+            ray.init(address=address, runtime_env=runtime_env(str(model_dir.resolve())))
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:
         if address is None:
             raise local_ray_failed("serve", exc, _first_line(exc)) from None

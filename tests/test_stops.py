@@ -155,6 +155,22 @@ def test_a_local_ray_that_cannot_write_its_files_is_one_line(tmp_path: Path, com
 
 
 @pytest.mark.ray
+def test_a_home_where_ray_cannot_keep_its_token_is_named(tmp_path: Path) -> None:
+    """A local Ray makes its authentication token in ~/.ray: with a HOME that cannot hold it, the line names HOME
+    (it blamed RAY_TMPDIR, which was fine)."""
+    env = {**os.environ, "HOME": "/dev/null/home", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_AUTH_TOKEN", None)
+    done = subprocess.run([*INFER, "--ray", "--text", "3/3/15", "--output", "out.jsonl"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().endswith(
+        "Error: --ray: could not start a local Ray (Not a directory: /dev/null/home/.ray); a local Ray keeps its "
+        "authentication token in ~/.ray/auth_token (HOME is /dev/null/home): make HOME writable, or give the token "
+        "in RAY_AUTH_TOKEN"), done.stderr
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.ray
 def test_a_ray_directory_too_long_for_its_sockets_says_what_to_set(tmp_path: Path) -> None:
     """A RAY_TMPDIR whose session paths exceed a Unix socket's 107 bytes: Ray's reason and what to set instead
     (it was Ray's reason alone)."""
