@@ -54,6 +54,10 @@ class ProviderError(Seq2OnnxError, RuntimeError):
     """The requested execution provider cannot run on this machine or install."""
 
 
+class ResourceError(Seq2OnnxError, OSError):
+    """The process could not get threads or memory: its limits (ulimit) or the machine's, not its input."""
+
+
 BRIEF_CHARS = 200  # longest repr of a caller's value quoted in a message: a long path fits, a big array does not
 
 

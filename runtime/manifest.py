@@ -31,6 +31,7 @@ MAX_MANIFEST_BYTES = 16 << 20  # 16 MiB: ours are a few KiB, parity report inclu
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # O_NOFOLLOW: a link swapped in after the lstat check still fails; O_NONBLOCK: opening a FIFO cannot hang.
 OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+READ_CHUNK = 1 << 20  # what a file that grows past its size is read on in
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -98,10 +99,17 @@ def read_regular_file(path: Path, max_bytes: int, error: type[Seq2OnnxError],
 
 
 def _read_at_most(fd: int, limit: int, path: Path, error: type[Seq2OnnxError]) -> bytes:
-    """Up to `limit` bytes from an open file; an I/O error raises `error`."""
+    """Up to `limit` bytes from an open file; an I/O error raises `error`. Asks for no more memory than the file
+    holds (`f.read(limit)` reserved the whole limit first: 2 GiB for a graph, which a memory limit refused)."""
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(limit)
+            data = f.read(min(limit, os.fstat(fd).st_size + 1))  # its size, and a byte more if it grew since
+            while len(data) < limit:  # it is growing, or its size said less than it holds (a /proc file)
+                more = f.read(min(limit - len(data), READ_CHUNK))
+                if not more:
+                    return data
+                data += more
+            return data
     except OSError as exc:
         raise error(f"{path}: cannot be read ({exc}); check the disk and re-export the model") from None
 

@@ -9,12 +9,14 @@ import onnxruntime as ort
 
 from .defaults import PROVIDERS, max_threads
 from .denormals import keeping_flags, session_flag
-from .errors import InputError, IntegrityError, ProviderError, brief, one_line
+from .errors import InputError, IntegrityError, ProviderError, ResourceError, brief, one_line
 from .manifest import read_regular_file, sha256_bytes
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 MAX_GRAPH_BYTES = (2 << 30) - 1  # protobuf cannot parse a larger message; larger models need external data
+# what onnxruntime says when a session cannot start its threads or get memory: a limit, not a broken graph
+SHORT_OF = ("pthread_create failed", "Cannot allocate memory", "std::bad_alloc")
 
 # External data: onnxruntime 1.31, given a graph as bytes, resolves a tensor's external-data location against the
 # process's current directory and reads it (it refuses only absolute paths and '..'), so a graph could pull in any
@@ -249,6 +251,10 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
                 f"{name}: onnxruntime could not start a session with {providers} on CUDA device {device_id} "
                 f"({one_line(exc)})"
             ) from None
+        if any(sign in str(exc) for sign in SHORT_OF):
+            raise ResourceError(f"{name}: onnxruntime could not start the session: the process could not get a thread "
+                                f"or memory ({one_line(exc)}); raise its limits (ulimit -u, ulimit -v) or free memory "
+                                "(the graph is not at fault)") from None
         raise IntegrityError(
             f"{name}: onnxruntime could not load the graph ({one_line(exc)}); re-export the model"
         ) from None

@@ -1,0 +1,47 @@
+"""Commands under a process's resource limits (`ulimit`): what the limit allows works, and what it refuses is said
+in one line."""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from support.serve import DATES
+
+ADDRESS_SPACE = 1_500_000 * 1024  # `ulimit -v 1500000`: room for a small model, not for 2 GiB reserved at once
+
+
+def _limited_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def test_a_memory_limit_room_enough_for_the_model_decodes(tmp_path: Path) -> None:
+    """Reading a graph reserved its 2 GiB size limit before reading a file of a few hundred KB: under `ulimit -v`
+    below that, every load ended in a MemoryError traceback."""
+    done = subprocess.run([sys.executable, "-m", "cli", "infer", str(DATES), "--text", "3/3/15"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, preexec_fn=_limited_memory)
+    assert done.returncode == 0 and "2015-03-03" in done.stdout, done.stderr[-2000:]
+
+
+def _no_room_for_a_thread() -> None:
+    """Every new thread's stack (RLIMIT_STACK's size) more than the address space allows: none can start."""
+    resource.setrlimit(resource.RLIMIT_STACK, (2 * ADDRESS_SPACE, 2 * ADDRESS_SPACE))
+    _limited_memory()
+
+
+def test_a_session_that_cannot_start_its_threads_blames_the_limit(tmp_path: Path) -> None:
+    """onnxruntime's pthread_create failing (`ulimit -u`, `ulimit -v`) said 'could not load the graph ... re-export
+    the model', of a model that was fine: now it names the limits, and one intra-op thread (no pool) decodes."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # numpy's pool would be the first to fail
+    run = [sys.executable, "-m", "cli", "infer", str(DATES), "--text", "3/3/15", "--threads"]
+    refused = subprocess.run([*run, "2"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+                             preexec_fn=_no_room_for_a_thread)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert "onnxruntime could not start the session: the process could not get a thread or memory" in last, last
+    assert last.endswith("raise its limits (ulimit -u, ulimit -v) or free memory (the graph is not at fault)"), last
+    decoded = subprocess.run([*run, "1"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+                             preexec_fn=_no_room_for_a_thread)
+    assert decoded.returncode == 0 and "2015-03-03" in decoded.stdout, decoded.stderr[-2000:]
