@@ -28,6 +28,8 @@ import click
 
 from runtime.errors import Seq2OnnxError, Terminated, UsageError
 
+from .streams import to_null
+
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a process that SIGTERM ended
 IN_PROGRAM: list[bool] = []  # `cli.main.entry` runs: the process ends with the command (not a test calling `main`)
@@ -100,16 +102,7 @@ def quiet_a_closed_terminal() -> None:
             os.write(fd, b"")
         except OSError as exc:
             if exc.errno == errno.EIO:
-                _to_null(stream, fd)
-
-
-def _to_null(stream: Any, fd: int) -> None:
-    """Point `fd` (`stream`'s) at /dev/null: what it held, and what comes, goes nowhere, and no write fails."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, fd)
-    os.close(null)
-    with contextlib.suppress(OSError, ValueError):
-        stream.flush()  # what was buffered for the lost stream, now into /dev/null
+                to_null(stream, fd)
 
 
 ORT_TELEMETRY = "ORT_DISABLE_TELEMETRY"  # onnxruntime's own switch, read once when it starts
@@ -135,9 +128,9 @@ def say(line: str, err: bool = True) -> None:
         if not IN_PROGRAM:  # a caller of `main` in its own process keeps its streams
             raise
         if err:
-            _to_null(sys.stderr, 2)
+            to_null(sys.stderr, 2)
         else:
-            _to_null(sys.stdout, 1)
+            to_null(sys.stdout, 1)
 
 
 WRITTEN: list[str] = []  # what this command has published so far, for the line a stop then prints

@@ -23,6 +23,7 @@ from runtime.defaults import (
 from runtime.errors import UsageError
 
 from .common import FiniteFloatRange, no_temporary_directory, require_torch, user_errors, wrote
+from .streams import StdoutError
 from .train import check_data_option
 
 QUALITY_OPTIONS = ("max_output_diff", "max_attention_diff", "min_exact_match", "min_token_agreement")
@@ -204,7 +205,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
     except input_errors() as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:  # a full disk, a file system that takes no new files: the staging copy is gone already
-        if no_temporary_directory(exc):  # not --out's fault: cli.main names TMPDIR
+        if no_temporary_directory(exc) or isinstance(exc, StdoutError):  # not --out's fault: cli.main says it
             raise
         raise click.ClickException(f"--out {out}: the export could not be written ({exc.strerror or exc}); nothing "
                                    "was written there") from None

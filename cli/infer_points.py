@@ -30,7 +30,11 @@ NPY_MAGIC = b"\x93NUMPY"
 def read_input(path: str) -> tuple[Any, Any]:
     """(source, source_mask or None) from .npy, .npz (key 'source'), JSON, or '-' (JSON on stdin)."""
     if path == "-":
-        return parse_json(_read_bounded(sys.stdin.buffer, "stdin"), "stdin")
+        try:
+            data = _read_bounded(sys.stdin.buffer, "stdin")
+        except OSError as exc:  # a closed stdin (EBADF), a terminal gone (EIO)
+            raise InputFileError(f"stdin could not be read ({exc.strerror or exc})") from None
+        return parse_json(data, "stdin")
     suffix = Path(path).suffix.lower()
     if suffix not in (".npy", ".npz", ".json"):
         raise InputFileError(f"{path}: expected a .npy, .npz or .json file, or '-' for JSON on stdin")

@@ -2,6 +2,7 @@
 `--help` and a greedy `infer` load no torch. Exit codes: see `cli.common`."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import importlib
@@ -30,6 +31,7 @@ from .common import (
     raise_on_sigterm,
     stopped_by_sigterm,
 )
+from .streams import StdoutError, guard_standard_streams
 
 # Loaded only when used, so `infer` and `--help` work on an install without torch.
 LAZY_COMMANDS = {
@@ -85,6 +87,10 @@ class LazyGroup(click.Group):
         restore = raise_on_sigterm()
         try:
             return super().invoke(ctx)
+        except StdoutError as exc:  # its output could not be written (cli.streams): the command's error, said once
+            name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
+            raise click.ClickException(f"{name}: could not write to stdout ({exc.strerror}), so the output there is "
+                                       "incomplete or missing (files are written whole or not at all)") from None
         except OSError as exc:
             if no_temporary_directory(exc):  # tempfile found none it could write (ours, or a library's)
                 name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
@@ -145,6 +151,7 @@ def entry(args: list[str] | None = None) -> None:
     then ends at once with 130, because CPython kills itself with SIGINT at exit (status -2, not 130) when the
     KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
     though our handler caught it."""
+    guard_standard_streams()
     IN_PROGRAM.append(True)
     onnxruntime_telemetry_off()
     hang_up_as_sigterm()
@@ -153,6 +160,7 @@ def entry(args: list[str] | None = None) -> None:
     except SystemExit as exc:
         if exc.code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             raise
-        sys.stdout.flush()
+        with contextlib.suppress(OSError):  # a stdout that cannot take it: the stop's line said what matters
+            sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_TERMINATED if stopped_by_sigterm() else exc.code)

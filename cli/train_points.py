@@ -8,6 +8,7 @@ import click
 
 from training.points.data import SQUARES
 
+from .common import say
 from .train_options import load_or_reload
 
 
@@ -30,4 +31,4 @@ def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     config = TrainConfig(epochs=opts["epochs"], batch_size=opts["batch_size"], lr=opts["lr"],
                          teacher_forcing=opts["teacher_forcing"], seed=opts["seed"])
     trainer = Trainer(spec, config, train_set, test_set, dist)
-    return Job(trainer, description, lambda: click.echo(f"test MSE: {evaluate(trainer.model, test_set):.5f}"))
+    return Job(trainer, description, lambda: say(f"test MSE: {evaluate(trainer.model, test_set):.5f}", err=False))

@@ -12,7 +12,7 @@ import click
 
 from runtime.errors import Seq2OnnxError, UsageError
 
-from .common import Interrupted
+from .common import Interrupted, say
 from .train_options import POINTS, TOKENS, prepare_options
 from .train_points import point_job, saved_point_options
 from .train_tokens import saved_token_options, token_job
@@ -43,7 +43,7 @@ def run_training(ctx: click.Context, opts: dict[str, Any], kind: str, out: Path,
     hooks = RunHooks(
         resumed_options=lambda kind, state: prepare_options(ctx, opts, kind, KINDS[kind].saved_options(state)),
         job=lambda kind, options, state, dist: KINDS[kind].job(ctx, options, state, dist),
-        say=click.echo)
+        say=lambda line: say(line, err=False))  # a message: one stdout cannot take is dropped
     run(plan, hooks, dist)
 
 

@@ -14,6 +14,7 @@ from runtime.vocab import JOINERS
 from training.tokens.builtin import ACCURACY_TARGETS, BUILTIN_LOADERS, TOKENIZER_OF
 from training.tokens.data import PAIR_SEPARATOR, PARALLEL, TSV, TSV_SUFFIX
 
+from .common import say
 from .train_options import TOKENIZER_SUFFIX, is_parallel, load_or_reload
 
 BUILT_TOKENIZERS = tuple(JOINERS)  # 'char', 'whitespace': vocabularies built from the training data
@@ -151,7 +152,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab, dist)
 
     def report() -> None:
-        click.echo(accuracy_line(trainer, test_set, description, opts["eval_beam"]))
+        say(accuracy_line(trainer, test_set, description, opts["eval_beam"]), err=False)
 
     return Job(trainer, description, report, (source_vocab, target_vocab),
                {"vocab_options": how, REPORT_OPTIONS: {"eval_beam": opts["eval_beam"]}})

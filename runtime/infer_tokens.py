@@ -51,7 +51,10 @@ def read_items(input_path: str | None, texts: tuple[str, ...]) -> Iterator[Item]
     if input_path is None:
         yield from (Item(i, text, f"--text #{i + 1}") for i, text in enumerate(texts))
     elif input_path == "-":
-        yield from _lines(sys.stdin.buffer, "--input - (stdin)")
+        try:
+            yield from _lines(sys.stdin.buffer, "--input - (stdin)")
+        except OSError as exc:  # a closed stdin (EBADF), a terminal gone (EIO)
+            raise InputError(f"--input -: stdin could not be read ({exc.strerror or exc})") from None
     else:
         try:
             with open(input_path, "rb") as stream:

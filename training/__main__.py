@@ -27,6 +27,9 @@ def run(args: list[str]) -> int:
 
 if __name__ == "__main__":
     status = run(sys.argv[1:])
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except OSError:  # a stdout that cannot take its lines: they were messages (cli.streams), not the run's result
+        pass
     sys.stderr.flush()
     os._exit(status)
