@@ -152,6 +152,12 @@ def entry(args: list[str] | None = None) -> None:
     KeyboardInterrupt landed inside code that C extensions run through PyRun_* (torch's exporter does), even
     though our handler caught it."""
     guard_standard_streams()
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # relative paths cannot resolve; torch's import aborted with an MKL 'cannot load'
+        click.echo("Error: the working directory no longer exists (it was removed after the shell entered it); "
+                   "cd to a directory that exists", err=True)
+        sys.exit(1)
     IN_PROGRAM.append(True)
     onnxruntime_telemetry_off()
     hang_up_as_sigterm()

@@ -1,6 +1,6 @@
 """The program's standard streams (cli.streams): a stderr that cannot be written costs a command nothing; a stdout
 that cannot take the output is the command's error in one line; streams closed at start are held, so a server
-runs and stops cleanly without them."""
+runs and stops cleanly without them. And a working directory removed before the program started."""
 from __future__ import annotations
 
 import os
@@ -95,3 +95,18 @@ def test_a_server_started_without_a_stream_serves_and_stops(tmp_path: Path, stre
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
     assert code == 0
+
+
+def test_a_working_directory_that_was_removed_is_one_line(tmp_path: Path) -> None:
+    """Started in a directory removed since: one line, exit 1 (infer's relative --output was a traceback, and
+    torch's import in train, export and verify aborted with 'Intel oneMKL FATAL ERROR: Cannot load')."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    with subprocess.Popen([*CLI, "infer", str(DATES), "--text", "3/3/15", "--output", "o.jsonl"], cwd=gone,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: os.rmdir(os.getcwd())) as proc:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.strip() == ("Error: the working directory no longer exists (it was removed after the shell entered "
+                           "it); cd to a directory that exists"), err
+    assert sorted(tmp_path.iterdir()) == []

@@ -618,3 +618,15 @@ def test_a_checkpoint_of_no_or_another_format_version_says_which(tmp_path: Path,
     (tmp_path / "spec.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=re.escape(says) + ".*reads checkpoints of format_version 1"):
         read_meta(tmp_path)
+
+
+def test_a_torchrun_restart_count_that_is_not_a_number_is_one_line(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """TORCHELASTIC_RESTART_COUNT (torchrun's) set by hand to something else: one line naming it, nothing written
+    (a ValueError traceback before)."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "x")
+    result = CliRunner().invoke(main, ["train", "--quiet", "--epochs", "1", "--out", str(tmp_path / "ck")])
+    assert result.exit_code == 1, result.output
+    assert "Error: TORCHELASTIC_RESTART_COUNT='x' in the environment: expected a whole number 0 or more" in \
+        result.output, result.output
+    assert sorted(tmp_path.iterdir()) == []

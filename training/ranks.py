@@ -12,6 +12,7 @@ from runtime.errors import UsageError
 
 from .distributed import BACKEND, RESTART_ENV, Dist, PeerFailedError, Terminated, leave
 from .errors import QuietExit, Restarting, RunError, RunStopped, ignore_further_interrupts
+from .torchrun import env_count
 
 PER_MACHINE_OPTIONS = ("threads", "quiet")  # may differ between the machines of one run
 LAUNCHER_EXIT_S = 0.5  # how long a SIGTERMed rank looks for its launcher's death (a killed one's takes milliseconds)
@@ -107,7 +108,7 @@ def distributed_meta(config: Any, dist: Dist | None) -> dict[str, Any] | None:
 
 def _restarts_left() -> int:
     """How often torchrun will still start the processes again after a failure (--max-restarts)."""
-    return max(0, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(os.environ.get(RESTART_ENV, "0")))
+    return max(0, env_count("TORCHELASTIC_MAX_RESTARTS") - env_count(RESTART_ENV))
 
 
 def why_stopped(err: BaseException, dist: Dist | None = None) -> str:

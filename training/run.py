@@ -6,7 +6,6 @@ The command line supplies the options and how they become a job (`RunHooks`); wh
 types of `training.errors` and `runtime.errors.UsageError`, which it turns into its messages and exit statuses."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from .ranks import (
     wait_for_the_checkpoint,
     why_stopped,
 )
+from .torchrun import env_count
 
 
 @dataclass
@@ -162,7 +162,7 @@ def _setup(plan: RunPlan, hooks: RunHooks, dist: Dist | None) -> tuple[dict[str,
     """(options, model kind, saved state or None): the saved state read and checked on --resume, else a stale
     interrupted run refused (or, with --force, cleared)."""
     out, resume, partial = plan.out, plan.resume, partial_dir(plan.out)
-    restart = int(os.environ.get(RESTART_ENV, "0"))
+    restart = env_count(RESTART_ENV)
     if not resume and restart > 0 and (partial / CHECKPOINT_STATE_FILE).is_file():
         hooks.say(f"torchrun started the processes again (restart {restart}): resuming from the last saved state")
         resume = True
