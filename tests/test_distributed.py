@@ -659,14 +659,25 @@ def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_rank_started_by_hand_says_what_it_waits_for(launched: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("rank", "sent", "code"), [(1, signal.SIGTERM, 143), (0, signal.SIGINT, 130)],
+                         ids=["rank-1-sigterm", "rank-0-ctrl-c"])
+def test_a_rank_started_by_hand_says_what_it_waits_for_and_stops(launched: Any, tmp_path: Path, rank: int,
+                                                                   sent: int, code: int) -> None:
+    """A rank started by hand waits for its peers (rank 0 for them to connect, another rank to reach rank 0),
+    saying so; SIGTERM and Ctrl-C end the wait at once. They did not: torch's store wait retries through EINTR in
+    C++, and the rank waited out its 30 minutes (or a SIGKILL)."""
     port = free_port()
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
     waiting = launched(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "training",
                         *SMALL_REVERSE, "--out", "ckpt"])
-    notice = f"rank 1 of 2: waiting for the other processes at 127.0.0.1:{port} (up to 30 min)"
+    notice = f"rank {rank} of 2: waiting for the other processes at 127.0.0.1:{port} (up to 30 min)"
     wait_for(lambda: notice in waiting.output() or waiting.proc.poll() is not None, 60, "the waiting notice")
-    assert waiting.proc.poll() is None, waiting.output()  # still waiting: the fixture stops it
+    time.sleep(1)  # into the store's wait
+    assert waiting.proc.poll() is None, waiting.output()  # still waiting
+    waiting.proc.send_signal(sent)
+    assert waiting.proc.wait(STOP_WITHIN_S) == code, waiting.output()
+    assert "Traceback" not in waiting.output() and not (tmp_path / "ckpt").exists()
 
 
 def test_python_m_training_is_the_train_command(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often it has 
 # a dead rank is noticed at once (its sockets close), a stuck one is named when this runs out.
 LEAVE_TIMEOUT = timedelta(minutes=5)
 LEAVE_POLL_S = 0.05  # while meeting, the main thread wakes this often, so SIGTERM and Ctrl-C still land
+RENDEZVOUS_POLL_S = 0.2  # the same, while the rendezvous waits for the peers on a thread of its own
 LEFT_KEY = "left"  # store key `left/<rank>`: this rank has come to `leave`
 # Words in the errors gloo raises when a peer's connection breaks.
 TRANSPORT_ERRORS = ("gloo", "Connection", "connection", "peer")
@@ -194,6 +195,28 @@ def _register_backend() -> None:
         torch_dist.Backend.register_backend(GLOO_ONE_WORKER, _one_worker_gloo, devices=["cpu"])
 
 
+def _rendezvous() -> tuple[Any, int, int]:
+    """torch's env:// rendezvous (store, rank, world size), on a thread of its own while this one waits for it:
+    torch's store connection retries through EINTR in C++ without returning to Python, and Python runs signal
+    handlers on the main thread only, so a rank waiting for its peers (started by hand) took neither SIGTERM nor
+    Ctrl-C for up to 30 minutes. Here they land as they would anywhere else; the thread, a daemon, is left."""
+    found: list[Any] = []
+
+    def run() -> None:
+        try:
+            found.append(next(torch_dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT)))
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            found.append(exc)
+
+    thread = threading.Thread(target=run, name="seq2onnx-rendezvous", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(RENDEZVOUS_POLL_S)
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    return found[0]
+
+
 def start() -> Dist:
     """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
     launcher = os.getppid()
@@ -205,7 +228,7 @@ def start() -> Dist:
     # The store is torchrun's; after a restart (--max-restarts) it still holds the last attempt's keys, and a
     # rank reading the old rank 0's address before the new one writes it would connect to a dead port. A prefix
     # per attempt keeps each attempt to its own keys.
-    store, rank, world_size = next(torch_dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
+    store, rank, world_size = _rendezvous()
     attempt = os.environ.get(RESTART_ENV, "0")
     store = torch_dist.PrefixStore(f"seq2onnx/attempt-{attempt}", store)
     _register_backend()
