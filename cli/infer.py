@@ -23,6 +23,7 @@ from runtime.sessions import DEFAULT_MAX_THREADS, MAX_DEVICE_ID, PROVIDERS
 from .common import check_threads_option, check_workers_option, say, user_errors, wrote
 from .infer_points import read_input
 from .infer_tokens import (
+    argv_text,
     check_token_usage,
     decoding_options,
     model_kind,
@@ -115,7 +116,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="Point models: .npy (N, L, F), .npz with 'source' [and 'source_mask'], .json nested lists or "
                    "{'source': ..., 'source_mask': ...}; '-' reads JSON from stdin. Token models: UTF-8 text, one "
                    "input per line (blank lines skipped); '-' reads the lines from stdin.")
-@click.option("--text", "texts", multiple=True, help="Token models: one input text (repeatable), instead of --input.")
+@click.option("--text", "texts", multiple=True, callback=lambda ctx, param, values: tuple(map(argv_text, values)),
+              help="Token models: one input text (repeatable), instead of --input.")
 @click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
               help="Points to decode (default: the model's target_len).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,

@@ -2,6 +2,7 @@
 (which options go together, which belong to point models)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -84,6 +85,17 @@ def refuse_token_options(ctx: click.Context, model_dir: Path, input_path: str | 
         got = f"a {suffix} file" if suffix else "no suffix"
         raise click.UsageError(f"--input: {input_path}: {model_dir} is a point model, which reads a .npy, .npz or "
                                f"JSON file, or '-' for JSON on stdin; got {got}")
+
+
+def argv_text(text: str) -> str:
+    """A --text as the UTF-8 its bytes were: Python decodes argv by the locale, so in a C or POSIX locale (with
+    UTF-8 mode off) 'März' came as 'M' and two lone surrogates, and was refused as not UTF-8."""
+    if undecoded(text) is None:
+        return text
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except UnicodeDecodeError:  # not UTF-8 whatever the locale: check_token_usage says where
+        return text
 
 
 def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | None, texts: tuple[str, ...]) -> None:

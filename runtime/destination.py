@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from .atomic import NAME_MAX, STAGING_SUFFIX, sibling
@@ -110,6 +111,10 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
     if (long := too_long(out, sibling_suffix)) is not None:
         raise DestinationError(f"{clipped(str(out), 120)}: {long}; choose a shorter --out")
     if kind == "export" and os.fsencode(out) != str(out).encode("utf-8", "surrogatepass"):  # bytes, not UTF-8 text
+        if _utf8(os.fsencode(out)):  # UTF-8 bytes, which the locale (C, with Python's UTF-8 mode off) cannot read
+            raise DestinationError(f"{str(out)!r}: the --out path is UTF-8, which this locale "
+                                   f"({sys.getfilesystemencoding()}) cannot pass to torch's ONNX exporter; run in a "
+                                   "UTF-8 locale (LC_ALL=C.UTF-8) or with PYTHONUTF8=1")
         raise DestinationError(f"{str(out)!r}: the --out path is not UTF-8 text, which torch's ONNX exporter cannot "
                                "write under; choose a path in UTF-8")
     if (inside := enclosing_artifact(out)) is not None:
@@ -200,3 +205,11 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
         what = "a link" if target.is_symlink() else "a file"
         raise OutputFileError(f"{text}: {what} already exists there; pass --force to replace it, or choose another "
                               "name", exists=True)
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

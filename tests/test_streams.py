@@ -110,3 +110,29 @@ def test_a_working_directory_that_was_removed_is_one_line(tmp_path: Path) -> Non
     assert err.strip() == ("Error: the working directory no longer exists (it was removed after the shell entered "
                            "it); cd to a directory that exists"), err
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_text_argument_in_a_c_locale_is_read_as_utf8(tmp_path: Path) -> None:
+    """Python decodes argv by the locale: in a C locale with UTF-8 mode off, `--text 'März 3 2015'` came with two
+    lone surrogates and was refused as not UTF-8, though its bytes were. Bytes that are not UTF-8 still are."""
+    args = [*CLI, "infer", str(DATES), "--text"]
+    c_locale = {**os.environ, "PYTHONUTF8": "0", "LC_ALL": "C"}
+    utf8 = subprocess.run([*args, "März 3 2015"], capture_output=True, text=True, timeout=60)
+    c = subprocess.run([*args, "März 3 2015"], capture_output=True, text=True, timeout=60, env=c_locale)
+    assert utf8.returncode == 0 and c.returncode == 0, c.stderr
+    assert c.stdout == utf8.stdout
+    latin1 = subprocess.run([*args, os.fsdecode(b"M\xe4rz 3")], capture_output=True, text=True,
+                            timeout=60, env=c_locale)
+    assert latin1.returncode == 2 and "--text #1: not UTF-8 (byte 0xe4 at offset 1)" in latin1.stderr, latin1.stderr
+
+
+def test_an_export_path_in_utf8_under_a_c_locale_names_the_locale(tmp_path: Path) -> None:
+    """The path's bytes are UTF-8, but the locale cannot hand it to torch's exporter: the message said the path was
+    not UTF-8."""
+    done = subprocess.run([*CLI, "export", str(CHECKPOINT), "--out", "exü"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONUTF8": "0", "LC_ALL": "C"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "the --out path is UTF-8, which this locale (ascii) cannot pass to torch's ONNX exporter; run in a UTF-8 "
+        "locale (LC_ALL=C.UTF-8) or with PYTHONUTF8=1"), done.stderr
+    assert sorted(tmp_path.iterdir()) == []
