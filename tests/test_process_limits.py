@@ -45,3 +45,20 @@ def test_a_session_that_cannot_start_its_threads_blames_the_limit(tmp_path: Path
     decoded = subprocess.run([*run, "1"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
                              preexec_fn=_no_room_for_a_thread)
     assert decoded.returncode == 0 and "2015-03-03" in decoded.stdout, decoded.stderr[-2000:]
+
+
+def _small_files() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))  # `ulimit -f 1`
+
+
+def test_a_file_size_limit_while_training_is_one_line(tmp_path: Path) -> None:
+    """A training state the file size limit cuts short: one line naming the file and the limit, and nothing left
+    (torch's writer raised 'RuntimeError: [enforce fail at inline_container.cc] unexpected pos' as a traceback,
+    and an empty `.partial` directory stayed)."""
+    done = subprocess.run([sys.executable, "-m", "cli", "train", "--epochs", "1", "--out", "ck", "--quiet"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=_small_files)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"Error: '{tmp_path / 'ck.partial' / 'train_state.pt'}' could not be written (File too large); free space, "
+        "or raise the file size limit (ulimit -f), then rerun"), done.stderr
+    assert sorted(tmp_path.iterdir()) == []

@@ -14,6 +14,7 @@ atomically after every saved epoch; `--resume` continues from it, and it is remo
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ from typing import Any
 import torch
 
 from runtime.atomic import staged_directory
-from runtime.atomic_file import write_file
 from runtime.contract import (
     CHECKPOINT_HISTORY_FILE,
     CHECKPOINT_PLOT_FILE,
@@ -41,6 +41,7 @@ from training.tokens.trainer import TokenTrainConfig
 
 from .build import build_model
 from .plots import plot_history
+from .torch_files import save_torch
 
 CHECKPOINT_FORMAT_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
@@ -99,8 +100,15 @@ def _write_json(path: Path, data: Any) -> None:
 def save_train_state(path: str | Path, state: dict[str, Any], data: dict[str, Any]) -> None:
     """Atomically write a trainer's `state_dict()` plus the data description to `path`."""
     path = Path(path)
+    made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_file(path, lambda f: torch.save({**state, "data": data}, f))
+    try:
+        save_torch(path, {**state, "data": data}, CheckpointError, atomic=True)
+    except CheckpointError:
+        if made:  # the run's first state: leave no empty `.partial` behind
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
+        raise
 
 
 def load_train_state(path: str | Path) -> dict[str, Any]:
@@ -147,11 +155,11 @@ def save_checkpoint(
     run's "distributed")."""
     out = Path(out)
     with staged_directory(out, lambda existing: check_checkpoint_destination(existing, force)) as tmp:
-        torch.save(model.state_dict(), tmp / CHECKPOINT_WEIGHTS_FILE)
+        save_torch(tmp / CHECKPOINT_WEIGHTS_FILE, model.state_dict(), CheckpointError)
         for side, vocab in zip(VOCAB_FILES, vocabularies or ()):
             vocab.save(tmp / VOCAB_FILES[side])
         if train_state is not None:
-            torch.save({**train_state, "data": data}, tmp / CHECKPOINT_STATE_FILE)
+            save_torch(tmp / CHECKPOINT_STATE_FILE, {**train_state, "data": data}, CheckpointError)
         _write_json(tmp / CHECKPOINT_HISTORY_FILE, history)
         plot_history(history, tmp / CHECKPOINT_PLOT_FILE)
         written = {**(meta or {}), "format_version": CHECKPOINT_FORMAT_VERSION, "spec": spec.to_dict(),
