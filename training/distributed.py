@@ -13,7 +13,7 @@ What each rank does, and why:
   global figures; only rank 0 writes anything.
 
 Training runs on CPUs here, so the backend is gloo (nccl needs CUDA tensors), with one worker thread; and a run
-ends with `leave`, where the ranks meet before the process group goes (why both: `_one_worker_gloo`).
+ends with `leave`, where the ranks meet before the process group goes (why both: `training.gloo`).
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from torch.utils.data import DistributedSampler
 
 from runtime.errors import Terminated  # SIGTERM, raised as a KeyboardInterrupt (torchrun's stop of every rank)
 
+from .gloo import GLOO_ONE_WORKER, register_gloo_one_worker
+
 BACKEND = "gloo"  # the transport, as spec.json records it
-GLOO_ONE_WORKER = "seq2onnx_gloo"  # gloo with one worker thread, registered under this name by `start`
-GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # the network interfaces gloo binds, as torch's own gloo reads them
 # How long a collective waits for a rank that is alive but silent (a dead one is noticed at once: its sockets
 # close). Rank 0 saves the training state between collectives, so this must exceed the slowest save.
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
@@ -166,35 +166,6 @@ def _die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _one_worker_gloo(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
-    """torch's gloo backend with one worker thread, where torch's default group gets two and no option to change it.
-
-    Why: a gloo worker runs a collective, wakes the caller, and only then drops its own reference to the
-    collective. That frees Python objects (tensors made in Python; the context torch stashes for the length of a
-    backward pass, which DDP's gradient all-reduce captures), so the worker takes the GIL. When the caller has
-    reached interpreter shutdown by then (a rank that leaves right after its last collective), CPython ends the
-    worker with pthread_exit, whose unwinding through a noexcept destructor calls std::terminate: SIGABRT,
-    'terminate called without an active exception'. With one worker the queue runs in order and each collective
-    is dropped before the next is taken, so a collective that completes proves every earlier one dropped: the
-    barrier in `leave`. Two workers let two DDP gradient buckets travel at once, which bought nothing measurable
-    (benchmarks/ddp_bench.py, 2 processes, samples/s with one worker vs two: the default model, one bucket, 4577
-    vs 4435; hidden 512, 13.7 MiB of gradients in several buckets, 682 vs 694)."""
-    gloo = torch_dist.ProcessGroupGloo
-    interfaces = [name for name in os.environ.get(GLOO_SOCKET_IFNAME, "").split(",") if name]
-    options = gloo._Options()
-    options._devices = ([gloo.create_device(interface=name) for name in interfaces] if interfaces
-                        else [gloo.create_default_device()])
-    options._timeout = timeout
-    options._threads = 1
-    return gloo(store, rank, size, options)
-
-
-def _register_backend() -> None:
-    """Make GLOO_ONE_WORKER a backend `init_process_group` knows (once per process)."""
-    if not hasattr(torch_dist.Backend, GLOO_ONE_WORKER.upper()):
-        torch_dist.Backend.register_backend(GLOO_ONE_WORKER, _one_worker_gloo, devices=["cpu"])
-
-
 def _rendezvous() -> tuple[Any, int, int]:
     """torch's env:// rendezvous (store, rank, world size), on a thread of its own while this one waits for it:
     torch's store connection retries through EINTR in C++ without returning to Python, and Python runs signal
@@ -231,7 +202,7 @@ def start() -> Dist:
     store, rank, world_size = _rendezvous()
     attempt = os.environ.get(RESTART_ENV, "0")
     store = torch_dist.PrefixStore(f"seq2onnx/attempt-{attempt}", store)
-    _register_backend()
+    register_gloo_one_worker()
     torch_dist.init_process_group(GLOO_ONE_WORKER, store=store, rank=rank, world_size=world_size,
                                   timeout=COLLECTIVE_TIMEOUT)
 
@@ -248,7 +219,7 @@ def start() -> Dist:
 
 def leave(dist: Dist, timeout: timedelta = LEAVE_TIMEOUT) -> None:
     """The end of a run, on every rank: wait (at most `timeout`) until every rank has come here, which also lets
-    this process's gloo worker drop every earlier collective (`_one_worker_gloo`), then leave the job. A rank
+    this process's gloo worker drop every earlier collective (`training.gloo`), then leave the job. A rank
     that died or never came is named in a PeerFailedError; the process group is gone either way. A rank leaving
     on an error calls `stop` instead: its peers may be inside another collective, which a barrier would meet."""
     started = time.monotonic()
