@@ -163,6 +163,9 @@ def entry(args: list[str] | None = None) -> None:
     hang_up_as_sigterm()
     try:
         main(args=args, prog_name="seq2onnx")
+    except StdoutError as exc:  # the group's own --help or --version, printed before any command runs
+        click.echo(f"Error: seq2onnx: could not write to stdout ({exc.strerror})", err=True)
+        sys.exit(1)
     except SystemExit as exc:
         if exc.code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             raise

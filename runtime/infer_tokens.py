@@ -54,7 +54,7 @@ def read_items(input_path: str | None, texts: tuple[str, ...]) -> Iterator[Item]
         try:
             yield from _lines(sys.stdin.buffer, "--input - (stdin)")
         except OSError as exc:  # a closed stdin (EBADF), a terminal gone (EIO)
-            raise InputError(f"--input -: stdin could not be read ({exc.strerror or exc})") from None
+            raise InputError(f"--input: stdin could not be read ({exc.strerror or exc})") from None
     else:
         try:
             with open(input_path, "rb") as stream:

@@ -71,6 +71,16 @@ def test_a_stdout_that_cannot_take_the_output_is_one_line(tmp_path: Path, how: s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["texts.txt"]  # no export, no staging left
 
 
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_the_groups_own_output_lost_is_one_line(tmp_path: Path, option: str) -> None:
+    """`seq2onnx --help >/dev/full`: printed before any command runs, outside a command's handling (a traceback)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*CLI, option], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=60)
+    assert done.returncode == 1 and done.stderr == ("Error: seq2onnx: could not write to stdout (No space left on "
+                                                    "device)\n"), done.stderr
+
+
 @pytest.mark.parametrize("model", [DATES, SQUARES], ids=["tokens", "points"])
 def test_a_closed_stdin_is_one_line(tmp_path: Path, model: Path) -> None:
     done = subprocess.run([*CLI, "infer", str(model), "--input", "-"], cwd=tmp_path, capture_output=True, text=True,
