@@ -659,6 +659,26 @@ def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("given", "said"), [
+    ({"RANK": "x"}, "RANK='x': expected a whole number 0 or more"),
+    ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc': expected a whole number 0 or more"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: expected 1 process or more"),
+    ({"RANK": "5"}, "RANK=5 of WORLD_SIZE=2: a rank is 0 to WORLD_SIZE - 1"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000: expected a port, 1 to 65535"),
+], ids=["rank-not-a-number", "port-not-a-number", "no-processes", "rank-past-the-size", "port-too-high"])
+def test_launch_variables_set_by_hand_that_cannot_work_are_one_line(tmp_path: Path, given: dict[str, str],
+                                                                     said: str) -> None:
+    """A ValueError traceback from torch's rendezvous (a rank or port that is no number, no processes), or a
+    30-minute wait for peers that could never come (RANK >= WORLD_SIZE)."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), **given}
+    result = run(seq2onnx("train", *SMALL_REVERSE, "--out", "o"), cwd=tmp_path, env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"Error: {said}, in the environment (torchrun sets"), \
+        result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(("rank", "sent", "code"), [(1, signal.SIGTERM, 143), (0, signal.SIGINT, 130)],
                          ids=["rank-1-sigterm", "rank-0-ctrl-c"])
 def test_a_rank_started_by_hand_says_what_it_waits_for_and_stops(launched: Any, tmp_path: Path, rank: int,

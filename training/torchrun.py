@@ -20,3 +20,22 @@ def env_count(name: str) -> int:
         raise RunError(f"{name}={value!r} in the environment: expected a whole number 0 or more (torchrun sets it); "
                        "unset it, or launch with torchrun or --nproc-per-node")
     return int(value)
+
+
+def launch_env_problem() -> str | None:
+    """What is wrong with the launch variables this process was started with, in a few words; None when usable.
+    A rank started by hand with a RANK or port that is no number met a ValueError traceback in torch's
+    rendezvous, and one with RANK >= WORLD_SIZE waited 30 minutes for peers that could never come."""
+    counts = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        value = os.environ[name]
+        if not value.isdigit():
+            return f"{name}={value!r}: expected a whole number 0 or more"
+        counts[name] = int(value)
+    if counts["WORLD_SIZE"] < 1:
+        return "WORLD_SIZE=0: expected 1 process or more"
+    if counts["RANK"] >= counts["WORLD_SIZE"]:
+        return f"RANK={counts['RANK']} of WORLD_SIZE={counts['WORLD_SIZE']}: a rank is 0 to WORLD_SIZE - 1"
+    if not 1 <= counts["MASTER_PORT"] <= 65535:
+        return f"MASTER_PORT={counts['MASTER_PORT']}: expected a port, 1 to 65535"
+    return None
