@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
-from runtime.errors import Seq2OnnxError, Terminated, UsageError
+from runtime.errors import Seq2OnnxError, Terminated, UsageError, one_line
 
 from .streams import to_null
 
@@ -235,14 +235,17 @@ def check_threads_option(ctx: click.Context, param: click.Parameter, value: int 
 
 def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None:
     """Raise a ClickException naming the extra to install when one of `modules` is missing (`what` needs them)."""
-    try:
-        for module in modules:
+    for module in modules:
+        try:
             importlib.import_module(module)
-    except ImportError:
-        raise click.ClickException(
-            f"{what} needs {needs}, which is not installed; install the '{extra}' extra: "
-            f"pip install -e '.[cpu,{extra}]' in a seq2onnx checkout"
-        ) from None
+        except ImportError as exc:
+            if not isinstance(exc, ModuleNotFoundError) or exc.name != module:  # there, but it would not load
+                raise click.ClickException(f"{what} needs {needs}, which is installed but could not be loaded "
+                                           f"({one_line(exc)}); under a memory limit (ulimit -v), raise it") from None
+            raise click.ClickException(
+                f"{what} needs {needs}, which is not installed; install the '{extra}' extra: "
+                f"pip install -e '.[cpu,{extra}]' in a seq2onnx checkout"
+            ) from None
 
 
 def require_torch(extra: str = "train", what: str = "this command") -> None:

@@ -45,6 +45,7 @@ LAZY_COMMANDS = {
 }
 
 
+TORCH_OUT_OF_MEMORY = ("std::bad_alloc", "can't allocate memory")  # torch's RuntimeErrors for an allocation refused
 COMMAND = "seq2onnx.command"  # ctx.meta: the subcommand being loaded or run, for a message about its stop
 AFTER_STOPPED = {"serve": "it had not started serving"}  # the rest say what a stop leaves of their outputs
 RETURNS = "_seq2onnx_notes_its_return"  # marks a command's callback wrapped by `_noting_its_return`
@@ -102,7 +103,15 @@ class LazyGroup(click.Group):
             # --data file, a destination's parent): the user's mistake, said in one line
             name = os.fsdecode(exc.filename) if exc.filename is not None else "a path given"
             raise click.ClickException(f"{clipped(name, 80)}: {exc.strerror}; choose a shorter name") from None
+        except MemoryError:  # a process limit (ulimit -v) or the machine's memory; outputs are staged, so none is half
+            raise _out_of_memory(ctx) from None
+        except RuntimeError as exc:  # torch's allocators say it so
+            if not any(sign in str(exc) for sign in TORCH_OUT_OF_MEMORY):
+                raise
+            raise _out_of_memory(ctx) from None
         except (ImportError, SystemError) as exc:  # an extension's import or call that a signal interrupted
+            if isinstance(exc, ImportError) and "failed to map segment" in str(exc):  # a library loaded late, no room
+                raise _out_of_memory(ctx) from None
             if not isinstance(exc.__context__, KeyboardInterrupt) or exc.__suppress_context__:
                 raise
             raise _stopped(ctx, exc.__context__) from None
@@ -127,6 +136,12 @@ def _noting_its_return(callback: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(run, RETURNS, True)
     return run
+
+
+def _out_of_memory(ctx: click.Context) -> click.ClickException:
+    name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
+    return click.ClickException(f"{name}: out of memory; under a memory limit (ulimit -v), raise it; nothing "
+                                "half-written is left (outputs are published whole or not at all)")
 
 
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:

@@ -7,6 +7,9 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
+
+import pytest
 
 from support.serve import DATES
 
@@ -61,4 +64,24 @@ def test_a_file_size_limit_while_training_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         f"Error: '{tmp_path / 'ck.partial' / 'train_state.pt'}' could not be written (File too large); free space, "
         "or raise the file size limit (ulimit -f), then rerun"), done.stderr
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def _address_space(kb: int) -> Callable[[], None]:
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (kb * 1024, kb * 1024))
+
+
+@pytest.mark.parametrize(("kb", "said"), [
+    (400_000, "Error: this command needs PyTorch, which is installed but could not be loaded ("),
+    (600_000, "Error: train: out of memory; under a memory limit (ulimit -v), raise it; nothing half-written is left"),
+], ids=["torch-cannot-load", "training-cannot-allocate"])
+def test_training_under_a_memory_limit_is_one_line(tmp_path: Path, kb: int, said: str) -> None:
+    """Below torch's own size, its import failed and `train` said PyTorch 'is not installed'; a little above it,
+    training's allocations ended in a MemoryError or 'RuntimeError: std::bad_alloc' traceback."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # (OpenBLAS's own pool gives up with a line and exit 1)
+    done = subprocess.run([sys.executable, "-m", "cli", "train", "--epochs", "1", "--out", "ck", "--quiet"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+                          preexec_fn=_address_space(kb))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(said), done.stderr[-2000:]
     assert sorted(tmp_path.iterdir()) == []
