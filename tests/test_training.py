@@ -589,8 +589,8 @@ NO_TORCH = """
 import sys
 class NoTorch:
     def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("No module named 'torch'")
+        if name == "torch" or name.startswith("torch."):  # as Python says a module it cannot find
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, NoTorch())
 from cli.main import main
 main(sys.argv[1:], prog_name="seq2onnx")
