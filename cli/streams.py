@@ -30,18 +30,25 @@ class _Stream:
 
     def __init__(self, stream: Any, fd: int) -> None:
         self._stream, self._fd = stream, fd
+        self._empty = b"" if isinstance(stream, (io.RawIOBase, io.BufferedIOBase)) else ""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
-    def write(self, text: str) -> int:
-        if text == "":  # click probes a stream with write(""), and swallows what it raises: /dev/full refuses even that
-            return 0
+    @property
+    def buffer(self) -> Any:
+        """The binary stream under it, failing the same way: click writes there itself where the text stream's
+        encoding is ASCII (a C locale with Python's UTF-8 mode off)."""
+        return type(self)(self._stream.buffer, self._fd)
+
+    def write(self, data: Any) -> int:
+        if type(data) is type(self._empty) and not data:  # click probes a stream with an empty write and swallows
+            return 0  # what it raises: /dev/full refuses even that (one of the other kind still raises TypeError)
         try:
-            return self._stream.write(text)
+            return self._stream.write(data)
         except OSError as exc:
             self._failed(exc)
-            return len(text)
+            return len(data)
 
     def flush(self) -> None:
         try:
