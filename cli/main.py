@@ -89,13 +89,11 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except StdoutError as exc:  # its output could not be written (cli.streams): the command's error, said once
-            name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
-            raise click.ClickException(f"{name}: could not write to stdout ({exc.strerror}), so the output there is "
+            raise click.ClickException(f"{_command(ctx)}: could not write to stdout ({exc.strerror}), so the output there is "
                                        "incomplete or missing (files are written whole or not at all)") from None
         except OSError as exc:
             if no_temporary_directory(exc):  # tempfile found none it could write (ours, or a library's)
-                name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
-                raise click.ClickException(f"{name}: {exc.strerror[0].lower()}{exc.strerror[1:]}: none of them "
+                raise click.ClickException(f"{_command(ctx)}: {exc.strerror[0].lower()}{exc.strerror[1:]}: none of them "
                                            "can be written; set TMPDIR to a writable directory") from None
             if exc.errno != errno.ENAMETOOLONG:
                 raise
@@ -138,16 +136,20 @@ def _noting_its_return(callback: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _command(ctx: click.Context) -> str:
+    """The command a message names: the subcommand being loaded or run, else the program."""
+    return ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
+
+
 def _out_of_memory(ctx: click.Context) -> click.ClickException:
-    name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
-    return click.ClickException(f"{name}: out of memory; under a memory limit (ulimit -v), raise it; nothing "
+    return click.ClickException(f"{_command(ctx)}: out of memory; under a memory limit (ulimit -v), raise it; nothing "
                                 "half-written is left (outputs are published whole or not at all)")
 
 
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:
     """The stop's exception, saying what it left; first removes an output sibling whose removal the signal cut."""
     discard_staged()
-    name = ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
+    name = _command(ctx)
     what = AFTER_STOPPED.get(name, "nothing was written (outputs are published whole or not at all)")
     if WRITTEN and name not in AFTER_STOPPED:
         what = f"it had written {', '.join(WRITTEN)}, and nothing else"
