@@ -201,8 +201,8 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         import torch
 
         torch.set_num_threads(threads)
-    from runtime.atomic import exclusive
     from runtime.destination import normalized
+    from runtime.writer_lock import exclusive
     from training.checkpoint import check_checkpoint_destination, partial_dir
     from training.distributed import start, stop
     from training.run import check_resumable

@@ -12,12 +12,13 @@ from typing import Any, Callable
 
 import torch
 
-from runtime.atomic import STAGING_SUFFIX, sibling, staged_directory
+from runtime.atomic import staged_directory
 from runtime.contract import FAST_FILES, GREEDY_FILE, VOCAB_FILES
 from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, INT8, QUANTIZATIONS
 from runtime.destination import normalized
 from runtime.errors import UsageError, brief
 from runtime.model import Seq2Seq
+from runtime.siblings import STAGING_SUFFIX, sibling
 from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
 from training.build import spec_from_model

@@ -1,5 +1,5 @@
 """Write one file whole or not at all: `write_file` stages it as a hidden sibling, `.<name>.<12 hex>.tmp`
-(`runtime.atomic.sibling`), then makes it the file in one step. The CLI's and the benchmarks' outputs, vocabularies
+(`runtime.siblings.sibling`), then makes it the file in one step. The CLI's and the benchmarks' outputs, vocabularies
 and checkpoint files go through it; each caller brings its own rule for what may be replaced
 (`runtime.destination`).
 
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from .atomic import STAGING_SUFFIX, sibling
+from .siblings import STAGING_SUFFIX, sibling
 
 _STAGED: set[Path] = set()  # this process's siblings being written
 

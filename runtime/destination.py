@@ -14,9 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-from .atomic import NAME_MAX, STAGING_SUFFIX, sibling
 from .contract import CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, MANIFEST_FILE
 from .errors import Seq2OnnxError, clipped
+from .siblings import NAME_MAX, STAGING_SUFFIX, sibling
 
 # How many foreign entries a message lists before it says "...".
 LISTED_ENTRIES = 5

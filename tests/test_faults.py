@@ -18,15 +18,8 @@ from typing import Callable
 import pytest
 import torch
 
-from runtime import atomic, atomic_file
-from runtime.atomic import (
-    DestinationBusyError,
-    clean_leftovers,
-    exclusive,
-    lock_file,
-    publish,
-    staged_directory,
-)
+from runtime import atomic, atomic_file, siblings, writer_lock
+from runtime.atomic import publish, staged_directory
 from runtime.contract import (
     CHECKPOINT_STATE_FILE,
     DECODER_STEP_FILE,
@@ -35,6 +28,8 @@ from runtime.contract import (
     MANIFEST_FILE,
 )
 from runtime.model import Seq2Seq
+from runtime.siblings import clean_leftovers
+from runtime.writer_lock import DestinationBusyError, exclusive, lock_file
 from training.checkpoint import CHECKPOINT_FILES, load_checkpoint, partial_dir
 
 CLI = [sys.executable, "-m", "cli"]
@@ -50,11 +45,11 @@ POLL_S = 0.01
 BUSY = "another seq2onnx process is writing it"
 EXISTS = "already exists"
 TIMESTAMP_TICK_S = 0.05  # longer than the kernel's timestamp granularity (a clock tick)
-HEX = "0123456789ab"  # a 12-hex-digit name part, as `atomic.sibling` draws them
+HEX = "0123456789ab"  # a 12-hex-digit name part, as `siblings.sibling` draws them
 
 HOLD_LOCK = """
 import sys
-from runtime.atomic import exclusive
+from runtime.writer_lock import exclusive
 with exclusive(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
@@ -329,9 +324,9 @@ def test_exclusive_retries_when_the_lock_file_was_replaced_under_it(tmp_path: Pa
         calls.append(fd)
         real_flock(fd, operation)
 
-    monkeypatch.setattr(atomic.fcntl, "flock", releaser_then_newcomer)
+    monkeypatch.setattr(writer_lock.fcntl, "flock", releaser_then_newcomer)
     with exclusive(out):
-        monkeypatch.setattr(atomic.fcntl, "flock", real_flock)
+        monkeypatch.setattr(writer_lock.fcntl, "flock", real_flock)
         assert len(calls) == 2  # the first flock held an unlinked inode, so it tried again
         assert_locked(lock)
     assert not lock.exists()
@@ -478,13 +473,13 @@ def test_a_long_valid_name_is_written_through_siblings_within_the_name_limit(tmp
     """Staging and lock siblings add their marks to the name; for a name near 255 bytes they carry a shortened
     stem and a hash instead, so any name the file system takes can be written, and a killed writer's leftovers of
     that name are still found."""
-    assert len(os.fsencode(name)) <= atomic.NAME_MAX
+    assert len(os.fsencode(name)) <= siblings.NAME_MAX
     atomic_file.write_file(tmp_path / name, lambda f: f.write(b"data"))
     assert (tmp_path / name).read_bytes() == b"data" and os.listdir(tmp_path) == [name]
     out = tmp_path / f"d{name[1:]}"
-    assert len(os.fsencode(atomic.sibling(out, atomic.STAGING_SUFFIX).name)) <= atomic.NAME_MAX
-    assert len(os.fsencode(atomic.lock_file(out).name)) <= atomic.NAME_MAX
-    make_tree(atomic.sibling(out, atomic.STAGING_SUFFIX), "killed mid-write")
+    assert len(os.fsencode(siblings.sibling(out, siblings.STAGING_SUFFIX).name)) <= siblings.NAME_MAX
+    assert len(os.fsencode(writer_lock.lock_file(out).name)) <= siblings.NAME_MAX
+    make_tree(siblings.sibling(out, siblings.STAGING_SUFFIX), "killed mid-write")
     with staged_directory(out, lambda existing: None) as staging:
         (staging / MANIFEST_FILE).write_text("new")
     assert (out / MANIFEST_FILE).read_text() == "new"

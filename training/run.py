@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.atomic import exclusive
 from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.errors import UsageError
+from runtime.writer_lock import exclusive
 
 from .checkpoint import (
     check_checkpoint_destination,
