@@ -16,7 +16,7 @@ from runtime.defaults import DATASET_DEFAULTS, MAX_LR, SEED, TRANSFORMER_DEFAULT
 from runtime.spec import ATTENTION_KINDS, CELLS, NORMS, POSITIONALS, TRAINABLE_ARCHS
 from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
-from training.torchrun import launch_env_problem, launched
+from training.torchrun import launch_env_problem, launched, partial_launch_env
 
 from .common import FiniteFloatRange, Interrupted, check_threads_option, require_torch
 from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
@@ -190,6 +190,8 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         raise click.BadParameter("--resume continues a run and --force discards it; give one of them",
                                  ctx=ctx, param_hint="'--resume' / '--force'")
     launching = check_launch(ctx, launch_opts, launched(), threads)
+    if not launching and (partial := partial_launch_env()) is not None:  # a launcher's workers get the whole set
+        raise click.ClickException(partial)
     if launched() and (problem := launch_env_problem()) is not None:  # before torch loads, on every rank
         raise click.ClickException(f"{problem}, in the environment (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, "
                                    "MASTER_ADDR and MASTER_PORT; started by hand, each process needs them)")

@@ -34,6 +34,7 @@ from cli.run_logs import LOGS_PREFIX, sweep_torchrun_logs
 from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.vocab import PAD
 from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
+from training.torchrun import LAUNCH_ENV, partial_launch_env
 
 from support.processes import default_sigint
 
@@ -677,6 +678,34 @@ def test_launch_variables_set_by_hand_that_cannot_work_are_one_line(tmp_path: Pa
     assert result.stderr.strip().splitlines()[-1].startswith(f"Error: {said}, in the environment (torchrun sets"), \
         result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("given", "missing", "unset"), [
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "LOCAL_RANK, MASTER_ADDR, MASTER_PORT", "RANK and WORLD_SIZE"),
+    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK, LOCAL_RANK, MASTER_PORT", "WORLD_SIZE"),
+], ids=["rank-without-rendezvous", "size-without-rank"])
+def test_a_rank_named_by_half_the_launch_variables_is_refused(tmp_path: Path, given: dict[str, str], missing: str,
+                                                              unset: str) -> None:
+    """RANK or WORLD_SIZE set by hand without the rest: the process trained alone, silently, and wrote a checkpoint
+    as if the run it was meant to join did not exist."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV} | given
+    result = run(seq2onnx("train", *SMALL_REVERSE, "--out", "o"), cwd=tmp_path, env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert f"in the environment without {missing}: a process started by hand" in line, line
+    assert line.endswith(f"unset {unset} to train in one process"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("given", [{}, {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+                                   dict.fromkeys(LAUNCH_ENV, "0")], ids=["none", "rendezvous-only", "all"])
+def test_launch_variables_that_name_no_rank_or_all_of_them_pass(monkeypatch: pytest.MonkeyPatch,
+                                                                 given: dict[str, str]) -> None:
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    assert partial_launch_env() is None
 
 
 @pytest.mark.parametrize(("rank", "sent", "code"), [(1, signal.SIGTERM, 143), (0, signal.SIGINT, 130)],

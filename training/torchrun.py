@@ -22,6 +22,21 @@ def env_count(name: str) -> int:
     return int(value)
 
 
+def partial_launch_env() -> str | None:
+    """A message when the environment names this process a rank (RANK or WORLD_SIZE) but lacks the rest of what
+    torchrun sets, so it is no rank at all; None otherwise. Such a process trained alone, silently, as if the run
+    it was meant to join did not exist. MASTER_ADDR or MASTER_PORT alone are only configuration: no message."""
+    given = [name for name in LAUNCH_ENV if name in os.environ]
+    if not {"RANK", "WORLD_SIZE"} & set(given) or len(given) == len(LAUNCH_ENV):
+        return None
+    missing = [name for name in LAUNCH_ENV if name not in os.environ]
+    claims = [name for name in ("RANK", "WORLD_SIZE") if name in os.environ]
+    return (f"{', '.join(f'{n}={os.environ[n]!r}' for n in given)} in the environment without "
+            f"{', '.join(missing)}: a process started by hand as one rank of a run needs all of "
+            f"{', '.join(LAUNCH_ENV)} (torchrun sets them); set the rest, or unset {' and '.join(claims)} "
+            "to train in one process")
+
+
 def launch_env_problem() -> str | None:
     """What is wrong with the launch variables this process was started with, in a few words; None when usable.
     A rank started by hand with a RANK or port that is no number met a ValueError traceback in torch's
