@@ -36,11 +36,12 @@ from .errors import ExportError
 from .examples import EXAMPLE_BATCH, EXAMPLE_PAST_LEN, EXAMPLE_SIZES, EXAMPLE_SOURCE_LEN
 from .fused import write_greedy_graph
 from .kinds import KINDS
+from .native_output import benign_native_warnings_dropped, quiet_native_stdout
 from .points.folded import folded_loop
 from .sizes import check_other_sizes
 from .tokens import graphs as token_graphs
 from .tokens.fast import FAST_BUILDERS
-from .tracing import Tracing, quiet_native_stdout, untraceable
+from .tracing import Tracing, untraceable
 
 MIN_OPSET, MAX_OPSET = 14, 20
 
@@ -127,7 +128,7 @@ def export_module(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path:
     """The legacy exporter on one module, with the declared names and symbolic dims."""
     module.eval()  # the exporter restores the module's mode afterwards: a wrapper left in training mode would
     # switch the model's dropout back on for the parity checks that follow
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), benign_native_warnings_dropped():
         warnings.simplefilter("ignore")  # tracer warnings about python ints; dims are checked afterwards
         torch.onnx.export(
             module, args, str(path), input_names=list(io["inputs"]), output_names=list(io["outputs"]),

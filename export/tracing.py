@@ -1,12 +1,9 @@
 """Where a declared model's code breaks, said by module: forward hooks name the innermost running module of the
-adapter's own, a TorchScript trace names the one running an operator the exporter cannot convert, and torch.onnx's
-native dump of a failing graph is kept off the terminal (the error names what failed)."""
+adapter's own, and a TorchScript trace names the one running an operator the exporter cannot convert."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -16,22 +13,6 @@ import torch
 from runtime.errors import one_line
 
 from .adapter import AdapterError, Seq2SeqAdapter
-
-
-@contextlib.contextmanager
-def quiet_native_stdout() -> Iterator[None]:
-    """File descriptor 1 to /dev/null for the block: when an operator cannot be exported, torch.onnx's C++ side
-    prints the whole TorchScript graph there (70 lines and more) before raising; the error names what failed. For
-    the export's duration only (it is not a server's concern)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 class Tracing:
