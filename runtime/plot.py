@@ -1,6 +1,7 @@
 """PNG of sources, predicted points and attention, or of token attention maps (matplotlib is optional)."""
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import IO
@@ -17,10 +18,23 @@ TICK_FONT, MIN_TICK_FONT, FULL_SIZE_TICKS = 9.0, 5.0, 40  # past 40 labels on an
 MAX_TICKS = 80  # past this many labels on an axis only every k-th is written
 
 
+def import_matplotlib() -> None:
+    """Import matplotlib without its two lines of advice where HOME cannot hold its config and cache (`mkdir -p
+    failed ...`, `... set the MPLCONFIGDIR environment variable ...`): it then works from a temporary directory,
+    and the advice is not this command's output. Its logger's level is restored afterwards."""
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import matplotlib  # noqa: F401
+    finally:
+        logger.setLevel(level)
+
+
 def require_matplotlib() -> None:
     """Fail early, naming the extra, when matplotlib is not installed."""
     try:
-        import matplotlib  # noqa: F401
+        import_matplotlib()
     except ImportError:
         raise MissingExtraError("--plot needs matplotlib: install the 'plot' extra, pip install -e '.[plot]' "
                                 "in a seq2onnx checkout") from None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -103,6 +104,30 @@ def test_infer_writes_npy_and_plot(pipeline):
     assert result.returncode == 0, result.stderr
     assert np.load(root / "out.npy").shape == (1, 5, 2)
     assert (root / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+NO_HOME = "/proc/seq2onnx-no-home"  # no directory can be made there, not even by root
+HISTORY_PLOT = ("import sys; from pathlib import Path; from training.plots import plot_history; "
+                "plot_history({'train': [1.0, 0.5], 'val': [1.1, 0.6]}, Path(sys.argv[1]))")
+
+
+@pytest.mark.parametrize("what", ["infer --plot", "train's loss.png"])
+def test_plots_say_nothing_of_matplotlibs_config_where_home_cannot_hold_it(pipeline, tmp_path, what):
+    """matplotlib falls back to a temporary config directory there, and said so in two lines of advice about
+    MPLCONFIGDIR ('mkdir -p failed ...'), on every plot."""
+    _, _, model = pipeline
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    env["HOME"] = NO_HOME
+    png = tmp_path / "p.png"
+    if what == "infer --plot":
+        command = [sys.executable, "-m", "cli", "infer", str(model), "--input", "-", "--plot", str(png)]
+    else:
+        command = [sys.executable, "-c", HISTORY_PLOT, str(png)]
+    result = subprocess.run(command, input="[[[0.0, 0.0], [1.0, 1.0]]]", capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "MPLCONFIGDIR" not in result.stderr and "matplotlib" not in result.stderr.lower(), result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_without_matplotlib_names_the_extra_before_any_work(pipeline, tmp_path):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runtime.plot import import_matplotlib
+
 History = dict[str, list[float]]
 PLOT_SIZE = (6, 4)  # inches
 PLOT_DPI = 100
@@ -15,6 +17,7 @@ def plot_history(history: History, path: Path) -> None:
 
 def plot_point_history(history: History, path: Path) -> None:
     """Training and validation MSE per epoch, log scale."""
+    import_matplotlib()
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=PLOT_SIZE)
@@ -31,6 +34,7 @@ def plot_point_history(history: History, path: Path) -> None:
 
 def plot_token_history(history: History, path: Path) -> None:
     """Training loss per token (left, log scale) and validation exact / token accuracy (right, 0..1) per epoch."""
+    import_matplotlib()
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=PLOT_SIZE)
