@@ -697,6 +697,16 @@ def test_a_rank_named_by_half_the_launch_variables_is_refused(tmp_path: Path, gi
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_run_of_one_process_started_by_hand_waits_for_no_one(tmp_path: Path) -> None:
+    """WORLD_SIZE=1 with the other four: it trains, without saying it waits for other processes (there are none)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV} | {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = run(seq2onnx("train", *SMALL_REVERSE, "--epochs", "1", "--out", "o"), cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "waiting for the other processes" not in result.stderr, result.stderr
+    assert (tmp_path / "o" / "weights.pt").exists()
+
+
 @pytest.mark.parametrize("given", [{}, {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
                                    dict.fromkeys(LAUNCH_ENV, "0")], ids=["none", "rendezvous-only", "all"])
 def test_launch_variables_that_name_no_rank_or_all_of_them_pass(monkeypatch: pytest.MonkeyPatch,

@@ -192,7 +192,8 @@ def start() -> Dist:
     """Join the torchrun job this process belongs to (gloo); SIGTERM raises `Terminated` from here on."""
     launcher = os.getppid()
     _die_with_launcher()
-    if TORCHRUN_ENV not in os.environ:  # started by hand or by another launcher: the wait would be silent
+    alone = os.environ.get("WORLD_SIZE") == "1"  # a run of one process waits for no one
+    if TORCHRUN_ENV not in os.environ and not alone:  # started by hand or by another launcher: the wait would be silent
         print(f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: waiting for the other processes at "
               f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} (up to "
               f"{COLLECTIVE_TIMEOUT.total_seconds() / 60:g} min)", file=sys.stderr, flush=True)
