@@ -5,6 +5,7 @@ It bypasses Python's `sys.stdout`/`sys.stderr` and `warnings`, so only the descr
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import re
 import sys
@@ -49,12 +50,29 @@ def benign_native_warnings_dropped() -> Iterator[None]:
         saved = os.dup(2)
         try:
             os.dup2(held.fileno(), 2)
-            yield
+            with _crashes_told_to(saved):
+                yield
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             _write_back(held)
+
+
+@contextlib.contextmanager
+def _crashes_told_to(fd: int) -> Iterator[None]:
+    """faulthandler on `fd` (the real stderr) for the block: a process that dies in it (an abort or a segfault in
+    native code) takes what it held with it, and would otherwise end without a word."""
+    was_enabled = faulthandler.is_enabled()
+    with os.fdopen(os.dup(fd), "w") as real:
+        faulthandler.enable(file=real, all_threads=True)
+        try:
+            yield
+        finally:
+            if was_enabled:
+                faulthandler.enable(file=sys.stderr, all_threads=True)
+            else:
+                faulthandler.disable()
 
 
 def _write_back(held: IO[bytes]) -> None:

@@ -51,6 +51,25 @@ def test_other_output_to_stderr_comes_through_in_its_order() -> None:
                              "[W] The shape inference of prim::Other type is missing\npython after\n")
 
 
+CRASH = """
+import os
+from export.native_output import benign_native_warnings_dropped
+with benign_native_warnings_dropped():
+    os.write(2, b"held, and lost with the process\\n")
+    os.abort()
+"""
+
+
+def test_a_process_that_dies_in_the_block_still_says_where() -> None:
+    """What the block held dies with the process; faulthandler, on the real stderr, still names the crash and
+    the Python stack it happened under."""
+    result = subprocess.run([sys.executable, "-c", CRASH], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == -6
+    assert "Fatal Python error: Aborted" in result.stderr and 'File "<string>", line 6' in result.stderr, \
+        result.stderr
+
+
 def test_stderr_is_restored_even_when_the_block_raises(capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(RuntimeError, match="boom"), benign_native_warnings_dropped():
         os.write(2, b"said before the failure\n")
