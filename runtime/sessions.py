@@ -80,6 +80,11 @@ def check_threads(threads: Any) -> int | None:
     return threads
 
 
+# Devices on which an 'auto' session asked for CUDA and got the CPU (onnxruntime-gpu without the CUDA or cuDNN
+# libraries, or no such GPU): this process's later 'auto' sessions there ask for the CPU alone.
+_CUDA_DID_NOT_START: set[int] = set()
+
+
 def requested_providers(provider: str) -> list[str]:
     """Translate 'auto' | 'cpu' | 'cuda' into an onnxruntime provider list."""
     if provider not in PROVIDERS:
@@ -239,6 +244,8 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
     arena: onnxruntime's CPU arena (see ARENA)."""
     device_id = check_device_id(device_id)
     providers = requested_providers(provider)
+    if provider == "auto" and device_id in _CUDA_DID_NOT_START:
+        providers = [CPU]  # it fell back once: every session would, each with onnxruntime's lines about it
     options = session_options(threads, arena=arena or CUDA in providers)  # CUDA keeps it: see ARENA
     provider_options = [cuda_options(device_id) if p == CUDA else {} for p in providers]
     try:
@@ -258,6 +265,8 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
         raise IntegrityError(
             f"{name}: onnxruntime could not load the graph ({one_line(exc)}); re-export the model"
         ) from None
+    if provider == "auto" and CUDA in providers and CUDA not in session.get_providers():
+        _CUDA_DID_NOT_START.add(device_id)
     if provider == "cuda" and CUDA not in session.get_providers():
         raise ProviderError(
             f"provider 'cuda': onnxruntime-gpu is installed but CUDA could not start on CUDA device {device_id} (no "

@@ -153,6 +153,25 @@ def test_cuda_without_cuda_is_an_error_naming_what_is_missing(exports):
         Seq2Seq.load(exports["dot"].path, provider="cuda")
 
 
+@pytest.mark.skipif("cuda" in DEVICES, reason="CUDA really works here")
+def test_auto_asks_for_cuda_once_where_it_does_not_start(exports, monkeypatch):
+    """onnxruntime-gpu lists CUDA as available without its libraries or a GPU, and every 'auto' session asking
+    for it printed onnxruntime's two error lines about the missing libraries (12 lines for one `infer` of the
+    dates model there). A build that lists CUDA and cannot start it is what this CPU build is asked to be: its
+    sessions given CUDA run on the CPU and warn once each, as onnxruntime-gpu's log once each."""
+    from runtime import sessions
+
+    monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CUDA, sessions.CPU])
+    monkeypatch.setattr(sessions, "_CUDA_DID_NOT_START", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        models = [Seq2Seq.load(exports["dot"].path, provider="auto") for _ in range(2)]
+    asked = [w for w in caught if "Specified provider 'CUDAExecutionProvider'" in str(w.message)]
+    assert len(asked) == 1, [str(w.message) for w in caught]
+    assert all(model.providers == [sessions.CPU] for model in models)
+    assert sessions._CUDA_DID_NOT_START == {0}
+
+
 def test_auto_reports_the_providers_it_got(exports):
     model = Seq2Seq.load(exports["dot"].path, provider="auto")
     expected = "CUDAExecutionProvider" if "cuda" in DEVICES else "CPUExecutionProvider"
