@@ -69,10 +69,21 @@ def _crashes_told_to(fd: int) -> Iterator[None]:
         try:
             yield
         finally:
-            if was_enabled:
-                faulthandler.enable(file=sys.stderr, all_threads=True)
-            else:
-                faulthandler.disable()
+            _restore_faulthandler(was_enabled)
+
+
+def _restore_faulthandler(was_enabled: bool) -> None:
+    """Enabled on stderr again where it was on, else off: never left on the descriptor about to be closed, whose
+    number another file may take. (Where it was on elsewhere, stderr is the nearest place this can tell.)"""
+    faulthandler.disable()
+    if not was_enabled:
+        return
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.enable(file=stream, all_threads=True)
+            return
+        except (AttributeError, ValueError, OSError):  # no descriptor behind it (a test's capture, None)
+            continue
 
 
 def _write_back(held: IO[bytes]) -> None:

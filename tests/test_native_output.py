@@ -76,3 +76,19 @@ def test_stderr_is_restored_even_when_the_block_raises(capfd: pytest.CaptureFixt
         raise RuntimeError("boom")
     os.write(2, b"after\n")
     assert capfd.readouterr().err == "said before the failure\nafter\n"
+
+
+@pytest.mark.parametrize("was_enabled", [False, True])
+def test_faulthandler_is_left_as_it_was_found(capsys: pytest.CaptureFixture[str], was_enabled: bool) -> None:
+    """On where it was on (capsys's stderr has no descriptor: stderr's own then), off where it was off; never on
+    the block's own descriptor, closed when the block ends."""
+    import faulthandler
+
+    before = faulthandler.is_enabled()
+    try:
+        faulthandler.enable(file=sys.__stderr__) if was_enabled else faulthandler.disable()
+        with benign_native_warnings_dropped():
+            assert faulthandler.is_enabled()
+        assert faulthandler.is_enabled() == was_enabled
+    finally:
+        faulthandler.enable(file=sys.__stderr__) if before else faulthandler.disable()
