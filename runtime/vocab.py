@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +27,17 @@ from .specials import (  # noqa: F401  (the fixed ids and tokens: imported from 
     SpecialsError,
 )
 from .subword import parse_tokenizer, tokens_of
-from .vocab_inputs import check_regular, check_text, id_list, plain_ids, read_text
+from .vocab_inputs import (
+    TOKENIZER_KINDS,
+    built_tokens,
+    check_regular,
+    check_text,
+    id_list,
+    plain_ids,
+    read_text,
+    split_text,
+)
 
-TOKENIZER_KINDS = ("char", "whitespace", "subword")
 JOINERS = {"char": "", "whitespace": " "}  # how `decode` glues tokens back into text
 ID_DTYPE = np.int64
 VOCAB_FORMAT_VERSION = 1
@@ -91,29 +98,7 @@ class Vocabulary:
     @classmethod
     def build(cls, texts: Iterable[str], kind: str, min_freq: int = 1, max_size: int | None = None) -> Vocabulary:
         """Tokens seen at least `min_freq` times, most frequent first (ties by token), at most `max_size` in all."""
-        if kind == "subword":
-            raise VocabError("a 'subword' vocabulary comes from a trained tokenizer, not from build(); "
-                             "use Vocabulary.from_tokenizer_file(path) or from_tokenizer_json(text)")
-        if kind not in JOINERS:
-            raise VocabError(f"vocabulary kind must be one of {TOKENIZER_KINDS}, got {brief(kind)}")
-        if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
-            raise VocabError(f"min_freq must be an int >= 1, got {brief(min_freq)}")
-        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
-                                     or max_size < len(SPECIAL_TOKENS)):
-            raise VocabError(f"max_size counts the {len(SPECIAL_TOKENS)} specials too, so it must be None or an "
-                             f"int >= {len(SPECIAL_TOKENS)}, got {brief(max_size)}")
-        if isinstance(texts, str):
-            raise VocabError(f"texts must be an iterable of strings, got one string {brief(texts)}; wrap it in a list")
-        counts: Counter[str] = Counter()
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise VocabError(f"texts[{i}] must be a string, got {type(text).__name__}: {brief(text)}")
-            counts.update(_split(text, kind))
-        kept = sorted((t for t, c in counts.items() if c >= min_freq and t not in SPECIAL_TOKENS),
-                      key=lambda t: (-counts[t], t))
-        if max_size is not None:
-            kept = kept[: max_size - len(SPECIAL_TOKENS)]
-        return cls(SPECIAL_TOKENS + tuple(kept), kind)
+        return cls(SPECIAL_TOKENS + built_tokens(texts, kind, min_freq, max_size), kind)
 
     @classmethod
     def from_tokenizer_json(cls, text: str, specials: Specials | None = None) -> Vocabulary:
@@ -153,7 +138,7 @@ class Vocabulary:
         check_text(text)
         if self.tokenizer == "subword":
             return list(self._tokenizer_object().encode(text, add_special_tokens=False).tokens)
-        return _split(text, self.tokenizer)
+        return split_text(text, self.tokenizer)
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = True) -> list[int]:
         """Token ids of text; unknown tokens, and specials written in the text, become the unknown id (a
@@ -164,9 +149,9 @@ class Vocabulary:
             raw = self._tokenizer_object().encode(text, add_special_tokens=False).ids
             ids = [specials.unk if i in specials.ids else i for i in raw]
         else:
-            ids = [self._index.get(t, specials.unk) for t in _split(text, self.tokenizer)]
+            ids = [self._index.get(t, specials.unk) for t in split_text(text, self.tokenizer)]
         if specials.unk is None and None in ids:
-            unknown = [t for t in _split(text, self.tokenizer) if t not in self._index] or ["(a special)"]
+            unknown = [t for t in split_text(text, self.tokenizer) if t not in self._index] or ["(a special)"]
             raise VocabError(f"text {brief(text)}: token {unknown[0]!r} is not in the vocabulary, which has no "
                              "unknown-token id to stand for it; use tokens of the vocabulary")
         return [specials.bos] * add_bos + ids + [specials.eos] * add_eos
@@ -305,8 +290,3 @@ class Vocabulary:
             return cls.from_dict(data)
         except VocabError as err:
             raise VocabError(f"vocabulary file {str(path)!r}: {err}") from err
-
-
-def _split(text: str, kind: str) -> list[str]:
-    """Characters ('char') or whitespace-separated words ('whitespace')."""
-    return list(text) if kind == "char" else text.split()

@@ -9,7 +9,10 @@ from typing import Any
 import numpy as np
 
 from .errors import VocabError, brief
+from .specials import SPECIAL_TOKENS
 
+TOKENIZER_KINDS = ("char", "whitespace", "subword")
+BUILT_KINDS = ("char", "whitespace")  # the kinds a vocabulary is counted from texts for (subword: a trained tokenizer)
 MAX_VOCAB_FILE_BYTES = 64 << 20  # a large BPE tokenizer JSON is a few MiB; more is not a vocabulary
 
 
@@ -75,3 +78,34 @@ def read_text(path: Path, what: str) -> str:
     except UnicodeDecodeError as err:
         raise VocabError(f"{what} {str(path)!r} is not UTF-8 (byte {err.start}: {data[err.start:err.start + 1]!r})"
                          ) from err
+
+
+def split_text(text: str, kind: str) -> list[str]:
+    """Characters ('char') or whitespace-separated words ('whitespace')."""
+    return list(text) if kind == "char" else text.split()
+
+
+def built_tokens(texts: Any, kind: str, min_freq: int, max_size: int | None) -> tuple[str, ...]:
+    """`Vocabulary.build`'s regular tokens: those seen at least `min_freq` times, most frequent first (ties by
+    token), at most `max_size` less the specials; every argument checked first."""
+    if kind == "subword":
+        raise VocabError("a 'subword' vocabulary comes from a trained tokenizer, not from build(); "
+                         "use Vocabulary.from_tokenizer_file(path) or from_tokenizer_json(text)")
+    if kind not in BUILT_KINDS:
+        raise VocabError(f"vocabulary kind must be one of {TOKENIZER_KINDS}, got {brief(kind)}")
+    if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
+        raise VocabError(f"min_freq must be an int >= 1, got {brief(min_freq)}")
+    if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
+                                 or max_size < len(SPECIAL_TOKENS)):
+        raise VocabError(f"max_size counts the {len(SPECIAL_TOKENS)} specials too, so it must be None or an "
+                         f"int >= {len(SPECIAL_TOKENS)}, got {brief(max_size)}")
+    if isinstance(texts, str):
+        raise VocabError(f"texts must be an iterable of strings, got one string {brief(texts)}; wrap it in a list")
+    counts: Counter[str] = Counter()
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise VocabError(f"texts[{i}] must be a string, got {type(text).__name__}: {brief(text)}")
+        counts.update(split_text(text, kind))
+    kept = sorted((t for t, c in counts.items() if c >= min_freq and t not in SPECIAL_TOKENS),
+                  key=lambda t: (-counts[t], t))
+    return tuple(kept if max_size is None else kept[: max_size - len(SPECIAL_TOKENS)])
