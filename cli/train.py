@@ -194,7 +194,8 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         raise click.ClickException(partial)
     if launched() and (problem := launch_env_problem()) is not None:  # before torch loads, on every rank
         raise click.ClickException(f"{problem}, in the environment (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, "
-                                   "MASTER_ADDR and MASTER_PORT; started by hand, each process needs them)")
+                                   "MASTER_ADDR and MASTER_PORT; started otherwise, each process needs all but "
+                                   "LOCAL_RANK)")
     quieted = launching and quiet_launcher()
     if not resume:  # usage mistakes first, before torch loads; a resumed run's options are checked once it is read
         opts = prepare_options(ctx, opts, data_kind(opts["data"]), None)

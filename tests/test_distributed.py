@@ -680,38 +680,47 @@ def test_launch_variables_set_by_hand_that_cannot_work_are_one_line(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
+NOT_LAUNCHED = (*LAUNCH_ENV, "LOCAL_RANK")  # the variables a launcher sets, dropped from this environment
+
+
 @pytest.mark.parametrize(("given", "missing", "unset"), [
-    ({"RANK": "1", "WORLD_SIZE": "2"}, "LOCAL_RANK, MASTER_ADDR, MASTER_PORT", "RANK and WORLD_SIZE"),
-    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK, LOCAL_RANK, MASTER_PORT", "WORLD_SIZE"),
-], ids=["rank-without-rendezvous", "size-without-rank"])
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR, MASTER_PORT", "RANK and WORLD_SIZE"),
+    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK, MASTER_PORT", "WORLD_SIZE"),
+    ({"RANK": "1", "LOCAL_RANK": "1"}, "WORLD_SIZE, MASTER_ADDR, MASTER_PORT", "RANK"),
+], ids=["rank-without-rendezvous", "size-without-rank", "rank-without-size"])
 def test_a_rank_named_by_half_the_launch_variables_is_refused(tmp_path: Path, given: dict[str, str], missing: str,
                                                               unset: str) -> None:
-    """RANK or WORLD_SIZE set by hand without the rest: the process trained alone, silently, and wrote a checkpoint
-    as if the run it was meant to join did not exist."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV} | given
+    """A RANK above 0 or a WORLD_SIZE above 1 without the rest of what the rendezvous needs: the process trained
+    alone, silently, and wrote a checkpoint as if the run it was meant to join did not exist."""
+    env = {k: v for k, v in os.environ.items() if k not in NOT_LAUNCHED} | given
     result = run(seq2onnx("train", *SMALL_REVERSE, "--out", "o"), cwd=tmp_path, env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     line = result.stderr.strip().splitlines()[-1]
-    assert f"in the environment without {missing}: a process started by hand" in line, line
+    assert f"in the environment without {missing}: a process started as one rank of a run needs all of RANK, " \
+           "WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in line, line
     assert line.endswith(f"unset {unset} to train in one process"), line
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_run_of_one_process_started_by_hand_waits_for_no_one(tmp_path: Path) -> None:
-    """WORLD_SIZE=1 with the other four: it trains, without saying it waits for other processes (there are none)."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV} | {
-        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+def test_a_run_of_one_process_started_without_local_rank_trains_and_waits_for_no_one(tmp_path: Path) -> None:
+    """The four variables torch's env:// rendezvous reads, as launchers other than torchrun set them (no
+    LOCAL_RANK: it was refused as incomplete, and before that the process was no rank at all), WORLD_SIZE=1: it
+    trains, without saying it waits for other processes (there are none)."""
+    env = {k: v for k, v in os.environ.items() if k not in NOT_LAUNCHED} | {
+        "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     result = run(seq2onnx("train", *SMALL_REVERSE, "--epochs", "1", "--out", "o"), cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert "waiting for the other processes" not in result.stderr, result.stderr
     assert (tmp_path / "o" / "weights.pt").exists()
 
 
-@pytest.mark.parametrize("given", [{}, {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
-                                   dict.fromkeys(LAUNCH_ENV, "0")], ids=["none", "rendezvous-only", "all"])
-def test_launch_variables_that_name_no_rank_or_all_of_them_pass(monkeypatch: pytest.MonkeyPatch,
-                                                                 given: dict[str, str]) -> None:
-    for name in LAUNCH_ENV:
+@pytest.mark.parametrize("given", [
+    {}, {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, {"WORLD_SIZE": "1"}, {"RANK": "0"},
+    {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "10.0.0.1"}, {"LOCAL_RANK": "3"}, dict.fromkeys(LAUNCH_ENV, "0"),
+], ids=["none", "rendezvous-only", "one-process", "rank-0", "alone-without-port", "local-rank-only", "all"])
+def test_launch_variables_that_name_no_rank_of_several_or_all_of_them_pass(monkeypatch: pytest.MonkeyPatch,
+                                                                           given: dict[str, str]) -> None:
+    for name in NOT_LAUNCHED:
         monkeypatch.delenv(name, raising=False)
     for name, value in given.items():
         monkeypatch.setenv(name, value)

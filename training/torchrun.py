@@ -5,11 +5,15 @@ import os
 
 from .errors import RunError
 
-LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for a worker
+# What torch's env:// rendezvous reads: torchrun sets these for a worker (and LOCAL_RANK, which this project reads
+# where given, else 0); other launchers (a Kubernetes PyTorchJob, a hand-written script) may set only these four.
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+ALONE = {"RANK": "0", "WORLD_SIZE": "1"}  # what these say of a process that is a run by itself
 
 
 def launched() -> bool:
-    """True in a process that torchrun started (its rank and rendezvous are in the environment)."""
+    """True in a process that a launcher started as a rank of a run (its rank and rendezvous are in the
+    environment)."""
     return all(name in os.environ for name in LAUNCH_ENV)
 
 
@@ -23,18 +27,20 @@ def env_count(name: str) -> int:
 
 
 def partial_launch_env() -> str | None:
-    """A message when the environment names this process a rank (RANK or WORLD_SIZE) but lacks the rest of what
-    torchrun sets, so it is no rank at all; None otherwise. Such a process trained alone, silently, as if the run
-    it was meant to join did not exist. MASTER_ADDR or MASTER_PORT alone are only configuration: no message."""
-    given = [name for name in LAUNCH_ENV if name in os.environ]
-    if not {"RANK", "WORLD_SIZE"} & set(given) or len(given) == len(LAUNCH_ENV):
+    """A message when the environment says this process is one rank of several (a RANK above 0, a WORLD_SIZE
+    above 1) but lacks the rest of what the rendezvous needs; None otherwise. Such a process trained alone,
+    silently, as if the run it was meant to join did not exist. RANK=0 or WORLD_SIZE=1 alone, and MASTER_ADDR or
+    MASTER_PORT alone (configuration), describe a process that runs by itself: no message."""
+    if launched():
         return None
+    claims = {name: os.environ[name] for name in ALONE if name in os.environ}
+    if all(value == ALONE[name] for name, value in claims.items()):
+        return None
+    given = [name for name in LAUNCH_ENV if name in os.environ]
     missing = [name for name in LAUNCH_ENV if name not in os.environ]
-    claims = [name for name in ("RANK", "WORLD_SIZE") if name in os.environ]
     return (f"{', '.join(f'{n}={os.environ[n]!r}' for n in given)} in the environment without "
-            f"{', '.join(missing)}: a process started by hand as one rank of a run needs all of "
-            f"{', '.join(LAUNCH_ENV)} (torchrun sets them); set the rest, or unset {' and '.join(claims)} "
-            "to train in one process")
+            f"{', '.join(missing)}: a process started as one rank of a run needs all of {', '.join(LAUNCH_ENV)} "
+            f"(torchrun sets them); set the rest, or unset {' and '.join(claims)} to train in one process")
 
 
 def launch_env_problem() -> str | None:
@@ -43,7 +49,7 @@ def launch_env_problem() -> str | None:
     rendezvous, and one with RANK >= WORLD_SIZE waited 30 minutes for peers that could never come."""
     counts = {}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-        value = os.environ[name]
+        value = os.environ.get(name, "0")  # LOCAL_RANK: 0 where not given
         if not value.isdigit():
             return f"{name}={value!r}: expected a whole number 0 or more"
         counts[name] = int(value)
