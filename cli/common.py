@@ -242,10 +242,10 @@ def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None
             if not isinstance(exc, ModuleNotFoundError) or exc.name != module:  # there, but it would not load
                 fix = ("under a memory limit (ulimit -v), raise it" if "map segment" in str(exc)
                        else f"reinstall the '{extra}' extra")
-                raise click.ClickException(f"{what} needs {needs}, which is installed but could not be loaded "
-                                           f"({one_line(exc)}); {fix}") from None
-            raise click.ClickException(
-                f"{what} needs {needs}, which is not installed; install the '{extra}' extra: "
+                raise click.ClickException(f"{what} needs {needs} ({module} is installed but could not be "
+                                           f"loaded: {one_line(exc)}); {fix}") from None
+            raise click.ClickException(  # the module named: of several, one may be missing
+                f"{what} needs {needs} ({module} is not installed); install the '{extra}' extra: "
                 f"pip install -e '.[cpu,{extra}]' in a seq2onnx checkout"
             ) from None
 

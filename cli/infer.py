@@ -187,7 +187,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
 
         points = np.asarray(source, dtype=np.float32)  # already checked by predict
         write_atomically(plot_path, lambda f: plot_predictions(points, outputs, alphas, f), force)
-        wrote(plot_path, f" (items {shown_items(len(outputs))} of {len(outputs)})")
+        wrote(plot_path, f" ({shown_items(len(outputs))} of {len(outputs)})")
     kept = alphas if attention else None
     if output_path:
         write_output(output_path, outputs, kept, model.providers, force)

@@ -142,7 +142,7 @@ def format_report(report: dict[str, Any]) -> str:
         label = f"beam {beam['beam_size']}"
         lines.append(f"{label:<7} exact {beam['exact']:.4f} ({beam['exact_count']}/{n})  token {beam['token']:.4f}  "
                      f"{_rate(beam)}  (length penalty {beam['length_penalty']:g})")
-        verdict = "never worse than greedy" if beam["never_worse"] else "WORSE than greedy on some sequences"
+        verdict = "never worse than greedy" if beam["never_worse"] else "worse than greedy on some sequences"
         lines.append(f"beam vs greedy: {verdict} (greedy right, beam wrong: {beam['lost']}; beam right, greedy "
                      f"wrong: {beam['gained']})")
     target = report["target"]

@@ -41,9 +41,9 @@ def require_matplotlib() -> None:
 
 
 def shown_items(n: int) -> str:
-    """Which items a plot of `n` shows, in words: '0-3' or '0'."""
+    """Which items a plot of `n` shows, in words: 'items 0-3', 'item 0' or 'no items'."""
     last = min(MAX_ITEMS, n) - 1
-    return "none" if last < 0 else (f"0-{last}" if last else "0")
+    return "no items" if last < 0 else (f"items 0-{last}" if last else "item 0")
 
 
 def _square_limits(ax: object, points: np.ndarray) -> None:
@@ -92,7 +92,7 @@ def plot_predictions(source: np.ndarray, outputs: np.ndarray, alphas: np.ndarray
             weights = alphas[i] if alphas.ndim == 3 else alphas[i].mean(axis=0)  # (Lt, Ls)
             _draw_attention(fig, axes[1][i], weights, heads=alphas.ndim == 4)
     axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"items {shown_items(len(source))} of {len(source)}; s = source position, t = target step, "
+    fig.suptitle(f"{shown_items(len(source))} of {len(source)}; s = source position, t = target step, "
                  "in order along the lines")
     fig.tight_layout()
     fig.savefig(f, format="png", dpi=100)

@@ -46,7 +46,8 @@ def test_version_and_group_help():
 
 
 def test_without_torch_train_names_the_extra_and_help_still_works():
-    assert_user_error(cli("train", "--epochs", "1", no_torch=True), "needs PyTorch", "'.[cpu,train]'")
+    assert_user_error(cli("train", "--epochs", "1", no_torch=True), "needs PyTorch (torch is not installed); "
+                      "install the 'train' extra", "'.[cpu,train]'")
     assert cli("--help", no_torch=True).returncode == 0
     assert cli("train", "--help", no_torch=True).returncode == 0
 
@@ -104,6 +105,14 @@ def test_infer_writes_npy_and_plot(pipeline):
     assert result.returncode == 0, result.stderr
     assert np.load(root / "out.npy").shape == (1, 5, 2)
     assert (root / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {root / 'plot.png'} (item 0 of 1)" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("n", "said"), [(0, "no items"), (1, "item 0"), (2, "items 0-1"), (9, "items 0-3")])
+def test_a_plot_names_the_items_it_shows(n, said):
+    from runtime.plot import shown_items
+
+    assert shown_items(n) == said
 
 
 NO_HOME = "/proc/seq2onnx-no-home"  # no directory can be made there, not even by root

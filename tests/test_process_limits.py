@@ -72,7 +72,7 @@ def _address_space(kb: int) -> Callable[[], None]:
 
 
 @pytest.mark.parametrize(("kb", "said"), [
-    (400_000, "Error: this command needs PyTorch, which is installed but could not be loaded ("),
+    (400_000, "Error: this command needs PyTorch (torch is installed but could not be loaded: "),
     (600_000, "Error: train: out of memory; under a memory limit (ulimit -v), raise it; nothing half-written is left"),
 ], ids=["torch-cannot-load", "training-cannot-allocate"])
 def test_training_under_a_memory_limit_is_one_line(tmp_path: Path, kb: int, said: str) -> None:

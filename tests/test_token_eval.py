@@ -170,6 +170,20 @@ def test_the_beam_line_keeps_a_gap_before_its_figures_at_any_beam(beam_size):
     assert line.startswith(f"beam {beam_size} ") and f"beam {beam_size} exact" in " ".join(line.split()), line
 
 
+def test_a_beam_worse_on_some_sequences_says_so_beside_where_it_was_better():
+    """Beam search losing a few sequences greedy got right is how beam search goes, not an alarm (it read 'WORSE'
+    where beam won 14 and lost 6)."""
+    from runtime.evaluate import format_report
+
+    figures = {"exact": 0.5, "exact_count": 50, "token": 0.9, "sequences_per_s": 100.0}
+    report = {"model": "m", "providers": ["CPUExecutionProvider"], "data": "d", "split": "test", "sequences": 100,
+              "max_decoding_length": 11, "greedy": figures, "target": None,
+              "beam": {**figures, "beam_size": 5, "length_penalty": 1.0, "never_worse": False, "lost": 6,
+                       "gained": 14}}
+    assert format_report(report).splitlines()[4] == ("beam vs greedy: worse than greedy on some sequences (greedy "
+                                                     "right, beam wrong: 6; beam right, greedy wrong: 14)")
+
+
 def test_a_length_penalty_without_a_beam_row_is_a_usage_error():
     shipped = Path(__file__).resolve().parents[1] / "artifacts" / "dates"
     result = CliRunner().invoke(main, ["eval", str(shipped), "--data", "dates", "--limit", "2", "--beam", "0",
