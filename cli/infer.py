@@ -15,13 +15,13 @@ from click.core import ParameterSource
 
 from runtime.atomic_file import write_file
 from runtime.destination import OutputFileError, check_output_file
-from runtime.errors import Seq2OnnxError
+from runtime.errors import InputError, Seq2OnnxError
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import DEFAULT_MAX_THREADS, MAX_DEVICE_ID, PROVIDERS
 
 from .common import check_threads_option, check_workers_option, say, user_errors, wrote
-from .infer_points import read_input
+from .infer_points import InputFileError, read_input
 from .infer_tokens import (
     argv_text,
     check_token_usage,
@@ -178,6 +178,8 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
         model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id,
                              workers=workers)
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
+    except InputError as exc:  # what the file holds (its shape, values, mask): named with the file
+        raise InputFileError(f"{'stdin' if input_path == '-' else input_path}: {exc}") from None
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     if plot_path and len(outputs) == 0:

@@ -149,8 +149,8 @@ def test_plot_without_matplotlib_names_the_extra_before_any_work(pipeline, tmp_p
 
 
 @pytest.mark.parametrize("payload,fragments", [
-    ("[[[1.0, 2.0, 3.0]]]", ["source: expected shape (batch, source_len, 2)"]),
-    ("[[[1.0, NaN]]]", ["NaN or Inf"]),
+    ("[[[1.0, 2.0, 3.0]]]", ["--input: stdin: source: expected shape (batch, source_len, 2)"]),
+    ("[[[1.0, NaN]]]", ["--input: stdin: source: expected finite values", "NaN or Inf"]),
     ("not json", ["--input", "not valid JSON"]),
     ('{"points": []}', ["understood keys are ['source', 'source_mask']"]),
 ])
@@ -159,6 +159,16 @@ def test_infer_bad_input_is_one_line_and_non_zero(pipeline, payload, fragments):
     result = cli("infer", model, "--input", "-", stdin=payload, no_torch=True)
     assert_user_error(result, *fragments)
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_what_a_file_holds_is_refused_naming_the_file(pipeline, tmp_path):
+    """The file's name leads: it read 'source: expected shape ...' with nothing to say which input held it."""
+    _, _, model = pipeline
+    (tmp_path / "empty-list.json").write_text("[]")
+    result = cli("infer", model, "--input", tmp_path / "empty-list.json", no_torch=True)
+    assert result.returncode == 1 and result.stderr.strip() == (
+        f"Error: --input: {tmp_path / 'empty-list.json'}: source: expected shape (batch, source_len, 2), got shape "
+        "(0,) dtype float64"), result.stderr
 
 
 def test_infer_bad_target_len_and_missing_model(pipeline, tmp_path):
