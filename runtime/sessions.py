@@ -250,9 +250,14 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
     provider_options = [cuda_options(device_id) if p == CUDA else {} for p in providers]
     try:
         with keeping_flags():  # onnxruntime would leave this thread flushing denormals for good
+            # enable_fallback 0: onnxruntime's own fallback prints a banner on stdout (infer's results) and tries
+            # again, on the CPU alone or, where TensorRT is listed, the very same providers; 'auto' falls back here
             session = ort.InferenceSession(data, sess_options=options, providers=providers,
-                                           provider_options=provider_options)
+                                           provider_options=provider_options, enable_fallback=0)
     except Exception as exc:  # onnxruntime raises its own untyped errors
+        if provider == "auto" and CUDA in providers:  # CUDA would not start: the CPU, as for a session that drops it
+            _CUDA_DID_NOT_START.add(device_id)
+            return open_session(data, "cpu", threads, name, device_id, arena)
         if CUDA in providers:
             raise ProviderError(
                 f"{name}: onnxruntime could not start a session with {providers} on CUDA device {device_id} "

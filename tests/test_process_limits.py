@@ -36,12 +36,15 @@ def _no_room_for_a_thread() -> None:
 
 def test_a_session_that_cannot_start_its_threads_blames_the_limit(tmp_path: Path) -> None:
     """onnxruntime's pthread_create failing (`ulimit -u`, `ulimit -v`) said 'could not load the graph ... re-export
-    the model', of a model that was fine: now it names the limits, and one intra-op thread (no pool) decodes."""
+    the model', of a model that was fine: now it names the limits, and one intra-op thread (no pool) decodes. And
+    stdout, where infer's results go, stays empty: onnxruntime's fallback (off) printed a four-line banner there and
+    tried the same provider again."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # numpy's pool would be the first to fail
     run = [sys.executable, "-m", "cli", "infer", str(DATES), "--text", "3/3/15", "--threads"]
     refused = subprocess.run([*run, "2"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
                              preexec_fn=_no_room_for_a_thread)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert refused.stdout == "", refused.stdout  # onnxruntime's own fallback printed its "EP Error" banner there
     last = refused.stderr.strip().splitlines()[-1]
     assert "onnxruntime could not start the session: the process could not get a thread or memory" in last, last
     assert last.endswith("raise its limits (ulimit -u, ulimit -v) or free memory (the graph is not at fault)"), last

@@ -172,6 +172,31 @@ def test_auto_asks_for_cuda_once_where_it_does_not_start(exports, monkeypatch):
     assert sessions._CUDA_DID_NOT_START == {0}
 
 
+@pytest.mark.skipif("cuda" in DEVICES, reason="CUDA really works here")
+def test_a_cuda_session_that_fails_to_start_falls_back_under_auto_and_prints_nothing(exports, monkeypatch, capfd):
+    """Where creating a session with CUDA raises (a GPU machine whose CUDA provider fails at start), onnxruntime's
+    own fallback printed an 'EP Error' banner on stdout and tried again. Now 'auto' takes the CPU itself, and
+    'cuda' is a ProviderError naming what failed; stdout stays empty. The failing CUDA start is made here (this
+    CPU build cannot fail it); the CPU sessions are real."""
+    from runtime import sessions
+
+    real = sessions.ort.InferenceSession
+
+    def failing_cuda(data, sess_options=None, providers=(), **kwargs):
+        if sessions.CUDA in providers:
+            raise RuntimeError("CUDA failure 100: no CUDA-capable device is detected")
+        return real(data, sess_options=sess_options, providers=providers, **kwargs)
+
+    monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CUDA, sessions.CPU])
+    monkeypatch.setattr(sessions.ort, "InferenceSession", failing_cuda)
+    monkeypatch.setattr(sessions, "_CUDA_DID_NOT_START", set())
+    assert Seq2Seq.load(exports["dot"].path, provider="auto").providers == [sessions.CPU]
+    assert sessions._CUDA_DID_NOT_START == {0}
+    with pytest.raises(ProviderError, match="on CUDA device 0 .*no CUDA-capable device is detected"):
+        Seq2Seq.load(exports["dot"].path, provider="cuda")
+    assert capfd.readouterr().out == ""
+
+
 def test_auto_reports_the_providers_it_got(exports):
     model = Seq2Seq.load(exports["dot"].path, provider="auto")
     expected = "CUDAExecutionProvider" if "cuda" in DEVICES else "CPUExecutionProvider"
