@@ -118,9 +118,10 @@ class FakeSession:
     """Records how a session was asked for; reports CUDA as running."""
 
     def __init__(self, data: bytes, sess_options: ort.SessionOptions, providers: list[str],
-                 provider_options: list[dict]) -> None:
+                 provider_options: list[dict], enable_fallback: int = 1) -> None:
         self.providers, self.provider_options = providers, provider_options
         self.arena = sess_options.enable_cpu_mem_arena
+        self.fallback = enable_fallback
 
     def get_providers(self) -> list[str]:
         return self.providers
@@ -150,6 +151,7 @@ def test_cuda_gets_the_device_id(monkeypatch: pytest.MonkeyPatch) -> None:
     session = open_session(b"", "cuda", 1, "identity", device_id=3)
     assert session.providers == [sessions.CUDA, sessions.CPU]
     assert session.provider_options == [{"device_id": "3", "use_tf32": "0"}, {}]
+    assert session.fallback == 0  # onnxruntime's own: a banner on stdout, and the same providers tried again
     # device 0 is onnxruntime's default; naming it made onnxruntime-gpu 1.31 warn at every session on an H200
     assert open_session(b"", "cuda", 1, "identity").provider_options == [{"use_tf32": "0"}, {}]
     # the arena stays on with CUDA: without it onnxruntime-gpu 1.31 ran the folded graphs wrong on an H200
