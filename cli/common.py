@@ -233,6 +233,14 @@ def check_threads_option(ctx: click.Context, param: click.Parameter, value: int 
     return value
 
 
+NO_ROOM_TO_LOAD = "failed to map segment"  # the loader's ImportError where a memory limit leaves no room for a library
+
+
+def no_room_to_load(exc: BaseException) -> bool:
+    """Whether an ImportError is the loader finding no room (`ulimit -v`) for a library, not a broken install."""
+    return isinstance(exc, ImportError) and NO_ROOM_TO_LOAD in str(exc)
+
+
 def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None:
     """Raise a ClickException naming the extra to install when one of `modules` is missing (`what` needs them)."""
     for module in modules:
@@ -240,7 +248,7 @@ def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None
             importlib.import_module(module)
         except ImportError as exc:
             if not isinstance(exc, ModuleNotFoundError) or exc.name != module:  # there, but it would not load
-                fix = ("under a memory limit (ulimit -v), raise it" if "map segment" in str(exc)
+                fix = ("under a memory limit (ulimit -v), raise it" if no_room_to_load(exc)
                        else f"reinstall the '{extra}' extra")
                 raise click.ClickException(f"{what} needs {needs} ({module} is installed but could not be "
                                            f"loaded: {one_line(exc)}); {fix}") from None

@@ -177,6 +177,9 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     try:
         model = Seq2Seq.load(model_dir, provider=provider, threads=threads, fused=fused, device_id=device_id,
                              workers=workers)
+    except Seq2OnnxError as exc:  # the model or the options, not the input
+        raise click.ClickException(str(exc)) from None
+    try:
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
     except InputError as exc:  # what the file holds (its shape, values, mask): named with the file
         raise InputFileError(f"{'stdin' if input_path == '-' else input_path}: {exc}") from None

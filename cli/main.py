@@ -26,6 +26,7 @@ from .common import (
     finished,
     hang_up_as_sigterm,
     held_signals,
+    no_room_to_load,
     no_temporary_directory,
     onnxruntime_telemetry_off,
     raise_on_sigterm,
@@ -108,7 +109,7 @@ class LazyGroup(click.Group):
                 raise
             raise _out_of_memory(ctx) from None
         except (ImportError, SystemError) as exc:  # an extension's import or call that a signal interrupted
-            if isinstance(exc, ImportError) and "failed to map segment" in str(exc):  # a library loaded late, no room
+            if no_room_to_load(exc):  # a library loaded late, with no room for it
                 raise _out_of_memory(ctx) from None
             if not isinstance(exc.__context__, KeyboardInterrupt) or exc.__suppress_context__:
                 raise

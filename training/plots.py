@@ -12,12 +12,12 @@ PLOT_DPI = 100
 
 def plot_history(history: History, path: Path) -> None:
     """Draw a trainer's history into a PNG (Agg canvas, no pyplot state); token histories hold 'train_loss'."""
+    import_matplotlib()  # quietly, before either imports from it
     (plot_token_history if "train_loss" in history else plot_point_history)(history, path)
 
 
 def plot_point_history(history: History, path: Path) -> None:
     """Training and validation MSE per epoch, log scale."""
-    import_matplotlib()
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=PLOT_SIZE)
@@ -34,7 +34,6 @@ def plot_point_history(history: History, path: Path) -> None:
 
 def plot_token_history(history: History, path: Path) -> None:
     """Training loss per token (left, log scale) and validation exact / token accuracy (right, 0..1) per epoch."""
-    import_matplotlib()
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=PLOT_SIZE)
