@@ -57,6 +57,9 @@ from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed
 QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
 # On a signal: the step under way (ray.init, a block of lines) ends, then Ray stops; past this, what started is killed
 RAY_STOP_DEADLINE_S = 30.0
+# Said as the first signal is taken: the block under way ends first, and Ray gives each of its processes a second
+# to take a SIGTERM they block (`cli.ray_stop.keep_group_signals_from_ray`), so stopping takes seconds
+STOPPING_LINE = "infer --ray: stopping (Ray's processes take a few seconds to end; a second signal kills them now)"
 
 
 def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
@@ -97,12 +100,15 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
 
         # shipped with a job on a cluster: each actor reads its node's copy
         shipped = plan if job.address is None else dataclasses.replace(plan, model_dir=None)
-        signum = drive(run, RAY_STOP_DEADLINE_S, "infer --ray")
+        signum = drive(run, RAY_STOP_DEADLINE_S, "infer --ray", on_stop=STOPPING_LINE)
+        if done:  # published on the Ray thread, maybe before a signal that came while Ray stopped (seconds)
+            actors, seconds = done[0]
+            say(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
+                f"on {actors} actor{'' if actors == 1 else 's'}")
         if signum is not None:
+            if done:  # the stop's message says it was written
+                wrote(output, f" ({n} input{'' if n == 1 else 's'})")
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-        actors, seconds = done[0]
-        say(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
-            f"on {actors} actor{'' if actors == 1 else 's'}")
     wrote(output, f" ({n} input{'' if n == 1 else 's'})", last=True)
     if note:
         say(note)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import click
 
-from .common import stop_for
+from .common import say, stop_for
 
 POLL_S = 0.05  # how often the main thread looks at signals, the deadline, and whether Ray is up
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -43,11 +43,13 @@ class Stop:
         self.requested.set()
 
 
-def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str = "", note: str = "") -> int | None:
+def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str = "", note: str = "",
+          on_stop: str = "") -> int | None:
     """Run `work(stop)` on a thread of its own until it returns, this (the main) thread taking SIGTERM and SIGINT.
     Stopping, once asked for or once `work` says it began, may take `deadline_s`; past that, or on a second
     signal, the processes this one started are killed and the process exits, saying so (as `who`; `limit`: the
-    option that set the deadline; `note`: what may outlive the process).
+    option that set the deadline; `note`: what may outlive the process). `on_stop`: a line said as the first
+    signal is taken, where `work` cannot say it at once.
     Returns the signal that asked to stop, if one did; raises what `work` raised."""
     stop, failure = Stop(), []
 
@@ -70,6 +72,9 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
                 for sig in SIGNALS:
                     signal.signal(sig, stop.on_signal)
                 rearmed = True
+            if on_stop and stop.signals:
+                say(on_stop)
+                on_stop = ""
             if len(stop.signals) > 1:
                 _kill_and_exit(who, "a second signal while stopping", note, stop_for(stop.signals[0]).exit_code)
             if deadline is None and (stop.requested.is_set() or stop.stopping.is_set()):

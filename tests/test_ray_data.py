@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import ray
 
+from cli.infer_ray import STOPPING_LINE
 from runtime.infer_tokens import Item, TokenRun
 from runtime.model import Seq2Seq
 from serving.offline import (
@@ -152,33 +152,40 @@ def test_existing_output_is_kept_without_force_and_on_a_bad_line(texts_file: Pat
 
 
 # When the signal comes: Ray's first processes exist (ray.init under way; raised inside it, Ctrl-C left Ray's agents
-# running); the output's temporary sibling exists (decoding; SIGTERM's default action left that file behind).
-STARTING, DECODING = "ray-starts", "decoding"
+# running); the output's temporary sibling exists (decoding; SIGTERM's default action left that file behind); the
+# output is published and Ray is stopping (a signal there said that nothing was written).
+STARTING, DECODING, STOPPING = "ray-starts", "decoding", "ray-stops"
 
 
-def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int]) -> tuple[int, str]:
-    """Run `infer --ray` on 20000 texts over an older --output; send `signals` (0.3 s apart) once `when`; return its
-    exit code and what it said, after checking that the output is as it was, with nothing beside it, and that
-    nothing of its process group is left 20 s on."""
+def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int], texts_n: int = 20000) -> tuple[int, str]:
+    """Run `infer --ray` on `texts_n` texts over an older --output; send `signals` (each once the one before was
+    taken) once `when`: Ray started its processes, the output is being written, or it is published and Ray is
+    stopping (which takes seconds: Ray gives each of its processes a second to take a SIGTERM they block). Return
+    the exit code and what it said, after checking that nothing is beside the output, which is as it was (or whole,
+    once published), and that nothing of its process group is left 20 s on."""
     texts, out = tmp_path / "texts.txt", tmp_path / "out.jsonl"
-    texts.write_text("\n".join(date_lines(20000, 5)) + "\n", encoding="utf-8")
+    texts.write_text("\n".join(date_lines(texts_n, 5)) + "\n", encoding="utf-8")
     out.write_text("an older result\n")
+    reached = {STARTING: lambda: len(group_members(proc.pid)) >= 2,
+               DECODING: lambda: any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir()),
+               STOPPING: lambda: out.read_text() != "an older result\n"}[when]
     with open(tmp_path / "log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts), "--output",
                                  str(out), "--ray", "--force"], stdout=log, stderr=subprocess.STDOUT,
                                 env=child_env(), start_new_session=True, preexec_fn=default_sigint)
     try:
-        wait_until(proc, lambda: (len(group_members(proc.pid)) >= 2 if when == STARTING else
-                                  any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir())),
-                   120, tmp_path / "log")
+        wait_until(proc, reached, 120, tmp_path / "log")
         for i, sig in enumerate(signals):
-            time.sleep(0.3 * (i > 0))
+            if i:  # once the first was taken: two sent before the main thread ran its handler counted as one
+                wait_until(proc, lambda: STOPPING_LINE in (tmp_path / "log").read_text(), 30, tmp_path / "log")
             proc.send_signal(sig)
     finally:
         left = leftovers(proc, 60, tmp_path / "log")
     said = (tmp_path / "log").read_text()
     assert "Traceback" not in said and not left, (left, said[-3000:])
-    assert out.read_text() == "an older result\n" and sorted(tmp_path.iterdir()) == [tmp_path / "log", out, texts]
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "log", out, texts]
+    found = out.read_text().splitlines()
+    assert (len(found) == texts_n if when == STOPPING else found == ["an older result"]), said[-3000:]
     return proc.returncode, said
 
 
@@ -188,6 +195,7 @@ def test_a_signal_stops_infer_on_ray_and_leaves_nothing(tmp_path: Path, when: st
     code, said = _signal_infer_on_ray(tmp_path, when, [sig])
     want, says = (130, "interrupted") if sig == signal.SIGINT else (143, "stopped by SIGTERM")
     assert code == want and f"infer: {says}; nothing was written" in said, said[-3000:]
+    assert STOPPING_LINE in said
 
 
 def test_a_second_signal_while_decoding_kills_ray_and_removes_the_staged_output(tmp_path: Path) -> None:
@@ -195,6 +203,15 @@ def test_a_second_signal_while_decoding_kills_ray_and_removes_the_staged_output(
     was left behind as a hidden sibling."""
     code, said = _signal_infer_on_ray(tmp_path, DECODING, [signal.SIGTERM, signal.SIGTERM])
     assert code == 143 and "Error: infer --ray: a second signal while stopping: killed the" in said, said[-3000:]
+
+
+def test_a_signal_while_ray_stops_after_the_output_is_published_says_it_was_written(tmp_path: Path) -> None:
+    """The output was published on the Ray thread; a Ctrl-C while Ray then stopped said 'nothing was written'."""
+    code, said = _signal_infer_on_ray(tmp_path, STOPPING, [signal.SIGINT], texts_n=2000)
+    assert code == 130, said[-3000:]
+    assert said.rstrip().endswith("Error: infer: interrupted; it had written " + str(tmp_path / "out.jsonl")
+                                  + ", and nothing else"), said[-3000:]
+    assert "infer: 2000 inputs decoded in" in said and f"wrote {tmp_path / 'out.jsonl'} (2000 inputs)" in said
 
 
 def test_without_ray_installed_the_serve_extra_is_named(tmp_path: Path) -> None:
