@@ -14,11 +14,12 @@ import numpy as np
 from click.core import ParameterSource
 
 from runtime.atomic_file import write_file
+from runtime.cuda import MAX_DEVICE_ID
 from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import InputError, Seq2OnnxError
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
-from runtime.sessions import DEFAULT_MAX_THREADS, MAX_DEVICE_ID, PROVIDERS
+from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
 from .common import check_threads_option, check_workers_option, say, user_errors, wrote
 from .infer_points import InputFileError, read_input
@@ -63,8 +64,7 @@ def check_outputs(input_path: str, output_path: str | None, plot_path: str | Non
 
         require_matplotlib()
     named = [p for p in (output_path, plot_path) if p]
-    resolved = [Path(p).resolve() for p in named]
-    if len(set(resolved)) < len(resolved):
+    if len({Path(p).resolve() for p in named}) < len(named):
         raise click.BadParameter(f"--output and --plot both name {named[0]}; give them different files")
     source = None if input_path == "-" else Path(input_path).resolve()
     for flag, path in (("--output", output_path), ("--plot", plot_path)):

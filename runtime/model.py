@@ -15,6 +15,7 @@ from .contract import (
     FEEDBACK,
     GREEDY_FILE,
 )
+from .cuda import check_device_id
 from .declared import TokenContract
 from .decode_options import OPTION_NAMES, TRANSLATE_OPTIONS
 from .defaults import INT8
@@ -37,7 +38,6 @@ from .points import (
 )
 from .sessions import (
     CUDA,
-    check_device_id,
     check_threads,
     open_session,
     read_graph,

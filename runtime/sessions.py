@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 import onnxruntime as ort
 
+from .cuda import check_device_id, cuda_options, cuda_start_error
 from .defaults import PROVIDERS, max_threads
 from .denormals import keeping_flags, session_flag
 from .errors import InputError, IntegrityError, ProviderError, ResourceError, brief, one_line
@@ -196,19 +197,6 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     raise ValueError(f"truncated or overlong varint before byte {end}")
 
 
-MAX_DEVICE_ID = 2**31 - 1  # onnxruntime reads the ordinal as a C int
-
-
-def check_device_id(device_id: Any) -> int:
-    """A CUDA device ordinal: an int from 0 to MAX_DEVICE_ID, on any provider (a value no GPU can have is a
-    mistake whether or not a GPU is used)."""
-    if (isinstance(device_id, bool) or not isinstance(device_id, numbers.Integral)
-            or not 0 <= device_id <= MAX_DEVICE_ID):
-        raise InputError(f"device_id: expected an int from 0 to {MAX_DEVICE_ID} (a CUDA device ordinal, 0 for the "
-                         f"first GPU), got {brief(device_id)}")
-    return int(device_id)
-
-
 def default_threads() -> int:
     """Intra-op threads when the caller passes None: the usable CPUs, at most DEFAULT_MAX_THREADS."""
     return min(max_threads(), DEFAULT_MAX_THREADS)
@@ -227,15 +215,6 @@ def session_options(threads: int | None, spinning: bool = SPINNING, arena: bool 
         options.add_session_config_entry(key, value)
     options.log_severity_level = 3  # keep fallback warnings out of services' logs; we check ourselves
     return options
-
-
-def cuda_options(device_id: int) -> dict[str, str]:
-    """The CUDA provider's options. TF32 off: onnxruntime's CUDA matmuls round their inputs to TF32 by default
-    on Ampere and later, which on an H200 put the squares model 4.0e-2 off the CPU (1.4e-5 without) and beam
-    scores 9.6e-4 relative (7.7e-7 without; the README's GPU section); full float32 keeps the parity the export
-    checked. device_id only when not 0: onnxruntime-gpu 1.31 warns "No registered plugin EP device found" for every
-    session given one."""
-    return {"use_tf32": "0", **({"device_id": str(device_id)} if device_id else {})}
 
 
 def open_session(data: bytes, provider: str, threads: int | None, name: str,
@@ -259,10 +238,7 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
             _CUDA_DID_NOT_START.add(device_id)
             return open_session(data, "cpu", threads, name, device_id, arena)
         if CUDA in providers:
-            raise ProviderError(
-                f"{name}: onnxruntime could not start a session with {providers} on CUDA device {device_id} "
-                f"({one_line(exc)})"
-            ) from None
+            raise cuda_start_error(name, providers, device_id, exc) from None
         if any(sign in str(exc) for sign in SHORT_OF):
             raise ResourceError(f"{name}: onnxruntime could not start the session: the process could not get a thread "
                                 f"or memory ({one_line(exc)}); raise its limits (ulimit -u, ulimit -v) or free memory "

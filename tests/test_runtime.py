@@ -197,6 +197,29 @@ def test_a_cuda_session_that_fails_to_start_falls_back_under_auto_and_prints_not
     assert capfd.readouterr().out == ""
 
 
+# onnxruntime-gpu 1.31.1's error for device_id 3 on a machine of one GPU (an H200, 2026-11-30), whole
+NO_DEVICE_3 = ("/onnxruntime_src/onnxruntime/core/providers/cuda/cuda_execution_provider_info.cc:63 static "
+               "onnxruntime::CUDAExecutionProviderInfo onnxruntime::CUDAExecutionProviderInfo::FromProviderOptions("
+               "const onnxruntime::ProviderOptions&) [ONNXRuntimeError] : 1 : FAIL : provider_options_utils.h:187 "
+               "Parse Failed to parse provider option \"device_id\": cuda_execution_provider_info.cc:71 operator() "
+               "Invalid device ID: 3, must be between 0 (inclusive) and 1 (exclusive).")
+
+
+@pytest.mark.parametrize("count, sees", [(1, "1 CUDA device (device_id 0)"), (4, "4 CUDA devices (device_id 0 to 3)"),
+                                         (0, "no CUDA device")])
+def test_a_cuda_device_past_the_gpus_is_said_so(count, sees):
+    """onnxruntime's error for an ordinal past the GPUs came wrapped in its source paths; it is said plainly, with
+    the ordinals there are. Other failures keep onnxruntime's words."""
+    from runtime.cuda import cuda_start_error
+
+    error = cuda_start_error("encoder.onnx", ["CUDAExecutionProvider"], 3,
+                             RuntimeError(NO_DEVICE_3.replace("and 1 (exclusive)", f"and {count} (exclusive)")))
+    assert str(error) == (f"encoder.onnx: there is no CUDA device 3: onnxruntime sees {sees}; pass one of those as "
+                          "device_id (infer --device-id), or provider 'cpu'")
+    other = cuda_start_error("encoder.onnx", ["CUDAExecutionProvider"], 0, RuntimeError("CUDA failure 100: no GPU"))
+    assert "could not start a session" in str(other) and "CUDA failure 100: no GPU" in str(other)
+
+
 def test_auto_reports_the_providers_it_got(exports):
     model = Seq2Seq.load(exports["dot"].path, provider="auto")
     expected = "CUDAExecutionProvider" if "cuda" in DEVICES else "CPUExecutionProvider"
