@@ -3,9 +3,11 @@ starts (options, output path, model, every input line); --output is then streame
 renamed, so a failure or Ctrl-C leaves the old file (or none) in place."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import signal
+import sys
 import time
 from contextlib import closing, contextmanager
 from functools import partial
@@ -96,11 +98,14 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
                         write_lines(output, _until_stopped(lines, stop), job.force)
                     except _Stopped:  # the temporary sibling is gone: nothing was written
                         return
+                    stop.written.append(output)
                 done.append((actors, time.perf_counter() - start))
 
         # shipped with a job on a cluster: each actor reads its node's copy
         shipped = plan if job.address is None else dataclasses.replace(plan, model_dir=None)
-        signum = drive(run, RAY_STOP_DEADLINE_S, "infer --ray", on_stop=STOPPING_LINE)
+        # Ray prints the errors its cluster reports ('(raylet) Task ... failed') on stdout, which --ray leaves empty
+        with contextlib.redirect_stdout(sys.stderr):
+            signum = drive(run, RAY_STOP_DEADLINE_S, "infer --ray", on_stop=STOPPING_LINE, writes=True)
         if done:  # published on the Ray thread, maybe before a signal that came while Ray stopped (seconds)
             actors, seconds = done[0]
             say(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "

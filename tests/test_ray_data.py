@@ -169,9 +169,9 @@ def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int], texts_n:
     reached = {STARTING: lambda: len(group_members(proc.pid)) >= 2,
                DECODING: lambda: any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir()),
                STOPPING: lambda: out.read_text() != "an older result\n"}[when]
-    with open(tmp_path / "log", "w") as log:
+    with open(tmp_path / "log", "w") as log, open(tmp_path / "stdout", "w") as stdout:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts), "--output",
-                                 str(out), "--ray", "--force"], stdout=log, stderr=subprocess.STDOUT,
+                                 str(out), "--ray", "--force"], stdout=stdout, stderr=log,
                                 env=child_env(), start_new_session=True, preexec_fn=default_sigint)
     try:
         wait_until(proc, reached, 120, tmp_path / "log")
@@ -183,7 +183,10 @@ def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int], texts_n:
         left = leftovers(proc, 60, tmp_path / "log")
     said = (tmp_path / "log").read_text()
     assert "Traceback" not in said and not left, (left, said[-3000:])
-    assert sorted(tmp_path.iterdir()) == [tmp_path / "log", out, texts]
+    # Ray printed its cluster's errors on stdout ('(raylet) Task ... failed ... killed by `ray.kill`', in about
+    # half of the stops while decoding), which --ray leaves empty
+    assert (tmp_path / "stdout").read_text() == ""
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "log", out, tmp_path / "stdout", texts]
     found = out.read_text().splitlines()
     assert (len(found) == texts_n if when == STOPPING else found == ["an older result"]), said[-3000:]
     return proc.returncode, said
@@ -203,6 +206,16 @@ def test_a_second_signal_while_decoding_kills_ray_and_removes_the_staged_output(
     was left behind as a hidden sibling."""
     code, said = _signal_infer_on_ray(tmp_path, DECODING, [signal.SIGTERM, signal.SIGTERM])
     assert code == 143 and "Error: infer --ray: a second signal while stopping: killed the" in said, said[-3000:]
+    assert said.rstrip().endswith("this command had started; nothing was written (outputs are published whole or "
+                                  "not at all)"), said[-3000:]
+
+
+def test_a_second_signal_once_the_output_is_published_says_it_was_written(tmp_path: Path) -> None:
+    """The kill said only what it killed, and a user who had passed --force could not tell the old file from the
+    new one."""
+    code, said = _signal_infer_on_ray(tmp_path, STOPPING, [signal.SIGTERM, signal.SIGTERM], texts_n=2000)
+    assert code == 143 and said.rstrip().endswith(f"this command had started; it had written {tmp_path / 'out.jsonl'}"
+                                                  ", and nothing else"), said[-3000:]
 
 
 def test_a_signal_while_ray_stops_after_the_output_is_published_says_it_was_written(tmp_path: Path) -> None:
