@@ -78,6 +78,8 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
         plan, source, mask = _point_work(ctx, job, base)
         n, unit, most, decoder = len(source), 1, MAX_POINT_BLOCK, PointDecoder
         make = partial(point_dataset, source, mask)
+    if job.address is None and job.concurrency is not None:  # the local Ray's CPUs are known before it starts
+        _check_fits(plan, job.concurrency, max_threads(), None)
     output = job.output_path
     assert output is not None  # cli.infer refuses --ray without --output
     if n == 0:
@@ -169,11 +171,18 @@ def _actors(plan: Plan, concurrency: int | None) -> int:
                                    "cluster with GPUs (--address), or pass --provider cpu")
     if concurrency is None:
         return cluster_actors(plan)
-    if concurrency * plan.threads > cpus or concurrency * plan.gpus > gpus:
+    _check_fits(plan, concurrency, cpus, gpus)
+    return concurrency
+
+
+def _check_fits(plan: Plan, concurrency: int, cpus: int, gpus: int | None) -> None:
+    """--concurrency actors of plan.threads CPUs (and a GPU each with CUDA) within `cpus` (and `gpus`; None: not
+    known yet)."""
+    if concurrency * plan.threads > cpus or (gpus is not None and concurrency * plan.gpus > gpus):
+        of_gpus = f" and {gpus} GPUs" if plan.gpus and gpus is not None else ""
         raise click.ClickException(f"--concurrency {concurrency}: {concurrency} actors of {plan.threads} CPU(s) "
                                    f"(--threads){' and a GPU' if plan.gpus else ''} each do not fit the Ray "
-                                   f"cluster's {cpus} CPUs{f' and {gpus} GPUs' if plan.gpus else ''}; lower it")
-    return concurrency
+                                   f"cluster's {cpus} CPUs{of_gpus}; lower it")
 
 
 def write_lines(output: str, lines: Iterator[str], force: bool) -> None:
