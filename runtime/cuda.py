@@ -37,9 +37,12 @@ def cuda_start_error(name: str, providers: list[str], device_id: int, exc: BaseE
     found = _NO_SUCH_DEVICE.search(str(exc))
     if found is not None:
         count = int(found.group(2))
-        sees = (f"{count} CUDA device{'' if count == 1 else 's'} (device_id 0{f' to {count - 1}' if count > 1 else ''})"
-                if count else "no CUDA device")
-        return ProviderError(f"{name}: there is no CUDA device {device_id}: onnxruntime sees {sees}; pass one of "
-                             "those as device_id (infer --device-id), or provider 'cpu'")
+        if not count:
+            return ProviderError(f"{name}: there is no CUDA device {device_id}: onnxruntime sees no CUDA device; "
+                                 "pass provider 'cpu'")
+        ids = f"device_id 0{f' to {count - 1}' if count > 1 else ''}"
+        return ProviderError(f"{name}: there is no CUDA device {device_id}: onnxruntime sees {count} CUDA "
+                             f"device{'' if count == 1 else 's'} ({ids}); pass one of those as device_id (infer "
+                             "--device-id), or provider 'cpu'")
     return ProviderError(f"{name}: onnxruntime could not start a session with {providers} on CUDA device {device_id} "
                          f"({one_line(exc)})")

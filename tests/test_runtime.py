@@ -205,8 +205,10 @@ NO_DEVICE_3 = ("/onnxruntime_src/onnxruntime/core/providers/cuda/cuda_execution_
                "Invalid device ID: 3, must be between 0 (inclusive) and 1 (exclusive).")
 
 
-@pytest.mark.parametrize("count, sees", [(1, "1 CUDA device (device_id 0)"), (4, "4 CUDA devices (device_id 0 to 3)"),
-                                         (0, "no CUDA device")])
+@pytest.mark.parametrize("count, sees", [
+    (1, "1 CUDA device (device_id 0); pass one of those as device_id (infer --device-id), or provider 'cpu'"),
+    (4, "4 CUDA devices (device_id 0 to 3); pass one of those as device_id (infer --device-id), or provider 'cpu'"),
+    (0, "no CUDA device; pass provider 'cpu'")])
 def test_a_cuda_device_past_the_gpus_is_said_so(count, sees):
     """onnxruntime's error for an ordinal past the GPUs came wrapped in its source paths; it is said plainly, with
     the ordinals there are. Other failures keep onnxruntime's words."""
@@ -214,8 +216,7 @@ def test_a_cuda_device_past_the_gpus_is_said_so(count, sees):
 
     error = cuda_start_error("encoder.onnx", ["CUDAExecutionProvider"], 3,
                              RuntimeError(NO_DEVICE_3.replace("and 1 (exclusive)", f"and {count} (exclusive)")))
-    assert str(error) == (f"encoder.onnx: there is no CUDA device 3: onnxruntime sees {sees}; pass one of those as "
-                          "device_id (infer --device-id), or provider 'cpu'")
+    assert str(error) == f"encoder.onnx: there is no CUDA device 3: onnxruntime sees {sees}"
     other = cuda_start_error("encoder.onnx", ["CUDAExecutionProvider"], 0, RuntimeError("CUDA failure 100: no GPU"))
     assert "could not start a session" in str(other) and "CUDA failure 100: no GPU" in str(other)
 
