@@ -79,7 +79,7 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
         n, unit, most, decoder = len(source), 1, MAX_POINT_BLOCK, PointDecoder
         make = partial(point_dataset, source, mask)
     if job.address is None and job.concurrency is not None:  # the local Ray's CPUs are known before it starts
-        _check_fits(plan, job.concurrency, max_threads(), None)
+        _check_fits(plan, job.concurrency, max_threads(), None, "this machine's")
     output = job.output_path
     assert output is not None  # cli.infer refuses --ray without --output
     if n == 0:
@@ -175,14 +175,14 @@ def _actors(plan: Plan, concurrency: int | None) -> int:
     return concurrency
 
 
-def _check_fits(plan: Plan, concurrency: int, cpus: int, gpus: int | None) -> None:
+def _check_fits(plan: Plan, concurrency: int, cpus: int, gpus: int | None, whose: str = "the Ray cluster's") -> None:
     """--concurrency actors of plan.threads CPUs (and a GPU each with CUDA) within `cpus` (and `gpus`; None: not
-    known yet)."""
+    known yet), `whose` they are."""
     if concurrency * plan.threads > cpus or (gpus is not None and concurrency * plan.gpus > gpus):
         of_gpus = f" and {gpus} GPUs" if plan.gpus and gpus is not None else ""
         raise click.ClickException(f"--concurrency {concurrency}: {concurrency} actors of {plan.threads} CPU(s) "
-                                   f"(--threads){' and a GPU' if plan.gpus else ''} each do not fit the Ray "
-                                   f"cluster's {cpus} CPUs{of_gpus}; lower it")
+                                   f"(--threads){' and a GPU' if plan.gpus else ''} each do not fit {whose} {cpus} "
+                                   f"CPUs{of_gpus}; lower it")
 
 
 def write_lines(output: str, lines: Iterator[str], force: bool) -> None:

@@ -168,7 +168,7 @@ CLI_CASES: dict[str, Case] = {
                                         code=USAGE, says=("--concurrency", "0")),
     "infer --ray --concurrency past the CPUs": case(*TOK, *TEXT, "--ray", "--output", "o.jsonl", "--concurrency",
                                                     "999", code=BAD_INPUT,
-                                                    says=("--concurrency 999", "do not fit", "CPUs", "lower it")),
+                                                    says=("--concurrency 999", "do not fit this machine's", "lower it")),
     "infer --address without --ray": case(*TOK, *TEXT, "--address", "127.0.0.1:6379", code=USAGE,
                                           says=("--address", "add --ray")),
     # eval, export, verify
