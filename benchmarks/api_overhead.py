@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.bench import resolve_grid  # noqa: E402
-from cli.common import check_threads_option  # noqa: E402
+from cli.options import check_threads_option  # noqa: E402
 from runtime.bench import BLOCK, Cell, Timing, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402

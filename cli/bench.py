@@ -34,9 +34,9 @@ from runtime.points import MAX_TARGET_LEN
 from runtime.search.beam import MAX_BEAM
 from runtime.sessions import CPU, PROVIDERS, max_threads
 
-from .common import check_threads_option as check_threads
 from .common import require_torch, wrote
 from .infer import PLOT_SUFFIXES, check_output_path, write_atomically
+from .options import check_threads_option as check_threads
 
 LOOP_CHOICES = ("auto", "step", "fused", "both")
 POINT_DEFAULTS = {"batches": (1, 16, 256), "source_lens": (50,), "target_lens": (100,)}

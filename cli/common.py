@@ -1,5 +1,5 @@
-"""What every `seq2onnx` command shares: the exit-code scheme, Ctrl-C as exit 130, option types and checks, and
-naming the extra to install when an optional dependency is missing.
+"""What every `seq2onnx` command shares: the exit-code scheme, Ctrl-C as exit 130, what a stop says was written, and
+naming the extra to install when an optional dependency is missing (option types and checks: `cli.options`).
 
 Exit codes, the same for every command:
     0    success
@@ -17,7 +17,6 @@ import contextlib
 import errno
 import functools
 import importlib
-import math
 import os
 import signal
 import sys
@@ -136,10 +135,24 @@ def say(line: str, err: bool = True) -> None:
 WRITTEN: list[str] = []  # what this command has published so far, for the line a stop then prints
 
 
+def published(path: Any) -> None:
+    """Remember that the output at `path` is published (once), so a stop from here on says it was written; also
+    from a thread other than the main one (`infer --ray` publishes on its Ray thread)."""
+    if str(path) not in WRITTEN:
+        WRITTEN.append(str(path))
+
+
+def written_so_far() -> str:
+    """What a stop or a kill says of the outputs: those published so far, or that nothing was written."""
+    if WRITTEN:
+        return f"it had written {', '.join(WRITTEN)}, and nothing else"
+    return "nothing was written (outputs are published whole or not at all)"
+
+
 def wrote(path: Any, detail: str = "", err: bool = True, last: bool = False) -> None:
     """Say that the output at `path` is published ('wrote PATH' and `detail`), and remember it: a stop from here on
     says it was written. After the `last` output the command is `finished`: what is left is to return."""
-    WRITTEN.append(str(path))
+    published(path)
     if last:
         finished()  # before the line: a stop sent on reading it must find the signals ignored
     say(f"wrote {path}{detail}", err=err)
@@ -192,47 +205,6 @@ def no_temporary_directory(exc: OSError) -> bool:
             and exc.strerror.startswith("No usable temporary directory found in"))
 
 
-class FiniteFloatRange(click.FloatRange):
-    """A FloatRange that also refuses nan and +-inf, which pass every range comparison."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):  # said first: 'inf is not in the range' would hide what is wrong
-            bounds = "" if self.min is None and self.max is None else f" in {self._describe_range()}"
-            self.fail(f"expected a finite number{bounds}, got {value!r}", param, ctx)
-        return super().convert(number, param, ctx)
-
-    def _describe_range(self) -> str:
-        # click renders an unbounded range as 'x<=None'; say what is accepted instead
-        if self.min is None and self.max is None:
-            return "finite"
-        return super()._describe_range()
-
-
-class NormalFloatRange(FiniteFloatRange):
-    """A FiniteFloatRange that also refuses a subnormal number (0 < |x| < 2.2e-308), which a decode that flushes
-    denormals (runtime.denormals) reads as 0."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if 0 < abs(number) < sys.float_info.min:
-            self.fail(f"{value!r} is below {sys.float_info.min:.4g}, the smallest normal float (decoding reads a "
-                      "smaller one as 0)", param, ctx)
-        return number
-
-
-def check_threads_option(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
-    if value is None:
-        return None
-    from runtime.sessions import max_threads
-
-    if not 1 <= value <= max_threads():
-        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this process may use; more threads "
-                                 f"only contend for them), got {value}")
-    return value
-
-
 NO_ROOM_TO_LOAD = "failed to map segment"  # the loader's ImportError where a memory limit leaves no room for a library
 
 
@@ -278,17 +250,3 @@ def user_errors(command: F) -> F:
             raise click.ClickException(str(err)) from None
 
     return run  # type: ignore[return-value]
-
-
-def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> None:
-    """--workers: not with --ray (its actors are the copies: --concurrency), and workers x threads within the CPUs."""
-    from runtime.sessions import max_threads
-
-    if workers > 1 and on_ray:
-        raise click.UsageError(f"--workers {workers} decodes on copies of the model in this process; with --ray every "
-                               "actor holds a copy: set how many with --concurrency and drop --workers")
-    if workers * (threads or 1) > max_threads():
-        each = f" of --threads {threads}" if threads else " of one thread"
-        raise click.UsageError(f"--workers {workers}{each} need {workers * (threads or 1)} CPUs, more than the "
-                               f"{max_threads()} this process may use; pass --workers x --threads (1 unless given) "
-                               f"of at most {max_threads()}")

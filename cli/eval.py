@@ -26,9 +26,9 @@ from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
 from runtime.sessions import PROVIDERS
 from training.tokens.data import MAX_LEN_MARGIN
 
-from .common import FiniteFloatRange
-from .common import check_threads_option as check_threads
 from .infer import THREADS_HELP
+from .options import FiniteFloatRange
+from .options import check_threads_option as check_threads
 
 DEFAULT_BEAM = 5
 DEFAULT_BATCH_SIZE = 64

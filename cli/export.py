@@ -22,7 +22,8 @@ from runtime.defaults import (
 )
 from runtime.errors import UsageError
 
-from .common import FiniteFloatRange, no_temporary_directory, require_torch, user_errors, wrote
+from .common import no_temporary_directory, require_torch, user_errors, wrote
+from .options import FiniteFloatRange
 from .streams import StdoutError
 from .train import check_data_option
 

@@ -21,7 +21,7 @@ from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
-from .common import check_threads_option, check_workers_option, say, user_errors, wrote
+from .common import say, user_errors, wrote
 from .infer_points import InputFileError, read_input
 from .infer_tokens import (
     argv_text,
@@ -31,6 +31,7 @@ from .infer_tokens import (
     refuse_token_options,
     token_options,
 )
+from .options import check_threads_option, check_workers_option
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
 THREADS_HELP = ("onnxruntime intra-op threads, 1 to the number of usable CPUs.  [default: the usable CPUs, at "
@@ -252,12 +253,6 @@ def _infer_on_ray(ctx: click.Context, job: RayJob) -> None:
     infer_on_ray(ctx, job)
 
 
-def _progress(line: str) -> None:
-    """A progress line on stderr; one that cannot be written is dropped (`cli.common.say`): it made the run fail
-    and lose its output, blamed on --output."""
-    say(line)
-
-
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,
                   output_path: str | None, plot_path: str | None, cpus: tuple[int | None, int], device_id: int,
                   fused: bool, force: bool, decoding: dict[str, Any]) -> None:
@@ -277,7 +272,8 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
         raise click.ClickException(str(exc)) from None
     run = TokenRun(model, options, decoding["batch_size"], attention, plot_path is not None)
     run.check(model_dir)
-    docs = run.records(read_items(input_path, texts), _progress if output_path else None)
+    # progress on stderr with --output; a line that cannot be written is dropped (`say`): it made the run fail
+    docs = run.records(read_items(input_path, texts), say if output_path else None)
     lines = (json.dumps(doc) + "\n" for doc in docs)
     if output_path:
         write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines), force)

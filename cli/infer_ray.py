@@ -43,7 +43,7 @@ from serving.offline import (
 )
 
 from .cluster import check_reachable, join_failed, runtime_env
-from .common import say, wrote
+from .common import published, say, wrote
 from .infer import RayJob, check_outputs, write_atomically
 from .infer_points import read_input
 from .infer_tokens import (
@@ -80,7 +80,7 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
         make = partial(point_dataset, source, mask)
     if job.address is None and job.concurrency is not None:  # the local Ray's CPUs are known before it starts
         _check_fits(plan, job.concurrency, max_threads(), None, "this machine's")
-    output = job.output_path
+    output, inputs = job.output_path, f"{n} input{'' if n == 1 else 's'}"
     assert output is not None  # cli.infer refuses --ray without --output
     if n == 0:
         write_atomically(output, lambda f: None, job.force)
@@ -100,7 +100,7 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
                         write_lines(output, _until_stopped(lines, stop), job.force)
                     except _Stopped:  # the temporary sibling is gone: nothing was written
                         return
-                    stop.written.append(output)
+                    published(output)  # a kill from here on says so
                 done.append((actors, time.perf_counter() - start))
 
         # shipped with a job on a cluster: each actor reads its node's copy
@@ -110,13 +110,13 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
             signum = drive(run, RAY_STOP_DEADLINE_S, "infer --ray", on_stop=STOPPING_LINE, writes=True)
         if done:  # published on the Ray thread, maybe before a signal that came while Ray stopped (seconds)
             actors, seconds = done[0]
-            say(f"infer: {n} input{'' if n == 1 else 's'} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
+            say(f"infer: {inputs} decoded in {seconds:.1f} s ({n / seconds:.3g} seq/s) "
                 f"on {actors} actor{'' if actors == 1 else 's'}")
         if signum is not None:
             if done:  # the stop's message says it was written
-                wrote(output, f" ({n} input{'' if n == 1 else 's'})")
+                wrote(output, f" ({inputs})")
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-    wrote(output, f" ({n} input{'' if n == 1 else 's'})", last=True)
+    wrote(output, f" ({inputs})", last=True)
     if note:
         say(note)
     if n == 0:

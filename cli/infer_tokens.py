@@ -22,7 +22,7 @@ from runtime.points import MAX_TARGET_LEN
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
 from runtime.tokens import undecoded
 
-from .common import FiniteFloatRange, NormalFloatRange
+from .options import FiniteFloatRange, NormalFloatRange
 
 
 def token_options(command: Callable[..., Any]) -> Callable[..., Any]:

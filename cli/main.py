@@ -31,6 +31,7 @@ from .common import (
     onnxruntime_telemetry_off,
     raise_on_sigterm,
     stopped_by_sigterm,
+    written_so_far,
 )
 from .streams import StdoutError, guard_standard_streams
 
@@ -151,9 +152,7 @@ def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:
     """The stop's exception, saying what it left; first removes an output sibling whose removal the signal cut."""
     discard_staged()
     name = _command(ctx)
-    what = AFTER_STOPPED.get(name, "nothing was written (outputs are published whole or not at all)")
-    if WRITTEN and name not in AFTER_STOPPED:
-        what = f"it had written {', '.join(WRITTEN)}, and nothing else"
+    what = AFTER_STOPPED[name] if name in AFTER_STOPPED else written_so_far()
     stop = StoppedBySigterm if isinstance(interrupt, Terminated) else Interrupted
     return stop(f"{name}: {stop.says}; {what}")
 

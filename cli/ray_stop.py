@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import click
 
-from .common import say, stop_for
+from .common import say, stop_for, written_so_far
 
 POLL_S = 0.05  # how often the main thread looks at signals, the deadline, and whether Ray is up
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -37,7 +37,6 @@ class Stop:
         # Ray is up: its core worker put a C++ handler on SIGTERM (it logs and aborts): the main thread puts ours back
         self.connected = threading.Event()
         self.signals: list[int] = []
-        self.written: list[str] = []  # outputs the Ray thread published: a stop that kills says so
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)
@@ -50,7 +49,7 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
     Stopping, once asked for or once `work` says it began, may take `deadline_s`; past that, or on a second
     signal, the processes this one started are killed and the process exits, saying so (as `who`; `limit`: the
     option that set the deadline; `note`: what may outlive the process). `on_stop`: a line said as the first
-    signal is taken, where `work` cannot say it at once. `writes`: `work` publishes outputs (in `stop.written`),
+    signal is taken, where `work` cannot say it at once. `writes`: `work` publishes outputs (`cli.common.published`),
     and a stop that kills says what it had written, or that nothing was.
     Returns the signal that asked to stop, if one did; raises what `work` raised."""
     stop, failure = Stop(), []
@@ -78,12 +77,12 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
                 say(on_stop)
                 on_stop = ""
             if len(stop.signals) > 1:
-                _kill_and_exit(who, "a second signal while stopping", note + _written(stop, writes),
+                _kill_and_exit(who, "a second signal while stopping", note + _written(writes),
                                stop_for(stop.signals[0]).exit_code)
             if deadline is None and (stop.requested.is_set() or stop.stopping.is_set()):
                 deadline = time.monotonic() + deadline_s
             if deadline is not None and time.monotonic() > deadline and thread.is_alive():
-                _kill_and_exit(who, f"Ray did not stop within {limit}{deadline_s:g} s", note + _written(stop, writes),
+                _kill_and_exit(who, f"Ray did not stop within {limit}{deadline_s:g} s", note + _written(writes),
                                stop_for(stop.signals[0]).exit_code if stop.signals else EXIT_FAILED)
     finally:
         for sig, handler in previous.items():
@@ -93,13 +92,9 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
     return stop.signals[0] if stop.signals else None
 
 
-def _written(stop: Stop, writes: bool) -> str:
+def _written(writes: bool) -> str:
     """What a command that publishes outputs had written when it is killed: its outputs, or nothing."""
-    if not writes:
-        return ""
-    if stop.written:
-        return f"; it had written {', '.join(stop.written)}, and nothing else"
-    return "; nothing was written (outputs are published whole or not at all)"
+    return f"; {written_so_far()}" if writes else ""
 
 
 def _keep_sigterm_ours() -> None:

@@ -32,7 +32,8 @@ from serving.config import (
 from .allocator import SYSTEM
 from .allocator import choose as choose_allocator
 from .cluster import check_reachable
-from .common import FiniteFloatRange, require
+from .common import require
+from .options import FiniteFloatRange
 from .serve_ray import STOP_RESERVE_S
 
 APP_NAME = "seq2onnx"

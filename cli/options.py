@@ -1,0 +1,63 @@
+"""Option types and checks that several commands share: finite (and normal) floats, --threads, --workers."""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import click
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and +-inf, which pass every range comparison."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):  # said first: 'inf is not in the range' would hide what is wrong
+            bounds = "" if self.min is None and self.max is None else f" in {self._describe_range()}"
+            self.fail(f"expected a finite number{bounds}, got {value!r}", param, ctx)
+        return super().convert(number, param, ctx)
+
+    def _describe_range(self) -> str:
+        # click renders an unbounded range as 'x<=None'; say what is accepted instead
+        if self.min is None and self.max is None:
+            return "finite"
+        return super()._describe_range()
+
+
+class NormalFloatRange(FiniteFloatRange):
+    """A FiniteFloatRange that also refuses a subnormal number (0 < |x| < 2.2e-308), which a decode that flushes
+    denormals (runtime.denormals) reads as 0."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if 0 < abs(number) < sys.float_info.min:
+            self.fail(f"{value!r} is below {sys.float_info.min:.4g}, the smallest normal float (decoding reads a "
+                      "smaller one as 0)", param, ctx)
+        return number
+
+
+def check_threads_option(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
+    if value is None:
+        return None
+    from runtime.sessions import max_threads
+
+    if not 1 <= value <= max_threads():
+        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this process may use; more threads "
+                                 f"only contend for them), got {value}")
+    return value
+
+
+def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> None:
+    """--workers: not with --ray (its actors are the copies: --concurrency), and workers x threads within the CPUs."""
+    from runtime.sessions import max_threads
+
+    if workers > 1 and on_ray:
+        raise click.UsageError(f"--workers {workers} decodes on copies of the model in this process; with --ray every "
+                               "actor holds a copy: set how many with --concurrency and drop --workers")
+    if workers * (threads or 1) > max_threads():
+        each = f" of --threads {threads}" if threads else " of one thread"
+        raise click.UsageError(f"--workers {workers}{each} need {workers * (threads or 1)} CPUs, more than the "
+                               f"{max_threads()} this process may use; pass --workers x --threads (1 unless given) "
+                               f"of at most {max_threads()}")
