@@ -402,13 +402,44 @@ def test_ranking_each_beams_best_first_finds_what_the_numpy_beam_search_finds(pe
     _check_beam_graphs(per_beam_export.path, wide, seed=7 + int(wide))
 
 
-def _check_beam_graphs(path: Path, wide: bool, seed: int) -> None:
+@pytest.fixture(scope="module")
+def tied_export(tmp_path_factory):
+    """fast_export's pre-norm model with its output layer zeroed: every target token but <pad> and <s> (-1e4) has
+    the same log-prob at every step, so candidates tie everywhere, eos among them."""
+    import torch
+
+    from training.build import build_token_model
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    torch.manual_seed(0)
+    model = build_token_model(spec).eval()
+    with torch.no_grad():
+        model.output.weight.zero_()
+        model.output.bias.zero_()
+    return export_token_model(spec, tmp_path_factory.mktemp("tied") / "model", model=model)
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["fused", "wide"])
+def test_tied_candidates_and_beams_wider_than_the_vocabulary_find_what_the_numpy_search_finds(
+        fast_export, tied_export, wide):
+    """A step is calm (no finishing work) only where every eos sum of an input is below its k-th kept sum
+    (search.select). Where an eos ties it, or where an input has fewer than k finite non-eos candidates (a beam
+    wider than the vocabulary less eos: the k-th kept is -inf), the finishing work runs and ranks exactly: the same
+    n-best as the numpy search."""
+    vocab = fast_export.model.spec.target_vocab_size
+    _check_beam_graphs(tied_export.path, wide, seed=11 + int(wide), beams=(1, 6))
+    _check_beam_graphs(fast_export.path, wide, seed=13 + int(wide), beams=(vocab - 2, vocab + 6))
+
+
+def _check_beam_graphs(path: Path, wide: bool, seed: int, beams: tuple[int, int] = (1, 5)) -> None:
+    """12 random batches and options, beam sizes in `beams` (both ends included): each beam graph's n-best against
+    the numpy search's."""
     fast = Seq2Seq.load(path).token_steps.fast.only(wide)
     vocab = Seq2Seq.load(path).vocabularies["source"]
     rng = np.random.default_rng(seed)
     for _ in range(12):
         rows = int(rng.integers(1, 5))
-        k = int(rng.integers(1, 6))
+        k = int(rng.integers(beams[0], beams[1] + 1))
         options = dict(beam_size=k, num_hypotheses=int(rng.integers(1, k + 1)),
                        length_penalty=float(rng.choice([0.0, 0.5, 1.0, 2.0, -1.0])),
                        max_decoding_length=int(rng.integers(1, 14)))

@@ -92,12 +92,12 @@ class Outer:
             self.per_beam = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]), _c(net, "v", [vocab])])
         ranked = self.per_beam or _c(net, "v", [vocab])
         self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, ranked])], axis=0)  # [B, k V or k k']
-        self.m = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]),
-                                 net.one("Mul", [self.k, _c(net, "v", [vocab])])])  # (1,): min(2k, kV)
-        self.m_scalar = net.one("Squeeze", [self.m])
-        self.rank = net.one("Range", [_c(net, "zero", 0), self.m_scalar, _c(net, "one", 1)])  # (m,)
-        self.rank_after = net.one("Add", [self.rank, self.m_scalar])  # an eos candidate's sort key: after every other
-        self.k_last = net.one("Sub", ["beam_size", _c(net, "one", 1)])  # a kept candidate's last rank without an eos
+        if self.per_beam is None:  # search.select: every beam's eos column, and -inf there (k V,)
+            self.eos_columns = net.one("Add", [net.one("Mul", [self.beam, _c(net, "v", vocab)]), _c(net, "eos", EOS)])
+            no_eos = np.zeros(vocab, np.float64)
+            no_eos[EOS] = -np.inf
+            self.no_eos = net.one("Tile", [net.weight("no_eos", no_eos), self.k])
+        self.k_last = net.one("Sub", [self.k, _c(net, "one_d", [1])])  # (1,): the k-th kept candidate's place
         self.last_iter = net.one("Sub", ["max_length", _c(net, "one", 1)])
         self.step_range = steps = net.one("Range", [_c(net, "zero", 0), "max_length", _c(net, "one", 1)])  # (T,)
         self.shape_bkt = net.one("Concat", [shape_bk, net.one("Reshape", ["max_length", _c(net, "one_d", [1])])],

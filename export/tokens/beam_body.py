@@ -35,12 +35,18 @@ if TYPE_CHECKING:
     from .beam import Outer
 
 # The carried values: the steps' (then the self-attention caches), the n-best's with done and open (no input's
-# n-best full), and what a run of steps hands its segment about the step it ended at (search.Ended, less its index:
-# the token history before that step, then the step's candidates).
+# n-best full), and what a run of steps hands its segment about the step it ended at (`ended`).
 STEPS = ["step", "tokens", "live", "history", "ancestry"]
 DONE_NBEST = ["done", *NBEST, "open"]
-ENDED = ["before", "sums", "index", "is_eos", "kept"]
 STEP_MASK = "beam/ancestry_step"  # the self-attention's mask (bias) at this step, read by the attention kind
+
+
+def ended(o: Outer) -> list[tuple[str, int, type]]:
+    """What a run of steps hands its segment about the step it ended at (search.Ended, less its index), with each
+    value's element type and numpy dtype: the token history before that step, its candidates' flat sums (and their
+    tokens, where each beam's best k' are ranked first), the kept sums."""
+    tokens = [("flat_tokens", INT64, np.int64)] if o.per_beam is not None else []
+    return [("before", INT64, np.int64), ("flat", DOUBLE, np.float64), *tokens, ("kept", DOUBLE, np.float64)]
 
 
 def carried_types(o: Outer, caches: int) -> tuple[list[int], list[int], list[int]]:
@@ -75,15 +81,14 @@ def _step(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, names:
     chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])  # (B * k, 1)
     at_step = net.one("Equal", [o.step_range, t])  # (T,)
     grown = net.one("Where", [at_step, chosen, net.one("Gather", [names["history"], parents], axis=0)])
-    no_eos_first = net.one("LessOrEqual", [net.one("ReduceMax", [r.pick], keepdims=0), o.k_last])
     if o.wide:  # (B * k, 1) each
         live, next_tokens = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), chosen
     else:
         live, next_tokens = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])]), r.tokens  # (B, k, 1), (B, k)
     steps = [net.one("Add", [t, _c(net, "one", 1)]), next_tokens, live, grown,
              net.one("Gather", [ancestry, parents], axis=0)]  # the mask follows rows; the caches stay
-    ended = Ended(t, names["history"], grown, r.sums, r.index, r.is_eos, r.kept)
-    return Stepped(steps, presents, ended, no_eos_first)
+    ended = Ended(t, names["history"], grown, r.flat, r.flat_tokens, r.kept)
+    return Stepped(steps, presents, ended, r.no_eos_first)
 
 
 def _step_net(o: Outer, int8: bool, widen: bool) -> Net:
@@ -128,17 +133,18 @@ def branched(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, w
 def _steps(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, widen: bool) -> onnx.GraphProto:
     """A segment's inner Loop body: one step; the run goes on while no input has an eos among its first k (its trip
     count ends it at the last step, or after one step once an n-best is full), and hands its segment the step it
-    ended at (ENDED). Carries STEPS, the caches and ENDED."""
+    ended at (`ended`). Carries STEPS, the caches and `ended`."""
     net = _step_net(o, int8, widen)
     names = {n: f"beam/{n}" for n in STEPS}
     pasts = [f"beam/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
     s = _step(net, model, spec, o, names, pasts)
     e = s.ended
-    outs = [s.no_eos_first, *s.steps, *s.presents, net.one("Identity", [e.before]), e.sums, e.index, e.is_eos, e.kept]
+    hands = [net.one("Identity", [e.before]), e.flat, *([e.flat_tokens] if e.flat_tokens else []), e.kept]
+    outs = [s.no_eos_first, *s.steps, *s.presents, *hands]
     step_types, cache_types, _ = carried_types(o, len(pasts))
-    kinds = [*step_types, *cache_types, INT64, DOUBLE, INT64, BOOL, DOUBLE]
-    return graph(net, "beam_steps", _inputs("beam/", [*names.values(), *pasts, *(f"beam/{n}_in" for n in ENDED)],
-                                            kinds), [tensor(n, k, None) for n, k in zip(outs, [BOOL, *kinds])], "")
+    kinds = [*step_types, *cache_types, *(kind for _, kind, _ in ended(o))]
+    inputs = _inputs("beam/", [*names.values(), *pasts, *(f"beam/{n}_in" for n, _, _ in ended(o))], kinds)
+    return graph(net, "beam_steps", inputs, [tensor(n, k, None) for n, k in zip(outs, [BOOL, *kinds])], "")
 
 
 def segmented(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, widen: bool) -> onnx.GraphProto:
@@ -150,15 +156,14 @@ def segmented(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, 
     names = {n: f"beam/seg/{n}" for n in (*STEPS, *DONE_NBEST)}
     pasts = [f"beam/seg/past_{i}" for i in range(spec.layers * o.attend.CACHES)]
     trips = net.one("Where", [names["open"], net.one("Sub", ["max_length", names["step"]]), _c(net, "one", 1)])
-    # ENDED's first values, which the segment never reads: a run of steps always runs one
-    nothing = [_c(net, f"no_{n}", [], dtype) for n, dtype in zip(ENDED, (np.int64, np.float64, np.int64, bool,
-                                                                           np.float64))]
+    # `ended`'s first values, which the segment never reads: a run of steps always runs one
+    nothing = [_c(net, f"no_{n}", [], dtype) for n, _, dtype in ended(o)]
     inner = net.op("Loop", [trips, o.true, *(names[n] for n in STEPS), *pasts, *nothing],
-                   len(STEPS) + len(pasts) + len(ENDED), body=_steps(model, spec, o, int8, widen))
-    steps, presents, ended = inner[:len(STEPS)], inner[len(STEPS):-len(ENDED)], inner[-len(ENDED):]
+                   len(STEPS) + len(pasts) + len(nothing), body=_steps(model, spec, o, int8, widen))
+    steps, presents, hands = inner[:len(STEPS)], inner[len(STEPS):-len(nothing)], inner[-len(nothing):]
     t = net.one("Sub", [steps[0], _c(net, "one", 1)])  # the step the run ended at
-    best, done, open_, more = finish(net, o, Ended(t, ended[0], steps[3], *ended[1:]), [names[n] for n in NBEST],
-                                     names["done"])
+    at = Ended(t, hands[0], steps[3], hands[1], hands[2] if len(hands) == 4 else None, hands[-1])
+    best, done, open_, more = finish(net, o, at, [names[n] for n in NBEST], names["done"])
     step_types, cache_types, own_types = carried_types(o, len(pasts))
     kinds = [*step_types, *cache_types, *own_types]
     return graph(net, "beam_segment", _inputs("beam/seg/", [*(names[n] for n in STEPS), *pasts,

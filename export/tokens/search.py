@@ -31,60 +31,79 @@ def constant(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
 
 class Ended(NamedTuple):
     """The step a run of steps ended at, as `finish` reads it: its index t (int64 scalar), the token histories
-    before it and after it (B * k, T), and its ranked candidates (Ranked's sums, index, is_eos and kept)."""
+    before it and after it (B * k, T), and its candidates and kept sums (Ranked's flat, flat_tokens and kept)."""
 
     t: str
     before: str
     grown: str
-    sums: str
-    index: str
-    is_eos: str
+    flat: str
+    flat_tokens: str | None
     kept: str
 
 
 class Ranked(NamedTuple):
-    """One step's candidates: each input's best m extensions (sums, flat index beam * V + token, is_eos: (B, m))
-    and the k kept as live beams (beams, tokens, sums: (B, k)), and where they sit among the m (pick)."""
+    """One step's candidates: every extension's summed log-prob, flat (B, k V) by index beam * V + token (from
+    RANK_PER_BEAM_FROM ids each beam's best k' only, (B, k k'), with their tokens in flat_tokens, else None); the k
+    kept as live beams (beams, tokens, sums: (B, k)); and whether no input has an eos among its first k candidates
+    (a bool scalar)."""
 
-    sums: str
-    index: str
-    is_eos: str
-    pick: str
+    flat: str
+    flat_tokens: str | None
     beams: str
     tokens: str
     kept: str
+    no_eos_first: str
 
 
 def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
-    """Step t's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the ranked
-    candidates and the k kept: the first k non-eos in rank order (there are always k: at most one eos per beam among
-    the 2k). From RANK_PER_BEAM_FROM ids (o.per_beam) each beam's best k' = min(2k, V) come first, by a float32 TopK
-    over its row: adding the beam's sum keeps their order (and ties stay by token), and the best 2k of an input are
-    among its beams' best 2k, so the float64 ranking then reads k k' values an input, not k V."""
+    """Step t's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the candidates and
+    the k kept: the first k non-eos in rank order, one TopK over the sums with every eos at -inf (ties by the lower
+    index, as a stable sort over all of them would keep them). No eos is among an input's first k candidates where
+    every eos sum is below its k-th kept sum; an eos that ties it counts as among them (finish then ranks exactly,
+    and finds nothing where it was not). From RANK_PER_BEAM_FROM ids (o.per_beam) each beam's best k' = min(2k, V)
+    come first, by a float32 TopK over its row: adding the beam's sum keeps their order (and ties stay by token),
+    and an input's best 2k are among its beams' best 2k, so the float64 ranking then reads k k' values an input, not
+    k V."""
     scored = net.one("Add", [log_probs, eos_row(net, o.min_length, t)])  # -inf on eos below min_length
-    tokens = None
+    flat_tokens = None
     if o.per_beam is not None:
-        scored, tokens = net.op("TopK", [scored, o.per_beam], 2, axis=-1)  # (B, k, k') each
+        scored, flat_tokens = net.op("TopK", [scored, o.per_beam], 2, axis=-1)  # (B, k, k') each
+        flat_tokens = net.one("Reshape", [flat_tokens, o.kv])  # (B, k k')
     flat = net.one("Reshape", [net.one("Add", [net.one("Cast", [scored], to=DOUBLE), live]), o.kv])  # (B, k V | k k')
-    sums, index = net.op("TopK", [flat, o.m], 2, axis=1)  # (B, m): ties by the lower index, as a stable sort
-    vocab = constant(net, "v", o.spec.target_vocab_size)
-    if tokens is not None:  # position beam * k' + j -> the flat index beam * V + token
-        token = net.one("GatherElements", [net.one("Reshape", [tokens, o.kv]), index], axis=1)
-        index = net.one("Add", [net.one("Mul", [net.one("Div", [index, o.per_beam]), vocab]), token])
-    is_eos = net.one("Equal", [net.one("Mod", [index, vocab]), constant(net, "eos", EOS)])
-    key = net.one("Where", [is_eos, o.rank_after, o.rank])  # (B, m): non-eos first, in rank order
-    _, pick = net.op("TopK", [key, o.k], 2, axis=1, largest=0)  # (B, k)
-    kept_index = net.one("GatherElements", [index, pick], axis=1)
-    beams, tokens = net.one("Div", [kept_index, vocab]), net.one("Mod", [kept_index, vocab])
-    return Ranked(sums, index, is_eos, pick, beams, tokens, net.one("GatherElements", [sums, pick], axis=1))
+    if flat_tokens is None:
+        masked = net.one("Add", [flat, o.no_eos])  # every beam's eos column at -inf
+        eos_sums = net.one("Gather", [flat, o.eos_columns], axis=1)  # (B, k)
+        kept, position = net.op("TopK", [masked, o.k], 2, axis=1)  # (B, k)
+        vocab = constant(net, "v", o.spec.target_vocab_size)
+        beams, tokens = net.one("Div", [position, vocab]), net.one("Mod", [position, vocab])
+    else:
+        is_eos = net.one("Equal", [flat_tokens, constant(net, "eos", EOS)])
+        minus_inf = constant(net, "minus_inf", -np.inf, np.float64)
+        masked, eos_sums = (net.one("Where", [is_eos, a, b]) for a, b in ((minus_inf, flat), (flat, minus_inf)))
+        kept, position = net.op("TopK", [masked, o.k], 2, axis=1)
+        beams = net.one("Div", [position, o.per_beam])
+        tokens = net.one("GatherElements", [flat_tokens, position], axis=1)
+    # each input's k-th kept sum less each of its eos sums: all above 0, or the step may finish a hypothesis. The
+    # k-th kept is -inf where an input has fewer than k finite non-eos candidates (a beam wider than the vocabulary
+    # less eos): a finite eos then gives -inf (finish runs), an eos at -inf NaN (it finishes nothing either way)
+    below = net.one("Sub", [net.one("Gather", [kept, o.k_last], axis=1), eos_sums])  # (B, 1) - (B, k | k k')
+    no_eos_first = net.one("Greater", [net.one("ReduceMin", [below], keepdims=0), constant(net, "zero_d", 0.0,
+                                                                                            np.float64)])
+    return Ranked(flat, flat_tokens, beams, tokens, kept, no_eos_first)
 
 
 def _ends(net: Net, o: Outer, r: Ended, done: str, last: str) -> tuple[str, ...]:
     """Step r.t's finished hypotheses: eos among the first k candidates, and at max_length the live beams;
     scores, log-probs, tokens (B, 2k, T) and lengths, -inf where none (or the input is done)."""
-    zero, k, axis = constant(net, "zero_d1", [0]), o.k, constant(net, "ax1", [1])
-    sums, index, is_eos = (net.one("Slice", [a, zero, k, axis]) for a in (r.sums, r.index, r.is_eos))  # (B, k)
-    beams = net.one("Div", [index, constant(net, "v", o.spec.target_vocab_size)])
+    sums, position = net.op("TopK", [r.flat, o.k], 2, axis=1)  # (B, k): the first k candidates, ties as select's
+    if r.flat_tokens is None:
+        vocab = constant(net, "v", o.spec.target_vocab_size)
+        beams, token = net.one("Div", [position, vocab]), net.one("Mod", [position, vocab])
+    else:
+        beams = net.one("Div", [position, o.per_beam])
+        token = net.one("GatherElements", [r.flat_tokens, position], axis=1)
+    is_eos = net.one("Equal", [token, constant(net, "eos", EOS)])
+    axis = constant(net, "ax1", [1])
     step_len = net.one("Add", [r.t, constant(net, "one", 1)])
     norm = net.one("Pow", [net.one("Cast", [step_len], to=DOUBLE), "length_penalty"])
     running = net.one("Unsqueeze", [net.one("Not", [done]), axis])  # (B, 1)
