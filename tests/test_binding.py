@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from runtime import Seq2Seq
-from runtime.binding import BoundRunner
+from runtime.binding import BoundRunner, SessionRunner
 from runtime.errors import InputError
 
 from support.devices import DEVICES
@@ -71,6 +71,31 @@ def test_onnxruntime_failures_under_binding_are_input_errors(exports):
     encoder = BoundRunner(runtime._step, ["output"], "decoder_step.onnx", keep=set())
     with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
         encoder({"decoder_input": np.zeros((1, 1, 3), np.float32)})
+
+
+def test_a_plain_runner_calls_onnxruntimes_cpp_run_and_still_names_a_missing_input(exports):
+    """SessionRunner skips the Python `run`'s checks (runtime.binding.direct_run): it calls the C++ run of an
+    onnxruntime session, whose outputs are the public run's, and a feed without an input the graph declares is
+    still an InputError naming the graph. A session-like object without onnxruntime's inner session runs through
+    its own `run`."""
+    session = Seq2Seq.load(exports["dot"].path, provider="cpu")._step
+    runner = SessionRunner(session, ["output"], "decoder_step.onnx")
+    assert runner.direct == session._sess.run
+    kinds = {"tensor(float)": np.float32, "tensor(bool)": np.bool_, "tensor(int64)": np.int64}
+    feed = {i.name: np.ones([d if isinstance(d, int) else 2 for d in i.shape], kinds[i.type])
+            for i in session.get_inputs()}
+    np.testing.assert_array_equal(runner(feed)["output"], session.run(["output"], feed)[0])
+    missing = dict(list(feed.items())[1:])
+    with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
+        runner(missing)
+
+    class Wrapped:  # a session behind a wrapper of the caller's, as tests or tools may pass
+        def run(self, names, feed, options=None):
+            return session.run(names, feed, options)
+
+    wrapped = SessionRunner(Wrapped(), ["output"], "wrapped")
+    assert wrapped.direct.__self__.__class__ is Wrapped
+    np.testing.assert_array_equal(wrapped(feed)["output"], runner(feed)["output"])
 
 
 @pytest.mark.parametrize("value", [1, "yes", 0.0])
