@@ -79,8 +79,7 @@ def _step(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, names:
     r = select(net, o, log_probs, names["live"], t)
     parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
     chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])  # (B * k, 1)
-    at_step = net.one("Equal", [o.step_range, t])  # (T,)
-    grown = net.one("Where", [at_step, chosen, net.one("Gather", [names["history"], parents], axis=0)])
+    grown = net.one("Concat", [net.one("Gather", [names["history"], parents], axis=0), chosen], axis=1)  # (B k, t + 1)
     if o.wide:  # (B * k, 1) each
         live, next_tokens = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), chosen
     else:

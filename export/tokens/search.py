@@ -31,7 +31,8 @@ def constant(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
 
 class Ended(NamedTuple):
     """The step a run of steps ended at, as `finish` reads it: its index t (int64 scalar), the token histories
-    before it and after it (B * k, T), and its candidates and kept sums (Ranked's flat, flat_tokens and kept)."""
+    before it (B * k, t) and after it (B * k, t + 1), and its candidates and kept sums (Ranked's flat, flat_tokens
+    and kept)."""
 
     t: str
     before: str
@@ -113,8 +114,12 @@ def _ends(net: Net, o: Outer, r: Ended, done: str, last: str) -> tuple[str, ...]
     scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
                                 net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
     log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
-    parents = net.one("Gather", [r.before, net.one("Add", [o.base, beams])], axis=0)  # (B, k, T): eos excluded
-    tokens = net.one("Concat", [parents, net.one("Reshape", [r.grown, o.shape_bkt])], axis=1)  # (B, 2k, T)
+    parents = net.one("Gather", [r.before, net.one("Add", [o.base, beams])], axis=0)  # (B, k, t): eos excluded
+    parents = net.one("Pad", [parents, constant(net, "one_more", [0, 0, 0, 0, 0, 1])])  # (B, k, t + 1)
+    tokens = net.one("Concat", [parents, net.one("Reshape", [r.grown, o.shape_bk_rest])], axis=1)  # (B, 2k, t + 1)
+    rest = net.one("Reshape", [net.one("Sub", ["max_length", step_len]), constant(net, "one_d", [1])])
+    pads = net.one("Concat", [constant(net, "none_before", [0, 0, 0, 0, 0]), rest], axis=0)
+    tokens = net.one("Pad", [tokens, pads])  # (B, 2k, T): 0 after each hypothesis, as the n-best's
     lengths = net.one("Concat", [net.one("Expand", [r.t, o.shape_bk]),
                                  net.one("Expand", [step_len, o.shape_bk])], axis=1)
     return scores, log_probs, tokens, lengths, step_len
