@@ -11,13 +11,15 @@ kV) extensions per input by TopK (ties: the lower flat index, as a stable sort),
 becomes a finished hypothesis scored sum / (t + 1) ** length_penalty, the first k non-eos stay live, and at
 max_length the live ones end as they are. Finished hypotheses merge into each input's n-best by one TopK over
 (n-best, new) (ties: earlier first, as a stable sort). An input is done when its n-best is full and no live beam can
-beat the worst (the same bound); done inputs keep running, masked, until all are done. Token histories are kept per
-row (batch x beam, the steps so far: a column more a step, one Concat where writing column t of a (rows, max_length)
-table took an Equal and a Where: fold_few_beam batch 1, beam 5, 20 tokens ~1.4% faster), reordered with the mask,
-and padded to max_length where the finishing work records a hypothesis. The finishing work (new hypotheses, the n-best merge, the
-stopping rule: ~55 kernels) runs only after a step where some input has an eos among its first k candidates, at the
-last step, or once some input's n-best is full; at every other step nothing it computes changes (beam_body: in an If
-each step, or, in fold_few_beam, once after each run of steps).
+beat the worst (the same bound); done inputs keep running, masked, until all are done. A step keeps its k live
+beams by one TopK with every eos masked, and ranks its first k candidates only where an eos may be among them
+(search.select). Token histories are kept per row (batch x beam, the steps so far: a column more a step, one Concat
+where writing column t of a (rows, max_length) table took an Equal and a Where: fold_few_beam batch 1, beam 5, 20
+tokens ~1.4% faster), reordered with the mask, and padded to max_length where the finishing work records a
+hypothesis. The finishing work (new hypotheses, the n-best merge, the stopping rule: ~55 kernels) runs only after
+a step where some input has an eos among its first k candidates, at the last step, or once some input's n-best is
+full; at every other step nothing it computes changes (beam_body: in an If each step, or, in fold_few_beam, once
+after each run of steps).
 
 Inputs: source_ids, source_lengths, max_length, min_length, beam_size, num_hypotheses (int64 scalars) and
 length_penalty (float64 scalar). Outputs (batch, num_hypotheses[, max_length]): scores, log_probs (float64), tokens
