@@ -150,6 +150,11 @@ class SessionRunner:
             if options is not None and options.terminate:
                 raise Cancelled(f"{self.name}: cancelled by its caller while it ran (a deadline passed or the "
                                 "client went away)") from None
+            declared = [i.name for i in self.session.get_inputs()] if hasattr(self.session, "get_inputs") else []
+            missing = [name for name in declared if name not in feed]
+            if missing:  # a hand-made feed: the C++ run names only the first, from inside the kernel that needed it
+                raise InputError(f"{self.name}: the feed has no {', '.join(missing)}; the graph reads "
+                                 f"{', '.join(declared)}") from None
             shapes = {k: shape_of(v) for k, v in feed.items()}
             raise InputError(f"{self.name}: onnxruntime could not run on inputs of shapes {brief(shapes)} "
                              f"({one_line(exc)}); pass a smaller batch or shorter sources") from None

@@ -75,9 +75,9 @@ def test_onnxruntime_failures_under_binding_are_input_errors(exports):
 
 def test_a_plain_runner_calls_onnxruntimes_cpp_run_and_still_names_a_missing_input(exports):
     """SessionRunner skips the Python `run`'s checks (runtime.binding.direct_run): it calls the C++ run of an
-    onnxruntime session, whose outputs are the public run's, and a feed without an input the graph declares is
-    still an InputError naming the graph. A session-like object without onnxruntime's inner session runs through
-    its own `run`."""
+    onnxruntime session, whose outputs are the public run's; a feed without an input the graph declares is still an
+    InputError naming the graph and the input, and one of a wrong shape names the shapes. A session-like object
+    without onnxruntime's inner session runs through its own `run`."""
     session = Seq2Seq.load(exports["dot"].path, provider="cpu")._step
     runner = SessionRunner(session, ["output"], "decoder_step.onnx")
     assert runner.direct == session._sess.run
@@ -85,9 +85,12 @@ def test_a_plain_runner_calls_onnxruntimes_cpp_run_and_still_names_a_missing_inp
     feed = {i.name: np.ones([d if isinstance(d, int) else 2 for d in i.shape], kinds[i.type])
             for i in session.get_inputs()}
     np.testing.assert_array_equal(runner(feed)["output"], session.run(["output"], feed)[0])
+    first = next(iter(feed))
     missing = dict(list(feed.items())[1:])
-    with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
+    with pytest.raises(InputError, match=rf"decoder_step.onnx: the feed has no {first}; the graph reads {first}, "):
         runner(missing)
+    with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
+        runner({**feed, first: feed[first][..., :1]})  # every input, one of the wrong shape
 
     class Wrapped:  # a session behind a wrapper of the caller's, as tests or tools may pass
         def run(self, names, feed, options=None):
