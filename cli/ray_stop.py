@@ -10,6 +10,7 @@ signal, or a stop that outlasts its deadline, kills the processes this command s
 at once."""
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -156,23 +157,29 @@ def _not_main_thread(record: logging.LogRecord) -> bool:
 
 
 def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
-    """Kill every process this one started (and theirs), say so, and exit now: no cleanup runs after this."""
+    """Kill every process this one started (and theirs), say so, and exit now: no cleanup runs after this.
+
+    They are stopped first (SIGSTOP: none starts another, none finds the others gone), then the line is said, then
+    they are killed and this process exits at once. Killed first, the raylet took its object store's socket with
+    it, and this process's Ray core worker thread, finding the pipe broken, ended the process with status 1 before
+    the line was said (a CI run, 2026-12-01: `The connection to the plasma store is failed. Terminate the process`,
+    in the driver's log only)."""
     import psutil
 
     from runtime.atomic_file import discard_staged
 
     discard_staged()  # an output being written (infer --ray): no finally runs after os._exit
-    killed: set[int] = set()
-    for _ in range(2):  # again: one may have been starting a process while the first pass killed
-        children = psutil.Process().children(recursive=True)
-        for child in children:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(children, timeout=5)
-        killed.update(child.pid for child in children)
-    count = f"{len(killed)} process{'' if len(killed) == 1 else 'es'}"
+    stopped: dict[int, psutil.Process] = {}
+    for _ in range(2):  # again: one may have been starting a process while the first pass stopped
+        for child in psutil.Process().children(recursive=True):
+            if child.pid not in stopped:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.suspend()
+                    stopped[child.pid] = child
+    count = f"{len(stopped)} process{'' if len(stopped) == 1 else 'es'}"
     click.echo(f"Error: {who}: {why}: killed the {count} this command had started{note}", err=True)
     sys.stderr.flush()
+    for child in stopped.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
     os._exit(code)

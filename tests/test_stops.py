@@ -231,3 +231,35 @@ def test_a_note_after_the_output_that_cannot_be_written_costs_nothing(tmp_path: 
                               timeout=120)
     assert done.returncode == 0
     assert len(done.stdout.splitlines()) == records
+
+
+# A process that ends itself once a child of its is gone, as Ray's core worker thread in infer --ray's driver does when
+# the raylet's object store socket breaks ("Terminate the process", status 1, in the driver's log only)
+KILL_RACE = """
+import os, subprocess, sys, threading
+from cli.ray_stop import _kill_and_exit
+
+child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE)
+child.stdout.readline()
+
+
+def watch():
+    child.stdout.read()  # EOF once the child is gone
+    os._exit(1)
+
+
+threading.Thread(target=watch, daemon=True).start()
+_kill_and_exit("infer --ray", "a second signal while stopping", "; nothing was written", 143)
+"""
+
+
+def test_a_kill_says_so_and_exits_with_its_status_before_its_own_threads_see_the_children_go() -> None:
+    """cli.ray_stop's kill (a second signal, or a stop past its deadline) stops what it started, says so, then
+    kills and exits. It killed first and said so after waiting for the children to go, and in a CI run Ray's core
+    worker thread ended the process first (status 1, nothing said), finding the raylet's socket broken."""
+    done = subprocess.run([sys.executable, "-c", KILL_RACE], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 143, (done.returncode, done.stderr)
+    assert done.stderr.strip() == ("Error: infer --ray: a second signal while stopping: killed the 1 process this "
+                                   "command had started; nothing was written")
