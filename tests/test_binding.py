@@ -69,8 +69,13 @@ def test_bound_state_is_kept_as_device_values_and_reordered_through_the_host(tra
 def test_onnxruntime_failures_under_binding_are_input_errors(exports):
     runtime = Seq2Seq.load(exports["dot"].path, provider="cpu")
     encoder = BoundRunner(runtime._step, ["output"], "decoder_step.onnx", keep=set())
-    with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
+    with pytest.raises(InputError, match=r"decoder_step.onnx: the feed has no hidden, keys_t, values, source_mask; "):
         encoder({"decoder_input": np.zeros((1, 1, 3), np.float32)})
+    kinds = {"tensor(float)": np.float32, "tensor(bool)": np.bool_}
+    feed = {i.name: np.ones([2 if isinstance(d, str) else d for d in i.shape], kinds[i.type])
+            for i in runtime._step.get_inputs()}
+    with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
+        encoder({**feed, "decoder_input": np.zeros((1, 1, 3), np.float32)})  # every input, one of a wrong shape
 
 
 def test_a_plain_runner_calls_onnxruntimes_cpp_run_and_still_names_a_missing_input(exports):
