@@ -150,8 +150,9 @@ class SessionRunner:
             if options is not None and options.terminate:
                 raise Cancelled(f"{self.name}: cancelled by its caller while it ran (a deadline passed or the "
                                 "client went away)") from None
-            declared = [i.name for i in self.session.get_inputs()] if hasattr(self.session, "get_inputs") else []
-            missing = [name for name in declared if name not in feed]
+            inputs = self.session.get_inputs() if hasattr(self.session, "get_inputs") else []
+            declared = [i.name for i in inputs]
+            missing = [i.name for i in inputs if i.name not in feed and not i.type.startswith("optional")]
             if missing:  # a hand-made feed: the C++ run names only the first, from inside the kernel that needed it
                 raise InputError(f"{self.name}: the feed has no {', '.join(missing)}; the graph reads "
                                  f"{', '.join(declared)}") from None
