@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from .common import Interrupted, StoppedBySigterm, quiet_a_closed_terminal
+from .options import within_cpus
 from .run_logs import torchrun_logs
 from .train_options import flag, given
 
@@ -72,14 +73,7 @@ def check_rdzv_id(ctx: click.Context, param: click.Parameter, value: str | None)
 
 def check_nproc(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
     """--nproc-per-node: 1 up to this machine's usable CPUs (each process needs a core of its own)."""
-    if value is None:
-        return None
-    from runtime.sessions import max_threads
-
-    if not 1 <= value <= max_threads():
-        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this machine lets this process use; each "
-                                 f"training process needs at least one), got {value}")
-    return value
+    return within_cpus(value, "the CPUs this machine lets this process use; each training process needs at least one")
 
 
 def launch_options(command: Any) -> Any:

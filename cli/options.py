@@ -37,16 +37,20 @@ class NormalFloatRange(FiniteFloatRange):
         return number
 
 
-def check_threads_option(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
+def within_cpus(value: int | None, why: str) -> int | None:
+    """A count of 1 up to this machine's usable CPUs (None passes); `why` says why that is the bound."""
     if value is None:
         return None
     from runtime.sessions import max_threads
 
     if not 1 <= value <= max_threads():
-        raise click.BadParameter(f"expected 1..{max_threads()} (the CPUs this process may use; more threads "
-                                 f"only contend for them), got {value}")
+        raise click.BadParameter(f"expected 1..{max_threads()} ({why}), got {value}")
     return value
+
+
+def check_threads_option(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--threads: 1 up to this machine's usable CPUs (more only oversubscribes the cores)."""
+    return within_cpus(value, "the CPUs this process may use; more threads only contend for them")
 
 
 def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> None:

@@ -66,14 +66,19 @@ def test_bound_state_is_kept_as_device_values_and_reordered_through_the_host(tra
     np.testing.assert_array_equal(reordered["past_keys"][:, 0], result.state["past_keys"].numpy()[:, 1])
 
 
+def _ones(session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """A feed of ones for every input of `session`, each symbolic dimension 2."""
+    kinds = {"tensor(float)": np.float32, "tensor(bool)": np.bool_, "tensor(int64)": np.int64}
+    return {i.name: np.ones([d if isinstance(d, int) else 2 for d in i.shape], kinds[i.type])
+            for i in session.get_inputs()}
+
+
 def test_onnxruntime_failures_under_binding_are_input_errors(exports):
     runtime = Seq2Seq.load(exports["dot"].path, provider="cpu")
     encoder = BoundRunner(runtime._step, ["output"], "decoder_step.onnx", keep=set())
     with pytest.raises(InputError, match=r"decoder_step.onnx: the feed has no hidden, keys_t, values, source_mask; "):
         encoder({"decoder_input": np.zeros((1, 1, 3), np.float32)})
-    kinds = {"tensor(float)": np.float32, "tensor(bool)": np.bool_}
-    feed = {i.name: np.ones([2 if isinstance(d, str) else d for d in i.shape], kinds[i.type])
-            for i in runtime._step.get_inputs()}
+    feed = _ones(runtime._step)
     with pytest.raises(InputError, match=r"decoder_step.onnx: onnxruntime could not run on inputs of shapes"):
         encoder({**feed, "decoder_input": np.zeros((1, 1, 3), np.float32)})  # every input, one of a wrong shape
 
@@ -86,9 +91,7 @@ def test_a_plain_runner_calls_onnxruntimes_cpp_run_and_still_names_a_missing_inp
     session = Seq2Seq.load(exports["dot"].path, provider="cpu")._step
     runner = SessionRunner(session, ["output"], "decoder_step.onnx")
     assert runner.direct == session._sess.run
-    kinds = {"tensor(float)": np.float32, "tensor(bool)": np.bool_, "tensor(int64)": np.int64}
-    feed = {i.name: np.ones([d if isinstance(d, int) else 2 for d in i.shape], kinds[i.type])
-            for i in session.get_inputs()}
+    feed = _ones(session)
     np.testing.assert_array_equal(runner(feed)["output"], session.run(["output"], feed)[0])
     first = next(iter(feed))
     missing = dict(list(feed.items())[1:])

@@ -141,8 +141,9 @@ def _steps(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, wid
     hands = [net.one("Identity", [e.before]), e.flat, *([e.flat_tokens] if e.flat_tokens else []), e.kept]
     outs = [s.no_eos_first, *s.steps, *s.presents, *hands]
     step_types, cache_types, _ = carried_types(o, len(pasts))
-    kinds = [*step_types, *cache_types, *(kind for _, kind, _ in ended(o))]
-    inputs = _inputs("beam/", [*names.values(), *pasts, *(f"beam/{n}_in" for n, _, _ in ended(o))], kinds)
+    handed = ended(o)
+    kinds = [*step_types, *cache_types, *(kind for _, kind, _ in handed)]
+    inputs = _inputs("beam/", [*names.values(), *pasts, *(f"beam/{n}_in" for n, _, _ in handed)], kinds)
     return graph(net, "beam_steps", inputs, [tensor(n, k, None) for n, k in zip(outs, [BOOL, *kinds])], "")
 
 
@@ -161,7 +162,7 @@ def segmented(model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, int8: bool, 
                    len(STEPS) + len(pasts) + len(nothing), body=_steps(model, spec, o, int8, widen))
     steps, presents, hands = inner[:len(STEPS)], inner[len(STEPS):-len(nothing)], inner[-len(nothing):]
     t = net.one("Sub", [steps[0], _c(net, "one", 1)])  # the step the run ended at
-    at = Ended(t, hands[0], steps[3], hands[1], hands[2] if len(hands) == 4 else None, hands[-1])
+    at = Ended(t, hands[0], steps[3], hands[1], hands[2] if o.per_beam is not None else None, hands[-1])
     best, done, open_, more = finish(net, o, at, [names[n] for n in NBEST], names["done"])
     step_types, cache_types, own_types = carried_types(o, len(pasts))
     kinds = [*step_types, *cache_types, *own_types]
