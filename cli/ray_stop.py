@@ -15,14 +15,19 @@ import faulthandler
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from .common import say, stop_for, written_so_far
+
+if TYPE_CHECKING:
+    import psutil
 
 POLL_S = 0.05  # how often the main thread looks at signals, the deadline, and whether Ray is up
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -30,17 +35,21 @@ EXIT_FAILED = 1
 
 
 class Stop:
-    """Stop requests, shared by the main thread (which receives the signals) and the Ray thread (which acts)."""
+    """Stop requests, shared by the main thread (which receives the signals) and the Ray thread (which acts).
+    `on_stop`: a line said as the first signal is taken, before the Ray thread can act on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_stop: str = "") -> None:
         self.requested = threading.Event()  # a signal came: stop at the next step, or now while serving
         self.stopping = threading.Event()  # the Ray thread is stopping what it started (on a request or a failure)
         # Ray is up: its core worker put a C++ handler on SIGTERM (it logs and aborts): the main thread puts ours back
         self.connected = threading.Event()
         self.signals: list[int] = []
+        self.on_stop = on_stop
 
     def on_signal(self, signum: int, frame: object) -> None:
-        self.signals.append(signum)
+        self.signals.append(signum)  # first: a second signal that lands inside `say` does not say it again
+        if len(self.signals) == 1 and self.on_stop:
+            say(self.on_stop)
         self.requested.set()
 
 
@@ -53,7 +62,7 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
     signal is taken, where `work` cannot say it at once. `writes`: `work` publishes outputs (`cli.common.published`),
     and a stop that kills says what it had written, or that nothing was.
     Returns the signal that asked to stop, if one did; raises what `work` raised."""
-    stop, failure = Stop(), []
+    stop, failure = Stop(on_stop), []
 
     def run() -> None:
         try:
@@ -74,9 +83,6 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
                 for sig in SIGNALS:
                     signal.signal(sig, stop.on_signal)
                 rearmed = True
-            if on_stop and stop.signals:
-                say(on_stop)
-                on_stop = ""
             if len(stop.signals) > 1:
                 _kill_and_exit(who, "a second signal while stopping", note + _written(writes),
                                stop_for(stop.signals[0]).exit_code)
@@ -157,13 +163,15 @@ def _not_main_thread(record: logging.LogRecord) -> bool:
 
 
 def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
-    """Kill every process this one started (and theirs), say so, and exit now: no cleanup runs after this.
+    """Stop every process this one started (and theirs), say so, exit now (no cleanup runs after this), and have
+    them killed once this process is gone.
 
-    They are stopped first (SIGSTOP: none starts another, none finds the others gone), then the line is said, then
-    they are killed and this process exits at once. Killed first, the raylet took its object store's socket with
-    it, and this process's Ray core worker thread, finding the pipe broken, ended the process with status 1 before
-    the line was said (a CI run, 2026-12-01: `The connection to the plasma store is failed. Terminate the process`,
-    in the driver's log only)."""
+    They are stopped first (SIGSTOP: none starts another, none finds the others gone). Killed before this process
+    exited, the raylet took its object store's socket with it, and this process's Ray core worker thread, finding
+    the pipe broken, ended the process with status 1 (CI runs, 2026-12-01: `The connection to the plasma store is
+    failed. Terminate the process`, in the driver's log only): before the line was said when the kill came first,
+    and after it, 1 time in 14 here under load, when the line came first. The line is the last this process says:
+    its streams go to /dev/null first, since Ray Data's thread logged after it."""
     import psutil
 
     from runtime.atomic_file import discard_staged
@@ -177,9 +185,38 @@ def _kill_and_exit(who: str, why: str, note: str, code: int) -> None:
                     child.suspend()
                     stopped[child.pid] = child
     count = f"{len(stopped)} process{'' if len(stopped) == 1 else 'es'}"
-    click.echo(f"Error: {who}: {why}: killed the {count} this command had started{note}", err=True)
-    sys.stderr.flush()
-    for child in stopped.values():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
+    _say_last(f"Error: {who}: {why}: killed the {count} this command had started{note}")
+    _kill_once_gone(list(stopped.values()))
     os._exit(code)
+
+
+def _say_last(line: str) -> None:
+    """Say `line` on stderr as this process's last words: what other threads write from here on goes to /dev/null."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or full stream: the line is said all the same
+            stream.flush()
+    with contextlib.suppress(OSError):  # no stderr (closed): nothing to say it on
+        err = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.write(err, (line + "\n").encode("utf-8", "replace"))
+
+
+def _kill_once_gone(processes: list[psutil.Process]) -> None:
+    """Have `processes` (stopped) killed once this process has exited: a process of its own waits for the end of a
+    pipe whose other end only this one holds. Where it cannot be started, they are killed now."""
+    read, write = os.pipe()
+    pids = " ".join(str(process.pid) for process in processes)
+    killer = ("import os, signal, sys\nsys.stdin.buffer.read()\n"
+              f"for pid in '{pids}'.split():\n    try:\n        os.kill(int(pid), signal.SIGKILL)\n"
+              "    except OSError:\n        pass\n")
+    try:
+        subprocess.Popen([sys.executable, "-S", "-c", killer], stdin=read, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    except OSError:
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    os.close(read)
+    # `write` stays open: it closes as this process exits
