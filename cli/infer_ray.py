@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import signal
 import sys
+import threading
 import time
 from contextlib import closing, contextmanager
 from functools import partial
@@ -52,13 +53,15 @@ from .infer_tokens import (
     model_kind,
     refuse_token_options,
 )
-from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed
+from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed, wait_for_threads
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
 # where the driver already reports its error as one line.
 QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
 # On a signal: the step under way (ray.init, a block of lines) ends, then Ray stops; past this, what started is killed
 RAY_STOP_DEADLINE_S = 30.0
+# Before Ray stops, the threads that Ray Data started in this process may take this long to end (`wait_for_threads`)
+THREADS_DEADLINE_S = 5.0
 # Said as the first signal is taken: the block under way ends first, and Ray gives each of its processes a second
 # to take a SIGTERM they block (`cli.ray_stop.keep_group_signals_from_ray`), so stopping takes seconds
 STOPPING_LINE = "infer --ray: stopping (Ray's processes take a few seconds to end; a second signal kills them now)"
@@ -237,8 +240,10 @@ def ray_session(address: str | None, model_dir: str | None, stop: Stop) -> Itera
             raise local_ray_failed("--ray", exc, one_line(exc)) from None
         raise join_failed(address, one_line(exc)) from None
     stop.connected.set()
+    before = set(threading.enumerate())  # Ray's own threads are up: ray.shutdown stops them
     try:
         yield
     finally:
         stop.stopping.set()
+        wait_for_threads(before, THREADS_DEADLINE_S)
         ray.shutdown()

@@ -210,6 +210,45 @@ def test_a_second_signal_while_decoding_kills_ray_and_removes_the_staged_output(
                                   "not at all)"), said[-3000:]
 
 
+# A thread of the driver that calls Ray's core worker two seconds after the work is done, as Ray Data's threads may
+# (its reader, finishing the block it was reading when the reader closed; nothing joins it)
+LATE_CALL = """
+import threading, time
+import ray
+from cli.infer_ray import ray_session
+from cli.ray_stop import Stop
+
+
+def late():
+    core_worker = ray._private.worker.global_worker.core_worker
+    time.sleep(2.0)
+    core_worker.get_worker_id()
+
+
+def run():
+    with ray_session(None, None, Stop()):
+        threading.Thread(target=late, name="iter_threaded", daemon=True).start()
+
+
+worker = threading.Thread(target=run)
+worker.start()
+worker.join()
+print("Ray stopped, and this process lives on")
+"""
+
+
+def test_ray_stops_once_the_threads_that_call_into_it_are_done(tmp_path: Path) -> None:
+    """A thread that called into Ray after ray.shutdown made Ray's core worker end the process ('The core worker has
+    already been shutdown ... The process will exit', status 1) while Ray's processes were being stopped, and some
+    were left running: once in ~45 stops of infer --ray under load here, by a thread of Ray Data's."""
+    with open(tmp_path / "log", "w") as log, open(tmp_path / "stdout", "w") as stdout:
+        proc = subprocess.Popen([sys.executable, "-c", LATE_CALL], stdout=stdout, stderr=log, env=child_env(),
+                                cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+    left = leftovers(proc, 120, tmp_path / "log")
+    assert proc.returncode == 0 and not left, (proc.returncode, left, (tmp_path / "log").read_text()[-3000:])
+    assert (tmp_path / "stdout").read_text().strip() == "Ray stopped, and this process lives on"
+
+
 def test_a_second_signal_once_the_output_is_published_says_it_was_written(tmp_path: Path) -> None:
     """The kill said only what it killed, and a user who had passed --force could not tell the old file from the
     new one."""
