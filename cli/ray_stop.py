@@ -222,15 +222,20 @@ def _say_last(line: str) -> None:
 
 def _kill_once_gone(processes: list[psutil.Process]) -> None:
     """Have `processes` (stopped) killed once this process has exited: a process of its own waits for the end of a
-    pipe whose other end only this one holds. Where it cannot be started, they are killed now."""
+    pipe whose other end only this one holds. It runs in a session of its own and ignores the stop signals: started
+    from an interactive shell, this command's process group, holding stopped processes, is orphaned as it exits, and
+    the kernel sends the group SIGHUP then SIGCONT; a killer in the group died of it, and the Ray workers it was to
+    kill (in groups of their own) stayed stopped for good. Where it cannot be started, they are killed now."""
     read, write = os.pipe()
     pids = " ".join(str(process.pid) for process in processes)
-    killer = ("import os, signal, sys\nsys.stdin.buffer.read()\n"
+    killer = ("import os, signal, sys\n"
+              "for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):\n    signal.signal(sig, signal.SIG_IGN)\n"
+              "sys.stdin.buffer.read()\n"
               f"for pid in '{pids}'.split():\n    try:\n        os.kill(int(pid), signal.SIGKILL)\n"
               "    except OSError:\n        pass\n")
     try:
         subprocess.Popen([sys.executable, "-S", "-c", killer], stdin=read, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+                         stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         for process in processes:
             with contextlib.suppress(psutil.NoSuchProcess):
