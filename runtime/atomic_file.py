@@ -9,8 +9,10 @@ stopped by a signal (whose exception can land inside the removal itself), remove
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -24,6 +26,15 @@ def discard_staged() -> None:
     `finally` runs."""
     for tmp in list(_STAGED):
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def staged(tmp: Path) -> Iterator[None]:
+    """`tmp`, a sibling this process creates and removes inside the block, counts as staged while it runs: a stop
+    whose exception lands in the block leaves it registered for `discard_staged` (the program's stop runs it)."""
+    _STAGED.add(tmp)
+    yield
+    _STAGED.discard(tmp)
 
 
 def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: bool = True) -> None:

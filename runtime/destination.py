@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from .atomic_file import staged
 from .contract import CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, MANIFEST_FILE
 from .errors import Seq2OnnxError, clipped
 from .siblings import NAME_MAX, STAGING_SUFFIX, sibling
@@ -164,12 +165,13 @@ def _creation_refused(target: Path) -> str | None:
     will use: os.access says yes to root on a read-only mount or in /proc, where the write then fails after the
     work is done."""
     probe = sibling(target, STAGING_SUFFIX)
-    try:
-        with open(probe, "xb"):
-            pass
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
-    probe.unlink(missing_ok=True)
+    with staged(probe):  # a Ctrl-C between its making and its removal left it behind for good
+        try:
+            with open(probe, "xb"):
+                pass
+        except OSError as exc:
+            return exc.strerror or type(exc).__name__
+        probe.unlink(missing_ok=True)
     return None
 
 
