@@ -167,7 +167,9 @@ def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int], texts_n:
     texts.write_text("\n".join(date_lines(texts_n, 5)) + "\n", encoding="utf-8")
     out.write_text("an older result\n")
     reached = {STARTING: lambda: len(group_members(proc.pid)) >= 2,
-               DECODING: lambda: any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir()),
+               # Ray is up too: the output's check makes and removes that sibling before Ray starts
+               DECODING: lambda: (any(p.name.startswith(".out.jsonl.") for p in tmp_path.iterdir())
+                                  and len(group_members(proc.pid)) >= 2),
                STOPPING: lambda: out.read_text() != "an older result\n"}[when]
     with open(tmp_path / "log", "w") as log, open(tmp_path / "stdout", "w") as stdout:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts), "--output",
