@@ -167,7 +167,7 @@ def wait_for_threads(before: set[threading.Thread], deadline_s: float) -> None:
     (its reader, which nothing joins, finishing the block it was reading when the reader closed) called into Ray
     after ray.shutdown, and Ray's core worker then ended the process ('The core worker has already been shutdown
     ... The process will exit', status 1) while Ray's processes were being stopped, leaving some running: once in
-    ~45 stops of `infer --ray` under load here."""
+    ~60 stops of `infer --ray` under load here."""
     end = time.monotonic() + deadline_s
     for thread in threading.enumerate():
         if thread not in before and thread is not threading.current_thread() and thread.name not in PARKED_THREADS:
