@@ -220,6 +220,19 @@ def _say_last(line: str) -> None:
         os.write(err, (line + "\n").encode("utf-8", "replace"))
 
 
+# `_kill_once_gone`'s process: deaf to the stop signals, it waits for its stdin to end, then kills its arguments' pids
+KILLER = """import os, signal, sys
+for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, signal.SIG_IGN)
+sys.stdin.buffer.read()
+for pid in sys.argv[1:]:
+    try:
+        os.kill(int(pid), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
 def _kill_once_gone(processes: list[psutil.Process]) -> None:
     """Have `processes` (stopped) killed once this process has exited: a process of its own waits for the end of a
     pipe whose other end only this one holds. It runs in a session of its own and ignores the stop signals: started
@@ -227,15 +240,9 @@ def _kill_once_gone(processes: list[psutil.Process]) -> None:
     the kernel sends the group SIGHUP then SIGCONT; a killer in the group died of it, and the Ray workers it was to
     kill (in groups of their own) stayed stopped for good. Where it cannot be started, they are killed now."""
     read, write = os.pipe()
-    pids = " ".join(str(process.pid) for process in processes)
-    killer = ("import os, signal, sys\n"
-              "for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):\n    signal.signal(sig, signal.SIG_IGN)\n"
-              "sys.stdin.buffer.read()\n"
-              f"for pid in '{pids}'.split():\n    try:\n        os.kill(int(pid), signal.SIGKILL)\n"
-              "    except OSError:\n        pass\n")
     try:
-        subprocess.Popen([sys.executable, "-S", "-c", killer], stdin=read, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+        subprocess.Popen([sys.executable, "-S", "-c", KILLER, *(str(process.pid) for process in processes)],
+                         stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         for process in processes:
             with contextlib.suppress(psutil.NoSuchProcess):

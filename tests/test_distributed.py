@@ -36,7 +36,7 @@ from runtime.vocab import PAD
 from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
 from training.torchrun import LAUNCH_ENV, partial_launch_env
 
-from support.processes import default_sigint
+from support.processes import alive, default_sigint
 
 pytestmark = pytest.mark.ddp
 
@@ -117,15 +117,12 @@ class Launched:
 
 def _alive(pid: int) -> bool:
     """A process (or, negative, a process group) exists and is not a zombie."""
+    if pid > 0:
+        return alive(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    if pid > 0:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-        except (OSError, IndexError):
-            return False
     return True
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from runtime import atomic_file, destination
 
-from support.processes import default_sigint
+from support.processes import alive, default_sigint, process_state
 from support.serve import DATES
 
 INFER = [sys.executable, "-m", "cli", "infer", str(DATES)]
@@ -294,12 +294,12 @@ def test_a_kill_says_so_last_and_exits_with_its_status_before_its_own_threads_se
                             f"process{'es' if children > 1 else ''} this command had started; nothing was written")
         assert set(said[:-1]) <= {"a thread's late log line"}
         deadline = time.monotonic() + 20
-        while any(_alive(pid) for pid in pids):  # killed once the command is gone
-            assert time.monotonic() < deadline, [(pid, _state(pid)) for pid in pids if _alive(pid)]
+        while any(alive(pid) for pid in pids):  # killed once the command is gone
+            assert time.monotonic() < deadline, [(pid, process_state(pid)) for pid in pids if alive(pid)]
             time.sleep(0.02)
     finally:
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -319,15 +319,3 @@ def test_a_stop_inside_the_output_check_leaves_no_hidden_file(tmp_path: Path,
         destination.check_output_file(tmp_path / "out.jsonl", force=False)
     atomic_file.discard_staged()
     assert list(tmp_path.iterdir()) == []
-
-
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not ended (a zombie has)."""
-    try:
-        return _state(pid) != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False

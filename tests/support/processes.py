@@ -46,16 +46,32 @@ def command_line(pid: int) -> str:
         return f"{pid} (gone)"
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent, group, ...); None where it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def process_state(pid: int) -> str | None:
+    """`pid`'s state letter (R, S, T, Z, ...), None where there is no such process."""
+    fields = _stat(pid)
+    return None if fields is None else fields[0]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has)."""
+    return process_state(pid) not in (None, "Z")
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes of a process group (from /proc)."""
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
+            fields = _stat(entry.name)
+            if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members
 
