@@ -1,7 +1,7 @@
 """What bounds a transformer's batch-1 decode on onnxruntime's CPU kernels, beside CTranslate2 on the same weights.
 
     python benchmarks/transformer_floor.py --checkpoint CKPT [--source TEXT] [--beams 1,5] [--lengths 1,2,5,10,20]
-                                           [--repeats 150] [--kernel-repeats 200]
+                                           [--repeats 150] [--rows 5] [--steps 20] [--kernel-repeats 200]
 
 CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported (float32, `export_model`) and converted for
 CTranslate2 (benchmarks/ct2_convert.py) in a temporary directory. The source is --source, or else the first held-out
@@ -19,8 +19,9 @@ CTranslate2 (benchmarks/ct2_convert.py) in a temporary directory. The source is 
 2. The kernels of a greedy step: the body of the loop graph that decodes the source greedily (fold_greedy.onnx for a
    short source), as onnxruntime optimizes it when it loads it, counted by kind; and what the kernels of each
    measured kind cost on this CPU, each in a bare ONNX Loop of --steps iterations at the model's sizes, at 1 row and
-   at --rows rows: every weight product of the body (its weight a constant, so MLAS prepacks it, as in the body),
-   the self-attention kernel (com.microsoft Attention over a cache that grows a step an iteration),
+   at --rows rows: every weight product of the body (its weight a constant, so MLAS prepacks it, as in the body;
+   nine products of the same rows by one weight, kept apart), the self-attention kernel (com.microsoft Attention
+   over a cache that grows a step an iteration; its rows are inputs of one token, each with a cache of its own),
    LayerNormalization, Add, Softmax and Relu over (rows, d_model), and an iteration of the Loop itself. A kernel's
    cost is (time with 9 of them - time with 1) / 8 / iterations, medians of --kernel-repeats interleaved runs. The
    step at those costs (the measured kinds only) is printed beside the step measured in part 1; the rest is the
@@ -302,13 +303,13 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
               help="Output lengths T, each decoded exactly (min = max = T).")
 @click.option("--repeats", type=click.IntRange(min=1), default=150, show_default=True,
               help="Timed rounds of part 1.")
-@click.option("--rows", default="5", show_default=True, callback=int_list,
+@click.option("--rows", type=click.IntRange(min=2), default=5, show_default=True,
               help="Rows besides 1 at which part 2 times each kernel (a beam's rows).")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
               help="Loop iterations of part 2's bare loops.")
 @click.option("--kernel-repeats", type=click.IntRange(min=1), default=200, show_default=True,
               help="Timed runs of each bare loop of part 2.")
-def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[int], repeats: int, rows: list[int],
+def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[int], repeats: int, rows: int,
          steps: int, kernel_repeats: int) -> None:
     """Where a batch-1 decode's time goes, against CTranslate2 (see the module docstring)."""
     info = machine()
@@ -344,8 +345,8 @@ def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[i
         body = optimized_body(root / "fp32" / graph, root)
         kinds, shapes = census(body, onnx.load(root / "fp32" / graph).graph)
         click.echo(f"timing the kernels: {kernel_repeats} runs of each bare loop ...", err=True)
-        costs = kernel_costs(spec, shapes, [1, *rows], steps, kernel_repeats)
-    click.echo(kernel_table(graph, kinds, shapes, costs, [1, *rows], steps, kernel_repeats))
+        costs = kernel_costs(spec, shapes, [1, rows], steps, kernel_repeats)
+    click.echo(kernel_table(graph, kinds, shapes, costs, [1, rows], steps, kernel_repeats))
     estimate, rest = step_estimate(kinds, shapes, costs)
     measured = f"; the step measured in part 1 (runs, beam 1): {step[1]:.1f} us" if 1 in step else ""
     click.echo(f"a greedy step at these costs: {estimate:.1f} us (the measured kinds and the Loop's iteration); not "

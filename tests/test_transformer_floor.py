@@ -89,6 +89,7 @@ def test_a_toy_checkpoint_is_timed_through_both_parts(tmp_path):
     (["--lengths", "1,two,3"], "expected comma-separated whole numbers, got '1,two,3'"),
     (["--beams", "5,5"], "expected distinct numbers of at least 1, got '5,5'"),
     (["--repeats", "0"], "0 is not in the range x>=1"),
+    (["--rows", "1"], "1 is not in the range x>=2"),
     (["--lengths", "1,2,33"], "33 is more than this transformer's max_positions 32"),
 ])
 def test_bad_options_are_refused_in_one_line_before_the_export(tmp_path, args, says):
