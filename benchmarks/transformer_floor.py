@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from api_overhead import recorded_calls, replay
-from ct2_bench import SOURCE_TOKENS, held_out, machine
+from ct2_bench import SOURCE_TOKENS, held_out, int_list, machine
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 from onnx import TensorProto, helper, numpy_helper
 
@@ -280,17 +280,13 @@ def greedy_graph(model: Seq2Seq, text: str, length: int) -> str:
     return max(runs, key=lambda run: len(run[1]))[0].name
 
 
-def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
-    try:
-        values = [int(v) for v in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}") from None
-    if any(v < 1 for v in values) or len(set(values)) != len(values):
-        raise click.BadParameter(f"expected distinct numbers of at least 1, got {value!r}")
-    if param.name == "lengths" and sum(v >= 2 for v in values) < 2:
+def lengths_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    """ct2_bench.int_list, sorted, with at least two lengths of 2 or more (a further step is the slope over them)."""
+    lengths = sorted(int_list(ctx, param, value))
+    if sum(n >= 2 for n in lengths) < 2:
         raise click.BadParameter(f"expected at least two lengths of 2 or more (a further step is the slope over "
                                  f"them), got {value!r}")
-    return sorted(values)
+    return lengths
 
 
 @click.command()
@@ -299,7 +295,7 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int
 @click.option("--source", default=None, help="The source text (default: the first held-out dates source of "
                                              f"{SOURCE_TOKENS} tokens).")
 @click.option("--beams", default="1,5", show_default=True, callback=int_list, help="Beam sizes (1: greedy).")
-@click.option("--lengths", default="1,2,5,10,20", show_default=True, callback=int_list,
+@click.option("--lengths", default="1,2,5,10,20", show_default=True, callback=lengths_list,
               help="Output lengths T, each decoded exactly (min = max = T).")
 @click.option("--repeats", type=click.IntRange(min=1), default=150, show_default=True,
               help="Timed rounds of part 1.")
