@@ -20,9 +20,11 @@ CTranslate2 (benchmarks/ct2_convert.py) in a temporary directory. The source is 
    short source), as onnxruntime optimizes it when it loads it, counted by kind; and what the kernels of each
    measured kind cost on this CPU, each in a bare ONNX Loop of --steps iterations at the model's sizes, at 1 row and
    at --rows rows: every weight product of the body (its weight a constant, so MLAS prepacks it, as in the body;
-   nine products of the same rows by one weight, kept apart), the self-attention kernel (com.microsoft Attention
-   over a cache that grows a step an iteration; its rows are inputs of one token, each with a cache of its own),
-   LayerNormalization, Add, Softmax and Relu over (rows, d_model), and an iteration of the Loop itself. A kernel's
+   nine independent products of the same rows by one weight, their outputs concatenated: a dependent chain, as in
+   the body, read up to ~0.2 us less a product at 1 row in a scratch comparison), the self-attention kernel
+   (com.microsoft Attention over a cache that grows a step an iteration; its rows are inputs of one token, each
+   with a cache of its own), LayerNormalization, Add, Softmax and Relu over (rows, d_model), and an iteration of
+   the Loop itself. A kernel's
    cost is (time with 9 of them - time with 1) / 8 / iterations, medians of --kernel-repeats interleaved runs. The
    step at those costs (the measured kinds only) is printed beside the step measured in part 1; the rest is the
    kernels not measured (named) and what a bare chain does not pay (the whole model's weights passing through the
@@ -53,9 +55,13 @@ from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 from onnx import TensorProto, helper, numpy_helper
 
 from export.api import export_model
+from runtime.contract import VOCAB_FILES
+from runtime.errors import InputError
 from runtime.model import Seq2Seq
 from runtime.sessions import session_options
 from runtime.spec import ModelSpec
+from runtime.tokens import check_texts, encode_sources
+from runtime.vocab import Vocabulary
 from training.checkpoint import CheckpointError
 
 DECODERS = ("api", "runs", "ct2")
@@ -182,15 +188,15 @@ def chain(kind: str, count: int, rows: int, spec: ModelSpec, shape: tuple[int, i
     e = spec.d_model
     inits: list = []
     nodes: list = []
-    if kind == "product":  # independent products of the carried row(s) by one weight (in cache), each carried on
+    if kind == "product":  # independent products of the carried row(s) by one weight (in cache), concatenated
         k, n = shape
         inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.1).astype(np.float32), "w"))
-        nodes = [helper.make_node("MatMul", ["x_in", "w"], [f"y{j}_out"]) for j in range(count)]
-        nodes.append(helper.make_node("Identity", ["x_in"], ["x_out"]))
-        carried = {"x": [rows, k], **{f"y{j}": [rows, n] for j in range(count)}}
+        nodes = [helper.make_node("MatMul", ["x_in", "w"], [f"y{j}"]) for j in range(count)]
+        nodes += [helper.make_node("Concat", [f"y{j}" for j in range(count)], ["all_out"], axis=0),
+                  helper.make_node("Identity", ["x_in"], ["x_out"])]
         feed = {"x": (rng.standard_normal((rows, k)) * 0.1).astype(np.float32),
-                **{f"y{j}": np.zeros((rows, n), np.float32) for j in range(count)}}
-        return _loop_session(nodes, inits, carried), feed
+                "all": np.zeros((count * rows, n), np.float32)}  # (count rows, N)
+        return _loop_session(nodes, inits, {"x": [rows, k], "all": [count * rows, n]}), feed
     if kind == "Attention":  # a chain through `count` self-attentions, each over a cache of its own
         x = "x_in"
         for j in range(count):
@@ -273,6 +279,18 @@ def kernel_table(graph: str, kinds: Counter, shapes: list[tuple[int, int]], cost
     return "\n".join(lines)
 
 
+def source_text(checkpoint: Path, spec: ModelSpec, source: str | None) -> tuple[str, int]:
+    """(--source, or the first held-out dates source of SOURCE_TOKENS tokens; its token count), checked against the
+    checkpoint's source vocabulary and the model's limits before anything is exported."""
+    vocab = Vocabulary.load(checkpoint / VOCAB_FILES["source"])
+    text = source if source is not None else held_out(vocab)[1][0]
+    try:
+        encode_sources(check_texts([text]), vocab, spec)
+    except InputError as err:  # empty, unencodable or too long
+        raise click.BadParameter(str(err), param_hint="'--source'") from None
+    return text, len(vocab.tokenize(text))
+
+
 def greedy_graph(model: Seq2Seq, text: str, length: int) -> str:
     """The name of the loop graph a greedy call on `text` runs (the longest feed of the call's runs)."""
     runs = recorded_calls(lambda: model.translate_batch([text], min_decoding_length=length,
@@ -320,26 +338,21 @@ def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[i
         if max(lengths) > spec.max_positions:
             raise click.BadParameter(f"{max(lengths)} is more than this transformer's max_positions "
                                      f"{spec.max_positions}", param_hint="'--lengths'")
+        text, tokens = source_text(checkpoint, spec, source)
         click.echo(f"exporting {checkpoint} ...", err=True)
         export_model(checkpoint, root / "fp32")
         model = Seq2Seq.load(root / "fp32", provider="cpu", threads=1)
-        text = source if source is not None else held_out(model.vocabularies["source"])[1][0]
         translator = ctranslate2.Translator(str(root / "ct2"), device="cpu", compute_type="float32",
                                             intra_threads=1, inter_threads=1)
-        click.echo(f"{info['cpu']}; source {text!r} ({len(model.vocabularies['source'].tokenize(text))} tokens + "
-                   f"</s>); 1 thread; uptime: {info['uptime']}")
+        click.echo(f"{info['cpu']}; source {text!r} ({tokens} tokens + </s>); 1 thread; uptime: {info['uptime']}")
         step = {}
         for beam in beams:
             click.echo(f"timing beam {beam}: {repeats} rounds x {3 * len(lengths)} decoders ...", err=True)
-            try:
-                times = time_rounds(split_decoders(model, translator, text, beam, lengths), repeats)
-            except ValueError as err:  # a text the vocabulary cannot encode, one too long
-                raise click.ClickException(f"--source: {err}") from None
+            times = time_rounds(split_decoders(model, translator, text, beam, lengths), repeats)
             click.echo(split_table(beam, lengths, times, repeats) + "\n")
             step[beam] = fixed_and_step(lengths, [statistics.median(times["runs", n]) * 1e6 for n in lengths])[1]
         graph = greedy_graph(model, text, max(lengths))
-        body = optimized_body(root / "fp32" / graph, root)
-        kinds, shapes = census(body, onnx.load(root / "fp32" / graph).graph)
+        kinds, shapes = census(optimized_body(root / "fp32" / graph, root), onnx.load(root / "fp32" / graph).graph)
         click.echo(f"timing the kernels: {kernel_repeats} runs of each bare loop ...", err=True)
         costs = kernel_costs(spec, shapes, [1, rows], steps, kernel_repeats)
     click.echo(kernel_table(graph, kinds, shapes, costs, [1, rows], steps, kernel_repeats))
@@ -348,7 +361,6 @@ def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[i
     click.echo(f"a greedy step at these costs: {estimate:.1f} us (the measured kinds and the Loop's iteration); not "
                f"measured: " + (", ".join(f"{kind} {n}" for kind, n in rest.most_common()) or "none") + measured)
     click.echo(f"uptime after: {machine()['uptime']}", err=True)
-
 
 if __name__ == "__main__":
     main()

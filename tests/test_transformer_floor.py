@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "transformer_floor.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
-    from transformer_floor import census, fixed_and_step, kernel_costs, optimized_body  # noqa: E402
+    import transformer_floor  # noqa: E402
+    from transformer_floor import census, fixed_and_step, kernel_costs, main, optimized_body  # noqa: E402
 finally:
     sys.path.remove(str(ROOT / "benchmarks"))
 
 import onnx  # noqa: E402
 
 from support.models import save_token_checkpoint, toy_token_spec  # noqa: E402
-from support.processes import assert_refused_in_one_line  # noqa: E402
 
 SIZES = dict(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
 
@@ -83,25 +83,34 @@ def test_a_toy_checkpoint_is_timed_through_both_parts(tmp_path):
                      r"-?[\d.]+ us", out)
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--lengths", "1,2"], "expected at least two lengths of 2 or more"),
-    (["--lengths", "0,2,3"], "expected integers >= 1, got '0,2,3'"),
-    (["--lengths", "1,two,3"], "expected comma-separated integers, got '1,two,3'"),
-    (["--beams", "0"], "expected integers >= 1, got '0'"),
-    (["--repeats", "0"], "0 is not in the range x>=1"),
-    (["--rows", "1"], "1 is not in the range x>=2"),
-    (["--lengths", "1,2,33"], "33 is more than this transformer's max_positions 32"),
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["--lengths", "1,2"], 2, "expected at least two lengths of 2 or more"),
+    (["--lengths", "0,2,3"], 2, "expected integers >= 1, got '0,2,3'"),
+    (["--lengths", "1,two,3"], 2, "expected comma-separated integers, got '1,two,3'"),
+    (["--beams", "0"], 2, "expected integers >= 1, got '0'"),
+    (["--repeats", "0"], 2, "0 is not in the range x>=1"),
+    (["--rows", "1"], 2, "1 is not in the range x>=2"),
+    (["--lengths", "1,2,33"], 2, "33 is more than this transformer's max_positions 32"),
+    (["--source", ""], 2, "Invalid value for '--source': texts[0]: expected a non-empty string, got ''"),
+    (["--source", "the cat " * 20], 2, "texts[0]: 41 tokens with the closing </s>, more than this transformer's max_positions 32"),
 ])
-def test_bad_options_are_refused_in_one_line_before_the_export(tmp_path, args, says):
-    assert_refused_in_one_line(run("--checkpoint", str(checkpoint(tmp_path / "tf")), *args), says)
+def test_bad_options_are_refused_in_one_line_before_the_export(tmp_path, monkeypatch, args, code, says):
+    from click.testing import CliRunner
+
+    exported = []
+    monkeypatch.setattr(transformer_floor, "export_model", lambda *a, **k: exported.append(a))
+    result = CliRunner().invoke(main, ["--checkpoint", str(checkpoint(tmp_path / "tf")), *args])
+    assert result.exit_code == code and says in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+    assert not exported
 
 
-def test_a_recurrent_checkpoint_and_an_unencodable_source_are_refused_by_name(tmp_path):
+def test_a_recurrent_checkpoint_is_refused_by_name(tmp_path):
+    from click.testing import CliRunner
+
     from training.build import build_token_model
 
     torch.manual_seed(0)
     gru = save_token_checkpoint(tmp_path / "gru", build_token_model(toy_token_spec(hidden_dim=8, embedding_dim=6)))
-    assert_refused_in_one_line(run("--checkpoint", str(gru)), "got a recurrent token model")
-    done = run("--checkpoint", str(checkpoint(tmp_path / "tf")), "--source", "", "--lengths", "1,2,3",
-               "--repeats", "1")
-    assert done.returncode == 1 and "Traceback" not in done.stderr and "--source: " in done.stderr, done.stderr
+    result = CliRunner().invoke(main, ["--checkpoint", str(gru)])
+    assert result.exit_code == 1 and "got a recurrent token model" in result.output, result.output
