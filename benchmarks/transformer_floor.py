@@ -118,7 +118,8 @@ def fixed_and_step(lengths: list[int], medians: list[float]) -> tuple[float, flo
     return medians[lengths.index(min(lengths))], slope
 
 
-def split_table(beam: int, lengths: list[int], times: dict[Key, list[float]], repeats: int) -> str:
+def split_table(beam: int, lengths: list[int], times: dict[Key, list[float]], repeats: int) -> tuple[str, float]:
+    """Part 1's table for one beam size, and the bare runs' further step (us)."""
     medians = {key: statistics.median(t) * 1e6 for key, t in times.items()}
     lines = [f"beam {beam}, batch 1: the source decoded to exactly T tokens; medians of {repeats} rounds (us)",
              "| T | api | runs | ct2 | api / ct2 | runs / ct2 |", "|---" * 6 + "|"]
@@ -129,7 +130,7 @@ def split_table(beam: int, lengths: list[int], times: dict[Key, list[float]], re
     for label, i in ((f"fixed (T = {min(lengths)})", 0), ("a further step (slope, T >= 2)", 1)):
         a, r, c = (split[d][i] for d in DECODERS)
         lines.append(f"| {label} | {a:.1f} | {r:.1f} | {c:.1f} | {a / c:.2f} | {r / c:.2f} |")
-    return "\n".join(lines)
+    return "\n".join(lines), split["runs"][1]
 
 
 # --- part 2: the greedy step's kernels ----------------------------------------------------------------------------
@@ -349,8 +350,8 @@ def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[i
         for beam in beams:
             click.echo(f"timing beam {beam}: {repeats} rounds x {3 * len(lengths)} decoders ...", err=True)
             times = time_rounds(split_decoders(model, translator, text, beam, lengths), repeats)
-            click.echo(split_table(beam, lengths, times, repeats) + "\n")
-            step[beam] = fixed_and_step(lengths, [statistics.median(times["runs", n]) * 1e6 for n in lengths])[1]
+            table, step[beam] = split_table(beam, lengths, times, repeats)
+            click.echo(table + "\n")
         graph = greedy_graph(model, text, max(lengths))
         kinds, shapes = census(optimized_body(root / "fp32" / graph, root), onnx.load(root / "fp32" / graph).graph)
         click.echo(f"timing the kernels: {kernel_repeats} runs of each bare loop ...", err=True)
