@@ -59,6 +59,7 @@ import onnxruntime as ort
 from bench_outputs import JSON, PNG, check_click, publish
 from ct2_check import check_failures, cross_check, ct2_ids
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
+from stops import StoppableCommand
 
 from cli.allocator import choose as choose_allocator
 from export.api import QualityLossWarning, export_model
@@ -313,7 +314,7 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
     check_click(plot_out, "--plot", force, PNG)
 
 
-@click.command()
+@click.command(cls=StoppableCommand)
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="A transformer checkpoint (seq2onnx train --arch transformer).")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,

@@ -12,9 +12,9 @@ CTranslate2 (benchmarks/ct2_convert.py) in a temporary directory. The source is 
    `runs` (a bare replay of the onnxruntime runs that very call made, as benchmarks/api_overhead.py replays them)
    and `ct2` (Translator.translate_batch on the source's tokens). Every decoder of a beam size runs in every round,
    in reverse order every other round; a sample is the third of three calls in a row (the model in cache, as a
-   service under load runs it); figures are medians over --repeats rounds. `fixed` is the median at the shortest
-   length (the encoder, the call's set-up and one step), `a further step` the least-squares slope of the medians
-   over the lengths from 2 up.
+   service under load runs it); figures are medians over --repeats rounds. `fixed` is the median at T = 1 (the
+   encoder, the call's set-up and one step: --lengths must hold 1), `a further step` the least-squares slope of the
+   medians over the lengths from 2 up.
 
 2. The kernels of a greedy step: the body of the loop graph that decodes the source greedily (fold_greedy.onnx for a
    short source), as onnxruntime optimizes it when it loads it, counted by kind; and what the kernels of each
@@ -24,9 +24,10 @@ CTranslate2 (benchmarks/ct2_convert.py) in a temporary directory. The source is 
    the body, read up to ~0.2 us less a product at 1 row in a scratch comparison), the self-attention kernel
    (com.microsoft Attention over a cache that grows a step an iteration; its rows are inputs of one token, each
    with a cache of its own), LayerNormalization, Add, Softmax and Relu over (rows, d_model), and an iteration of
-   the Loop itself. A kernel's
-   cost is (time with 9 of them - time with 1) / 8 / iterations, medians of --kernel-repeats interleaved runs. The
-   step at those costs (the measured kinds only) is printed beside the step measured in part 1; the rest is the
+   the Loop itself. A kernel's cost is (time with 9 of them - time with 1) / 8 / iterations, and an iteration's
+   (time of 2 x --steps iterations - time of --steps) / --steps (neither holds the run's own cost), medians of
+   --kernel-repeats interleaved runs; a cost below zero is noise (too few runs) and counts as 0. The step at those
+   costs (the measured kinds only) is printed beside the step measured in part 1; the rest is the
    kernels not measured (named) and what a bare chain does not pay (the whole model's weights passing through the
    caches every step).
 
@@ -53,6 +54,7 @@ from api_overhead import recorded_calls, replay
 from ct2_bench import SOURCE_TOKENS, held_out, int_list, machine
 from ct2_convert import ConversionError, checkpoint_spec, convert, source_tokens
 from onnx import TensorProto, helper, numpy_helper
+from stops import StoppableCommand
 
 from export.api import export_model
 from runtime.contract import VOCAB_FILES
@@ -112,22 +114,23 @@ def time_rounds(calls: dict[Key, Callable[[], Any]], repeats: int) -> dict[Key, 
 
 
 def fixed_and_step(lengths: list[int], medians: list[float]) -> tuple[float, float]:
-    """(the median at the shortest length, the least-squares slope of the medians over lengths >= 2)."""
+    """(the median at T = 1, the least-squares slope of the medians over lengths >= 2)."""
     pairs = [(n, m) for n, m in zip(lengths, medians, strict=True) if n >= 2]
     slope = float(np.polyfit([n for n, _ in pairs], [m for _, m in pairs], 1)[0])
-    return medians[lengths.index(min(lengths))], slope
+    return medians[lengths.index(1)], slope
 
 
 def split_table(beam: int, lengths: list[int], times: dict[Key, list[float]], repeats: int) -> tuple[str, float]:
     """Part 1's table for one beam size, and the bare runs' further step (us)."""
     medians = {key: statistics.median(t) * 1e6 for key, t in times.items()}
-    lines = [f"beam {beam}, batch 1: the source decoded to exactly T tokens; medians of {repeats} rounds (us)",
+    lines = [f"beam {beam}, batch 1: the source decoded to exactly T tokens; medians of {plural(repeats, 'round')} "
+             "(us)",
              "| T | api | runs | ct2 | api / ct2 | runs / ct2 |", "|---" * 6 + "|"]
     for n in lengths:
         a, r, c = (medians[d, n] for d in DECODERS)
         lines.append(f"| {n} | {a:.0f} | {r:.0f} | {c:.0f} | {a / c:.2f} | {r / c:.2f} |")
     split = {d: fixed_and_step(lengths, [medians[d, n] for n in lengths]) for d in DECODERS}
-    for label, i in ((f"fixed (T = {min(lengths)})", 0), ("a further step (slope, T >= 2)", 1)):
+    for label, i in (("fixed (T = 1)", 0), ("a further step (slope, T >= 2)", 1)):
         a, r, c = (split[d][i] for d in DECODERS)
         lines.append(f"| {label} | {a:.1f} | {r:.1f} | {c:.1f} | {a / c:.2f} | {r / c:.2f} |")
     return "\n".join(lines), split["runs"][1]
@@ -231,18 +234,23 @@ def kernel_costs(spec: ModelSpec, shapes: list[tuple[int, int]], rows: list[int]
     rng = np.random.default_rng(0)
     kinds = [(f"product {k}x{n}", "product", (k, n)) for k, n in dict.fromkeys(shapes)]
     kinds += [(kind, kind, None) for kind in ("Attention", "LayerNormalization", "Add", "Softmax", "Relu")]
-    sessions = {(name, r, count): chain(kind, count, r, spec, shape, rng)
-                for name, kind, shape in kinds for r in rows for count in (1, CHAIN)}
-    sessions.update({("Loop iteration", r, 0): (_loop_session([helper.make_node("Identity", ["x_in"], ["x_out"])],
-                                                              [], {"x": [r, spec.d_model]}),
-                                                {"x": np.zeros((r, spec.d_model), np.float32)}) for r in rows})
     n = {"n": np.array(steps, np.int64)}
+    sessions = {}
+    for name, kind, shape in kinds:
+        for r in rows:
+            for count in (1, CHAIN):
+                session, feed = chain(kind, count, r, spec, shape, rng)
+                sessions[name, r, count] = session, {**n, **feed}
+    for r in rows:  # an empty iteration, run for `steps` (count 1) and for twice as many (count 2)
+        session = _loop_session([helper.make_node("Identity", ["x_in"], ["x_out"])], [], {"x": [r, spec.d_model]})
+        for count in (1, 2):
+            sessions["Loop iteration", r, count] = session, {"n": np.array(count * steps, np.int64),
+                                                             "x": np.zeros((r, spec.d_model), np.float32)}
     times: dict[tuple[str, int, int], list[float]] = {key: [] for key in sessions}
     order = list(sessions)
     for i in range(repeats):
         for key in order if i % 2 == 0 else order[::-1]:
             session, feed = sessions[key]
-            feed = {**n, **feed}
             session.run(None, feed)
             start = time.perf_counter()
             session.run(None, feed)
@@ -250,17 +258,19 @@ def kernel_costs(spec: ModelSpec, shapes: list[tuple[int, int]], rows: list[int]
     median = {key: statistics.median(t) for key, t in times.items()}
     costs = {(name, r): (median[name, r, CHAIN] - median[name, r, 1]) / (CHAIN - 1) / steps * 1e6
              for name, _, _ in kinds for r in rows}
-    costs.update({("Loop iteration", r): median["Loop iteration", r, 0] / steps * 1e6 for r in rows})
+    costs.update({("Loop iteration", r): (median["Loop iteration", r, 2] - median["Loop iteration", r, 1]) / steps
+                  * 1e6 for r in rows})
     return costs
 
 
 def step_estimate(kinds: Counter, shapes: list[tuple[int, int]], costs: dict[tuple[str, int], float]) -> tuple[float, Counter]:
     """The step at 1 row at the measured costs (its products, attention, norms, adds, softmaxes, relus and the
-    Loop's iteration), and the kernels not measured, by kind."""
+    Loop's iteration; a cost below zero, noise, as 0), and the kernels not measured, by kind."""
     rest = Counter({kind: n for kind, n in kinds.items() if kind not in MEASURED})
     rest["products of per-call matrices"] = sum(kinds[k] for k in PRODUCTS) - len(shapes)
-    total = sum(costs[f"product {k}x{n}", 1] for k, n in shapes) + costs["Loop iteration", 1]
-    total += sum(kinds[kind] * costs[kind, 1] for kind in MEASURED - PRODUCTS)
+    one = {name: max(cost, 0.0) for (name, rows), cost in costs.items() if rows == 1}
+    total = sum(one[f"product {k}x{n}"] for k, n in shapes) + one["Loop iteration"]
+    total += sum(kinds[kind] * one[kind] for kind in MEASURED - PRODUCTS)
     return total, +rest
 
 
@@ -269,15 +279,28 @@ def kernel_table(graph: str, kinds: Counter, shapes: list[tuple[int, int]], cost
     many = max(rows)
     lines = [f"the greedy step's kernels ({graph}'s loop body as onnxruntime optimizes it): {sum(kinds.values())} "
              f"a step: " + ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()),
-             f"cost of one kernel in a bare Loop of {steps} iterations, medians of {repeats} runs (us):",
+             f"cost of one kernel in a bare Loop of {plural(steps, 'iteration')}, medians of {plural(repeats, 'run')} "
+             "(us):",
              f"| kernel | in a step | 1 row | {many} rows | {many} rows / 1 row |", "|---" * 5 + "|"]
     in_step = Counter(f"product {k}x{n}" for k, n in shapes)
     in_step.update({kind: kinds[kind] for kind in MEASURED - PRODUCTS})
     in_step["Loop iteration"] = 1
     for name in dict.fromkeys(name for name, _ in costs):
         one, more = costs[name, 1], costs[name, many]
-        lines.append(f"| {name} | {in_step[name]} | {one:.2f} | {more:.2f} | {more / one if one > 0 else float('nan'):.2f} |")
+        ratio = f"{more / one:.2f}" if one > 0 and more > 0 else "-"
+        lines.append(f"| {name} | {in_step[name]} | {cost_cell(one)} | {cost_cell(more)} | {ratio} |")
+    if any(cost <= 0 for cost in costs.values()):
+        lines.append(f"(noise: a cost at or below zero is within the run-to-run spread of {plural(repeats, 'run')}; "
+                     f"it counts as 0 below; raise --kernel-repeats)")
     return "\n".join(lines)
+
+
+def cost_cell(cost: float) -> str:
+    return f"{cost:.2f}" if cost > 0 else f"{cost:.2f} (noise)"
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def source_text(checkpoint: Path, spec: ModelSpec, source: str | None) -> tuple[str, int]:
@@ -289,7 +312,12 @@ def source_text(checkpoint: Path, spec: ModelSpec, source: str | None) -> tuple[
         encode_sources(check_texts([text]), vocab, spec)
     except InputError as err:  # empty, unencodable or too long
         raise click.BadParameter(str(err), param_hint="'--source'") from None
-    return text, len(vocab.tokenize(text))
+    ids = vocab.encode(text, add_eos=False)
+    unknown = sum(i == vocab.ids.unk for i in ids)
+    if 2 * unknown > len(ids):  # still timed (every length is forced), but not a source the model was made for
+        click.echo(f"warning: --source: {unknown} of its {len(ids)} tokens are not in the checkpoint's source "
+                   f"vocabulary ({vocab.tokenizer} tokens; they read as <unk>)", err=True)
+    return text, len(ids)
 
 
 def greedy_graph(model: Seq2Seq, text: str, length: int) -> str:
@@ -300,15 +328,19 @@ def greedy_graph(model: Seq2Seq, text: str, length: int) -> str:
 
 
 def lengths_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
-    """ct2_bench.int_list, sorted, with at least two lengths of 2 or more (a further step is the slope over them)."""
+    """ct2_bench.int_list, sorted: 1 (the fixed part) and at least two lengths of 2 or more (a further step is the
+    slope over them)."""
     lengths = sorted(int_list(ctx, param, value))
+    if 1 not in lengths:
+        raise click.BadParameter(f"expected 1 among the lengths (the fixed part is a call decoding one token), got "
+                                 f"{value!r}")
     if sum(n >= 2 for n in lengths) < 2:
         raise click.BadParameter(f"expected at least two lengths of 2 or more (a further step is the slope over "
                                  f"them), got {value!r}")
     return lengths
 
 
-@click.command()
+@click.command(cls=StoppableCommand)
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="A transformer checkpoint (seq2onnx train --arch transformer).")
 @click.option("--source", default=None, help="The source text (default: the first held-out dates source of "
@@ -328,7 +360,6 @@ def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[i
          steps: int, kernel_repeats: int) -> None:
     """Where a batch-1 decode's time goes, against CTranslate2 (see the module docstring)."""
     info = machine()
-    click.echo(f"{info['cpu']}, {info['cpus']} CPUs, flags {info['flags']}; uptime: {info['uptime']}", err=True)
     with tempfile.TemporaryDirectory(prefix="transformer-floor-") as tmp:
         root = Path(tmp)
         try:
@@ -340,6 +371,7 @@ def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[i
             raise click.BadParameter(f"{max(lengths)} is more than this transformer's max_positions "
                                      f"{spec.max_positions}", param_hint="'--lengths'")
         text, tokens = source_text(checkpoint, spec, source)
+        click.echo(f"{info['cpu']}, {info['cpus']} CPUs, flags {info['flags']}; uptime: {info['uptime']}", err=True)
         click.echo(f"exporting {checkpoint} ...", err=True)
         export_model(checkpoint, root / "fp32")
         model = Seq2Seq.load(root / "fp32", provider="cpu", threads=1)
@@ -348,13 +380,13 @@ def main(checkpoint: Path, source: str | None, beams: list[int], lengths: list[i
         click.echo(f"{info['cpu']}; source {text!r} ({tokens} tokens + </s>); 1 thread; uptime: {info['uptime']}")
         step = {}
         for beam in beams:
-            click.echo(f"timing beam {beam}: {repeats} rounds x {3 * len(lengths)} decoders ...", err=True)
+            click.echo(f"timing beam {beam}: {plural(repeats, 'round')} x {3 * len(lengths)} decoders ...", err=True)
             times = time_rounds(split_decoders(model, translator, text, beam, lengths), repeats)
             table, step[beam] = split_table(beam, lengths, times, repeats)
             click.echo(table + "\n")
         graph = greedy_graph(model, text, max(lengths))
         kinds, shapes = census(optimized_body(root / "fp32" / graph, root), onnx.load(root / "fp32" / graph).graph)
-        click.echo(f"timing the kernels: {kernel_repeats} runs of each bare loop ...", err=True)
+        click.echo(f"timing the kernels: {plural(kernel_repeats, 'run')} of each bare loop ...", err=True)
         costs = kernel_costs(spec, shapes, [1, rows], steps, kernel_repeats)
     click.echo(kernel_table(graph, kinds, shapes, costs, [1, rows], steps, kernel_repeats))
     estimate, rest = step_estimate(kinds, shapes, costs)

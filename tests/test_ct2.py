@@ -24,6 +24,7 @@ finally:
     sys.path.remove(str(ROOT / "benchmarks"))
 
 from runtime.destination import DestinationError  # noqa: E402
+from runtime.errors import Terminated  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
 from runtime.sessions import max_threads  # noqa: E402
 from runtime.vocab import BOS, EOS  # noqa: E402
@@ -181,6 +182,35 @@ def test_steps_past_max_positions_are_refused_before_the_exports(tmp_path, monke
     assert result.exit_code == 2 and "17 is more than this transformer's max_positions 16" in result.output, \
         result.output
     assert not exported
+
+
+@pytest.mark.parametrize(("stop", "code", "says"), [(KeyboardInterrupt, 130, "interrupted"),
+                                                    (Terminated, 143, "stopped by SIGTERM")])
+def test_a_stop_exits_130_or_143_in_one_line_and_removes_the_temporary_directory(tmp_path, monkeypatch, stop, code,
+                                                                                 says):
+    """Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated, as cli.common raises it) while the bench works: its
+    temporary directory goes, and it exits as `seq2onnx` commands do, not click's 'Aborted!' and 1."""
+    import tempfile
+
+    import ct2_bench
+    from click.testing import CliRunner
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    work = []
+
+    def convert(checkpoint: Path, out: Path) -> None:  # the stop lands in the middle of the conversion
+        out.mkdir(parents=True)
+        (out / "model.bin").write_bytes(b"half")
+        work.append(out)
+        raise stop()
+
+    monkeypatch.setattr(ct2_bench, "convert", convert)
+    result = CliRunner().invoke(bench_main, ["--checkpoint", str(tmp_path)])
+    assert result.exit_code == code, result.output
+    assert f"Error: {says}; no figures were kept and the temporary files are removed" in result.output
+    assert work and list(scratch.iterdir()) == []
 
 
 def test_a_checkpoint_without_dates_sources_to_time_is_refused_before_the_exports(tmp_path, monkeypatch):

@@ -3,7 +3,9 @@ the greedy step's kernels counted and timed in bare loops."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,15 @@ SCRIPT = ROOT / "benchmarks" / "transformer_floor.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
     import transformer_floor  # noqa: E402
-    from transformer_floor import census, fixed_and_step, kernel_costs, main, optimized_body  # noqa: E402
+    from transformer_floor import (  # noqa: E402
+        census,
+        fixed_and_step,
+        kernel_costs,
+        kernel_table,
+        main,
+        optimized_body,
+        step_estimate,
+    )
 finally:
     sys.path.remove(str(ROOT / "benchmarks"))
 
@@ -63,7 +73,33 @@ def test_every_kind_is_timed_at_every_row_count():
              "Loop iteration"}
     assert set(costs) == {(name, rows) for name in names for rows in (1, 3)}
     assert all(math.isfinite(c) for c in costs.values())  # (not compared: two runs each on a shared machine)
-    assert all(costs["Loop iteration", rows] > 0 for rows in (1, 3))
+
+
+def test_a_loop_iteration_is_the_difference_of_two_trip_counts_not_a_whole_run_over_its_steps():
+    # a run of a 1-iteration Loop costs ~10 us here (session.run, feeds, the Loop's set-up); an empty iteration ~1 us:
+    # the whole run over --steps read 47 us a step at --steps 1 and 30 at 20, the difference reads alike at both
+    spec = toy_token_spec(**{**SIZES, "d_model": 8})
+    costs = kernel_costs(spec, [(8, 16)], [1], steps=1, repeats=40)
+    assert costs["Loop iteration", 1] < 5.0, costs
+
+
+def test_a_cost_below_zero_is_marked_as_noise_and_counts_as_zero_in_the_step():
+    from collections import Counter
+
+    kinds = Counter({"MatMul": 2, "Attention": 1, "LayerNormalization": 1, "Add": 1, "Softmax": 0, "Relu": 0,
+                     "TopK": 1})
+    shapes = [(8, 16), (16, 8)]
+    costs = {(name, rows): cost for rows in (1, 3) for name, cost in (
+        ("product 8x16", 2.0), ("product 16x8", -0.5), ("Attention", 5.0), ("LayerNormalization", 1.0),
+        ("Add", -0.25), ("Softmax", 1.0), ("Relu", 1.0), ("Loop iteration", 1.5))}
+    estimate, rest = step_estimate(kinds, shapes, costs)
+    assert estimate == pytest.approx(2.0 + 0 + 5.0 + 1.0 + 0 + 1.5)
+    assert rest == Counter({"TopK": 1})
+    table = kernel_table("g.onnx", kinds, shapes, costs, [1, 3], steps=1, repeats=1)
+    assert "| product 16x8 | 1 | -0.50 (noise) | -0.50 (noise) | - |" in table
+    assert "| product 8x16 | 1 | 2.00 | 2.00 | 1.00 |" in table
+    assert "within the run-to-run spread of 1 run; it counts as 0 below; raise --kernel-repeats" in table
+    assert "a bare Loop of 1 iteration, medians of 1 run (us)" in table
 
 
 def test_a_toy_checkpoint_is_timed_through_both_parts(tmp_path):
@@ -85,6 +121,7 @@ def test_a_toy_checkpoint_is_timed_through_both_parts(tmp_path):
 
 @pytest.mark.parametrize(("args", "code", "says"), [
     (["--lengths", "1,2"], 2, "expected at least two lengths of 2 or more"),
+    (["--lengths", "2,3,5"], 2, "expected 1 among the lengths (the fixed part is a call decoding one token), got '2,3,5'"),
     (["--lengths", "0,2,3"], 2, "expected integers >= 1, got '0,2,3'"),
     (["--lengths", "1,two,3"], 2, "expected comma-separated integers, got '1,two,3'"),
     (["--beams", "0"], 2, "expected integers >= 1, got '0'"),
@@ -103,6 +140,48 @@ def test_bad_options_are_refused_in_one_line_before_the_export(tmp_path, monkeyp
     assert result.exit_code == code and says in result.output, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
     assert not exported
+
+
+def test_a_source_mostly_unknown_to_the_vocabulary_is_timed_with_a_warning(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    class Exported(Exception):
+        pass
+
+    def export_model(*args: object, **kwargs: object) -> None:
+        raise Exported  # the source checks are done by then: stop here
+
+    monkeypatch.setattr(transformer_floor, "export_model", export_model)
+    tf = checkpoint(tmp_path / "tf")
+    result = CliRunner().invoke(main, ["--checkpoint", str(tf), "--source", "zebra quokka two"])
+    assert isinstance(result.exception, Exported), result.output
+    assert ("warning: --source: 2 of its 3 tokens are not in the checkpoint's source vocabulary (whitespace tokens; "
+            "they read as <unk>)") in result.output
+    result = CliRunner().invoke(main, ["--checkpoint", str(tf), "--source", "two is nine"])
+    assert isinstance(result.exception, Exported) and "warning" not in result.output, result.output
+
+
+def test_sigterm_stops_it_in_order_and_removes_its_temporary_directory(tmp_path):
+    """A real SIGTERM mid-timing (Ctrl-C's exit 130 is tested in-process in test_ct2.py: the same command class)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    child = subprocess.Popen([sys.executable, str(SCRIPT), "--checkpoint", str(checkpoint(tmp_path / "tf")),
+                              "--source", "two is nine", "--repeats", "100000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": str(scratch)})
+    try:
+        for line in child.stderr:  # the export is done and the timing under way
+            if line.startswith("timing beam 1"):
+                break
+        assert len(list(scratch.glob("transformer-floor-*"))) == 1
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 143, err
+    assert "Error: stopped by SIGTERM; no figures were kept and the temporary files are removed" in err
+    assert "Traceback" not in err
+    assert not list(scratch.glob("transformer-floor-*"))  # (onnxruntime's telemetry leaves a .ses file there)
 
 
 def test_a_recurrent_checkpoint_is_refused_by_name(tmp_path):
