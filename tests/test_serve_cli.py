@@ -195,7 +195,7 @@ def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Pat
                          ids=["drained", "group-signal", "group-hang-up", "past-the-drain"])
 def test_sigterm_on_ray_lets_the_decode_under_way_finish(launch, shutdown_timeout: str | None, group: bool,
                                                          sig: int) -> None:
-    """SIGTERM while a replica decodes a request of ~3 s: the replicas finish what is under way, then Serve and Ray
+    """SIGTERM while a replica decodes a long request (LONG): the replicas finish what is under way, then Serve and Ray
     stop (Serve's proxy was killed at once before, and the client's connection dropped). The same when the signal
     goes to the whole process group, as `timeout` and systemd send it: Ray's processes keep out of it (it stopped
     their GCS and raylet under Serve before: the command waited out its 30 s, killed all and exited 143).
