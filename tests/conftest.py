@@ -2,8 +2,14 @@
 not fixtures live in tests/support/."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Iterator
+
+# Every process the tests start trains, exports or runs tiny models, fastest on one thread. And with two pytest-xdist
+# workers on a 2-core machine, two OpenMP threads a process spin-wait on each other: a one-process training of 5 s
+# took 84 s. Set before torch is imported here; the processes the tests start inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
@@ -50,10 +56,13 @@ def recurrent_export(tmp_path_factory) -> TokenExport:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start Ray or torchrun are slow too: `-m "not slow"` leaves them out."""
+    """Tests that start Ray or torchrun are slow too: `-m "not slow"` leaves them out. Under pytest-xdist
+    (`--dist loadgroup`) they all run on one worker, one after another: two clusters at once on two cores would
+    starve each other's start-up and signal timings; the other tests spread over both workers."""
     for item in items:
         if item.get_closest_marker("ray") or item.get_closest_marker("ddp"):
             item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 @pytest.fixture
