@@ -121,8 +121,8 @@ def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> di
     out = []
     for h in hyps:
         doc = {"text": h.text, "tokens": h.tokens, "score": h.score, "log_prob": h.log_prob}
-        if columns is not None:  # (len, Ls) of the padded batch: keep this input's own columns only
-            doc["attention"] = np.round(h.attention[:, :len(columns)].astype(np.float64), ATTENTION_DECIMALS).tolist()
+        if columns is not None:  # (len, Ls): this input's own columns (runtime.tokens.own_widths)
+            doc["attention"] = np.round(h.attention.astype(np.float64), ATTENTION_DECIMALS).tolist()
         out.append(doc)
     doc = {"index": item.index, "source": item.text, "hypotheses": out}
     return doc if columns is None else {**doc, "source_tokens": columns}

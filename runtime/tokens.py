@@ -39,9 +39,10 @@ MAX_VOCAB_BYTES = 64 << 20
 class Translation:
     """One hypothesis: its text, target tokens and ids (no bos/eos), score, summed log-prob, attention (len, Ls).
 
-    attention row t is output token t's weights over the source tokens (padding columns included, 0 there):
-    the decoder's attention (multi-head: averaged over heads), or a transformer's last decoder layer's
-    cross-attention averaged over heads."""
+    attention row t is output token t's weights over this text's own source positions (its tokens and the bos/eos
+    the model reads; a fixed-length model's whole width, padding included), whatever else was in the call: the
+    decoder's attention (multi-head: averaged over heads), or a transformer's last decoder layer's cross-attention
+    averaged over heads."""
 
     text: str
     tokens: list[str]
@@ -193,14 +194,24 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
     # hypothesis. They are no outputs: dropped, as the search drops -inf candidates (the n-best may be shorter).
     dropped = frozenset(never) if never and (beam_size != 1 or num_hypotheses != 1) else None
     text = vocabularies["target"].hypothesis_text
+    widths = own_widths(ids, lengths, steps) if return_attention else None
     out = []  # loops, not comprehensions: fewer frames around a batch-1 call (see Vocabulary.encode_batch)
-    for hypotheses in found:
+    for i, hypotheses in enumerate(found):
         row = []
         for h in hypotheses:
             if dropped is None or dropped.isdisjoint(h.tokens):
-                row.append(Translation(*text(h.tokens), list(h.tokens), h.score, h.log_prob, h.attention))
+                attention = h.attention if widths is None or h.attention is None else h.attention[..., :widths[i]]
+                row.append(Translation(*text(h.tokens), list(h.tokens), h.score, h.log_prob, attention))
         out.append(row)
     return out
+
+
+def own_widths(ids: np.ndarray, lengths: np.ndarray, steps: TokenSteps) -> list[int]:
+    """Each text's own attention width: the positions the model read for it alone (its tokens and the bos/eos it
+    reads), not the padded batch's; a fixed-length model reads (and attends to) its whole fixed width."""
+    if contract_for(steps.spec, steps.contract).sources.fixed_len:
+        return [ids.shape[1]] * len(ids)
+    return lengths.tolist()
 
 
 def _graph(steps: TokenSteps, inputs: int, width: int, search: dict[str, Any], sampler: dict[str, Any] | None) -> int:

@@ -7,7 +7,6 @@ request's own source length. Tokens: requests with the same options decode toget
 their lengths). Sampling requests never merge: a seeded sample must not depend on what it was batched with."""
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -18,7 +17,7 @@ from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, samples, tra
 from runtime.errors import Cancelled, InputError, Seq2OnnxError
 from runtime.model import Seq2Seq
 from runtime.points import Cancel, check_mask, check_source, check_target_len
-from runtime.tokens import Translation, check_texts, encode_sources, translate
+from runtime.tokens import Translation, check_texts, translate
 
 
 class RequestTooLarge(Seq2OnnxError, ValueError):
@@ -175,17 +174,13 @@ def decode_texts(model: Seq2Seq, jobs: Sequence[TokenJob], cancel: Cancel | None
 
 def _texts_together(model: Seq2Seq, jobs: Sequence[TokenJob],
                     cancel: Cancel | None = None) -> list[list[list[Translation]]]:
-    """One translate_batch for all jobs (equal options), split back per job; attention cut back to the width the
-    job's own texts pad to, as a decode of the job alone returns it."""
+    """One translate_batch for all jobs (equal options), split back per job (each text's attention is its own
+    width whatever else is in the call: runtime.tokens.own_widths)."""
     texts = [text for job in jobs for text in job.texts]
     found = model.translate_batch(texts, cancel=cancel, **jobs[0].options)
     results, start = [], 0
     for job in jobs:
-        mine = found[start:start + job.rows]
-        if jobs[0].options.get("return_attention") and len(jobs) > 1:
-            width = encode_sources(job.texts, model.vocabularies["source"], model.spec, model.contract)[0].shape[1]
-            mine = [[dataclasses.replace(h, attention=h.attention[:, :width]) for h in hyps] for hyps in mine]
-        results.append(mine)
+        results.append(found[start:start + job.rows])
         start += job.rows
     return results
 

@@ -256,10 +256,29 @@ def test_transformer_attention_is_the_cross_attention_per_output_token(transform
     texts = ["one is one", "two"]
     found = runtime.translate_batch(texts, return_attention=True, min_decoding_length=3)
     for text, hyps in zip(texts, found):
-        attention, real = hyps[0].attention, len(text.split()) + 1  # the source's tokens and its eos
-        assert attention.shape == (len(hyps[0].ids), 4)  # (output tokens, padded source length)
+        attention = hyps[0].attention
+        assert attention.shape == (len(hyps[0].ids), len(text.split()) + 1)  # its own tokens and eos, not padding
         np.testing.assert_allclose(attention.sum(axis=1), 1.0, atol=1e-5)
-        assert (attention[:, real:] == 0).all()  # padding gets no weight
+
+
+@pytest.mark.parametrize("export", ["recurrent_export", "transformer_export"])
+@pytest.mark.parametrize("options", [{}, dict(beam_size=3, num_hypotheses=2), dict(sampling_topk=0, seed=3)],
+                         ids=["greedy", "beam", "sampling"])
+def test_a_texts_attention_is_its_own_width_whatever_it_is_decoded_beside(request, export, options):
+    """A short text decoded beside a longer one gets the attention of its decode alone: its own tokens and eos
+    as columns, not the padded batch's (the README's `(output len, source len + 1)`)."""
+    runtime = Seq2Seq.load(request.getfixturevalue(export).path, provider="cpu")
+    texts = ["two", "one is one is one"]
+    together = runtime.translate_batch(texts, return_attention=True, max_decoding_length=5, **options)
+    for text, hyps in zip(texts, together):
+        alone = runtime.translate_batch([text], return_attention=True, max_decoding_length=5, **options)[0]
+        if "seed" in options:  # a seeded sample draws for the whole batch: compare the hypotheses' own shapes
+            assert all(h.attention.shape == (len(h.ids), len(text.split()) + 1) for h in hyps)
+            continue
+        assert [h.ids for h in hyps] == [h.ids for h in alone]
+        for got, want in zip(hyps, alone):
+            assert got.attention.shape == want.attention.shape == (len(got.ids), len(text.split()) + 1)
+            np.testing.assert_allclose(got.attention, want.attention, rtol=1e-5, atol=1e-6)
 
 
 def test_transformer_decodes_up_to_its_position_table_exactly(transformer_export):
