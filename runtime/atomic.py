@@ -19,6 +19,7 @@ import ctypes
 import errno
 import functools
 import os
+import stat
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -45,10 +46,36 @@ def staged_directory(out: Path, check_replace: Callable[[Path], None]) -> Iterat
         staging = sibling(out, STAGING_SUFFIX)
         staging.mkdir()  # unlike tempfile.mkdtemp (mode 0700), honours the umask: others can read the result
         try:
+            mode = _take_on(staging, out)
             yield staging
+            if mode is not None:
+                os.chmod(staging, mode)
             publish(staging, out, check_replace)
         finally:
             remove(staging)
+
+
+def _take_on(staging: Path, out: Path) -> int | None:
+    """Where `out` is already a directory (an empty one the caller may use, or an artifact it replaces), the
+    staged tree takes on its owner, group and set-group-ID bit now, so that what is written under it gets the
+    group it would get under `out`; returns `out`'s mode, for `staging` just before publishing (a directory the
+    user made private stays private). The owner and group go as far as this user may give them: a directory of
+    another user stays ours (a non-root chown cannot give it away), a group we are not in stays ours."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    for uid, gid in ((st.st_uid, st.st_gid), (-1, st.st_gid)):
+        try:
+            os.chown(staging, uid, gid)
+            break
+        except PermissionError:
+            continue
+    mode = stat.S_IMODE(st.st_mode)
+    os.chmod(staging, (mode & stat.S_ISGID) | stat.S_IRWXU | (os.stat(staging).st_mode & 0o777))
+    return mode
 
 
 def publish(staging: Path, out: Path, check_replace: Callable[[Path], None]) -> None:

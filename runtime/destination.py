@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -136,8 +137,11 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
         raise DestinationError(f"{out}: exists and is not a directory; refusing to replace it, even with --force; "
                                "choose another --out")
     entries = sorted(entry.name for entry in out.iterdir())
-    if not entries:
-        return  # an empty directory holds nothing to lose
+    if not entries:  # an empty directory holds nothing to lose; it is used as if written into
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise DestinationError(f"{out}: is an empty directory this user cannot write into (mode "
+                                   f"{stat.filemode(out.stat().st_mode)}); make it writable or choose another --out")
+        return
     if marker not in entries:
         raise DestinationError(f"{out}: exists and is not a seq2onnx {kind} (no {marker}; it holds "
                                f"{_listed(entries)}); refusing to replace it, even with --force; choose another --out")

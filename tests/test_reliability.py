@@ -24,6 +24,7 @@ from runtime.sessions import max_threads
 from support.processes import child_process, default_sigint
 from support.reliability import (
     BAD_INPUT,
+    ROOT,
     SHIPPED_CHECKPOINT,
     SHIPPED_MODEL,
     USAGE,
@@ -682,3 +683,68 @@ def test_no_usable_temporary_directory_is_one_line_naming_tmpdir(workspace: Path
                                         "['/dev/null/tmp', '/proc/self/tmp']: none of them can be written; set TMPDIR "
                                         "to a writable directory"), done.stderr
     assert not [p for p in workspace.iterdir() if "fresh" in p.name]
+
+
+def _other_group() -> int:
+    """A group this process may give a directory other than its own: any (root), else a supplementary one."""
+    import grp
+
+    own = os.getgid()
+    if os.geteuid() == 0:
+        return next((g.gr_gid for g in grp.getgrall() if g.gr_gid != own), own)
+    return next((g for g in os.getgroups() if g != own), own)
+
+
+def test_an_existing_out_keeps_its_mode_group_and_set_group_id(tmp_path: Path) -> None:
+    """An empty --out is used as if written into: the published export (a new inode, swapped in whole) has the
+    directory's mode, group and set-group-ID bit, and its files the group they would get inside it; an --force
+    replacement keeps them too. Before, a private (0700) directory came back 0755 and the group was lost."""
+    import stat
+
+    from export.api import export_model
+
+    out, group = tmp_path / "private", _other_group()
+    out.mkdir()
+    os.chown(out, -1, group)
+    os.chmod(out, 0o2750)
+    before = os.stat(out)
+    export_model(SHIPPED_CHECKPOINT, out)
+    after = os.stat(out)
+    assert after.st_ino != before.st_ino  # swapped in whole, not written in place
+    assert (stat.S_IMODE(after.st_mode), after.st_gid, after.st_uid) == (0o2750, group, before.st_uid)
+    assert {os.stat(f).st_gid for f in out.iterdir()} == {group}  # as files made inside it get
+    os.chmod(out, 0o2700)
+    export_model(SHIPPED_CHECKPOINT, out, force=True)
+    assert (stat.S_IMODE(os.stat(out).st_mode), os.stat(out).st_gid) == (0o2700, group)
+
+
+_WRITE_AS_NOBODY = """
+import os, sys
+from runtime.destination import DestinationError
+from export.atomic import check_destination
+if os.geteuid() == 0:  # root writes into any directory: ask as an unprivileged user, as a user would
+    os.setgid(65534); os.setuid(65534)
+try:
+    check_destination(__import__("pathlib").Path(sys.argv[1]), False)
+except DestinationError as err:
+    print(err)
+    sys.exit(3)
+"""
+
+
+def test_an_empty_out_this_user_cannot_write_into_is_refused() -> None:
+    """A read-only empty --out is refused before any work, as writing into it would fail (it was replaced by a
+    writable one). In a directory an unprivileged child can reach (pytest's tmp_path is private to its user)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="seq2onnx-readonly-"))
+    try:
+        os.chmod(base, 0o755)
+        (base / "readonly").mkdir()
+        os.chmod(base / "readonly", 0o555)
+        result = subprocess.run([sys.executable, "-c", _WRITE_AS_NOBODY, str(base / "readonly")], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(base)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "is an empty directory this user cannot write into (mode dr-xr-xr-x)" in result.stdout, result.stdout
