@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import shutil
 import uuid
 import warnings
@@ -16,7 +17,7 @@ from runtime.atomic import staged_directory
 from runtime.contract import FAST_FILES, GREEDY_FILE, VOCAB_FILES
 from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, INT8, QUANTIZATIONS
 from runtime.destination import normalized
-from runtime.errors import UsageError, brief
+from runtime.errors import Seq2OnnxError, UsageError, brief, clipped, one_line
 from runtime.model import Seq2Seq
 from runtime.siblings import STAGING_SUFFIX, sibling
 from runtime.spec import ModelSpec
@@ -58,14 +59,33 @@ def load_source(source: Source) -> tuple[Any, ModelSpec, str]:
         raise ExportError(f"source: expected a checkpoint directory (str or Path), a seq2onnx model (EncoderDecoder, "
                           f"TokenModel) or your own model declared as an export.adapter.Seq2SeqAdapter, got "
                           f"{brief(source)}{hint}; see the README's 'Bring your own model'")
-    if isinstance(source, TokenModel):
-        return copy.deepcopy(source).eval(), source.spec, f"in-memory {type(source).__name__}"
-    if isinstance(source, EncoderDecoder):
-        return copy.deepcopy(source).eval(), spec_from_model(source), f"in-memory {type(source).__name__}"
+    if isinstance(source, (TokenModel, EncoderDecoder)):
+        described = f"in-memory {type(source).__name__}"
+        check_weights(source, described)
+        spec = source.spec if isinstance(source, TokenModel) else spec_from_model(source)
+        return copy.deepcopy(source).eval(), spec, described
     from training.checkpoint import load_checkpoint
 
     model, spec, _ = load_checkpoint(Path(source))
+    check_weights(model, f"checkpoint {Path(source).name}")
     return model.eval(), spec, f"checkpoint {Path(source).name}"
+
+
+def check_weights(model: torch.nn.Module, described: str) -> None:
+    """Every floating parameter and buffer float32 (the graphs are traced in float32; dtype='fp16' converts them
+    after) and finite (a NaN weight made the parity check blame the export)."""
+    for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
+        if not tensor.is_floating_point():
+            continue
+        if tensor.dtype != torch.float32:
+            raise ExportError(f"{described}: {name} is {str(tensor.dtype).removeprefix('torch.')}, expected "
+                              "float32 (export traces float32 graphs; dtype='fp16' converts them after); call "
+                              ".float() on the model first")
+        bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+        if bad:
+            raise ExportError(f"{described}: {name} holds {bad} NaN or infinite value{'s' * (bad != 1)} of "
+                              f"{tensor.numel()}; such a model cannot be exported or checked; retrain it or "
+                              "repair its weights")
 
 
 def check_vocabularies(spec: ModelSpec, vocabularies: tuple[Vocabulary, Vocabulary] | None) -> None:
@@ -112,11 +132,11 @@ def precision_mode(quantize: str | None, dtype: str) -> str:
     """'fp32', 'fp16' or 'int8' from export_model's `quantize` and `dtype`; int8 is quantized from float32 graphs,
     so the two cannot be combined."""
     if quantize not in (None, *QUANTIZATIONS):
-        raise ValueError(f"quantize: expected None or one of {QUANTIZATIONS}, got {quantize!r}")
+        raise UsageError(f"quantize: expected None or one of {QUANTIZATIONS}, got {quantize!r}")
     if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+        raise UsageError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
     if quantize is not None and dtype != FP32:
-        raise ValueError(f"quantize={quantize!r} with dtype={dtype!r}: int8 quantization works on float32 graphs "
+        raise UsageError(f"quantize={quantize!r} with dtype={dtype!r}: int8 quantization works on float32 graphs "
                          "(onnxruntime has no int8 kernels fed float16); choose one")
     return quantize or dtype
 
@@ -153,8 +173,8 @@ def export_model(
     checkpoint's own test data) and random inputs. Beyond `quality_tol` a QualityError is raised and nothing is
     written, unless `accept_quality_loss`: then it is published with a QualityLossWarning. `on_loaded` is called
     once the source has loaded and its vocabularies are checked, before the graphs are made."""
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ValueError(f"opset: expected {MIN_OPSET}..{MAX_OPSET}, got {opset}")
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
+        raise UsageError(f"opset: expected an int in {MIN_OPSET}..{MAX_OPSET}, got {brief(opset)}")
     mode = precision_mode(quantize, dtype)
     if mode == FP32 and (quality_tol != QualityTolerance() or accept_quality_loss):
         given = "quality_tol" if quality_tol != QualityTolerance() else "accept_quality_loss"
@@ -181,7 +201,7 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
     contract = model.contract if isinstance(model, Adapted) else None
     export_id = uuid.uuid4().hex
     with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:
-        export_graphs(model, spec, staging, opset, export_id)
+        traced(lambda: export_graphs(model, spec, staging, opset, export_id), model, described)
         for side, vocab in zip(VOCAB_FILES, vocabularies or ()):
             vocab.save(staging / VOCAB_FILES[side])
         manifest = build_manifest(staging, spec, export_id, opset, None, described, contract)
@@ -198,6 +218,21 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
             reduce_precision(staging, out, model, spec, manifest, mode, quality_tol, accept_quality_loss, data,
                              on_quality)
     return out
+
+
+def traced(export: Callable[[], None], model: Any, described: str) -> None:
+    """Run `export`; torch's own failure to run a seq2onnx model object (parts whose sizes do not fit together,
+    say) is an ExportError naming the model. A declared model's failures are its probe's (export.adapted)."""
+    try:
+        export()
+    except Seq2OnnxError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        if isinstance(model, Adapted):
+            raise
+        raise ExportError(f"{described}: could not be traced for ONNX ({clipped(one_line(exc), 300)}); check that "
+                          "its parts fit together (the encoder's and decoder's sizes) and that its forward pass "
+                          "runs") from exc
 
 
 @contextlib.contextmanager

@@ -241,3 +241,37 @@ def test_export_leaves_the_callers_model_untouched(tmp_path):
     export_model(model, tmp_path / "m")
     assert model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _mismatched_model():
+    """An encoder of hidden 4 under a decoder of hidden 8: torch cannot run it."""
+    from training.points.models import DecoderAttn, Encoder, EncoderDecoderAttn
+
+    return EncoderDecoderAttn(Encoder(2, 4), DecoderAttn(2, 8), input_len=2, target_len=2)
+
+
+def _nan_model():
+    model, _ = make_model("dot", seed=7)
+    with torch.no_grad():
+        next(model.decoder.parameters())[0, 0] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize(("make", "options", "error", "says"), [
+    (lambda: make_model("dot")[0].double(), {}, "ExportError", "is float64, expected float32"),
+    (_nan_model, {}, "ExportError", "holds 1 NaN or infinite value of"),
+    (_mismatched_model, {}, "ExportError", "in-memory EncoderDecoderAttn: could not be traced for ONNX"),
+    (lambda: make_model("dot")[0], dict(opset=99), "UsageError", "opset: expected an int in"),
+    (lambda: make_model("dot")[0], dict(opset="17"), "UsageError", "opset: expected an int in"),
+    (lambda: make_model("dot")[0], dict(quantize="int4"), "UsageError", "quantize: expected None or one of"),
+    (lambda: make_model("dot")[0], dict(dtype="bf16"), "UsageError", "dtype: expected one of"),
+], ids=["float64", "nan-weight", "sizes-do-not-fit", "opset-99", "opset-str", "quantize", "dtype"])
+def test_a_model_or_option_that_cannot_be_exported_is_a_typed_error(tmp_path, make, options, error, says):
+    """Each is a Seq2OnnxError naming the model (or option) and what was wrong, not torch's raw error or a parity
+    failure that blames the export; nothing is written."""
+    from runtime.errors import Seq2OnnxError
+
+    with pytest.raises(Seq2OnnxError) as caught:
+        export_model(make(), tmp_path / "m", **options)
+    assert type(caught.value).__name__ == error and says in str(caught.value), repr(caught.value)
+    assert not (tmp_path / "m").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
