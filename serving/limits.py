@@ -127,6 +127,9 @@ def describe_validation(errors: list[dict[str, Any]], content_type: str | None =
             continue
         place = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
         given = error.get("input")
+        if place == "body" and error.get("type") == "missing":  # no body at all
+            parts.append("body: expected a JSON object (the route's schema: /docs), got an empty body")
+            continue
         if place == "body" and isinstance(given, (bytes, str)):  # a body FastAPI did not parse as JSON
             parts.append("body: expected a JSON object sent as Content-Type: application/json, got "
                          + (f"Content-Type: {_short(content_type)}" if content_type else "no Content-Type"))

@@ -128,6 +128,14 @@ def test_format_version_must_be_the_int_itself(copy_of, version):
         Seq2Seq.load(copy_of)
 
 
+def test_a_manifest_without_format_version_says_it_has_none(copy_of):
+    manifest = json.loads((copy_of / MANIFEST_FILE).read_text())
+    del manifest["format_version"]
+    (copy_of / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="has no format_version .every seq2onnx manifest has one."):
+        Seq2Seq.load(copy_of)
+
+
 def test_graphs_from_different_exports_are_refused(copy_of, exports, tmp_path):
     from export.api import export_model
 

@@ -267,6 +267,8 @@ BAD_REQUESTS = {
     "a 401-digit integer point": ("/points/v1/predict", b'{"source": [[[1' + b"0" * 400 + b', 1.0]]]}', 422,
                                   "(401 characters) is too large for any float"),
     "not JSON": ("/points/v1/predict", b"{not json", 422, "not valid JSON"),
+    "an empty body": ("/tokens/v1/translate", b"", 422, "body: expected a JSON object (the route's schema: /docs), "
+                      "got an empty body"),
     "a 5000-digit integer": ("/tokens/v1/translate", b'{"texts": ["a"], "beam_size": ' + b"9" * 5000 + b"}", 422,
                              "has more digits than the 4300 read here"),
     "texts nested past the recursion limit": ("/tokens/v1/translate", b'{"texts": ' + b"[" * 20_000 + b"]" * 20_000

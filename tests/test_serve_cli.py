@@ -102,6 +102,9 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
     process = launch(str(DATES), "--port", str(port), "--num-cpus", "1", "--max-batch-size", "8", *backend)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(f"{url}/healthz", START_TIMEOUT, process)
+    for probe in ("healthz", "readyz"):  # HEAD too: a load balancer's probe that wants no body
+        head = httpx.head(f"{url}/{probe}", timeout=30)
+        assert (head.status_code, head.content) == (200, b""), (probe, head.status_code, head.text)
     reply = httpx.post(f"{url}/v1/translate", json={"texts": ["march 3 1999", "3/3/15"], "beam_size": 3},
                        timeout=30)
     want = Seq2Seq.load(DATES, threads=1).translate_batch(["march 3 1999", "3/3/15"], beam_size=3)
