@@ -77,9 +77,8 @@ def _serve(plan: RayPlan, config: ServeConfig, drain_s: float, stop: Stop) -> bo
         deployed = True  # from here on, what is on the cluster under `name` is ours to remove
         http = {"host": plan.host, "port": plan.port,
                 "request_timeout_s": config.request_timeout_s + SERVE_TIMEOUT_MARGIN_S}
-        _deploy(plan, config, http, drain_s)
-        if stop.requested.is_set():
-            return False
+        _deploy(plan, config, http, drain_s)  # once deployed it answers (Serve's proxy routes to the replica
+        # before serve.run returns): a stop from here on is a served run's graceful stop, exit 0, ready line first
         under = plan.route_prefix.rstrip("/")
         route = under + ("/v1/predict" if plan.kind == "points" else "/v1/translate")
         click.echo(f"serve: {plan.model_dir} at {url}{under} (POST {route}; GET {under}/v1/model, {under}/healthz, "

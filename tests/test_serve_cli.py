@@ -118,12 +118,12 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
     assert ("2 copies of the model, 1 decoding thread(s) each" in err) == (copies == 2)
 
 
-def _start_serving(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+def _start_serving(tmp_path: Path, *args: str, port: int | None = None) -> tuple[subprocess.Popen, Path]:
     """`serve DATES --ray ...` in a session of its own, its output to a log (not waited for)."""
     log = tmp_path / "serve.log"
     with ray_env() as env, open(log, "w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--ray", "--port",
-                                    str(free_port()), *args], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                    str(port or free_port()), *args], env=env, stdout=sink, stderr=subprocess.STDOUT,
                                    text=True, start_new_session=True)
     return process, log
 
@@ -146,6 +146,26 @@ WHEN = {"ray-starts": lambda pid, text: len(group_members(pid)) >= 2,
         "ray-connects": lambda pid, text: "Started a local Ray instance" in text,
         "serve-starts": lambda pid, text: "Proxy starting on node" in text,
         "replica-starts": lambda pid, text: "Adding 1 replica" in text}
+
+
+@pytest.mark.ray
+def test_sigterm_once_it_answers_is_a_graceful_stop(tmp_path: Path) -> None:
+    """Serve's proxy answers before serve.run returns: a SIGTERM sent as soon as /healthz says 200 (a supervisor
+    marking it up) is a served run's stop, exit 0 with the ready line, not 'stopped by SIGTERM while starting'."""
+    port = free_port()
+    process, log = _start_serving(tmp_path, port=port)
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    _wait_for(process, log, answers)
+    process.send_signal(signal.SIGTERM)
+    said, left = _stopped(process, log)
+    assert process.returncode == 0 and READY in said and "serve: stopped" in said, said[-3000:]
+    assert "while starting" not in said and "Traceback" not in said and not left, (left, said[-3000:])
 
 
 @pytest.mark.ray
