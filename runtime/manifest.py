@@ -118,10 +118,10 @@ def read_manifest(model_dir: Path) -> Manifest:
     """Load `model_dir/manifest.json`, refusing unknown versions and malformed content (every field read is checked)."""
     path = Path(model_dir) / MANIFEST_FILE
     raw = _load_json(path)
-    version = raw.get("format_version")
     if "format_version" not in raw:
         raise ManifestError(f"{path}: has no format_version (every seq2onnx manifest has one); this is not a "
                             "seq2onnx export, or its manifest was edited: re-export the model")
+    version = raw["format_version"]
     if isinstance(version, bool) or not isinstance(version, int) or version not in SUPPORTED_FORMAT_VERSIONS:
         raise ManifestError(
             f"{path}: format_version {brief(version)} is not understood by this runtime; "
