@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import os
 import shutil
 import uuid
 import warnings
@@ -175,6 +176,14 @@ def export_model(
     once the source has loaded and its vocabularies are checked, before the graphs are made."""
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise UsageError(f"opset: expected an int in {MIN_OPSET}..{MAX_OPSET}, got {brief(opset)}")
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+        raise UsageError(f"out: expected a str or os.PathLike naming the export directory, got {brief(out)}")
+    for name, flag in (("force", force), ("progress", progress), ("accept_quality_loss", accept_quality_loss)):
+        if not isinstance(flag, bool):
+            raise UsageError(f"{name}: expected True or False, got {brief(flag)}")
+    for name, value, kind in (("tol", tol, Tolerance), ("quality_tol", quality_tol, QualityTolerance)):
+        if not isinstance(value, kind):
+            raise UsageError(f"{name}: expected an {kind.__module__}.{kind.__name__}, got {brief(value)}")
     mode = precision_mode(quantize, dtype)
     if mode == FP32 and (quality_tol != QualityTolerance() or accept_quality_loss):
         given = "quality_tol" if quality_tol != QualityTolerance() else "accept_quality_loss"

@@ -143,12 +143,27 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
                 "use 1 for a real point and 0 for padding"
             )
         mask = mask.astype(bool)
-    empty = None if mask.all() else ~mask.any(axis=-1).ravel()  # a full mask (the usual case): nothing to look for
-    if n and empty is not None and empty.any():
+    if n and not mask.all():  # a full mask (the usual case): nothing to look for
+        _check_padding(mask[:, 0, :])
+    return np.ascontiguousarray(mask)
+
+
+def _check_padding(mask: np.ndarray) -> None:
+    """Each row of a bool (N, L) mask must be 1s then 0s: the encoder reads every position up to the last valid one,
+    so padding before or between real points would be encoded as points (a result no unpadded source gives)."""
+    empty = ~mask.any(axis=-1)
+    if empty.any():
         raise InputError(
             f"source_mask: every item needs at least one valid position; item {int(np.argmax(empty))} has none"
         )
-    return np.ascontiguousarray(mask)
+    gaps = mask[:, 1:] & ~mask[:, :-1]  # a 1 right after a 0
+    if gaps.any():
+        item, after = (int(i) for i in np.argwhere(gaps)[0])
+        zero = int(np.flatnonzero(~mask[item, :after + 1])[0])
+        raise InputError(
+            f"source_mask: expected each item right-padded (1s for its points, then 0s for padding), got item {item} "
+            f"with a 0 at position {zero} before a 1 at position {after + 1}; put the padding at the end"
+        )
 
 
 SHARED_MASK_SIZE = 1 << 16  # the most points an all-valid mask made once and shared (read-only) may cover

@@ -165,7 +165,7 @@ CLI_CASES: dict[str, Case] = {
     "train --resume --force": case("train", "--resume", "--force", "--out", "ckpt", code=USAGE,
                                    says=("--resume", "--force", "give one of them")),
     "train diverging data": case("train", "--data", "diverge.npz", "--out", "o", "--epochs", "3", code=BAD_INPUT,
-                                 says=("training diverged in epoch 1", "inf", "lower the learning rate")),
+                                 says=("training diverged in epoch 1", "inf", "reach 1e+20", "scale the data")),
     "train --teacher-forcing 2": case("train", "--teacher-forcing", "2", code=USAGE,
                                       says=("--teacher-forcing", "2", "0<=x<=1")),
     "train --resume nothing": case("train", "--resume", "--out", "o", code=USAGE,
@@ -396,6 +396,9 @@ CLI_CASES: dict[str, Case] = {
     "infer JSON mask all padding": case(*INFER, "--input", "-", code=BAD_INPUT,
                                         stdin=json.dumps({"source": SQUARE, "source_mask": [[0, 0]]}),
                                         says=("source_mask", "item 0 has none")),
+    "infer JSON mask left-padded": case(*INFER, "--input", "-", code=BAD_INPUT,
+                                        stdin=json.dumps({"source": SQUARE, "source_mask": [[0, 1]]}),
+                                        says=("source_mask", "right-padded", "item 0", "position 0", "position 1")),
 }
 
 
@@ -482,12 +485,12 @@ def _predict(source: Any, **kwargs: Any) -> Callable[[Path], Any]:
     return lambda d: _load(d).predict(source, **kwargs)
 
 
-def _export(out: str, force: bool = False) -> Callable[[Path], Any]:
+def _export(out: Any, force: Any = False, **kwargs: Any) -> Callable[[Path], Any]:
     def run(case_dir: Path) -> Any:
         from export.api import export_model
 
         os.chdir(case_dir)
-        return export_model(case_dir / "ckpt", out, force=force)
+        return export_model(case_dir / "ckpt", out, force=force, **kwargs)
     return run
 
 
@@ -501,12 +504,12 @@ def _load_checkpoint(name: str) -> Callable[[Path], Any]:
 
 def _errors() -> dict[str, type]:
     from runtime.destination import DestinationError
-    from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
+    from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError, UsageError
     from training.checkpoint import CheckpointError
     from training.data import DataError
 
     return {"input": InputError, "integrity": IntegrityError, "manifest": ManifestError, "provider": ProviderError,
-            "checkpoint": CheckpointError, "data": DataError, "destination": DestinationError}
+            "checkpoint": CheckpointError, "data": DataError, "destination": DestinationError, "usage": UsageError}
 
 
 def _load_dataset(name: str) -> Callable[[Path], Any]:
@@ -548,6 +551,8 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "predict mask shape": (_predict(np.zeros((1, 2, 2)), source_mask=np.ones((1, 3), bool)), "input",
                            ("source_mask", "(1, 1, 2)", "(1, 3)")),
     "predict mask 0.5": (_predict(np.zeros((1, 2, 2)), source_mask=[[0.5, 1.0]]), "input", ("source_mask",)),
+    "predict mask with a gap": (_predict(np.zeros((2, 3, 2)), source_mask=[[1, 1, 1], [1, 0, 1]]), "input",
+                                ("source_mask", "right-padded", "item 1", "0 at position 1", "1 at position 2")),
     "predict return_attention 'false'": (_predict(np.zeros((1, 2, 2)), return_attention="false"), "input",
                                          ("return_attention", "True or False", "'false'")),
     "predict cancel 5": (_predict(np.zeros((1, 2, 2)), cancel=5), "input", ("cancel", "function of no arguments")),
@@ -556,6 +561,10 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "load a name too long": (lambda d: _load(d, model="m" * 5000), "manifest", ("cannot be opened", "too long")),
     "export_model to cwd": (_export("."), "destination", ("current directory",)),
     "export_model over user dir": (_export("userdata", force=True), "destination", ("not a seq2onnx export",)),
+    "export_model out=None": (_export(None), "usage", ("out", "str or os.PathLike", "None")),
+    "export_model out=5": (_export(5), "usage", ("out", "got 5")),
+    "export_model force='yes'": (_export("fresh", force="yes"), "usage", ("force", "True or False", "'yes'")),
+    "export_model tol=1e-5": (_export("fresh", tol=1e-5), "usage", ("tol", "Tolerance", "1e-05")),
     "load_checkpoint truncated": (_load_checkpoint("badweights"), "checkpoint", ("weights.pt", "cannot be read")),
     "load_checkpoint spec edited": (_load_checkpoint("edited"), "checkpoint", ("tensor", "the spec builds")),
     "load_dataset .csv": (_load_dataset("data.csv"), "data", ("data.csv", ".npz")),
