@@ -26,6 +26,7 @@ from .errors import ParityError
 Say = Callable[[str], None]  # where `verify` sends a table or a note
 REL_FLOOR = 1e-6  # denominators below this count as this, so exact zeros do not blow up the ratio
 ROUNDING_STEPS = 4  # a difference within this many float32 steps of the value compared is float32 rounding
+ROUNDING = 1e-4  # so is one this small, whatever the value; `verify` then suspects the tolerance, not the pair
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,10 @@ def diffs(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) ->
 
 
 def within_rounding(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> bool:
-    """Whether every difference beyond atol + rtol * |expected| is within ROUNDING_STEPS float32 steps of the value
-    compared (at -1e4, a never-output id's log-prob, a step is 9.8e-4): there a tolerance tighter than that cannot
-    hold, and no export would pass it. Values -inf or NaN on both sides count as equal; other non-finite ones fail."""
+    """Whether every difference beyond atol + rtol * |expected| is float32 rounding: at most ROUNDING, or within
+    ROUNDING_STEPS float32 steps of the value compared (at -1e4, a never-output id's log-prob, a step is 9.8e-4),
+    element by element, so one check may hold both kinds; a tolerance tighter than that cannot hold, and no export
+    would pass it. Values -inf or NaN on both sides count as equal; other non-finite ones fail."""
     if actual.shape != expected.shape:
         return False
     want, got = expected.astype(np.float64), actual.astype(np.float64)
@@ -87,7 +89,7 @@ def within_rounding(actual: np.ndarray, expected: np.ndarray, atol: float, rtol:
     with np.errstate(invalid="ignore"):
         err = np.abs(got - want)
         fine = (got == want) | (np.isnan(got) & np.isnan(want)) | (err <= atol + rtol * np.abs(want))
-        return bool(np.all(fine | (err <= ROUNDING_STEPS * step)))
+        return bool(np.all(fine | (err <= np.maximum(ROUNDING_STEPS * step, ROUNDING))))
 
 
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:

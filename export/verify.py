@@ -17,11 +17,9 @@ from .adapted import Adapted
 from .api import checkpoint_data, export_model, load_source
 from .errors import VerifyError
 from .kinds import KINDS
-from .parity import ROUNDING_STEPS, Say, Tolerance, format_table
+from .parity import ROUNDING, ROUNDING_STEPS, Say, Tolerance, format_table
 from .quality import quality_report
 from .quality_rows import QualityTolerance, failures, format_quality
-
-ROUNDING = 1e-4  # the largest difference still read as float32 rounding, where a too-tight tolerance is the suspect
 
 __all__ = ["VerifyError", "check_pair", "input_errors", "verify"]
 
@@ -78,10 +76,11 @@ def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, s
     if failed:
         source = runtime.manifest.raw.get("source")
         worst = max(r.max_abs for r in failed)
-        # this checkpoint by name, and differences of rounding size: small, or a few float32 steps of the values
-        # compared (the never-output ids' log-probs, ~-1e4, are 9.8e-4 a step)
+        # this checkpoint by name, and differences of rounding size, element by element: small, or a few float32
+        # steps of the values compared (the never-output ids' log-probs, ~-1e4, are 9.8e-4 a step)
         if source == described and (worst <= ROUNDING or all(r.rounding for r in failed)):
-            steps = "" if worst <= ROUNDING else f", within {ROUNDING_STEPS} float32 steps of the values compared"
+            steps = "" if worst <= ROUNDING else (f", each within {ROUNDING:g} or {ROUNDING_STEPS} float32 steps of "
+                                                  "the value compared")
             raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} was exported from "
                               f"{source!r}, which {name} is by name, and the largest difference is {worst:.3g}"
                               f"{steps}: float32 rounding, where the tolerance is tighter than an export can hold")

@@ -11,7 +11,15 @@ from onnx.reference import ReferenceEvaluator
 
 from export.api import export_model
 from export.errors import DestinationExistsError, ParityError
-from export.parity import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL, ROUNDING_STEPS, Tolerance, within_rounding
+from export.parity import (
+    DEFAULT_ATOL,
+    DEFAULT_DRIFT_ATOL,
+    DEFAULT_RTOL,
+    ROUNDING,
+    ROUNDING_STEPS,
+    Tolerance,
+    within_rounding,
+)
 from export.points.parity import BATCH_SIZES, SOURCE_LENS, TARGET_LENS
 from runtime import Seq2Seq
 from runtime.contract import (
@@ -182,6 +190,23 @@ def test_rounding_is_read_in_float32_steps_of_the_value_compared():
     assert not within_rounding(np.array([[-1e4, -1.0]], np.float32), minus_inf, atol=0.0, rtol=0.0)
     assert not within_rounding(np.array([[np.nan, -1.0]], np.float32), minus_inf, atol=0.0, rtol=0.0)
     assert not within_rounding(want[:, :2], want, atol=1.0, rtol=0.0)  # shapes differ
+    # one check holding both kinds, element by element: a few steps at -1e4 beside a small difference at -0.5
+    assert within_rounding(want + np.array([[2 * step, 5e-6, 0.0]], np.float32), want, atol=1e-9, rtol=0.0)
+    assert not within_rounding(want + np.array([[2 * step, 3 * ROUNDING, 0.0]], np.float32), want, atol=1e-9,
+                               rtol=0.0)
+
+
+def test_a_beam_scores_row_says_when_its_differences_are_rounding():
+    """verify reads a failed row's rounding flag: a scores row must carry it, not drop it."""
+    from export.tokens.parity import _scores_row
+    from runtime.search.step import Hypothesis
+    ids = np.zeros((1, 3), np.int64)
+    ours = [[Hypothesis([4, 5], -1.0, -2.0)]]
+    tight = Tolerance(atol=1e-9, rtol=0.0)
+    near = _scores_row("c", ids, 5, ours, [[Hypothesis([4, 5], -1.0 + 5e-6, -2.0)]], tight, "beam_graph")
+    assert not near.ok and near.rounding
+    far = _scores_row("c", ids, 5, ours, [[Hypothesis([4, 5], -1.0 + 1e-2, -2.0)]], tight, "beam_graph")
+    assert not far.ok and not far.rounding
 
 
 def test_a_graph_failure_is_caught_even_when_the_decode_tolerance_is_loose(tmp_path):

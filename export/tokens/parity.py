@@ -213,9 +213,9 @@ def _scores_row(case: str, ids: np.ndarray, max_len: int, found: list, got: list
     ours = np.array([[a.score, a.log_prob] for a, _ in pairs] or np.zeros((0, 2)))
     numpy = np.array([[b.score, b.log_prob] for _, b in pairs] or np.zeros((0, 2)))
     same_count = all(len(x) == len(y) for x, y in zip(found, got))
-    max_abs, max_rel, ok, _ = diffs(ours, numpy, tol.atol, tol.rtol) if pairs else (0.0, 0.0, True, True)
+    max_abs, max_rel, ok, rounding = diffs(ours, numpy, tol.atol, tol.rtol) if pairs else (0.0, 0.0, True, True)
     return Row(case, len(ids), ids.shape[1], max_len, "decode", f"{graph}.scores", max_abs, max_rel,
-               ok and same_count)
+               ok and same_count, rounding and same_count)
 
 
 def _ids_row(case: str, ids: np.ndarray, max_len: int, name: str, got: list, want: list) -> Row:
