@@ -166,6 +166,8 @@ BAD_NPZ = {
     "empty": ({"source": np.zeros((0, 2, 2)), "target": np.zeros((0, 2, 2))}, "empty"),
     "bool dtype": ({"source": np.zeros((4, 2, 2), dtype=bool), "target": np.zeros((4, 2, 2))}, "numbers"),
     "str dtype": ({"source": np.full((4, 2, 2), "1"), "target": np.zeros((4, 2, 2))}, "numbers"),
+    "an extra array": ({"source": np.zeros((4, 2, 2)), "target": np.zeros((4, 2, 2)),
+                        "source_mask": np.ones((4, 2), bool)}, "\\['source_mask'\\] would not be read"),
 }
 
 
@@ -214,8 +216,12 @@ def test_reload_refuses_a_changed_file(tmp_path: Path) -> None:
     train, _ = reload_dataset(description)
     assert train.n == 8
     write_npz(path, **good_arrays(12))
-    with pytest.raises(DataError, match="changed since"):
+    with pytest.raises(DataError, match="changed since") as err:
         reload_dataset(description)
+    now = describe_dataset(path, *load_dataset(path))
+    # only what changed, a hash by its first digits: not the two descriptions whole
+    assert f"sha256 {description['sha256'][:12]}... then, {now['sha256'][:12]}... now" in str(err.value)
+    assert "n_train 8 then, 10 now" in str(err.value) and "holdout_fraction" not in str(err.value)
 
 
 # --- the trainer ---
@@ -254,6 +260,17 @@ def test_resume_from_saved_state_repeats_the_uninterrupted_run(tmp_path: Path, a
 
     assert resumed.history == straight.history
     assert_same_weights(resumed.model.state_dict(), straight.model.state_dict())
+
+
+def test_a_diverged_run_blames_the_data_scale_only_where_it_is_large() -> None:
+    """The hint of a diverged run: the learning rate for data of ordinary scale, the data's scale past SCALE_LIMIT
+    (a squared error of 1e20 leaves float32's range whatever the rate)."""
+    train, test = small_data(8)
+    plain = Trainer(spec_for_data(train), TrainConfig(epochs=1, lr=0.02), train, test)
+    assert plain._divergence_hint() == "lower the learning rate (lr=0.02) and start again"
+    big = SeqData(train.source * 1e7, train.target, "big")
+    hint = Trainer(spec_for_data(big), TrainConfig(epochs=1), big, test)._divergence_hint()
+    assert "scale the data" in hint and "learning rate" not in hint and f"{1e7 * np.abs(train.source).max():.3g}" in hint
 
 
 def test_resume_refuses_a_different_config_or_spec() -> None:

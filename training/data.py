@@ -19,6 +19,16 @@ def reload_unchanged(source: Any, description: dict[str, Any], load: Callable[[A
     train, test = load(source)
     now = describe(source, train, test)
     if now != description:
-        raise DataError(f"data {source!r} changed since the run started (saved {description}, now {now}); "
+        keys = [k for k in list(description) + [k for k in now if k not in description]
+                if description.get(k) != now.get(k)]
+        changes = "; ".join(f"{k} {_shown(description.get(k))} then, {_shown(now.get(k))} now" for k in keys)
+        raise DataError(f"data {source!r} changed since the run started ({changes}); "
                         "restore the original files or start a new run without --resume")
     return train, test
+
+
+def _shown(value: Any) -> str:
+    """A description's value in a message: a hash by its first 12 digits."""
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12] + "..."
+    return "(none)" if value is None else repr(value)

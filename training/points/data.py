@@ -118,6 +118,11 @@ def load_npz(path: str | Path) -> SeqData:
             if missing:
                 raise DataError(f"{path}: missing arrays {missing}; expected keys {list(NPZ_KEYS)}, "
                                 f"found {sorted(npz.files)}; save with np.savez(path, source=..., target=...)")
+            unknown = sorted(set(npz.files) - set(NPZ_KEYS))
+            if unknown:  # a mask or lengths array would not be read: training on its padding without a word
+                raise DataError(f"{path}: has arrays {sorted(npz.files)}; expected {list(NPZ_KEYS)} and nothing "
+                                f"else ({unknown} would not be read; every position of source and target is "
+                                "trained on); save with np.savez(path, source=..., target=...)")
             arrays = {k: npz[k] for k in NPZ_KEYS}
     except DataError:
         raise

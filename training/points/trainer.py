@@ -28,6 +28,7 @@ from .data import SeqData
 from .models import Attention, EncoderDecoder
 
 STATE_FORMAT_VERSION = 1
+SCALE_LIMIT = 1e6  # data values beyond this make a diverged run's hint the data's scale, not the learning rate
 EVAL_CHUNK = 4096  # validation rows per forward pass; only bounds memory, results do not depend on it much
 
 History = dict[str, list[float]]
@@ -162,6 +163,16 @@ class Trainer:
             total, count = total + step_total, count + step_count
         return total / count
 
+    def _divergence_hint(self) -> str:
+        """What to change: the data's scale when its squared errors can leave float32's range, else the rate."""
+        largest = max(float(np.abs(a).max(initial=0.0)) for d in (self.train_data, self.val_data)
+                      for a in (d.source, d.target))
+        if largest > SCALE_LIMIT:
+            return (f"the data's values reach {largest:.3g}, where a squared error overflows float32 (beyond "
+                    f"~{math.sqrt(np.finfo(np.float32).max):.2g}) or swamps the gradients; scale the data (for "
+                    "example to zero mean and unit variance) and start again")
+        return f"lower the learning rate (lr={self.config.lr:g}) and start again"
+
     def fit(self, on_epoch_end: Callable[["Trainer"], None] | None = None, progress: bool = True) -> History:
         """Train from the current epoch up to `config.epochs`, calling `on_epoch_end` after each."""
         bar = tqdm(range(self.epoch, self.config.epochs), initial=self.epoch, total=self.config.epochs,
@@ -172,8 +183,8 @@ class Trainer:
             if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
                 bar.close()
                 raise DivergedError(f"training diverged in epoch {self.epoch + 1} (training loss {train_loss:g}, "
-                                    f"validation loss {val_loss:g}); this epoch was not saved; lower the learning "
-                                    f"rate (lr={self.config.lr:g}) and start again")
+                                    f"validation loss {val_loss:g}); this epoch was not saved; "
+                                    f"{self._divergence_hint()}")
             self.epoch += 1
             self.history["train"].append(train_loss)
             self.history["val"].append(val_loss)
