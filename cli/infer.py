@@ -139,7 +139,8 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Greedy decoding in the export's greedy loop graph, and a transformer's beam search in its beam "
                    "graph, one onnxruntime call per batch; --no-fused runs the step loop, one call per output (the "
-                   "same results; a point model with attention: within float32 rounding, its loop being folded). "
+                   "same outputs within float32 rounding, the graphs summing in another order: scores and points "
+                   "may differ in the last digits; the tokens are checked equal at export). "
                    "Exports without the graphs, and sampling, always use the step loop.")
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
 @click.option("--ray", "on_ray", is_flag=True,
