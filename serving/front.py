@@ -61,7 +61,7 @@ class Front:
                                  {"retry-after": "1", "connection": "close"})
 
     async def _answer(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        route = self.routes.get(_route_path(scope)) if scope["method"] == "POST" else None
+        route = self.routes.get(route_path(scope)) if scope["method"] == "POST" else None
         service = service_of(self.app) if route is not None else None
         declared = dict(scope["headers"]).get(b"content-length", b"") if service is not None else b""
         if not declared.isdigit() or int(declared) > service.config.max_body_bytes or compressed(scope):
@@ -104,7 +104,7 @@ class Front:
         count(service, route.path, status, started)
 
 
-def _route_path(scope: dict[str, Any]) -> str:
+def route_path(scope: dict[str, Any]) -> str:
     """The request's path as the app's routes see it (a mount's or Serve's prefix taken off)."""
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root):] if root and path.startswith(root) else path

@@ -25,7 +25,7 @@ from runtime.errors import Seq2OnnxError, one_line
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
 from .batching import Decoded
-from .front import Front
+from .front import Front, route_path
 from .gone import GONE, ClientGone, unless_gone
 from .limits import BodyLimit, describe_validation
 from .metrics import CONTENT_TYPE
@@ -140,8 +140,8 @@ async def metrics(request: Request) -> Response:
 class Measured:
     """ASGI middleware: every HTTP request counted by route and status, and timed."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, paths: frozenset[str] = frozenset()) -> None:
+        self.app, self.paths = app, paths  # the app's route paths, its prefix included
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -158,9 +158,19 @@ class Measured:
             await self.app(scope, receive, sent)
         finally:
             service = service_of(scope.get("app"))
-            route = getattr(scope.get("route"), "path", "other")  # the route's template: a bounded label set
+            route = _route_label(scope, self.paths)
             if service is not None:
                 count(service, route, status[0] if answered[0] and not scope.get(GONE) else None, started)
+
+
+def _route_label(scope: dict[str, Any], paths: frozenset[str]) -> str:
+    """The route's template, a bounded label set: the matched route's, or for a request answered before routing (the
+    body limit's 413 and 415) the app's route whose path it asked for exactly; anything else is 'other'."""
+    route = scope.get("route")
+    if route is not None:
+        return route.path
+    path = route_path(scope)
+    return path if path in paths else "other"
 
 
 def attach(app: Front, service: Service) -> Front:
@@ -178,7 +188,8 @@ def create_app(prefix: str = "") -> Front:
     app.state.route_prefix = under
     app.include_router(router, prefix=under)
     app.add_middleware(BodyLimit)
-    app.add_middleware(Measured)  # outermost: it sees the body limit's 413 too
+    app.add_middleware(Measured, paths=frozenset(under + route.path for route in router.routes))  # outermost: it
+    # sees the body limit's 413 too
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Seq2OnnxError, _refused)

@@ -114,6 +114,16 @@ def test_metrics_count_the_requests_sent(base: str) -> None:
         got = metric(after, "seq2onnx_requests_total", route="/v1/translate", status=status) - \
             metric(before, "seq2onnx_requests_total", route="/v1/translate", status=status)
         assert got == count, (status, got, after)
+    # answered before routing (the body limit), still counted under the route asked for; an unknown path is other
+    oversized = b'{"texts": ["' + b"1" * ServeConfig().max_body_bytes + b'"]}'
+    assert httpx.post(f"{url}/v1/translate", content=oversized, headers={"content-type": "application/json"},
+                      timeout=30).status_code == 413
+    assert httpx.post(f"{url}/v1/translate/x", json=SHORT, timeout=30).status_code == 404
+    last = httpx.get(f"{url}/metrics", timeout=5).text
+    assert metric(last, "seq2onnx_requests_total", route="/v1/translate", status="413") == \
+        metric(before, "seq2onnx_requests_total", route="/v1/translate", status="413") + 1, last
+    assert metric(last, "seq2onnx_requests_total", route="other", status="404") == \
+        metric(before, "seq2onnx_requests_total", route="other", status="404") + 1, last
     decoded = metric(after, "seq2onnx_batch_items_count") - metric(before, "seq2onnx_batch_items_count")
     assert decoded >= sent["200"]  # the 400s fail while decoding: checked each on its own
     assert "seq2onnx_queue_items 0.0" in after and "seq2onnx_decode_duration_seconds_bucket" in after
