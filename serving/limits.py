@@ -15,6 +15,8 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 BODY_METHODS = ("POST", "PUT", "PATCH")
+DRAIN_BYTES = 64 << 20  # the largest refused body read (and dropped) so that a client sending it all reads its 413
+DRAIN_TIMEOUT_S = 5.0  # and the longest such a read may take
 
 
 class BodyLimit:
@@ -34,7 +36,8 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            return await _too_large(send, declared.decode("latin-1"), limit)
+            drained = declared.isdigit() and await _drain(receive, int(declared), headers, timeout)
+            return await _too_large(send, declared.decode("latin-1"), limit, close=not drained)
         encoding = compressed(scope)
         if encoding is not None and scope.get("method") in BODY_METHODS:  # read as JSON it would fail as such
             return await _refuse(send, 415, f"Content-Encoding {encoding!r}: this server reads only uncompressed "
@@ -103,9 +106,32 @@ async def _read(receive: Receive, chunks: list[bytes], limit: int | None) -> byt
             return b"".join(chunks)
 
 
-async def _too_large(send: Send, given: str, limit: int) -> None:
+async def _too_large(send: Send, given: str, limit: int, close: bool = False) -> None:
     await _refuse(send, 413, f"request body: at most {limit} bytes (serve --max-body-bytes), got {given} bytes; send "
-                             "fewer items per request")
+                             "fewer items per request", close=close)
+
+
+async def _drain(receive: Receive, declared: int, headers: dict[bytes, bytes], timeout_s: float) -> bool:
+    """Read and drop a refused body of up to DRAIN_BYTES before answering, as a lingering close would: a client
+    that sends its whole body before it reads (urllib, requests) would otherwise meet a reset connection instead of
+    the answer, once the server closes with its body unread. Not for a client that waits for 100 Continue (curl,
+    httpx on large bodies: it reads the 413 and sends nothing), nor past DRAIN_BYTES or timeout_s. Whether the
+    whole body was read (the connection can then stay open)."""
+    if declared > DRAIN_BYTES or headers.get(b"expect", b"").lower() == b"100-continue":
+        return False
+
+    async def dropped() -> bool:
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return False  # the client went
+            if not message.get("more_body", False):
+                return True
+
+    try:
+        return await asyncio.wait_for(dropped(), min(timeout_s, DRAIN_TIMEOUT_S))
+    except asyncio.TimeoutError:
+        return False
 
 
 async def _refuse(send: Send, status: int, error: str, close: bool = False) -> None:

@@ -100,6 +100,21 @@ def test_a_request_larger_than_the_queue_is_413_not_503(base: str) -> None:
     assert httpx.post(f"{base}/queue/v1/translate", json={"texts": ["3/3/15"] * MAX_QUEUE}, timeout=30).is_success
 
 
+def test_a_plain_client_sending_an_oversized_body_reads_the_413(base: str) -> None:
+    """urllib (as requests' urllib3) sends its whole body before it reads an answer: the server reads a body past the
+    limit (up to DRAIN_BYTES) before answering, so such a client gets the 413, not a reset connection."""
+    import urllib.error
+    import urllib.request
+
+    body = b'{"texts": ["' + b"1" * ServeConfig().max_body_bytes + b'"]}'
+    request = urllib.request.Request(f"{base}/queue/v1/translate", data=body,
+                                     headers={"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 413 and "--max-body-bytes" in refused.value.read().decode()
+    assert httpx.post(f"{base}/queue/v1/translate", json=SHORT, timeout=30).status_code == 200
+
+
 def test_metrics_count_the_requests_sent(base: str) -> None:
     url = f"{base}/queue"
     before = httpx.get(f"{url}/metrics", timeout=5).text
