@@ -232,6 +232,10 @@ BAD_REQUESTS = {
                               b'"target_len": 2, "target_len": 3}', 422, "['target_len'] more than once"),
     "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source.0.0.0"),
     "mask of 2": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[2]]}, 400, "source_mask"),
+    "mask of another length": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[1, 1, 1]]}, 400,
+                               "source_mask: expected shape (1, 1) to match source, got"),  # HTTP takes only (N, L)
+    "mask left-padded": ("/points/v1/predict", {"source": [[[1.0, 2.0], [3.0, 4.0]]], "source_mask": [[0, 1]]},
+                         400, "right-padded"),
     "target_len 0": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 0}, 400,
                      "target_len: expected an int in [1, 512] on this server, got 0"),  # not the runtime's 10000
     "max_decoding_length 0": ("/tokens/v1/translate", {"texts": ["a"], "max_decoding_length": 0}, 400,
