@@ -2,11 +2,12 @@
 its two functions wrapped as modules with flat tensor arguments, and its contract (runtime.declared) built.
 
 The probe runs `encode` on two batches (3 and 2 sources, of two widths unless the model fixes its source length)
-and `step` twice, and reads every state tensor's dims from what changed: the declared batch axis must be the
+and `step` twice (the first call of each repeated: the same inputs must give the same outputs), and reads every state tensor's dims from what changed: the declared batch axis must be the
 batch, an axis that follows the source width is `source_len`, a declared growing axis is `past_len`, every other
 axis is a fixed size. Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from .tracing import run_declared
 PROBE_BATCHES = (3, 2)
 PROBE_WIDTHS = (5, 7)  # source widths (tokens, specials included) when the model does not fix one
 RESERVED = {"previous_tokens", "log_probs", "alphas", *SOURCE_INPUTS}
+LOG_PROB_SUM_TOL = 1e-3  # |logsumexp| of a row of declared log-probs beyond this: they are not log-probabilities
 
 
 def out_name(state: str) -> str:
@@ -142,12 +144,20 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
                            f"{_what(out)}")
     scores, changed, attention = (*out, None)[:3]
     size = len(adapter.target_vocab)
-    if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (n, size) or not scores.is_floating_point():
+    if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (n, size) or scores.dtype != torch.float32:
         got = f"{scores.dtype} {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else _what(scores)
-        raise AdapterError(f"step's scores must be a float tensor (batch {n}, target vocabulary {size}), got {got}")
+        raise AdapterError(f"step's scores must be a float32 tensor (batch {n}, target vocabulary {size}), got "
+                           f"{got}")
     if torch.isnan(scores).any():
         raise AdapterError(f"step's scores hold NaN (for {int(torch.isnan(scores).any(-1).sum())} of {n} rows); a "
                            "model that yields NaN cannot be decoded")
+    if adapter.scores == "log_probs":
+        total = torch.logsumexp(scores.double(), dim=-1).abs()  # 0 for a row of log-probabilities
+        if (total > LOG_PROB_SUM_TOL).any():
+            row = int(total.argmax())
+            raise AdapterError(f"step's scores are declared scores='log_probs', but row {row}'s do not sum to one "
+                               f"as probabilities (logsumexp {float(total[row]):.3g}, 0 for log-probabilities): "
+                               "declare scores='logits' for raw scores, or return log_softmax(...)")
     changed = _tensor_dict(changed, "step's next state")
     missing = sorted(set(adapter.changing) - set(changed))
     extra = sorted(set(changed) - set(adapter.state))
@@ -170,9 +180,11 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
         if changed[name].dtype != state[name].dtype:
             raise AdapterError(f"step output {name!r} is {changed[name].dtype}, but {name!r} is "
                                f"{state[name].dtype}; a state keeps its dtype")
-    if attention is not None and (not isinstance(attention, torch.Tensor) or tuple(attention.shape) != (n, width)):
-        got = tuple(attention.shape) if isinstance(attention, torch.Tensor) else _what(attention)
-        raise AdapterError(f"step's attention must be (batch {n}, source length {width}) or None, got {got}")
+    if attention is not None and (not isinstance(attention, torch.Tensor) or tuple(attention.shape) != (n, width)
+                                  or attention.dtype != torch.float32):
+        got = _what(attention)
+        raise AdapterError(f"step's attention must be a float32 tensor (batch {n}, source length {width}) or None, "
+                           f"got {got}")
     return scores, changed, attention
 
 
@@ -183,6 +195,7 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
         raise AdapterError(f"state names {clash} are taken by the graphs' own inputs and outputs ({sorted(RESERVED)}, "
                            "and NAME_out for each state); rename them")
     adapter.train_mode_off()
+    check_weights(adapter)
     fixed = adapter.fixed_source_len
     widths = (fixed, fixed) if fixed is not None else PROBE_WIDTHS
     probes = []
@@ -190,15 +203,53 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
         ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, n, width, seed))
         state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "encode")
         check_encoded(adapter, state, n)
+        if seed == 0:  # the same sources again: the same state, or the graphs could not match PyTorch
+            again = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "encode")
+            check_deterministic("encode", state, again)
         probes.append((n, width, state))
     dims = state_dims(adapter, probes)
     n, width, state = probes[0]
     tokens = torch.full((n,), adapter.target_vocab.ids.bos, dtype=torch.int64)
-    for _ in range(2):  # two steps: shapes hold, growing axes grow
+    for t in range(2):  # two steps: shapes hold, growing axes grow
         out = run_declared(adapter, "step", adapter.step, tokens, dict(state))
         scores, changed, alphas = check_step(adapter, state, out, n, width)
+        if t == 0:
+            repeated = check_step(adapter, state, run_declared(adapter, "step", adapter.step, tokens, dict(state)), n,
+                                  width)
+            check_deterministic("step", {"scores": scores, **changed}, {"scores": repeated[0], **repeated[1]})
         state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
     return Adapted(adapter, build_contract(adapter, dims, alphas is not None), declared_spec(adapter))
+
+
+def check_weights(adapter: Seq2SeqAdapter) -> None:
+    """The declared modules' floating weights and buffers are float32: the graphs are exported and checked in
+    float32 (onnxruntime's recurrent kernels take no float64), and made float16 only after (dtype='fp16')."""
+    for i, root in enumerate(adapter.modules):
+        for name, tensor in itertools.chain(root.named_parameters(), root.named_buffers()):
+            if tensor.is_floating_point() and tensor.dtype != torch.float32:
+                half = tensor.dtype in (torch.float16, torch.bfloat16)
+                raise AdapterError(
+                    f"modules[{i}] ({type(root).__name__}) holds {tensor.dtype} weights ({name!r}); the export works "
+                    "in float32: call .float() on the model first"
+                    + ("; for float16 graphs, export the float32 model with --dtype fp16 (dtype='fp16')" if half
+                       else ""))
+
+
+def check_deterministic(what: str, first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
+    """Two calls on the same inputs gave the same tensors (within float rounding), else AdapterError naming it."""
+    for name, value in first.items():
+        other = second[name]
+        if value.is_floating_point():
+            same = torch.allclose(value, other, rtol=1e-5, atol=1e-6, equal_nan=True)
+        else:
+            same = torch.equal(value, other)
+        if not same:
+            worst = float((value.double() - other.double()).abs().max()) if value.is_floating_point() else None
+            by = f" by up to {worst:.3g}" if worst is not None else ""
+            raise AdapterError(f"{what} is not deterministic: two calls on the same inputs differ in {name!r}{by}; "
+                               "dropout left on (in a module not listed in modules=[...], which export puts in eval "
+                               "mode) or a random op would make every export differ from PyTorch; make it "
+                               "deterministic")
 
 
 def build_contract(adapter: Seq2SeqAdapter, dims: dict[str, Dims], attention: bool) -> TokenContract:

@@ -26,7 +26,7 @@ from runtime.contract import (
     point_greedy_io,
 )
 from runtime.declared import TokenContract
-from runtime.errors import one_line
+from runtime.errors import clipped, one_line
 from runtime.optional_graphs import fast_graph_io, folds, has_beam_step, token_beam_step_io
 from runtime.spec import ModelSpec
 
@@ -44,6 +44,7 @@ from .tokens.fast import FAST_BUILDERS
 from .tracing import Tracing, untraceable
 
 MIN_OPSET, MAX_OPSET = 14, 20
+TRACE_ERROR_CHARS = 600  # of the tracer's message quoted, which may hold a tensor's numbers
 
 
 def dynamic_axes(io: dict[str, Dims]) -> dict[str, dict[int, str]]:
@@ -191,8 +192,14 @@ def export_adapted(adapted: Adapted, out_dir: Path, opset: int, export_id: str) 
                 export_module(module, args, out_dir / file_name, io, opset)
         except Exception as exc:  # the user's code under the tracer: name where it broke
             where = untraceable(adapter, module, args, exc, tracing.where())
+            if "Cannot insert a Tensor that requires grad as a constant" in str(exc):  # its message prints the
+                raise AdapterError(  # tensor's numbers; what it means here is a weight outside modules=[...]
+                    f"{file_name}: the model cannot be traced{where}: encode or step uses a tensor that requires "
+                    "grad and is held by none of the declared modules (torch: 'Cannot insert a Tensor that requires "
+                    "grad as a constant'); list every module encode and step use in modules=[...], the very "
+                    "objects they call") from None
             raise AdapterError(f"{file_name}: the model cannot be traced{where}: {type(exc).__name__}: "
-                               f"{one_line(exc)}") from exc
+                               f"{clipped(one_line(exc), TRACE_ERROR_CHARS)}") from exc
         keep_unused_inputs(out_dir / file_name, io, dict(zip(io["inputs"], args)))
         finish_graph(out_dir / file_name, io, spec, export_id, file_name)
     check_other_sizes(adapted, out_dir)

@@ -21,6 +21,7 @@ from support.reliability import (
 
 BAD_MODELS = '''
 """Declarations gone wrong, one per function (tests/test_reliability_adapter.py)."""
+import copy
 from dataclasses import replace
 
 import torch
@@ -136,6 +137,40 @@ def wrong_reference():
     return replace(adapter, reference=lambda ids, lengths, n: [row[::-1] for row in model.greedy(ids, lengths, n)])
 
 
+def float64_scores():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores.double(), changed, attention
+    return replace(adapter, step=step)
+
+
+def logits_declared_log_probs():
+    return replace(good(), scores="log_probs")  # its step returns logits
+
+
+def random_step():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores + 0.1 * torch.randn_like(scores), changed, attention
+    return replace(adapter, step=step)
+
+
+def float64_model():
+    return copy.deepcopy(trained("luong")).double().adapter()
+
+
+def weights_outside_modules():
+    return replace(good(), modules=())
+
+
+def reference_raises():
+    return replace(good(), reference=lambda ids, lengths, n: {}["oops"])
+
+
 NOT_A_FUNCTION = 3
 
 
@@ -179,6 +214,16 @@ CLI_CASES: dict[str, Case] = {
     "NaN scores": export("nan_scores", BAD_INPUT, "step's scores hold NaN"),
     "a reference that disagrees": export("wrong_reference", BAD_INPUT, "your reference decode differs",
                                          "over your own step function", "leave reference out"),
+    "float64 scores": export("float64_scores", BAD_INPUT, "step's scores must be a float32 tensor",
+                             "got torch.float64 (3, 12)"),
+    "logits declared as log-probs": export("logits_declared_log_probs", BAD_INPUT, "scores='log_probs'",
+                                           "do not sum to one", "declare scores='logits'"),
+    "a random step": export("random_step", BAD_INPUT, "step is not deterministic", "'scores'", "random op"),
+    "a float64 model": export("float64_model", BAD_INPUT, "modules[0] (Luong) holds torch.float64 weights",
+                              "call .float()"),
+    "weights outside modules": export("weights_outside_modules", BAD_INPUT, "held by none of the declared modules",
+                                      "modules=[...]"),
+    "a reference that raises": export("reference_raises", BAD_INPUT, "reference failed", "KeyError", "'oops'"),
     "not an adapter": export("not_an_adapter", USAGE, "--adapter", "returned 42", "Seq2SeqAdapter"),
     "not a function": export("NOT_A_FUNCTION", USAGE, "--adapter", "has a int, not a function, named"),
     "a module named like seq2onnx's": case("export", "--adapter", "training:make", "--out", "o", code=USAGE,

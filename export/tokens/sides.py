@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from export.adapted import Adapted, AdaptedEncoder, AdaptedStep, random_sources
+from export.tracing import run_declared
 from runtime.declared import TokenContract
 from runtime.search import StepResult
 from runtime.spec import ModelSpec
@@ -72,7 +73,11 @@ class AdaptedModel:
 
     @property
     def reference(self) -> Any:
-        return self.adapted.adapter.reference
+        adapter = self.adapted.adapter
+        if adapter.reference is None:
+            return None
+        # the user's own decode: a failure inside is an AdapterError naming it (and the module it happened in)
+        return lambda *args: run_declared(adapter, "reference", adapter.reference, *args)
 
     def steps(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[dict, StepFn]:
         adapter, contract = self.adapted.adapter, self.contract
