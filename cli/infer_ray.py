@@ -146,7 +146,7 @@ def _token_work(ctx: click.Context, job: RayJob,
     run = TokenRun(model, options, batch_size, job.attention, False)
     run.check(job.model_dir)
     items = read_items(job.input_path, job.texts)
-    chunks = list(batches(items, batch_size, run.vocab, run.skipped, model.spec))
+    chunks = list(batches(items, batch_size, run.vocab, run.skipped, model.spec, model.contract))
     note = run.skipped_note() if run.skipped else None
     return Plan(**base, batch_size=batch_size, options=options), chunks, note
 

@@ -135,6 +135,23 @@ def test_cli_joins_a_cluster_and_samples_exactly_as_in_process(cluster: str, tex
     assert found.read_bytes() == expected.read_bytes()  # the same draws: same chunks, same seeds
 
 
+def test_cli_on_ray_decodes_a_declared_model(cluster: str, tmp_path: Path) -> None:
+    """A model exported through a declared contract (export.adapter) reads its sources by its manifest's contract:
+    --ray passes it on, as in-process infer does."""
+    from export.api import export_model
+
+    from support.foreign import corpus, trained
+
+    model = export_model(trained("luong").adapter(), tmp_path / "luong")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"{source}\n" for source, _ in corpus(20, seed=4)))
+    expected, found = tmp_path / "in_process.jsonl", tmp_path / "ray.jsonl"
+    assert cli("infer", model, "--input", texts, "--output", expected, "--beam", "3").returncode == 0
+    result = cli("infer", model, "--input", texts, "--output", found, "--beam", "3", "--ray", "--address", cluster)
+    assert result.returncode == 0, result.stderr
+    assert_same_records(read_jsonl(found), read_jsonl(expected))
+
+
 def test_existing_output_is_kept_without_force_and_on_a_bad_line(texts_file: Path, tmp_path: Path) -> None:
     output = tmp_path / "out.jsonl"
     output.write_text("keep me\n")
