@@ -116,6 +116,11 @@ def load_adapter(value: str) -> Any:
     if not sep or not module_name or not function.isidentifier():
         raise click.BadParameter(f"expected MODULE:FUNCTION (as in mymodel:make_adapter), got {value!r}",
                                  param_hint="'--adapter'")
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        stem = os.path.splitext(os.path.basename(module_name))[0]
+        raise click.BadParameter(f"expected MODULE:FUNCTION with a module name, not a file path, got {value!r}; run "
+                                 f"seq2onnx in the file's directory (or put it on PYTHONPATH) and pass "
+                                 f"{stem}:{function}", param_hint="'--adapter'")
     if module_name.split(".")[0] in OWN_PACKAGES:
         raise click.BadParameter(f"{module_name!r} is the name of one of seq2onnx's own packages "
                                  f"({', '.join(OWN_PACKAGES)}), which would be imported instead of yours; rename your "
@@ -125,8 +130,15 @@ def load_adapter(value: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module: ModuleNotFoundError, or anything it raises while imported
-        raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); run seq2onnx where "
-                                 "the module is, or put its directory on PYTHONPATH", param_hint="'--adapter'") from None
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing is not None and missing != module_name and not module_name.startswith(missing + "."):
+            hint = f"{module_name!r} was found, but it imports {missing!r}, which is not installed here; install it"
+        elif isinstance(exc, ModuleNotFoundError):
+            hint = "run seq2onnx where the module is, or put its directory on PYTHONPATH"
+        else:
+            hint = "the module raised while it was imported; fix it, then run again"
+        raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); {hint}",
+                                 param_hint="'--adapter'") from None
     make = getattr(module, function, None)
     if not callable(make):
         has = "no function" if make is None else f"a {type(make).__name__}, not a function, named"

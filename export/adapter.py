@@ -19,17 +19,19 @@ functions with the legacy exporter, so they must compute shapes from tensors (x.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from runtime.defaults import MAX_TARGET_LEN
 from runtime.errors import brief, is_count
 from runtime.vocab import Vocabulary
 
 from .errors import ExportError
 
 SCORES = ("log_probs", "logits")
+MAX_NAME_CHARS = 200  # of Seq2SeqAdapter.name
 Reference = Callable[[torch.Tensor, torch.Tensor, int], Sequence[Sequence[int]]]
 
 
@@ -112,9 +114,16 @@ class Seq2SeqAdapter:
         if self.scores not in SCORES:
             raise AdapterError(f"Seq2SeqAdapter.scores must be one of {SCORES}, got {brief(self.scores)}")
         self._check_ints()
+        if isinstance(self.modules, torch.nn.Module) or not isinstance(self.modules, Iterable):
+            raise AdapterError(f"Seq2SeqAdapter.modules must be a list of torch.nn.Modules, got {brief(self.modules)}"
+                               "; pass modules=[...], even for one")
         modules = tuple(self.modules)
         if not all(isinstance(m, torch.nn.Module) for m in modules):
             raise AdapterError(f"Seq2SeqAdapter.modules must be torch.nn.Modules, got {brief(modules)}")
+        if (not isinstance(self.name, str) or not self.name.strip() or not self.name.isprintable()
+                or len(self.name) > MAX_NAME_CHARS):
+            raise AdapterError(f"Seq2SeqAdapter.name must be a printable str of 1 to {MAX_NAME_CHARS} characters "
+                               f"(the manifest's source names it), got {brief(self.name)}")
         object.__setattr__(self, "modules", modules)
         object.__setattr__(self, "never_emit", tuple(self.never_emit))
 
@@ -125,6 +134,9 @@ class Seq2SeqAdapter:
         for name in ("max_source_len", "max_decoding_length"):
             if not is_count(getattr(self, name), 1):
                 raise AdapterError(f"Seq2SeqAdapter.{name} must be an int >= 1, got {brief(getattr(self, name))}")
+        if self.max_decoding_length > MAX_TARGET_LEN:  # the runtime refuses to decode more in one call
+            raise AdapterError(f"Seq2SeqAdapter.max_decoding_length must be at most {MAX_TARGET_LEN} (the most tokens "
+                               f"one decode produces), got {self.max_decoding_length}")
         if self.output_limit is not None and not is_count(self.output_limit, self.max_decoding_length):
             raise AdapterError(f"Seq2SeqAdapter.output_limit must be None or an int >= max_decoding_length "
                                f"({self.max_decoding_length}), got {brief(self.output_limit)}")

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from support.reliability import (
     BAD_INPUT,
@@ -185,6 +186,8 @@ def fails():
 
 def setup_adapter_workspace(case_dir: Path) -> None:
     write(case_dir / "bad_models.py", BAD_MODELS)
+    write(case_dir / "needs_missing.py", "import not_installed_anywhere\n")
+    write(case_dir / "raises_on_import.py", "1 / 0\n")
 
 
 template, workspace = workspace_fixtures("reliability_adapter", setup_adapter_workspace)
@@ -233,6 +236,14 @@ CLI_CASES: dict[str, Case] = {
                                  "no weights here"),
     "no such module": case("export", "--adapter", "nomodule:make", "--out", "o", code=USAGE,
                            says=("--adapter", "cannot import 'nomodule'", "PYTHONPATH")),
+    "a file path for the module": case("export", "--adapter", "./bad_models.py:good", "--out", "o", code=USAGE,
+                                       says=("--adapter", "not a file path", "pass bad_models:good")),
+    "a module whose import is missing": case("export", "--adapter", "needs_missing:make", "--out", "o", code=USAGE,
+                                             says=("'needs_missing' was found", "imports 'not_installed_anywhere'",
+                                                   "install it")),
+    "a module that raises on import": case("export", "--adapter", "raises_on_import:make", "--out", "o", code=USAGE,
+                                           says=("cannot import 'raises_on_import'", "ZeroDivisionError",
+                                                 "raised while it was imported")),
     "no such function": case("export", "--adapter", "bad_models:nothing", "--out", "o", code=USAGE,
                              says=("--adapter", "has no function 'nothing'")),
     "no colon": case("export", "--adapter", "bad_models", "--out", "o", code=USAGE,
@@ -295,6 +306,11 @@ def test_the_api_refuses_a_bad_declaration_by_name(workspace, name):
     (dict(fixed_source_len=1), "fixed_source_len must be an int >= 2"),
     (dict(source_vocab=["a"]), "source_vocab must be a runtime.vocab.Vocabulary"),
     (dict(output_limit=3), "output_limit must be None or an int >= max_decoding_length"),
+    (dict(max_decoding_length=10**6), "max_decoding_length must be at most 10000 (the most tokens one decode "
+                                      "produces), got 1000000"),
+    (dict(modules=torch.nn.Linear(2, 2)), "modules must be a list of torch.nn.Modules, got Linear"),
+    (dict(name=123), "name must be a printable str of 1 to 200 characters"),
+    (dict(name="a\nb"), "name must be a printable str"),
 ])
 def test_a_declaration_is_checked_when_it_is_made(change, says):
     from export.adapter import AdapterError
