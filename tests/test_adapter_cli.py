@@ -71,6 +71,17 @@ def test_verify_compares_the_model_with_its_export(exported, workdir):
     assert "all" in result.output and "checks within" in result.output
 
 
+def test_verify_fails_when_none_of_its_data_can_be_read(workdir):
+    """--data of other words for a vocabulary without an unknown id (the tutorial's): every text left out, so
+    nothing of it was compared: not a pass."""
+    model = "tutorial"
+    if not (workdir / model).exists():
+        assert run(workdir, "export", "--adapter", f"foreign_models:{model}", "--out", model).exit_code == 0
+    result = run(workdir, "verify", "--adapter", f"foreign_models:{model}", model, "--data", "dates")
+    assert result.exit_code == 1, result.output
+    assert "none of the" in result.output and "nothing of it was compared" in result.output
+
+
 def test_verify_refuses_another_models_export(exported, workdir):
     other = next(k for k in FOREIGN if k != exported.name)
     result = run(workdir, "verify", "--adapter", f"foreign_models:{other}", exported.name)

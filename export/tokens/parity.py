@@ -255,14 +255,20 @@ def verify_rows(checkpoint: Path, data: str | None, model: Any, runtime: Seq2Seq
         note(f"note: the checkpoint's training data cannot be reloaded ({exc}); comparing on random ids only "
              "(pass --data to compare on real texts)")
         return rows
+    why = (f"longer than the transformer's max_positions {runtime.spec.max_positions} (</s> included)"
+           if runtime.spec.is_transformer else "longer than the model reads, or hold tokens its vocabulary lacks")
+    compared = 0
     for name, pairs in (("test", test), ("train", train)):
-        left_out = len(pairs.sources) - len(fitting_texts(list(pairs.sources), runtime))
+        fitting = len(fitting_texts(list(pairs.sources), runtime))
+        left_out, compared = len(pairs.sources) - fitting, compared + fitting
         if left_out:
-            why = (f"longer than the transformer's max_positions {runtime.spec.max_positions} (</s> included)"
-                   if runtime.spec.is_transformer else "longer than the model reads, or hold tokens its vocabulary "
-                   "lacks")
-            note(f"note: {left_out} {name} text(s) are {why}, which the runtime refuses; comparing on the others")
+            rest = "comparing on the others" if fitting else "none is left"
+            note(f"note: {left_out} {name} text(s) are {why}, which the runtime refuses; {rest}")
         rows += run_token_data_parity(model, runtime, list(pairs.sources), name, tol)
+    if not compared and data is not None:
+        raise VerifyError(f"--data: none of the {len(test.sources) + len(train.sources)} texts of {data!r} can be "
+                          f"read by the model (they are {why}); nothing of it was compared: pass data the model "
+                          "was made for")
     return rows
 
 
