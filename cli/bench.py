@@ -224,6 +224,11 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
         raise click.UsageError(f"--loop fused times the greedy loop graph, which decodes with beam 1, but the grid's "
                                f"beam sizes are {list(values['beams'])}; add --beam 1, or pass --loop step for beam "
                                "search (only a transformer's export has a beam search graph)")
+    dropped = [b for b in values["beams"] if b > 1] if loop == "fused" and spec.kind == "tokens" else []
+    if dropped and not beam_graph:
+        click.echo(f"note: --loop fused times the greedy loop graph alone ({model_dir} has no beam search graph): "
+                   f"the beam {', '.join(map(str, dropped))} cells are left out; pass --loop both to time beam search "
+                   "through the step loop too", err=True)
     check_destinations(json_path, plot_path, force)
     if checkpoint is not None:
         require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")

@@ -272,6 +272,16 @@ def test_fused_beam_cells_alone_on_a_transformer_export(transformer_export: Any)
     assert {(c["loop"], c["beam"]) for c in cells} == {("fused", 5)}
 
 
+def test_fused_loop_says_which_beam_cells_it_leaves_out() -> None:
+    """--loop fused on a GRU export (no beam search graph) with --beam 1 --beam 3: the beam-3 cells cannot be timed
+    in a fused graph; they are left out with a note, not silently."""
+    result = bench(SHIPPED_TOKENS, *grid_args([1], [4], [3], [1, 3]), "--loop", "fused", "--repeats", "1",
+                   "--warmup", "0", "--threads", "1", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    assert {c["beam"] for c in json.loads(result.stdout)["cells"]} == {1}
+    assert "the beam 3 cells are left out" in result.stderr and "--loop both" in result.stderr
+
+
 @pytest.mark.parametrize(("rate", "shown"), [(748.93, "748.9"), (7335.2, "7335"), (13390.4, "13390"),
                                              (0.51234, "0.5123"), (2.5e9, "2.500e+09")])
 def test_rates_read_as_plain_numbers_in_their_column(rate: float, shown: str) -> None:
