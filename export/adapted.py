@@ -174,7 +174,15 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
         if grows is not None:
             want[grows] += 1
         if list(changed[name].shape) != want:
-            why = f" (axis {grows} grows by one per step)" if grows is not None else ""
+            got = list(changed[name].shape)
+            grew = [axis for axis, (g, w) in enumerate(zip(got, want)) if g == w + 1] if len(got) == len(want) else []
+            if grows is not None:
+                why = f" (axis {grows} grows by one per step)"
+            elif len(grew) == 1 and sum(g != w for g, w in zip(got, want)) == 1:
+                why = (f"; its axis {grew[0]} grew by one: for a prefix or cache a step lengthens, declare "
+                       f"State(batch_axis={adapter.state[name].batch_axis}, grows={grew[0]})")
+            else:
+                why = ""
             raise AdapterError(f"step output {name!r} has shape {tuple(changed[name].shape)}, but it feeds back as "
                                f"{name!r}, which is {tuple(state[name].shape)}: expected {tuple(want)}{why}")
         if changed[name].dtype != state[name].dtype:

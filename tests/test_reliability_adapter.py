@@ -138,6 +138,19 @@ def wrong_reference():
     return replace(adapter, reference=lambda ids, lengths, n: [row[::-1] for row in model.greedy(ids, lengths, n)])
 
 
+def grows_undeclared():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):
+        return {**model.encode(ids, lengths), "past": torch.zeros(ids.shape[0], 0, 4)}
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        grown = torch.cat([state["past"], torch.ones(tokens.shape[0], 1, 4)], dim=1)
+        return scores, {**changed, "past": grown}, attention
+    return replace(adapter, encode=encode, step=step, state={**adapter.state, "past": State(batch_axis=0)})
+
+
 def float64_scores():
     adapter, model = good(), trained("luong")
 
@@ -217,6 +230,8 @@ CLI_CASES: dict[str, Case] = {
     "NaN scores": export("nan_scores", BAD_INPUT, "step's scores hold NaN"),
     "a reference that disagrees": export("wrong_reference", BAD_INPUT, "your reference decode differs",
                                          "over your own step function", "leave reference out"),
+    "a growing cache not declared": export("grows_undeclared", BAD_INPUT, "step output 'past' has shape (3, 1, 4)",
+                                           "its axis 1 grew by one", "State(batch_axis=0, grows=1)"),
     "float64 scores": export("float64_scores", BAD_INPUT, "step's scores must be a float32 tensor",
                              "got torch.float64 (3, 12)"),
     "logits declared as log-probs": export("logits_declared_log_probs", BAD_INPUT, "scores='log_probs'",
