@@ -97,9 +97,13 @@ def check_destinations(json_path: str | None, plot_path: str | None, force: bool
         check_output_path(json_path, "'--json'", JSON_SUFFIXES, force)
     if plot_path is not None:
         check_output_path(plot_path, "'--plot'", PLOT_SUFFIXES, force)
+        from runtime.errors import MissingExtraError
         from runtime.plot import require_matplotlib
 
-        require_matplotlib()
+        try:
+            require_matplotlib()
+        except MissingExtraError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 def load_models(model_dir: Path, providers: tuple[str, ...], threads: tuple[int, ...],

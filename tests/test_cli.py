@@ -146,6 +146,11 @@ def test_plot_without_matplotlib_names_the_extra_before_any_work(pipeline, tmp_p
                              str(tmp_path / "p.png")], input="[[[0.0, 0.0]]]", capture_output=True, text=True)
     assert_user_error(result, "--plot needs matplotlib", "'.[plot]'")
     assert result.stdout == "" and not (tmp_path / "p.png").exists()
+    bench = subprocess.run([sys.executable, "-c", code, "bench", str(model), "--repeats", "1", "--warmup", "0",
+                            "--plot", str(tmp_path / "b.png"), "--json", str(tmp_path / "b.json")],
+                           capture_output=True, text=True)
+    assert_user_error(bench, "--plot needs matplotlib", "'.[plot]'")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("payload,fragments", [
