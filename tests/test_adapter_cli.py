@@ -82,6 +82,17 @@ def test_verify_fails_when_none_of_its_data_can_be_read(workdir):
     assert "none of the" in result.output and "nothing of it was compared" in result.output
 
 
+def test_verify_warns_when_its_data_reads_as_unknown_tokens(workdir):
+    """--data of other words for a vocabulary with an unknown id (luong's): every text reads as <unk>s, which the
+    checks still run on, with a warning that they compare little real text."""
+    model = "luong"
+    if not (workdir / model).exists():
+        assert run(workdir, "export", "--adapter", f"foreign_models:{model}", "--out", model).exit_code == 0
+    result = run(workdir, "verify", "--adapter", f"foreign_models:{model}", model, "--data", "dates")
+    assert result.exit_code == 0, result.output
+    assert "of the source tokens of 'dates' are not in the model's source vocabulary" in result.output
+
+
 def test_verify_refuses_another_models_export(exported, workdir):
     other = next(k for k in FOREIGN if k != exported.name)
     result = run(workdir, "verify", "--adapter", f"foreign_models:{other}", exported.name)

@@ -21,6 +21,7 @@ import torch
 from export.errors import VerifyError
 from export.parity import Row, Say, Tolerance, diffs, within_rounding
 from runtime.errors import UsageError
+from runtime.evaluate import UNK_WARN_FRACTION, unknown_fraction
 from runtime.model import Seq2Seq
 from runtime.optional_graphs import fold_tokens, folds
 from runtime.search import Hypothesis, beam_search, greedy_search
@@ -255,6 +256,12 @@ def verify_rows(checkpoint: Path, data: str | None, model: Any, runtime: Seq2Seq
         note(f"note: the checkpoint's training data cannot be reloaded ({exc}); comparing on random ids only "
              "(pass --data to compare on real texts)")
         return rows
+    vocab = runtime.vocabularies["source"]  # without an unknown id, texts it lacks are left out below instead
+    share = (unknown_fraction(vocab, fitting_texts(list(test.sources) + list(train.sources), runtime))
+             if data is not None and vocab.ids.unk is not None else 0.0)
+    if share > UNK_WARN_FRACTION:  # they all read as <unk>: little real text is compared
+        note(f"warning: {share:.0%} of the source tokens of {data!r} are not in the model's source vocabulary (they "
+             "become <unk>), so the real-text checks compare little real text; pass data the model was made for")
     why = (f"longer than the transformer's max_positions {runtime.spec.max_positions} (</s> included)"
            if runtime.spec.is_transformer else "longer than the model reads, or hold tokens its vocabulary lacks")
     compared = 0
