@@ -180,6 +180,8 @@ def prepare_options(ctx: click.Context, opts: dict[str, Any], kind: str,
     """Defaults for the kind, the saved options of a resumed run, then every cross-option check."""
     opts = with_defaults(ctx, opts, kind)
     if saved is not None:
+        # an option that does not fit the resumed run's kind (--cell for a transformer) is said as such first
+        check_kind_options(ctx, kind, {**opts, **saved, **{name: opts[name] for name in saved if given(ctx, name)}})
         opts = merge_saved(ctx, opts, saved)
     check_kind_options(ctx, kind, opts)
     return {**opts, "heads": resolve_heads(ctx, opts, kind)}

@@ -288,6 +288,15 @@ def test_resume_refuses_a_changed_option(tmp_path: Path, args: list[str], hint: 
     assert len(load_checkpoint(out)[2]["train_loss"]) == 1  # untouched
 
 
+def test_resume_names_an_option_of_another_kind_of_model(tmp_path: Path) -> None:
+    """--cell when resuming a transformer: the option does not fit the run at all, not 'it used gru'."""
+    out = tmp_path / "tf"
+    assert run("--data", "toy-translation", "--arch", "transformer", "--epochs", "1", "--out", out).exit_code == 0
+    result = run("--resume", "--epochs", "2", "--cell", "lstm", "--out", out)
+    assert result.exit_code == 2 and "--cell is for recurrent token models" in result.output, result.output
+    assert "the run being resumed used" not in result.output
+
+
 def test_a_run_that_learns_the_toy_translation_meets_its_target(tmp_path: Path) -> None:
     result = run("--data", "toy-translation", *LEARNS_TOY, "--out", tmp_path / "ck")
     assert result.exit_code == 0, result.output
