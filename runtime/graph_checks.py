@@ -19,7 +19,9 @@ def check_session(session: Any, entry: dict[str, Any], manifest: Manifest, where
     actual = session_io(session)
     declared = {"inputs": entry["inputs"], "outputs": entry["outputs"]}
     if actual != declared:
-        raise IntegrityError(f"{where}: graph inputs/outputs {actual} do not match the manifest's {declared}")
+        raise IntegrityError(f"{where}: the graph's inputs and outputs do not match the manifest's "
+                             f"({_io_difference(actual, declared)}); the file is not the graph the manifest names, "
+                             "re-export the model")
     metadata = session.get_modelmeta().custom_metadata_map
     graph_id = metadata.get(EXPORT_ID_KEY)
     if graph_id != manifest.export_id:
@@ -28,6 +30,22 @@ def check_session(session: Any, entry: dict[str, Any], manifest: Manifest, where
             "the directory mixes files from different exports, re-export the model"
         )
     _graph_spec(metadata.get(SPEC_KEY), manifest, where)
+
+
+def _io_difference(actual: dict[str, dict[str, Any]], declared: dict[str, dict[str, Any]]) -> str:
+    """What differs, name by name: missing, extra, or dims (the first few), not both whole dicts."""
+    said = []
+    for side in ("inputs", "outputs"):
+        have, want = actual.get(side, {}), declared.get(side, {})
+        said += [f"{side[:-1]} {name!r} missing" for name in want if name not in have]
+        said += [f"{side[:-1]} {name!r} not declared" for name in have if name not in want]
+        said += [f"{side[:-1]} {name!r} is {have[name]}, declared {want[name]}" for name in want
+                 if name in have and have[name] != want[name]]
+    shown = "; ".join(said[:IO_DIFFERENCES])
+    return shown + (f"; and {len(said) - IO_DIFFERENCES} more" if len(said) > IO_DIFFERENCES else "")
+
+
+IO_DIFFERENCES = 3  # of the I/O differences a message lists
 
 
 def _graph_spec(text: str | None, manifest: Manifest, where: Path) -> None:

@@ -136,6 +136,19 @@ def test_a_manifest_without_format_version_says_it_has_none(copy_of):
         Seq2Seq.load(copy_of)
 
 
+def test_a_graph_swapped_for_another_names_what_differs(copy_of):
+    """One graph of the export copied over another, its hash put in the manifest: the I/O differences, by name, and
+    the way out, not both I/O dicts whole."""
+    shutil.copy(copy_of / ENCODER_FILE, copy_of / DECODER_STEP_FILE)
+    manifest = json.loads((copy_of / MANIFEST_FILE).read_text())
+    manifest["graphs"][DECODER_STEP_FILE]["sha256"] = sha256_file(copy_of / DECODER_STEP_FILE)
+    (copy_of / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match=r"inputs and outputs do not match the manifest's \(input .* missing.*"
+                                             r"re-export the model") as info:
+        Seq2Seq.load(copy_of)
+    assert len(str(info.value)) < 600
+
+
 def test_graphs_from_different_exports_are_refused(copy_of, exports, tmp_path):
     from export.api import export_model
 
