@@ -13,6 +13,7 @@ import click
 
 from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.defaults import DATASET_DEFAULTS, MAX_LR, SEED, TRANSFORMER_DEFAULTS
+from runtime.search.beam import MAX_BEAM
 from runtime.spec import ATTENTION_KINDS, CELLS, NORMS, POSITIONALS, TRAINABLE_ARCHS
 from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
@@ -161,7 +162,7 @@ def _transformer_default(name: str) -> str:
               help="Token models: keep tokens seen at least this often in training.  [default: 1]")
 @click.option("--max-vocab", type=click.IntRange(min=5), default=None,
               help="Token models: at most this many tokens per side, the 4 specials included.  [default: no limit]")
-@click.option("--eval-beam", type=click.IntRange(min=0), default=None,
+@click.option("--eval-beam", type=click.IntRange(0, MAX_BEAM), default=None,
               help="Token models: beam size of the final held-out accuracy (PyTorch); 0 skips it.  [default: 5]")
 # -- the run --
 @click.option("--out", type=click.Path(path_type=Path), default=None,

@@ -151,6 +151,7 @@ CLI_CASES: dict[str, Case] = {
                                           says=("featmix.npz", "same number of features", "3 and 2")),
     # train: options
     "train --epochs 0": case("train", "--epochs", "0", code=USAGE, says=("--epochs", "0", ">=1")),
+    "train --eval-beam 300": case("train", "--eval-beam", "300", code=USAGE, says=("--eval-beam", "300", "0<=x<=256")),
     "train --threads 0": case("train", "--threads", "0", code=USAGE, says=("--threads", "expected 1..", "got 0")),
     "train --threads 999": case("train", "--threads", "999", code=USAGE, says=("--threads", "the CPUs", "got 999")),
     "train --lr -1": case("train", "--lr", "-1", code=USAGE, says=("--lr", "-1")),
