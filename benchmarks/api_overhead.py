@@ -29,6 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stops import StoppableCommand  # noqa: E402
+
 from cli.bench import resolve_grid  # noqa: E402
 from cli.options import check_threads_option  # noqa: E402
 from runtime.bench import BLOCK, Cell, Timing, make_inputs, measure, ort_call  # noqa: E402
@@ -135,7 +137,7 @@ def case_line(label: str, runs: int, times: dict[str, Timing]) -> str:
             f"{alone:.0f} us (p10 {alone10:.0f})")
 
 
-@click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
+@click.command(cls=StoppableCommand, help=__doc__.split("\n\n")[0].replace("\n", " "))
 @case_options(batches="1", repeats=300)
 def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
          target_len: int | None, threads: int, repeats: int) -> None:

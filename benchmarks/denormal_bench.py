@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 from api_overhead import case_options  # noqa: E402
+from stops import StoppableCommand  # noqa: E402
 
 from cli.bench import resolve_grid  # noqa: E402
 from runtime import denormals  # noqa: E402
@@ -114,7 +115,7 @@ def agreement(first: Any, second: Any) -> str:
     return "same ids" if first == second else "DIFFERENT ids"
 
 
-@click.command(help=__doc__.split("\n\n")[0].replace("\n", " "))
+@click.command(cls=StoppableCommand, help=__doc__.split("\n\n")[0].replace("\n", " "))
 @case_options(batches="1 and 64", repeats=60)
 def main(model_dir: Path, batches: tuple[int, ...], beams: tuple[int, ...], source_len: int | None,
          target_len: int | None, threads: int, repeats: int) -> None:

@@ -31,6 +31,8 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stops import StoppableCommand  # noqa: E402
+
 from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
 from runtime.denormals import flushing  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
@@ -98,7 +100,7 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
     return {i.name: values[i.name] for i in loop.get_inputs()}
 
 
-@click.command(help="Time one loop graph of two exports of the same checkpoint side by side (BEFORE and AFTER a "
+@click.command(cls=StoppableCommand, help="Time one loop graph of two exports of the same checkpoint side by side (BEFORE and AFTER a "
                     "change to how graphs are written), after checking that both decode the same ids.")
 @click.argument("before", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("after", type=click.Path(exists=True, file_okay=False, path_type=Path))

@@ -43,6 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api_overhead import decode_options, recorded_calls, replay  # noqa: E402
+from stops import StoppableCommand  # noqa: E402
 
 from cli.bench import resolve_grid  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure, ort_call  # noqa: E402
@@ -182,7 +183,7 @@ def help_text() -> str:
     return paragraphs[0].replace("\n", " ") + "\n\n\b\n" + "\n\n\b\n".join(paragraphs[3:6])
 
 
-@click.command(help=help_text())
+@click.command(cls=StoppableCommand, help=help_text())
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @decode_options
 @click.option("--repeats", type=click.IntRange(1), default=200, show_default=True, help="Timed calls a side.")

@@ -39,10 +39,13 @@ from typing import Any
 import click
 import numpy as np
 
-import runtime.tokens
-from runtime.model import Seq2Seq
-from runtime.search import StepResult, beam_search, greedy_search
-from training.tokens.builtin import DATES_TEST_SEED, generate_dates
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed copy
+from stops import StoppableCommand  # noqa: E402
+
+import runtime.tokens  # noqa: E402
+from runtime.model import Seq2Seq  # noqa: E402
+from runtime.search import StepResult, beam_search, greedy_search  # noqa: E402
+from training.tokens.builtin import DATES_TEST_SEED, generate_dates  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import support.search_reference as reference  # noqa: E402  (tests/ is not a package)
@@ -77,7 +80,8 @@ class TableStep:
 @contextlib.contextmanager
 def reference_beam() -> Iterator[None]:
     """runtime.tokens.translate drives the reference beam search (dropping `constant`) inside the block."""
-    def old(step: Any, state: Any, axes: Any, constant: frozenset = frozenset(), **kw: Any) -> Any:
+    def old(step: Any, state: Any, axes: Any, constant: frozenset = frozenset(), per_input: bool = False,
+            **kw: Any) -> Any:  # the reference predates `constant` and `per_input` (a beam step's per-input state)
         return reference.beam_search(step, state, axes, **kw)
 
     saved, runtime.tokens.beam_search = runtime.tokens.beam_search, old
@@ -181,7 +185,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@click.command()
+@click.command(cls=StoppableCommand)
 @click.option("--rounds", type=click.IntRange(min=1), default=15, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--beam", type=click.IntRange(min=2), default=5, show_default=True)

@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -39,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_outputs import JSON, PNG, check_args, publish
-from serve_load import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed copy
+from bench_outputs import JSON, PNG, check_args, publish  # noqa: E402
+from serve_load import (  # noqa: E402
     RAY_CPUS,
     START,
     deploy,
@@ -53,9 +56,14 @@ from serve_load import (
     wrk_cell,
 )
 
-from runtime.model import Seq2Seq
+from cli.common import raise_on_sigterm  # noqa: E402
+from runtime.errors import Terminated  # noqa: E402
+from runtime.model import Seq2Seq  # noqa: E402
+from runtime.search.beam import MAX_BEAM  # noqa: E402
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "artifacts" / "dates"
+MAX_CONCURRENCY = 1024  # workers sending at once: far past what 2 cores answer, where every cell measured something
+MAX_BATCH_WAIT_MS = 10_000.0  # serve --batch-wait-ms's bound
 IN_PROCESS = "in-process"
 TEXTS = ("tuesday, march 3 2015", "3/3/15", "03 mar 2015", "march 3, 2015", "2015.03.03", "3 march 2015",
          "tue 03 mar 2015", "03/03/2015", "20150303", "tuesday 3 march 2015", "saturday, january 1 2000",
@@ -262,8 +270,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, metavar="FILE.json", help="also write the figures to FILE.json")
     p.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     args = p.parse_args(argv)
-    if min(args.concurrency + args.replicas + [args.requests, args.beam, args.rounds]) < 1 or args.duration <= 0:
-        p.error("--requests, --concurrency, --replicas, --beam and --rounds must be at least 1; --duration above 0")
+    if min(args.concurrency + args.replicas + [args.requests, args.beam, args.rounds]) < 1 or not (
+            math.isfinite(args.duration) and args.duration > 0):
+        p.error("--requests, --concurrency, --replicas, --beam and --rounds must be at least 1; --duration a finite "
+                f"number above 0, got {args.duration:g}")
+    if not math.isfinite(args.max_total):
+        p.error(f"--max-total: expected a finite number of seconds, got {args.max_total:g}")
+    if args.beam > MAX_BEAM:
+        p.error(f"--beam: expected at most {MAX_BEAM} (serve's limit), got {args.beam}")
+    if max(args.concurrency) > MAX_CONCURRENCY:
+        p.error(f"--concurrency: expected at most {MAX_CONCURRENCY} workers sending at once, got {max(args.concurrency)}")
+    if not (math.isfinite(args.batch_wait_ms) and 0 <= args.batch_wait_ms <= MAX_BATCH_WAIT_MS):
+        p.error(f"--batch-wait-ms: expected 0 to {MAX_BATCH_WAIT_MS:g} (serve --batch-wait-ms), got "
+                f"{args.batch_wait_ms:g}")
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        p.error("--client wrk: wrk is not installed here (Debian's wrk package); pass --client aiohttp")
     if min(args.server_workers) < 1:
         p.error(f"--server-workers: expected copies of at least 1, got {args.server_workers}")
     if len(set(args.server_workers)) < len(args.server_workers):
@@ -330,7 +351,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    raise_on_sigterm()  # SIGTERM raises Terminated (a KeyboardInterrupt), so the servers are stopped as on Ctrl-C
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: Serve and Ray are already shut down
-        sys.exit(130)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the servers, Serve and Ray are already shut down
+        print(f"serve_bench: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}; no figures "
+              "were kept", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # cleanup has run (the servers are stopped); an in-process cell's threads may still be inside onnxruntime,
+        # whose teardown at interpreter exit then aborts ("terminate called without an active exception")
+        os._exit(143 if isinstance(stop, Terminated) else 130)

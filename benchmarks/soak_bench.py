@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import resource
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,12 +29,15 @@ from typing import Any
 
 import click
 import numpy as np
-from bench_outputs import PNG, check_click, publish
 
-from runtime.bench import fixed_length_text
-from runtime.model import Seq2Seq
-from runtime.sessions import max_threads
-from runtime.tokens import source_token_limit
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed copy
+from bench_outputs import PNG, check_click, publish  # noqa: E402
+from stops import StoppableCommand  # noqa: E402
+
+from runtime.bench import fixed_length_text  # noqa: E402
+from runtime.model import Seq2Seq  # noqa: E402
+from runtime.sessions import max_threads  # noqa: E402
+from runtime.tokens import source_token_limit  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 MAX_POINTS = 64  # longest point source and target of the mix
@@ -147,7 +151,7 @@ def summary(f: dict[str, Any], largest: int) -> str:
     return f"{run}\n{rss}\n{verdict}"
 
 
-@click.command()
+@click.command(cls=StoppableCommand)
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--decodes", type=click.IntRange(1), default=None,
               help=f"Decodes after warm-up (default {DEFAULT_DECODES['points']} for point models, "

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from cli.common import raise_on_sigterm, stop_for
-from runtime.errors import Terminated
+from runtime.errors import Seq2OnnxError, Terminated
 
 
 class StoppableCommand(click.Command):
@@ -29,3 +29,5 @@ class StoppableCommand(click.Command):
         except KeyboardInterrupt as exc:  # its `with` blocks have run: the temporary directories are gone
             stop = stop_for(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
             raise stop(f"{stop.says}; no figures were kept and the temporary files are removed") from None
+        except Seq2OnnxError as exc:  # a model or input the runtime refuses: its one line, as the CLI says it
+            raise click.ClickException(str(exc)) from None

@@ -65,8 +65,13 @@ def _parse(*argv: str) -> Any:
     (("--json", "{taken}"), 1, "a file already exists there; pass --force"),
     (("--plot", "{tmp}/latency.jpg"), 2, "expected a file name ending in .png"),
     (("--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"), 2, "is the --json file too"),
+    (("--duration", "nan"), 2, "--duration a finite number above 0, got nan"),
+    (("--batch-wait-ms", "-5"), 2, "--batch-wait-ms: expected 0 to 10000"),
+    (("--beam", "1000"), 2, "--beam: expected at most 256"),
+    (("--concurrency", "100000"), 2, "--concurrency: expected at most 1024"),
 ], ids=["points-model", "no-rounds", "no-workers", "workers-twice", "workers-past-cpus", "allocator-twice", "allocator-unknown", "no-time", "json-dir",
-        "json-taken", "plot-suffix", "same-file"])
+        "json-taken", "plot-suffix", "same-file", "duration-nan", "wait-negative", "beam-past-limit",
+        "concurrency-past-limit"])
 def test_serve_bench_refuses_runs_that_would_measure_nothing(argv: tuple[str, ...], code: int, said: str,
                                                              tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,3 +89,49 @@ def test_serve_bench_replaces_a_json_file_only_with_force(tmp_path: Path) -> Non
     taken = tmp_path / "kept.json"
     taken.write_text("{}")
     assert _parse("--json", str(taken), "--force").json == taken  # accepted; written whole after the run
+
+
+def test_serve_bench_stops_its_server_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM stops it as Ctrl-C does: exit 143 with one line, its `seq2onnx serve` child stopped (it was left
+    running, adopted by init)."""
+    import signal
+    import time
+
+    from support.processes import alive
+
+    log = tmp_path / "bench.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), str(DATES), "--no-ray",
+                                 "--client", "aiohttp", "--rounds", "50", "--duration", "1", "--concurrency", "1"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        servers: list[int] = []
+        while not servers and time.monotonic() < deadline:  # its server child, once started
+            servers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _child_serve(p, proc.pid)]
+            time.sleep(0.2)
+        assert servers, log.read_text()[-2000:]
+        while "seq2onnx serve on" not in log.read_text() and time.monotonic() < deadline:  # its server answers
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        stop = time.monotonic() + 30
+        while any(alive(pid) for pid in servers) and time.monotonic() < stop:
+            time.sleep(0.2)
+        assert proc.returncode == 143, log.read_text()[-2000:]
+        assert not any(alive(pid) for pid in servers), "its server was left running"
+        assert "serve_bench: stopped by SIGTERM; no figures were kept" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _child_serve(entry: Path, parent: int) -> bool:
+    """Whether /proc/PID is a `serve` command started by `parent`."""
+    try:
+        stat = (entry / "stat").read_text()
+        cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == parent and " serve " in cmdline
