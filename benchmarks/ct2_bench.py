@@ -66,8 +66,10 @@ from export.api import QualityLossWarning, export_model
 from runtime.bench_report import cpu_model
 from runtime.contract import VOCAB_FILES
 from runtime.errors import MissingExtraError
+from runtime.infer_tokens import MAX_BATCH as MAX_LIST_BATCH
 from runtime.model import Seq2Seq
 from runtime.plot import require_matplotlib
+from runtime.search.beam import MAX_BEAM
 from runtime.sessions import max_threads
 from runtime.vocab import Vocabulary
 from training.checkpoint import CheckpointError
@@ -286,13 +288,20 @@ def plot(rows: list[dict[str, Any]], path: Path, force: bool) -> None:
 
 
 def int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
-    """'1,64' -> [1, 64], each >= 1."""
+    """'1,64' -> [1, 64], each >= 1 (a beam at most MAX_BEAM, a batch at most MAX_LIST_BATCH); an empty item
+    ('1,,5') is refused."""
+    parts = value.split(",")
+    if any(not part.strip() for part in parts):
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r} (an empty item)")
     try:
-        numbers = [int(part) for part in value.split(",") if part.strip()]
+        numbers = [int(part) for part in parts]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
-    if not numbers or min(numbers) < 1:
+    if min(numbers) < 1:
         raise click.BadParameter(f"expected integers >= 1, got {value!r}")
+    most = {"beams": MAX_BEAM, "batches": MAX_LIST_BATCH}.get(param.name or "")
+    if most is not None and max(numbers) > most:
+        raise click.BadParameter(f"expected integers up to {most}, got {max(numbers)}")
     return list(dict.fromkeys(numbers))  # each once, in the order given
 
 

@@ -36,6 +36,7 @@ from stops import StoppableCommand  # noqa: E402
 from runtime.contract import ENCODER_FILE, FAST_FILES, GREEDY_FILE  # noqa: E402
 from runtime.denormals import flushing  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
+from runtime.infer_tokens import MAX_BATCH  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
 from runtime.optional_graphs import fold_tokens  # noqa: E402
 from runtime.sessions import open_session, read_graph  # noqa: E402
@@ -107,7 +108,7 @@ def feed(encoder: ort.InferenceSession | None, loop: ort.InferenceSession, src: 
 @click.option("--graph", type=click.Choice(sorted(GRAPHS)), required=True)
 @click.option("--after-graph", type=click.Choice(sorted(GRAPHS)),
               help="AFTER's graph, of --graph's family (default: --graph).")
-@click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Inputs per call.")
+@click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True, help="Inputs per call.")
 @click.option("--beam", type=click.IntRange(1, MAX_GRAPH_BEAM), default=5, show_default=True,
               help="Beam size (beam graphs; the runtime runs wider beams without them).")
 @click.option("--steps", type=click.IntRange(1), default=20, show_default=True,

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stops import StoppableCommand  # noqa: E402
 
 from runtime.errors import Seq2OnnxError  # noqa: E402
+from runtime.infer_tokens import MAX_BATCH  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
 from runtime.sessions import max_threads  # noqa: E402
 from runtime.spec import N_SPECIAL_TOKENS  # noqa: E402
@@ -53,7 +54,7 @@ def call(model: Seq2Seq, source: Any, beam: int, steps: int) -> Callable[[], Any
 
 @click.command(cls=StoppableCommand, help="Time one thread, N intra-op threads and N workers of one thread on MODEL_DIR, interleaved.")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--batch", "batches", type=click.IntRange(1), multiple=True, help="Inputs a call (default 64).")
+@click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True, help="Inputs a call (default 64).")
 @click.option("--beam", "beams", type=click.IntRange(1, 16), multiple=True, help="Token models (default 1 and 5).")
 @click.option("--workers", type=click.IntRange(2), default=2, show_default=True,
               help="N: the workers, and the intra-op threads of the second decoder.")

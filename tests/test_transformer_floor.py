@@ -125,6 +125,8 @@ def test_a_toy_checkpoint_is_timed_through_both_parts(tmp_path):
     (["--lengths", "0,2,3"], 2, "expected integers >= 1, got '0,2,3'"),
     (["--lengths", "1,two,3"], 2, "expected comma-separated integers, got '1,two,3'"),
     (["--beams", "0"], 2, "expected integers >= 1, got '0'"),
+    (["--beams", "300"], 2, "expected integers up to 256, got 300"),
+    (["--beams", "1,,5"], 2, "expected comma-separated integers, got '1,,5' (an empty item)"),
     (["--repeats", "0"], 2, "0 is not in the range x>=1"),
     (["--rows", "1"], 2, "1 is not in the range x>=2"),
     (["--lengths", "1,2,33"], 2, "33 is more than this transformer's max_positions 32"),
