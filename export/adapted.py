@@ -7,7 +7,6 @@ batch, an axis that follows the source width is `source_len`, a declared growing
 axis is a fixed size. Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,8 @@ from runtime.spec import ModelSpec
 from runtime.vocab import Vocabulary
 
 from .adapter import AdapterError, Seq2SeqAdapter
-from .tracing import run_declared
+from .tracing import check_deterministic, run_declared
+from .weights import check_declared_weights
 
 PROBE_BATCHES = (3, 2)
 PROBE_WIDTHS = (5, 7)  # source widths (tokens, specials included) when the model does not fix one
@@ -203,7 +203,7 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
         raise AdapterError(f"state names {clash} are taken by the graphs' own inputs and outputs ({sorted(RESERVED)}, "
                            "and NAME_out for each state); rename them")
     adapter.train_mode_off()
-    check_weights(adapter)
+    check_declared_weights(adapter)
     fixed = adapter.fixed_source_len
     widths = (fixed, fixed) if fixed is not None else PROBE_WIDTHS
     probes = []
@@ -227,37 +227,6 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
             check_deterministic("step", {"scores": scores, **changed}, {"scores": repeated[0], **repeated[1]})
         state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
     return Adapted(adapter, build_contract(adapter, dims, alphas is not None), declared_spec(adapter))
-
-
-def check_weights(adapter: Seq2SeqAdapter) -> None:
-    """The declared modules' floating weights and buffers are float32: the graphs are exported and checked in
-    float32 (onnxruntime's recurrent kernels take no float64), and made float16 only after (dtype='fp16')."""
-    for i, root in enumerate(adapter.modules):
-        for name, tensor in itertools.chain(root.named_parameters(), root.named_buffers()):
-            if tensor.is_floating_point() and tensor.dtype != torch.float32:
-                half = tensor.dtype in (torch.float16, torch.bfloat16)
-                raise AdapterError(
-                    f"modules[{i}] ({type(root).__name__}) holds {tensor.dtype} weights ({name!r}); the export works "
-                    "in float32: call .float() on the model first"
-                    + ("; for float16 graphs, export the float32 model with --dtype fp16 (dtype='fp16')" if half
-                       else ""))
-
-
-def check_deterministic(what: str, first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
-    """Two calls on the same inputs gave the same tensors (within float rounding), else AdapterError naming it."""
-    for name, value in first.items():
-        other = second[name]
-        if value.is_floating_point():
-            same = torch.allclose(value, other, rtol=1e-5, atol=1e-6, equal_nan=True)
-        else:
-            same = torch.equal(value, other)
-        if not same:
-            worst = float((value.double() - other.double()).abs().max()) if value.is_floating_point() else None
-            by = f" by up to {worst:.3g}" if worst is not None else ""
-            raise AdapterError(f"{what} is not deterministic: two calls on the same inputs differ in {name!r}{by}; "
-                               "dropout left on (in a module not listed in modules=[...], which export puts in eval "
-                               "mode) or a random op would make every export differ from PyTorch; make it "
-                               "deterministic")
 
 
 def build_contract(adapter: Seq2SeqAdapter, dims: dict[str, Dims], attention: bool) -> TokenContract:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import os
 import shutil
 import uuid
@@ -39,6 +38,7 @@ from .precision import precision_entry
 from .quality import quality_report
 from .quality_rows import QualityError, QualityRow, QualityTolerance, failures, quality_summary
 from .quantize import check_loads, convert_graphs
+from .weights import check_weights
 
 
 class QualityLossWarning(UserWarning):
@@ -70,23 +70,6 @@ def load_source(source: Source) -> tuple[Any, ModelSpec, str]:
     model, spec, _ = load_checkpoint(Path(source))
     check_weights(model, f"checkpoint {Path(source).name}")
     return model.eval(), spec, f"checkpoint {Path(source).name}"
-
-
-def check_weights(model: torch.nn.Module, described: str) -> None:
-    """Every floating parameter and buffer float32 (the graphs are traced in float32; dtype='fp16' converts them
-    after) and finite (a NaN weight made the parity check blame the export)."""
-    for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
-        if not tensor.is_floating_point():
-            continue
-        if tensor.dtype != torch.float32:
-            raise ExportError(f"{described}: {name} is {str(tensor.dtype).removeprefix('torch.')}, expected "
-                              "float32 (export traces float32 graphs; dtype='fp16' converts them after); call "
-                              ".float() on the model first")
-        bad = int(tensor.numel() - torch.isfinite(tensor).sum())
-        if bad:
-            raise ExportError(f"{described}: {name} holds {bad} NaN or infinite value{'s' * (bad != 1)} of "
-                              f"{tensor.numel()}; such a model cannot be exported or checked; retrain it or "
-                              "repair its weights")
 
 
 def check_vocabularies(spec: ModelSpec, vocabularies: tuple[Vocabulary, Vocabulary] | None) -> None:

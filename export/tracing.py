@@ -76,3 +76,20 @@ def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> A
         raise
     except Exception as exc:  # the user's code: any error, reported with where it happened
         raise AdapterError(f"{what} failed{tracing.where()}: {type(exc).__name__}: {one_line(exc)}") from exc
+
+
+def check_deterministic(what: str, first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
+    """Two calls on the same inputs gave the same tensors (within float rounding), else AdapterError naming it."""
+    for name, value in first.items():
+        other = second[name]
+        if value.is_floating_point():
+            same = torch.allclose(value, other, rtol=1e-5, atol=1e-6, equal_nan=True)
+        else:
+            same = torch.equal(value, other)
+        if not same:
+            worst = float((value.double() - other.double()).abs().max()) if value.is_floating_point() else None
+            by = f" by up to {worst:.3g}" if worst is not None else ""
+            raise AdapterError(f"{what} is not deterministic: two calls on the same inputs differ in {name!r}{by}; "
+                               "dropout left on (in a module not listed in modules=[...], which export puts in eval "
+                               "mode) or a random op would make every export differ from PyTorch; make it "
+                               "deterministic")
