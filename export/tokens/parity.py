@@ -256,22 +256,23 @@ def verify_rows(checkpoint: Path, data: str | None, model: Any, runtime: Seq2Seq
         note(f"note: the checkpoint's training data cannot be reloaded ({exc}); comparing on random ids only "
              "(pass --data to compare on real texts)")
         return rows
-    vocab = runtime.vocabularies["source"]  # without an unknown id, texts it lacks are left out below instead
-    share = (unknown_fraction(vocab, fitting_texts(list(test.sources) + list(train.sources), runtime))
+    splits = {"test": list(test.sources), "train": list(train.sources)}
+    fitting = {name: fitting_texts(texts, runtime) for name, texts in splits.items()}  # what the runtime reads
+    vocab = runtime.vocabularies["source"]  # without an unknown id, texts it lacks are left out instead
+    share = (unknown_fraction(vocab, fitting["test"] + fitting["train"])
              if data is not None and vocab.ids.unk is not None else 0.0)
     if share > UNK_WARN_FRACTION:  # they all read as <unk>: little real text is compared
         note(f"warning: {share:.0%} of the source tokens of {data!r} are not in the model's source vocabulary (they "
              "become <unk>), so the real-text checks compare little real text; pass data the model was made for")
     why = (f"longer than the transformer's max_positions {runtime.spec.max_positions} (</s> included)"
            if runtime.spec.is_transformer else "longer than the model reads, or hold tokens its vocabulary lacks")
-    compared = 0
-    for name, pairs in (("test", test), ("train", train)):
-        fitting = len(fitting_texts(list(pairs.sources), runtime))
-        left_out, compared = len(pairs.sources) - fitting, compared + fitting
+    compared = len(fitting["test"]) + len(fitting["train"])
+    for name, texts in splits.items():
+        left_out = len(texts) - len(fitting[name])
         if left_out:
-            rest = "comparing on the others" if fitting else "none is left"
+            rest = "comparing on the others" if fitting[name] else "none is left"
             note(f"note: {left_out} {name} text(s) are {why}, which the runtime refuses; {rest}")
-        rows += run_token_data_parity(model, runtime, list(pairs.sources), name, tol)
+        rows += run_token_data_parity(model, runtime, fitting[name], name, tol)
     if not compared and data is not None:
         raise VerifyError(f"--data: none of the {len(test.sources) + len(train.sources)} texts of {data!r} can be "
                           f"read by the model (they are {why}); nothing of it was compared: pass data the model "
