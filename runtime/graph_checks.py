@@ -13,6 +13,8 @@ from .manifest import Manifest
 from .sessions import session_io
 from .spec import ModelSpec
 
+IO_DIFFERENCES = 3  # of the I/O differences a message lists
+
 
 def check_session(session: Any, entry: dict[str, Any], manifest: Manifest, where: Path) -> None:
     """The graph's I/O must be the manifest's, and it must carry this export's id and spec."""
@@ -43,9 +45,6 @@ def _io_difference(actual: dict[str, dict[str, Any]], declared: dict[str, dict[s
                  if name in have and have[name] != want[name]]
     shown = "; ".join(said[:IO_DIFFERENCES])
     return shown + (f"; and {len(said) - IO_DIFFERENCES} more" if len(said) > IO_DIFFERENCES else "")
-
-
-IO_DIFFERENCES = 3  # of the I/O differences a message lists
 
 
 def _graph_spec(text: str | None, manifest: Manifest, where: Path) -> None:

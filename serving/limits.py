@@ -75,31 +75,34 @@ class BodyTimeout(Exception):
     """The request's body had not all come when its time (serve --body-timeout) ran out."""
 
 
-async def read_body(receive: Receive, timeout_s: float, limit: int | None = None) -> bytes | None:
+async def read_body(receive: Receive, timeout_s: float, limit: int | None = None,
+                    keep: bool = True) -> bytes | None:
     """The whole request body, or None as soon as it passes `limit` bytes; ClientGone if the client disconnects
     before its end (a part of a body is no request to answer), BodyTimeout if it has not ended within timeout_s (a
     body trickled in, or one shorter than its Content-Length, would hold its connection for as long as the client
-    keeps it open)."""
+    keeps it open). `keep=False` reads it to its end and drops it (b"" at the end)."""
     chunks: list[bytes] = []
     try:
         if hasattr(asyncio, "timeout"):  # Python 3.11+: no task of its own
             async with asyncio.timeout(timeout_s):
-                return await _read(receive, chunks, limit)
-        return await asyncio.wait_for(_read(receive, chunks, limit), timeout_s)
+                return await _read(receive, chunks, limit, keep)
+        return await asyncio.wait_for(_read(receive, chunks, limit, keep), timeout_s)
     except asyncio.TimeoutError:  # TimeoutError itself from 3.11
         size = sum(map(len, chunks))
         raise BodyTimeout(f"request body: {size} byte{'s' * (size != 1)} came in {timeout_s:g} s, and not its end "
                           "(serve --body-timeout); send the whole body at once") from None
 
 
-async def _read(receive: Receive, chunks: list[bytes], limit: int | None) -> bytes | None:
+async def _read(receive: Receive, chunks: list[bytes], limit: int | None, keep: bool = True) -> bytes | None:
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             raise ClientGone
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
+        body = message.get("body", b"")
+        if keep:
+            chunks.append(body)
+        size += len(body)
         if limit is not None and size > limit:
             return None
         if not message.get("more_body", False):
@@ -119,18 +122,9 @@ async def _drain(receive: Receive, declared: int, headers: dict[bytes, bytes], t
     whole body was read (the connection can then stay open)."""
     if declared > DRAIN_BYTES or headers.get(b"expect", b"").lower() == b"100-continue":
         return False
-
-    async def dropped() -> bool:
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return False  # the client went
-            if not message.get("more_body", False):
-                return True
-
     try:
-        return await asyncio.wait_for(dropped(), min(timeout_s, DRAIN_TIMEOUT_S))
-    except asyncio.TimeoutError:
+        return await read_body(receive, min(timeout_s, DRAIN_TIMEOUT_S), DRAIN_BYTES, keep=False) is not None
+    except (ClientGone, BodyTimeout):
         return False
 
 
