@@ -21,10 +21,12 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
+from runtime.atomic import identity
 from runtime.errors import Seq2OnnxError, Terminated, UsageError, one_line
 
 from .streams import to_null
@@ -140,6 +142,19 @@ def published(path: Any) -> None:
     from a thread other than the main one (`infer --ray` publishes on its Ray thread)."""
     if str(path) not in WRITTEN:
         WRITTEN.append(str(path))
+
+
+@contextlib.contextmanager
+def publishes(path: Path, shown: Any) -> Iterator[None]:
+    """A block that publishes the directory at `path` under its lock (an export): a stop that lands once the tree is
+    in place (while the old one is removed, or the lock let go) says `shown` was written, not that nothing was."""
+    before = identity(path)
+    try:
+        yield
+    except BaseException:
+        if identity(path) not in (None, before):
+            published(shown)
+        raise
 
 
 def written_so_far() -> str:

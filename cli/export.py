@@ -22,7 +22,7 @@ from runtime.defaults import (
 )
 from runtime.errors import UsageError
 
-from .common import no_temporary_directory, require_torch, user_errors, wrote
+from .common import no_temporary_directory, publishes, require_torch, user_errors, wrote
 from .options import FiniteFloatRange
 from .streams import StdoutError
 from .train import check_data_option
@@ -204,7 +204,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
     try:
         check_destination(normalized(out), force)  # a refused --out is said before any work
         source = checkpoint if checkpoint is not None else load_adapter(adapter)
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, publishes(normalized(out), out):
             warnings.simplefilter("always", QualityLossWarning)
             path = export_model(source, out, opset=opset, tol=tol, force=force, progress=True,
                                 on_loaded=lambda: click.echo(f"exporting {checkpoint or adapter} (opset {opset}); "

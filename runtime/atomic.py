@@ -55,6 +55,16 @@ def staged_directory(out: Path, check_replace: Callable[[Path], None]) -> Iterat
             remove(staging)
 
 
+def identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of what is at `path` now, None where nothing is: the writer holding `path`'s lock, stopped
+    while it wrote, tells from a change whether its tree was published (only it can have replaced it)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _take_on(staging: Path, out: Path) -> int | None:
     """Where `out` is already a directory (an empty one the caller may use, or an artifact it replaces), the
     staged tree takes on its owner, group and set-group-ID bit now, so that what is written under it gets the

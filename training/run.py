@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.atomic import identity
 from runtime.contract import CHECKPOINT_STATE_FILE
 from runtime.errors import UsageError
 from runtime.writer_lock import exclusive
@@ -145,11 +146,16 @@ def run(plan: RunPlan, hooks: RunHooks, dist: Dist | None = None) -> None:
 def _write(plan: RunPlan, job: Job, saved_state: Path, dist: Dist | None) -> None:
     """Rank 0 (or the only process): the checkpoint from the trained state, then the interrupted run's state gone."""
     trainer = job.trainer
+    before = identity(Path(plan.out))
     try:
         save_checkpoint(plan.out, trainer.model, trainer.spec, trainer.config, trainer.history, job.description,
                         {**trainer.state_dict(), **job.extra_state}, force=plan.force or plan.resume,
                         vocabularies=job.vocabularies, meta=distributed_meta(trainer.config, dist))
     except KeyboardInterrupt as err:
+        if identity(Path(plan.out)) not in (None, before):  # it landed once the checkpoint was in place
+            clear_partial(plan.out)
+            raise RunStopped(f"{why_stopped(err, dist)} just after {str(plan.out)!r} was written; the run is "
+                             "complete") from None
         raise RunStopped(f"{why_stopped(err, dist)} while writing the checkpoint after the last epoch; "
                          f"{str(plan.out)!r} was not written, the trained state is in {str(saved_state)!r}: rerun "
                          "with --resume to write it") from None
