@@ -106,6 +106,30 @@ def failures(rows: list[QualityRow]) -> list[QualityRow]:
     return [r for r in rows if not r.ok]
 
 
+RATES = ("exact_match", "token_agreement")  # measures where more is better; every other one is a difference
+ACCEPTED_SLACK = 1e-3  # a loss re-measured on another machine (a GPU's fp16) may move this much, relative, and
+                       # still be the loss the export accepted
+
+
+def worse_than_accepted(failed: list[QualityRow], recorded: dict[str, Any]) -> list[QualityRow]:
+    """The rows beyond tolerance that an export published with --accept-quality-loss did not accept: a case and
+    measure its manifest does not record beyond tolerance, or one now worse than recorded. All of them where the
+    export accepted nothing."""
+    if recorded.get("accepted_beyond_tolerance") is not True:
+        return failed
+    accepted = {(r.get("case"), r.get("metric")): r.get("value") for r in recorded.get("rows", ())
+                if isinstance(r, dict) and r.get("ok") is False}
+    return [r for r in failed if not _no_worse(r, accepted.get((r.case, r.metric)))]
+
+
+def _no_worse(row: QualityRow, accepted: Any) -> bool:
+    if not isinstance(accepted, (int, float)) or not math.isfinite(row.value):
+        return False
+    if row.metric in RATES:
+        return row.value >= accepted - ACCEPTED_SLACK
+    return row.value <= accepted * (1 + ACCEPTED_SLACK)
+
+
 def format_quality(rows: list[QualityRow], tol: QualityTolerance, mode: str) -> str:
     """One line per case or set with each measure as a column ('!' marks a value beyond its limit), then limits."""
     metrics = list(dict.fromkeys(r.metric for r in rows))

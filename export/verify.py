@@ -19,7 +19,7 @@ from .errors import VerifyError
 from .kinds import KINDS
 from .parity import ROUNDING, ROUNDING_STEPS, Say, Tolerance, format_table
 from .quality import quality_report
-from .quality_rows import QualityTolerance, failures, format_quality
+from .quality_rows import QualityTolerance, failures, format_quality, worse_than_accepted
 
 __all__ = ["VerifyError", "check_pair", "input_errors", "verify"]
 
@@ -127,9 +127,16 @@ def verify_reduced(checkpoint: Any, model_dir: Path, runtime: Any, tol: Toleranc
     note(f"{model_dir} ran on {candidate.providers[0]}")
     show(format_quality(rows, qtol, mode))
     failed = failures(rows)
+    worse = worse_than_accepted(failed, recorded)
+    if worse:
+        hint = pair_hint(model_dir, runtime.manifest.raw.get("source"), name or checkpoint)
+        if recorded.get("accepted_beyond_tolerance") is not True:
+            counted = "1 check exceeds" if len(worse) == 1 else f"{len(worse)} checks exceed"
+            raise VerifyError(f"{counted} the quality tolerances of {model_dir}; {hint}")
+        named = ", ".join(f"{r.case} {r.metric}" for r in worse[:3]) + (", ..." if len(worse) > 3 else "")
+        raise VerifyError(f"{model_dir} was published with --accept-quality-loss, and {len(worse)} of its checks "
+                          f"beyond the quality tolerances went beyond the loss it accepted then ({named}); {hint}")
     if failed:
-        accepted = " (it was published with --accept-quality-loss)" if recorded.get("accepted_beyond_tolerance") else ""
-        counted = "1 check exceeds" if len(failed) == 1 else f"{len(failed)} checks exceed"
-        raise VerifyError(f"{counted} the quality tolerances of {model_dir}{accepted}; "
-                          f"{pair_hint(model_dir, runtime.manifest.raw.get('source'), name or checkpoint)}")
+        return (f"float32 parity; {len(failed)} {mode} quality check{'' if len(failed) == 1 else 's'} beyond "
+                "tolerance, as recorded when it was published with --accept-quality-loss, and no worse")
     return f"float32 parity and all {mode} quality checks within tolerance"

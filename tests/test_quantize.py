@@ -367,3 +367,26 @@ def test_an_exports_precision_is_read_from_its_manifest_and_named_by_bench(point
     assert (fp32.precision, int8.precision) == ("fp32", "int8")
     assert describe_model(int8.spec, int8.precision).endswith("dot attention, int8 weights")
     assert "weights" not in describe_model(fp32.spec, fp32.precision)
+
+
+def test_verify_passes_an_accepted_loss_and_fails_one_worse_than_accepted(tmp_path):
+    """An export published with --accept-quality-loss passes verify while its loss is the one it accepted (it
+    failed every time, blaming the pair), and fails once a check is worse than its manifest records."""
+    runner = CliRunner()
+    out = tmp_path / "accepted"
+    done = runner.invoke(export_command, [str(SQUARES), "--out", str(out), "--quantize", "int8",
+                                          "--max-attention-diff", "0", "--accept-quality-loss"])
+    assert done.exit_code == 0, done.output
+    checked = runner.invoke(verify_command, [str(SQUARES), str(out)])
+    assert checked.exit_code == 0, checked.output
+    assert "beyond tolerance, as recorded when it was published with --accept-quality-loss, and no worse" \
+        in checked.output
+    record = manifest(out)
+    beyond = [row for row in record["quality"]["rows"] if not row["ok"]]
+    assert beyond and all(row["metric"].endswith("attention.max_abs") for row in beyond)
+    beyond[0]["value"] /= 2  # the export accepted half the loss it shows now
+    (out / "manifest.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+    worse = runner.invoke(verify_command, [str(SQUARES), str(out)])
+    assert worse.exit_code == 1 and "Traceback" not in worse.output
+    assert (f"{out} was published with --accept-quality-loss, and 1 of its checks beyond the quality tolerances "
+            f"went beyond the loss it accepted then ({beyond[0]['case']} {beyond[0]['metric']})") in worse.output
