@@ -158,7 +158,7 @@ def load_adapter(value: str) -> Any:
 @click.option("--adapter", metavar="MODULE:FUNCTION", default=None, help=ADAPTER_HELP)
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Directory to write the export to (a new one, or an earlier export with --force).")
-@click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20).")
+@click.option("--opset", type=int, default=DEFAULT_OPSET, show_default=True, help="ONNX opset (14-20); a transformer's fast graphs are written at 17 whatever it says.")
 @tolerance_options
 @precision_options
 @click.option("--force", is_flag=True, help="Replace an existing export at --out.")
@@ -178,7 +178,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
                                f"({'not both' if adapter else 'neither was given'})")
     check_precision(ctx, quantize, dtype, accept_quality_loss)
     require_torch()
-    from export.api import QualityLossWarning, export_model
+    from export.api import QualityLossWarning, RandomInputsWarning, export_model
     from export.atomic import check_destination
     from export.graphs import MAX_OPSET, MIN_OPSET
     from export.parity import Tolerance, format_table
@@ -206,6 +206,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
         source = checkpoint if checkpoint is not None else load_adapter(adapter)
         with warnings.catch_warnings(record=True) as caught, publishes(normalized(out), out):
             warnings.simplefilter("always", QualityLossWarning)
+            warnings.simplefilter("always", RandomInputsWarning)
             path = export_model(source, out, opset=opset, tol=tol, force=force, progress=True,
                                 on_loaded=lambda: click.echo(f"exporting {checkpoint or adapter} (opset {opset}); "
                                                              "checking parity over the shape matrix ...", err=True),
@@ -223,7 +224,9 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
         raise click.ClickException(f"--out {out}: the export could not be written ({exc.strerror or exc}); nothing "
                                    "was written there") from None
     for warning in caught:
-        if issubclass(warning.category, QualityLossWarning):
+        if issubclass(warning.category, RandomInputsWarning):
+            click.echo(f"note: {warning.message}", err=True)
+        elif issubclass(warning.category, QualityLossWarning):
             click.echo(f"warning: {warning.message}", err=True)
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)

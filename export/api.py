@@ -36,6 +36,7 @@ from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, raise_on_failure, report
 from .precision import precision_entry
 from .quality import quality_report
+from .quality_inputs import checkpoint_data, random_only
 from .quality_rows import QualityError, QualityRow, QualityTolerance, failures, quality_summary
 from .quantize import check_loads, convert_graphs
 from .weights import check_weights
@@ -43,6 +44,10 @@ from .weights import check_weights
 
 class QualityLossWarning(UserWarning):
     """A reduced-precision export was published although it loses more than the stated tolerance."""
+
+
+class RandomInputsWarning(UserWarning):
+    """A checkpoint's reduced-precision export was judged on random inputs: its training data cannot be read now."""
 
 
 Source = str | Path | EncoderDecoder | TokenModel | Seq2SeqAdapter
@@ -125,15 +130,6 @@ def precision_mode(quantize: str | None, dtype: str) -> str:
     return quantize or dtype
 
 
-def checkpoint_data(source: Any, spec: ModelSpec, name: str | None = None) -> Any:
-    """Real inputs to judge a reduced-precision export on: the test split of `name` (a data set name or path), else
-    of the checkpoint's own data; texts for token models, (N, L, F) sources for point models. None when there are
-    none (a model object, or data moved or changed since training)."""
-    if name is None and isinstance(source, (EncoderDecoder, TokenModel, Seq2SeqAdapter)):
-        return None
-    return KINDS[spec.kind].test_inputs(source, spec, name)
-
-
 def export_model(
     source: Source, out: str | Path, *, opset: int = DEFAULT_OPSET,
     tol: Tolerance = Tolerance(), force: bool = False, progress: bool = False,
@@ -208,7 +204,7 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
         if mode != FP32:
             data = quality_data if quality_data is not None else checkpoint_data(source, spec)
             reduce_precision(staging, out, model, spec, manifest, mode, quality_tol, accept_quality_loss, data,
-                             on_quality)
+                             on_quality, random_only(source, data))
     return out
 
 
@@ -242,7 +238,7 @@ def restored_modes(source: Any) -> Iterator[None]:
 
 def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, manifest: dict[str, Any], mode: str,
                      tol: QualityTolerance, accept: bool, data: Any,
-                     on_quality: Callable[[list[QualityRow]], None] | None) -> None:
+                     on_quality: Callable[[list[QualityRow]], None] | None, why_random: str | None = None) -> None:
     """Convert the checked float32 graphs in `staging` to `mode`, compare them with a float32 copy (beside `out`,
     removed after), and record precision and quality in the manifest; raise QualityError beyond `tol`."""
     contract = model.contract if isinstance(model, Adapted) else None
@@ -275,7 +271,9 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
                            "nothing was written. Publish it anyway with --accept-quality-loss (export_model's "
                            "accept_quality_loss=True), or loosen the tolerance ("
                            f"{', '.join('--' + n.replace('_', '-') for n in tol.names(spec.kind))}; export_model's "
-                           f"quality_tol):\n{shown}")
+                           f"quality_tol):\n{shown}" + (f"\nNote: {why_random}" if why_random else ""))
+    if why_random:
+        warnings.warn(f"{out}: {why_random}", RandomInputsWarning, stacklevel=3)
     if failed:
         checks = f"{len(failed)} check{'' if len(failed) == 1 else 's'}"
         warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol.judged(spec.kind)}) in {checks}; "

@@ -14,11 +14,12 @@ from training.checkpoint import CheckpointError, load_checkpoint_vocabularies
 from training.points.data import is_point_data
 
 from .adapted import Adapted
-from .api import checkpoint_data, export_model, load_source
+from .api import export_model, load_source
 from .errors import VerifyError
 from .kinds import KINDS
 from .parity import ROUNDING, ROUNDING_STEPS, Say, Tolerance, format_table
 from .quality import quality_report
+from .quality_inputs import checkpoint_data, random_only
 from .quality_rows import QualityTolerance, failures, format_quality, worse_than_accepted
 
 __all__ = ["VerifyError", "check_pair", "input_errors", "verify"]
@@ -123,7 +124,11 @@ def verify_reduced(checkpoint: Any, model_dir: Path, runtime: Any, tol: Toleranc
                                               on_parity=lambda rows: show(format_table(rows, tol))),
                                  provider="cpu")
         candidate = Seq2Seq.load(model_dir, provider="auto")  # a GPU measures fp16 where it is meant to run
-        rows = quality_report(reference, candidate, qtol, checkpoint_data(checkpoint, runtime.spec, data))
+        inputs = checkpoint_data(checkpoint, runtime.spec, data)
+        rows = quality_report(reference, candidate, qtol, inputs)
+    why_random = random_only(checkpoint, inputs) if data is None else None
+    if why_random:
+        note(f"note: {why_random} (or pass --data)")
     note(f"{model_dir} ran on {candidate.providers[0]}")
     show(format_quality(rows, qtol, mode))
     failed = failures(rows)

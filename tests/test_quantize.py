@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -390,3 +392,31 @@ def test_verify_passes_an_accepted_loss_and_fails_one_worse_than_accepted(tmp_pa
     assert worse.exit_code == 1 and "Traceback" not in worse.output
     assert (f"{out} was published with --accept-quality-loss, and 1 of its checks beyond the quality tolerances "
             f"went beyond the loss it accepted then ({beyond[0]['case']} {beyond[0]['metric']})") in worse.output
+
+
+def test_a_checkpoint_whose_data_moved_says_its_precision_was_judged_on_random_inputs(tmp_path):
+    """The quality check falls back to random inputs when the checkpoint's training data is gone: the refusal, the
+    export and verify say so and name the data (they said nothing, and a good export looked refused for its own
+    sake)."""
+    rng = np.random.default_rng(0)
+    source = rng.normal(size=(64, 3, 2)).astype(np.float32)
+    np.savez(tmp_path / "mine.npz", source=source, target=np.cumsum(source, 1)[:, -2:])
+    trained = subprocess.run([sys.executable, "-m", "cli", "train", "--data", "mine.npz", "--epochs", "1",
+                              "--hidden-dim", "4", "--quiet", "--threads", "1", "--out", "ckpt"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr
+    (tmp_path / "mine.npz").rename(tmp_path / "moved.npz")
+    said = (f"the checkpoint's training data {str(tmp_path / 'mine.npz')!r} is missing or changed since training, so "
+            "the reduced-precision graphs were judged on random inputs only")
+    runner = CliRunner()
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "int8")
+    refused = runner.invoke(export_command, [ckpt, "--out", out, "--quantize", "int8", "--max-output-diff", "0"])
+    assert refused.exit_code == 1 and f"\nNote: {said}" in refused.output, refused.output
+    loose = ["--max-output-diff", "100", "--max-attention-diff", "100"]
+    done = runner.invoke(export_command, [ckpt, "--out", out, "--quantize", "int8", *loose])
+    assert done.exit_code == 0 and f"note: {out}: {said}" in done.output, done.output
+    checked = runner.invoke(verify_command, [ckpt, out])
+    assert checked.exit_code == 0 and f"note: {said}" in checked.output and "(or pass --data)" in checked.output
+    (tmp_path / "moved.npz").rename(tmp_path / "mine.npz")
+    quiet = runner.invoke(verify_command, [ckpt, out])
+    assert quiet.exit_code == 0 and "random inputs only" not in quiet.output, quiet.output
