@@ -165,6 +165,9 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     from runtime.model import Seq2Seq
 
     check_workers_option(workers, threads, on_ray or address is not None or concurrency is not None)
+    if provider == "cpu" and click.get_current_context().get_parameter_source("device_id") is not ParameterSource.DEFAULT:
+        raise click.UsageError("--device-id picks a GPU; with --provider cpu it would change nothing: drop it, or "
+                               "pass --provider cuda or auto")
     if on_ray or address is not None or concurrency is not None:
         return _infer_on_ray(click.get_current_context(), RayJob(
             model_dir=model_dir, input_path=input_path, texts=texts, target_len=target_len, provider=provider,

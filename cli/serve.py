@@ -11,6 +11,7 @@ import math
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -258,11 +259,12 @@ def _serve_here(model_dir: Path, kind: str, config: ServeConfig, host: str, port
 
     route = prefix.rstrip("/") + ("/v1/predict" if kind == "points" else "/v1/translate")
 
-    def ready(service: object) -> None:
+    def ready(service: Any) -> None:
         under = prefix.rstrip("/")
+        on = service.model.providers[0].removesuffix("ExecutionProvider")  # 'auto' says where it landed
         click.echo(f"serve: {model_dir} at http://{host}:{port}{under} (POST {route}; GET {under}/v1/model, "
                    f"{under}/healthz, {under}/readyz, {under}/metrics; docs at {under}/docs); this process, "
-                   f"{_decoding(config)}, {malloc}; Ctrl-C stops", err=True)
+                   f"{_decoding(config)} on {on}, {malloc}; Ctrl-C stops", err=True)
 
     stopped_by, service = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready)
     if stopped_by is None:

@@ -39,7 +39,7 @@ def cuda_start_error(name: str, providers: list[str], device_id: int, exc: BaseE
         count = int(found.group(2))
         if not count:
             return ProviderError(f"{name}: there is no CUDA device {device_id}: onnxruntime sees no CUDA device; "
-                                 "pass provider 'cpu'")
+                                 "pass provider 'cpu' (--provider cpu)")
         ids = f"device_id 0{f' to {count - 1}' if count > 1 else ''}"
         return ProviderError(f"{name}: there is no CUDA device {device_id}: onnxruntime sees {count} CUDA "
                              f"device{'' if count == 1 else 's'} ({ids}); pass one of those as device_id (infer "

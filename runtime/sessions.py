@@ -97,7 +97,7 @@ def requested_providers(provider: str) -> list[str]:
         raise ProviderError(
             f"provider 'cuda': this onnxruntime build ({ort.__version__}, providers {available}) has no CUDA "
             "support; install the 'gpu' extra (onnxruntime-gpu) instead of 'cpu': pip uninstall onnxruntime && "
-            "pip install -e '.[gpu]' in a seq2onnx checkout; or pass provider 'cpu'"
+            "pip install -e '.[gpu]' in a seq2onnx checkout; or pass provider 'cpu' (--provider cpu)"
         )
     return [CUDA, CPU] if CUDA in available else [CPU]
 
@@ -251,8 +251,9 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
     if provider == "cuda" and CUDA not in session.get_providers():
         raise ProviderError(
             f"provider 'cuda': onnxruntime-gpu is installed but CUDA could not start on CUDA device {device_id} (no "
-            f"NVIDIA GPU of that ordinal, or no driver, CUDA or cuDNN libraries); the session fell back to "
-            f"{session.get_providers()}. Pass provider 'cpu' or 'auto', or another device_id"
+            f"NVIDIA GPU of that ordinal, or no driver, CUDA or cuDNN libraries); the session started with "
+            f"{session.get_providers()} only. Pass provider 'cpu' or 'auto' (--provider), or another device_id "
+            "(infer --device-id)"
         )
     return session
 

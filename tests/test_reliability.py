@@ -305,6 +305,8 @@ CLI_CASES: dict[str, Case] = {
                                  says=("--device-id", "-1", "0<=x<=2147483647")),
     "infer --device-id 2**31": case(*INFER, "--input", "points.npy", "--device-id", str(2**31), code=USAGE,
                                     says=("--device-id", str(2**31), "0<=x<=2147483647")),
+    "infer --provider cpu --device-id 1": case(*INFER, "--input", "points.npy", "--provider", "cpu", "--device-id", "1",
+                                               code=USAGE, says=("--device-id picks a GPU", "--provider cpu")),
     "infer --threads 0": case(*INFER, "--input", "points.npy", "--threads", "0", code=USAGE,
                               says=("--threads", "got 0")),
     "infer --output nodir/": case(*INFER, "--input", "points.npy", "--output", "nodir/o.json", code=USAGE,

@@ -229,7 +229,7 @@ NO_DEVICE_3 = ("/onnxruntime_src/onnxruntime/core/providers/cuda/cuda_execution_
 @pytest.mark.parametrize("count, sees", [
     (1, "1 CUDA device (device_id 0); pass one of those as device_id (infer --device-id), or provider 'cpu'"),
     (4, "4 CUDA devices (device_id 0 to 3); pass one of those as device_id (infer --device-id), or provider 'cpu'"),
-    (0, "no CUDA device; pass provider 'cpu'")])
+    (0, "no CUDA device; pass provider 'cpu' (--provider cpu)")])
 def test_a_cuda_device_past_the_gpus_is_said_so(count, sees):
     """onnxruntime's error for an ordinal past the GPUs came wrapped in its source paths; it is said plainly, with
     the ordinals there are. Other failures keep onnxruntime's words."""

@@ -115,7 +115,9 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
     assert too_many.status_code == 413 and "--max-batch-size" in too_many.json()["error"]
     err = stop(process)
     assert f"at http://127.0.0.1:{port}" in err
-    assert ("2 copies of the model, 1 decoding thread(s) each" in err) == (copies == 2)
+    assert ("2 copies of the model, 1 decoding thread(s) each on CPU" in err) == (copies == 2)
+    if "--ray" not in backend:  # where the sessions run, 'auto' or not
+        assert (", 1 decoding thread(s) on CPU, " in err) == (copies == 1)
 
 
 def _start_serving(tmp_path: Path, *args: str, port: int | None = None) -> tuple[subprocess.Popen, Path]:
