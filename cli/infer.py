@@ -184,6 +184,9 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
                              workers=workers)
     except Seq2OnnxError as exc:  # the model or the options, not the input
         raise click.ClickException(str(exc)) from None
+    if attention and not model.spec.has_attention:  # as a token model's run refuses it
+        raise click.UsageError(f"--attention: {model_dir} has no attention (its spec says attention 'none'), so "
+                               "there are no weights to return; drop --attention")
     try:
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
     except InputError as exc:  # what the file holds (its shape, values, mask): named with the file

@@ -227,3 +227,14 @@ def test_verify_refuses_a_mismatched_pair(pipeline, tmp_path):
 def test_help_states_each_default_once(command: str, says: str, not_says: str | None) -> None:
     shown = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=200).output.split())
     assert says in shown and (not_says is None or not_says not in shown), shown
+
+
+def test_infer_attention_of_a_point_model_without_attention_is_refused(exports, tmp_path):
+    """`--attention` on a model whose spec says attention 'none' is a usage error, as for token models (it printed
+    the outputs alone, exit 0)."""
+    points = tmp_path / "points.npy"
+    np.save(points, np.zeros((2, 3, 2), np.float32))
+    result = CliRunner().invoke(main, ["infer", str(exports["none"].path), "--input", str(points), "--attention"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--attention: " in result.output and "has no attention (its spec says attention 'none')" in result.output
+    assert CliRunner().invoke(main, ["infer", str(exports["none"].path), "--input", str(points)]).exit_code == 0
