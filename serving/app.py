@@ -42,7 +42,7 @@ class Seq2SeqService:
     async def predict(self, source: Any, source_mask: Any = None, target_len: int | None = None,
                       return_attention: bool = False) -> dict[str, Any]:
         """Handle callers: `Seq2Seq.predict` through the batcher -> {"outputs", "attention", "export_id"}."""
-        done = await self.service.predict(source, source_mask, target_len)
+        done = await self.service.predict(source, source_mask, target_len, return_attention)
         return predict_body(self.service, done, return_attention)
 
     async def translate(self, texts: list[str], **options: Any) -> list[list[dict[str, Any]]]:

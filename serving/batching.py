@@ -35,11 +35,12 @@ class Decoded:
 
 @dataclass
 class PointJob:
-    """A checked points request: source (n, L, F), mask (n, 1, L), target length."""
+    """A checked points request: source (n, L, F), mask (n, 1, L), target length, whether it wants attention."""
 
     source: np.ndarray
     mask: np.ndarray
     target_len: int
+    attention: bool = True
     rows: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,7 +92,7 @@ def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None
 
 
 def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int,
-              max_length: int) -> PointJob:
+              max_length: int, attention: bool = True) -> PointJob:
     """Check one points request against the model, as `Seq2Seq.predict` would, and against the server's bounds."""
     if model.spec.kind != "points":
         raise InputError("source: this server's model is a token model, which takes texts; POST "
@@ -99,7 +100,8 @@ def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, ma
     src = check_source(source, model.spec)  # (n, L, F)
     check_rows(src.shape[0], "source", max_rows)
     check_length("target_len", target_len, model, max_length)
-    return PointJob(src, check_mask(source_mask, src, flat=True), check_target_len(target_len, model.spec))
+    return PointJob(src, check_mask(source_mask, src, flat=True), check_target_len(target_len, model.spec),
+                    bool(attention))
 
 
 def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int, max_length: int) -> TokenJob:
@@ -121,17 +123,36 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
 
 
 def decode_points(model: Seq2Seq, jobs: Sequence[PointJob], cancel: Cancel | None = None) -> list[Decoded]:
-    """Decode point jobs, merged by target length -> per job (outputs (n, Lt, F), attention or None). `cancel`:
-    asked between decoder steps; True stops the decode (runtime.errors.Cancelled)."""
+    """Decode point jobs, merged by target length and similar source lengths (`similar_lengths`) -> per job
+    (outputs (n, Lt, F), attention or None where it was not asked for). `cancel`: asked between decoder steps; True
+    stops the decode (runtime.errors.Cancelled)."""
     groups: dict[int, list[int]] = {}
     for i, job in enumerate(jobs):
         groups.setdefault(job.target_len, []).append(i)
     found: dict[int, Decoded] = {}
-    for target_len, members in groups.items():
-        merged = [jobs[i] for i in members]
-        found.update(zip(members, _guarded(lambda js, n=target_len: _points_together(model, js, n, cancel),
-                                           merged)))
+    for target_len, same_target in groups.items():
+        for members in similar_lengths(same_target, [jobs[i].source.shape[1] for i in same_target]):
+            merged = [jobs[i] for i in members]
+            found.update(zip(members, _guarded(lambda js, n=target_len: _points_together(model, js, n, cancel),
+                                               merged)))
     return [found[i] for i in range(len(jobs))]
+
+
+MAX_PADDING = 2  # a merged request's source is padded to at most this many times its own length,
+PADDING_FREE = 64  # or to this many points, which costs next to nothing
+
+
+def similar_lengths(members: list[int], lengths: list[int]) -> list[list[int]]:
+    """`members` in runs of source lengths that pad each other little (MAX_PADDING, PADDING_FREE): merging a
+    3-point request with a 50,000-point one padded it (and its attention, and every other request's) to 50,000."""
+    runs: list[list[int]] = []
+    shortest = 0
+    for length, member in sorted(zip(lengths, members)):
+        if not runs or length > max(MAX_PADDING * shortest, PADDING_FREE):
+            runs.append([])
+            shortest = length
+        runs[-1].append(member)
+    return runs
 
 
 def _points_together(model: Seq2Seq, jobs: Sequence[PointJob], target_len: int,
@@ -148,12 +169,14 @@ def _points_together(model: Seq2Seq, jobs: Sequence[PointJob], target_len: int,
         source[start:start + job.rows, :length] = job.source
         mask[start:start + job.rows, :, :length] = job.mask
         start += job.rows
-    outputs, attention = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True,
-                                       cancel=cancel)
+    wanted = any(job.attention for job in jobs)
+    found = model.predict(source, target_len=target_len, source_mask=mask, return_attention=wanted, cancel=cancel)
+    outputs, attention = found if wanted else (found, None)
     results, start = [], 0
     for job in jobs:
         part = slice(start, start + job.rows)
-        alphas = None if attention is None else attention[part, ..., :job.source.shape[1]]  # (n, [h,] Lt, L)
+        alphas = None if attention is None or not job.attention else \
+            attention[part, ..., :job.source.shape[1]]  # (n, [h,] Lt, L)
         results.append((outputs[part], alphas))
         start += job.rows
     return results

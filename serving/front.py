@@ -88,7 +88,8 @@ class Front:
                 status, payload = 200, translate_body(service, done, arrays=True)
                 headers = batch_headers(service, done)
             else:
-                done = await unless_gone(service.predict(request.source, request.source_mask, request.target_len),
+                done = await unless_gone(service.predict(request.source, request.source_mask, request.target_len,
+                                                         request.return_attention),
                                          receive, scope)
                 payload = predict_body(service, done, request.return_attention, arrays=True)
                 status, headers = 200, batch_headers(service, done)

@@ -85,7 +85,7 @@ async def http_predict(body: PredictRequest, request: Request) -> JSONResponse:
     """Point models: predict target_len points per source sequence."""
     service = _service(request)
     try:
-        done = await unless_gone(service.predict(body.source, body.source_mask, body.target_len), request.receive,
+        done = await unless_gone(service.predict(body.source, body.source_mask, body.target_len, body.return_attention), request.receive,
                                  request.scope)
     except ClientGone:  # counted unanswered by Measured; the reply reaches no one
         return JSONResponse({}, status_code=499)

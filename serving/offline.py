@@ -107,9 +107,10 @@ class PointDecoder:
         self.model = load(plan)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs, alphas = self.model.predict(batch["source"], target_len=self.plan.target_len,
-                                             source_mask=batch["mask"], return_attention=True)
-        keep = self.plan.attention and alphas is not None
+        found = self.model.predict(batch["source"], target_len=self.plan.target_len, source_mask=batch["mask"],
+                                   return_attention=self.plan.attention)
+        outputs, alphas = found if self.plan.attention else (found, None)
+        keep = alphas is not None
         lines = np.array([json.dumps({"index": int(i), "outputs": outputs[k].tolist(),
                                       **({"attention": alphas[k].tolist()} if keep else {})})
                           for k, i in enumerate(batch["index"])], dtype=object)

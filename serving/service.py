@@ -199,9 +199,9 @@ class Service:
         """Loaded, and the queue has room."""
         return self.points.queued_items + self.texts.queued_items < self.config.max_queue
 
-    async def predict(self, source: Any, source_mask: Any, target_len: int | None) -> Decoded:
+    async def predict(self, source: Any, source_mask: Any, target_len: int | None, attention: bool = True) -> Decoded:
         job = point_job(self.model, source, source_mask, target_len, self.config.max_batch_size,
-                        self.config.max_decoding_length)
+                        self.config.max_decoding_length, attention)
         return await self.points.submit(job, self.config.request_timeout_s)
 
     async def translate(self, texts: Any, options: dict[str, Any]) -> Decoded:

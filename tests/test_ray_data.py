@@ -350,3 +350,17 @@ def test_an_actor_decodes_sorted_sub_batches_but_keeps_sampling_chunks() -> None
     decoder = TokenDecoder(Plan(str(DATES), batch_size=2, options={**GREEDY, "sampling_topk": 0, "seed": 1}))
     chunks = np.array([4, 4, 5, 5, 6])
     assert list(decoder.groups(texts, chunks)) == [([0, 1], 4), ([2, 3], 5), ([4], 6)]
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_a_point_decoder_makes_attention_only_when_asked(attention: bool) -> None:
+    """Without --attention the block is decoded without it: its outputs as with it, and no attention made."""
+    rng = np.random.default_rng(5)
+    source = rng.uniform(-1, 1, size=(6, 4, 2)).astype(np.float32)  # (N, L, F)
+    mask = np.ones((6, 1, 4), dtype=bool)  # (N, 1, L)
+    want = Seq2Seq.load(SQUARES).predict(source, source_mask=mask)
+    found = PointDecoder(Plan(str(SQUARES), attention=attention))({"source": source, "mask": mask,
+                                                                     "index": np.arange(6)})
+    rows = [json.loads(line) for line in found["line"]]
+    np.testing.assert_allclose([r["outputs"] for r in rows], want, rtol=POINT_RTOL, atol=1e-6)
+    assert all(("attention" in r) == attention for r in rows)

@@ -499,3 +499,27 @@ def test_a_route_prefix_holds_every_route_docs_included(dates: Seq2Seq) -> None:
             assert client.get("/docs").status_code == 404
     finally:
         service.close()
+
+
+def test_merged_points_are_of_similar_lengths_and_get_attention_only_when_asked(squares: Seq2Seq) -> None:
+    """A 3-point request beside a 600-point one is not padded to 600 (nor its attention, nor anyone else's), and a
+    batch where no request asked for attention makes none: one large request used to cost every request merged
+    with it gigabytes and seconds."""
+    from serving.batching import MAX_PADDING, PADDING_FREE, decode_points, point_job, similar_lengths
+
+    assert similar_lengths([0, 1, 2, 3], [3, 50000, 4, 6]) == [[0, 2, 3], [1]]
+    n = PADDING_FREE
+    assert similar_lengths([5, 6, 7], [n, n * MAX_PADDING, n * MAX_PADDING + 1]) == [[5, 6], [7]]
+    assert similar_lengths([5, 6, 7], [1, 2, n]) == [[5, 6, 7]]  # short ones merge freely
+    rng = np.random.default_rng(3)
+    lengths, wants = [3, 600, 5, 4], [True, False, False, False]
+    jobs = [point_job(squares, rng.normal(size=(2, n, 2)).astype(np.float32).tolist(), None, 4, MAX_BATCH, 512,
+                      attention=want) for n, want in zip(lengths, wants)]
+    found = decode_points(squares, jobs)
+    assert [d.batch_requests for d in found] == [3, 1, 3, 3]
+    assert [d.value[1] is None for d in found] == [False, True, True, True]
+    for job, result in zip(jobs, found):
+        want, alphas = squares.predict(job.source, target_len=4, return_attention=True)
+        np.testing.assert_allclose(result.value[0], want, rtol=POINT_TOL, atol=POINT_TOL)
+        if job.attention:
+            np.testing.assert_allclose(result.value[1], alphas, rtol=POINT_TOL, atol=POINT_TOL)
