@@ -79,8 +79,12 @@ class Front:
         except BaseException:  # cut off while its body came (a shutdown past its timeout): no answer
             count(service, route.path, None, started)
             raise
-        request = _parsed(route.body_field.field_info.annotation, scope, body)
-        if request is None:  # FastAPI's own parsing and validation say what is wrong, in its words
+        model = route.body_field.field_info.annotation
+        if len(body) > OFF_THE_LOOP_BYTES:  # parsed in a thread: the loop answers others (health probes) meanwhile
+            request = await asyncio.to_thread(_parsed, model, scope, body)
+        else:
+            request = _parsed(model, scope, body)
+        if request is None:  # FastAPI's own validation says what is wrong, in its words (the JSON read once)
             return await self.app(scope, _replay(body, receive), send)
         try:
             if isinstance(request, TranslateRequest):
@@ -124,14 +128,24 @@ def _replay(body: bytes, receive: Any) -> Any:
     return again
 
 
+OFF_THE_LOOP_BYTES = 64 * 1024  # a body this large takes milliseconds to parse and check: done in a thread
+PARSED = "seq2onnx.parsed"  # the scope's key for the body as JSON read here, which FastAPI's route then reuses
+
+
 def _parsed(model: Any, scope: dict[str, Any], body: bytes) -> Any:
-    """The validated request, or None when anything is unusual (FastAPI then handles it)."""
+    """The validated request, or None when anything is unusual (FastAPI then handles it). JSON that parsed but did
+    not validate is left in the scope, for the route to validate without reading the body again."""
     content_type = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
     if not body or not (content_type == b"application/json" or content_type.endswith(b"+json")):
         return None
     try:
-        return model.model_validate(strict_json.loads(body))
-    except (ValueError, ValidationError, RecursionError):  # JSONDecodeError and JsonRefused are ValueErrors; FastAPI says
+        document = strict_json.loads(body)
+    except (ValueError, RecursionError):  # JSONDecodeError and JsonRefused are ValueErrors; FastAPI says
+        return None
+    try:
+        return model.model_validate(document)
+    except (ValueError, ValidationError, RecursionError):
+        scope[PARSED] = document
         return None
 
 

@@ -25,7 +25,7 @@ from runtime.errors import Seq2OnnxError, one_line
 
 from .answers import batch_headers, count, predict_body, refusal, translate_body
 from .batching import Decoded
-from .front import Front, route_path
+from .front import PARSED, Front, route_path
 from .gone import GONE, ClientGone, unless_gone
 from .limits import BodyLimit, describe_validation
 from .metrics import CONTENT_TYPE
@@ -63,7 +63,10 @@ class _StrictJsonRequest(Request):
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = strict_json.loads(await self.body())
+            if PARSED in self.scope:  # read by the front already (`serving.front`), maybe in a thread
+                self._json = self.scope.pop(PARSED)
+            else:
+                self._json = strict_json.loads(await self.body())
         return self._json
 
 

@@ -15,6 +15,7 @@ Ray Serve replica). No Ray here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import socket
 import time
@@ -181,6 +182,16 @@ class Batcher:
         return self.queued_items
 
 
+OFF_THE_LOOP_POINTS = 4096  # a source this large takes milliseconds to check and convert: done in a thread
+
+
+def _points_in(source: Any) -> int:
+    """About how many points a request's source (lists, as JSON gives them) holds: rows x the first row's length."""
+    if isinstance(source, list) and source and isinstance(source[0], list):
+        return len(source) * len(source[0])
+    return 0
+
+
 class Service:
     """The model, its two batchers (points and texts, sharing the model's copies: one decode at a time on each),
     the server's bounds and its metrics."""
@@ -200,8 +211,9 @@ class Service:
         return self.points.queued_items + self.texts.queued_items < self.config.max_queue
 
     async def predict(self, source: Any, source_mask: Any, target_len: int | None, attention: bool = True) -> Decoded:
-        job = point_job(self.model, source, source_mask, target_len, self.config.max_batch_size,
-                        self.config.max_decoding_length, attention)
+        check = functools.partial(point_job, self.model, source, source_mask, target_len,
+                                  self.config.max_batch_size, self.config.max_decoding_length, attention)
+        job = await asyncio.to_thread(check) if _points_in(source) > OFF_THE_LOOP_POINTS else check()
         return await self.points.submit(job, self.config.request_timeout_s)
 
     async def translate(self, texts: Any, options: dict[str, Any]) -> Decoded:

@@ -320,3 +320,46 @@ def test_a_request_cut_off_at_shutdown_gets_a_json_503(tmp_path: Any) -> None:
     said = log.read_text()
     assert reply.status_code == 503 and "--shutdown-timeout" in reply.json()["error"], reply.text
     assert "Traceback" not in said and "serve: 0 request(s) answered, 3 ended without an answer" in said, said
+
+
+def _on_the_loop() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_a_large_body_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A points body of ~2.5 MB takes ~0.4 s to parse, validate and check: done in threads, so the loop answers
+    others (health probes) meanwhile; a small one stays on the loop, where it costs less than a thread's hop. A
+    malformed large body is parsed once, not again by FastAPI. (All of it ran on the loop: /healthz stalled.)"""
+    from runtime import strict_json
+    from serving import front, service
+
+    from support.serve import SQUARES
+
+    seen: dict[str, list[bool]] = {"parse": [], "check": [], "loads": []}
+
+    def spy(name: str, function: Any) -> Any:
+        def called(*args: Any, **kwargs: Any) -> Any:
+            seen[name].append(_on_the_loop())
+            return function(*args, **kwargs)
+        return called
+
+    monkeypatch.setattr(front, "_parsed", spy("parse", front._parsed))
+    monkeypatch.setattr(service, "point_job", spy("check", service.point_job))
+    monkeypatch.setattr(strict_json, "loads", spy("loads", strict_json.loads))
+    large = {"source": [[[0.25, -0.5]] * 60_000] * 3, "target_len": 1}
+    port = free_port()
+    with embedded({"": (SQUARES, ServeConfig(num_cpus=1, request_timeout_s=120))}, port):
+        url = f"http://127.0.0.1:{port}/v1/predict"
+        assert httpx.post(url, json=large, timeout=120).status_code == 200
+        assert seen == {"parse": [False], "check": [False], "loads": [False]}
+        assert httpx.post(url, json={"source": [[[0.25, -0.5]]]}, timeout=120).status_code == 200
+        assert seen == {"parse": [False, True], "check": [False, True], "loads": [False, True]}
+        malformed = httpx.post(url, json={**large, "return_attention": "no"}, timeout=120)
+        assert malformed.status_code == 422 and "return_attention" in malformed.text
+        assert seen["parse"][2:] == [False] and seen["loads"][2:] == [False]  # read once, in a thread
