@@ -67,11 +67,19 @@ def _prefix_option(ctx: click.Context, param: click.Parameter, value: str) -> st
     return value
 
 
+LISTEN_BACKLOG = 2048  # uvicorn's own
+
+
 def check_port_free(host: str, port: int) -> None:
     """Refuse a port another process holds, before Ray starts (Serve would only log the failure)."""
+    listen_on(host, port).close()
+
+
+def listen_on(host: str, port: int) -> socket.socket:
+    """The one-process server's socket, bound before the model loads: from here the port is this process's (a second
+    server started a moment later was refused by uvicorn's bind, exit 3, after loading the model)."""
     try:
-        with socket.create_server((host, port)):
-            pass
+        return socket.create_server((host, port), backlog=LISTEN_BACKLOG)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise click.ClickException(f"--port {port}: {host}:{port} is already in use; stop what holds it or "
@@ -171,11 +179,14 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
         require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
     else:
         require(("fastapi", "uvicorn", "prometheus_client"), "FastAPI, uvicorn and prometheus-client", "serve", "serve")
-    kind = check_model(model_dir, provider)
-    if address is None:
+    held = None
+    if address is not None:
+        check_reachable(address)
+    elif use_ray:
         check_port_free(host, port)
     else:
-        check_reachable(address)
+        held = listen_on(host, port)
+    kind = check_model(model_dir, provider)
     config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
                          batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
                          max_decoding_length=max_decoding_length, max_queue=max_queue,
@@ -186,7 +197,7 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
         serve_on_ray(RayPlan(model_dir, kind, host, port, name, route_prefix, proxy_location, address, replicas),
                      config, DEFAULT_RAY_SHUTDOWN_TIMEOUT_S if shutdown_timeout is None else shutdown_timeout)
     else:
-        _serve_here(model_dir, kind, config, host, port, route_prefix, malloc,
+        _serve_here(model_dir, kind, config, (host, port, held), route_prefix, malloc,
                     DEFAULT_SHUTDOWN_TIMEOUT_S if shutdown_timeout is None else shutdown_timeout)
     click.echo("serve: stopped", err=True)
 
@@ -252,9 +263,11 @@ def _refuse_ray_only(ctx: click.Context, use_ray: bool) -> None:
         raise click.BadParameter(f"is for Ray Serve; add --ray, or drop {flag}", ctx=ctx, param_hint=f"'{flag}'")
 
 
-def _serve_here(model_dir: Path, kind: str, config: ServeConfig, host: str, port: int, prefix: str,
+def _serve_here(model_dir: Path, kind: str, config: ServeConfig, where: tuple[str, int, Any], prefix: str,
                 malloc: str, shutdown_timeout: float) -> None:
-    """The one-process server until Ctrl-C or SIGTERM, stopped gracefully."""
+    """The one-process server at `where` (host, port, the socket bound there) until Ctrl-C or SIGTERM, stopped
+    gracefully."""
+    host, port, held = where
     from serving.server import Listen, serve_forever
 
     route = prefix.rstrip("/") + ("/v1/predict" if kind == "points" else "/v1/translate")
@@ -266,7 +279,7 @@ def _serve_here(model_dir: Path, kind: str, config: ServeConfig, host: str, port
                    f"{under}/healthz, {under}/readyz, {under}/metrics; docs at {under}/docs); this process, "
                    f"{_decoding(config)} on {on}, {malloc}; Ctrl-C stops", err=True)
 
-    stopped_by, service = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready)
+    stopped_by, service = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready, held)
     if stopped_by is None:
         raise click.ClickException(f"serve: the server at {host}:{port} stopped by itself (see above)")
     answered, unanswered = service.metrics.totals()

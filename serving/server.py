@@ -84,13 +84,17 @@ def make_server(service: Service, listen: Listen, on_ready: Callable[[], None] =
 
 
 def serve_forever(model_dir: str | Path, config: ServeConfig, listen: Listen,
-                  on_ready: Callable[[Service], None] = lambda service: None) -> tuple[int | None, Service]:
+                  on_ready: Callable[[Service], None] = lambda service: None,
+                  sock: socket.socket | None = None) -> tuple[int | None, Service]:
     """Serve until SIGINT or SIGTERM, then stop gracefully: (the signal that stopped it, None when it stopped by
-    itself, e.g. the port was taken; the service, whose metrics tell what was answered)."""
+    itself, e.g. the port was taken; the service, whose metrics tell what was answered). `sock`: a socket bound to
+    `listen`'s address already (the port held while the model loads); else uvicorn binds it."""
     service = load_service(model_dir, config)
     server = make_server(service, listen, lambda: on_ready(service))
     try:
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     finally:
         service.close()
+        if sock is not None:
+            sock.close()
     return server.stopped_by, service

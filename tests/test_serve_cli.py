@@ -4,6 +4,7 @@ a `ray.cluster_utils.Cluster` of two one-CPU nodes on this box, one replica per 
 replicas by Ray. Then the reliability table's serve rows."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -392,3 +393,37 @@ def test_serve_refuses_a_port_in_use(workspace: Path) -> None:
         port = held.getsockname()[1]
         assert_refused(workspace, case(*SERVE, "--port", str(port), code=BAD_INPUT,
                                        says=(f"--port {port}", "already in use", "pick another --port")))
+
+
+def test_the_port_is_held_while_the_model_loads(tmp_path: Path) -> None:
+    """A second server started as the first loads its model is refused by the project's own check, exit 1 (the
+    first bound its port only after loading: the second's check passed, then uvicorn's bind failed, exit 3)."""
+    port = free_port()
+    log = tmp_path / "first.log"
+    with open(log, "w") as sink:
+        first = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port)],
+                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:  # as soon as the port takes connections
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.005)
+        early = READY not in log.read_text()
+        second = subprocess.run([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port)],
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+        assert f"--port {port}: 127.0.0.1:{port} is already in use" in second.stderr
+        assert early, "the port took connections only once the first server was ready"
+        deadline = time.monotonic() + START_TIMEOUT
+        while READY not in log.read_text():
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"texts": ["3/3/15"]},
+                          timeout=30).status_code == 200
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+    assert first.returncode == 0, log.read_text()
