@@ -17,7 +17,7 @@ import click
 from click.core import ParameterSource
 
 from runtime.defaults import MAX_TARGET_LEN, PROVIDERS
-from runtime.errors import Seq2OnnxError
+from runtime.errors import InputError, Seq2OnnxError
 from serving.config import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -179,6 +179,13 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
         require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
     else:
         require(("fastapi", "uvicorn", "prometheus_client"), "FastAPI, uvicorn and prometheus-client", "serve", "serve")
+    try:  # options that contradict each other, before any work
+        config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
+                             batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
+                             max_decoding_length=max_decoding_length, max_queue=max_queue,
+                             request_timeout_s=request_timeout, body_timeout_s=body_timeout, workers=workers)
+    except InputError as exc:
+        raise click.UsageError(str(exc)) from None
     held = None
     if address is not None:
         check_reachable(address)
@@ -187,10 +194,6 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     else:
         held = listen_on(host, port)
     kind = check_model(model_dir, provider)
-    config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
-                         batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
-                         max_decoding_length=max_decoding_length, max_queue=max_queue,
-                         request_timeout_s=request_timeout, body_timeout_s=body_timeout, workers=workers)
     if use_ray:
         from .serve_ray import RayPlan, serve_on_ray
 

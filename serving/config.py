@@ -96,6 +96,10 @@ class ServeConfig:
             object.__setattr__(self, name, check_number(name, getattr(self, name), low, high, integer))
         if not isinstance(self.replicas, Replicas):
             raise InputError(f"replicas: expected a Replicas(low, high), got {brief(self.replicas)}")
+        if self.batch_wait_ms / 1000 >= self.request_timeout_s:  # a lone request would time out waiting, every time
+            raise InputError(f"batch_wait_ms: {self.batch_wait_ms:g} ms is not under request_timeout_s "
+                             f"({self.request_timeout_s:g} s): a request that finds no other to batch with would "
+                             "wait its whole deadline; lower --batch-wait-ms or raise --request-timeout")
 
     @property
     def threads(self) -> int:
