@@ -194,6 +194,10 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
             quality_tol.check_kind(checkpoint_kind(checkpoint), given)
         except UsageError as exc:
             raise click.UsageError(str(exc)) from None
+        spec = checkpoint_spec(checkpoint)
+        if "max_attention_diff" in given and spec is not None and not spec.has_attention:
+            raise click.UsageError(f"--max-attention-diff judges attention, and {checkpoint} has none (its spec "
+                                   "says attention 'none'): drop it")
     mode = quantize or dtype
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise click.BadParameter(f"expected {MIN_OPSET}..{MAX_OPSET}, got {opset}", param_hint="'--opset'")
@@ -233,15 +237,21 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
     wrote(path, "" if mode == "fp32" else f" ({mode}, quality report in its manifest)", err=False, last=True)
 
 
-def checkpoint_kind(checkpoint: Path) -> str:
-    """'points' or 'tokens' from CHECKPOINT's spec.json; where it cannot be read, the export says why."""
+def checkpoint_spec(checkpoint: Path) -> Any:
+    """CHECKPOINT's ModelSpec from its spec.json, or None where it cannot be read (the export's own checks name why)."""
     from runtime.spec import ModelSpec
     from training.checkpoint import read_meta
 
     try:
-        return ModelSpec.from_dict(read_meta(checkpoint)["spec"]).kind
-    except Exception:  # noqa: BLE001  (any unreadable spec: the export's own checks name it)
-        return ""
+        return ModelSpec.from_dict(read_meta(checkpoint)["spec"])
+    except Exception:  # noqa: BLE001  (any unreadable spec)
+        return None
+
+
+def checkpoint_kind(checkpoint: Path) -> str:
+    """'points' or 'tokens' from CHECKPOINT's spec.json; '' where it cannot be read."""
+    spec = checkpoint_spec(checkpoint)
+    return "" if spec is None else spec.kind
 
 
 def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

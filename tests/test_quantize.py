@@ -420,3 +420,21 @@ def test_a_checkpoint_whose_data_moved_says_its_precision_was_judged_on_random_i
     (tmp_path / "moved.npz").rename(tmp_path / "mine.npz")
     quiet = runner.invoke(verify_command, [ckpt, out])
     assert quiet.exit_code == 0 and "random inputs only" not in quiet.output, quiet.output
+
+
+def test_an_attention_bar_for_a_model_without_attention_is_refused(tmp_path):
+    """`--max-attention-diff` on a model whose spec says attention 'none' would judge nothing: a usage error before
+    any work (it was accepted, and changed nothing)."""
+    from training.checkpoint import save_checkpoint
+    from training.points.trainer import TrainConfig
+
+    from support.models import make_model
+
+    model, spec = make_model("none", seed=5)
+    ckpt = save_checkpoint(tmp_path / "ckpt", model, spec, TrainConfig(), {"train": [1.0], "val": [1.0]},
+                           {"name": "squares"})
+    result = CliRunner().invoke(export_command, [str(ckpt), "--out", str(tmp_path / "out"), "--quantize", "int8",
+                                                 "--max-attention-diff", "0"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--max-attention-diff judges attention, and" in result.output and "has none" in result.output
+    assert not (tmp_path / "out").exists()
