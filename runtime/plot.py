@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import IO
 
@@ -16,6 +17,7 @@ CELL_INCHES = 0.28  # one token's width or height on a heatmap
 MAX_WIDTH_INCHES, MAX_MAP_HEIGHT_INCHES = 26.0, 12.0
 TICK_FONT, MIN_TICK_FONT, FULL_SIZE_TICKS = 9.0, 5.0, 40  # past 40 labels on an axis the font shrinks
 MAX_TICKS = 80  # past this many labels on an axis only every k-th is written
+TITLE_CHARS_PER_INCH = 12  # a figure's title wraps to its width (one item's figure is 3.4 inches wide)
 
 
 def import_matplotlib() -> None:
@@ -55,22 +57,39 @@ def _square_limits(ax: object, points: np.ndarray) -> None:
     ax.set_aspect("equal", adjustable="box")
 
 
+MAX_POINT_LABELS = 24  # past this many points on a path only every k-th is labelled (each label costs ~1 ms)
+MAX_POINT_TICKS = 12  # and past this many positions only every k-th is a tick of its 3.4-inch heatmap
+
+
+def _planar(path: np.ndarray) -> tuple[np.ndarray, str]:
+    """(Ls + Lt, 2) coordinates to draw a path of (Ls + Lt, F) points with, and what they are, if not the points."""
+    if path.shape[1] == 1:  # one feature: its value along the path
+        return np.stack([np.arange(len(path), dtype=np.float64), path[:, 0]], axis=1), "value by position"
+    if path.shape[1] > 2:
+        return path[:, :2], f"features 0-1 of {path.shape[1]}"
+    return path, ""
+
+
 def _draw_item(ax: object, source: np.ndarray, outputs: np.ndarray, index: int) -> None:
     """Source then predicted points, joined in order and labelled s0.. and t0.. like the heatmap's axes."""
-    path = np.concatenate([source, outputs], axis=0)  # (Ls + Lt, F)
-    ax.plot(source[:, 0], source[:, 1], "o-", color="tab:blue", label="source")
+    path, what = _planar(np.concatenate([source, outputs], axis=0))  # (Ls + Lt, 2)
+    ax.plot(path[:len(source), 0], path[:len(source), 1], "o-", color="tab:blue", label="source")
     ax.plot(path[len(source) - 1:, 0], path[len(source) - 1:, 1], "s--", color="tab:red", label="predicted")
     labels = [f"s{i}" for i in range(len(source))] + [f"t{j}" for j in range(len(outputs))]
-    for label, (x, y) in zip(labels, path[:, :2]):
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize="small")
-    _square_limits(ax, path)
-    ax.set_title(f"item {index}")
+    step = math.ceil(len(labels) / MAX_POINT_LABELS)
+    for k in range(0, len(labels), step):
+        ax.annotate(labels[k], tuple(path[k]), textcoords="offset points", xytext=(5, 5), fontsize="small")
+    if what == "value by position":
+        ax.margins(MARGIN)
+    else:
+        _square_limits(ax, path)
+    ax.set_title(f"item {index}" + (f" ({what})" if what else ""), fontsize="medium")
 
 
 def _draw_attention(fig: object, ax: object, weights: np.ndarray, heads: bool) -> None:
     im = ax.imshow(weights, vmin=0, vmax=1, cmap="viridis", aspect="auto")  # (Lt, Ls)
-    ax.set_xticks(range(weights.shape[1]))
-    ax.set_yticks(range(weights.shape[0]))
+    ax.set_xticks(range(0, weights.shape[1], math.ceil(weights.shape[1] / MAX_POINT_TICKS)))
+    ax.set_yticks(range(0, weights.shape[0], math.ceil(weights.shape[0] / MAX_POINT_TICKS)))
     ax.set_xlabel("source position")
     ax.set_ylabel("target step")
     ax.set_title("attention" + (" (mean of heads)" if heads else ""))
@@ -91,9 +110,9 @@ def plot_predictions(source: np.ndarray, outputs: np.ndarray, alphas: np.ndarray
         if alphas is not None:
             weights = alphas[i] if alphas.ndim == 3 else alphas[i].mean(axis=0)  # (Lt, Ls)
             _draw_attention(fig, axes[1][i], weights, heads=alphas.ndim == 4)
-    axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"{shown_items(len(source))} of {len(source)}; s = source position, t = target step, "
-                 "in order along the lines")
+    axes[0][0].legend(fontsize="small", loc="upper left")  # "best" searches every point: slow on long paths
+    title = f"{shown_items(len(source))} of {len(source)}; s = source position, t = target step, in order along the lines"
+    fig.suptitle(textwrap.fill(title, width=int(TITLE_CHARS_PER_INCH * 3.4 * max(items, 1))), fontsize="small")
     fig.tight_layout()
     fig.savefig(f, format="png", dpi=100)
 

@@ -238,3 +238,33 @@ def test_infer_attention_of_a_point_model_without_attention_is_refused(exports, 
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "--attention: " in result.output and "has no attention (its spec says attention 'none')" in result.output
     assert CliRunner().invoke(main, ["infer", str(exports["none"].path), "--input", str(points)]).exit_code == 0
+
+
+@pytest.mark.parametrize("features", [1, 2, 3])
+def test_a_point_plot_draws_any_feature_count_and_long_paths(features, tmp_path):
+    """One feature is drawn as its value by position, three or more as their first two (said in the item's title);
+    a path of thousands of points labels only every k-th, with a bounded count of heatmap ticks (it crashed for one
+    feature, and took minutes and warnings for 10,000 steps: a label and a tick per point)."""
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    from runtime.plot import MAX_POINT_LABELS, MAX_POINT_TICKS, _draw_attention, _draw_item, plot_predictions
+
+    rng = np.random.default_rng(0)
+    source = rng.normal(size=(1, 50, features)).astype(np.float32)  # (N, Ls, F)
+    outputs = rng.normal(size=(1, 3000, features)).astype(np.float32)  # (N, Lt, F)
+    alphas = rng.uniform(size=(1, 3000, 50)).astype(np.float32)  # (N, Lt, Ls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "loc='best' can be slow" among them
+        with open(tmp_path / "p.png", "wb") as f:
+            plot_predictions(source, outputs, alphas, f)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    fig = Figure()
+    item, heat = fig.subplots(1, 2)
+    _draw_item(item, source[0], outputs[0], 0)
+    _draw_attention(fig, heat, alphas[0], heads=False)
+    assert len(item.texts) <= MAX_POINT_LABELS + 1
+    assert len(heat.get_yticks()) <= MAX_POINT_TICKS + 1 and len(heat.get_xticks()) <= MAX_POINT_TICKS + 1
+    said = {1: "item 0 (value by position)", 2: "item 0", 3: "item 0 (features 0-1 of 3)"}[features]
+    assert item.get_title() == said
