@@ -261,7 +261,7 @@ def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | N
 
     if value is None or value == "squares":
         return value
-    if value.endswith(".npz"):
+    if value.lower().endswith(".npz"):
         return check_data_option(ctx, param, value)
     return check_text_data(value)
 

@@ -38,6 +38,7 @@ from .train_tokens import (
 MAX_WIDTH = 4096  # hidden and embedding sizes: beyond this a model no longer fits the memory of a training machine
 MAX_LAYERS = 8
 MAX_HEADS = 64
+MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1  # what torch.manual_seed takes
 MAX_FF = 4 * MAX_WIDTH  # a transformer's feed-forward blocks are conventionally 4x d_model wide
 TEXT_SETS = ", ".join(BUILTIN_LOADERS)
 
@@ -46,7 +47,7 @@ def check_data_option(ctx: click.Context, param: click.Parameter, value: str | N
     """--data names 'squares' or an existing .npz file (a wrong name is a usage error, exit 2)."""
     if value is None or value == SQUARES:
         return value
-    if not value.endswith(NPZ_SUFFIX):
+    if not value.lower().endswith(NPZ_SUFFIX):
         raise click.BadParameter(f"expected 'squares' or a path ending in .npz, got {value!r}")
     if not Path(value).is_file():
         raise click.BadParameter(f"file {value!r} does not exist; expected 'squares' or an existing .npz file")
@@ -117,7 +118,7 @@ def _transformer_default(name: str) -> str:
 @click.option("--teacher-forcing", type=FiniteFloatRange(0.0, 1.0), default=None,
               help="Probability of feeding the true previous point / token to the next decoder step while training "
                    f"(token models: < 1 is scheduled sampling).  {_kind_defaults(0.5, 1.0)}")
-@click.option("--seed", type=int, default=SEED, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
+@click.option("--seed", type=click.IntRange(MIN_SEED, MAX_SEED), default=SEED, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
 # -- token models only --
 @click.option("--cell", type=click.Choice(CELLS), default=None,
               help="Recurrent token models: the cell.  [default: gru]")

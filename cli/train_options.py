@@ -52,12 +52,12 @@ def flag(name: str) -> str:
 
 def is_parallel(data: str) -> bool:
     """'SRC_PATH,TGT_PATH' (two line-aligned text files)."""
-    return PAIR_SEPARATOR in data and not data.endswith((TSV_SUFFIX, NPZ_SUFFIX))
+    return PAIR_SEPARATOR in data and not data.lower().endswith((TSV_SUFFIX, NPZ_SUFFIX))
 
 
 def data_kind(data: str) -> str:
     """'points' for squares or an .npz, 'tokens' for text data."""
-    return POINTS if data == SQUARES or data.endswith(NPZ_SUFFIX) else TOKENS
+    return POINTS if data == SQUARES or data.lower().endswith(NPZ_SUFFIX) else TOKENS
 
 
 def data_key(data: str) -> str:

@@ -110,6 +110,8 @@ STDIN_SQUARE = json.dumps(SQUARE)
 
 CLI_CASES: dict[str, Case] = {
     # train: where the checkpoint goes
+    "train --seed 2**64": case("train", "--seed", str(1 << 64), code=USAGE,
+                               says=("--seed", str(1 << 64), "<=18446744073709551615")),
     "train --out .": case("train", "--out", ".", code=BAD_INPUT, says=("/work", "current directory")),
     "train --out .. --force": case("train", "--out", "..", "--force", code=BAD_INPUT,
                                    says=("contains the current directory",)),

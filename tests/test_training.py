@@ -590,6 +590,10 @@ def test_a_run_stopped_says_what_was_kept_in_the_launchers_words(tmp_path: Path)
     saved.write_bytes(b"")
     kept, said = _kept(saved), str(stopped_early(KeyboardInterrupt(), 0, saved, None))
     assert kept.startswith(said.split("; ", 1)[1]), (said, kept)  # the launcher adds "(with any number of processes)"
+    # stopped once the last epoch was done (while the checkpoint was being made): not "during epoch 31" of 30
+    assert str(stopped_early(KeyboardInterrupt(), 31, saved, None, 30)).startswith("interrupted after the last "
+                                                                                   "epoch (30); the last saved")
+    assert str(stopped_early(KeyboardInterrupt(), 30, saved, None, 30)).startswith("interrupted during epoch 30;")
 
 
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:
@@ -647,3 +651,16 @@ def test_a_torchrun_restart_count_that_is_not_a_number_is_one_line(tmp_path: Pat
     assert "Error: TORCHELASTIC_RESTART_COUNT='x' in the environment: expected a whole number 0 or more" in \
         result.output, result.output
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_point_data_of_any_suffix_case_trains(tmp_path: Path) -> None:
+    """`--data DATA.NPZ` trains as `.npz` does (infer reads .NPZ; train said only .tsv marks a TSV file)."""
+    rng = np.random.default_rng(0)
+    source = rng.normal(size=(40, 3, 2)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", source=source, target=source[:, :2])
+    (tmp_path / "data.npz").rename(tmp_path / "DATA.NPZ")
+    proc = subprocess.run([*cli_command(), "train", "--data", "DATA.NPZ", "--epochs", "1", "--hidden-dim", "4",
+                           "--quiet", "--threads", "1", "--out", "ckpt"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ckpt" / "spec.json").is_file()

@@ -124,9 +124,11 @@ def why_stopped(err: BaseException, dist: Dist | None = None) -> str:
     return "interrupted"
 
 
-def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist | None) -> Exception:
-    """One line for a run that stopped early: why, in which epoch, and what was kept. Under torchrun, a rank other
-    than 0 says it only for a lost peer (which rank saw what); stopped by the user, it leaves quietly."""
+def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist | None,
+                  epochs: int | None = None) -> Exception:
+    """One line for a run that stopped early: why, in which epoch (or after the last of `epochs`), and what was kept.
+    Under torchrun, a rank other than 0 says it only for a lost peer (which rank saw what); stopped by the user, it
+    leaves quietly."""
     if dist is not None and not dist.is_main and not isinstance(err, PeerFailedError):
         ignore_further_interrupts()
         return QuietExit(RunStopped.exit_code)
@@ -140,9 +142,10 @@ def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist |
         hint = f"torchrun starts the processes again ({left} restart(s) left) and they continue {kept}"
     elif left and isinstance(err, Terminated):
         hint = f"unless torchrun starts the processes again ({left} restart(s) left; it does after a failure), {hint}"
-    message = f"{why} during epoch {epoch}; {hint}"
+    when = f"after the last epoch ({epochs})" if epochs is not None and epoch > epochs else f"during epoch {epoch}"
+    message = f"{why} {when}; {hint}"
     if dist is not None and not dist.is_main:  # rank 0 says what was kept
-        message = f"{rank_prefix(dist)}{why} during epoch {epoch}"
+        message = f"{rank_prefix(dist)}{why} {when}"
     if not isinstance(err, PeerFailedError):
         return RunStopped(message)  # (from here on a second Ctrl-C is ignored)
     return Restarting(message) if restarting else RunError(message, this_rank=True)  # this rank's own news

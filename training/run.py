@@ -217,4 +217,4 @@ def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | 
     try:
         job.trainer.fit(save_state, progress=not quiet)
     except (KeyboardInterrupt, PeerFailedError) as err:
-        raise stopped_early(err, job.trainer.epoch + 1, state_file, dist) from None
+        raise stopped_early(err, job.trainer.epoch + 1, state_file, dist, job.trainer.config.epochs) from None

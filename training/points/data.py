@@ -151,7 +151,7 @@ def holdout_split(data: SeqData) -> tuple[SeqData, SeqData]:
 
 def is_point_data(name: str) -> bool:
     """A --data value names point data ('squares', PATH.npz) rather than text data."""
-    return name == SQUARES or name.endswith(".npz")
+    return name == SQUARES or name.lower().endswith(".npz")  # any case, as infer reads .NPZ
 
 
 def _is_squares(name_or_path: str | Path) -> bool:
@@ -163,7 +163,7 @@ def load_dataset(name_or_path: str | Path) -> tuple[SeqData, SeqData]:
     if _is_squares(name_or_path):
         return squares()
     path = Path(name_or_path)
-    if path.suffix != ".npz":
+    if path.suffix.lower() != ".npz":
         raise DataError(f"data {str(name_or_path)!r} is neither 'squares' nor an .npz file; "
                         "pass 'squares' or a path ending in .npz")
     return holdout_split(load_npz(path))
