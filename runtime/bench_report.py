@@ -74,9 +74,11 @@ def describe_model(spec: Any, precision: str = FP32) -> str:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """Every cell, one line each: onnxruntime, the per-call floor, and PyTorch eager with the ratio."""
+    """Every cell, one line each: onnxruntime, the per-call floor, and PyTorch eager with the ratio. A point
+    model's output rate is in points a second."""
+    rate = "pts/s" if doc.get("kind") == "points" else "tok/s"
     head = (f"{'provider':<8} {'thr':>3} {'loop':<5} {'batch':>5} {'src':>5} {'tgt':>5} {'beam':>4} | {'ort ms':>8} "
-            f"{'p90 ms':>8} {'seq/s':>9} {'tok/s':>9} | {'floor ms':>8} {'calls':>5} | {'torch ms':>8} {'p90 ms':>8} "
+            f"{'p90 ms':>8} {'seq/s':>9} {rate:>9} | {'floor ms':>8} {'calls':>5} | {'torch ms':>8} {'p90 ms':>8} "
             f"{'speed-up':>8}")
     lines = [head, "-" * len(head)]
     for c in doc["cells"]:

@@ -289,3 +289,12 @@ def test_rates_read_as_plain_numbers_in_their_column(rate: float, shown: str) ->
     from runtime.bench_report import _rate
 
     assert _rate(rate) == shown and len(shown) <= 9
+
+
+@pytest.mark.parametrize(("kind", "unit"), [("points", "pts/s"), ("tokens", "tok/s")])
+def test_the_output_rate_is_named_for_the_model_kind(kind: str, unit: str) -> None:
+    """A point model's outputs are points: its rate column says pts/s (it said tok/s)."""
+    from runtime.bench_report import format_table
+
+    head = format_table({"kind": kind, "cells": []}).splitlines()[0]
+    assert unit in head and ("tok/s" in head) == (kind == "tokens")
