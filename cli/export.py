@@ -190,11 +190,11 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
     quality_tol = QualityTolerance(max_output_diff, max_attention_diff, min_exact_match, min_token_agreement)
     given = tuple(n for n in QUALITY_OPTIONS if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT)
     if given and checkpoint is not None:  # a bar of the other kind, even at its default: refused before any work
+        spec = checkpoint_spec(checkpoint)
         try:
-            quality_tol.check_kind(checkpoint_kind(checkpoint), given)
+            quality_tol.check_kind("" if spec is None else spec.kind, given)
         except UsageError as exc:
             raise click.UsageError(str(exc)) from None
-        spec = checkpoint_spec(checkpoint)
         if "max_attention_diff" in given and spec is not None and not spec.has_attention:
             raise click.UsageError(f"--max-attention-diff judges attention, and {checkpoint} has none (its spec "
                                    "says attention 'none'): drop it")
@@ -247,11 +247,6 @@ def checkpoint_spec(checkpoint: Path) -> Any:
     except Exception:  # noqa: BLE001  (any unreadable spec)
         return None
 
-
-def checkpoint_kind(checkpoint: Path) -> str:
-    """'points' or 'tokens' from CHECKPOINT's spec.json; '' where it cannot be read."""
-    spec = checkpoint_spec(checkpoint)
-    return "" if spec is None else spec.kind
 
 
 def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

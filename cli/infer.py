@@ -31,7 +31,7 @@ from .infer_tokens import (
     refuse_token_options,
     token_options,
 )
-from .options import check_threads_option, check_workers_option
+from .options import check_device_option, check_threads_option, check_workers_option
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
 THREADS_HELP = ("onnxruntime intra-op threads, 1 to the number of usable CPUs.  [default: the usable CPUs, at "
@@ -165,9 +165,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     from runtime.model import Seq2Seq
 
     check_workers_option(workers, threads, on_ray or address is not None or concurrency is not None)
-    if provider == "cpu" and click.get_current_context().get_parameter_source("device_id") is not ParameterSource.DEFAULT:
-        raise click.UsageError("--device-id picks a GPU; with --provider cpu it would change nothing: drop it, or "
-                               "pass --provider cuda or auto")
+    check_device_option(click.get_current_context(), provider)
     if on_ray or address is not None or concurrency is not None:
         return _infer_on_ray(click.get_current_context(), RayJob(
             model_dir=model_dir, input_path=input_path, texts=texts, target_len=target_len, provider=provider,

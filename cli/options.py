@@ -65,3 +65,10 @@ def check_workers_option(workers: int, threads: int | None, on_ray: bool) -> Non
         raise click.UsageError(f"--workers {workers}{each} need {workers * (threads or 1)} CPUs, more than the "
                                f"{max_threads()} this process may use; pass --workers x --threads (1 unless given) "
                                f"of at most {max_threads()}")
+
+
+def check_device_option(ctx: click.Context, provider: str) -> None:
+    """--device-id picks a GPU: given with --provider cpu it would change nothing, so it is refused."""
+    if provider == "cpu" and ctx.get_parameter_source("device_id") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--device-id picks a GPU; with --provider cpu it would change nothing: drop it, or "
+                               "pass --provider cuda or auto")
