@@ -152,7 +152,7 @@ def export_model(
     compared with the float32 ones (`export.quality`) on `quality_data` (texts or (N, L, F) sources; default: a
     checkpoint's own test data) and random inputs. Beyond `quality_tol` a QualityError is raised and nothing is
     written, unless `accept_quality_loss`: then it is published with a QualityLossWarning. `on_loaded` is called
-    once the source has loaded and its vocabularies are checked, before the graphs are made."""
+    once the source has loaded, its vocabularies are checked and `out`'s lock is held, before the graphs are made."""
     if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise UsageError(f"opset: expected an int in {MIN_OPSET}..{MAX_OPSET}, got {brief(opset)}")
     if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
@@ -184,11 +184,11 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
     if mode != FP32:
         quality_tol.check_kind(spec.kind)  # before any graph is written
     vocabularies = source_vocabularies(source, spec, vocabularies)
-    if on_loaded is not None:
-        on_loaded()
     contract = model.contract if isinstance(model, Adapted) else None
     export_id = uuid.uuid4().hex
     with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:
+        if on_loaded is not None:  # once --out's lock is ours: a busy --out is said before "checking parity"
+            on_loaded()
         traced(lambda: export_graphs(model, spec, staging, opset, export_id), model, described)
         for side, vocab in zip(VOCAB_FILES, vocabularies or ()):
             vocab.save(staging / VOCAB_FILES[side])

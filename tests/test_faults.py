@@ -33,6 +33,7 @@ from runtime.writer_lock import DestinationBusyError, exclusive, lock_file
 from training.checkpoint import CHECKPOINT_FILES, load_checkpoint, partial_dir
 
 CLI = [sys.executable, "-m", "cli"]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 EPOCHS = "8"  # the train command's cost is mostly start-up; a few epochs give the kills a training phase to hit
 OTHER_SEED = "7"  # a run whose weights differ from the reference's, to tell old from new
 RANDOM_KILLS = 3  # random kill moments per command, one per slice of the run; then one more while staging
@@ -274,6 +275,21 @@ def test_a_second_process_is_refused_and_a_killed_holder_does_not_block(tmp_path
     with exclusive(out):
         pass
     assert not lock_file(out).exists()
+
+
+def test_an_export_to_a_busy_out_is_refused_before_it_says_it_checks_parity(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = run(["export", str(ARTIFACTS / "squares-checkpoint"), "--out", str(out)], tmp_path)
+    finally:
+        holder.kill()
+        holder.wait(timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 1 and BUSY in done.stderr
+    assert "checking parity" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+    assert not out.exists()
 
 
 def test_exclusive_is_reentrant_in_one_thread_and_busy_for_another(tmp_path: Path) -> None:
