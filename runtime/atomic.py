@@ -39,7 +39,6 @@ def staged_directory(out: Path, check_replace: Callable[[Path], None]) -> Iterat
     Holds `exclusive(out)` throughout. `check_replace(out)` runs before any work and again just before
     publishing whenever `out` exists; it raises to refuse."""
     out = Path(os.path.abspath(out))
-    out.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(out):
         if os.path.lexists(out):
             check_replace(out)

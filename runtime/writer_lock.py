@@ -34,6 +34,7 @@ class _Hold:
     fd: int
     owner: int  # thread id: reentrancy is per thread; another thread is another writer
     depth: int
+    made: list[Path]  # the directories above `out` that taking the lock created, deepest first
 
 
 _HOLDS: dict[Path, _Hold] = {}
@@ -85,21 +86,41 @@ def _acquire(key: Path, out: str | Path, lock: Path) -> bool:
                 raise _busy(out, lock, "another thread of this process")
             hold.depth += 1
             return False
-        _HOLDS[key] = _Hold(_flock(out, lock), me, 1)
+        made = missing_directories(lock.parent)
+        _HOLDS[key] = _Hold(_flock(out, lock), me, 1, made)
         return True
+
+
+def missing_directories(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not os.path.lexists(path) and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 def _flock(out: str | Path, lock: Path) -> int:
     """An fd holding LOCK_EX on the file now named `lock`, or DestinationBusyError (held by another writer) or
     DestinationUnwritableError (the lock cannot be made there at all: no permission, a read-only file system)."""
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        return _flock_made(out, lock)
-    except DestinationBusyError:
-        raise
-    except OSError as exc:
-        raise DestinationUnwritableError(f"{out}: cannot be written: its lock {lock} cannot be made "
-                                         f"({exc.strerror or exc}); choose another --out") from None
+    for attempt in range(LOCK_ATTEMPTS):
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            return _flock_made(out, lock)
+        except DestinationBusyError:
+            raise
+        except FileNotFoundError:  # another writer's release removed the parent it had made, between our two calls
+            if attempt + 1 < LOCK_ATTEMPTS:
+                continue
+            raise _unwritable(out, lock, "its directory kept disappearing") from None
+        except OSError as exc:
+            raise _unwritable(out, lock, exc.strerror or str(exc)) from None
+    raise AssertionError("unreachable")
+
+
+def _unwritable(out: str | Path, lock: Path, why: str) -> DestinationUnwritableError:
+    return DestinationUnwritableError(f"{out}: cannot be written: its lock {lock} cannot be made ({why}); "
+                                      "choose another --out")
 
 
 def _flock_made(out: str | Path, lock: Path) -> int:
@@ -139,3 +160,9 @@ def _release(key: Path, lock: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock)
         os.close(hold.fd)
+        if not os.path.lexists(key):  # nothing was published: the directories made for it go too, while empty
+            for directory in hold.made:
+                try:
+                    os.rmdir(directory)
+                except OSError:  # not empty (a run's .partial state, another writer's files), or not ours to remove
+                    break

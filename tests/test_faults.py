@@ -292,6 +292,28 @@ def test_an_export_to_a_busy_out_is_refused_before_it_says_it_checks_parity(tmp_
     assert not out.exists()
 
 
+def test_directories_made_for_an_out_never_written_go_with_the_lock(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "b" / "out"
+    with exclusive(out) as lock:
+        assert lock.parent.is_dir()
+    assert not (tmp_path / "a").exists()
+    with exclusive(out):
+        out.mkdir()  # published: it and its directories stay
+    assert out.is_dir()
+    kept = tmp_path / "c" / "out"
+    with exclusive(kept):
+        partial_dir(kept).mkdir()  # an interrupted run's state beside --out keeps its directory
+    assert partial_dir(kept).is_dir() and not kept.exists()
+
+
+def test_an_export_refused_at_parity_leaves_no_directories_it_made(tmp_path: Path) -> None:
+    out = tmp_path / "nd" / "q" / "r"
+    done = run(["export", str(ARTIFACTS / "squares-checkpoint"), "--out", str(out), "--atol", "0", "--rtol", "0",
+                "--drift-atol", "0"], tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "nd").exists()
+
+
 def test_exclusive_is_reentrant_in_one_thread_and_busy_for_another(tmp_path: Path) -> None:
     out = tmp_path / "out"
     refused: list[BaseException] = []

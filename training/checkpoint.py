@@ -116,7 +116,8 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"training state {str(path)!r} does not exist; run without --resume to start afresh")
-    state = _torch_load(path, "training state", "delete it and start afresh without --resume")
+    state = _torch_load(path, "training state", "delete it and start afresh without --resume (and with --force "
+                        "where it belongs to a finished checkpoint)")
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise CheckpointError(f"training state {str(path)!r} lacks {missing}; it was not written by seq2onnx train")
