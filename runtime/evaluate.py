@@ -5,6 +5,8 @@ Scoring follows the trainer's `evaluate_tokens`, so eval and training report the
           add_eos=False)`) and it stopped by emitting EOS: one cut off at the decoding limit is never exact.
   token   position by position over the reference's ids + EOS, against the hypothesis's ids + EOS (no EOS when it
           was cut off), divided by the number of reference ids + EOS.
+A reference token outside the target vocabulary (encoded as <unk>) is never matched, so a model that writes <unk>
+for it, or anything else, is not scored as right.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
 
+from .specials import UNK
 from .vocab import EOS, VocabError
 
 UNK_WARN_FRACTION = 0.10  # more unknown source tokens than this: the data is likely not the model's
@@ -68,15 +71,24 @@ def decode(model: Any, sources: tuple[str, ...], batch_size: int, progress: Prog
     return found, seconds
 
 
-def score(found: list[list[int]], references: list[list[int]], max_len: int, eos: int = EOS) -> dict[str, Any]:
-    """Exact flags, exact and token accuracy of hypotheses against references (see the module docstring); `eos`:
-    the target vocabulary's end id."""
+def matches(predicted: list[int], reference: list[int], unk: int | None) -> tuple[bool, int]:
+    """(exact, correct tokens) of one hypothesis against its reference, both ending in EOS where they stopped: a
+    reference token the vocabulary could not hold (`unk`, its unknown id) is never matched, not even by `unk`."""
+    correct = sum(p == r and r != unk for p, r in zip(predicted, reference))
+    return correct == len(reference) and len(predicted) == len(reference), correct
+
+
+def score(found: list[list[int]], references: list[list[int]], max_len: int, eos: int = EOS,
+          unk: int | None = UNK) -> dict[str, Any]:
+    """Exact flags, exact and token accuracy of hypotheses against references (see the module docstring); `eos`
+    and `unk`: the target vocabulary's end and unknown ids."""
     flags, correct, total = [], 0, 0
     for ids, ref in zip(found, references):
         predicted = ids + [eos] if len(ids) < max_len else ids  # shorter than the limit: it stopped at eos
         reference = ref + [eos]
-        flags.append(predicted == reference)
-        correct += sum(p == r for p, r in zip(predicted, reference))
+        exact, right = matches(predicted, reference, unk)
+        flags.append(exact)
+        correct += right
         total += len(reference)
     return {"flags": flags, "exact": sum(flags) / len(flags), "exact_count": sum(flags), "token": correct / total}
 
@@ -85,7 +97,8 @@ def strategy_report(model: Any, sources: tuple[str, ...], references: list[list[
                     batch_size: int, progress: Progress, desc: str, **options: Any) -> dict[str, Any]:
     """Decode and score one strategy: accuracies, exact flags, seconds and sequences per second."""
     found, seconds = decode(model, sources, batch_size, progress, desc, max_decoding_length=max_len, **options)
-    figures = score(found, references, max_len, model.vocabularies["target"].ids.eos)
+    ids = model.vocabularies["target"].ids
+    figures = score(found, references, max_len, ids.eos, ids.unk)
     return {**figures, "seconds": seconds, "sequences_per_s": len(sources) / seconds if seconds > 0 else None}
 
 
@@ -117,8 +130,9 @@ def data_warnings(model: Any, pairs: Any) -> tuple[dict[str, float], list[str]]:
     """Unknown-token shares of sources and targets, and a warning for each above UNK_WARN_FRACTION."""
     shares = {side: unknown_fraction(model.vocabularies[side], texts)
               for side, texts in (("source", pairs.sources), ("target", pairs.targets))}
-    warnings = [f"{share:.0%} of the {side} tokens are not in the model's {side} vocabulary (they become <unk>); "
-                "the model was likely trained on other data" for side, share in shares.items()
+    warnings = [f"{share:.0%} of the {side} tokens are not in the model's {side} vocabulary (they become <unk>"
+                f"{'' if side == 'source' else ' and never count as matched'}); the model was likely trained on other "
+                "data, or with a --min-freq that left them out" for side, share in shares.items()
                 if share > UNK_WARN_FRACTION]
     return shares, warnings
 

@@ -157,6 +157,19 @@ def test_eos_is_what_ends_an_exact_hypothesis():
     assert score([[5, 7, 6]], [[5, 6]], max_len=9)["token"] == 1 / 3 and EOS not in (5, 6, 7)
 
 
+def test_a_reference_token_outside_the_vocabulary_is_never_matched():
+    from runtime.evaluate import matches, score
+    from runtime.specials import UNK
+
+    # The reference "ok w906691059" with the rare word dropped from the vocabulary: [5, <unk>]. A model writing
+    # <unk> there is not right, for eval (runtime.evaluate) and for train's held-out figures (the same `matches`).
+    unknown = score([[5, UNK]], [[5, UNK]], max_len=9)
+    assert (unknown["exact"], unknown["token"]) == (0.0, 2 / 3)
+    assert matches([5, UNK, EOS], [5, UNK, EOS], UNK) == (False, 2)
+    assert matches([5, 6, EOS], [5, 6, EOS], UNK) == (True, 3)
+    assert score([[5, UNK]], [[5, UNK]], max_len=9, unk=None)["exact"] == 1.0  # a vocabulary without an unknown id
+
+
 @pytest.mark.parametrize("beam_size", [5, 100, 256])
 def test_the_beam_line_keeps_a_gap_before_its_figures_at_any_beam(beam_size):
     from runtime.evaluate import format_report

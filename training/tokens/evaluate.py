@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from runtime.contract import state_batch_axes
+from runtime.evaluate import matches
 from runtime.search import beam_search
+from runtime.specials import UNK
 from runtime.vocab import BOS, EOS, Vocabulary
 from training.distributed import Dist
 
@@ -42,8 +44,9 @@ def _accuracy_counts(model: TokenModel, data: TokenBatcher, rows: torch.Tensor) 
         for row, out in zip(batch.target_out.tolist(), decoded):
             reference = row[:row.index(EOS) + 1]
             predicted = out + [EOS] if len(out) < max_len else out  # shorter than max_len: greedy stopped at EOS
-            exact += predicted == reference
-            correct += sum(p == r for p, r in zip(predicted, reference))
+            same, right = matches(predicted, reference, UNK)
+            exact += same
+            correct += right
             total += len(reference)
     return exact, correct, total
 
@@ -64,5 +67,5 @@ def evaluate_beam(model: TokenModel, pairs: TextPairs, source_vocab: Vocabulary,
         found = beam_search(step, state, axes, batch_size=len(index), bos_id=BOS, eos_id=EOS,
                             max_decoding_length=max_len, beam_size=beam_size, length_penalty=length_penalty)
         for row, hyps in zip(batch.target_out.tolist(), found):
-            exact += hyps[0].tokens == row[:row.index(EOS)]  # a reference is shorter than max_len: it ended by EOS
+            exact += matches(hyps[0].tokens, row[:row.index(EOS)], UNK)[0]  # a reference ends by EOS (< max_len)
     return exact / len(data)
