@@ -164,16 +164,6 @@ def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _with_last(iterable: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
-    """Each element and whether it is the last (one element read ahead)."""
-    iterator = iter(iterable)
-    previous = next(iterator, _with_last)
-    while previous is not _with_last:
-        following = next(iterator, _with_last)
-        yield previous, following is _with_last
-        previous = following
-
-
 class TokenRun:
     """Decode inputs batch by batch with fixed options; keeps the skipped lines and the first results to plot."""
 
@@ -208,27 +198,29 @@ class TokenRun:
 
     def records(self, items: Iterable[Item],
                 progress: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
-        """One JSON-ready record per non-blank input, in input order; `progress` hears of the first batch, then at
-        most every PROGRESS_SECONDS, and of the last (a run of one batch says nothing)."""
+        """One JSON-ready record per non-blank input, in input order, each batch's as soon as it is decoded (no
+        batch is read ahead: a caller feeding a pipe a batch at a time gets its answers); `progress` hears of the
+        second batch, then at most every PROGRESS_SECONDS, and of the last (a run of one batch says nothing)."""
         rules = self.model.contract.sources
         chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec, self.model.contract)
-        told = 0.0
-        for number, (batch, last), found in self._decoded(_with_last(chunks)):
+        told, unsaid = 0.0, ""
+        for number, batch, found in self._decoded(chunks):
             for item, hyps in zip(batch, found):
                 if self.plot and len(self.shown) < MAX_ITEMS:
                     self.shown.append((item, hyps[0]))
                 columns = source_columns(self.vocab, item.text, rules) if self.attention else None
                 yield record(item, hyps, columns)
             self.decoded += len(batch)
-            due = number == 0 or last or time.monotonic() - told >= PROGRESS_SECONDS
-            if progress is not None and due and not (number == 0 and last):
-                told = time.monotonic()
-                progress(f"infer: {self.decoded} input{'s' if self.decoded > 1 else ''} decoded (to "
-                         f"{batch[-1].where})")
+            unsaid = (f"infer: {self.decoded} input{'s' if self.decoded > 1 else ''} decoded (to "
+                      f"{batch[-1].where})") if number else ""
+            if progress is not None and unsaid and (number == 1 or time.monotonic() - told >= PROGRESS_SECONDS):
+                progress(unsaid)
+                told, unsaid = time.monotonic(), ""
+        if progress is not None and unsaid:
+            progress(unsaid)
 
-    def _decoded(self, numbered: Iterable[tuple[list[Item], bool]]) -> Iterator[tuple[int, tuple[list[Item], bool],
-                                                                                   list[list[Translation]]]]:
-        """(number, (batch, last), its translations), in order. A model loaded with workers decodes that many
+    def _decoded(self, chunks: Iterable[list[Item]]) -> Iterator[tuple[int, list[Item], list[list[Translation]]]]:
+        """(number, batch, its translations), in order. A model loaded with workers decodes that many
         batches at once, batch n on copy n mod N (`Seq2Seq.copies`: each decodes a call whole), as one copy decodes
         it alone (the same seed, the same attention for the plot): the output is one copy's, byte for byte."""
         copies = self.model.copies
@@ -243,15 +235,15 @@ class TokenRun:
 
         before = 0
         if len(copies) == 1:
-            for number, (batch, last) in enumerate(numbered):
-                yield number, (batch, last), decode(copies[0], number, batch, before)
+            for number, batch in enumerate(chunks):
+                yield number, batch, decode(copies[0], number, batch, before)
                 before += len(batch)
             return
-        pending: deque[tuple[int, tuple[list[Item], bool], Future[list[list[Translation]]]]] = deque()
+        pending: deque[tuple[int, list[Item], Future[list[list[Translation]]]]] = deque()
         with ThreadPoolExecutor(len(copies), thread_name_prefix="seq2onnx-infer") as pool:
-            for number, (batch, last) in enumerate(numbered):
-                pending.append((number, (batch, last), pool.submit(decode, copies[number % len(copies)], number,
-                                                                    batch, before)))
+            for number, batch in enumerate(chunks):
+                pending.append((number, batch, pool.submit(decode, copies[number % len(copies)], number, batch,
+                                                           before)))
                 before += len(batch)
                 if len(pending) == len(copies):  # the oldest's copy is the next batch's
                     number, done, future = pending.popleft()

@@ -3,8 +3,10 @@ as `Seq2Seq.translate_batch` decodes them; every mismatch is one line and the do
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ SCORE_ATOL = 1e-5  # float32 graphs; a different batch may pad differently, and 
 USAGE, BAD_INPUT = 2, 1
 SQUARES = Path(__file__).resolve().parents[1] / "artifacts" / "squares"
 NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
+PIPE_ANSWER_S = 60  # a child's start-up and one decode; without an answer in this long, it waits for more input
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -126,14 +129,36 @@ def test_batch_size_chunks_decode_like_one_batch(models, runtime, tmp_path, deco
     whole = records(cli(*args, "--batch-size", "64"))
     chunked = cli(*args, "--batch-size", "2", "--output", tmp_path / "out.jsonl")
     assert chunked.returncode == 0, chunked.stderr
-    assert "infer: 2 inputs decoded" in chunked.stderr and "infer: 9 inputs decoded" in chunked.stderr
-    assert chunked.stderr.count("inputs decoded") < 5  # of 5 batches: the first, the last, one every 2 s
+    assert "infer: 4 inputs decoded" in chunked.stderr and "infer: 9 inputs decoded" in chunked.stderr
+    assert chunked.stderr.count("inputs decoded") < 5  # of 5 batches: the second, the last, one every 2 s
     in_chunks = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["index"] for r in in_chunks] == list(range(9))
     options = dict(beam_size=3, num_hypotheses=2) if decoding else {}
     expected = runtime.translate_batch(list(PAIRS.sources), **options)  # one batch of nine
     assert_matches(whole, expected)
     assert_matches(in_chunks, expected)
+
+
+def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models, runtime):
+    # A program feeding one line and waiting for its answer: each full batch is decoded at once, none read ahead.
+    proc = subprocess.Popen([sys.executable, "-c", NO_TORCH, "infer", str(models["additive"]), "--input", "-",
+                             "--batch-size", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    answers: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [answers.put(line) for line in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        for text in PAIRS.sources[:3]:
+            proc.stdin.write(text + "\n")
+            proc.stdin.flush()
+            answer = json.loads(answers.get(timeout=PIPE_ANSWER_S))  # queue.Empty: it waited for the next line
+            assert answer["source"] == text
+            assert answer["hypotheses"][0]["text"] == runtime.translate_batch([text])[0][0].text
+        proc.stdin.close()
+        assert proc.wait(timeout=PIPE_ANSWER_S) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_output_is_written_whole_and_never_replaced_without_force(models, tmp_path):
