@@ -157,10 +157,23 @@ def publishes(path: Path, shown: Any) -> Iterator[None]:
         raise
 
 
+PRINTED = [0]  # results this command has printed to stdout so far (token infer without --output), for the same line
+
+
+def printed(count: int = 1) -> None:
+    """Remember that `count` more results went to stdout, so a stop from here on says how many."""
+    PRINTED[0] += count
+
+
 def written_so_far() -> str:
-    """What a stop or a kill says of the outputs: those published so far, or that nothing was written."""
+    """What a stop or a kill says of the outputs: those published so far and the results printed to stdout, or
+    that nothing was written."""
+    shown = (f"printed {PRINTED[0]} result{'' if PRINTED[0] == 1 else 's'} to stdout (a JSON line each)"
+             if PRINTED[0] else "")
     if WRITTEN:
-        return f"it had written {', '.join(WRITTEN)}, and nothing else"
+        return f"it had {shown + ' and ' if shown else ''}written {', '.join(WRITTEN)}, and nothing else"
+    if shown:
+        return f"it had {shown}, and written nothing else"
     return "nothing was written (outputs are published whole or not at all)"
 
 

@@ -21,7 +21,7 @@ from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
-from .common import say, user_errors, wrote
+from .common import printed, say, user_errors, wrote
 from .infer_points import InputFileError, read_input
 from .infer_tokens import (
     argv_text,
@@ -286,6 +286,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     else:
         for line in lines:
             click.echo(line, nl=False)
+            printed()
     if run.skipped:
         say(run.skipped_note())
     if run.decoded == 0:

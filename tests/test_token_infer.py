@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from runtime.vocab import Vocabulary
 from training.tokens.builtin import toy_translation
 
 from support.models import export_token_model, toy_token_spec
+from support.processes import default_sigint
 
 PAIRS, _ = toy_translation()  # the nine notebook pairs
 TEXTS = ["one is one", "two is three", "nine is nine"]
@@ -139,11 +141,13 @@ def test_batch_size_chunks_decode_like_one_batch(models, runtime, tmp_path, deco
     assert_matches(in_chunks, expected)
 
 
-def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models, runtime):
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models, runtime, stop):
     # A program feeding one line and waiting for its answer: each full batch is decoded at once, none read ahead.
+    # Ctrl-C then says how many results it had printed.
     proc = subprocess.Popen([sys.executable, "-c", NO_TORCH, "infer", str(models["additive"]), "--input", "-",
                              "--batch-size", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     answers: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [answers.put(line) for line in proc.stdout], daemon=True)
     reader.start()
@@ -154,6 +158,12 @@ def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models,
             answer = json.loads(answers.get(timeout=PIPE_ANSWER_S))  # queue.Empty: it waited for the next line
             assert answer["source"] == text
             assert answer["hypotheses"][0]["text"] == runtime.translate_batch([text])[0][0].text
+        if stop:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=PIPE_ANSWER_S) == 130
+            said = proc.stderr.read()
+            assert "it had printed 3 results to stdout (a JSON line each), and written nothing else" in said, said
+            return
         proc.stdin.close()
         assert proc.wait(timeout=PIPE_ANSWER_S) == 0, proc.stderr.read()
     finally:
