@@ -67,6 +67,10 @@ def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabula
         except (ValueError, VocabError, RecursionError) as exc:
             raise IntegrityError(f"{path}: not a seq2onnx vocabulary ({exc}); re-export the model") from None
         out[side].check_usable()  # a subword vocabulary without `tokenizers` fails here, at load, not per request
+        size = getattr(manifest.spec, f"{side}_vocab_size", 0)
+        if size and len(out[side]) != size:  # ids the graphs' tables do not have, or tokens they never give
+            raise IntegrityError(f"{path}: holds {len(out[side])} tokens, but the manifest's spec says "
+                                 f"{side}_vocab_size {size}; the file was altered, re-export the model")
     return out
 
 

@@ -2,6 +2,7 @@
 Seq2Seq.translate_batch decodes texts exactly as the PyTorch reference does."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import threading
@@ -151,6 +152,24 @@ def test_a_tampered_vocabulary_is_refused(token_export, tmp_path):
     data["tokens"][5], data["tokens"][6] = data["tokens"][6], data["tokens"][5]
     (copy / "target_vocab.json").write_text(json.dumps(data))
     with pytest.raises(IntegrityError, match="target_vocab.json: sha256 does not match"):
+        Seq2Seq.load(copy)
+
+
+@pytest.mark.parametrize("side, change", [("target", -1), ("source", 2)])
+def test_a_vocabulary_of_another_size_than_the_spec_is_refused_at_load(token_export, tmp_path, side, change):
+    # Altered with its sha256 updated to match: the graphs' tables still have the spec's size.
+    copy = tmp_path / "m"
+    shutil.copytree(token_export[3], copy)
+    path = copy / f"{side}_vocab.json"
+    data = json.loads(path.read_text())
+    size = len(data["tokens"])
+    data["tokens"] = data["tokens"][:change] if change < 0 else data["tokens"] + [f"new{i}" for i in range(change)]
+    path.write_text(json.dumps(data))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["vocabularies"][side]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match=f"{side}_vocab.json: holds {size + change} tokens, but the manifest's "
+                                             f"spec says {side}_vocab_size {size}"):
         Seq2Seq.load(copy)
 
 
