@@ -31,7 +31,9 @@ def check_text_data(value: str, point_data_too: bool = True) -> str:
     (naming point data too where the command also takes it)."""
     if value in BUILTIN_LOADERS:
         return value
-    if value.endswith(TSV_SUFFIX):
+    if not value.strip():
+        raise click.BadParameter(f"expected a built-in data set name or a data file, got an empty value {value!r}")
+    if value.lower().endswith(TSV_SUFFIX):  # in any case, as .npz
         _must_exist(value, "file")
         return value
     if is_parallel(value):

@@ -344,6 +344,8 @@ def test_parallel_files_and_a_tokenizer_file(tmp_path: Path) -> None:
     (["--layers", "9"], 2, ["'--layers'", "1<=x<=8"]),
     (["--min-freq", "1000"], 2, ["'--min-freq'", "keeps no source token"]),
     (["--data", "missing.tsv"], 2, ["'--data'", "does not exist"]),
+    (["--data", "missing.TSV"], 2, ["'--data'", "does not exist"]),  # a TSV file in any case, as .npz
+    (["--data", ""], 2, ["'--data'", "got an empty value ''"]),
     (["--data", "a.txt,b.txt"], 2, ["'--data'", "source file 'a.txt' does not exist"]),
     (["--data", "reversed"], 2, ["'--data'", "expected 'squares' or PATH.npz"]),
     (["--data", "empty.tsv"], 1, ["--data:", "holds no pairs"]),

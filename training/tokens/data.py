@@ -137,7 +137,7 @@ def _resolve(name_or_path: DataSource) -> tuple[str, Any]:
         parts = name_or_path.split(PAIR_SEPARATOR)
         if len(parts) == 2 and all(p.strip() for p in parts):
             return PARALLEL, tuple(Path(p.strip()) for p in parts)
-    if isinstance(name_or_path, (str, Path)) and Path(name_or_path).suffix == TSV_SUFFIX:
+    if isinstance(name_or_path, (str, Path)) and Path(name_or_path).suffix.lower() == TSV_SUFFIX:
         return TSV, Path(name_or_path)
     raise DataError(f"text data {str(name_or_path)!r} is neither a built-in data set {sorted(BUILTIN_LOADERS)}, "
                     f"a {TSV_SUFFIX} file, nor two line-aligned files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH'")
