@@ -180,6 +180,12 @@ def test_parallel_reads_aligned_lines(tmp_path: Path) -> None:
     assert load_parallel(src, tgt) == TextPairs(["hello", "the cat"], ["bonjour", "le chat"], f"{src},{tgt}")
 
 
+def test_parallel_files_may_end_in_different_numbers_of_blank_lines(tmp_path: Path) -> None:
+    src = write(tmp_path / "src.txt", "hello\nthe cat\n")
+    tgt = write(tmp_path / "tgt.txt", "bonjour\nle chat\n\n  \n\n")
+    assert load_parallel(src, tgt) == TextPairs(["hello", "the cat"], ["bonjour", "le chat"], f"{src},{tgt}")
+
+
 def test_parallel_refuses_mismatched_counts(tmp_path: Path) -> None:
     src = write(tmp_path / "src.txt", "a\nb\nc\n")
     tgt = write(tmp_path / "tgt.txt", "x\ny\n")

@@ -94,6 +94,7 @@ def load_parallel(source_path: str | Path, target_path: str | Path) -> TextPairs
     paths = (Path(source_path), Path(target_path))
     (source_lines, source_problems), (target_lines, target_problems) = (_read_lines(p, True) for p in paths)
     origin = f"{paths[0]},{paths[1]}"
+    source_lines, target_lines = _without_trailing_blanks(source_lines), _without_trailing_blanks(target_lines)
     if len(source_lines) != len(target_lines):
         raise DataError(f"{origin}: parallel files must have the same number of lines; {paths[0]} has "
                         f"{len(source_lines)}, {paths[1]} has {len(target_lines)}; line i of one must translate "
@@ -112,6 +113,14 @@ def load_parallel(source_path: str | Path, target_path: str | Path) -> TextPairs
         targets.append(target.strip())
     expected = f"expected UTF-8 lines of at most {MAX_LINE_CHARS} characters, line i of each file a pair"
     return _finish(origin, sources, targets, problems, expected)
+
+
+def _without_trailing_blanks(lines: Lines) -> Lines:
+    """`lines` less the blank ones at its end: an editor's extra newlines do not misalign two parallel files."""
+    end = len(lines)
+    while end and lines[end - 1][1] is not None and not lines[end - 1][1].strip():
+        end -= 1
+    return lines[:end]
 
 
 def text_holdout_split(pairs: TextPairs) -> tuple[TextPairs, TextPairs]:
