@@ -141,6 +141,14 @@ def test_batch_size_chunks_decode_like_one_batch(models, runtime, tmp_path, deco
     assert_matches(in_chunks, expected)
 
 
+def test_a_tsv_input_is_decoded_whole_line_with_a_note_pointing_at_eval(models, tmp_path):
+    (tmp_path / "pairs.TSV").write_text(f"{PAIRS.sources[0]}\t{PAIRS.targets[0]}\n", encoding="utf-8")
+    done = cli("infer", models["additive"], "--input", tmp_path / "pairs.TSV")
+    assert [r["source"] for r in records(done)] == [f"{PAIRS.sources[0]}\t{PAIRS.targets[0]}"]
+    assert "infer reads one source text per line, the whole line" in done.stderr
+    assert f"seq2onnx eval {models['additive']} --data {tmp_path / 'pairs.TSV'}" in done.stderr
+
+
 @pytest.mark.parametrize("stop", [False, True])
 def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models, runtime, stop):
     # A program feeding one line and waiting for its answer: each full batch is decoded at once, none read ahead.
