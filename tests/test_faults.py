@@ -1,6 +1,7 @@
 """Reliability: a SIGKILL at any moment, a killed run's leftovers, two writers at once: never a mix in --out."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -256,21 +257,28 @@ def test_two_trains_to_one_destination_one_wins(tmp_path: Path) -> None:
 
 # ---- exclusive() ----
 
-def test_a_second_process_is_refused_and_a_killed_holder_does_not_block(tmp_path: Path) -> None:
-    out = tmp_path / "out"
+@contextlib.contextmanager
+def held_elsewhere(out: Path) -> Iterator[None]:
+    """`out`'s writer lock held by another process for the block; that process is killed at its end."""
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait(timeout=RUN_TIMEOUT_S)
+
+
+def test_a_second_process_is_refused_and_a_killed_holder_does_not_block(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with held_elsewhere(out):
         with pytest.raises(DestinationBusyError) as caught:
             with exclusive(out):
                 pass
         message = str(caught.value)
         assert BUSY in message and str(lock_file(out)) in message and "\n" not in message
         assert isinstance(caught.value, OSError)
-    finally:
-        holder.kill()
-        holder.wait(timeout=RUN_TIMEOUT_S)
     assert lock_file(out).exists()  # a killed holder leaves its lock file, but no lock on it
     with exclusive(out):
         pass
@@ -279,14 +287,8 @@ def test_a_second_process_is_refused_and_a_killed_holder_does_not_block(tmp_path
 
 def test_an_export_to_a_busy_out_is_refused_before_it_says_it_checks_parity(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_elsewhere(out):
         done = run(["export", str(ARTIFACTS / "squares-checkpoint"), "--out", str(out)], tmp_path)
-    finally:
-        holder.kill()
-        holder.wait(timeout=RUN_TIMEOUT_S)
     assert done.returncode == 1 and BUSY in done.stderr
     assert "checking parity" not in done.stderr + done.stdout and "Traceback" not in done.stderr
     assert not out.exists()
