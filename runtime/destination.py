@@ -81,9 +81,10 @@ def enclosing_artifact(out: Path) -> tuple[str, Path] | None:
 def too_long(path: Path, suffix: str = "") -> str | None:
     """Why `path` (and a sibling of it ending in `suffix`) cannot be a path on this system: a name over NAME_MAX
     bytes, or the whole over PATH_MAX; else None."""
-    whole = len(os.fsencode(os.path.abspath(path))) + len(suffix)
-    if whole > PATH_MAX:
-        return f"it is {whole} bytes long, more than the {PATH_MAX} a path may have"
+    whole = len(os.fsencode(os.path.abspath(path)))
+    if whole + len(suffix) > PATH_MAX:
+        limit = f"{PATH_MAX - len(suffix)} (with the {suffix} beside it)" if suffix else str(PATH_MAX)
+        return f"it is {whole} bytes long, more than the {limit} a path may have"
     for i, part in enumerate(path.parts):
         size = len(os.fsencode(part)) + (len(suffix) if i == len(path.parts) - 1 else 0)
         if size > NAME_MAX:

@@ -262,6 +262,9 @@ CLI_CASES: dict[str, Case] = {
                                          says=("300 bytes long, more than the 255",)),
     "train --out a 250-byte name": case("train", "--out", "t" * 250, code=BAD_INPUT,
                                         says=("250 bytes long, more than the 247 (with the .partial beside it)",)),
+    "train --out a path of 4092 bytes": case("train", "--out", "/" + "/".join(["d" * 200] * 20) + "/" + "t" * 71,
+                                             code=BAD_INPUT, says=("it is 4092 bytes long, more than the 4088 (with the "
+                                                                   ".partial beside it) a path may have",)),
     "export --out a path over 4096 bytes": case("export", "ckpt", "--out", "/".join(["d" * 200] * 21), code=BAD_INPUT,
                                                 says=("more than the 4096 a path may have",)),
     "export --out a name that is not UTF-8": case("export", "ckpt", "--out", os.fsdecode(b"bad\xffname"),
