@@ -20,6 +20,7 @@ from .common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     IN_PROGRAM,
+    PRINTED,
     WRITTEN,
     Interrupted,
     StoppedBySigterm,
@@ -79,6 +80,7 @@ class LazyGroup(click.Group):
         global RETURNED
         RETURNED = False
         WRITTEN.clear()
+        PRINTED[0] = 0
         try:
             return self._run(ctx)
         except KeyboardInterrupt as exc:

@@ -201,7 +201,7 @@ def test_a_stop_between_two_outputs_names_the_one_written() -> None:
 
     ctx = click.Context(main)
     ctx.invoked_subcommand = "infer"
-    common.WRITTEN[:] = ["out.jsonl"]
+    common.WRITTEN[:], common.PRINTED[0] = ["out.jsonl"], 0  # as `invoke` sets them up for this command
     try:
         said = _stopped(ctx, Terminated()).message
     finally:
