@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ USAGE, BAD_INPUT = 2, 1
 SQUARES = Path(__file__).resolve().parents[1] / "artifacts" / "squares"
 NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
 PIPE_ANSWER_S = 60  # a child's start-up and one decode; without an answer in this long, it waits for more input
+SETTLE_S = 0.5  # after the last answer, for the child to be back waiting on stdin
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -167,6 +169,7 @@ def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models,
             assert answer["source"] == text
             assert answer["hypotheses"][0]["text"] == runtime.translate_batch([text])[0][0].text
         if stop:
+            time.sleep(SETTLE_S)  # the child counts a line once its write returns: a stop within it may miss one
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=PIPE_ANSWER_S) == 130
             said = proc.stderr.read()
