@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import click
 
@@ -160,9 +160,11 @@ def publishes(path: Path, shown: Any) -> Iterator[None]:
 PRINTED = [0]  # results this command has printed to stdout so far (token infer without --output), for the same line
 
 
-def printed(count: int = 1) -> None:
-    """Remember that `count` more results went to stdout, so a stop from here on says how many."""
-    PRINTED[0] += count
+def print_results(lines: Iterable[str]) -> None:
+    """Each line (ending in its newline) to stdout as it comes, counted, so a stop from here on says how many."""
+    for line in lines:
+        click.echo(line, nl=False)
+        PRINTED[0] += 1
 
 
 def written_so_far() -> str:

@@ -21,7 +21,7 @@ from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
-from .common import printed, say, user_errors, wrote
+from .common import print_results, say, user_errors, wrote
 from .infer_points import InputFileError, read_input
 from .infer_tokens import (
     argv_text,
@@ -284,9 +284,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
         write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines), force)
         wrote(output_path, f" ({run.decoded} input{'' if run.decoded == 1 else 's'})", last=plot_path is None)
     else:
-        for line in lines:
-            click.echo(line, nl=False)
-            printed()
+        print_results(lines)
     if run.skipped:
         say(run.skipped_note())
     if run.decoded == 0:

@@ -86,12 +86,12 @@ def _acquire(key: Path, out: str | Path, lock: Path) -> bool:
                 raise _busy(out, lock, "another thread of this process")
             hold.depth += 1
             return False
-        made = missing_directories(lock.parent)
+        made = _missing_directories(lock.parent)
         _HOLDS[key] = _Hold(_flock(out, lock), me, 1, made)
         return True
 
 
-def missing_directories(path: Path) -> list[Path]:
+def _missing_directories(path: Path) -> list[Path]:
     """`path` and those of its parents that do not exist yet, deepest first."""
     missing = []
     while not os.path.lexists(path) and path.parent != path:
@@ -103,19 +103,17 @@ def missing_directories(path: Path) -> list[Path]:
 def _flock(out: str | Path, lock: Path) -> int:
     """An fd holding LOCK_EX on the file now named `lock`, or DestinationBusyError (held by another writer) or
     DestinationUnwritableError (the lock cannot be made there at all: no permission, a read-only file system)."""
-    for attempt in range(LOCK_ATTEMPTS):
+    for _ in range(LOCK_ATTEMPTS):
         try:
             lock.parent.mkdir(parents=True, exist_ok=True)
             return _flock_made(out, lock)
         except DestinationBusyError:
             raise
         except FileNotFoundError:  # another writer's release removed the parent it had made, between our two calls
-            if attempt + 1 < LOCK_ATTEMPTS:
-                continue
-            raise _unwritable(out, lock, "its directory kept disappearing") from None
+            continue
         except OSError as exc:
             raise _unwritable(out, lock, exc.strerror or str(exc)) from None
-    raise AssertionError("unreachable")
+    raise _unwritable(out, lock, "its directory kept disappearing")
 
 
 def _unwritable(out: str | Path, lock: Path, why: str) -> DestinationUnwritableError:
