@@ -16,6 +16,7 @@ from runtime.infer_tokens import (
     POINT_SUFFIXES,
     SAMPLING,
     TOKEN_ONLY,
+    TSV_SUFFIX,
 )
 from runtime.manifest import read_manifest
 from runtime.points import MAX_TARGET_LEN
@@ -111,7 +112,7 @@ def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | Non
     if input_path is not None and Path(input_path).suffix.lower() in POINT_SUFFIXES:
         raise click.UsageError(f"--input: {input_path}: {model_dir} is a token model, which reads UTF-8 text, one "
                                "input per line; pass a text file, '-' for lines on stdin, or --text")
-    if input_path is not None and Path(input_path).suffix.lower() == ".tsv":  # pairs everywhere else in seq2onnx
+    if input_path is not None and Path(input_path).suffix.lower() == TSV_SUFFIX:  # pairs everywhere else in seq2onnx
         say(f"note: --input {input_path}: infer reads one source text per line, the whole line; a TSV's tab and "
             f"target column would be read as part of each source (to score pairs: seq2onnx eval {model_dir} "
             f"--data {input_path})")

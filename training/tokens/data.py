@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.infer_tokens import TSV_SUFFIX
 from runtime.manifest import sha256_file
 from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError, reload_unchanged
 
@@ -17,7 +18,6 @@ from .pairs import MAX_LINE_CHARS, TextPairs, listing, text_problem
 MAX_TEXT_FILE_BYTES = 1 << 30  # 1 GiB: files are read whole
 UTF8_BOM = b"\xef\xbb\xbf"
 TSV, PARALLEL = "tsv", "parallel"
-TSV_SUFFIX = ".tsv"
 PAIR_SEPARATOR = ","  # "SRC_PATH,TGT_PATH" names two line-aligned files
 MAX_LEN_MARGIN = 5  # evaluation decodes this many steps past the longest reference target (EOS included)
 
