@@ -188,7 +188,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     try:
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
     except InputError as exc:  # what the file holds (its shape, values, mask): named with the file
-        raise InputFileError(f"{'stdin' if input_path == '-' else input_path}: {exc}") from None
+        raise InputFileError.of(input_path, exc) from None
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     if plot_path and len(outputs) == 0:

@@ -20,6 +20,11 @@ class InputFileError(click.ClickException):
     def __init__(self, message: str) -> None:
         super().__init__(f"--input: {message}")
 
+    @classmethod
+    def of(cls, input_path: str, exc: Exception) -> InputFileError:
+        """What the file holds (its shape, values, mask) refused, named with the file ('-': stdin)."""
+        return cls(f"{'stdin' if input_path == '-' else input_path}: {exc}")
+
 
 # JSON has no size or depth limit of its own; these keep a hostile or mistaken input from exhausting memory.
 MAX_JSON_BYTES = 64 << 20

@@ -19,7 +19,7 @@ import click
 import numpy as np
 import ray
 
-from runtime.errors import Seq2OnnxError, Terminated, one_line
+from runtime.errors import InputError, Seq2OnnxError, Terminated, one_line
 from runtime.infer_tokens import (
     TOKEN_OUTPUT_SUFFIXES,
     Item,
@@ -46,7 +46,7 @@ from serving.offline import (
 from .cluster import check_reachable, join_failed, runtime_env
 from .common import published, say, wrote
 from .infer import RayJob, check_outputs, write_atomically
-from .infer_points import read_input
+from .infer_points import InputFileError, read_input
 from .infer_tokens import (
     check_token_usage,
     decoding_options,
@@ -158,11 +158,14 @@ def _point_work(ctx: click.Context, job: RayJob, base: dict[str, Any]) -> tuple[
     source, mask = read_input(job.input_path)
     model = _load(base)
     try:
-        points = check_source(source, model.spec)
         target_len = check_target_len(job.target_len, model.spec)
-        return Plan(**base, target_len=target_len), points, check_mask(mask, points)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        points = check_source(source, model.spec)
+        return Plan(**base, target_len=target_len), points, check_mask(mask, points)
+    except InputError as exc:  # named with the file, as without --ray
+        raise InputFileError.of(job.input_path, exc) from None
 
 
 def _actors(plan: Plan, concurrency: int | None) -> int:

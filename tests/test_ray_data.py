@@ -168,6 +168,18 @@ def test_existing_output_is_kept_without_force_and_on_a_bad_line(texts_file: Pat
     assert output.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == sorted([bad, output])
 
 
+@pytest.mark.parametrize("output, ray_flag", [("out.npz", []), ("out.jsonl", ["--ray"])])
+def test_a_point_input_refused_for_its_values_names_the_file_with_or_without_ray(tmp_path: Path, output: str,
+                                                                                  ray_flag: list[str]) -> None:
+    source = tmp_path / "points.npy"
+    np.save(source, np.array([[[0.5, 0.5], [0.1, 0.2]], [[np.nan, 0.0], [0.3, 0.4]]], np.float32))  # (N, L, F)
+    result = cli("infer", SQUARES, "--input", source, "--output", tmp_path / output, *ray_flag)
+    assert result.returncode == BAD_INPUT, result.stderr
+    assert f"Error: --input: {source}: source: expected finite values" in result.stderr
+    assert "batch item 1" in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == [source]
+
+
 # When the signal comes: Ray's first processes exist (ray.init under way; raised inside it, Ctrl-C left Ray's agents
 # running); the output's temporary sibling exists (decoding; SIGTERM's default action left that file behind); the
 # output is published and Ray is stopping (a signal there said that nothing was written).
