@@ -3,3 +3,34 @@
 Each command parses and checks its options, then calls a typed function of the package that does the work.
 Nothing outside this package imports it, and no module outside it imports click.
 """
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+STARTING = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "stopped by SIGTERM")}  # exit code, words
+
+
+def _stopped_while_starting(signum: int, frame: Any) -> None:
+    """Ctrl-C or SIGTERM while the program imports its modules, before any command runs: one line and the exit code
+    of a stop (raised there, Ctrl-C printed a KeyboardInterrupt traceback and SIGTERM killed it without a word)."""
+    code, words = STARTING[signum]
+    os.write(2, f"Error: seq2onnx: {words} while starting; nothing was written\n".encode())
+    os._exit(code)
+
+
+def starting_handlers(install: bool) -> None:
+    """Install the handlers above (as the program, while it starts), or put the defaults back where they are ours
+    (once a command runs, whose own handling takes over)."""
+    for sig in STARTING:
+        current = signal.getsignal(sig)
+        if install and current in (signal.default_int_handler, signal.SIG_DFL):  # an ignored signal stays ignored
+            signal.signal(sig, _stopped_while_starting)
+        elif not install and current is _stopped_while_starting:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+
+
+if sys.argv and (sys.argv[0] == "-m" or os.path.basename(sys.argv[0]) == "seq2onnx"):  # `python -m cli`, `seq2onnx`
+    starting_handlers(install=True)

@@ -16,6 +16,7 @@ from runtime import __version__
 from runtime.atomic_file import discard_staged
 from runtime.errors import Terminated, clipped
 
+from . import starting_handlers
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -82,6 +83,7 @@ class LazyGroup(click.Group):
         WRITTEN.clear()
         PRINTED[0] = 0
         try:
+            starting_handlers(install=False)  # from here a stop is the command's: KeyboardInterrupt, Terminated
             return self._run(ctx)
         except KeyboardInterrupt as exc:
             if RETURNED:

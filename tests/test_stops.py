@@ -319,3 +319,27 @@ def test_a_stop_inside_the_output_check_leaves_no_hidden_file(tmp_path: Path,
         destination.check_output_file(tmp_path / "out.jsonl", force=False)
     atomic_file.discard_staged()
     assert list(tmp_path.iterdir()) == []
+
+
+# What the console script runs (`from cli.main import entry; entry()`), with a signal to itself in between: one
+# that lands while the program's modules load, before any command runs.
+STOP_WHILE_STARTING = ("import os, signal, sys; sys.argv[0] = 'seq2onnx'; import cli.main; "
+                       "os.kill(os.getpid(), signal.{}); cli.main.entry(['--version'])")
+
+
+@pytest.mark.parametrize("sig, code, words", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "stopped by SIGTERM")])
+def test_a_stop_while_the_program_starts_is_one_line_and_its_exit_code(sig: str, code: int, words: str) -> None:
+    """Raised there, Ctrl-C printed a KeyboardInterrupt traceback (exit 1, or killed by SIGINT) and SIGTERM killed
+    the program without a word."""
+    result = subprocess.run([sys.executable, "-c", STOP_WHILE_STARTING.format(sig)], capture_output=True, text=True,
+                            timeout=60, preexec_fn=default_sigint)
+    assert result.returncode == code, result.stderr
+    assert result.stderr == f"Error: seq2onnx: {words} while starting; nothing was written\n"
+    assert result.stdout == ""
+
+
+def test_a_ctrl_c_ignored_from_the_start_stays_ignored_while_the_program_starts() -> None:
+    """A program started with SIGINT ignored (a background job of a script, `nohup`-like launchers) keeps it so."""
+    result = subprocess.run([sys.executable, "-c", STOP_WHILE_STARTING.format("SIGINT")], capture_output=True,
+                            text=True, timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert result.returncode == 0 and result.stdout.startswith("seq2onnx, version "), result.stderr
