@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 import click
 from click.core import ParameterSource
 
+from runtime.defaults import TSV_SUFFIX
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import (
     DEFAULT_BATCH_SIZE,
@@ -16,7 +17,6 @@ from runtime.infer_tokens import (
     POINT_SUFFIXES,
     SAMPLING,
     TOKEN_ONLY,
-    TSV_SUFFIX,
 )
 from runtime.manifest import read_manifest
 from runtime.points import MAX_TARGET_LEN

@@ -27,7 +27,6 @@ from .vocab import VocabError, Vocabulary
 
 TOKEN_OUTPUT_SUFFIXES = (".jsonl",)
 POINT_SUFFIXES = (".npy", ".npz", ".json")  # what point models read; a token model reads text lines
-TSV_SUFFIX = ".tsv"  # pairs (source, tab, target) for train and eval, in any case; infer reads each whole line
 MAX_LINE_BYTES = 1 << 20  # one input line, read no further; the source token limit refuses far shorter lines
 MAX_BATCH = 4096  # rows = batch * beam (beam: at most runtime.search.beam.MAX_BEAM); beyond, memory runs out
 DEFAULT_BATCH_SIZE = 32

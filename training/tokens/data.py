@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.infer_tokens import TSV_SUFFIX
+from runtime.defaults import TSV_SUFFIX
 from runtime.manifest import sha256_file
 from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError, reload_unchanged
 
