@@ -246,8 +246,10 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dic
     if beam_size != 1 or num_hypotheses != 1:  # with a beam step, what attention reads stays once per input
         fold = steps.has_beam_step
         step = steps.beam_step if fold else steps.step
+        between = None if cancel is None else stoppable(_nothing, cancel, "before its first step")
         step = step if cancel is None else stoppable(step, cancel)
-        return beam_search(step, encode(ids, lengths, cancel), steps.batch_axes, per_input=fold, **search, **common)
+        return beam_search(step, encode(ids, lengths, cancel), steps.batch_axes, per_input=fold, between=between,
+                           **search, **common)
     if sampler is not None:
         return [[h] for h in sample(step, encode(ids, lengths, cancel), steps.batch_axes, **sampler, **common)]
     if steps.greedy is not None:  # one call (two where the encoder is its own graph): the greedy loop graph
@@ -255,3 +257,7 @@ def _decode(steps: TokenSteps, ids: np.ndarray, lengths: np.ndarray, search: dic
         return [[h] for h in tokens(ids, lengths, common["max_decoding_length"], common["min_decoding_length"],
                                     common["return_attention"], cancel)]
     return [[h] for h in greedy_search(step, encode(ids, lengths, cancel), steps.batch_axes, **common)]
+
+
+def _nothing() -> None:
+    """What `stoppable` wraps where only its ask is wanted."""

@@ -261,6 +261,38 @@ def test_beam_batch_equals_each_input_alone():
         np.testing.assert_allclose([h.score for h in alone], [h.score for h in together[b]], rtol=SCORE_RTOL)
 
 
+
+def test_beam_expansion_asks_between_before_every_piece_and_stops_when_it_raises(monkeypatch):
+    """`between` (a caller's cancel) is called before each piece of each entry expanded to k rows per input, ahead of
+    the first step; the hypotheses are those of a search without it, and an exception from it stops the search
+    before any step. Without it, a 0.5 GB expansion ran seconds with no cancel asked (a served deadline overran)."""
+    import runtime.search.beam as beam
+
+    monkeypatch.setattr(beam, "EXPAND_BYTES", 3 * 4 * 3 * 4)  # memory (Ls, B, D) float32: 3 rows a piece
+    model = History(23, batch=4, eos_bias=0.5)
+    kw = dict(beam_size=5, num_hypotheses=2, max_decoding_length=6)
+    calls: list[int] = []
+    with_between = run_beam(model, 4, between=lambda: calls.append(len(model.calls)), **kw)
+    model.calls.clear()
+    assert [[h.tokens for h in n] for n in with_between] == [[h.tokens for h in n] for n in run_beam(model, 4, **kw)]
+    # history (B, 0) is one piece; memory's 20 rows (4 inputs x 5 beams) are 7 pieces of at most 3
+    assert calls == [0] * 8
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_third() -> None:
+        calls.append(0)
+        if len(calls) == 3:
+            raise Stop()
+
+    calls.clear()
+    model.calls.clear()
+    with pytest.raises(Stop):
+        run_beam(model, 4, between=stop_at_third, **kw)
+    assert model.calls == []  # no step ran
+
+
 # ---- lengths, for every strategy -----------------------------------------------------------
 
 STRATEGIES = {

@@ -26,6 +26,8 @@ selected by input when inputs finish. Finished hypotheses and the stopping rule 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from runtime.errors import InputError
@@ -42,6 +44,7 @@ from .step import (
     check_float,
     check_int,
     forbid_eos,
+    on_host,
     select,
 )
 from .trace import Trace
@@ -103,12 +106,38 @@ def check_beam(beam_size: int, num_hypotheses: int, length_penalty: float) -> tu
     return k, length_penalty
 
 
+EXPAND_BYTES = 16 << 20  # with `between`, an entry is expanded in pieces of about this size, `between` before each
+
+
+def _expanded(state: State, rows: np.ndarray, batch_axes: BatchAxes, kept: frozenset[str],
+              between: Callable[[], None] | None) -> State:
+    """`rows` of every entry but `kept`. With long sources and wide beams an entry (cross keys, memory) can be
+    hundreds of MB, written into fresh memory at a few hundred MB/s: with `between`, piece by piece, so that a
+    cancel is asked every few tens of milliseconds ahead of the first step, not after seconds."""
+    if between is None:
+        return select({name: value for name, value in state.items() if name not in kept}, rows, batch_axes)
+    out = {}
+    for name in (n for n in state if n not in kept):
+        axis, source = batch_axes[name], on_host(state[name])
+        out[name] = whole = np.empty(source.shape[:axis] + (len(rows),) + source.shape[axis + 1:], source.dtype)
+        per_row = max(1, whole.nbytes // max(1, len(rows)))
+        piece = max(1, EXPAND_BYTES // per_row)
+        for start in range(0, len(rows), piece):
+            between()
+            at = (slice(None),) * axis + (slice(start, start + piece),)
+            whole[at] = np.take(source, rows[start:start + piece], axis=axis)
+    return out
+
+
 def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, bos_id: int, eos_id: int,
                 beam_size: int = 2, num_hypotheses: int = 1, length_penalty: float = 1.0,
                 max_decoding_length: int = 256, min_decoding_length: int = 0, return_attention: bool = False,
-                constant: frozenset[str] = frozenset(), per_input: bool = False) -> list[list[Hypothesis]]:
+                constant: frozenset[str] = frozenset(), per_input: bool = False,
+                between: Callable[[], None] | None = None) -> list[list[Hypothesis]]:
     """Up to num_hypotheses hypotheses per input, best score first (see the module docstring for the rules);
-    `constant` names the state entries the step never changes; `per_input`: the step reads those once per input."""
+    `constant` names the state entries the step never changes; `per_input`: the step reads those once per input.
+    `between` is called before each state entry is expanded to k rows per input, ahead of the first step (it may
+    raise to stop: a caller's cancel, which the step itself asks from then on)."""
     check_decoding(state, batch_axes, batch_size, bos_id, eos_id, max_decoding_length, min_decoding_length)
     k, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
     constant = check_constant(constant, state)
@@ -116,9 +145,8 @@ def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: i
         raise InputError(f"per_input: expected True or False, got {per_input!r}")
     found, trace = NBest(batch_size, num_hypotheses), Trace()
     inputs = np.arange(batch_size)  # the input each live block of k rows decodes
-    expanded = {name: value for name, value in state.items() if not (per_input and name in constant)}
-    state = {**state, **select(expanded, np.repeat(inputs, k), batch_axes)}  # rows (B * k,): input b owns rows
-    # b*k .. b*k+k-1
+    state = {**state, **_expanded(state, np.repeat(inputs, k), batch_axes, constant if per_input else frozenset(),
+                                  between)}  # rows (B * k,): input b owns rows b*k .. b*k+k-1
     fixed = {name: state[name] for name in constant}  # expanded once; selected again only when inputs finish
     tokens = np.full(batch_size * k, bos_id, dtype=np.int64)  # (B * k,)
     # Only the first beam of each input is live at step 0, so the beam does not fill with k copies of one path.

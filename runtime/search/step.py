@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,8 +54,12 @@ def select(state: State, index: np.ndarray, batch_axes: BatchAxes) -> State:
     """Rows `index` of every state entry, taken along its batch axis (beam reorder, dropping finished rows).
     An entry on an accelerator (an onnxruntime OrtValue kept there by IO binding) is copied to the host first:
     its `numpy()`; the next step moves it back."""
-    return {name: (value if isinstance(value, np.ndarray) else value.numpy()).take(index, axis=batch_axes[name])
-            for name, value in state.items()}
+    return {name: on_host(value).take(index, axis=batch_axes[name]) for name, value in state.items()}
+
+
+def on_host(value: Any) -> np.ndarray:
+    """A state entry as a numpy array: an OrtValue that IO binding kept on an accelerator is copied here."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
 
 
 def check_constant(constant: object, state: State) -> frozenset[str]:
