@@ -9,8 +9,9 @@ Ray Serve replica). No Ray here.
 - Copies: a model loaded with `workers=N` (`serve --workers N`) decodes up to N batches at once, each whole on a
   copy of its own (`Seq2Seq.copies`); a batch is gathered when a copy is free, so under load the requests that
   arrive during the decodes under way form the next batch, as with one.
-- Deadlines: a request waits at most its timeout (HTTP 408). When every request of a batch has given up (timed
-  out, or its client went away), the decode stops between two steps and the thread takes the next batch.
+- Deadlines: a request waits at most its timeout (HTTP 408). One that gives up (timed out, or its client went
+  away) while queued leaves the queue at once; when every request of a batch under way has given up, the decode
+  stops (between two steps, or inside a one-call graph) and the thread takes the next batch.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class DeadlineExceeded(Seq2OnnxError, TimeoutError):
     """A request not answered within its timeout: HTTP 408; its decode is stopped once no one waits for it."""
 
 
-@dataclass
+@dataclass(eq=False)  # one request is itself only: the queue removes it by identity
 class Pending:
     """A request in the queue or in the decode under way: its job, the answer to come, and whether it gave up."""
 
@@ -107,13 +108,25 @@ class Batcher:
         try:
             return await asyncio.wait_for(asyncio.shield(pending.answer), timeout_s)
         except asyncio.TimeoutError:  # TimeoutError itself from 3.11; not on 3.10
-            pending.given_up = True
+            self._give_up(pending)
             raise DeadlineExceeded(f"request: not answered within {timeout_s:g} s (serve --request-timeout); its "
                                    "decode was stopped; ask for less (fewer items, a shorter output), or retry"
                                    ) from None
         except asyncio.CancelledError:  # the client went away: no one reads the answer
-            pending.given_up = True
+            self._give_up(pending)
             raise
+
+    def _give_up(self, pending: Pending) -> None:
+        """No one waits for `pending` any more: a decode under way stops once its whole batch has given up, and one
+        still queued leaves the queue now, so that it holds no place there (--max-queue, /readyz) until a copy is
+        free to gather it."""
+        pending.given_up = True
+        try:
+            self.waiting.remove(pending)
+        except ValueError:  # gathered already: in a decode, or answered
+            return
+        self.queued_items -= pending.job.rows
+        self.metrics.queue_items.dec(pending.job.rows)
 
     def _enqueue(self, pending: Pending) -> None:
         if self._wake is None:
@@ -160,7 +173,7 @@ class Batcher:
 
     async def _gather(self) -> list[Pending]:
         """The next batch: the first waiting request and whoever arrives within batch_wait_ms, up to
-        max_batch_size items; requests that gave up while waiting are dropped."""
+        max_batch_size items."""
         deadline = time.monotonic() + self.config.batch_wait_ms / 1000
         while self._items_waiting() < self.config.max_batch_size and time.monotonic() < deadline:
             self._wake.clear()
@@ -170,12 +183,11 @@ class Batcher:
                 break
         batch, items = [], 0
         while self.waiting and items + self.waiting[0].job.rows <= self.config.max_batch_size:
-            pending = self.waiting.popleft()
+            pending = self.waiting.popleft()  # (one that gave up has left the queue already: _give_up)
             self.queued_items -= pending.job.rows
             self.metrics.queue_items.dec(pending.job.rows)
-            if not pending.given_up:
-                batch.append(pending)
-                items += pending.job.rows
+            batch.append(pending)
+            items += pending.job.rows
         return batch
 
     def _items_waiting(self) -> int:

@@ -93,6 +93,25 @@ def test_a_full_queue_answers_503_at_once_and_stays_healthy(base: str) -> None:
     assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
 
 
+def test_queued_requests_whose_clients_went_away_leave_the_queue_at_once(base: str) -> None:
+    """They held their places (503 to the next request, /readyz 503) until the decode under way ended and a batch
+    was gathered, seconds after no one waited for them."""
+    url = f"{base}/queue"
+    with ThreadPoolExecutor(4) as pool:
+        busy = pool.submit(httpx.post, f"{url}/v1/translate", json=LONG, timeout=30)  # 2 s or more
+        time.sleep(0.3)
+        gone = [pool.submit(httpx.post, f"{url}/v1/translate", json=SHORT, timeout=0.3) for _ in range(MAX_QUEUE)]
+        assert all(isinstance(future.exception(), httpx.TimeoutException) for future in gone)
+        deadline = time.monotonic() + 1.0  # the server sees the closed connections within a few ms
+        while httpx.get(f"{url}/readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "the queue still holds requests whose clients went away"
+            time.sleep(0.02)
+        assert not busy.done()  # all this while the long decode ran: the next request waits its turn, not 503
+        answer = httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30)
+        assert busy.result().status_code == 200
+    assert answer.status_code == 200, answer.text
+
+
 def test_a_request_larger_than_the_queue_is_413_not_503(base: str) -> None:
     """A request with more items than the queue can ever hold would get 503 'retry shortly' for ever: it is 413."""
     reply = httpx.post(f"{base}/queue/v1/translate", json={"texts": ["3/3/15"] * (MAX_QUEUE + 1)}, timeout=30)
