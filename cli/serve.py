@@ -35,7 +35,7 @@ from .allocator import choose as choose_allocator
 from .cluster import check_reachable
 from .common import require
 from .options import FiniteFloatRange
-from .serve_ray import STOP_RESERVE_S
+from .serve_ray import STOP_RESERVE_S, in_url
 
 APP_NAME = "seq2onnx"
 PROXY_LOCATIONS = ("head", "every-node")
@@ -79,10 +79,17 @@ def listen_on(host: str, port: int) -> socket.socket:
     """The one-process server's socket, bound before the model loads: from here the port is this process's (a second
     server started a moment later was refused by uvicorn's bind, exit 3, after loading the model)."""
     try:
-        return socket.create_server((host, port), backlog=LISTEN_BACKLOG)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:  # (a subclass of OSError, said apart: a malformed or unknown name is usage)
+        raise click.BadParameter(f"{host}: not an address or a name this machine can resolve ({exc.strerror}); "
+                                 "use an address of this machine such as 127.0.0.1 or ::1", param_hint="--host"
+                                 ) from None
+    family, address = found[0][0], found[0][4]  # IPv4 or IPv6, as the name resolves first
+    try:
+        return socket.create_server(address[:2], family=family, backlog=LISTEN_BACKLOG)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise click.ClickException(f"--port {port}: {host}:{port} is already in use; stop what holds it or "
+            raise click.ClickException(f"--port {port}: {in_url(host)}:{port} is already in use; stop what holds it or "
                                        "pick another --port") from None
         raise click.ClickException(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); "
                                    "use an address of this machine such as 127.0.0.1") from None
@@ -278,12 +285,12 @@ def _serve_here(model_dir: Path, kind: str, config: ServeConfig, where: tuple[st
     def ready(service: Any) -> None:
         under = prefix.rstrip("/")
         on = service.model.providers[0].removesuffix("ExecutionProvider")  # 'auto' says where it landed
-        click.echo(f"serve: {model_dir} at http://{host}:{port}{under} (POST {route}; GET {under}/v1/model, "
+        click.echo(f"serve: {model_dir} at http://{in_url(host)}:{port}{under} (POST {route}; GET {under}/v1/model, "
                    f"{under}/healthz, {under}/readyz, {under}/metrics; docs at {under}/docs); this process, "
                    f"{_decoding(config)} on {on}, {malloc}; Ctrl-C stops", err=True)
 
     stopped_by, service = serve_forever(model_dir, config, Listen(host, port, prefix, shutdown_timeout), ready, held)
     if stopped_by is None:
-        raise click.ClickException(f"serve: the server at {host}:{port} stopped by itself (see above)")
+        raise click.ClickException(f"serve: the server at {in_url(host)}:{port} stopped by itself (see above)")
     answered, unanswered = service.metrics.totals()
     click.echo(f"serve: {answered} request(s) answered, {unanswered} ended without an answer", err=True)

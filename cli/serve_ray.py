@@ -38,6 +38,11 @@ class RayPlan:
     replicas: str  # N, MIN:MAX or auto: resolved once Ray runs
 
 
+def in_url(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) -> None:
     """Start (or join) Ray, deploy, serve until SIGTERM or Ctrl-C, then remove what was deployed. Ray is driven from a
     thread of its own (`cli.ray_stop`): a signal stops it between steps, never inside one."""
@@ -106,7 +111,7 @@ def _http_url(status: Any, name: str, host: str, port: int) -> str:
         click.echo("serve: note: Serve already runs on this cluster, so its HTTP proxy keeps the options it was "
                    "started with; --host, --port, --request-timeout and --proxy-location do not apply", err=True)
         return "(the running Serve's address)"
-    return f"http://{host}:{port}"
+    return f"http://{in_url(host)}:{port}"
 
 
 def _start_ray(address: str | None, model_dir: Path) -> bool:

@@ -121,6 +121,26 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
         assert (", 1 decoding thread(s) on CPU, " in err) == (copies == 1)
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine cannot listen on IPv6's ::1")
+def test_serve_listens_on_an_ipv6_host(launch) -> None:
+    """--host ::1 was refused ('Address family for hostname not supported'): the socket was always IPv4's."""
+    port = free_port()
+    process = launch(str(DATES), "--host", "::1", "--port", str(port), "--num-cpus", "1")
+    url = f"http://[::1]:{port}"
+    wait_healthy(f"{url}/healthz", START_TIMEOUT, process)
+    reply = httpx.post(f"{url}/v1/translate", json={"texts": ["3/3/15"]}, timeout=30)
+    assert reply.status_code == 200 and reply.json()["translations"][0][0]["text"] == "2015-03-03", reply.text
+    assert f"at {url} " in stop(process)
+
+
 def _start_serving(tmp_path: Path, *args: str, port: int | None = None) -> tuple[subprocess.Popen, Path]:
     """`serve DATES --ray ...` in a session of its own, its output to a log (not waited for)."""
     log = tmp_path / "serve.log"
@@ -319,6 +339,8 @@ SERVE_CASES: dict[str, Case] = {
     "--body-timeout 0": case(*SERVE, "--body-timeout", "0", code=USAGE, says=("--body-timeout", "0.1<=x<=3600")),
     "--port 0": case(*SERVE, "--port", "0", code=USAGE, says=("--port", "1<=x<=65535")),
     "--port word": case(*SERVE, "--port", "http", code=USAGE, says=("--port", "'http' is not a valid integer")),
+    "--host malformed": case(*SERVE, "--host", "999.1.1.1", "--port", "18999", code=USAGE,
+                             says=("--host", "999.1.1.1", "not an address or a name this machine can resolve")),
     "--host not of this machine": case(*SERVE, "--host", "192.0.2.254", "--port", "18999", code=BAD_INPUT,
                                        says=("--host 192.0.2.254", "cannot listen there")),
     "--provider tpu": case(*SERVE, "--provider", "tpu", code=USAGE, says=("--provider", "'tpu'")),
