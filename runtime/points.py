@@ -59,6 +59,8 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     if isinstance(source, np.ma.MaskedArray):  # np.asarray would drop its mask without a word
         raise InputError("source: got a numpy masked array, whose mask this model does not read; pass the data "
                          "(source.filled(0)) and mark padding with source_mask (True for a real point)")
+    if isinstance(source, (list, tuple)) and len(source) == 0:  # no sources: JSON's [] has no inner shape to read
+        return np.zeros((0, 1, spec.n_features), np.float32)  # (0, L, F), as a batch 0 array gives
     arr = _as_array(source, "source", f"a numeric array of shape (N, L, {spec.n_features})")
     if arr.dtype.kind in NUMBER_KINDS and isinstance(source, (list, tuple)) and _holds_bool(source):
         raise InputError("source: expected numbers, got true/false among them; pass 1.0/0.0 if that is meant")
@@ -121,7 +123,7 @@ def check_mask(source_mask: Any, source: np.ndarray, flat: bool = False) -> np.n
     """Return a bool (N, 1, L) mask: all True when None; (N, L) and 0/1 ints or floats are accepted too. `flat`:
     where only (N, L) can be given (HTTP's schema), a wrong shape's message names only that."""
     n, length = source.shape[:2]
-    if source_mask is None:
+    if source_mask is None or (n == 0 and isinstance(source_mask, (list, tuple)) and len(source_mask) == 0):
         return _full_mask(n, length) if n * length <= SHARED_MASK_SIZE else np.ones((n, 1, length), dtype=bool)
     if isinstance(source_mask, np.ma.MaskedArray):  # np.asarray would drop its own mask without a word
         raise InputError("source_mask: got a numpy masked array, whose mask is not read; pass plain True/False (or "

@@ -119,6 +119,15 @@ def test_http_predict_equals_in_process(served: Served, squares: Seq2Seq) -> Non
     assert reply.json()["export_id"] == squares.manifest.export_id
 
 
+def test_an_empty_batch_is_answered_empty_on_both_routes(served: Served) -> None:
+    """{"texts": []} was 200 and {"source": []} 400 ('got shape (0,)': JSON's [] has no inner shape to read)."""
+    texts = served.client.post("/tokens/v1/translate", json={"texts": []})
+    points = served.client.post("/points/v1/predict", json={"source": [], "source_mask": [],
+                                                            "return_attention": True})
+    assert (texts.status_code, points.status_code) == (200, 200), (texts.text, points.text)
+    assert texts.json()["translations"] == [] and points.json()["outputs"] == [] == points.json()["attention"]
+
+
 @pytest.mark.parametrize("options", [{}, {"beam_size": 4, "num_hypotheses": 2, "return_attention": True},
                                      {"max_decoding_length": 6, "min_decoding_length": 3},
                                      {"sampling_topk": 5, "sampling_temperature": 1.5, "seed": 7}],
