@@ -143,8 +143,9 @@ async def metrics(request: Request) -> Response:
 class Measured:
     """ASGI middleware: every HTTP request counted by route and status, and timed."""
 
-    def __init__(self, app: Any, paths: frozenset[str] = frozenset()) -> None:
-        self.app, self.paths = app, paths  # the app's route paths, its prefix included
+    def __init__(self, app: Any, prefix: str = "") -> None:
+        self.app, self.prefix = app, prefix  # the app's routes are under prefix; labels are the routes' own paths
+        self.paths = frozenset(prefix + route.path for route in router.routes)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -161,19 +162,20 @@ class Measured:
             await self.app(scope, receive, sent)
         finally:
             service = service_of(scope.get("app"))
-            route = _route_label(scope, self.paths)
+            route = _route_label(scope, self.paths, self.prefix)
             if service is not None:
                 count(service, route, status[0] if answered[0] and not scope.get(GONE) else None, started)
 
 
-def _route_label(scope: dict[str, Any], paths: frozenset[str]) -> str:
-    """The route's template, a bounded label set: the matched route's, or for a request answered before routing (the
-    body limit's 413 and 415) the app's route whose path it asked for exactly; anything else is 'other'."""
+def _route_label(scope: dict[str, Any], paths: frozenset[str], prefix: str) -> str:
+    """The route's template without the app's prefix (as `serving.front` counts the routes it answers), a bounded
+    label set: the matched route's, or for a request answered before routing (the body limit's 413 and 415) the
+    app's route whose path it asked for exactly; anything else is 'other'."""
     route = scope.get("route")
-    if route is not None:
-        return route.path
-    path = route_path(scope)
-    return path if path in paths else "other"
+    path = route.path if route is not None else route_path(scope)
+    if route is None and path not in paths:
+        return "other"
+    return path[len(prefix):] if prefix and path.startswith(prefix) else path
 
 
 def attach(app: Front, service: Service) -> Front:
@@ -191,8 +193,7 @@ def create_app(prefix: str = "") -> Front:
     app.state.route_prefix = under
     app.include_router(router, prefix=under)
     app.add_middleware(BodyLimit)
-    app.add_middleware(Measured, paths=frozenset(under + route.path for route in router.routes))  # outermost: it
-    # sees the body limit's 413 too
+    app.add_middleware(Measured, prefix=under)  # outermost: it sees the body limit's 413 too
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Seq2OnnxError, _refused)

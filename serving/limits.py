@@ -150,7 +150,7 @@ def describe_validation(errors: list[dict[str, Any]], content_type: str | None =
         if place == "body" and error.get("type") == "missing":  # no body at all
             parts.append("body: expected a JSON object (the route's schema: /docs), got an empty body")
             continue
-        if place == "body" and isinstance(given, (bytes, str)):  # a body FastAPI did not parse as JSON
+        if place == "body" and isinstance(given, (bytes, str)) and not _json_type(content_type):  # not parsed
             parts.append("body: expected a JSON object sent as Content-Type: application/json, got "
                          + (f"Content-Type: {_short(content_type)}" if content_type else "no Content-Type"))
             continue
@@ -158,6 +158,12 @@ def describe_validation(errors: list[dict[str, Any]], content_type: str | None =
         parts.append(f"{place}: {error.get('msg', 'invalid').lower()}{shown}")
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
     return "; ".join(parts) + more
+
+
+def _json_type(content_type: str | None) -> bool:
+    """Whether FastAPI read a body of this Content-Type as JSON (then a str given is a JSON string, not the body)."""
+    main = (content_type or "").split(";")[0].strip().lower()
+    return main == "application/json" or main.endswith("+json")
 
 
 def _short(value: Any, limit: int = 60) -> str:

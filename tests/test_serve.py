@@ -5,6 +5,7 @@ Requests go through HTTP (httpx); on Ray also through deployment handles, and a 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -222,6 +223,9 @@ BAD_REQUESTS = {
                        "texts[1]: expected Unicode text, got a lone surrogate U+D800"),
     "body not UTF-8": ("/tokens/v1/translate", ("application/json", b'{"texts": ["caf\xe9"]}'), 422,
                        "the body is not UTF-8 (byte 0xe9 at offset 15)"),
+    "body in UTF-16": ("/tokens/v1/translate", ("application/json", '{"texts": ["3/3/15"]}'.encode("utf-16")), 422,
+                       "the body is not UTF-8 (byte 0xff at offset 0)"),  # json.loads took it
+    "a JSON string body": ("/tokens/v1/translate", b'"3/3/15"', 422, 'body: input should be a valid dictionary'),
     "text too long": ("/tokens/v1/translate", {"texts": ["1" * 3000]}, 400, "texts[0]"),
     "too many texts": ("/tokens/v1/translate", {"texts": ["3/3/15"] * (MAX_BATCH + 1)}, 413, "--max-batch-size"),
     "points to a token model": ("/tokens/v1/predict", {"source": [[[1.0, 2.0]]]}, 400, "/v1/translate"),
@@ -506,6 +510,16 @@ def test_a_route_prefix_holds_every_route_docs_included(dates: Seq2Seq) -> None:
             missing = client.get("/v1/model")
             assert missing.status_code == 404 and "GET /dates/v1/model" in missing.json()["error"]
             assert client.get("/docs").status_code == 404
+            # every answer of a route counted under the route's own path, whichever layer answered it (the
+            # body limit's 413 was under /dates/v1/translate, the rest under /v1/translate)
+            assert client.post("/dates/v1/translate", json={"texts": ["a"], "beam": 2}).status_code == 422
+            oversized = b'{"texts": ["' + b"1" * ServeConfig().max_body_bytes + b'"]}'
+            assert client.post("/dates/v1/translate", content=oversized,
+                               headers={"content-type": "application/json"}).status_code == 413
+            shown = client.get("/dates/metrics").text
+            counted = re.findall(r'seq2onnx_requests_total\{route="([^"]*)",status="(\d+)"\} 1\.0', shown)
+            assert {("/v1/translate", "200"), ("/v1/translate", "413"), ("/v1/translate", "422")} <= set(counted)
+            assert 'route="/dates' not in shown, shown
     finally:
         service.close()
 
