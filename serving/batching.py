@@ -84,8 +84,9 @@ def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None
     if not isinstance(value, int) or isinstance(value, bool):
         return  # the runtime's checks refuse it by type
     if value > bound:
-        raise InputError(f"{name}: at most {bound} on this server (serve --max-decoding-length), got {value}; ask "
-                         "for a shorter output")
+        why = ("serve --max-decoding-length" if bound == max_length else
+               f"the model's own length; serve --max-decoding-length {max_length} is below it")
+        raise InputError(f"{name}: at most {bound} on this server ({why}), got {value}; ask for a shorter output")
     low = 0 if name == "min_decoding_length" else 1
     if value < low:  # the runtime's message would name its own bound, not this server's
         raise InputError(f"{name}: expected an int in [{low}, {bound}] on this server, got {value}")

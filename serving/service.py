@@ -96,7 +96,8 @@ class Batcher:
         """Queue `job` and wait for its result (Overloaded at once when the queue is full; DeadlineExceeded after
         `timeout_s`)."""
         if job.rows > self.config.max_queue:  # it would never fit: not a matter of waiting
-            raise RequestTooLarge(f"{job.rows} items in one request; this server queues at most "
+            field = "texts" if isinstance(job, TokenJob) else "source"
+            raise RequestTooLarge(f"{field}: {job.rows} items in one request; this server queues at most "
                                   f"{self.config.max_queue} (serve --max-queue); split the request or raise "
                                   "--max-queue")
         if self.queued_items + job.rows > self.config.max_queue:

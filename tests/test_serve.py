@@ -19,6 +19,7 @@ import pytest
 import ray
 from ray import serve
 
+from runtime.errors import InputError
 from runtime.model import Seq2Seq
 from serving.app import build_app
 from serving.config import Replicas, ServeConfig
@@ -442,7 +443,6 @@ def test_runtime_never_imports_ray() -> None:
 def test_a_bad_option_is_refused_before_its_request_queues(dates: Seq2Seq, options: dict, named: str) -> None:
     """Options were checked only when the batch decoded: a bad one waited in the queue and the batch wait for its
     400. They are checked as the request comes, as the decode would check them."""
-    from runtime.errors import InputError
     from serving.batching import token_job
     from serving.schemas import TranslateRequest
 
@@ -550,3 +550,16 @@ def test_merged_points_are_of_similar_lengths_and_get_attention_only_when_asked(
         np.testing.assert_allclose(result.value[0], want, rtol=POINT_TOL, atol=POINT_TOL)
         if job.attention:
             np.testing.assert_allclose(result.value[1], alphas, rtol=POINT_TOL, atol=POINT_TOL)
+
+
+def test_a_length_over_the_bound_names_the_bound_it_hit(squares: Seq2Seq) -> None:
+    """The model's own length is always allowed: where it is the larger bound, the message said that
+    --max-decoding-length (1 here) allowed 2."""
+    from serving.batching import check_length
+
+    with pytest.raises(InputError, match=r"target_len: at most 2 on this server \(the model's own length; serve "
+                                         r"--max-decoding-length 1 is below it\), got 3"):
+        check_length("target_len", 3, squares, 1)
+    with pytest.raises(InputError, match=r"at most 5 on this server \(serve --max-decoding-length\), got 6"):
+        check_length("target_len", 6, squares, 5)
+    check_length("target_len", 2, squares, 1)

@@ -116,6 +116,8 @@ def test_a_request_larger_than_the_queue_is_413_not_503(base: str) -> None:
     """A request with more items than the queue can ever hold would get 503 'retry shortly' for ever: it is 413."""
     reply = httpx.post(f"{base}/queue/v1/translate", json={"texts": ["3/3/15"] * (MAX_QUEUE + 1)}, timeout=30)
     assert reply.status_code == 413 and "--max-queue" in reply.json()["error"], reply.text
+    assert reply.json()["error"].startswith(f"texts: {MAX_QUEUE + 1} items in one request"), reply.text  # as the
+    # --max-batch-size 413 names the field
     assert httpx.post(f"{base}/queue/v1/translate", json={"texts": ["3/3/15"] * MAX_QUEUE}, timeout=30).is_success
 
 
