@@ -119,9 +119,8 @@ def check_target_len(target_len: Any, spec: ModelSpec) -> int:
     return int(target_len)
 
 
-def check_mask(source_mask: Any, source: np.ndarray, flat: bool = False) -> np.ndarray:
-    """Return a bool (N, 1, L) mask: all True when None; (N, L) and 0/1 ints or floats are accepted too. `flat`:
-    where only (N, L) can be given (HTTP's schema), a wrong shape's message names only that."""
+def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
+    """Return a bool (N, 1, L) mask: all True when None; (N, L) and 0/1 ints or floats are accepted too."""
     n, length = source.shape[:2]
     if source_mask is None or (n == 0 and isinstance(source_mask, (list, tuple)) and len(source_mask) == 0):
         return _full_mask(n, length) if n * length <= SHARED_MASK_SIZE else np.ones((n, 1, length), dtype=bool)
@@ -135,8 +134,8 @@ def check_mask(source_mask: Any, source: np.ndarray, flat: bool = False) -> np.n
     if mask.shape == (n, length):
         mask = mask[:, None, :]  # (N, 1, L)
     if mask.shape != (n, 1, length):
-        shapes = f"({n}, {length})" if flat else f"({n}, {length}) or ({n}, 1, {length})"
-        raise InputError(f"source_mask: expected shape {shapes} to match source, got {_describe(mask)}")
+        raise InputError(f"source_mask: expected shape ({n}, {length}) or ({n}, 1, {length}) to match source, got "
+                         f"{_describe(mask)}")
     if mask.dtype != bool:
         valid = np.isin(mask, MASK_VALUES)
         if not valid.all():

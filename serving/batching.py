@@ -101,7 +101,7 @@ def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, ma
     src = check_source(source, model.spec)  # (n, L, F)
     check_rows(src.shape[0], "source", max_rows)
     check_length("target_len", target_len, model, max_length)
-    return PointJob(src, check_mask(source_mask, src, flat=True), check_target_len(target_len, model.spec),
+    return PointJob(src, check_mask(source_mask, src), check_target_len(target_len, model.spec),
                     bool(attention))
 
 

@@ -4,7 +4,7 @@ Requests are strict (JSON numbers for numbers, true/false for flags, no unknown 
 "beam" for "beam_size" is refused, not ignored. Value ranges are the runtime's to check, with its messages."""
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,8 +18,11 @@ class PredictRequest(_Strict):
 
     source: list[list[list[float]]] = Field(description="(N, L, F) source points",
                                             examples=[[[[-1.0, -1.0], [-1.0, 1.0]]]])
-    source_mask: Optional[list[list[Union[bool, int, float]]]] = Field(
-        None, description="(N, L): true/1 for a real point, false/0 for padding; default all real")
+    # checked by the runtime (runtime.points.check_mask), whose one message names the shape or value refused: a
+    # typed nesting here answered a wrong one with each alternative's error, and took no (N, 1, L)
+    source_mask: Optional[list[Any]] = Field(
+        None, description="(N, L) or (N, 1, L) true/false or 1/0 values: true/1 for a real point, false/0 for "
+                          "padding (right-padded); default all real")
     target_len: Optional[int] = Field(None, description="points to predict per item; default the model's")
     return_attention: bool = Field(False, description="also return the attention weights")
 

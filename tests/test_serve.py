@@ -120,6 +120,10 @@ def test_http_predict_equals_in_process(served: Served, squares: Seq2Seq) -> Non
     np.testing.assert_allclose(reply.json()["outputs"], want, rtol=POINT_TOL, atol=POINT_TOL)
     np.testing.assert_allclose(reply.json()["attention"], alphas, rtol=POINT_TOL, atol=POINT_TOL)
     assert reply.json()["export_id"] == squares.manifest.export_id
+    # the (N, 1, L) mask the Python API and infer take (HTTP refused it: its schema had only (N, L))
+    three_d = served.client.post("/points/v1/predict", json={"source": source.tolist(), "target_len": 3,
+                                                             "source_mask": [[[True, True, True]], [[True, True, False]]]})
+    assert three_d.status_code == 200 and three_d.json()["outputs"] == reply.json()["outputs"], three_d.text
 
 
 def test_an_empty_batch_is_answered_empty_on_both_routes(served: Served) -> None:
@@ -248,7 +252,9 @@ BAD_REQUESTS = {
     "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source.0.0.0"),
     "mask of 2": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[2]]}, 400, "source_mask"),
     "mask of another length": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[1, 1, 1]]}, 400,
-                               "source_mask: expected shape (1, 1) to match source, got"),  # HTTP takes only (N, L)
+                               "source_mask: expected shape (1, 1) or (1, 1, 1) to match source, got"),
+    "mask of words": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [["yes"]]}, 400,
+                      "source_mask: expected bool or 0/1 numbers"),  # one message, not one per type it is not
     "mask left-padded": ("/points/v1/predict", {"source": [[[1.0, 2.0], [3.0, 4.0]]], "source_mask": [[0, 1]]},
                          400, "right-padded"),
     "target_len 0": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 0}, 400,
