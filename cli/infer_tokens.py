@@ -21,6 +21,7 @@ from runtime.infer_tokens import (
 from runtime.manifest import read_manifest
 from runtime.points import MAX_TARGET_LEN
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
+from runtime.search.sampling import MAX_SEED
 from runtime.tokens import undecoded
 
 from .common import say
@@ -48,7 +49,7 @@ def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="With --sample: draw among the likeliest tokens holding this much probability (default 1)."),
         click.option("--temperature", type=NormalFloatRange(0, min_open=True), default=None,
                      help="With --sample: > 1 flattens, < 1 sharpens the distribution (default 1)."),
-        click.option("--seed", type=click.IntRange(0), default=None,
+        click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None,
                      help="With --sample: the same seed and --batch-size repeat the same draws."),
         click.option("--batch-size", type=click.IntRange(1, MAX_BATCH), default=DEFAULT_BATCH_SIZE,
                      show_default=True, help="Token models: inputs decoded together; bounds memory on big files."),

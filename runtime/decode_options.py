@@ -9,6 +9,7 @@ from .errors import InputError, brief
 from .points import MAX_TARGET_LEN
 from .search.beam import MAX_BEAM, check_beam
 from .search.filters import check_temperature, check_topp
+from .search.sampling import MAX_SEED
 from .search.step import check_int, check_min_length
 from .spec import ModelSpec
 from .token_steps import contract_for
@@ -86,7 +87,7 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
     sampling_topp = check_topp("sampling_topp", sampling_topp)
     sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
     if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
-        check_int("seed", seed, 0)
+        check_int("seed", seed, 0, MAX_SEED)
     if beam_size != 1 and samples(sampling_topk, sampling_topp, sampling_temperature):
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")

@@ -468,6 +468,7 @@ def call_with(strategy: str, **kw):
     ("sample", dict(sampling_temperature=5e-324), "sampling_temperature"),
     ("sample", dict(never=(V,)), "never"),
     ("sample", dict(seed="x"), "seed"),
+    ("sample", dict(seed=2**64), "seed"),  # past an unsigned 64-bit integer (CTranslate2's sampling seed)
 ])
 def test_invalid_arguments_raise_input_error_naming_them(strategy, kw, name):
     with pytest.raises(InputError) as info:

@@ -443,7 +443,7 @@ def test_runtime_never_imports_ray() -> None:
 
 @pytest.mark.parametrize("options, named", [
     ({"beam_size": 0}, "beam_size"), ({"beam_size": 2, "sampling_topk": 3}, "sampling needs beam_size 1"),
-    ({"length_penalty": float("nan")}, "length_penalty"), ({"seed": -1}, "seed"),
+    ({"length_penalty": float("nan")}, "length_penalty"), ({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"),
     ({"return_attention": 1}, "return_attention"), ({"num_hypotheses": 3}, "num_hypotheses"),
 ])
 def test_a_bad_option_is_refused_before_its_request_queues(dates: Seq2Seq, options: dict, named: str) -> None:

@@ -9,6 +9,8 @@ from .filters import check_temperature, check_topp, filter_logits
 from .greedy import rollout
 from .step import BatchAxes, Hypothesis, State, StepFn, check_int
 
+MAX_SEED = 2**64 - 1  # an unsigned 64-bit integer, as CTranslate2's sampling seed
+
 
 def sample(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, bos_id: int, eos_id: int,
            max_decoding_length: int, min_decoding_length: int = 0, sampling_temperature: float = 1.0,
@@ -26,7 +28,7 @@ def sample(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: int, b
     check_int("sampling_topk", sampling_topk, 0)
     check_topp("sampling_topp", sampling_topp)
     if seed is not None:
-        check_int("seed", seed, 0)
+        check_int("seed", seed, 0, MAX_SEED)
     never = [check_int("never", i, 0) for i in never]
     rng = np.random.default_rng(seed)
 
