@@ -79,9 +79,10 @@ class TableStep:
 
 @contextlib.contextmanager
 def reference_beam() -> Iterator[None]:
-    """runtime.tokens.translate drives the reference beam search (dropping `constant`) inside the block."""
+    """runtime.tokens.translate drives the reference beam search (dropping what it predates) inside the block."""
     def old(step: Any, state: Any, axes: Any, constant: frozenset = frozenset(), per_input: bool = False,
-            **kw: Any) -> Any:  # the reference predates `constant` and `per_input` (a beam step's per-input state)
+            between: Any = None, **kw: Any) -> Any:  # the reference predates `constant`, `per_input` (a beam
+        # step's per-input state) and `between` (a cancel asked while it expands)
         return reference.beam_search(step, state, axes, **kw)
 
     saved, runtime.tokens.beam_search = runtime.tokens.beam_search, old
