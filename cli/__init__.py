@@ -5,15 +5,14 @@ Nothing outside this package imports it, and no module outside it imports click.
 """
 from __future__ import annotations
 
-import os
+import os  # (os and sys are loaded by Python's start-up already; no typing: the handlers go in first)
 import signal
 import sys
-from typing import Any
 
 STARTING = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "stopped by SIGTERM")}  # exit code, words
 
 
-def _stopped_while_starting(signum: int, frame: Any) -> None:
+def _stopped_while_starting(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM while the program imports its modules, before any command runs: one line and the exit code
     of a stop (raised there, Ctrl-C printed a KeyboardInterrupt traceback and SIGTERM killed it without a word)."""
     code, words = STARTING[signum]
@@ -32,5 +31,10 @@ def starting_handlers(install: bool) -> None:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
-if sys.argv and (sys.argv[0] == "-m" or os.path.basename(sys.argv[0]) == "seq2onnx"):  # `python -m cli`, `seq2onnx`
+def _as_the_program() -> bool:
+    """Imported by `seq2onnx` or `python -m cli` (a test importing the package keeps its handlers)."""
+    return bool(sys.argv) and (sys.argv[0] == "-m" or os.path.basename(sys.argv[0]) == "seq2onnx")
+
+
+if _as_the_program():
     starting_handlers(install=True)

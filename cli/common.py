@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import click
 
 from runtime.atomic import identity
-from runtime.errors import Seq2OnnxError, Terminated, UsageError, one_line
+from runtime.errors import RAISED_STOPS, Seq2OnnxError, Terminated, UsageError, one_line
 
 from .streams import to_null
 
@@ -62,7 +62,8 @@ def stop_for(signum: int) -> type[Interrupted]:
     return StoppedBySigterm if signum == signal.SIGTERM else Interrupted
 
 
-_SIGTERMS: list[int] = []  # SIGTERM came (Terminated was raised): an interrupted command exits 143, not 130
+_SIGTERMS = RAISED_STOPS  # SIGTERM came (Terminated was raised): an interrupted command exits 143, not 130, and
+# publishes nothing after it (runtime.errors.check_not_stopped)
 
 
 def raise_on_sigterm() -> Callable[[], None]:

@@ -14,7 +14,7 @@ import click
 
 from runtime import __version__
 from runtime.atomic_file import discard_staged
-from runtime.errors import Terminated, clipped
+from runtime.errors import RAISED_STOPS, Terminated, clipped
 
 from . import starting_handlers
 from .common import (
@@ -81,6 +81,7 @@ class LazyGroup(click.Group):
         global RETURNED
         RETURNED = False
         WRITTEN.clear()
+        RAISED_STOPS.clear()  # a command run in this process before (a test's) stopped: not this one
         PRINTED[0] = 0
         try:
             starting_handlers(install=False)  # from here a stop is the command's: KeyboardInterrupt, Terminated
@@ -116,9 +117,10 @@ class LazyGroup(click.Group):
         except (ImportError, SystemError) as exc:  # an extension's import or call that a signal interrupted
             if no_room_to_load(exc):  # a library loaded late, with no room for it
                 raise _out_of_memory(ctx) from None
-            if not isinstance(exc.__context__, KeyboardInterrupt) or exc.__suppress_context__:
+            interrupt = _interrupt_behind(exc)
+            if interrupt is None:
                 raise
-            raise _stopped(ctx, exc.__context__) from None
+            raise _stopped(ctx, interrupt) from None
         finally:
             # Once the command is done its outputs are published: a SIGTERM, SIGHUP or Ctrl-C now must not kill the
             # process (143, 129 or 130, and no word) on its way out
@@ -126,6 +128,19 @@ class LazyGroup(click.Group):
                 finished()
             else:
                 restore()
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM that an extension's failed import or call stands for: its cause or context, a few links
+    down (onnxruntime re-raises the import's error from outside the block that caught it, with the stop as cause)."""
+    for _ in range(4):
+        behind = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if behind is None:
+            return None
+        if isinstance(behind, KeyboardInterrupt):
+            return behind
+        exc = behind
+    return None
 
 
 def _noting_its_return(callback: Callable[..., Any]) -> Callable[..., Any]:

@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .errors import check_not_stopped
 from .siblings import BACKUP_SUFFIX, STAGING_SUFFIX, remove, sibling
 from .writer_lock import DestinationBusyError, exclusive
 
@@ -89,6 +90,7 @@ def _take_on(staging: Path, out: Path) -> int | None:
 
 def publish(staging: Path, out: Path, check_replace: Callable[[Path], None]) -> None:
     """Make `staging` become `out`: a plain rename, or an atomic swap with an existing `out`, then drop the old."""
+    check_not_stopped()
     if not os.path.lexists(out):
         _rename_new(staging, out)
         return

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from .errors import check_not_stopped
 from .siblings import STAGING_SUFFIX, sibling
 
 _STAGED: set[Path] = set()  # this process's siblings being written
@@ -48,6 +49,7 @@ def write_file(path: str | Path, write: Callable[[BinaryIO], None], replace: boo
     try:
         with open(tmp, "xb") as f:
             write(f)
+        check_not_stopped()
         if replace:
             os.replace(tmp, path)
         else:

@@ -38,6 +38,17 @@ class Terminated(KeyboardInterrupt):
     half-written) handles it too."""
 
 
+RAISED_STOPS: list[int] = []  # signals a program's handler raised as Terminated: see `check_not_stopped`
+
+
+def check_not_stopped() -> None:
+    """Raise Terminated where a stop was raised before and swallowed: Python ignores an exception raised inside a
+    weakref callback or a __del__ (importlib's module locks have one), so a SIGTERM landing there was lost and the
+    command went on to publish its output. Called right before an output is published."""
+    if RAISED_STOPS:
+        raise Terminated()
+
+
 class MissingExtraError(Seq2OnnxError, RuntimeError):
     """An optional dependency (an extra of the install) that this use needs is not installed."""
 

@@ -532,3 +532,25 @@ def test_exchange_errors_other_than_unsupported_are_raised(tmp_path: Path) -> No
     with pytest.raises(OSError) as caught:
         atomic._exchange(tmp_path / "missing", make_tree(tmp_path / "out", "x"))
     assert caught.value.errno == errno.ENOENT
+
+
+def test_a_stop_raised_and_swallowed_before_is_honoured_where_an_output_would_be_published(tmp_path: Path) -> None:
+    """A SIGTERM whose Terminated landed in a weakref callback (importlib's module locks), where Python ignores it,
+    was lost: the export went on, published and exited 0. The record the handler keeps stops both kinds of
+    publish."""
+    from runtime.errors import RAISED_STOPS, Terminated
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "a.txt").write_text("x")
+    RAISED_STOPS.append(signal.SIGTERM)
+    try:
+        with pytest.raises(Terminated):
+            publish(staging, tmp_path / "out", lambda out: None)
+        with pytest.raises(Terminated):
+            atomic_file.write_file(tmp_path / "file.txt", lambda f: f.write(b"x"))
+    finally:
+        RAISED_STOPS.clear()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["staging"]  # nothing published, no sibling left
+    publish(staging, tmp_path / "out", lambda out: None)  # with no stop raised, as before
+    assert (tmp_path / "out" / "a.txt").read_text() == "x"

@@ -343,3 +343,25 @@ def test_a_ctrl_c_ignored_from_the_start_stays_ignored_while_the_program_starts(
     result = subprocess.run([sys.executable, "-c", STOP_WHILE_STARTING.format("SIGINT")], capture_output=True,
                             text=True, timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert result.returncode == 0 and result.stdout.startswith("seq2onnx, version "), result.stderr
+
+
+def test_an_import_that_a_stop_broke_is_the_stop_whichever_link_holds_it() -> None:
+    """onnxruntime catches its C module's failed import and raises it again outside the except block: a SIGTERM
+    there came out as a traceback and exit 1 (the stop was the error's cause, not its context)."""
+    from cli.main import _interrupt_behind
+    from runtime.errors import Terminated
+
+    stop = Terminated()
+    try:
+        try:
+            raise ImportError("capi") from stop
+        except ImportError as caught:
+            held = caught
+        raise held  # as onnxruntime/__init__.py does: `raise import_capi_exception`
+    except ImportError as exc:
+        assert _interrupt_behind(exc) is stop
+    chained = SystemError("call")
+    chained.__context__ = ImportError("inner")
+    chained.__context__.__context__ = KeyboardInterrupt()
+    assert isinstance(_interrupt_behind(chained), KeyboardInterrupt)
+    assert _interrupt_behind(ImportError("no stop behind it")) is None
