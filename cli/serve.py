@@ -178,6 +178,8 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
 
     POST /v1/predict (point models) or /v1/translate (token models); GET /v1/model, /healthz, /readyz, /metrics;
     /docs."""
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it (the ready line does)
+        host = host[1:-1]
     use_ray = use_ray or address is not None or replicas != "1"
     _refuse_ray_only(ctx, use_ray)
     _check_copies(workers, num_cpus, _ray_because(ctx, use_ray, address, replicas))

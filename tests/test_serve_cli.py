@@ -131,9 +131,10 @@ def _ipv6_loopback() -> bool:
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="this machine cannot listen on IPv6's ::1")
 def test_serve_listens_on_an_ipv6_host(launch) -> None:
-    """--host ::1 was refused ('Address family for hostname not supported'): the socket was always IPv4's."""
+    """--host ::1 was refused ('Address family for hostname not supported'): the socket was always IPv4's. The
+    bracketed form the ready line prints is taken too."""
     port = free_port()
-    process = launch(str(DATES), "--host", "::1", "--port", str(port), "--num-cpus", "1")
+    process = launch(str(DATES), "--host", "[::1]", "--port", str(port), "--num-cpus", "1")  # brackets, as URLs
     url = f"http://[::1]:{port}"
     wait_healthy(f"{url}/healthz", START_TIMEOUT, process)
     reply = httpx.post(f"{url}/v1/translate", json={"texts": ["3/3/15"]}, timeout=30)
