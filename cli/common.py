@@ -62,8 +62,6 @@ def stop_for(signum: int) -> type[Interrupted]:
     return StoppedBySigterm if signum == signal.SIGTERM else Interrupted
 
 
-_SIGTERMS = RAISED_STOPS  # SIGTERM came (Terminated was raised): an interrupted command exits 143, not 130, and
-# publishes nothing after it (runtime.errors.check_not_stopped)
 
 
 def raise_on_sigterm() -> Callable[[], None]:
@@ -201,7 +199,7 @@ def finished() -> None:
 
 def _terminated(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _SIGTERMS.append(signum)
+    RAISED_STOPS.append(signum)  # an interrupted command exits 143, not 130, and publishes nothing after it
     raise Terminated()
 
 
@@ -226,7 +224,7 @@ def held_signals() -> Iterator[None]:
 
 def stopped_by_sigterm() -> bool:
     """Whether SIGTERM stopped this command (`raise_on_sigterm`)."""
-    return bool(_SIGTERMS)
+    return bool(RAISED_STOPS)
 
 
 def no_temporary_directory(exc: OSError) -> bool:

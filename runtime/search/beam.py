@@ -114,18 +114,21 @@ def _expanded(state: State, rows: np.ndarray, batch_axes: BatchAxes, kept: froze
     """`rows` of every entry but `kept`. With long sources and wide beams an entry (cross keys, memory) can be
     hundreds of MB, written into fresh memory at a few hundred MB/s: with `between`, piece by piece, so that a
     cancel is asked every few tens of milliseconds ahead of the first step, not after seconds."""
-    if between is None:
-        return select({name: value for name, value in state.items() if name not in kept}, rows, batch_axes)
     out = {}
     for name in (n for n in state if n not in kept):
         axis, source = batch_axes[name], on_host(state[name])
+        row_bytes = source.nbytes // max(1, source.shape[axis])
+        piece = len(rows) if between is None else max(1, EXPAND_BYTES // max(1, row_bytes))
+        if piece >= len(rows):  # one take: the whole entry at once
+            if between is not None:
+                between()
+            out[name] = source.take(rows, axis=axis)
+            continue
         out[name] = whole = np.empty(source.shape[:axis] + (len(rows),) + source.shape[axis + 1:], source.dtype)
-        per_row = max(1, whole.nbytes // max(1, len(rows)))
-        piece = max(1, EXPAND_BYTES // per_row)
         for start in range(0, len(rows), piece):
             between()
-            at = (slice(None),) * axis + (slice(start, start + piece),)
-            whole[at] = np.take(source, rows[start:start + piece], axis=axis)
+            at = (slice(None),) * axis + (slice(start, start + piece),)  # rows start .. start + piece on the axis
+            whole[at] = source.take(rows[start:start + piece], axis=axis)
     return out
 
 
@@ -136,8 +139,8 @@ def beam_search(step: StepFn, state: State, batch_axes: BatchAxes, batch_size: i
                 between: Callable[[], None] | None = None) -> list[list[Hypothesis]]:
     """Up to num_hypotheses hypotheses per input, best score first (see the module docstring for the rules);
     `constant` names the state entries the step never changes; `per_input`: the step reads those once per input.
-    `between` is called before each state entry is expanded to k rows per input, ahead of the first step (it may
-    raise to stop: a caller's cancel, which the step itself asks from then on)."""
+    `between` is called before each piece of a state entry expanded to k rows per input, ahead of the first step
+    (it may raise to stop: a caller's cancel, which the step itself asks from then on)."""
     check_decoding(state, batch_axes, batch_size, bos_id, eos_id, max_decoding_length, min_decoding_length)
     k, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
     constant = check_constant(constant, state)
