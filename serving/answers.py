@@ -7,7 +7,7 @@ from typing import Any
 
 from runtime.errors import Seq2OnnxError, one_line
 
-from .batching import Decoded, RequestTooLarge
+from .batching import Decoded, RequestTooLarge, WrongKind
 from .service import DeadlineExceeded, Overloaded, Service
 
 
@@ -45,10 +45,18 @@ def batch_headers(service: Service, done: Decoded) -> dict[str, str]:
             "x-seq2onnx-replica": service.name}
 
 
-def refusal(exc: Seq2OnnxError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, body, headers) of a request refused by the runtime or the service."""
+def client_prefix(scope: dict[str, Any], state: Any) -> str:
+    """What a client puts before a route's own path: a mount's or Ray Serve's prefix, then the app's own."""
+    return scope.get("root_path", "") + getattr(state, "route_prefix", "")
+
+
+def refusal(exc: Seq2OnnxError, prefix: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) of a request refused by the runtime or the service; routes it names are under
+    `prefix` (`client_prefix`)."""
     if isinstance(exc, Overloaded):
         return 503, {"error": one_line(exc)}, {"retry-after": str(exc.retry_after_s)}
+    if isinstance(exc, WrongKind):
+        return 400, {"error": exc.under(prefix)}, {}
     status = 413 if isinstance(exc, RequestTooLarge) else 408 if isinstance(exc, DeadlineExceeded) else 400
     return status, {"error": one_line(exc)}, {}
 

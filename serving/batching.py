@@ -20,6 +20,28 @@ from runtime.points import Cancel, check_mask, check_source, check_target_len
 from runtime.tokens import Translation, check_texts, translate
 
 
+# what a model of each kind takes, for a request sent to the other kind's route: (words, body, route)
+TAKES = {"tokens": ("a token model, which takes texts", '{"texts": [...]}', "/v1/translate"),
+         "points": ("a point model, which takes numeric sources", '{"source": [[[x, y], ...]]}', "/v1/predict")}
+
+
+class WrongKind(InputError):
+    """A request for the other kind of model. Its message names the route this model takes, as a client spells it:
+    `under(prefix)` with the server's route prefix (the plain message has none: a caller of `Service` has no
+    routes)."""
+
+    def __init__(self, field_name: str, kind: str) -> None:
+        self.field_name, self.kind = field_name, kind
+        super().__init__(self.under(""))
+
+    def under(self, prefix: str) -> str:
+        words, body, route = TAKES[self.kind]
+        return f"{self.field_name}: this server's model is {words}; POST {body} to {prefix}{route}"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as what it was made from (a Ray handle's answer)
+        return WrongKind, (self.field_name, self.kind)
+
+
 class RequestTooLarge(Seq2OnnxError, ValueError):
     """A request beyond the server's bounds (items per request, body bytes): HTTP 413."""
 
@@ -96,8 +118,7 @@ def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, ma
               max_length: int, attention: bool = True) -> PointJob:
     """Check one points request against the model, as `Seq2Seq.predict` would, and against the server's bounds."""
     if model.spec.kind != "points":
-        raise InputError("source: this server's model is a token model, which takes texts; POST "
-                         '{"texts": [...]} to /v1/translate')
+        raise WrongKind("source", model.spec.kind)
     src = check_source(source, model.spec)  # (n, L, F)
     check_rows(src.shape[0], "source", max_rows)
     check_length("target_len", target_len, model, max_length)
@@ -108,8 +129,7 @@ def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, ma
 def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int, max_length: int) -> TokenJob:
     """Check one translate request's texts and options, against the model and the server's bounds."""
     if model.spec.kind != "tokens":
-        raise InputError("texts: this server's model is a point model, which takes numeric sources; POST "
-                         '{"source": [[[x, y], ...]]} to /v1/predict')
+        raise WrongKind("texts", model.spec.kind)
     texts = check_texts(texts)
     check_rows(len(texts), "texts", max_rows)
     if not OPTION_NAMES.issuperset(options):

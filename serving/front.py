@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from runtime import strict_json
 from runtime.errors import Seq2OnnxError
 
-from .answers import batch_headers, count, predict_body, refusal, translate_body
+from .answers import batch_headers, client_prefix, count, predict_body, refusal, translate_body
 from .encode import json_bytes
 from .gone import ClientGone, unless_gone
 from .limits import BodyTimeout, compressed, read_body
@@ -98,7 +98,7 @@ class Front:
                 payload = predict_body(service, done, request.return_attention, arrays=True)
                 status, headers = 200, batch_headers(service, done)
         except Seq2OnnxError as exc:
-            status, payload, headers = refusal(exc)
+            status, payload, headers = refusal(exc, client_prefix(scope, self.app.state))
         except ClientGone:  # no one to answer: its decode was given up
             count(service, route.path, None, started)
             return

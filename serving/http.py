@@ -23,8 +23,8 @@ import runtime
 from runtime import strict_json
 from runtime.errors import Seq2OnnxError, one_line
 
-from .answers import batch_headers, count, predict_body, refusal, translate_body
-from .batching import Decoded
+from .answers import batch_headers, client_prefix, count, predict_body, refusal, translate_body
+from .batching import Decoded, WrongKind
 from .front import PARSED, Front, route_path
 from .gone import GONE, ClientGone, unless_gone
 from .limits import BodyLimit, describe_validation
@@ -206,20 +206,19 @@ def create_app(prefix: str = "") -> Front:
 
 UNDECODED_BODY = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads cannot take as text
 
-# a field of the other kind's route: the model's kind decides which route the client meant
-OTHER_KIND = {"texts": ("tokens", "texts: this server's model is a token model, which takes texts; POST "
-                                  '{"texts": [...]} to /v1/translate'),
-              "source": ("points", "source: this server's model is a point model, which takes numeric sources; POST "
-                                   '{"source": [[[x, y], ...]]} to /v1/predict')}
+# a field of the other kind's route, and the kind of model it is for: the model's kind decides which route the
+# client meant
+OTHER_KIND = {"texts": "tokens", "source": "points"}
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     for error in errors:
         field_name = error.get("loc", ())[-1] if error.get("type") == "extra_forbidden" else None
-        kind, message = OTHER_KIND.get(field_name, (None, ""))
+        kind = OTHER_KIND.get(field_name)
         if kind is not None and (service := _service(request)) is not None and service.model.spec.kind == kind:
-            return JSONResponse({"error": message}, status_code=400)  # as the reverse mistakes are answered
+            status, body, _ = refusal(WrongKind(field_name, kind), client_prefix(request.scope, request.app.state))
+            return JSONResponse(body, status_code=status)  # as the reverse mistakes are answered
     return JSONResponse({"error": describe_validation(errors, request.headers.get("content-type"))}, status_code=422)
 
 
@@ -237,12 +236,12 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         else:
             why = f"unreadable ({one_line(cause)}); send JSON in UTF-8"
         return JSONResponse({"error": f"{request.method} {request.url.path}: the body is {why}"}, status_code=422)
-    under = request.scope.get("root_path", "") + getattr(request.app.state, "route_prefix", "")  # Ray's, ours
+    under = client_prefix(request.scope, request.app.state)
     return JSONResponse({"error": f"{request.method} {request.url.path}: {str(exc.detail).lower()}; the routes are "
                                   f"{routes(under)}"}, status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
 
 
 async def _refused(request: Request, exc: Seq2OnnxError) -> JSONResponse:
-    status, body, headers = refusal(exc)
+    status, body, headers = refusal(exc, client_prefix(request.scope, request.app.state))
     return JSONResponse(body, status_code=status, headers=headers)

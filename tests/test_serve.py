@@ -234,11 +234,13 @@ BAD_REQUESTS = {
     "a JSON string body": ("/tokens/v1/translate", b'"3/3/15"', 422, 'body: input should be a valid dictionary'),
     "text too long": ("/tokens/v1/translate", {"texts": ["1" * 3000]}, 400, "texts[0]"),
     "too many texts": ("/tokens/v1/translate", {"texts": ["3/3/15"] * (MAX_BATCH + 1)}, 413, "--max-batch-size"),
-    "points to a token model": ("/tokens/v1/predict", {"source": [[[1.0, 2.0]]]}, 400, "/v1/translate"),
-    "texts to a point model": ("/points/v1/translate", {"texts": ["3/3/15"]}, 400, "/v1/predict"),
-    "texts to a token model's predict": ("/tokens/v1/predict", {"texts": ["3/3/15"]}, 400, "POST {\"texts\""),
+    # the route to use, as the client spells it: under the server's prefix (here each model's mount or Serve prefix)
+    "points to a token model": ("/tokens/v1/predict", {"source": [[[1.0, 2.0]]]}, 400, "to /tokens/v1/translate"),
+    "texts to a point model": ("/points/v1/translate", {"texts": ["3/3/15"]}, 400, "to /points/v1/predict"),
+    "texts to a token model's predict": ("/tokens/v1/predict", {"texts": ["3/3/15"]}, 400,
+                                         "POST {\"texts\": [...]} to /tokens/v1/translate"),
     "points to a point model's translate": ("/points/v1/translate", {"source": [[[1.0, 2.0]]]}, 400,
-                                            "to /v1/predict"),
+                                            "to /points/v1/predict"),
     "ragged source": ("/points/v1/predict", {"source": [[[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]]]}, 400, "source"),
     "wrong feature count": ("/points/v1/predict", {"source": [[[1.0, 2.0, 3.0]]]}, 400, "source"),
     "NaN point": ("/points/v1/predict", b'{"source": [[[NaN, 1.0]]]}', 400, "finite"),
@@ -519,6 +521,9 @@ def test_a_route_prefix_holds_every_route_docs_included(dates: Seq2Seq) -> None:
             assert client.post("/dates/v1/translate", json={"texts": ["3/3/15"]}).status_code == 200
             missing = client.get("/v1/model")
             assert missing.status_code == 404 and "GET /dates/v1/model" in missing.json()["error"]
+            for body in ({"source": [[[1.0, 2.0]]]}, {"texts": ["3/3/15"]}):  # the runtime's refusal; FastAPI's
+                wrong = client.post("/dates/v1/predict", json=body)
+                assert wrong.status_code == 400 and "to /dates/v1/translate" in wrong.json()["error"], wrong.text
             assert client.get("/docs").status_code == 404
             # every answer of a route counted under the route's own path, whichever layer answered it (the
             # body limit's 413 was under /dates/v1/translate, the rest under /v1/translate)
