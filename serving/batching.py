@@ -19,7 +19,6 @@ from runtime.model import Seq2Seq
 from runtime.points import Cancel, check_mask, check_source, check_target_len
 from runtime.tokens import Translation, check_texts, translate
 
-
 # what a model of each kind takes, for a request sent to the other kind's route: (words, body, route)
 TAKES = {"tokens": ("a token model, which takes texts", '{"texts": [...]}', "/v1/translate"),
          "points": ("a point model, which takes numeric sources", '{"source": [[[x, y], ...]]}', "/v1/predict")}
