@@ -106,6 +106,7 @@ async def http_translate(body: TranslateRequest, request: Request) -> JSONRespon
     return _reply(service, translate_body(service, done), done)
 
 
+@router.head("/v1/model", include_in_schema=False)  # every GET route takes HEAD too, as /docs does
 @router.get("/v1/model", response_model=ModelInfo)
 async def info(request: Request) -> ModelInfo:
     """The model's spec, export id and vocabulary sizes; the providers and batching of this server."""
@@ -136,6 +137,7 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready", "replica": service.name})
 
 
+@router.head("/metrics", include_in_schema=False)
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Prometheus metrics of this server, in the text exposition format."""
