@@ -20,14 +20,23 @@ NUMBER_KINDS = "fiu"  # float, signed and unsigned int: JSON has no int/float di
 MASK_VALUES = (0, 1)
 
 
+# what nested lists hold, by the kind of the array numpy makes of them: a caller who sent lists (JSON's arrays
+# included) never named a numpy dtype
+HOLDING = {"U": "text", "S": "bytes", "O": "values other than numbers (null, objects, mixed types or integers beyond int64)", "b": "true/false",
+           "c": "complex numbers", "f": "numbers", "i": "numbers", "u": "numbers"}
+
+
 def _describe(arr: np.ndarray, given: Any = None) -> str:
-    """An array by its shape and dtype; a value numpy could only wrap as one element (a dict, None, a str) by its
-    type."""
+    """An array by its shape and dtype; lists by their shape and what they hold; a value numpy could only wrap as
+    one element (a dict, None, a str) by its type."""
     if arr.ndim == 0 and arr.dtype.kind in "OUS" and not isinstance(given, np.ndarray):
         if given is None:
             return "None"
         name = type(given).__name__
         return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({brief(given)})"
+    if isinstance(given, (list, tuple)):
+        held = HOLDING.get(arr.dtype.kind, f"dtype {arr.dtype}") if arr.size else "nothing"
+        return f"a list of shape {tuple(arr.shape)}, holding {held}"
     return f"shape {tuple(arr.shape)} dtype {arr.dtype}"
 
 
@@ -65,19 +74,20 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     if arr.dtype.kind in NUMBER_KINDS and isinstance(source, (list, tuple)) and _holds_bool(source):
         raise InputError("source: expected numbers, got true/false among them; pass 1.0/0.0 if that is meant")
     if arr.dtype.kind not in NUMBER_KINDS:
-        hint = " (mixed types, or integers beyond int64)" if arr.dtype.kind == "O" and arr.ndim else ""
+        listed = isinstance(source, (list, tuple))  # `_describe` words an object list's kinds itself
+        hint = " (mixed types, or integers beyond int64)" if arr.dtype.kind == "O" and arr.ndim and not listed else ""
         raise InputError(
             f"source: expected floating-point or integer values (cast to float32), got {_describe(arr, source)}{hint}; "
             "pass numbers, not bool, complex, text, dates or objects"
         )
     if arr.ndim != 3 or arr.shape[2] != spec.n_features:
         raise InputError(
-            f"source: expected shape (batch, source_len, {spec.n_features}), got {_describe(arr)}"
+            f"source: expected shape (batch, source_len, {spec.n_features}), got {_describe(arr, source)}"
             + (f"; one source of shape (L, {spec.n_features}) needs a batch axis: (1, L, {spec.n_features}), "
                "source[None] in numpy" if arr.ndim == 2 and arr.shape[1] == spec.n_features else "")
         )
     if arr.shape[1] < 1:
-        raise InputError(f"source: expected source_len >= 1, got {_describe(arr)}")
+        raise InputError(f"source: expected source_len >= 1, got {_describe(arr, source)}")
     with np.errstate(over="ignore"):  # overflow is reported below, by value and batch item
         out = np.ascontiguousarray(arr, dtype=np.float32)
     _check_finite(arr, out)
@@ -135,7 +145,7 @@ def check_mask(source_mask: Any, source: np.ndarray) -> np.ndarray:
         mask = mask[:, None, :]  # (N, 1, L)
     if mask.shape != (n, 1, length):
         raise InputError(f"source_mask: expected shape ({n}, {length}) or ({n}, 1, {length}) to match source, got "
-                         f"{_describe(mask)}")
+                         f"{_describe(mask, source_mask)}")
     if mask.dtype != bool:
         valid = np.isin(mask, MASK_VALUES)
         if not valid.all():

@@ -172,8 +172,8 @@ def test_what_a_file_holds_is_refused_naming_the_file(pipeline, tmp_path):
     (tmp_path / "flat.json").write_text("[1.0, 2.0]")  # ([] is no longer one: it is batch 0, answered empty)
     result = cli("infer", model, "--input", tmp_path / "flat.json", no_torch=True)
     assert result.returncode == 1 and result.stderr.strip() == (
-        f"Error: --input: {tmp_path / 'flat.json'}: source: expected shape (batch, source_len, 2), got shape "
-        "(2,) dtype float64"), result.stderr
+        f"Error: --input: {tmp_path / 'flat.json'}: source: expected shape (batch, source_len, 2), got a list of "
+        "shape (2,), holding numbers"), result.stderr
 
 
 def test_infer_bad_target_len_and_missing_model(pipeline, tmp_path):

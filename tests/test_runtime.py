@@ -291,7 +291,12 @@ def test_a_path_that_is_not_a_path_is_an_input_error(bad):
     (np.ones((1, 2, 2), bool), r"source: expected floating-point or integer .* dtype bool"),
     (np.ones((1, 2, 2), complex), r"dtype complex128"),
     (np.zeros((1, 2, 2), "datetime64[s]"), r"dtype datetime64\[s\]"),
-    ([[[10**30, 1]]], r"dtype object \(mixed types, or integers beyond int64\)"),
+    ([[[10**30, 1]]], r"got a list of shape \(1, 1, 2\), holding values other than numbers \(null, objects, mixed "
+                      r"types or integers beyond int64\)"),  # lists: no numpy dtype, which the caller never named
+    ([[["1", "2"]]], r"got a list of shape \(1, 1, 2\), holding text; pass numbers"),
+    ([[[None, 1.0]]], r"holding values other than numbers \(null"),
+    ([1.0, 2.0], r"expected shape \(batch, source_len, 2\), got a list of shape \(2,\), holding numbers$"),
+    ([[]], r"got a list of shape \(1, 0\), holding nothing$"),
     ({"source": [[[1.0, 2.0]]]}, r"got a dict \(\{'source': \[\[\[1.0, 2.0\]\]\]\}\); pass numbers"),
     (None, r"values \(cast to float32\), got None; pass numbers"),
     (np.array(None), r"got shape \(\) dtype object; pass numbers"),
@@ -392,6 +397,8 @@ def test_bad_target_len_is_refused(dot, bad):
     (np.array([[[1.0, np.nan]], [[1.0, 1.0]]]), r"got nan in item 0"),
     (np.full((2, 1, 2), "1"), r"source_mask: expected bool or 0/1 numbers, got shape \(2, 1, 2\) dtype <U1"),
     (np.full((2, 1, 2), 1 + 0j), r"source_mask: expected bool or 0/1 numbers, .* complex128"),
+    ([["1", "0"], ["1", "1"]], r"source_mask: expected bool or 0/1 numbers, got a list of shape \(2, 2\), holding text;"),
+    ([[1, 1, 1], [1, 1, 1]], r"to match source, got a list of shape \(2, 3\), holding numbers$"),
     ({1, 0}, r"source_mask: expected bool or 0/1 numbers, got a set \(\{0, 1\}\); pass True/False"),
     (object(), r"source_mask: expected bool or 0/1 numbers, got an object \(<object object"),
     (np.ma.masked_array(np.ones((2, 2), bool), mask=[[0, 1], [0, 0]]), r"source_mask: got a numpy masked array"),
