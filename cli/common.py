@@ -203,6 +203,28 @@ def _terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
+def record_interrupts() -> Callable[[], None]:
+    """From here on Ctrl-C raises KeyboardInterrupt as Python's own handler does, and is recorded as a SIGTERM is,
+    so that one raised where Python swallows it (a weakref callback) still stops the command before it publishes
+    (`runtime.errors.check_not_stopped`). Only over Python's own handler: an ignored Ctrl-C stays ignored. Returns
+    what puts Python's handler back, unless another took its place meanwhile."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return lambda: None
+    signal.signal(signal.SIGINT, _interrupted)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGINT) is _interrupted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return restore
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    RAISED_STOPS.append(signum)
+    raise KeyboardInterrupt()
+
+
 @contextlib.contextmanager
 def held_signals() -> Iterator[None]:
     """Ctrl-C and SIGTERM wait until the block is done, then land as they would have: raised inside an extension
@@ -224,7 +246,7 @@ def held_signals() -> Iterator[None]:
 
 def stopped_by_sigterm() -> bool:
     """Whether SIGTERM stopped this command (`raise_on_sigterm`)."""
-    return bool(RAISED_STOPS)
+    return signal.SIGTERM in RAISED_STOPS
 
 
 def no_temporary_directory(exc: OSError) -> bool:

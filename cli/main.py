@@ -32,6 +32,7 @@ from .common import (
     no_temporary_directory,
     onnxruntime_telemetry_off,
     raise_on_sigterm,
+    record_interrupts,
     stopped_by_sigterm,
     written_so_far,
 )
@@ -92,7 +93,7 @@ class LazyGroup(click.Group):
             raise _stopped(ctx, exc) from None
 
     def _run(self, ctx: click.Context) -> object:
-        restore = raise_on_sigterm()
+        restore, unrecord = raise_on_sigterm(), record_interrupts()
         try:
             return super().invoke(ctx)
         except StdoutError as exc:  # its output could not be written (cli.streams): the command's error, said once
@@ -128,6 +129,7 @@ class LazyGroup(click.Group):
                 finished()
             else:
                 restore()
+                unrecord()
 
 
 def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:

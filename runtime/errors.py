@@ -1,6 +1,8 @@
 """Typed errors of the runtime. Each message names the input, what was expected and what was given."""
 from __future__ import annotations
 
+import signal
+
 
 class Seq2OnnxError(Exception):
     """Base class of every error seq2onnx raises on purpose."""
@@ -38,15 +40,16 @@ class Terminated(KeyboardInterrupt):
     half-written) handles it too."""
 
 
-RAISED_STOPS: list[int] = []  # signals a program's handler raised as Terminated: see `check_not_stopped`
+RAISED_STOPS: list[int] = []  # the signals a program's handlers raised as a stop: see `check_not_stopped`
 
 
 def check_not_stopped() -> None:
-    """Raise Terminated where a stop was raised before and swallowed: Python ignores an exception raised inside a
-    weakref callback or a __del__ (importlib's module locks have one), so a SIGTERM landing there was lost and the
-    command went on to publish its output. Called right before an output is published."""
+    """Raise the stop (Terminated, or KeyboardInterrupt for Ctrl-C) where one was raised before and swallowed: Python
+    ignores an exception raised inside a weakref callback or a __del__ (importlib's module locks have one), so a
+    SIGTERM or Ctrl-C landing there was lost and the command went on to publish its output. Called right before an
+    output is published."""
     if RAISED_STOPS:
-        raise Terminated()
+        raise KeyboardInterrupt() if RAISED_STOPS[0] == signal.SIGINT else Terminated()
 
 
 class MissingExtraError(Seq2OnnxError, RuntimeError):

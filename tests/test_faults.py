@@ -554,3 +554,36 @@ def test_a_stop_raised_and_swallowed_before_is_honoured_where_an_output_would_be
     assert sorted(p.name for p in tmp_path.iterdir()) == ["staging"]  # nothing published, no sibling left
     publish(staging, tmp_path / "out", lambda out: None)  # with no stop raised, as before
     assert (tmp_path / "out" / "a.txt").read_text() == "x"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed KeyboardInterrupt
+def test_a_ctrl_c_that_python_swallowed_stops_the_publish_as_ctrl_c(tmp_path: Path) -> None:
+    """A Ctrl-C raised inside a weakref callback, where Python ignores the KeyboardInterrupt, was lost (SIGTERM's was
+    recorded, Ctrl-C's was not): the command went on and published. Its record stops the publish as a Ctrl-C (exit
+    130), not as a SIGTERM."""
+    import weakref
+
+    from cli.common import record_interrupts, stopped_by_sigterm
+    from runtime.errors import RAISED_STOPS, Terminated
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "a.txt").write_text("x")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as the program starts with
+    unrecord = record_interrupts()
+    try:
+        class Held:
+            pass
+
+        held = Held()
+        ref = weakref.ref(held, lambda gone: signal.raise_signal(signal.SIGINT))  # raised in there: swallowed
+        del held
+        assert ref() is None and RAISED_STOPS == [signal.SIGINT] and not stopped_by_sigterm()
+        with pytest.raises(KeyboardInterrupt) as caught:
+            publish(staging, tmp_path / "out", lambda out: None)
+        assert not isinstance(caught.value, Terminated)
+    finally:
+        unrecord()
+        signal.signal(signal.SIGINT, previous)
+        RAISED_STOPS.clear()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["staging"]
