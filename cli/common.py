@@ -160,9 +160,11 @@ PRINTED = [0]  # results this command has printed to stdout so far (token infer 
 
 
 def print_results(lines: Iterable[str]) -> None:
-    """Each line (ending in its newline) to stdout as it comes, counted, so a stop from here on says how many."""
+    """Each line (ending in its newline) to stdout as it comes, counted, so a stop from here on says how many. In
+    UTF-8 whatever the locale's encoding (JSON Lines are UTF-8; a C or Latin-1 locale could not take a text's
+    letters)."""
     for line in lines:
-        click.echo(line, nl=False)
+        click.echo(line.encode("utf-8"), nl=False)
         PRINTED[0] += 1
 
 

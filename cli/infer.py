@@ -17,7 +17,7 @@ from runtime.atomic_file import write_file
 from runtime.cuda import MAX_DEVICE_ID
 from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import InputError, Seq2OnnxError
-from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
+from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, json_line, read_items
 from runtime.points import MAX_TARGET_LEN
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
@@ -279,7 +279,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     run.check(model_dir)
     # progress on stderr with --output; a line that cannot be written is dropped (`say`): it made the run fail
     docs = run.records(read_items(input_path, texts), say if output_path else None)
-    lines = (json.dumps(doc) + "\n" for doc in docs)
+    lines = (json_line(doc) + "\n" for doc in docs)
     if output_path:
         write_atomically(output_path, lambda f: f.writelines(line.encode("utf-8") for line in lines), force)
         wrote(output_path, f" ({run.decoded} input{'' if run.decoded == 1 else 's'})", last=plot_path is None)

@@ -6,6 +6,7 @@ are skipped but keep their number, so output "index" i always answers line i + 1
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections import deque
@@ -126,6 +127,12 @@ def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> di
         out.append(doc)
     doc = {"index": item.index, "source": item.text, "hypotheses": out}
     return doc if columns is None else {**doc, "source_tokens": columns}
+
+
+def json_line(doc: dict[str, Any]) -> str:
+    """A record as one line of JSON, without its newline. Text stays as it is (UTF-8 once written: the JSON Lines
+    format), not escaped to ASCII: a transliteration's output is read as written, and takes a third of the bytes."""
+    return json.dumps(doc, ensure_ascii=False)
 
 
 def heatmap(item: Item, best: Translation, vocab: Vocabulary, rules: Sources, max_len: int) -> Heatmap:

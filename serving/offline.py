@@ -21,7 +21,7 @@ import ray
 import ray.data
 
 from runtime.decode_options import samples
-from runtime.infer_tokens import Item, batch_seed, batches, record, source_columns
+from runtime.infer_tokens import Item, batch_seed, batches, json_line, record, source_columns
 from runtime.model import Seq2Seq
 
 BLOCKS_PER_ACTOR = 4  # several blocks per actor even out uneven blocks; more only add per-block overhead
@@ -82,7 +82,7 @@ class TokenDecoder:
             found = self.model.translate_batch([texts[r] for r in rows], **{**options, "seed": seed})
             for r, hyps in zip(rows, found):
                 columns = source_columns(self.vocab, texts[r], rules) if self.plan.attention else None
-                lines[r] = json.dumps(record(Item(int(index[r]), texts[r], ""), hyps, columns))
+                lines[r] = json_line(record(Item(int(index[r]), texts[r], ""), hyps, columns))
         return {"index": index, "line": lines}
 
     def groups(self, texts: list[str], chunks: np.ndarray) -> Iterator[tuple[list[int], int | None]]:

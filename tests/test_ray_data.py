@@ -114,11 +114,14 @@ def assert_same_records(found: list[dict], expected: list[dict]) -> None:
 def test_cli_on_ray_writes_what_in_process_infer_writes(texts_file: Path, tmp_path: Path) -> None:
     expected, found = tmp_path / "in_process.jsonl", tmp_path / "ray.jsonl"
     found.write_text("an older result\n")
-    reference = cli("infer", DATES, "--input", texts_file, "--output", expected)
+    texts = tmp_path / "texts.txt"  # with a text beyond ASCII: written as it is, in UTF-8, by both
+    texts.write_text(texts_file.read_text(encoding="utf-8") + "3 ao\u00fbt 2015\n", encoding="utf-8")
+    reference = cli("infer", DATES, "--input", texts, "--output", expected)
     assert reference.returncode == 0, reference.stderr
-    result = cli("infer", DATES, "--input", texts_file, "--output", found, "--ray", "--concurrency", "2", "--force")
+    result = cli("infer", DATES, "--input", texts, "--output", found, "--ray", "--concurrency", "2", "--force")
     assert result.returncode == 0, result.stderr
     assert_same_records(read_jsonl(found), read_jsonl(expected))
+    assert all('"source": "3 ao\u00fbt 2015"'.encode() in path.read_bytes() for path in (found, expected))
     assert "on 2 actors" in result.stderr and "Traceback" not in result.stderr
     note = [line for line in reference.stderr.splitlines() if line.startswith("note: skipped")]
     assert note and note[0] in result.stderr.splitlines()

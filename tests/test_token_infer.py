@@ -3,6 +3,7 @@ as `Seq2Seq.translate_batch` decodes them; every mismatch is one line and the do
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -87,6 +88,25 @@ def test_text_file_and_stdin_give_what_translate_batch_gives(models, runtime, tm
         assert [r["index"] for r in found] == [0, 1, 2] and [r["source"] for r in found] == TEXTS
         assert_matches(found, expected)
         assert all("attention" not in h for r in found for h in r["hypotheses"])
+
+
+def test_json_lines_are_utf8_text_whatever_the_locale(models, runtime, tmp_path):
+    """Text in the records is written as it is, in UTF-8 (the JSON Lines format), on stdout and in --output: it was
+    escaped to ASCII (\\u00e9), which a reader of a transliteration's output could not read. stdout takes UTF-8 even
+    where the locale's encoding is ASCII, which could not hold the letters."""
+    text = "one is n\u00efne \u65e5\u672c"
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "ascii"}
+    shown = subprocess.run([sys.executable, "-c", NO_TORCH, "infer", str(models["additive"]), "--text", text],
+                           capture_output=True, timeout=300, env=env)
+    assert shown.returncode == 0, shown.stderr.decode(errors="replace")
+    out = tmp_path / "out.jsonl"
+    written = cli("infer", models["additive"], "--text", text, "--output", out)
+    assert written.returncode == 0, written.stderr
+    for raw in (shown.stdout, out.read_bytes()):
+        assert f'"source": "{text}"'.encode() in raw and b"\\u" not in raw, raw
+        (found,) = (json.loads(line) for line in raw.decode("utf-8").splitlines())
+        assert found["source"] == text
+        assert_matches([found], runtime.translate_batch([text]))
 
 
 def test_blank_lines_are_skipped_and_keep_their_numbers(models, runtime, tmp_path):
