@@ -110,6 +110,16 @@ def test_bucketing_cuts_padding_and_is_deterministic(digits):
     assert not all(torch.equal(p, q) for p, q in zip(bucketed, other))
 
 
+@pytest.mark.parametrize("batch_size", [4 * 10**17, 1 << 63, 10**21])
+@pytest.mark.parametrize("bucket", [True, False])
+def test_a_batch_past_the_data_is_all_of_it_however_large(digits, batch_size, bucket):
+    """--batch-size 1e21 (or 2e17 with buckets: times BUCKET_BATCHES) overflowed torch's int64 split: a traceback."""
+    pairs, vocab = digits
+    data = TokenBatcher(pairs, vocab, vocab)
+    (batch,) = data.epoch_batches(batch_size, torch.Generator().manual_seed(3), bucket=bucket)
+    assert sorted(batch.tolist()) == list(range(len(pairs)))
+
+
 def test_spec_for_text_sizes_from_vocabularies_and_longest_pairs(toy):
     train, source_vocab, target_vocab = toy
     spec = spec_for_text(train, source_vocab, target_vocab, hidden_dim=16, embedding_dim=8, cell="lstm", layers=2,
@@ -316,3 +326,17 @@ def test_a_non_finite_loss_raises_diverged_and_keeps_no_epoch(toy):
         trainer.fit(progress=False)
     assert trainer.epoch == 0 and trainer.history == {"train_loss": [], "val_exact": [], "val_token": []}
     assert isinstance(DivergedError("x"), ConfigError)
+
+
+def test_a_warmup_longer_than_the_run_is_said(capsys):
+    """--warmup 1e23 was taken without a word: the learning rate never left ~0."""
+    from cli.train_tokens import warn_long_warmup
+
+    warn_long_warmup(TokenTrainConfig(epochs=2, batch_size=64, warmup=10**23), 1000, 1)
+    said = capsys.readouterr().err
+    assert said == (f"warning: --warmup {10**23} is more optimizer steps than the run takes (32: 2 epoch(s) of 16), "
+                    "so the learning rate stays below --lr 0.003 to the end\n"), said
+    warn_long_warmup(TokenTrainConfig(epochs=2, batch_size=64, warmup=32), 1000, 1)  # reached at the last step
+    assert capsys.readouterr().err == ""
+    warn_long_warmup(TokenTrainConfig(epochs=2, batch_size=64, warmup=20), 1000, 2)  # a process's shard: 8 a epoch
+    assert "(16: 2 epoch(s) of 8)" in capsys.readouterr().err

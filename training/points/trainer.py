@@ -141,7 +141,8 @@ class Trainer:
             order = torch.randperm(self.train_data.n, generator=self.generator)  # (N,)
         else:
             order = self.dist.shard(self.train_data.n, self.config.seed, self.epoch)  # (ceil(N / W),)
-        return list(order.split(self.config.batch_size))
+        # a batch past the data is all of it (torch's split takes an int64: a huge --batch-size overflowed there)
+        return list(order.split(min(self.config.batch_size, max(len(order), 1))))
 
     def train_step(self, index: torch.Tensor) -> tuple[float, int]:
         """One optimizer step on the rows `index` (under torchrun: with every other rank's rows) -> the step's

@@ -63,10 +63,11 @@ class TokenBatcher:
         `order` (a rank's shard, already shuffled) replaces the shuffle of the rows."""
         if order is None:
             order = torch.randperm(len(self), generator=generator)  # (N,)
-        if not bucket:
+        batch_size = min(batch_size, max(len(order), 1))  # a batch past the data is all of it (torch's split
+        if not bucket:  # takes an int64: --batch-size 1e21 overflowed there, a traceback)
             return list(order.split(batch_size))
         batches: list[torch.Tensor] = []
-        for chunk in order.split(batch_size * BUCKET_BATCHES):
+        for chunk in order.split(min(batch_size * BUCKET_BATCHES, max(len(order), 1))):
             by_length = torch.sort(self.lengths[chunk], stable=True).indices
             batches.extend(chunk[by_length].split(batch_size))
         return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
