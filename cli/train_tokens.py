@@ -3,6 +3,7 @@ held-out accuracy report. Torch is imported only inside `token_job`, so `--help`
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -152,12 +153,23 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
                          **{name: opts[name] for name in SPEC_OPTIONS})
     config = TokenTrainConfig(**{f.name: opts[f.name] for f in dataclasses.fields(TokenTrainConfig)})
     trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab, dist)
+    if dist is None or dist.is_main:
+        warn_long_warmup(config, len(trainer.batcher), 1 if dist is None else dist.world_size)
 
     def report() -> None:
         say(accuracy_line(trainer, test_set, description, opts["eval_beam"]), err=False)
 
     return Job(trainer, description, report, (source_vocab, target_vocab),
                {"vocab_options": how, REPORT_OPTIONS: {"eval_beam": opts["eval_beam"]}})
+
+
+def warn_long_warmup(config: Any, rows: int, processes: int) -> None:
+    """A warm-up longer than the run keeps the learning rate below --lr to its end: said, as it is rarely meant."""
+    per_epoch = math.ceil(math.ceil(rows / processes) / config.batch_size)  # a process's steps (its shard's)
+    steps = config.epochs * per_epoch
+    if config.warmup > steps:
+        say(f"warning: --warmup {config.warmup} is more optimizer steps than the run takes ({steps}: {config.epochs} "
+            f"epoch(s) of {per_epoch}), so the learning rate stays below --lr {config.lr:g} to the end")
 
 
 def accuracy_line(trainer: Any, test: Any, description: dict[str, Any], beam_size: int) -> str:
