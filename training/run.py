@@ -209,12 +209,15 @@ def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | 
     """Train to the configured epochs, saving the resumable state as asked (rank 0 only); Ctrl-C, SIGTERM and the
     loss of another rank under torchrun stop it with one line saying what was kept."""
     main = dist is None or dist.is_main
+    saved = [job.trainer.epoch if state_file.exists() else None]  # the epoch the state file holds (a resumed run's)
 
     def save_state(t: Any) -> None:
         if main and (t.epoch % save_every == 0 or t.epoch == t.config.epochs):
             save_train_state(state_file, {**t.state_dict(), **job.extra_state}, job.description)
+            saved[0] = t.epoch
 
     try:
         job.trainer.fit(save_state, progress=not quiet)
     except (KeyboardInterrupt, PeerFailedError) as err:
-        raise stopped_early(err, job.trainer.epoch + 1, state_file, dist, job.trainer.config.epochs) from None
+        raise stopped_early(err, job.trainer.epoch + 1, state_file, dist, job.trainer.config.epochs,
+                            saved[0]) from None
