@@ -38,7 +38,9 @@ from .train_tokens import (
 MAX_WIDTH = 4096  # hidden and embedding sizes: beyond this a model no longer fits the memory of a training machine
 MAX_LAYERS = 8
 MAX_HEADS = 64
-MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1  # what torch.manual_seed takes
+# what torch.manual_seed takes, less the negative seeds it wraps onto others (-1 seeded as 2**64 - 1 does): one run a
+# seed, as infer's --seed
+MIN_SEED, MAX_SEED = 0, (1 << 64) - 1
 MAX_FF = 4 * MAX_WIDTH  # a transformer's feed-forward blocks are conventionally 4x d_model wide
 TEXT_SETS = ", ".join(BUILTIN_LOADERS)
 

@@ -614,7 +614,7 @@ def test_every_option_reaches_the_ranks_as_given() -> None:
     from cli.train import train
 
     given = ["--data", "reverse", "--lr", "0.0007", "--no-bucket", "--tie-embeddings", "--threads", "1",
-             "--nproc-per-node", "2", "--out", "x y", "--seed", "-3", "--quiet"]
+             "--nproc-per-node", "2", "--out", "x y", "--seed", "3", "--quiet"]
     ctx = train.make_context("train", list(given))
     forwarded = forwarded_args(ctx)
     assert "--nproc-per-node" not in forwarded
