@@ -45,8 +45,12 @@ def given(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
 
 
-def flag(name: str) -> str:
-    """'--hidden-dim' for hidden_dim, quoted as click quotes parameter hints."""
+def flag(name: str, ctx: click.Context | None = None) -> str:
+    """'--hidden-dim' for hidden_dim, quoted as click quotes parameter hints; with `ctx`, an on/off flag as it was
+    given ('--no-bidirectional' when turned off)."""
+    param = next((p for p in ctx.command.params if p.name == name), None) if ctx is not None else None
+    if isinstance(param, click.Option) and param.secondary_opts and ctx.params.get(name) is False:
+        return f"'{param.secondary_opts[0]}'"
     return "'--" + name.replace("_", "-") + "'"
 
 
@@ -102,9 +106,9 @@ def check_kind_options(ctx: click.Context, kind: str, opts: dict[str, Any]) -> N
         if wrong:
             which = "transformer token models (--arch transformer with " if wrong[0] in TRANSFORMER_ONLY else \
                 "token models ("
-            raise click.BadParameter(f"{flag(wrong[0])[1:-1]} is for {which}text --data such as reverse, PATH.tsv "
-                                     f"or SRC,TGT), but --data {opts['data']} trains a point model; drop the option",
-                                     ctx=ctx, param_hint=flag(wrong[0]))
+            raise click.BadParameter(f"{flag(wrong[0], ctx)[1:-1]} is for {which}text --data such as reverse, "
+                                     f"PATH.tsv or SRC,TGT), but --data {opts['data']} trains a point model; drop the "
+                                     "option", ctx=ctx, param_hint=flag(wrong[0], ctx))
         if opts["attention"] not in POINTS_ATTENTION:
             raise click.BadParameter(f"{opts['attention']!r} is for token models; point models take one of "
                                      f"{', '.join(POINTS_ATTENTION)}", ctx=ctx, param_hint="'--attention'")
@@ -123,19 +127,19 @@ def _check_arch_options(ctx: click.Context, arch: str) -> None:
     if arch == "transformer":
         wrong = [name for name in RECURRENT_ONLY if given(ctx, name)]
         if wrong:
-            name = flag(wrong[0])[1:-1]
+            name = flag(wrong[0], ctx)[1:-1]
             fix = "size the model with --d-model" if wrong[0] in ("hidden_dim", "embedding_dim") else \
                 "drop the option"
             raise click.BadParameter(f"{name} is for recurrent token models, but --arch transformer builds a "
                                      "transformer (multi-head attention, every width d_model); "
                                      f"{fix}, or train a recurrent model (--arch recurrent)",
-                                     ctx=ctx, param_hint=flag(wrong[0]))
+                                     ctx=ctx, param_hint=flag(wrong[0], ctx))
         return
     wrong = [name for name in TRANSFORMER_ONLY if given(ctx, name)]
     if wrong:
-        raise click.BadParameter(f"{flag(wrong[0])[1:-1]} is for transformers, but --arch {arch} builds a recurrent "
-                                 "model; pass --arch transformer, or drop the option", ctx=ctx,
-                                 param_hint=flag(wrong[0]))
+        raise click.BadParameter(f"{flag(wrong[0], ctx)[1:-1]} is for transformers, but --arch {arch} builds a "
+                                 "recurrent model; pass --arch transformer, or drop the option", ctx=ctx,
+                                 param_hint=flag(wrong[0], ctx))
 
 
 def resolve_heads(ctx: click.Context, opts: dict[str, Any], kind: str) -> int:

@@ -105,7 +105,9 @@ CLI_CASES: dict[str, Case] = {
     "train transformer --embedding-dim": case("train", "--data", "reverse", *TRANSFORMER, "--embedding-dim", "8",
                                               code=USAGE, says=("--embedding-dim", "recurrent", "--d-model")),
     "train transformer --bidirectional": case("train", "--data", "reverse", *TRANSFORMER, "--no-bidirectional",
-                                              code=USAGE, says=("--bidirectional", "recurrent")),
+                                              code=USAGE, says=("'--no-bidirectional'", "recurrent")),  # as given
+    "train points --no-bidirectional": case("train", "--no-bidirectional", code=USAGE,
+                                            says=("'--no-bidirectional'", "point model")),
     "train transformer --attention": case("train", "--data", "reverse", *TRANSFORMER, "--attention", "multihead",
                                           code=USAGE, says=("--attention", "recurrent", "--arch transformer")),
     "train recurrent --d-model": case("train", "--data", "reverse", "--d-model", "64", code=USAGE,
