@@ -70,11 +70,17 @@ def enclosing_artifact(out: Path) -> tuple[str, Path] | None:
             names = set(os.listdir(parent))
         except OSError:  # not there yet, or not readable: nothing of ours to spoil
             continue
-        if {CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE} <= names and _ours(parent / CHECKPOINT_SPEC_FILE):
-            return "checkpoint", parent
-        if (MANIFEST_FILE in names and any(name.endswith(".onnx") for name in names)
-                and _ours(parent / MANIFEST_FILE)):
-            return "export", parent
+        if (kind := artifact_kind(parent, names)) is not None:
+            return kind, parent
+    return None
+
+
+def artifact_kind(directory: Path, names: set[str]) -> str | None:
+    """'checkpoint' or 'export' where `directory` (holding `names`) is a seq2onnx one, else None."""
+    if {CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE} <= names and _ours(directory / CHECKPOINT_SPEC_FILE):
+        return "checkpoint"
+    if MANIFEST_FILE in names and any(name.endswith(".onnx") for name in names) and _ours(directory / MANIFEST_FILE):
+        return "export"
     return None
 
 
@@ -144,6 +150,10 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
                                    f"{stat.filemode(out.stat().st_mode)}); make it writable or choose another --out")
         return
     if marker not in entries:
+        other = artifact_kind(out, set(entries))
+        if other is not None and other != kind:  # the other kind's, given for this one
+            raise DestinationError(f"{out}: is a seq2onnx {other}, not {article} {kind}; refusing to replace it, even "
+                                   f"with --force; choose another --out, e.g. --out {example}")
         raise DestinationError(f"{out}: exists and is not a seq2onnx {kind} (no {marker}; it holds "
                                f"{_listed(entries)}); refusing to replace it, even with --force; choose another --out")
     foreign = [name for name in entries if name not in owned]
