@@ -112,6 +112,7 @@ CLI_CASES: dict[str, Case] = {
     # train: where the checkpoint goes
     "train --seed 2**64": case("train", "--seed", str(1 << 64), code=USAGE,
                                says=("--seed", str(1 << 64), "<=18446744073709551615")),
+    "train --seed -1": case("train", "--seed", "-1", code=USAGE, says=("--seed", "-1", "0<=x<=18446744073709551615")),
     "train --out .": case("train", "--out", ".", code=BAD_INPUT, says=("/work", "current directory")),
     "train --out .. --force": case("train", "--out", "..", "--force", code=BAD_INPUT,
                                    says=("contains the current directory",)),
@@ -134,7 +135,7 @@ CLI_CASES: dict[str, Case] = {
                                                       says=("locked/run", "cannot be written", ".run.lock",
                                                             "Is a directory")),
     "train --out an export --force": case("train", "--out", "model", "--force", code=BAD_INPUT,
-                                          says=("model", "not a seq2onnx checkpoint", "manifest.json")),
+                                          says=("model", "is a seq2onnx export, not a checkpoint")),
     # train: data
     "train --data missing.npz": case("train", "--data", "missing.npz", code=USAGE,
                                      says=("--data", "missing.npz", "does not exist")),
@@ -274,7 +275,7 @@ CLI_CASES: dict[str, Case] = {
     "infer --output a 300-byte name": case(*INFER, "--input", "points.npy", "--output", "o" * 296 + ".npy",
                                            code=USAGE, says=("--output", "300 bytes long")),
     "export --out another checkpoint --force": case("export", "ckpt", "--out", "edited", "--force", code=BAD_INPUT,
-                                                    says=("edited", "not a seq2onnx export", "spec.json")),
+                                                    says=("edited", "is a seq2onnx checkpoint, not an export")),
     "export --out a file": case("export", "ckpt", "--out", "afile", code=BAD_INPUT,
                                 says=("afile", "exists and is not a directory", "choose another --out")),
     "export --out where its lock cannot be made": case("export", "ckpt", "--out", "locked/run", code=BAD_INPUT,

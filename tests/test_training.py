@@ -262,6 +262,15 @@ def test_resume_from_saved_state_repeats_the_uninterrupted_run(tmp_path: Path, a
     assert_same_weights(resumed.model.state_dict(), straight.model.state_dict())
 
 
+@pytest.mark.parametrize("batch_size", [1 << 63, 10**21])
+def test_a_batch_past_the_data_is_all_of_it_however_large(batch_size: int) -> None:
+    """--batch-size 1e21 overflowed torch's int64 split: a traceback."""
+    train, test = small_data(8)
+    trainer = fit(spec_for_data(train), TrainConfig(epochs=1, batch_size=batch_size), (train, test))
+    (batch,) = trainer.epoch_batches()
+    assert sorted(batch.tolist()) == list(range(8)) and len(trainer.history["train"]) == 1
+
+
 def test_a_diverged_run_blames_the_data_scale_only_where_it_is_large() -> None:
     """The hint of a diverged run: the learning rate for data of ordinary scale, the data's scale past SCALE_LIMIT
     (a squared error of 1e20 leaves float32's range whatever the rate)."""
@@ -556,6 +565,8 @@ def test_ctrl_c_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None
     assert code == 130, stderr
     assert "rerun with --resume to continue" in stderr and "Traceback" not in stderr
     assert not out.exists()
+    # which epoch the state holds is said (with --save-every, the epochs after it are lost)
+    assert f"the last saved state (of epoch {load_train_state(state)['epoch']}) is in" in stderr, stderr
     epochs = str(load_train_state(state)["epoch"] + 2)
     assert run_cli("--resume", "--epochs", epochs, "--out", str(out)).exit_code == 0
     assert run_cli("--epochs", epochs, "--out", str(tmp_path / "straight")).exit_code == 0
@@ -594,6 +605,9 @@ def test_a_run_stopped_says_what_was_kept_in_the_launchers_words(tmp_path: Path)
     assert str(stopped_early(KeyboardInterrupt(), 31, saved, None, 30)).startswith("interrupted after the last "
                                                                                    "epoch (30); the last saved")
     assert str(stopped_early(KeyboardInterrupt(), 30, saved, None, 30)).startswith("interrupted during epoch 30;")
+    assert str(stopped_early(KeyboardInterrupt(), 53, saved, None, 400, 50)) == (
+        f"interrupted during epoch 53; the last saved state (of epoch 50) is in {str(saved)!r}; rerun with --resume "
+        "to continue")
 
 
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:
@@ -664,3 +678,28 @@ def test_point_data_of_any_suffix_case_trains(tmp_path: Path) -> None:
                           cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "ckpt" / "spec.json").is_file()
+
+
+@pytest.mark.parametrize("history", [
+    {"train": [1.07], "val": [1.1]},  # one epoch: was an empty plot (a line of one point, no marker)
+    {"train": [2.1, 2.07, 2.05, 2.04], "val": [2.2, 2.1, 2.08, 2.06]},  # narrow: minor ticks read 2.07x10^0
+    {"train_loss": [1.2, 0.8, 0.5], "val_exact": [0.1, 0.4, 0.6], "val_token": [0.5, 0.7, 0.8]},
+], ids=["points, 1 epoch", "points, 4 epochs", "tokens, 3 epochs"])
+def test_loss_plots_show_every_epoch_whole_epochs_and_plain_numbers_inside_the_picture(history: dict) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from training.plots import point_history_figure, token_history_figure
+
+    figure = (token_history_figure if "train_loss" in history else point_history_figure)(history)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    ax = figure.axes[0]
+    assert all(line.get_marker() == "o" for line in ax.get_lines())
+    epochs = len(next(iter(history.values())))
+    shown = [tick for tick in ax.get_xticks() if ax.get_xlim()[0] <= tick <= ax.get_xlim()[1]]
+    assert shown and all(float(tick).is_integer() and 1 <= tick <= epochs for tick in shown), shown
+    labels = [t.get_text() for t in ax.get_yticklabels(minor=True) + ax.get_yticklabels()]
+    assert any(labels) and not any("10^" in text or "times" in text for text in labels), labels
+    renderer = canvas.get_renderer()
+    box = ax.yaxis.label.get_window_extent(renderer)  # the point plot's y label was cut off at the left edge
+    assert box.x0 >= 0 and ax.yaxis.label.get_text(), box
