@@ -331,7 +331,7 @@ def test_parallel_files_and_a_tokenizer_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "code", "fragments"), [
     (["--data", "squares", "--embedding-dim", "8"], 2, ["'--embedding-dim'", "token models"]),
-    (["--data", "squares", "--no-bucket"], 2, ["'--bucket'", "token models"]),
+    (["--data", "squares", "--no-bucket"], 2, ["'--no-bucket'", "token models"]),
     (["--data", "squares", "--attention", "additive"], 2, ["'--attention'", "'additive' is for token models"]),
     (["--tokenizer", "missing.json"], 2, ["'--tokenizer'", "does not exist"]),
     (["--tokenizer", "bpe"], 2, ["'--tokenizer'", "expected 'char' or 'whitespace'"]),
