@@ -208,19 +208,18 @@ def create_app(prefix: str = "") -> Front:
 
 UNDECODED_BODY = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads cannot take as text
 
-# a field of the other kind's route, and the kind of model it is for: the model's kind decides which route the
-# client meant
-OTHER_KIND = {"texts": "tokens", "source": "points"}
+KIND_FIELDS = ("texts", "source")  # the input field of each kind's route
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     for error in errors:
         field_name = error.get("loc", ())[-1] if error.get("type") == "extra_forbidden" else None
-        kind = OTHER_KIND.get(field_name)
-        if kind is not None and (service := _service(request)) is not None and service.model.spec.kind == kind:
-            status, body, _ = refusal(WrongKind(field_name, kind), client_prefix(request.scope, request.app.state))
-            return JSONResponse(body, status_code=status)  # as the reverse mistakes are answered
+        if field_name in KIND_FIELDS and (service := _service(request)) is not None:
+            # one kind's input on the other's route, whichever the model is: what the model takes, and where
+            wrong = WrongKind(field_name, service.model.spec.kind)
+            status, body, _ = refusal(wrong, client_prefix(request.scope, request.app.state))
+            return JSONResponse(body, status_code=status)  # as the runtime's own refusals of the kind are answered
     return JSONResponse({"error": describe_validation(errors, request.headers.get("content-type"))}, status_code=422)
 
 

@@ -241,6 +241,13 @@ BAD_REQUESTS = {
                                          "POST {\"texts\": [...]} to /tokens/v1/translate"),
     "points to a point model's translate": ("/points/v1/translate", {"source": [[[1.0, 2.0]]]}, 400,
                                             "to /points/v1/predict"),
+    # the other kind's input on the model's own route's twin: what the model takes (a plain 422 before)
+    "texts to a point model's predict": ("/points/v1/predict", {"texts": ["3/3/15"]}, 400,
+                                         "texts: this server's model is a point model, which takes numeric sources; "
+                                         "POST {\"source\": [[[x, y], ...]]} to /points/v1/predict"),
+    "points to a token model's translate": ("/tokens/v1/translate", {"source": [[[1.0, 2.0]]]}, 400,
+                                            "source: this server's model is a token model, which takes texts; POST "
+                                            "{\"texts\": [...]} to /tokens/v1/translate"),
     "ragged source": ("/points/v1/predict", {"source": [[[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]]]}, 400, "source"),
     "wrong feature count": ("/points/v1/predict", {"source": [[[1.0, 2.0, 3.0]]]}, 400, "source"),
     "NaN point": ("/points/v1/predict", b'{"source": [[[NaN, 1.0]]]}', 400, "finite"),
