@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+from collections import deque
 from typing import Any, Callable, TypeVar
 
 import numpy as np
@@ -22,14 +23,14 @@ MASK_VALUES = (0, 1)
 
 # what nested lists hold, by the kind of the array numpy makes of them: a caller who sent lists (JSON's arrays
 # included) never named a numpy dtype
-HOLDING = {"U": "text", "S": "bytes", "O": "values other than numbers (null, objects, mixed types or integers beyond int64)", "b": "true/false",
+HOLDING = {"U": "strings", "S": "bytes", "O": "values other than numbers (null, objects, mixed types or integers beyond int64)", "b": "true/false",
            "c": "complex numbers", "f": "numbers", "i": "numbers", "u": "numbers"}
 
 
 def _describe(arr: np.ndarray, given: Any = None) -> str:
     """An array by its shape and dtype; lists by their shape and what they hold; a value numpy could only wrap as
     one element (a dict, None, a str) by its type."""
-    if arr.ndim == 0 and arr.dtype.kind in "OUS" and not isinstance(given, np.ndarray):
+    if arr.ndim == 0 and not isinstance(given, np.ndarray):  # one value, not an array (5, "ab", None, a dict)
         if given is None:
             return "None"
         name = type(given).__name__
@@ -45,10 +46,38 @@ def _as_array(value: Any, name: str, expected: str) -> np.ndarray:
     try:
         return np.asarray(value)
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
-        raise InputError(
-            f"{name}: expected {expected}; got {brief(value)}, which numpy cannot turn into an array "
-            f"({one_line(exc)}); pass nested lists of equal lengths or a numpy array"
-        ) from None
+        ragged = _ragged(value, name)
+        got = (f"lists of different lengths: {ragged}" if ragged is not None else
+               f"{brief(value)}, which numpy cannot turn into an array ({one_line(exc)})")
+        raise InputError(f"{name}: expected {expected}; got {got}; pass nested lists of equal lengths or a numpy "
+                         "array") from None
+
+
+RAGGED_LOOK = 100_000  # items looked at to find where nested lists differ (past it, numpy's own words are given)
+
+
+def _ragged(value: Any, name: str) -> str | None:
+    """Where nested lists first differ in length or depth, in reading order ('source[0][1] has 1 item where
+    source[0][0] has 2'), or None (not lists, or too many items to look at)."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    first: dict[int, tuple[str, int | None]] = {}  # depth -> (the first item there, its length; None: not a list)
+    queue = deque([(name, value, 0)])
+    looked = 0
+    while queue and looked < RAGGED_LOOK:
+        path, item, depth = queue.popleft()
+        looked += 1
+        size = len(item) if isinstance(item, (list, tuple)) else None
+        where, expected = first.setdefault(depth, (path, size))
+        if size != expected:
+            return f"{path} has {_items(size)} where {where} has {_items(expected)}"
+        if size is not None:
+            queue.extend((f"{path}[{i}]", sub, depth + 1) for i, sub in enumerate(item))
+    return None
+
+
+def _items(size: int | None) -> str:
+    return "a single value" if size is None else f"{size} item{'' if size == 1 else 's'}"
 
 
 def _holds_bool(value: Any) -> bool:

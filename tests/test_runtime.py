@@ -293,7 +293,8 @@ def test_a_path_that_is_not_a_path_is_an_input_error(bad):
     (np.zeros((1, 2, 2), "datetime64[s]"), r"dtype datetime64\[s\]"),
     ([[[10**30, 1]]], r"got a list of shape \(1, 1, 2\), holding values other than numbers \(null, objects, mixed "
                       r"types or integers beyond int64\)"),  # lists: no numpy dtype, which the caller never named
-    ([[["1", "2"]]], r"got a list of shape \(1, 1, 2\), holding text; pass numbers"),
+    ([[["1", "2"]]], r"got a list of shape \(1, 1, 2\), holding strings; pass numbers"),
+    ([[[1, "b"]]], r"holding strings; pass numbers"),  # a string among numbers
     ([[[None, 1.0]]], r"holding values other than numbers \(null"),
     ([1.0, 2.0], r"expected shape \(batch, source_len, 2\), got a list of shape \(2,\), holding numbers$"),
     ([[]], r"got a list of shape \(1, 0\), holding nothing$"),
@@ -304,7 +305,12 @@ def test_a_path_that_is_not_a_path_is_an_input_error(bad):
     (b"ab", r"got a bytes \(b'ab'\); pass numbers"),
     (np.array("ab"), r"got shape \(\) dtype <U2; pass numbers"),
     (np.ma.masked_array(np.zeros((1, 2, 2)), mask=True), r"source: got a numpy masked array.*source_mask"),
-    ([[[1.0, 2.0], [3.0]]], r"source: expected a numeric array .* numpy cannot turn into an array"),
+    ([[[1.0, 2.0], [3.0]]], r"source: expected a numeric array of shape \(N, L, 2\); got lists of different lengths: "
+                            r"source\[0\]\[1\] has 1 item where source\[0\]\[0\] has 2 items; pass nested lists"),
+    ([[[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]]], r"source\[1\] has 2 items where source\[0\] has 1 item"),
+    ([[[1.0, 2.0], [3.0, [4.0]]]], r"source\[0\]\[1\]\[1\] has 1 item where source\[0\]\[0\]\[0\] has a single value"),
+    (5, r"expected shape \(batch, source_len, 2\), got an int \(5\)$"),  # one value: no numpy dtype
+    (5.0, r"got a float \(5.0\)$"),
     (nested([[1.0, 2.0]], 70), r"source: expected a numeric array .* numpy cannot turn into an array"),
     (np.array([[[0.0, 1.0]], [[np.nan, 0.0]]], np.float32), r"NaN or Inf \(first in batch item 1\)"),
     (np.array([[[np.inf, 1.0]]]), r"NaN or Inf"),
@@ -397,13 +403,15 @@ def test_bad_target_len_is_refused(dot, bad):
     (np.array([[[1.0, np.nan]], [[1.0, 1.0]]]), r"got nan in item 0"),
     (np.full((2, 1, 2), "1"), r"source_mask: expected bool or 0/1 numbers, got shape \(2, 1, 2\) dtype <U1"),
     (np.full((2, 1, 2), 1 + 0j), r"source_mask: expected bool or 0/1 numbers, .* complex128"),
-    ([["1", "0"], ["1", "1"]], r"source_mask: expected bool or 0/1 numbers, got a list of shape \(2, 2\), holding text;"),
+    ([["1", "0"], ["1", "1"]], r"source_mask: expected bool or 0/1 numbers, got a list of shape \(2, 2\), holding strings;"),
     ([[1, 1, 1], [1, 1, 1]], r"to match source, got a list of shape \(2, 3\), holding numbers$"),
     ({1, 0}, r"source_mask: expected bool or 0/1 numbers, got a set \(\{0, 1\}\); pass True/False"),
     (object(), r"source_mask: expected bool or 0/1 numbers, got an object \(<object object"),
     (np.ma.masked_array(np.ones((2, 2), bool), mask=[[0, 1], [0, 0]]), r"source_mask: got a numpy masked array"),
     (np.full((2, 1, 2), 2, np.int64), r"only 0 and 1"),
-    ([[1, 1], [1]], r"source_mask: expected a bool or 0/1 array .* numpy cannot turn into an array"),
+    ([[1, 1], [1]], r"source_mask: expected a bool or 0/1 array .*; got lists of different lengths: source_mask\[1\] "
+                    r"has 1 item where source_mask\[0\] has 2 items"),
+    (1, r"source_mask: expected shape \(2, 2\) or \(2, 1, 2\) to match source, got an int \(1\)$"),
     (np.array([[[1, 1]], [[0, 0]]]), r"item 1 has none"),
 ])
 def test_bad_masks_are_refused(dot, mask, match):
