@@ -129,10 +129,19 @@ def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> di
     return doc if columns is None else {**doc, "source_tokens": columns}
 
 
+LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}  # lines to str.splitlines
+
+
 def json_line(doc: dict[str, Any]) -> str:
     """A record as one line of JSON, without its newline. Text stays as it is (UTF-8 once written: the JSON Lines
-    format), not escaped to ASCII: a transliteration's output is read as written, and takes a third of the bytes."""
-    return json.dumps(doc, ensure_ascii=False)
+    format), not escaped to ASCII: a transliteration's output is read as written, and takes a third of the bytes.
+    Only what a line splitter reads as a line break is escaped (U+2028, U+2029, U+0085: `str.splitlines` splits
+    there, and json.dumps leaves them raw)."""
+    line = json.dumps(doc, ensure_ascii=False)
+    for raw, escaped in LINE_BREAKS.items():
+        if raw in line:
+            line = line.replace(raw, escaped)
+    return line
 
 
 def heatmap(item: Item, best: Translation, vocab: Vocabulary, rules: Sources, max_len: int) -> Heatmap:
