@@ -16,7 +16,7 @@ from training.tokens.builtin import ACCURACY_TARGETS, BUILTIN_LOADERS, TOKENIZER
 from training.tokens.data import PAIR_SEPARATOR, PARALLEL, TSV, TSV_SUFFIX
 
 from .common import say
-from .train_options import TOKENIZER_SUFFIX, is_parallel, load_or_reload
+from .train_options import TOKENIZER_SUFFIX, given, is_parallel, load_or_reload
 
 BUILT_TOKENIZERS = tuple(JOINERS)  # 'char', 'whitespace': vocabularies built from the training data
 USER_DATA_TOKENIZER = "whitespace"
@@ -154,7 +154,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     config = TokenTrainConfig(**{f.name: opts[f.name] for f in dataclasses.fields(TokenTrainConfig)})
     trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab, dist)
     if dist is None or dist.is_main:
-        warn_long_warmup(config, len(trainer.batcher), 1 if dist is None else dist.world_size)
+        warn_long_warmup(config, len(trainer.batcher), 1 if dist is None else dist.world_size, not given(ctx, "warmup"))
 
     def report() -> None:
         say(accuracy_line(trainer, test_set, description, opts["eval_beam"]), err=False)
@@ -163,13 +163,15 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
                {"vocab_options": how, REPORT_OPTIONS: {"eval_beam": opts["eval_beam"]}})
 
 
-def warn_long_warmup(config: Any, rows: int, processes: int) -> None:
-    """A warm-up longer than the run keeps the learning rate below --lr to its end: said, as it is rarely meant."""
+def warn_long_warmup(config: Any, rows: int, processes: int, default: bool = False) -> None:
+    """A warm-up longer than the run keeps the learning rate below --lr to its end: said, as it is rarely meant
+    (`default`: the warm-up is the model's default, not given)."""
     per_epoch = math.ceil(math.ceil(rows / processes) / config.batch_size)  # a process's steps (its shard's)
     steps = config.epochs * per_epoch
     if config.warmup > steps:
-        say(f"warning: --warmup {config.warmup} is more optimizer steps than the run takes ({steps}: {config.epochs} "
-            f"epoch(s) of {per_epoch}), so the learning rate stays below --lr {config.lr:g} to the end")
+        say(f"warning: --warmup {config.warmup}{' (the default)' if default else ''} is more optimizer steps than the "
+            f"run takes ({steps}: {config.epochs} epoch(s) of {per_epoch}), so the learning rate stays below --lr "
+            f"{config.lr:g} to the end")
 
 
 def accuracy_line(trainer: Any, test: Any, description: dict[str, Any], beam_size: int) -> str:

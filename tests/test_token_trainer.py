@@ -340,3 +340,5 @@ def test_a_warmup_longer_than_the_run_is_said(capsys):
     assert capsys.readouterr().err == ""
     warn_long_warmup(TokenTrainConfig(epochs=2, batch_size=64, warmup=20), 1000, 2)  # a process's shard: 8 a epoch
     assert "(16: 2 epoch(s) of 8)" in capsys.readouterr().err
+    warn_long_warmup(TokenTrainConfig(epochs=1, batch_size=64, warmup=20), 1000, 1, default=True)  # not typed
+    assert capsys.readouterr().err.startswith("warning: --warmup 20 (the default) is more optimizer steps")
