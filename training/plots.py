@@ -55,7 +55,7 @@ def token_history_figure(history: History) -> Any:
                          **_marks(epochs))
     lines += acc_ax.plot(epochs, history["val_token"], color="tab:green", linestyle="--", label="validation token",
                          **_marks(epochs))
-    acc_ax.set_ylim(0.0, 1.02)
+    acc_ax.set_ylim(-0.02, 1.02)  # a dot at 0 or 1 whole
     acc_ax.set_ylabel("accuracy")
     loss_ax.legend(lines, [line.get_label() for line in lines], loc="center right")
     fig.tight_layout()
@@ -71,7 +71,8 @@ def _plain_axes(ax: Any, epochs: range) -> None:
     its minor ticks as 2.07x10^0): every tick labelled within a decade, the decades alone past one."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True) if len(epochs) > 1 else FixedLocator([1]))
+    ticks = [tick for tick in MaxNLocator(integer=True).tick_values(1, len(epochs)) if 1 <= tick <= len(epochs)]
+    ax.xaxis.set_major_locator(FixedLocator(ticks or [1]))  # epochs that were run: no 0, no 51 of 50
     plain = FuncFormatter(lambda value, _: f"{value:.4g}")
     low, high = ax.get_ylim()
     ax.yaxis.set_major_formatter(plain)
