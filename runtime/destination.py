@@ -152,8 +152,9 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
     if marker not in entries:
         other = artifact_kind(out, set(entries))
         if other is not None and other != kind:  # the other kind's, given for this one
-            raise DestinationError(f"{out}: is a seq2onnx {other}, not {article} {kind}; refusing to replace it, even "
-                                   f"with --force; choose another --out, e.g. --out {example}")
+            raise DestinationError(f"{out}: is a seq2onnx {other}, not {article} {kind}, and {article} {kind} never "
+                                   f"replaces it (--force replaces only {article} {kind}); choose another --out, e.g. "
+                                   f"--out {example}")
         raise DestinationError(f"{out}: exists and is not a seq2onnx {kind} (no {marker}; it holds "
                                f"{_listed(entries)}); refusing to replace it, even with --force; choose another --out")
     foreign = [name for name in entries if name not in owned]
