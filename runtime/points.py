@@ -23,8 +23,8 @@ MASK_VALUES = (0, 1)
 
 # what nested lists hold, by the kind of the array numpy makes of them: a caller who sent lists (JSON's arrays
 # included) never named a numpy dtype
-HOLDING = {"U": "strings", "S": "bytes", "O": "values other than numbers (null, objects, mixed types or integers beyond int64)", "b": "true/false",
-           "c": "complex numbers", "f": "numbers", "i": "numbers", "u": "numbers"}
+HOLDING = {"U": "strings", "S": "bytes", "b": "true/false", "c": "complex numbers", "f": "numbers", "i": "numbers",
+           "u": "numbers", "O": "values other than numbers (null, objects, mixed types or integers beyond int64)"}
 
 
 def _describe(arr: np.ndarray, given: Any = None) -> str:
@@ -64,7 +64,7 @@ def _ragged(value: Any, name: str) -> str | None:
     first: dict[int, tuple[str, int | None]] = {}  # depth -> (the first item there, its length; None: not a list)
     queue = deque([(name, value, 0)])
     looked = 0
-    while queue and looked < RAGGED_LOOK:
+    while queue:
         path, item, depth = queue.popleft()
         looked += 1
         size = len(item) if isinstance(item, (list, tuple)) else None
@@ -72,6 +72,8 @@ def _ragged(value: Any, name: str) -> str | None:
         if size != expected:
             return f"{path} has {_items(size)} where {where} has {_items(expected)}"
         if size is not None:
+            if looked + len(queue) + size > RAGGED_LOOK:
+                return None
             queue.extend((f"{path}[{i}]", sub, depth + 1) for i, sub in enumerate(item))
     return None
 
