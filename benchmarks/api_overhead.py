@@ -36,11 +36,11 @@ from cli.options import check_threads_option  # noqa: E402
 from runtime.bench import BLOCK, Cell, Timing, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402
+from runtime.defaults import MAX_TARGET_LEN  # noqa: E402
 from runtime.denormals import flushes_now, flushing  # noqa: E402
 from runtime.errors import Seq2OnnxError  # noqa: E402
 from runtime.infer_tokens import MAX_BATCH  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
-from runtime.points import MAX_TARGET_LEN  # noqa: E402
 from runtime.search.beam import MAX_BEAM  # noqa: E402
 
 Recorded = list[tuple[SessionRunner, dict[str, Any], bool, dict[str, Any]]]

@@ -28,9 +28,9 @@ from runtime.bench import (
 )
 from runtime.bench_report import best_rows, describe_model, format_best, format_table, plot_latency, progress
 from runtime.contract import FAST_FILES
+from runtime.defaults import MAX_TARGET_LEN
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import MAX_BATCH
-from runtime.points import MAX_TARGET_LEN
 from runtime.search.beam import MAX_BEAM
 from runtime.sessions import CPU, PROVIDERS, max_threads
 

@@ -28,7 +28,7 @@ from runtime.infer_tokens import (
     read_items,
 )
 from runtime.model import Seq2Seq
-from runtime.points import check_mask, check_source, check_target_len
+from runtime.point_inputs import check_mask, check_source, check_target_len
 from runtime.sessions import max_threads
 from serving.offline import (
     MAX_POINT_BLOCK,

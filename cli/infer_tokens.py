@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 import click
 from click.core import ParameterSource
 
-from runtime.defaults import TSV_SUFFIX
+from runtime.defaults import MAX_TARGET_LEN, TSV_SUFFIX
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import (
     DEFAULT_BATCH_SIZE,
@@ -19,7 +19,6 @@ from runtime.infer_tokens import (
     TOKEN_ONLY,
 )
 from runtime.manifest import read_manifest
-from runtime.points import MAX_TARGET_LEN
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
 from runtime.search.sampling import MAX_SEED
 from runtime.tokens import undecoded

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .declared import TokenContract
+from .defaults import MAX_TARGET_LEN
 from .errors import InputError, brief
-from .points import MAX_TARGET_LEN
 from .search.beam import MAX_BEAM, check_beam
 from .search.filters import check_temperature, check_topp
 from .search.sampling import MAX_SEED

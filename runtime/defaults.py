@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 # -- runtime: limits and choices that options are checked against --
-MAX_TARGET_LEN = 10_000  # the longest decode a call may ask for (runtime.points, runtime.tokens)
+MAX_TARGET_LEN = 10_000  # the longest decode a call may ask for (runtime.point_inputs, runtime.tokens)
 PROVIDERS = ("auto", "cpu", "cuda")  # runtime.sessions
 TSV_SUFFIX = ".tsv"  # pairs (source, tab, target) for train and eval, in any case; infer reads each whole line
 

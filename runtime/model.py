@@ -25,17 +25,8 @@ from .fused import BeamGraph, GreedyLoop
 from .graph_checks import check_session
 from .manifest import Manifest, read_manifest
 from .optional_graphs import fast_feedback, fast_graph_io, fold_tokens
-from .points import (
-    BEFORE,
-    Cancel,
-    check_cancel,
-    check_mask,
-    check_outputs,
-    check_source,
-    check_target_len,
-    greedy_decode,
-    stoppable,
-)
+from .point_inputs import check_mask, check_outputs, check_source, check_target_len
+from .points import BEFORE, Cancel, check_cancel, greedy_decode, stoppable
 from .sessions import (
     CUDA,
     check_threads,

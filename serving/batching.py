@@ -16,7 +16,8 @@ import numpy as np
 from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, samples, translate_options
 from runtime.errors import Cancelled, InputError, Seq2OnnxError
 from runtime.model import Seq2Seq
-from runtime.points import Cancel, check_mask, check_source, check_target_len
+from runtime.point_inputs import check_mask, check_source, check_target_len
+from runtime.points import Cancel
 from runtime.tokens import Translation, check_texts, translate
 
 # what a model of each kind takes, for a request sent to the other kind's route: (words, body, route)

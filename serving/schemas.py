@@ -18,7 +18,7 @@ class PredictRequest(_Strict):
 
     source: list[list[list[float]]] = Field(description="(N, L, F) source points",
                                             examples=[[[[-1.0, -1.0], [-1.0, 1.0]]]])
-    # checked by the runtime (runtime.points.check_mask), whose one message names the shape or value refused: a
+    # checked by the runtime (runtime.point_inputs.check_mask), whose one message names the shape or value refused: a
     # typed nesting here answered a wrong one with each alternative's error, and took no (N, 1, L)
     source_mask: Optional[list[Any]] = Field(
         None, description="(N, L) or (N, 1, L) true/false or 1/0 values: true/1 for a real point, false/0 for "

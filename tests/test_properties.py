@@ -18,8 +18,8 @@ from hypothesis.extra import numpy as hnp
 
 from runtime import Seq2Seq
 from runtime.contract import MANIFEST_FILE
+from runtime.defaults import MAX_TARGET_LEN
 from runtime.errors import InputError, Seq2OnnxError
-from runtime.points import MAX_TARGET_LEN
 
 EXAMPLES = 150  # per property; the whole file stays well under a minute on 2 cores
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
