@@ -56,7 +56,7 @@ from serve_load import (  # noqa: E402
     wrk_cell,
 )
 
-from cli.common import raise_on_sigterm  # noqa: E402
+from cli.signals import raise_on_sigterm  # noqa: E402
 from runtime.errors import Terminated  # noqa: E402
 from runtime.model import Seq2Seq  # noqa: E402
 from runtime.search.beam import MAX_BEAM  # noqa: E402

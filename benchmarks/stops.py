@@ -1,4 +1,4 @@
-"""Benchmarks stop on Ctrl-C and SIGTERM as `seq2onnx` commands do (cli.common): exit 130 or 143 with one line, no
+"""Benchmarks stop on Ctrl-C and SIGTERM as `seq2onnx` commands do (cli.signals): exit 130 or 143 with one line, no
 traceback, and their temporary directories (exports, converted models) removed on the way out. SIGTERM's default
 action killed the process where it stood, leaving those directories behind; click turned Ctrl-C into 'Aborted!'
 and exit 1."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cli.common import raise_on_sigterm, stop_for
+from cli.signals import raise_on_sigterm, stop_for
 from runtime.errors import Seq2OnnxError, Terminated
 
 

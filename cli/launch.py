@@ -21,9 +21,9 @@ from typing import Any
 
 import click
 
-from .common import Interrupted, StoppedBySigterm, quiet_a_closed_terminal
 from .options import within_cpus
 from .run_logs import torchrun_logs
+from .signals import Interrupted, StoppedBySigterm, quiet_a_closed_terminal
 from .train_options import flag, given
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")

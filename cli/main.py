@@ -1,5 +1,5 @@
 """The `seq2onnx` group. Each command lives in its own module of this package and is imported on first use, so
-`--help` and a greedy `infer` load no torch. Exit codes: see `cli.common`."""
+`--help` and a greedy `infer` load no torch. Exit codes: see `cli.common`; stops: `cli.signals`."""
 from __future__ import annotations
 
 import contextlib
@@ -17,24 +17,19 @@ from runtime.atomic_file import discard_staged
 from runtime.errors import RAISED_STOPS, Terminated, clipped
 
 from . import starting_handlers
-from .common import (
+from .common import PRINTED, WRITTEN, no_room_to_load, no_temporary_directory, onnxruntime_telemetry_off, written_so_far
+from .signals import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     IN_PROGRAM,
-    PRINTED,
-    WRITTEN,
     Interrupted,
     StoppedBySigterm,
     finished,
     hang_up_as_sigterm,
     held_signals,
-    no_room_to_load,
-    no_temporary_directory,
-    onnxruntime_telemetry_off,
     raise_on_sigterm,
     record_interrupts,
     stopped_by_sigterm,
-    written_so_far,
 )
 from .streams import StdoutError, guard_standard_streams
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .common import say, stop_for, written_so_far
+from .common import say, written_so_far
+from .signals import stop_for
 
 if TYPE_CHECKING:
     import psutil
@@ -150,7 +151,7 @@ def keep_group_signals_from_ray() -> None:
     them in order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under
     Serve: `serve --ray` waited out --shutdown-timeout, then killed everything (exit 143), and the requests under
     way were lost. SIGHUP, which a closed terminal sends the whole group, the same way: this command takes it as SIGTERM
-    (`cli.common.hang_up_as_sigterm`). The cost: `ray.shutdown` gives each of its processes a second to take
+    (`cli.signals.hang_up_as_sigterm`). The cost: `ray.shutdown` gives each of its processes a second to take
     SIGTERM before it kills them."""
     if threading.current_thread() is threading.main_thread():
         raise RuntimeError("keep_group_signals_from_ray: the main thread takes the signals; call it on the Ray thread")

@@ -222,7 +222,7 @@ def _allocator(allocator: str, ray: str | None) -> str:
             raise click.BadParameter(f"{allocator!r} with {ray}: Ray Serve's replicas are processes Ray starts, "
                                      "with its own allocator; drop --allocator", param_hint="'--allocator'")
         return SYSTEM
-    from .common import IN_PROGRAM
+    from .signals import IN_PROGRAM
 
     return choose_allocator(allocator, program=bool(IN_PROGRAM))
 

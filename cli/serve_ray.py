@@ -12,8 +12,8 @@ import click
 from serving.config import Replicas, ServeConfig, parse_replicas
 
 from .cluster import join_failed, runtime_env
-from .common import stop_for
 from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed
+from .signals import stop_for
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first

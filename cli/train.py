@@ -19,9 +19,10 @@ from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
 from training.torchrun import launch_env_problem, launched, partial_launch_env
 
-from .common import Interrupted, require_torch
+from .common import require_torch
 from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
 from .options import FiniteFloatRange, check_threads_option
+from .signals import Interrupted
 from .train_options import (
     NPZ_SUFFIX,
     POINTS,

@@ -12,7 +12,8 @@ import click
 
 from runtime.errors import Seq2OnnxError, UsageError
 
-from .common import Interrupted, say
+from .common import say
+from .signals import Interrupted
 from .train_options import POINTS, TOKENS, prepare_options
 from .train_points import point_job, saved_point_options
 from .train_tokens import saved_token_options, token_job

@@ -188,7 +188,7 @@ def test_steps_past_max_positions_are_refused_before_the_exports(tmp_path, monke
                                                     (Terminated, 143, "stopped by SIGTERM")])
 def test_a_stop_exits_130_or_143_in_one_line_and_removes_the_temporary_directory(tmp_path, monkeypatch, stop, code,
                                                                                  says):
-    """Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated, as cli.common raises it) while the bench works: its
+    """Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated, as cli.signals raises it) while the bench works: its
     temporary directory goes, and it exits as `seq2onnx` commands do, not click's 'Aborted!' and 1."""
     import tempfile
 

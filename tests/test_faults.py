@@ -563,7 +563,7 @@ def test_a_ctrl_c_that_python_swallowed_stops_the_publish_as_ctrl_c(tmp_path: Pa
     130), not as a SIGTERM."""
     import weakref
 
-    from cli.common import record_interrupts, stopped_by_sigterm
+    from cli.signals import record_interrupts, stopped_by_sigterm
     from runtime.errors import RAISED_STOPS, Terminated
 
     staging = tmp_path / "staging"

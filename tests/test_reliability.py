@@ -620,7 +620,7 @@ def test_ctrl_c_or_sigterm_during_export_writes_nothing(workspace: Path, stop: s
 
 HELD = """
 import os, signal, sys, time
-from cli.common import held_signals, raise_on_sigterm
+from cli.signals import held_signals, raise_on_sigterm
 from runtime.errors import Terminated
 raise_on_sigterm()
 done = []
@@ -636,7 +636,7 @@ except (Terminated, KeyboardInterrupt) as exc:
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_signal_while_signals_are_held_lands_after_the_block(sig: str) -> None:
-    """`cli.common.held_signals` (around a command's import: a signal inside onnxruntime's came out as an
+    """`cli.signals.held_signals` (around a command's import: a signal inside onnxruntime's came out as an
     ImportError traceback, exit 1): the block ends, then the signal raises as it would have."""
     done = subprocess.run([sys.executable, "-c", HELD, sig], capture_output=True, text=True, timeout=60,
                           preexec_fn=default_sigint)
