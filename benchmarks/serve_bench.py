@@ -10,11 +10,13 @@ Each request is one text (MODEL_DIR: artifacts/dates), drawn seeded from fixed d
 done or --duration s have passed; --max-total skips or shortens cells past it. Modes, in this order:
   in-process    Seq2Seq.load(threads=--threads).translate_batch([text]) from N threads: no HTTP, no batching.
   serve         `seq2onnx serve MODEL_DIR` (the default: one process, FastAPI on uvicorn) as a process of its own,
-                --num-cpus --server-threads, --max-batch-size 32, --batch-wait-ms as given; with
+                --num-cpus --server-threads, --max-batch-size 32, --max-beam-size 256 (any --beam), --batch-wait-ms
+                as given; with
                 --server-workers N other than 1, "serve --workers N" (N copies decoding batches at once), one
                 server process per value, all started together and measured one after another in each round;
                 likewise with --server-allocators, "serve --allocator A" for A other than auto (the default).
-  serve --ray R a local Ray (2 CPUs), Serve on 127.0.0.1, build_app(ServeConfig(num_cpus=2/R, max_batch_size=32)):
+  serve --ray R a local Ray (2 CPUs), Serve on 127.0.0.1, build_app(ServeConfig(num_cpus=2/R, max_batch_size=32,
+                max_beam_size=256)):
                 R=1 decodes on 2 onnxruntime threads, R=2 on 1 each; then the same with Ray's documented
                 throughput options (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for the whole Ray, access log off), "opt".
                 Those options also start "direct ingress": each replica listens on a port of its own (Ray's range

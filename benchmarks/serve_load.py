@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from runtime.model import Seq2Seq
+from runtime.search.beam import MAX_BEAM
 
 RAY_CPUS = 2
 MAX_BATCH = 32
@@ -244,7 +245,8 @@ def server_process(model_dir: Path, threads: int, batch_wait_ms: float, log: Pat
     with open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(model_dir), "--port", str(port),
                                  "--num-cpus", str(threads), "--max-batch-size", str(MAX_BATCH), "--batch-wait-ms",
-                                 str(batch_wait_ms), "--workers", str(workers), "--allocator", allocator], stdout=sink,
+                                 str(batch_wait_ms), "--workers", str(workers), "--allocator", allocator,
+                                 "--max-beam-size", str(MAX_BEAM)], stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -273,7 +275,7 @@ def deploy(model_dir: Path, replicas: int, batch_wait_ms: float) -> None:
     if APP_NAME in serve.status().applications:  # deleted first: the old replicas free their CPUs for the new
         serve.delete(APP_NAME)
     config = ServeConfig(num_cpus=RAY_CPUS / replicas, max_batch_size=MAX_BATCH, batch_wait_ms=batch_wait_ms,
-                         replicas=Replicas(replicas, replicas))
+                         replicas=Replicas(replicas, replicas), max_beam_size=MAX_BEAM)
     serve.run(build_app(model_dir, config), name=APP_NAME, route_prefix="/")
 
 

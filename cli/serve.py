@@ -18,8 +18,10 @@ from click.core import ParameterSource
 
 from runtime.defaults import MAX_TARGET_LEN, PROVIDERS
 from runtime.errors import InputError, Seq2OnnxError
+from runtime.search.beam import MAX_BEAM
 from serving.config import (
     DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BEAM_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_DECODING,
     DEFAULT_MAX_QUEUE,
@@ -142,6 +144,8 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--max-decoding-length", type=click.IntRange(1, MAX_TARGET_LEN), default=DEFAULT_MAX_DECODING,
               show_default=True, help="Most output tokens (points: target_len) a request may ask for; the model's "
                                       "own length is always allowed.")
+@click.option("--max-beam-size", type=click.IntRange(1, MAX_BEAM), default=DEFAULT_MAX_BEAM_SIZE,
+              show_default=True, help="Widest beam (beam_size) a request may ask for: a decode holds texts x beam rows of state.")
 @click.option("--name", default=APP_NAME, show_default=True, callback=_name_option,
               help="Ray Serve: the application's name (one per model on a shared cluster).")
 @click.option("--route-prefix", default="/", show_default=True, callback=_prefix_option,
@@ -170,8 +174,8 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.pass_context
 def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, replicas: str, num_cpus: float,
                   provider: str, workers: int, max_batch_size: int, batch_wait_ms: float, max_body_bytes: int,
-                  max_decoding_length: int, request_timeout: float, body_timeout: float, proxy_location: str, name: str,
-                  route_prefix: str, address: str | None, use_ray: bool, max_queue: int,
+                  max_decoding_length: int, max_beam_size: int, request_timeout: float, body_timeout: float,
+                  proxy_location: str, name: str, route_prefix: str, address: str | None, use_ray: bool, max_queue: int,
                   shutdown_timeout: float | None, allocator: str) -> None:
     """Serve the exported model in MODEL_DIR over HTTP, with dynamic batching: in this process by default, or on
     Ray Serve with --ray.
@@ -191,7 +195,8 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     try:  # options that contradict each other, before any work
         config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
                              batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
-                             max_decoding_length=max_decoding_length, max_queue=max_queue,
+                             max_decoding_length=max_decoding_length, max_beam_size=max_beam_size,
+                             max_queue=max_queue,
                              request_timeout_s=request_timeout, body_timeout_s=body_timeout, workers=workers)
     except InputError as exc:
         raise click.UsageError(str(exc)) from None

@@ -114,6 +114,18 @@ def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None
         raise InputError(f"{name}: expected an int in [{low}, {bound}] on this server, got {value}")
 
 
+def check_beam_size(value: Any, max_beam: int) -> None:
+    """Refuse a beam wider than the server's bound: a request's decode holds its texts x beam_size rows of state
+    and caches at every step, so one wide beam over long texts could take more memory than the machine has."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return  # the runtime's checks refuse it by type
+    if value > max_beam:
+        raise InputError(f"beam_size: at most {max_beam} on this server (serve --max-beam-size), got {value}; ask "
+                         "for a narrower beam")
+    if value < 1:  # the runtime's message would name its own bound, not this server's
+        raise InputError(f"beam_size: expected an int in [1, {max_beam}] on this server, got {value}")
+
+
 def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int,
               max_length: int, attention: bool = True) -> PointJob:
     """Check one points request against the model, as `Seq2Seq.predict` would, and against the server's bounds."""
@@ -126,7 +138,8 @@ def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, ma
                     bool(attention))
 
 
-def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int, max_length: int) -> TokenJob:
+def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int, max_length: int,
+              max_beam: int) -> TokenJob:
     """Check one translate request's texts and options, against the model and the server's bounds."""
     if model.spec.kind != "tokens":
         raise WrongKind("texts", model.spec.kind)
@@ -137,6 +150,7 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
         raise InputError(f"options: unknown {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
     for name in ("max_decoding_length", "min_decoding_length"):
         check_length(name, options.get(name), model, max_length)
+    check_beam_size(options.get("beam_size", OPTION_DEFAULTS["beam_size"]), max_beam)
     # every other option refused here, at once, as the decode would refuse it after the batch wait (a set seen
     # before is looked up, not checked again: runtime.decode_options.translate_options)
     translate_options(model.token_steps, *(options.get(name, OPTION_DEFAULTS[name]) for name in TRANSLATE_OPTIONS))

@@ -86,6 +86,9 @@ class ModelInfo(BaseModel):
     workers: int = Field(1, description="copies of the model, each decoding a batch of its own at once")
     max_batch_size: int
     batch_wait_ms: float
+    max_decoding_length: int = Field(description="most output tokens (points: target_len) a request may ask for, "
+                                                 "beyond the model's own length")
+    max_beam_size: int = Field(description="the widest beam_size a request may ask for")
     replica: str
     node: str
     version: str

@@ -230,7 +230,8 @@ class Service:
         return await self.points.submit(job, self.config.request_timeout_s)
 
     async def translate(self, texts: Any, options: dict[str, Any]) -> Decoded:
-        job = token_job(self.model, texts, options, self.config.max_batch_size, self.config.max_decoding_length)
+        job = token_job(self.model, texts, options, self.config.max_batch_size, self.config.max_decoding_length,
+                        self.config.max_beam_size)
         return await self.texts.submit(job, self.config.request_timeout_s)
 
     def close(self) -> None:

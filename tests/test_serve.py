@@ -104,6 +104,7 @@ def test_model_info_health_and_docs(served: Served, dates: Seq2Seq) -> None:
                                        "target": len(dates.vocabularies["target"])}
     assert info["providers"][0] == "CPUExecutionProvider" and info["threads"] == 1
     assert info["max_batch_size"] == MAX_BATCH and info["spec"]["target_len"] == dates.spec.target_len
+    assert (info["max_decoding_length"], info["max_beam_size"]) == (512, 16)  # the defaults: COMMON sets neither
     assert served.client.get("/points/healthz").json()["status"] == "ok"
     schemas = served.client.get("/tokens/openapi.json").json()["components"]["schemas"]
     assert {"TranslateRequest", "TranslateResponse", "PredictRequest", "ErrorBody"} <= set(schemas)
@@ -219,7 +220,10 @@ BAD_REQUESTS = {
     "missing texts": ("/tokens/v1/translate", {"beam_size": 2}, 422, "texts: field required"),
     "unknown option": ("/tokens/v1/translate", {"texts": ["a"], "beam": 2}, 422, "beam: extra inputs"),
     "beam size a string": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": "2"}, 422, "beam_size"),
-    "beam size 0": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 0}, 400, "beam_size"),
+    "beam size 0": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 0}, 400,
+                    "beam_size: expected an int in [1, 16] on this server, got 0"),  # not the runtime's 256
+    "beam size over the bound": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 17}, 400,
+                                 "beam_size: at most 16 on this server (serve --max-beam-size), got 17"),
     "n-best above beam": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 2, "num_hypotheses": 3}, 400,
                           "num_hypotheses"),
     "sampling with beam": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 2, "sampling_topk": 3}, 400,
@@ -463,8 +467,8 @@ def test_a_bad_option_is_refused_before_its_request_queues(dates: Seq2Seq, optio
 
     defaults = TranslateRequest(texts=[]).options()
     with pytest.raises(InputError, match=named):
-        token_job(dates, ["a"], {**defaults, **options}, MAX_BATCH, 512)
-    assert token_job(dates, ["a"], dict(defaults), MAX_BATCH, 512).options == defaults
+        token_job(dates, ["a"], {**defaults, **options}, MAX_BATCH, 512, 16)
+    assert token_job(dates, ["a"], dict(defaults), MAX_BATCH, 512, 16).options == defaults
 
 
 def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq) -> None:
@@ -474,13 +478,13 @@ def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq
     from serving.schemas import TranslateRequest
 
     defaults = TranslateRequest(texts=[]).options()
-    jobs = [token_job(dates, texts, defaults, MAX_BATCH, 512) for texts in (TEXTS[:2], ["1" * 3000], TEXTS[2:3])]
+    jobs = [token_job(dates, texts, defaults, MAX_BATCH, 512, 16) for texts in (TEXTS[:2], ["1" * 3000], TEXTS[2:3])]
     done = decode_texts(dates, jobs)
     assert isinstance(done[1].value, InputError) and "texts[0]" in str(done[1].value)
     for job, result in zip([jobs[0], jobs[2]], [done[0], done[2]]):
         assert [[h.ids for h in hyps] for hyps in result.value] == \
             [[h.ids for h in hyps] for hyps in dates.translate_batch(job.texts)]
-    sampled = [token_job(dates, TEXTS[:1], {**defaults, "sampling_topk": 3, "seed": 1}, MAX_BATCH, 512)] * 2
+    sampled = [token_job(dates, TEXTS[:1], {**defaults, "sampling_topk": 3, "seed": 1}, MAX_BATCH, 512, 16)] * 2
     assert [d.batch_requests for d in decode_texts(dates, sampled)] == [1, 1]  # samples never merge
     points = [point_job(squares, s, None, target_len, MAX_BATCH, 512) for s, target_len in
               zip(sources(4), [2, 3, 2, 3])]
@@ -498,7 +502,7 @@ def test_merged_texts_get_the_attention_width_of_their_own_request(dates: Seq2Se
     from serving.schemas import TranslateRequest
 
     options = {**TranslateRequest(texts=[]).options(), "return_attention": True, "beam_size": 2}
-    jobs = [token_job(dates, texts, options, MAX_BATCH, 512) for texts in (["1/2/03"], ["saturday, january 1 2000"])]
+    jobs = [token_job(dates, texts, options, MAX_BATCH, 512, 16) for texts in (["1/2/03"], ["saturday, january 1 2000"])]
     done = decode_texts(dates, jobs)
     assert [d.batch_requests for d in done] == [2, 2]  # merged
     for job, result in zip(jobs, done):

@@ -34,7 +34,7 @@ from support.reliability import (
     workspace_fixtures,
     write,
 )
-from support.serve import DATES, LONG, SQUARES, free_port, ray_env, wait_healthy
+from support.serve import DATES, LONG, LONG_BOUNDS, SQUARES, free_port, ray_env, wait_healthy
 
 START_TIMEOUT = 150  # Ray start + Serve + replicas, on a loaded 2-core CI box
 STOP_TIMEOUT = 60
@@ -100,7 +100,8 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
     if copies > max_threads():
         pytest.skip("two copies of one thread need two CPUs")
     port = free_port()
-    process = launch(str(DATES), "--port", str(port), "--num-cpus", "1", "--max-batch-size", "8", *backend)
+    process = launch(str(DATES), "--port", str(port), "--num-cpus", "1", "--max-batch-size", "8",
+                     "--max-beam-size", "4", *backend)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(f"{url}/healthz", START_TIMEOUT, process)
     for probe in ("healthz", "readyz"):  # HEAD too: a load balancer's probe that wants no body
@@ -112,6 +113,11 @@ def test_serve_command_serves_and_stops_on_ctrl_c(launch, backend: tuple[str, ..
     assert [h[0]["text"] for h in reply.json()["translations"]] == [h[0].text for h in want]
     info = httpx.get(f"{url}/v1/model", timeout=30).json()
     assert info["max_batch_size"] == 8 and info["threads"] == 1 and info["workers"] == copies
+    assert (info["max_beam_size"], info["max_decoding_length"]) == (4, 512)
+    too_wide = httpx.post(f"{url}/v1/translate", json={"texts": ["3/3/15"], "beam_size": 5}, timeout=30)
+    assert too_wide.status_code == 400, too_wide.text
+    assert too_wide.json()["error"] == "beam_size: at most 4 on this server (serve --max-beam-size), got 5; ask for " \
+                                       "a narrower beam"
     too_many = httpx.post(f"{url}/v1/translate", json={"texts": ["3/3/15"] * 9}, timeout=30)
     assert too_many.status_code == 413 and "--max-batch-size" in too_many.json()["error"]
     err = stop(process)
@@ -250,7 +256,7 @@ def test_sigterm_on_ray_lets_the_decode_under_way_finish(launch, shutdown_timeou
     500, and the command still exits 0 within the timeout. A closed terminal's SIGHUP to the group stops it the same
     way (it killed the command and Ray's processes at once, and the request with them)."""
     port = free_port()
-    process = launch(str(DATES), "--ray", "--port", str(port), "--max-decoding-length", "10000",
+    process = launch(str(DATES), "--ray", "--port", str(port), *LONG_BOUNDS,
                      *(("--shutdown-timeout", shutdown_timeout) if shutdown_timeout else ()))
     with ThreadPoolExecutor(1) as pool:
         long = pool.submit(httpx.post, f"http://127.0.0.1:{port}/v1/translate", json=LONG, timeout=60)
@@ -325,6 +331,8 @@ SERVE_CASES: dict[str, Case] = {
     "--replicas 1:": case(*SERVE, "--replicas", "1:", code=USAGE, says=("--replicas", "'1:'")),
     "--max-decoding-length 0": case(*SERVE, "--max-decoding-length", "0", code=USAGE,
                                     says=("--max-decoding-length", "1<=x<=10000")),
+    "--max-beam-size 0": case(*SERVE, "--max-beam-size", "0", code=USAGE, says=("--max-beam-size", "1<=x<=256")),
+    "--max-beam-size 257": case(*SERVE, "--max-beam-size", "257", code=USAGE, says=("--max-beam-size", "1<=x<=256")),
     "--name with a slash": case(*SERVE, "--name", "a/b", code=USAGE, says=("--name", "'a/b'")),
     "--route-prefix without /": case(*SERVE, "--route-prefix", "dates", code=USAGE, says=("--route-prefix", "'dates'")),
     "--address nothing answers": case(*SERVE, "--address", "127.0.0.1:1", code=BAD_INPUT,

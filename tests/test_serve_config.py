@@ -36,6 +36,12 @@ def test_config_refuses_a_numpy_value_that_is_not_an_integer(value: Any) -> None
         ServeConfig(max_queue=value)
 
 
+@pytest.mark.parametrize("value", [0, 257, 2.0, True])
+def test_config_refuses_a_beam_bound_outside_the_runtime_s(value: Any) -> None:
+    with pytest.raises(InputError, match=r"^max_beam_size: expected an integer from 1 to 256, got "):
+        ServeConfig(max_beam_size=value)
+
+
 def test_config_compares_a_number_as_it_stores_it() -> None:
     with pytest.raises(InputError, match=r"^request_timeout_s: expected a number from 0.01 to 3600"):
         ServeConfig(request_timeout_s=np.float32(0.01))  # 0.00999999977648 as a Python float

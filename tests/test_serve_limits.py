@@ -19,12 +19,12 @@ import pytest
 from serving.config import ServeConfig
 
 from support.processes import default_sigint
-from support.serve import DATES, LONG, embedded, free_port, local_ray, ray_env
+from support.serve import DATES, LONG, LONG_BOUNDS, embedded, free_port, local_ray, ray_env
 
 TIMEOUT_S = 0.6  # the servers' request timeout: well under LONG's decode on the fastest machine
 MAX_QUEUE = 2
 SHORT = {"texts": ["3/3/15"]}
-COMMON = dict(num_cpus=1, max_batch_size=8, batch_wait_ms=5.0, max_decoding_length=10_000)
+COMMON = dict(num_cpus=1, max_batch_size=8, batch_wait_ms=5.0, max_decoding_length=10_000, max_beam_size=128)
 CONFIGS = {"/deadline": ServeConfig(**COMMON, request_timeout_s=TIMEOUT_S),  # a short deadline
            "/queue": ServeConfig(**COMMON, max_queue=MAX_QUEUE, request_timeout_s=30)}  # a short queue
 
@@ -315,7 +315,7 @@ def test_a_request_cut_off_at_shutdown_gets_a_json_503(tmp_path: Any) -> None:
     log = tmp_path / "serve.log"
     with ray_env(), open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port),
-                                 "--shutdown-timeout", "0.3", "--max-decoding-length", "10000"], stdout=sink,
+                                 "--shutdown-timeout", "0.3", *LONG_BOUNDS], stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60

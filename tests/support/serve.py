@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SQUARES = ROOT / "artifacts" / "squares"
 DATES = ROOT / "artifacts" / "dates"
 # a request for DATES that decodes for seconds on one thread (10,000 steps of 128 beams; serve --max-decoding-length
-# 10000): ~2.0 s on a Zen 5 core, the fastest seen; the tests that cut it short do so within 0.8 s
+# 10000 --max-beam-size 128, LONG_BOUNDS): ~2.0 s on a Zen 5 core, the fastest seen; the tests that cut it short do so
+# within 0.8 s
 LONG = {"texts": ["3/3/15"], "beam_size": 128, "min_decoding_length": 10_000, "max_decoding_length": 10_000}
+LONG_BOUNDS = ("--max-decoding-length", "10000", "--max-beam-size", "128")
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # no usage-stats reporting from test clusters
 
 
