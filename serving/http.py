@@ -45,8 +45,9 @@ ROUTES = (("POST", "/v1/predict"), ("POST", "/v1/translate"), ("GET", "/v1/model
 
 
 def routes(prefix: str = "") -> str:
-    """Every route, as a client spells it (under `prefix`)."""
-    return ", ".join(f"{method} {prefix.rstrip('/')}{path}" for method, path in ROUTES)
+    """Every route, as a client spells it (under `prefix`); every GET route takes HEAD too."""
+    return ", ".join(f"{'GET/HEAD' if method == 'GET' else method} {prefix.rstrip('/')}{path}"
+                     for method, path in ROUTES)
 
 
 def _reply(service: Service, body: dict[str, Any], done: Decoded) -> JSONResponse:

@@ -288,7 +288,8 @@ BAD_REQUESTS = {
     "plain-text body": ("/tokens/v1/translate", ("text/plain", b'{"texts": ["3/3/15"]}'), 422,
                         'Content-Type: application/json, got Content-Type: "text/plain"'),
     "GET on a POST route": ("/tokens/v1/translate", "GET", 405, "GET /tokens/v1/translate"),
-    "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict"),
+    "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict, POST "
+                      "/tokens/v1/translate, GET/HEAD /tokens/v1/model, GET/HEAD /tokens/healthz"),
     "a route with a trailing slash": ("/tokens/v1/translate/", {"texts": ["a"]}, 404,
                                       "POST /tokens/v1/translate/: not found; the routes are"),
     "a gzip body": ("/tokens/v1/translate", ("application/json", b"\x1f\x8b\x08\x00", [("content-encoding", "gzip")]),
@@ -534,7 +535,7 @@ def test_a_route_prefix_holds_every_route_docs_included(dates: Seq2Seq) -> None:
                     assert head.status_code == 200 and not head.content, (path, head.status_code)
             assert client.post("/dates/v1/translate", json={"texts": ["3/3/15"]}).status_code == 200
             missing = client.get("/v1/model")
-            assert missing.status_code == 404 and "GET /dates/v1/model" in missing.json()["error"]
+            assert missing.status_code == 404 and "GET/HEAD /dates/v1/model" in missing.json()["error"]
             for body in ({"source": [[[1.0, 2.0]]]}, {"texts": ["3/3/15"]}):  # the runtime's refusal; FastAPI's
                 wrong = client.post("/dates/v1/predict", json=body)
                 assert wrong.status_code == 400 and "to /dates/v1/translate" in wrong.json()["error"], wrong.text
