@@ -38,6 +38,8 @@ def _describe(arr: np.ndarray, given: Any = None) -> str:
     if isinstance(given, (list, tuple)):
         held = HOLDING.get(arr.dtype.kind, f"dtype {arr.dtype}") if arr.size else "nothing"
         return f"a list of shape {tuple(arr.shape)}, holding {held}"
+    if arr.dtype.kind == "O" and arr.ndim:  # what a caller's object array may hold that numpy stores as numbers
+        return f"shape {tuple(arr.shape)} dtype object (Python objects: mixed types, None or integers beyond int64)"
     return f"shape {tuple(arr.shape)} dtype {arr.dtype}"
 
 
@@ -105,10 +107,8 @@ def check_source(source: Any, spec: ModelSpec) -> np.ndarray:
     if arr.dtype.kind in NUMBER_KINDS and isinstance(source, (list, tuple)) and _holds_bool(source):
         raise InputError("source: expected numbers, got true/false among them; pass 1.0/0.0 if that is meant")
     if arr.dtype.kind not in NUMBER_KINDS:
-        listed = isinstance(source, (list, tuple))  # `_describe` words an object list's kinds itself
-        hint = " (mixed types, or integers beyond int64)" if arr.dtype.kind == "O" and arr.ndim and not listed else ""
         raise InputError(
-            f"source: expected floating-point or integer values (cast to float32), got {_describe(arr, source)}{hint}; "
+            f"source: expected floating-point or integer values (cast to float32), got {_describe(arr, source)}; "
             "pass numbers, not bool, complex, text, dates or objects"
         )
     if arr.ndim != 3 or arr.shape[2] != spec.n_features:

@@ -287,7 +287,8 @@ def test_a_path_that_is_not_a_path_is_an_input_error(bad):
     (np.zeros((3, 2), np.float32), r"source: expected shape \(batch, source_len, 2\).*source\[None\]"),
     (np.zeros((1, 2, 3), np.float32), r"source: expected shape .* got shape \(1, 2, 3\)"),
     (np.zeros((1, 0, 2), np.float32), r"source_len >= 1"),
-    (np.array([[[1.0, "a"]]], dtype=object), r"source: expected floating-point .* object"),
+    (np.array([[[1.0, "a"]]], dtype=object), r"source: expected floating-point .* got shape \(1, 1, 2\) dtype object "
+                                             r"\(Python objects: mixed types, None or integers beyond int64\); pass"),
     (np.array([[["1", "2"]]]), r"source: expected floating-point or integer .* dtype <U1"),
     (np.ones((1, 2, 2), bool), r"source: expected floating-point or integer .* dtype bool"),
     (np.ones((1, 2, 2), complex), r"dtype complex128"),
@@ -404,6 +405,8 @@ def test_bad_target_len_is_refused(dot, bad):
     (np.array([[[1.0, np.nan]], [[1.0, 1.0]]]), r"got nan in item 0"),
     (np.full((2, 1, 2), "1"), r"source_mask: expected bool or 0/1 numbers, got shape \(2, 1, 2\) dtype <U1"),
     (np.full((2, 1, 2), 1 + 0j), r"source_mask: expected bool or 0/1 numbers, .* complex128"),
+    (np.array([[1, None], [1, 1]], dtype=object), r"source_mask: expected bool or 0/1 numbers, got shape \(2, 2\) "
+                                                  r"dtype object \(Python objects: mixed types, None or integers"),
     ([["1", "0"], ["1", "1"]],
      r"source_mask: expected bool or 0/1 numbers, got a list of shape \(2, 2\), holding strings;"),
     ([[1, 1, 1], [1, 1, 1]], r"to match source, got a list of shape \(2, 3\), holding numbers$"),
