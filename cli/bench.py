@@ -36,6 +36,7 @@ from runtime.sessions import CPU, PROVIDERS, max_threads
 
 from .common import require_torch, wrote
 from .infer import PLOT_SUFFIXES, check_output_path, write_atomically
+from .options import IntRange
 from .options import check_threads_option as check_threads
 
 LOOP_CHOICES = ("auto", "step", "fused", "both")
@@ -179,13 +180,13 @@ def run_cells(cells: list[Cell], models: dict, floors: dict, eager: Any, spec: A
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Also time PyTorch eager on this checkpoint (MODEL_DIR's source; needs the 'train' extra).")
-@click.option("--batch", "batches", type=click.IntRange(1, MAX_BATCH), multiple=True,
+@click.option("--batch", "batches", type=IntRange(1, MAX_BATCH), multiple=True,
               help="Batch sizes (repeatable; default 1, 16, 256 for point models, 1, 16, 64 for token models).")
-@click.option("--source-len", "source_lens", type=click.IntRange(1, MAX_TARGET_LEN), multiple=True,
+@click.option("--source-len", "source_lens", type=IntRange(1, MAX_TARGET_LEN), multiple=True,
               help="Source lengths, points or tokens (repeatable; default 50, or a token model's input_len).")
-@click.option("--target-len", "target_lens", type=click.IntRange(1, MAX_TARGET_LEN), multiple=True,
+@click.option("--target-len", "target_lens", type=IntRange(1, MAX_TARGET_LEN), multiple=True,
               help="Decoded points or tokens, exactly (repeatable; default 100, or a token model's target_len).")
-@click.option("--beam", "beams", type=click.IntRange(1, MAX_BEAM), multiple=True,
+@click.option("--beam", "beams", type=IntRange(1, MAX_BEAM), multiple=True,
               help="Token models: beam sizes, 1 = greedy (repeatable; default 1 and 5).")
 @click.option("--provider", "providers", type=click.Choice(PROVIDERS), multiple=True, default=("cpu",),
               show_default=True,
@@ -195,9 +196,9 @@ def run_cells(cells: list[Cell], models: dict, floors: dict, eager: Any, spec: A
 @click.option("--loop", type=click.Choice(LOOP_CHOICES), default="auto", show_default=True,
               help="Greedy decoding through the step loop, the fused Loop graph, or both (auto: both where the "
                    "model has a fused graph).")
-@click.option("--repeats", type=click.IntRange(1, 100_000), default=20, show_default=True,
+@click.option("--repeats", type=IntRange(1, 100_000), default=20, show_default=True,
               help="Timed decodes per cell and decoder.")
-@click.option("--warmup", type=click.IntRange(0, 1000), default=2, show_default=True,
+@click.option("--warmup", type=IntRange(0, 1000), default=2, show_default=True,
               help="Untimed decodes per cell and decoder first.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Also write the results as JSON to FILE.json; '-' prints JSON to stdout instead of the tables.")

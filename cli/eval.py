@@ -27,7 +27,7 @@ from runtime.sessions import PROVIDERS
 from training.tokens.data import MAX_LEN_MARGIN
 
 from .infer import THREADS_HELP
-from .options import FiniteFloatRange
+from .options import FiniteFloatRange, IntRange
 from .options import check_threads_option as check_threads
 
 DEFAULT_BEAM = 5
@@ -97,13 +97,13 @@ def accuracy_target(data: str, split: str, exact: float) -> dict[str, Any] | Non
                    "lines, or 'SRC_PATH,TGT_PATH' line-aligned files (files: the same 20% held out as in training).")
 @click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True,
               help="Score the held-out pairs or the training pairs.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Score only the first N pairs of the split.")
-@click.option("--beam", type=click.IntRange(0, MAX_BEAM), default=DEFAULT_BEAM, show_default=True,
+@click.option("--limit", type=IntRange(min=1), default=None, help="Score only the first N pairs of the split.")
+@click.option("--beam", type=IntRange(0, MAX_BEAM), default=DEFAULT_BEAM, show_default=True,
               help="Beam size scored beside greedy; 0 skips beam search.")
 @click.option("--length-penalty", type=FiniteFloatRange(-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY), default=1.0,
               show_default=True,
               help="Beam score = log-prob / length ** penalty.")
-@click.option("--batch-size", type=click.IntRange(1, MAX_BATCH_SIZE), default=DEFAULT_BATCH_SIZE, show_default=True,
+@click.option("--batch-size", type=IntRange(1, MAX_BATCH_SIZE), default=DEFAULT_BATCH_SIZE, show_default=True,
               help="Sources per translate_batch call.")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider; 'cuda' fails clearly where CUDA cannot run.")

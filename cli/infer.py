@@ -31,7 +31,7 @@ from .infer_tokens import (
     refuse_token_options,
     token_options,
 )
-from .options import check_device_option, check_threads_option, check_workers_option
+from .options import IntRange, check_device_option, check_threads_option, check_workers_option
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
 THREADS_HELP = ("onnxruntime intra-op threads, 1 to the number of usable CPUs.  [default: the usable CPUs, at "
@@ -119,7 +119,7 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
                    "input per line (blank lines skipped); '-' reads the lines from stdin.")
 @click.option("--text", "texts", multiple=True, callback=lambda ctx, param, values: tuple(map(argv_text, values)),
               help="Token models: one input text (repeatable), instead of --input.")
-@click.option("--target-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+@click.option("--target-len", type=IntRange(1, MAX_TARGET_LEN), default=None,
               help="Points to decode (default: the model's target_len).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider; 'cuda' fails clearly where CUDA cannot run.")
@@ -130,11 +130,11 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="Draw the first items' attention (point models: and points) to FILE.png (needs matplotlib).")
 @click.option("--threads", type=int, default=None, callback=check_threads_option,
               help=THREADS_HELP)
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", type=IntRange(min=1), default=1, show_default=True,
               help="Copies of the model, one thread each (with --threads: that many each): token models decode "
                    "N batches at once, point models split the input from 64 sources (not int8 ones); the output is "
                    "the same.")
-@click.option("--device-id", type=click.IntRange(0, MAX_DEVICE_ID), default=0, show_default=True,
+@click.option("--device-id", type=IntRange(0, MAX_DEVICE_ID), default=0, show_default=True,
               help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Greedy decoding in the export's greedy loop graph, and a transformer's beam search in its beam "
@@ -148,7 +148,7 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--address", default=None,
               help="With --ray: join this Ray cluster (HOST:PORT of its head, or auto); MODEL_DIR is shipped to its "
                    "nodes. Default: start a local Ray on this machine's CPUs.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+@click.option("--concurrency", type=IntRange(min=1), default=None,
               help="With --ray: actors, each holding the model on --threads CPUs (default 1); default: as many as "
                    "the cluster's CPUs hold, at most one per block of inputs.")
 @token_options

@@ -24,33 +24,33 @@ from runtime.search.sampling import MAX_SEED
 from runtime.tokens import undecoded
 
 from .common import say
-from .options import FiniteFloatRange, NormalFloatRange
+from .options import FiniteFloatRange, IntRange, NormalFloatRange
 
 
 def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Add the token models' decoding options (CTranslate2's translate_batch options under CLI names)."""
     options = [
-        click.option("--beam", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True,
+        click.option("--beam", type=IntRange(1, MAX_BEAM), default=1, show_default=True,
                      help="Token models: beam size (1 = greedy)."),
-        click.option("--n-best", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True,
+        click.option("--n-best", type=IntRange(1, MAX_BEAM), default=1, show_default=True,
                      help="Token models: hypotheses per input, best first (at most --beam)."),
-        click.option("--max-len", type=click.IntRange(1, MAX_TARGET_LEN), default=None,
+        click.option("--max-len", type=IntRange(1, MAX_TARGET_LEN), default=None,
                      help="Token models: most output tokens (default: the model's target_len; a transformer's "
                           "at most its max_positions)."),
-        click.option("--min-len", type=click.IntRange(0, MAX_TARGET_LEN), default=0, show_default=True,
+        click.option("--min-len", type=IntRange(0, MAX_TARGET_LEN), default=0, show_default=True,
                      help="Token models: fewest output tokens before </s> may end an output."),
         click.option("--length-penalty", type=FiniteFloatRange(-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY), default=None,
                      help="Token models, with --beam > 1: score = log-prob / length ** penalty (default 1)."),
         click.option("--sample", is_flag=True, help="Token models: draw each token at random instead of searching."),
-        click.option("--top-k", type=click.IntRange(0), default=None,
+        click.option("--top-k", type=IntRange(0), default=None,
                      help="With --sample: draw among the k likeliest tokens (default 0: all)."),
         click.option("--top-p", type=NormalFloatRange(0, 1, min_open=True), default=None,
                      help="With --sample: draw among the likeliest tokens holding this much probability (default 1)."),
         click.option("--temperature", type=NormalFloatRange(0, min_open=True), default=None,
                      help="With --sample: > 1 flattens, < 1 sharpens the distribution (default 1)."),
-        click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None,
+        click.option("--seed", type=IntRange(0, MAX_SEED), default=None,
                      help="With --sample: the same seed and --batch-size repeat the same draws."),
-        click.option("--batch-size", type=click.IntRange(1, MAX_BATCH), default=DEFAULT_BATCH_SIZE,
+        click.option("--batch-size", type=IntRange(1, MAX_BATCH), default=DEFAULT_BATCH_SIZE,
                      show_default=True, help="Token models: inputs decoded together; bounds memory on big files."),
     ]
     for option in reversed(options):

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from .options import within_cpus
+from .options import IntRange, within_cpus
 from .run_logs import torchrun_logs
 from .signals import Interrupted, StoppedBySigterm, quiet_a_closed_terminal
 from .train_options import flag, given
@@ -84,7 +84,7 @@ def launch_options(command: Any) -> Any:
                           "started through torch.distributed.run (torchrun). --batch-size is per process: the "
                           "global batch is batch size x processes x nodes. Each process gets --threads threads "
                           "(default: usable CPUs / processes)."),
-        click.option("--nnodes", type=click.IntRange(1, MAX_NODES), default=None,
+        click.option("--nnodes", type=IntRange(1, MAX_NODES), default=None,
                      help="With --nproc-per-node: the number of machines; run the same command on each of them, "
                           "with --rdzv-endpoint.  [default: 1]"),
         click.option("--rdzv-endpoint", default=None, callback=check_endpoint,
@@ -93,10 +93,10 @@ def launch_options(command: Any) -> Any:
         click.option("--rdzv-id", default=None, callback=check_rdzv_id,
                      help="With --nnodes > 1: a name for this job, the same on every machine, so two jobs on one "
                           "endpoint do not mix.  [default: torchrun's]"),
-        click.option("--rdzv-timeout", type=click.IntRange(1, MAX_RDZV_TIMEOUT_S), default=None,
+        click.option("--rdzv-timeout", type=IntRange(1, MAX_RDZV_TIMEOUT_S), default=None,
                      help="With --nnodes > 1: seconds to wait for every machine to join before giving up "
                           f"(torchrun's join_timeout).  [default: {DEFAULT_RDZV_TIMEOUT_S}]"),
-        click.option("--max-restarts", type=click.IntRange(0, MAX_RESTARTS), default=None,
+        click.option("--max-restarts", type=IntRange(0, MAX_RESTARTS), default=None,
                      help="With --nproc-per-node: when a process fails, start them all again (up to this many "
                           "times) and resume from the last saved state.  [default: 0]"),
     )):

@@ -8,6 +8,14 @@ from typing import Any
 import click
 
 
+class IntRange(click.IntRange):
+    """click's IntRange, but a value that is not an integer at all is said to be that ('abc' is not a valid
+    integer), not 'not a valid integer range'; out of range, click's own message names the range."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return super().convert(click.INT.convert(value, param, ctx), param, ctx)
+
+
 class FiniteFloatRange(click.FloatRange):
     """A FloatRange that also refuses nan and +-inf, which pass every range comparison."""
 

@@ -35,7 +35,7 @@ from .allocator import choose as choose_allocator
 from .cluster import check_reachable
 from .common import require
 from .listen import check_port_free, listen_on
-from .options import FiniteFloatRange
+from .options import FiniteFloatRange, IntRange
 from .serve_ray import STOP_RESERVE_S, in_url
 
 APP_NAME = "seq2onnx"
@@ -82,7 +82,7 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.command("serve")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the HTTP server listens on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP port.")
+@click.option("--port", type=IntRange(1, 65535), default=8000, show_default=True, help="HTTP port.")
 @click.option("--replicas", default="1", show_default=True, callback=_replicas_option,
               help="Ray Serve: N replicas, MIN:MAX autoscaling bounds, or 'auto' (1 to what the cluster's CPUs "
                    "hold); other than 1 implies --ray.")
@@ -91,17 +91,17 @@ def check_model(model_dir: Path, provider: str) -> str:
                    "intra-op threads (at least 1).")
 @click.option("--provider", type=click.Choice(PROVIDERS), default="auto", show_default=True,
               help="Execution provider in every replica.")
-@click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
+@click.option("--workers", type=IntRange(1, 1024), default=1, show_default=True,
               help="Copies of the model in this process, each decoding a batch of its own at once on the "
                    "intra-op threads of --num-cpus (its whole part, at least 1); copies times threads may not pass "
                    "this machine's CPUs. Not with --ray, whose replicas are the copies.")
-@click.option("--max-batch-size", type=click.IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
+@click.option("--max-batch-size", type=IntRange(1, MAX_BATCH_LIMIT), default=32, show_default=True,
               help="Most items (sources or texts) decoded together, summed over merged requests; also the most "
                    "items one request may hold.")
 @click.option("--batch-wait-ms", type=FiniteFloatRange(0, 10_000), default=0.0, show_default=True,
               help="How long a request may wait for company before its decode starts. 0: a batch is what waits "
                    "when the decoder is free (requests that arrive during a decode form the next one).")
-@click.option("--max-body-bytes", type=click.IntRange(1024, 1 << 30), default=DEFAULT_MAX_BODY_BYTES,
+@click.option("--max-body-bytes", type=IntRange(1024, 1 << 30), default=DEFAULT_MAX_BODY_BYTES,
               show_default=True, help="Largest request body accepted (413 beyond).")
 @click.option("--request-timeout", type=FiniteFloatRange(0.1, 3600), default=DEFAULT_REQUEST_TIMEOUT_S,
               show_default=True, help="Seconds before a request is answered 408 instead of waiting on; its decode "
@@ -112,10 +112,10 @@ def check_model(model_dir: Path, provider: str) -> str:
 @click.option("--proxy-location", type=click.Choice(PROXY_LOCATIONS), default="every-node", show_default=True,
               help="Ray Serve: where it runs HTTP proxies, every node (put a load balancer in front) or the head "
                    "only.")
-@click.option("--max-decoding-length", type=click.IntRange(1, MAX_TARGET_LEN), default=DEFAULT_MAX_DECODING,
+@click.option("--max-decoding-length", type=IntRange(1, MAX_TARGET_LEN), default=DEFAULT_MAX_DECODING,
               show_default=True, help="Most output tokens (points: target_len) a request may ask for; the model's "
                                       "own length is always allowed.")
-@click.option("--max-beam-size", type=click.IntRange(1, MAX_BEAM), default=DEFAULT_MAX_BEAM_SIZE,
+@click.option("--max-beam-size", type=IntRange(1, MAX_BEAM), default=DEFAULT_MAX_BEAM_SIZE,
               show_default=True, help="Widest beam (beam_size) a request may ask for: a decode holds texts x beam rows of state.")
 @click.option("--name", default=APP_NAME, show_default=True, callback=_name_option,
               help="Ray Serve: the application's name (one per model on a shared cluster).")
@@ -126,7 +126,7 @@ def check_model(model_dir: Path, provider: str) -> str:
                    "shipped to its nodes. Implies --ray. Default: start Ray on this machine (with --ray).")
 @click.option("--ray", "use_ray", is_flag=True,
               help="Serve on Ray Serve (replicas, autoscaling, several machines) instead of in this process.")
-@click.option("--max-queue", type=click.IntRange(1, MAX_QUEUE_LIMIT), default=DEFAULT_MAX_QUEUE, show_default=True,
+@click.option("--max-queue", type=IntRange(1, MAX_QUEUE_LIMIT), default=DEFAULT_MAX_QUEUE, show_default=True,
               help="Most items (sources or texts) waiting for a decode, per process or replica; a request beyond "
                    "it is answered 503 with Retry-After at once.")
 @click.option("--shutdown-timeout", type=FiniteFloatRange(0, 3600), default=None,

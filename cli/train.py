@@ -21,7 +21,7 @@ from training.torchrun import launch_env_problem, launched, partial_launch_env
 
 from .common import require_torch
 from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
-from .options import FiniteFloatRange, check_threads_option
+from .options import FiniteFloatRange, IntRange, check_threads_option
 from .signals import Interrupted
 from .train_options import (
     NPZ_SUFFIX,
@@ -106,35 +106,35 @@ def _transformer_default(name: str) -> str:
               help="Token models: a GRU/LSTM encoder-decoder with attention, or a transformer.")
 @click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True,
               help="additive: token models only; not for transformers (always multi-head).")
-@click.option("--heads", type=click.IntRange(1, MAX_HEADS), default=None,
+@click.option("--heads", type=IntRange(1, MAX_HEADS), default=None,
               help="Attention heads: multihead attention (token models: must divide --hidden-dim), or a "
                    "transformer's (must divide --d-model).  [default: 2 for multihead, "
                    f"{TRANSFORMER_DEFAULTS['heads']} for transformers, else 1]")
-@click.option("--hidden-dim", type=click.IntRange(1, MAX_WIDTH), default=None,
+@click.option("--hidden-dim", type=IntRange(1, MAX_WIDTH), default=None,
               help=f"Point and recurrent models.  {_kind_defaults(2, 128)}")
-@click.option("--epochs", type=click.IntRange(min=1), default=None,
+@click.option("--epochs", type=IntRange(min=1), default=None,
               help="Total epochs; with --resume, the epoch to continue to.  "
                    f"{_kind_defaults(100, 12, 'epochs')}")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help=_kind_defaults(16, 64))
+@click.option("--batch-size", type=IntRange(min=1), default=None, help=_kind_defaults(16, 64))
 @click.option("--lr", type=FiniteFloatRange(min=0, max=MAX_LR, min_open=True), default=None,
               help=f"Adam learning rate.  {_kind_defaults(0.01, 0.003, 'lr')}")
 @click.option("--teacher-forcing", type=FiniteFloatRange(0.0, 1.0), default=None,
               help="Probability of feeding the true previous point / token to the next decoder step while training "
                    f"(token models: < 1 is scheduled sampling).  {_kind_defaults(0.5, 1.0)}")
-@click.option("--seed", type=click.IntRange(MIN_SEED, MAX_SEED), default=SEED, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
+@click.option("--seed", type=IntRange(MIN_SEED, MAX_SEED), default=SEED, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
 # -- token models only --
 @click.option("--cell", type=click.Choice(CELLS), default=None,
               help="Recurrent token models: the cell.  [default: gru]")
-@click.option("--layers", type=click.IntRange(1, MAX_LAYERS), default=None,
+@click.option("--layers", type=IntRange(1, MAX_LAYERS), default=None,
               help=f"Token models: layers of the encoder and of the decoder.  {_token_defaults(1, 'layers')}")
 @click.option("--bidirectional/--no-bidirectional", default=None,
               help="Recurrent token models: a bidirectional encoder.  [default: bidirectional]")
-@click.option("--embedding-dim", type=click.IntRange(1, MAX_WIDTH), default=None,
+@click.option("--embedding-dim", type=IntRange(1, MAX_WIDTH), default=None,
               help="Recurrent token models: embedding size.  [default: 32]")
-@click.option("--d-model", type=click.IntRange(1, MAX_WIDTH), default=None,
+@click.option("--d-model", type=IntRange(1, MAX_WIDTH), default=None,
               help="Transformers: the model width (embeddings, attention, every layer).  "
                    f"{_transformer_default('d_model')}")
-@click.option("--d-ff", type=click.IntRange(1, MAX_FF), default=None,
+@click.option("--d-ff", type=IntRange(1, MAX_FF), default=None,
               help=f"Transformers: inner width of each feed-forward block.  {_transformer_default('d_ff')}")
 @click.option("--dropout", type=FiniteFloatRange(0.0, 1.0, max_open=True), default=None,
               help="Transformers: dropout on embeddings, attention weights and sub-layer outputs while training.  "
@@ -154,7 +154,7 @@ def _transformer_default(name: str) -> str:
               help="Token models: label smoothing of the loss.  [default: 0.0]")
 @click.option("--lr-decay", type=FiniteFloatRange(0.0, 1.0, min_open=True), default=None,
               help=f"Token models: epoch e trains at lr * lr_decay**e.  {_token_defaults(0.8, 'lr_decay')}")
-@click.option("--warmup", type=click.IntRange(min=0), default=None,
+@click.option("--warmup", type=IntRange(min=0), default=None,
               help="Token models: optimizer steps over which the lr ramps up linearly from lr/N to lr, 0 for none.  "
                    f"{_token_defaults(0, 'warmup')}")
 @click.option("--bucket/--no-bucket", default=None,
@@ -162,17 +162,17 @@ def _transformer_default(name: str) -> str:
 @click.option("--tokenizer", default=None, callback=check_tokenizer_option,
               help="Token models: 'char', 'whitespace', or a Hugging Face tokenizers PATH.json used for both sides.  "
                    "[default: the built-in set's kind; whitespace for user files]")
-@click.option("--min-freq", type=click.IntRange(min=1), default=None,
+@click.option("--min-freq", type=IntRange(min=1), default=None,
               help="Token models: keep tokens seen at least this often in training.  [default: 1]")
-@click.option("--max-vocab", type=click.IntRange(min=5), default=None,
+@click.option("--max-vocab", type=IntRange(min=5), default=None,
               help="Token models: at most this many tokens per side, the 4 specials included.  [default: no limit]")
-@click.option("--eval-beam", type=click.IntRange(0, MAX_BEAM), default=None,
+@click.option("--eval-beam", type=IntRange(0, MAX_BEAM), default=None,
               help="Token models: beam size of the final held-out accuracy (PyTorch); 0 skips it.  [default: 5]")
 # -- the run --
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Checkpoint directory.  [default: artifacts/checkpoints/<data>-<attention>, "
                    "<data>-transformer for transformers]")
-@click.option("--save-every", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--save-every", type=IntRange(min=1), default=1, show_default=True,
               help="Save the resumable training state every this many epochs.")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in OUT.partial, or extend the finished run in OUT to --epochs "

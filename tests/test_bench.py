@@ -219,7 +219,7 @@ POINTS, TOKENS = ("bench", "model"), ("bench", "tokmodel")
 BENCH_CASES: dict[str, Case] = {
     "--batch 0": case(*POINTS, "--batch", "0", code=USAGE, says=("--batch", "0 is not in the range", "1<=x<=4096")),
     "--batch -3": case(*POINTS, "--batch", "-3", code=USAGE, says=("--batch", "-3")),
-    "--batch two": case(*POINTS, "--batch", "two", code=USAGE, says=("--batch", "'two' is not a valid integer")),
+    "--batch two": case(*POINTS, "--batch", "two", code=USAGE, says=("--batch", "'two' is not a valid integer.")),
     "--batch 1.5": case(*POINTS, "--batch", "1.5", code=USAGE, says=("--batch", "'1.5'")),
     "--source-len 0": case(*POINTS, "--source-len", "0", code=USAGE, says=("--source-len", "0")),
     "--target-len -1": case(*POINTS, "--target-len", "-1", code=USAGE, says=("--target-len", "-1")),

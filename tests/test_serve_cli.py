@@ -347,7 +347,7 @@ SERVE_CASES: dict[str, Case] = {
     "--request-timeout 0": case(*SERVE, "--request-timeout", "0", code=USAGE, says=("--request-timeout",)),
     "--body-timeout 0": case(*SERVE, "--body-timeout", "0", code=USAGE, says=("--body-timeout", "0.1<=x<=3600")),
     "--port 0": case(*SERVE, "--port", "0", code=USAGE, says=("--port", "1<=x<=65535")),
-    "--port word": case(*SERVE, "--port", "http", code=USAGE, says=("--port", "'http' is not a valid integer")),
+    "--port word": case(*SERVE, "--port", "http", code=USAGE, says=("--port", "'http' is not a valid integer.")),
     "--host malformed": case(*SERVE, "--host", "999.1.1.1", "--port", "18999", code=USAGE,
                              says=("--host", "999.1.1.1", "not an address or a name this machine can resolve")),
     "--host not of this machine": case(*SERVE, "--host", "192.0.2.254", "--port", "18999", code=BAD_INPUT,
