@@ -168,8 +168,9 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
 
 
 class OutputFileError(DestinationError):
-    """A file output (--output, --json, --plot) that cannot be written: `exists` when the only trouble is a file
-    already there without force (a refused destination, as for --out), else the path itself is unusable."""
+    """A file output (--output, --json, --plot) that cannot be written: `exists` when the place is refused (a file
+    already there without force, or a place inside a seq2onnx export or checkpoint: a refused destination, as for
+    --out), else the path itself is unusable."""
 
     def __init__(self, message: str, exists: bool = False) -> None:
         super().__init__(message)
@@ -193,7 +194,8 @@ def _creation_refused(target: Path) -> str | None:
 
 def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] = ()) -> None:
     """Before any work: `path` names a file (not a folder, not empty) ending in one of `suffixes` (any name when
-    empty) in an existing, writable folder, and no file or link there is replaced unless `force`. Raises
+    empty) in an existing, writable folder outside every seq2onnx export and checkpoint, and no file or link there
+    is replaced unless `force`. Raises
     OutputFileError whose message starts with the path; the caller adds the option's name. Publish with
     `runtime.atomic_file.write_file(..., replace=force)`, so a file that appears meanwhile is kept too."""
     text = os.fspath(path)
@@ -215,6 +217,11 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
             raise OutputFileError(f"{text}: {str(blocking)!r} is a file, not a directory; expected a file name in a "
                                   "directory")
         raise OutputFileError(f"{text}: directory {str(parent)!r} does not exist; create it first")
+    held = enclosing_artifact(normalized(target))
+    if held is not None:  # --force would replace the artifact's own files (a manifest, a graph, a vocabulary)
+        kind, directory = held
+        raise OutputFileError(f"{text}: is inside the seq2onnx {kind} {str(directory)!r}, whose files an output never "
+                              f"replaces (nor adds to); choose a path outside it", exists=True)
     refused = _creation_refused(target)
     if refused is not None:
         raise OutputFileError(f"{text}: no file can be made in directory {str(parent)!r} (the system said: {refused}); "

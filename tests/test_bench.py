@@ -238,6 +238,11 @@ BENCH_CASES: dict[str, Case] = {
                             says=("--json", "results.json", "already exists", "--force")),
     "--json into a missing directory": case(*POINTS, "--json", "nodir/out.json", code=USAGE,
                                             says=("--json", "does not exist")),
+    "--json over the model's vocabulary": case(*TOKENS, "--json", "tokmodel/source_vocab.json", "--force",
+                                               code=BAD_INPUT, says=("--json: tokmodel/source_vocab.json: is inside "
+                                                                     "the seq2onnx export", "outside it")),
+    "--plot into the model": case(*POINTS, "--plot", "model/latency.png", code=BAD_INPUT,
+                                  says=("--plot: model/latency.png: is inside the seq2onnx export",)),
     "--plot existing": case(*POINTS, "--plot", "latency.png", code=BAD_INPUT,
                             says=("--plot", "latency.png", "already exists", "--force")),
     "--plot not .png": case(*POINTS, "--plot", "latency.jpg", code=USAGE, says=("--plot", ".png")),

@@ -325,6 +325,14 @@ CLI_CASES: dict[str, Case] = {
                                         says=("--output", "'afile' is a file, not a directory")),
     "infer --output in a file": case(*INFER, "--input", "points.npy", "--output", "afile/o.json", code=USAGE,
                                      says=("--output", "'afile' is a file, not a directory")),
+    # --force would have replaced the export's own manifest (the model then failed to load) or a checkpoint's file
+    "infer --output over the model's manifest": case(*INFER, "--input", "points.npy", "--output", "model/manifest.json",
+                                                     "--force", code=BAD_INPUT,
+                                                     says=("--output: model/manifest.json: is inside the seq2onnx "
+                                                           "export", "choose a path outside it")),
+    "infer --plot into a checkpoint": case(*INFER, "--input", "points.npy", "--attention", "--plot", "ckpt/a.png",
+                                           code=BAD_INPUT, says=("--plot: ckpt/a.png: is inside the seq2onnx "
+                                                                 "checkpoint", "nor adds to")),
     "infer --output existing": case(*INFER, "--input", "points.npy", "--output", "results.json", code=BAD_INPUT,
                                     says=("--output", "results.json", "already exists", "--force")),
     "infer --output a dir": case(*INFER, "--input", "points.npy", "--output", "emptydir", code=USAGE,
