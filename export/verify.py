@@ -17,7 +17,7 @@ from .adapted import Adapted
 from .api import export_model, load_source
 from .errors import VerifyError
 from .kinds import KINDS
-from .parity import ROUNDING, ROUNDING_STEPS, Say, Tolerance, format_table
+from .parity import ROUNDING, Say, Tolerance, format_table
 from .quality import quality_report
 from .quality_inputs import checkpoint_data, random_only
 from .quality_rows import QualityTolerance, failures, format_quality, worse_than_accepted
@@ -77,17 +77,17 @@ def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, s
     if failed:
         source = runtime.manifest.raw.get("source")
         worst = max(r.max_abs for r in failed)
-        # this checkpoint by name, and differences of rounding size, element by element: small, or a few float32
-        # steps of the values compared (the never-output ids' log-probs, ~-1e4, are 9.8e-4 a step)
+        # this checkpoint by name, and differences of rounding size, element by element: small, or within the
+        # tolerances the export itself was checked at (a few float32 steps of the never-output ids' log-probs, ~-1e4)
         if source == described and (worst <= ROUNDING or all(r.rounding for r in failed)):
-            steps = "" if worst <= ROUNDING else (f", each within {ROUNDING:g} or {ROUNDING_STEPS} float32 steps of "
-                                                  "the value compared")
-            raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol}; {model_dir} was exported from "
+            steps = "" if worst <= ROUNDING else (f", each within {ROUNDING:g} or the tolerances an export is "
+                                                  f"checked at ({Tolerance().judging(rows)})")
+            raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)}; {model_dir} was exported from "
                               f"{source!r}, which {name} is by name, and the largest difference is {worst:.3g}"
                               f"{steps}: float32 rounding, where the tolerance is tighter than an export can hold")
-        raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol} (the largest difference {worst:.3g}); "
+        raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)} (the largest difference {worst:.3g}); "
                           f"{pair_hint(model_dir, source, name)}")
-    return f"all {len(rows)} checks within {tol}"
+    return f"all {len(rows)} checks within {tol.judging(rows)}"
 
 
 def pair_hint(model_dir: Path, source: Any, name: Any) -> str:

@@ -16,7 +16,6 @@ from export.parity import (
     DEFAULT_DRIFT_ATOL,
     DEFAULT_RTOL,
     ROUNDING,
-    ROUNDING_STEPS,
     Tolerance,
     within_rounding,
 )
@@ -174,17 +173,24 @@ def test_parity_failure_lists_every_failure_and_writes_nothing(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_rounding_is_read_in_float32_steps_of_the_value_compared():
-    """A difference beyond the tolerance is rounding only within a few float32 steps of the value (9.8e-4 at 1e4,
-    a never-output id's log-prob): `verify` then blames the tolerance, not the pair."""
+def test_rounding_is_read_against_the_tolerances_an_export_is_checked_at():
+    """A difference beyond a tighter tolerance is rounding when it is tiny, or within the export's own tolerances
+    (a few float32 steps of a never-output id's log-prob, 9.8e-4 at -1e4; ~1e-4 carried through a recurrent model's
+    steps at -11, which `verify --atol 0 --rtol 0` blamed on the pair): `verify` then blames the tolerance."""
     want = np.array([[-1e4, -0.5, -3.0]], np.float32)
     step = float(np.spacing(np.float32(1e4)))
     assert step == 2.0 ** -10
     off_by = lambda d: want + np.array([[d, 1e-7, 0.0]], np.float32)  # noqa: E731
     assert within_rounding(off_by(2 * step), want, atol=1e-3, rtol=0.0)
-    assert within_rounding(off_by(ROUNDING_STEPS * step), want, atol=1e-3, rtol=0.0)
-    assert not within_rounding(off_by((ROUNDING_STEPS + 1) * step), want, atol=1e-3, rtol=0.0)
+    assert within_rounding(off_by(50 * step), want, atol=0.0, rtol=0.0)  # 0.05 at -1e4: 5e-6 of it
+    assert not within_rounding(off_by(2.0), want, atol=1e-3, rtol=0.0)  # 2e-4 of it: beyond DEFAULT_RTOL
+    recurrent = np.array([[-10.9, -14.7]], np.float32)
+    assert within_rounding(recurrent + np.float32(1.18e-4), recurrent, atol=0.0, rtol=0.0)
+    assert not within_rounding(recurrent + np.float32(2e-3), recurrent, atol=0.0, rtol=0.0)
     assert not within_rounding(want + np.array([[0.0, 1e-3, 0.0]], np.float32), want, atol=1e-5, rtol=0.0)
+    decode = np.array([[0.5]], np.float32)  # a point decode's drift is judged against its own default, 1e-3
+    assert within_rounding(decode + np.float32(8e-4), decode, atol=0.0, rtol=0.0, accepted_atol=DEFAULT_DRIFT_ATOL)
+    assert not within_rounding(decode + np.float32(8e-4), decode, atol=0.0, rtol=0.0)
     minus_inf = np.array([[-np.inf, -1.0]], np.float32)  # -inf on both sides is equal, on one side not rounding
     assert within_rounding(minus_inf.copy(), minus_inf, atol=0.0, rtol=0.0)
     assert not within_rounding(np.array([[-1e4, -1.0]], np.float32), minus_inf, atol=0.0, rtol=0.0)

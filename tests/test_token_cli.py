@@ -173,6 +173,24 @@ def test_export_of_a_token_checkpoint_ships_its_vocabularies(trained: tuple[Path
     assert translations[0][0].text == target.decode(translations[0][0].ids)
 
 
+def test_verify_blames_a_tight_tolerance_not_the_pair_of_a_recurrent_model() -> None:
+    """The shipped GRU pair under --atol 0 --rtol 0: its log-probs differ by ~1e-4 at -11 to -15 (rounding carried
+    through the recurrence, within the tolerances the export was checked at), which read as 'not a pair'."""
+    proc = cli("verify", REPO / "artifacts" / "dates-checkpoint", REPO / "artifacts" / "dates", "--atol", "0",
+               "--rtol", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert "tighter than an export can hold" in proc.stderr and "not a pair" not in proc.stderr, proc.stderr
+
+
+def test_verify_of_a_token_model_names_only_the_tolerances_it_judges_by() -> None:
+    """--drift-atol judges a point model's free-running decode; a token model's ids must be equal and its log-probs
+    are judged by --atol and --rtol, so the verdict does not say a drift_atol was applied (it said 'drift_atol=0')."""
+    proc = cli("verify", REPO / "artifacts" / "dates-checkpoint", REPO / "artifacts" / "dates", "--drift-atol", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith("checks within atol=1e-05, rtol=0.0001"), proc.stdout[-300:]
+    assert "drift_atol" not in proc.stdout
+
+
 def test_verify_refuses_an_export_with_other_vocabularies(trained: tuple[Path, str], tmp_path: Path) -> None:
     """Same weights, same spec, a vocabulary with two tokens swapped: the ids match, the texts would not."""
     ckpt, _ = trained

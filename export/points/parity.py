@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from export.errors import VerifyError
 from export.parity import Row, Say, Tolerance, diffs
+from runtime.defaults import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL
 from runtime.errors import UsageError
 from runtime.model import Seq2Seq
 from runtime.points import greedy_decode
@@ -119,10 +120,11 @@ def compare(model: EncoderDecoder, runtime: Seq2Seq, case: Case, tol: Tolerance)
     """Every output of one case, each with its max abs/rel difference and verdict."""
     rows = []
     shape = (*case.source.shape[:2], case.target_len)
-    for check, pairs, atol in (("graph", graph_pairs(model, runtime, case), tol.atol),
-                               ("decode", decode_pairs(model, runtime, case), tol.drift_atol)):
+    for check, pairs, atol, accepted in (("graph", graph_pairs(model, runtime, case), tol.atol, DEFAULT_ATOL),
+                                         ("decode", decode_pairs(model, runtime, case), tol.drift_atol,
+                                          DEFAULT_DRIFT_ATOL)):
         for output, (got, want) in pairs.items():
-            rows.append(Row(case.name, *shape, check, output, *diffs(got, want, atol, tol.rtol)))
+            rows.append(Row(case.name, *shape, check, output, *diffs(got, want, atol, tol.rtol, accepted)))
     return rows
 
 
