@@ -158,6 +158,7 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
     use_ray = use_ray or address is not None or replicas != "1"
     _refuse_ray_only(ctx, use_ray)
     _check_copies(workers, num_cpus, _ray_because(ctx, use_ray, address, replicas))
+    _refuse_beams_of_points(ctx, model_dir)
     malloc = _allocator(allocator, _ray_because(ctx, use_ray, address, replicas))  # before the heavy imports
     if use_ray:
         require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
@@ -249,6 +250,22 @@ def _refuse_ray_only(ctx: click.Context, use_ray: bool) -> None:
     if given and not use_ray:
         flag = "--" + given[0].replace("_", "-")
         raise click.BadParameter(f"is for Ray Serve; add --ray, or drop {flag}", ctx=ctx, param_hint=f"'{flag}'")
+
+
+def _refuse_beams_of_points(ctx: click.Context, model_dir: Path) -> None:
+    """--max-beam-size given for a point model, which decodes without beams, is a usage error, not ignored (read
+    from the manifest before the port is taken; a manifest that cannot be read is the model check's to refuse)."""
+    if ctx.get_parameter_source("max_beam_size") != ParameterSource.COMMANDLINE:
+        return
+    from runtime.manifest import read_manifest
+
+    try:
+        kind = read_manifest(model_dir).spec.kind
+    except Seq2OnnxError:
+        return
+    if kind == "points":
+        raise click.BadParameter(f"{model_dir} is a point model, which decodes without beams; drop --max-beam-size",
+                                 ctx=ctx, param_hint="'--max-beam-size'")
 
 
 def _serve_here(model_dir: Path, kind: str, config: ServeConfig, where: tuple[str, int, Any], prefix: str,

@@ -118,7 +118,8 @@ async def info(request: Request) -> ModelInfo:
                      precision=model.manifest.precision, vocabulary_size=sizes, providers=model.providers,
                      threads=config.threads, workers=len(service.copies.models),
                      max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms,
-                     max_decoding_length=config.max_decoding_length, max_beam_size=config.max_beam_size,
+                     max_decoding_length=config.max_decoding_length,
+                     max_beam_size=config.max_beam_size if model.spec.kind == "tokens" else None,
                      replica=service.name, node=service.node, version=runtime.__version__)
 
 

@@ -88,7 +88,8 @@ class ModelInfo(BaseModel):
     batch_wait_ms: float
     max_decoding_length: int = Field(description="most output tokens (points: target_len) a request may ask for, "
                                                  "beyond the model's own length")
-    max_beam_size: int = Field(description="the widest beam_size a request may ask for")
+    max_beam_size: Optional[int] = Field(description="the widest beam_size a request may ask for (token models; "
+                                                     "null for a point model)")
     replica: str
     node: str
     version: str

@@ -105,6 +105,7 @@ def test_model_info_health_and_docs(served: Served, dates: Seq2Seq) -> None:
     assert info["providers"][0] == "CPUExecutionProvider" and info["threads"] == 1
     assert info["max_batch_size"] == MAX_BATCH and info["spec"]["target_len"] == dates.spec.target_len
     assert (info["max_decoding_length"], info["max_beam_size"]) == (512, 16)  # the defaults: COMMON sets neither
+    assert served.client.get("/points/v1/model").json()["max_beam_size"] is None  # a point model has no beams
     assert served.client.get("/points/healthz").json()["status"] == "ok"
     schemas = served.client.get("/tokens/openapi.json").json()["components"]["schemas"]
     assert {"TranslateRequest", "TranslateResponse", "PredictRequest", "ErrorBody"} <= set(schemas)

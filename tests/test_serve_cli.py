@@ -332,6 +332,9 @@ SERVE_CASES: dict[str, Case] = {
     "--max-decoding-length 0": case(*SERVE, "--max-decoding-length", "0", code=USAGE,
                                     says=("--max-decoding-length", "1<=x<=10000")),
     "--max-beam-size 0": case(*SERVE, "--max-beam-size", "0", code=USAGE, says=("--max-beam-size", "1<=x<=256")),
+    "--max-beam-size for a point model": case(*SERVE, "--max-beam-size", "8", code=USAGE,
+                                              says=("--max-beam-size", "model is a point model, which decodes without "
+                                                    "beams; drop --max-beam-size")),
     "--max-beam-size 257": case(*SERVE, "--max-beam-size", "257", code=USAGE, says=("--max-beam-size", "1<=x<=256")),
     "--name with a slash": case(*SERVE, "--name", "a/b", code=USAGE, says=("--name", "'a/b'")),
     "--route-prefix without /": case(*SERVE, "--route-prefix", "dates", code=USAGE, says=("--route-prefix", "'dates'")),
