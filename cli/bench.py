@@ -32,7 +32,7 @@ from runtime.defaults import MAX_TARGET_LEN
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import MAX_BATCH
 from runtime.search.beam import MAX_BEAM
-from runtime.sessions import CPU, PROVIDERS, max_threads
+from runtime.sessions import CPU, CUDA, PROVIDERS, max_threads
 
 from .common import require_torch, wrote
 from .infer import PLOT_SUFFIXES, check_output_path, write_atomically
@@ -108,8 +108,9 @@ def check_destinations(json_path: str | None, plot_path: str | None, force: bool
 
 
 def load_models(model_dir: Path, providers: tuple[str, ...], threads: tuple[int, ...],
-                loop: str) -> tuple[dict[tuple[str, int, str], Any], tuple[str, ...]]:
-    """One loaded model per (provider, threads, loop), every load before any timing, and the loops measured."""
+                loop: str) -> tuple[dict[tuple[str, int, str], Any], tuple[str, ...], tuple[str, ...]]:
+    """One loaded model per (provider, threads, loop), every load before any timing, the loops measured, and the
+    providers the sessions run on: 'auto' as what it chose ('cpu' or 'cuda'), timed once where asked for twice."""
     from runtime.model import Seq2Seq
 
     supported = "fused" in inspect.signature(Seq2Seq.load).parameters  # the fused greedy Loop graph, once it lands
@@ -131,10 +132,11 @@ def load_models(model_dir: Path, providers: tuple[str, ...], threads: tuple[int,
             for count in threads:
                 for kind in loops:
                     reuse = kind == "fused" and (provider, count) == (providers[0], threads[0])
-                    models[(provider, count, kind)] = probe if reuse else load(provider, count, kind == "fused")
+                    model = probe if reuse else load(provider, count, kind == "fused")
+                    models.setdefault(("cuda" if model.providers[0] == CUDA else "cpu", count, kind), model)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
-    return models, loops
+    return models, loops, unique(tuple(p for p, _, _ in models))
 
 
 def floor_sessions(providers: tuple[str, ...], threads: tuple[int, ...]) -> dict[tuple[str, int], Any]:
@@ -237,8 +239,7 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
     check_destinations(json_path, plot_path, force)
     if checkpoint is not None:
         require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
-    providers = unique(providers)
-    models, loops = load_models(model_dir, providers, thread_counts, loop)
+    models, loops, providers = load_models(model_dir, unique(providers), thread_counts, loop)
     first = next(iter(models.values()))
     eager = None
     if checkpoint is not None:

@@ -23,7 +23,7 @@ from runtime.evaluate import (
 )
 from runtime.infer_tokens import MAX_BATCH as MAX_BATCH_SIZE
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
-from runtime.sessions import PROVIDERS
+from runtime.sessions import PROVIDERS, default_threads
 from training.tokens.data import MAX_LEN_MARGIN
 
 from .infer import THREADS_HELP
@@ -141,7 +141,7 @@ def eval_command(model_dir: Path, data: str, split: str, limit: int | None, beam
     except Seq2OnnxError as err:
         raise click.ClickException(str(err)) from None
     report = {"model": str(model_dir), "providers": model.providers, "data": data, "split": split,
-              "limit": limit, "sequences": len(pairs), "threads": threads, "unknown_fraction": shares,
+              "limit": limit, "sequences": len(pairs), "threads": default_threads() if threads is None else threads, "unknown_fraction": shares,
               "warnings": warnings, **figures, "target": accuracy_target(data, split, figures["greedy"]["exact"])}
     click.echo(json.dumps(report, sort_keys=True) if as_json else format_report(report))
     if min_exact is not None and figures["greedy"]["exact"] < min_exact:

@@ -277,6 +277,18 @@ def test_fused_beam_cells_alone_on_a_transformer_export(transformer_export: Any)
     assert {(c["loop"], c["beam"]) for c in cells} == {("fused", 5)}
 
 
+def test_auto_is_timed_as_the_provider_it_chose() -> None:
+    """--provider auto --provider cpu on a machine whose sessions run on the CPU: one set of cells, named 'cpu'
+    (they were 'auto' and 'cpu', the same sessions timed twice)."""
+    result = bench(SHIPPED_MODEL, *grid_args([1], [2], [2]), "--provider", "auto", "--provider", "cpu",
+                   "--loop", "step", "--repeats", "1", "--warmup", "0", "--threads", "1", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    ran = [c["providers"][0] for c in doc["cells"]]
+    expected = "cuda" if ran[0] == "CUDAExecutionProvider" else "cpu"
+    assert [c["provider"] for c in doc["cells"]] == [expected] and doc["grid"]["provider"] == [expected]
+
+
 def test_fused_loop_says_which_beam_cells_it_leaves_out() -> None:
     """--loop fused on a GRU export (no beam search graph) with --beam 1 --beam 3: the beam-3 cells cannot be timed
     in a fused graph; they are left out with a note, not silently."""

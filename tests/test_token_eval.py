@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from cli.main import main
 from export.api import export_model
 from runtime.model import Seq2Seq
+from runtime.sessions import default_threads
 from runtime.vocab import EOS, Vocabulary
 from training.tokens.builtin import ACCURACY_TARGETS, TOKENIZER_OF, TOY_TRANSLATION
 from training.tokens.data import load_text_dataset
@@ -69,6 +70,7 @@ def test_eval_json_matches_translate_batch(toy_model):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["sequences"] == 7 and report["split"] == "test" and report["warnings"] == []
+    assert report["threads"] == default_threads()  # the threads it ran on, not null when --threads is not given
     _, test = load_text_dataset(TOY_TRANSLATION)
     model = Seq2Seq.load(toy_model, provider="cpu")
     max_len = report["max_decoding_length"]
