@@ -289,8 +289,12 @@ BAD_REQUESTS = {
     "plain-text body": ("/tokens/v1/translate", ("text/plain", b'{"texts": ["3/3/15"]}'), 422,
                         'Content-Type: application/json, got Content-Type: "text/plain"'),
     "GET on a POST route": ("/tokens/v1/translate", "GET", 405, "GET /tokens/v1/translate"),
-    "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/predict, POST "
-                      "/tokens/v1/translate, GET/HEAD /tokens/v1/model, GET/HEAD /tokens/healthz"),
+    # a token model's own POST route only (the other answers 400), /openapi.json too
+    "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/translate, "
+                      "GET/HEAD /tokens/v1/model, GET/HEAD /tokens/healthz, GET/HEAD /tokens/readyz, GET/HEAD "
+                      "/tokens/metrics, GET/HEAD /tokens/docs, GET/HEAD /tokens/openapi.json"),
+    "unknown route of a point model": ("/points/v1/nothing", {"source": [[[1.0, 2.0]]]}, 404,
+                                       "the routes are POST /points/v1/predict, GET/HEAD /points/v1/model"),
     "a route with a trailing slash": ("/tokens/v1/translate/", {"texts": ["a"]}, 404,
                                       "POST /tokens/v1/translate/: not found; the routes are"),
     "a gzip body": ("/tokens/v1/translate", ("application/json", b"\x1f\x8b\x08\x00", [("content-encoding", "gzip")]),
