@@ -13,7 +13,7 @@ from runtime.defaults import POINT_DEFAULTS, arch_defaults
 from runtime.spec import POINTS_ATTENTION
 from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
-from training.tokens.data import PAIR_SEPARATOR, TSV_SUFFIX
+from training.tokens.data import PAIR_SEPARATOR
 
 POINTS, TOKENS = "points", "tokens"
 DEFAULT_OUT_ROOT = Path("artifacts") / "checkpoints"
@@ -55,8 +55,9 @@ def flag(name: str, ctx: click.Context | None = None) -> str:
 
 
 def is_parallel(data: str) -> bool:
-    """'SRC_PATH,TGT_PATH' (two line-aligned text files)."""
-    return PAIR_SEPARATOR in data and not data.lower().endswith((TSV_SUFFIX, NPZ_SUFFIX))
+    """'SRC_PATH,TGT_PATH' (two line-aligned text files; the second may end in .tsv, as the runtime reads it), not
+    one existing file whose name holds a comma, nor point data."""
+    return PAIR_SEPARATOR in data and not data.lower().endswith(NPZ_SUFFIX) and not Path(data).is_file()
 
 
 def data_kind(data: str) -> str:

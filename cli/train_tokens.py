@@ -34,7 +34,7 @@ def check_text_data(value: str, point_data_too: bool = True) -> str:
         return value
     if not value.strip():
         raise click.BadParameter(f"expected a built-in data set name or a data file, got an empty value {value!r}")
-    if value.lower().endswith(TSV_SUFFIX):  # in any case, as .npz
+    if value.lower().endswith(TSV_SUFFIX) and not is_parallel(value):  # in any case, as .npz
         _must_exist(value, "file")
         return value
     if is_parallel(value):

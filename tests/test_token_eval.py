@@ -110,8 +110,9 @@ def test_mismatched_data_warns_about_unknown_tokens(toy_model):
     assert report["target"] == {"exact": ACCURACY_TARGETS["reverse"], "met": False}
 
 
-def test_user_file_data_and_train_split(toy_model, tmp_path):
-    sources, targets = tmp_path / "src.txt", tmp_path / "tgt.txt"
+@pytest.mark.parametrize("target_name", ["tgt.txt", "tgt.tsv"])  # .tsv: read as one file name before
+def test_user_file_data_and_train_split(toy_model, tmp_path, target_name):
+    sources, targets = tmp_path / "src.txt", tmp_path / target_name
     sources.write_text("one is one\ntwo is two\nthree is three\nfour is four\nfive is five\n")
     targets.write_text("1 la 1\n2 la 2\n3 la 3\n4 la 4\n5 la 5\n")
     result = cli(toy_model, "--data", f"{sources},{targets}", "--split", "train", "--json", "--quiet")
