@@ -39,10 +39,14 @@ class TranslateRequest(_Strict):
     """Token models: texts and decoding options (CTranslate2's names, as `Seq2Seq.translate_batch`)."""
 
     texts: list[str] = Field(description="the source texts", examples=[["tuesday, march 3 2015", "3/3/15"]])
-    beam_size: int = Field(1, description="1: greedy (or sampling); more: beam search")
+    beam_size: int = Field(1, description="1: greedy (or sampling); more: beam search, up to this server's "
+                                          "max_beam_size (GET /v1/model; a wider beam is answered 400)",
+                           json_schema_extra={"minimum": 1})  # stated, not validated: 0 gets the runtime's 400
     num_hypotheses: int = Field(1, description="n-best hypotheses per text (<= beam_size)")
     length_penalty: float = Field(1.0, description="beam scores are log-prob / length ** length_penalty")
-    max_decoding_length: Optional[int] = Field(None, description="output token bound; default the model's")
+    max_decoding_length: Optional[int] = Field(None, description="output token bound; default the model's; at "
+                                                                 "most this server's max_decoding_length (GET "
+                                                                 "/v1/model)")
     min_decoding_length: int = Field(0, description="end-of-sequence is forbidden before this many tokens")
     sampling_topk: int = Field(1, description="sample from the k most likely tokens (0: all); 1: no sampling")
     sampling_topp: float = Field(1.0, description="nucleus sampling: the smallest set with this probability")

@@ -109,6 +109,8 @@ def test_model_info_health_and_docs(served: Served, dates: Seq2Seq) -> None:
     assert served.client.get("/points/healthz").json()["status"] == "ok"
     schemas = served.client.get("/tokens/openapi.json").json()["components"]["schemas"]
     assert {"TranslateRequest", "TranslateResponse", "PredictRequest", "ErrorBody"} <= set(schemas)
+    beam = schemas["TranslateRequest"]["properties"]["beam_size"]
+    assert beam["minimum"] == 1 and "max_beam_size" in beam["description"]  # the bound a client reads in /v1/model
     assert served.client.get("/tokens/docs").status_code == 200
 
 
