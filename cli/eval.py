@@ -141,8 +141,9 @@ def eval_command(model_dir: Path, data: str, split: str, limit: int | None, beam
     except Seq2OnnxError as err:
         raise click.ClickException(str(err)) from None
     report = {"model": str(model_dir), "providers": model.providers, "data": data, "split": split,
-              "limit": limit, "sequences": len(pairs), "threads": default_threads() if threads is None else threads, "unknown_fraction": shares,
-              "warnings": warnings, **figures, "target": accuracy_target(data, split, figures["greedy"]["exact"])}
+              "limit": limit, "sequences": len(pairs), "threads": default_threads() if threads is None else threads,
+              "unknown_fraction": shares, "warnings": warnings, **figures,
+              "target": accuracy_target(data, split, figures["greedy"]["exact"])}
     click.echo(json.dumps(report, sort_keys=True) if as_json else format_report(report))
     if min_exact is not None and figures["greedy"]["exact"] < min_exact:
         raise click.ClickException(f"greedy exact accuracy {figures['greedy']['exact']:.4f} is below --min-exact "

@@ -116,7 +116,8 @@ def check_model(model_dir: Path, provider: str) -> str:
               show_default=True, help="Most output tokens (points: target_len) a request may ask for; the model's "
                                       "own length is always allowed.")
 @click.option("--max-beam-size", type=IntRange(1, MAX_BEAM), default=DEFAULT_MAX_BEAM_SIZE,
-              show_default=True, help="Widest beam (beam_size) a request may ask for: a decode holds texts x beam rows of state.")
+              show_default=True,
+              help="Widest beam (beam_size) a request may ask for: a decode holds texts x beam rows of state.")
 @click.option("--name", default=APP_NAME, show_default=True, callback=_name_option,
               help="Ray Serve: the application's name (one per model on a shared cluster).")
 @click.option("--route-prefix", default="/", show_default=True, callback=_prefix_option,

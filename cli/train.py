@@ -121,7 +121,8 @@ def _transformer_default(name: str) -> str:
 @click.option("--teacher-forcing", type=FiniteFloatRange(0.0, 1.0), default=None,
               help="Probability of feeding the true previous point / token to the next decoder step while training "
                    f"(token models: < 1 is scheduled sampling).  {_kind_defaults(0.5, 1.0)}")
-@click.option("--seed", type=IntRange(MIN_SEED, MAX_SEED), default=SEED, show_default=True, help="Seeds weights, teacher forcing, shuffling.")
+@click.option("--seed", type=IntRange(MIN_SEED, MAX_SEED), default=SEED, show_default=True,
+              help="Seeds weights, teacher forcing, shuffling.")
 # -- token models only --
 @click.option("--cell", type=click.Choice(CELLS), default=None,
               help="Recurrent token models: the cell.  [default: gru]")

@@ -82,11 +82,11 @@ def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, s
         if source == described and (worst <= ROUNDING or all(r.rounding for r in failed)):
             steps = "" if worst <= ROUNDING else (f", each within {ROUNDING:g} or the tolerances an export is "
                                                   f"checked at ({Tolerance().judging(rows)})")
-            raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)}; {model_dir} was exported from "
-                              f"{source!r}, which {name} is by name, and the largest difference is {worst:.3g}"
-                              f"{steps}: float32 rounding, where the tolerance is tighter than an export can hold")
-        raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)} (the largest difference {worst:.3g}); "
-                          f"{pair_hint(model_dir, source, name)}")
+            raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)}; {model_dir} was "
+                              f"exported from {source!r}, which {name} is by name, and the largest difference is "
+                              f"{worst:.3g}{steps}: float32 rounding, where the tolerance is tighter than an export can hold")
+        raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)} (the largest difference "
+                          f"{worst:.3g}); {pair_hint(model_dir, source, name)}")
     return f"all {len(rows)} checks within {tol.judging(rows)}"
 
 

@@ -510,7 +510,8 @@ def test_merged_texts_get_the_attention_width_of_their_own_request(dates: Seq2Se
     from serving.schemas import TranslateRequest
 
     options = {**TranslateRequest(texts=[]).options(), "return_attention": True, "beam_size": 2}
-    jobs = [token_job(dates, texts, options, MAX_BATCH, 512, 16) for texts in (["1/2/03"], ["saturday, january 1 2000"])]
+    jobs = [token_job(dates, texts, options, MAX_BATCH, 512, 16)
+            for texts in (["1/2/03"], ["saturday, january 1 2000"])]
     done = decode_texts(dates, jobs)
     assert [d.batch_requests for d in done] == [2, 2]  # merged
     for job, result in zip(jobs, done):
