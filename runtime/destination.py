@@ -177,6 +177,15 @@ class OutputFileError(DestinationError):
         self.exists = exists
 
 
+def _inside_artifact(target: Path) -> tuple[str, Path] | None:
+    """The seq2onnx export or checkpoint that `target` would be written inside: by its path as given ('..' folded),
+    and by where the system would put it (its folder's links resolved: 'link/../export/x' is in the export the link's
+    parent holds); a link at `target` itself is replaced, not followed, so it is not resolved."""
+    given = normalized(target)
+    real = Path(os.path.realpath(os.fspath(target.parent))) / target.name  # links resolved before '..' is applied
+    return enclosing_artifact(given) or (enclosing_artifact(real) if real != given else None)
+
+
 def _creation_refused(target: Path) -> str | None:
     """Why no file can be created beside `target`, found by creating (and removing) the staging sibling the write
     will use: os.access says yes to root on a read-only mount or in /proc, where the write then fails after the
@@ -211,17 +220,17 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
     if suffixes and target.suffix.lower() not in suffixes:
         raise OutputFileError(f"{text}: expected a file name ending in {', '.join(suffixes)}")
     parent = target.parent
+    held = _inside_artifact(target)
+    if held is not None:  # --force would replace the artifact's own files (a manifest, a graph, a vocabulary)
+        kind, directory = held
+        raise OutputFileError(f"{text}: is inside the seq2onnx {kind} {str(directory)!r}, whose files an output never "
+                              f"replaces (nor adds to); choose a path outside it", exists=True)
     if not parent.is_dir():
         blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
         if blocking is not None and not blocking.is_dir():  # a file where the path needs a directory
             raise OutputFileError(f"{text}: {str(blocking)!r} is a file, not a directory; expected a file name in a "
                                   "directory")
         raise OutputFileError(f"{text}: directory {str(parent)!r} does not exist; create it first")
-    held = enclosing_artifact(normalized(target))
-    if held is not None:  # --force would replace the artifact's own files (a manifest, a graph, a vocabulary)
-        kind, directory = held
-        raise OutputFileError(f"{text}: is inside the seq2onnx {kind} {str(directory)!r}, whose files an output never "
-                              f"replaces (nor adds to); choose a path outside it", exists=True)
     refused = _creation_refused(target)
     if refused is not None:
         raise OutputFileError(f"{text}: no file can be made in directory {str(parent)!r} (the system said: {refused}); "

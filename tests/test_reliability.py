@@ -68,6 +68,8 @@ def setup_workspace(case_dir: Path) -> None:
     (case_dir / "emptydir").mkdir()
     os.symlink("emptydir", case_dir / "linkdir")
     os.symlink("nowhere", case_dir / "danglinglink")
+    (case_dir / "away").mkdir()
+    os.symlink("../model", case_dir / "away" / "tomodel")  # away/tomodel/.. is the workspace, as the system reads it
     (case_dir / "locked" / ".run.lock").mkdir(parents=True)  # where --out locked/run's lock file would go
     np.save(case_dir / "points.npy", np.zeros((2, 2, 2), dtype=np.float32))
     write(case_dir / "results.json", "{}\n")
@@ -330,6 +332,13 @@ CLI_CASES: dict[str, Case] = {
                                                      "--force", code=BAD_INPUT,
                                                      says=("--output: model/manifest.json: is inside the seq2onnx "
                                                            "export", "choose a path outside it")),
+    "infer --output into the model through a link and ..": case(*INFER, "--input", "points.npy", "--output",
+                                                                "away/tomodel/../model/manifest.json", "--force",
+                                                                code=BAD_INPUT, says=("inside the seq2onnx export",)),
+    "infer --output in a missing folder of the model": case(*INFER, "--input", "points.npy", "--output",
+                                                            "model/plots/o.json", code=BAD_INPUT,
+                                                            says=("model/plots/o.json: is inside the seq2onnx "
+                                                                  "export",)),  # not 'create it first': refused then
     "infer --plot into a checkpoint": case(*INFER, "--input", "points.npy", "--attention", "--plot", "ckpt/a.png",
                                            code=BAD_INPUT, says=("--plot: ckpt/a.png: is inside the seq2onnx "
                                                                  "checkpoint", "nor adds to")),
