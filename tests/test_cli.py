@@ -216,6 +216,7 @@ def test_verify_refuses_a_mismatched_pair(pipeline, tmp_path):
     mixed = cli("verify", again, model)
     assert_user_error(mixed, "the two are not a pair")
     assert "trained again" in mixed.stderr and "tighter than an export" not in mixed.stderr
+    assert "float32-sized" not in mixed.stderr  # other weights: no hint that the tolerance is to blame
 
 
 @pytest.mark.parametrize(("command", "says", "not_says"), [

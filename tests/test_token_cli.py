@@ -182,6 +182,17 @@ def test_verify_blames_a_tight_tolerance_not_the_pair_of_a_recurrent_model() -> 
     assert "tighter than an export can hold" in proc.stderr and "not a pair" not in proc.stderr, proc.stderr
 
 
+def test_verify_of_a_copied_checkpoint_says_the_differences_are_rounding(tmp_path: Path) -> None:
+    """A copy of the checkpoint under another name, under --atol 0: the export does not name it, so the pair is
+    suspected, but the verdict says every difference is float32-sized (it pointed at the pair alone)."""
+    copy = tmp_path / "renamed"
+    shutil.copytree(REPO / "artifacts" / "dates-checkpoint", copy)
+    proc = cli("verify", copy, REPO / "artifacts" / "dates", "--atol", "0", "--rtol", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert "not a pair; but every difference is float32-sized" in proc.stderr, proc.stderr
+    assert f"if {copy} is a copy or a move of it, the tolerance is the suspect" in proc.stderr
+
+
 def test_verify_of_a_token_model_names_only_the_tolerances_it_judges_by() -> None:
     """--drift-atol judges a point model's free-running decode; a token model's ids must be equal and its log-probs
     are judged by --atol and --rtol, so the verdict does not say a drift_atol was applied (it said 'drift_atol=0')."""
