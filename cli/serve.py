@@ -117,7 +117,8 @@ def check_model(model_dir: Path, provider: str) -> str:
                                       "own length is always allowed.")
 @click.option("--max-beam-size", type=IntRange(1, MAX_BEAM), default=DEFAULT_MAX_BEAM_SIZE,
               show_default=True,
-              help="Widest beam (beam_size) a request may ask for: a decode holds texts x beam rows of state.")
+              help="Token models: the widest beam (beam_size) a request may ask for; a decode holds texts x beam "
+                   "rows of state. Refused for a point model.")
 @click.option("--name", default=APP_NAME, show_default=True, callback=_name_option,
               help="Ray Serve: the application's name (one per model on a shared cluster).")
 @click.option("--route-prefix", default="/", show_default=True, callback=_prefix_option,

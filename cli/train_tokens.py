@@ -40,7 +40,8 @@ def check_text_data(value: str, point_data_too: bool = True) -> str:
     if is_parallel(value):
         parts = [p.strip() for p in value.split(PAIR_SEPARATOR)]
         if len(parts) != 2 or not all(parts):
-            raise click.BadParameter(f"expected two files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH', got {value!r}")
+            raise click.BadParameter(f"expected two files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH' (names without a "
+                                     f"'{PAIR_SEPARATOR}' in this form), got {value!r}")
         for part, side in zip(parts, ("source", "target")):
             _must_exist(part, f"{side} file")
         return value

@@ -41,7 +41,7 @@ from .service import Service, service_of
 
 REFUSALS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 408, 413, 415, 422, 503)}
 ROUTES = (("POST", "/v1/predict"), ("POST", "/v1/translate"), ("GET", "/v1/model"), ("GET", "/healthz"),
-          ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/docs"), ("GET", "/openapi.json"))
+          ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/openapi.json"))
 POST_ROUTES = {"points": "/v1/predict", "tokens": "/v1/translate"}  # the route of each kind of model
 
 
@@ -198,6 +198,7 @@ def create_app(prefix: str = "") -> Front:
     under = prefix.rstrip("/")
     app = FastAPI(title="seq2onnx", version=runtime.__version__, docs_url=f"{under}/docs", redirect_slashes=False,
                   openapi_url=f"{under}/openapi.json", redoc_url=f"{under}/redoc",
+                  swagger_ui_oauth2_redirect_url=None,  # no OAuth here; FastAPI's own route ignored the prefix
                   summary="Encoder-decoder models with attention, exported to ONNX")
     app.state.route_prefix = under
     app.include_router(router, prefix=under)

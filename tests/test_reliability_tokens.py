@@ -178,6 +178,8 @@ CLI_CASES: dict[str, Case] = {
     # eval, export, verify
     "eval point model": case("eval", "model", "--data", "dates", code=BAD_INPUT, says=("point model",)),
     "eval --data nosuch": case("eval", "tokmodel", "--data", "nosuch", code=USAGE, says=("--data", "'nosuch'")),
+    "eval --data of three names": case("eval", "tokmodel", "--data", "a,b,c", code=USAGE,
+                                       says=("--data", "two files 'SRC_PATH,TGT_PATH' (names without a ','")),
     "eval --data bad.tsv": case("eval", "tokmodel", "--data", "bad.tsv", code=BAD_INPUT, says=("bad.tsv", "line 2")),
     "export token ckpt without vocab": case("export", "novocab", "--out", "o", code=BAD_INPUT,
                                             says=("source_vocab.json", "missing")),

@@ -294,7 +294,8 @@ BAD_REQUESTS = {
     # a token model's own POST route only (the other answers 400), /openapi.json too
     "unknown route": ("/tokens/v2/translate", {"texts": ["a"]}, 404, "the routes are POST /tokens/v1/translate, "
                       "GET/HEAD /tokens/v1/model, GET/HEAD /tokens/healthz, GET/HEAD /tokens/readyz, GET/HEAD "
-                      "/tokens/metrics, GET/HEAD /tokens/docs, GET/HEAD /tokens/openapi.json"),
+                      "/tokens/metrics, GET/HEAD /tokens/docs, GET/HEAD /tokens/redoc, GET/HEAD "
+                      "/tokens/openapi.json"),
     "unknown route of a point model": ("/points/v1/nothing", {"source": [[[1.0, 2.0]]]}, 404,
                                        "the routes are POST /points/v1/predict, GET/HEAD /points/v1/model"),
     "a route with a trailing slash": ("/tokens/v1/translate/", {"texts": ["a"]}, 404,
@@ -544,6 +545,8 @@ def test_a_route_prefix_holds_every_route_docs_included(dates: Seq2Seq) -> None:
             assert client.post("/dates/v1/translate", json={"texts": ["3/3/15"]}).status_code == 200
             missing = client.get("/v1/model")
             assert missing.status_code == 404 and "GET/HEAD /dates/v1/model" in missing.json()["error"]
+            for oauth in ("/docs/oauth2-redirect", "/dates/docs/oauth2-redirect"):  # FastAPI's, outside the prefix
+                assert client.get(oauth).status_code == 404, oauth
             for body in ({"source": [[[1.0, 2.0]]]}, {"texts": ["3/3/15"]}):  # the runtime's refusal; FastAPI's
                 wrong = client.post("/dates/v1/predict", json=body)
                 assert wrong.status_code == 400 and "to /dates/v1/translate" in wrong.json()["error"], wrong.text
