@@ -38,9 +38,8 @@ def tolerance_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--rtol", type=FiniteFloatRange(min=0), default=DEFAULT_RTOL, show_default=True,
                      help="Relative tolerance: an element passes when |ort - torch| <= atol + rtol * |torch|."),
         click.option("--drift-atol", type=FiniteFloatRange(min=0), default=DEFAULT_DRIFT_ATOL, show_default=True,
-                     help="Point models: absolute tolerance for the free-running greedy decode, where float32 "
-                          "rounding is fed back step after step. (A token model's decode must give the same ids, "
-                          "its log-probs within --atol and --rtol.)"),
+                     help="Point models: absolute tolerance for the free-running greedy decode (token models: "
+                          "the same ids, log-probs within --atol/--rtol)."),
     ]
     for option in reversed(options):
         command = option(command)
