@@ -67,7 +67,10 @@ def random_sources(rules: Sources, vocab: Vocabulary, n: int, width: int, seed: 
 
 def _tensor_dict(value: Any, what: str) -> dict[str, torch.Tensor]:
     if not isinstance(value, dict) or not all(isinstance(v, torch.Tensor) for v in value.values()):
-        raise AdapterError(f"{what} must be a dict of name: torch.Tensor, got {_what(value)}")
+        nested = isinstance(value, dict) and any(isinstance(v, (tuple, list, dict)) for v in value.values())
+        hint = ("; each entry one tensor: an LSTM's (h, c) pair is two entries, such as 'h' and 'c', each declared "
+                "in state={...}" if nested else "")
+        raise AdapterError(f"{what} must be a dict of name: torch.Tensor, got {_what(value)}{hint}")
     return value
 
 
@@ -155,9 +158,16 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
         total = torch.logsumexp(scores.double(), dim=-1).abs()  # 0 for a row of log-probabilities
         if (total > LOG_PROB_SUM_TOL).any():
             row = int(total.argmax())
-            raise AdapterError(f"step's scores are declared scores='log_probs', but row {row}'s do not sum to one "
-                               f"as probabilities (logsumexp {float(total[row]):.3g}, 0 for log-probabilities): "
-                               "declare scores='logits' for raw scores, or return log_softmax(...)")
+            sums = scores.double().sum(dim=-1)
+            if bool(((scores >= 0) & (scores <= 1)).all()) and bool(((sums - 1).abs() <= LOG_PROB_SUM_TOL).all()):
+                # probabilities: declaring them logits would take log_softmax of them and flatten every score
+                raise AdapterError("step's scores are declared scores='log_probs', but they are probabilities (each "
+                                   "row in [0, 1], summing to 1): return their log (log_softmax of the logits, or "
+                                   "torch.log of the probabilities)")
+            raise AdapterError(f"step's scores are declared scores='log_probs', but row {row}'s are not "
+                               f"log-probabilities (their logsumexp is {float(total[row]):.3g}, where "
+                               "log-probabilities give 0): declare scores='logits' for raw scores, or return "
+                               "log_softmax(...)")
     changed = _tensor_dict(changed, "step's next state")
     missing = sorted(set(adapter.changing) - set(changed))
     extra = sorted(set(changed) - set(adapter.state))
@@ -209,10 +219,10 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
     probes = []
     for n, width, seed in zip(PROBE_BATCHES, widths, (0, 1)):
         ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, n, width, seed))
-        state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "encode")
+        state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
         check_encoded(adapter, state, n)
         if seed == 0:  # the same sources again: the same state, or the graphs could not match PyTorch
-            again = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "encode")
+            again = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
             check_deterministic("encode", state, again)
         probes.append((n, width, state))
     dims = state_dims(adapter, probes)

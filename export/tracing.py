@@ -91,5 +91,6 @@ def check_deterministic(what: str, first: dict[str, torch.Tensor], second: dict[
             by = f" by up to {worst:.3g}" if worst is not None else ""
             raise AdapterError(f"{what} is not deterministic: two calls on the same inputs differ in {name!r}{by}; "
                                "dropout left on (in a module not listed in modules=[...], which export puts in eval "
-                               "mode) or a random op would make every export differ from PyTorch; make it "
-                               "deterministic")
+                               "mode), a random op, or state kept outside the declared state (a Python counter or a "
+                               "module attribute that each call changes) would make every export differ from "
+                               "PyTorch; make it deterministic, and carry what changes in the state")

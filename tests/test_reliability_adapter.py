@@ -164,6 +164,35 @@ def logits_declared_log_probs():
     return replace(good(), scores="log_probs")  # its step returns logits
 
 
+def probabilities_declared_log_probs():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return torch.softmax(scores, dim=-1), changed, attention  # probabilities, not their log
+    return replace(adapter, step=step, scores="log_probs")
+
+
+def tuple_state():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):
+        state = model.encode(ids, lengths)
+        return {**state, "hc": (state["h"], state["h"])}  # an LSTM's (h, c), as nn.LSTM returns it
+    return replace(adapter, encode=encode)
+
+
+def python_counter():
+    adapter, model = good(), trained("luong")
+    calls = {"n": 0}
+
+    def step(tokens, state):
+        calls["n"] += 1  # the position kept outside the declared state
+        scores, changed, attention = model.step(tokens, state)
+        return scores + calls["n"], changed, attention
+    return replace(adapter, step=step)
+
+
 def random_step():
     adapter, model = good(), trained("luong")
 
@@ -235,7 +264,14 @@ CLI_CASES: dict[str, Case] = {
     "float64 scores": export("float64_scores", BAD_INPUT, "step's scores must be a float32 tensor",
                              "got torch.float64 (3, 12)"),
     "logits declared as log-probs": export("logits_declared_log_probs", BAD_INPUT, "scores='log_probs'",
-                                           "do not sum to one", "declare scores='logits'"),
+                                           "are not log-probabilities", "declare scores='logits'"),
+    # the advice was to declare them logits: log_softmax of probabilities, every score flattened, no check failing
+    "probabilities declared as log-probs": export("probabilities_declared_log_probs", BAD_INPUT,
+                                                  "but they are probabilities", "return their log"),
+    "an LSTM's (h, c) as one state entry": export("tuple_state", BAD_INPUT, "what encode returns must be a dict",
+                                                  "an LSTM's (h, c) pair is two entries"),
+    "a counter kept outside the state": export("python_counter", BAD_INPUT, "step is not deterministic",
+                                               "state kept outside the declared state"),
     "a random step": export("random_step", BAD_INPUT, "step is not deterministic", "'scores'", "random op"),
     "a float64 model": export("float64_model", BAD_INPUT, "modules[0] (Luong) holds torch.float64 weights",
                               "call .float()"),
