@@ -39,6 +39,7 @@ from .quality import quality_report
 from .quality_inputs import checkpoint_data, random_only
 from .quality_rows import QualityError, QualityRow, QualityTolerance, failures, quality_summary
 from .quantize import check_loads, convert_graphs
+from .sizes import BAKED, declared_parity
 from .weights import check_weights
 
 
@@ -195,10 +196,10 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
         manifest = build_manifest(staging, spec, export_id, opset, None, described, contract)
         write_manifest(staging, manifest)  # the runtime loads the staged copy for the parity run
         runtime = Seq2Seq.load(staging, provider="cpu")
-        rows = KINDS[spec.kind].parity(model, runtime, tol, progress)
+        rows = declared_parity(model, lambda: KINDS[spec.kind].parity(model, runtime, tol, progress))
         if on_parity is not None:
             on_parity(rows)
-        raise_on_failure(rows, tol)
+        raise_on_failure(rows, tol, BAKED if isinstance(model, Adapted) else "")
         manifest = {**manifest, "parity": report(rows, tol)}
         write_manifest(staging, manifest)
         if mode != FP32:

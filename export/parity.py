@@ -123,8 +123,8 @@ def report(rows: list[Row], tol: Tolerance) -> dict:
             "summary": summary(rows), "cases": [asdict(r) for r in rows]}
 
 
-def raise_on_failure(rows: list[Row], tol: Tolerance) -> None:
-    """One ParityError listing every failing output of every case."""
+def raise_on_failure(rows: list[Row], tol: Tolerance, hint: str = "") -> None:
+    """One ParityError listing every failing output of every case (`hint`: what such a failure usually is)."""
     failures = [r for r in rows if not r.ok]
     if failures:
         lines = [f"  {r.case}: {r.output} " + (f"{r.max_abs:.0f} sequences differ" if r.output.endswith(".ids") else
@@ -134,8 +134,7 @@ def raise_on_failure(rows: list[Row], tol: Tolerance) -> None:
                               f"PyTorch and onnxruntime alike) in {len(failures)} of the cases; check its eos and tie "
                               "handling, its lengths and special ids, or leave reference out:\n" + "\n".join(lines))
         raise ParityError(f"onnxruntime and PyTorch differ beyond {tol.judging(rows)} in {len(failures)} of "
-                          f"{len(rows)} checks:\n"
-                          + "\n".join(lines))
+                          f"{len(rows)} checks" + (f"; {hint}" if hint else "") + ":\n" + "\n".join(lines))
 
 
 def format_table(rows: list[Row], tol: Tolerance) -> str:

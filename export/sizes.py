@@ -1,23 +1,39 @@
 """A declared model's graphs run at other sizes than they were traced at, right after export: a size the tracer
 baked into a graph (a Python int, nn.MultiheadAttention's lengths) fails here, or gives other shapes than declared,
-and is named with what to do about it."""
+and is named with what to do about it. The parity run that follows tries more sizes: a graph that fails or differs
+from PyTorch there is said to be what it most often is, a number the tracer baked in."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
 from runtime.contract import BATCH, DECODER_STEP_FILE, ENCODER_FILE, PRESENT_LEN, SOURCE_LEN, Dims
-from runtime.errors import one_line
+from runtime.errors import InputError, one_line
 
 from .adapted import Adapted, example_sources
 from .adapter import AdapterError, Seq2SeqAdapter
 
 OTHER_BATCH, OTHER_WIDTH = 5, 9  # sizes a graph is run at after export, other than those it was traced at
+BAKED = ("a declared model whose graphs fail or differ from PyTorch at some sizes mostly has a Python number baked "
+         "into its trace: a size read with int(...) or .item(), a loop over range(x.shape[1]), or a branch on a "
+         "tensor's values (if bool(...)); compute with tensor ops instead (x.shape, torch.where, masks)")
+
+
+def declared_parity(model: Any, run: Callable[[], list]) -> list:
+    """`run()` (a parity run's rows); for a declared model, a graph onnxruntime cannot run at one of its sizes is an
+    AdapterError saying why that usually is (BAKED), not the runtime's advice to pass a smaller batch."""
+    if not isinstance(model, Adapted):
+        return run()
+    try:
+        return run()
+    except InputError as exc:
+        said = str(exc).split("; pass a smaller batch")[0]
+        raise AdapterError(f"{said}: at export, this is a size the graph was not traced at; {BAKED}") from None
 
 
 def check_other_sizes(adapted: Adapted, out_dir: Path) -> None:

@@ -193,6 +193,26 @@ def python_counter():
     return replace(adapter, step=step)
 
 
+def width_in_a_python_int():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):
+        state = model.encode(ids, lengths)
+        width = int(ids.shape[1])  # a Python int: the trace keeps the example's width as a constant
+        return {**state, "memory": state["memory"] * (width / 8.0)}
+    return replace(adapter, encode=encode)
+
+
+def loop_over_the_width():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):
+        state = model.encode(ids, lengths)
+        pooled = sum(state["memory"][:, i] for i in range(ids.shape[1]))  # unrolled at the traced width
+        return {**state, "h": state["h"] + 0.0 * pooled}
+    return replace(adapter, encode=encode)
+
+
 def random_step():
     adapter, model = good(), trained("luong")
 
@@ -272,6 +292,12 @@ CLI_CASES: dict[str, Case] = {
                                                   "an LSTM's (h, c) pair is two entries"),
     "a counter kept outside the state": export("python_counter", BAD_INPUT, "step is not deterministic",
                                                "state kept outside the declared state"),
+    # the graphs ran at every size, with other values than PyTorch's: a raw table and nothing said of the cause
+    "a width read as a Python int": export("width_in_a_python_int", BAD_INPUT, "onnxruntime and PyTorch differ",
+                                           "a Python number baked into its trace", "int(...)"),
+    # onnxruntime could not run it at a narrower batch: the runtime's advice was "pass a smaller batch"
+    "a loop over the traced width": export("loop_over_the_width", BAD_INPUT, "at export, this is a size the graph "
+                                           "was not traced at", "a loop over range(x.shape[1])"),
     "a random step": export("random_step", BAD_INPUT, "step is not deterministic", "'scores'", "random op"),
     "a float64 model": export("float64_model", BAD_INPUT, "modules[0] (Luong) holds torch.float64 weights",
                               "call .float()"),
