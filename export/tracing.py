@@ -22,13 +22,13 @@ class Tracing:
     def __init__(self, adapter: Seq2SeqAdapter) -> None:
         self.modules = [(f"modules[{i}]{'.' + name if name else ''} ({type(m).__name__})", m)
                         for i, root in enumerate(adapter.modules) for name, m in root.named_modules()]
-        self.stack: list[str] = []
+        self.stack: list[tuple[str, torch.nn.Module]] = []
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:
         handles = []
         for label, module in self.modules:
-            handles.append(module.register_forward_pre_hook(lambda m, a, label=label: self.stack.append(label)))
+            handles.append(module.register_forward_pre_hook(lambda m, a, label=label: self.stack.append((label, m))))
             handles.append(module.register_forward_hook(lambda m, a, o: self.stack.pop() and None))
         self.stack.clear()
         try:
@@ -38,7 +38,18 @@ class Tracing:
                 handle.remove()
 
     def where(self) -> str:
-        return f" in {self.stack[-1]}" if self.stack else ""
+        return f" in {self.stack[-1][0]}" if self.stack else ""
+
+    def hint(self, exc: Exception, args: tuple) -> str:
+        """What a failure of the user's code most likely means, where that can be told: an id beyond an embedding's
+        rows (a vocabulary longer than the embedding), a state name the step looked for and was not given."""
+        running = self.stack[-1][1] if self.stack else None
+        if isinstance(exc, IndexError) and isinstance(running, torch.nn.Embedding):
+            return (f"; an id beyond its {running.num_embeddings} rows: is the vocabulary longer than the "
+                    "embedding?")
+        if isinstance(exc, KeyError) and args and isinstance(args[-1], dict):
+            return f"; the state it was given holds {sorted(args[-1])}"
+        return ""
 
 
 def untraceable(adapter: Seq2SeqAdapter, module: torch.nn.Module, args: tuple, exc: Exception,
@@ -75,7 +86,8 @@ def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> A
     except AdapterError:
         raise
     except Exception as exc:  # the user's code: any error, reported with where it happened
-        raise AdapterError(f"{what} failed{tracing.where()}: {type(exc).__name__}: {one_line(exc)}") from exc
+        raise AdapterError(f"{what} failed{tracing.where()}: {type(exc).__name__}: {one_line(exc)}"
+                           f"{tracing.hint(exc, args)}") from exc
 
 
 def check_deterministic(what: str, first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:

@@ -213,6 +213,11 @@ def loop_over_the_width():
     return replace(adapter, encode=encode)
 
 
+def ids_beyond_the_embedding():
+    adapter, model = good(), trained("luong")
+    return replace(adapter, encode=lambda ids, lengths: model.encode(ids + 1000, lengths))  # as a longer vocabulary
+
+
 def random_step():
     adapter, model = good(), trained("luong")
 
@@ -273,7 +278,10 @@ CLI_CASES: dict[str, Case] = {
     "an untraceable op": export("untraceable", BAD_INPUT, "decoder_step.onnx: the model cannot be traced",
                                 "in modules[1] (Spectral)", "aten::fft_fft"),
     "a step that raises": export("raises_in_step", BAD_INPUT, "step failed in modules[1] (Broken)", "KeyError",
-                                 "'cell'"),
+                                 "'cell'", "; the state it was given holds ['c', 'feed', 'h', 'mask', 'memory']"),
+    "ids beyond the encoder's embedding": export("ids_beyond_the_embedding", BAD_INPUT, "encode failed in modules[0]",
+                                                 "(Embedding): IndexError", "an id beyond its",
+                                                 "is the vocabulary longer than the embedding?"),
     "a constant the step changes": export("changes_a_constant", BAD_INPUT, "step changed 'memory'",
                                           "declared changes=False"),
     "NaN scores": export("nan_scores", BAD_INPUT, "step's scores hold NaN"),
