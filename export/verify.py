@@ -85,7 +85,8 @@ def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, s
                                                   f"checked at ({Tolerance().judging(rows)})")
             raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)}; {model_dir} was "
                               f"exported from {source!r}, which {name} is by name, and the largest difference is "
-                              f"{worst:.3g}{steps}: float32 rounding, where the tolerance is tighter than an export can hold")
+                              f"{worst:.3g}{steps}: float32 rounding, where the tolerance is tighter than an export "
+                              "can hold")
         raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)} (the largest difference "
                           f"{worst:.3g}); {pair_hint(model_dir, source, name)}"
                           + (f"; but every difference is float32-sized (within {ROUNDING:g} or the tolerances an "
