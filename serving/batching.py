@@ -103,27 +103,26 @@ def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None
     """Refuse an output length beyond the server's bound (the model's own default length is always allowed): one
     long beam search would hold a replica, and the requests queued behind it, for minutes."""
     bound = max(max_length, model.spec.target_len)
-    if not isinstance(value, int) or isinstance(value, bool):
-        return  # the runtime's checks refuse it by type
-    if value > bound:
-        why = ("serve --max-decoding-length" if bound == max_length else
-               f"the model's own length; serve --max-decoding-length {max_length} is below it")
-        raise InputError(f"{name}: at most {bound} on this server ({why}), got {value}; ask for a shorter output")
-    low = 0 if name == "min_decoding_length" else 1
-    if value < low:  # the runtime's message would name its own bound, not this server's
-        raise InputError(f"{name}: expected an int in [{low}, {bound}] on this server, got {value}")
+    why = ("serve --max-decoding-length" if bound == max_length else
+           f"the model's own length; serve --max-decoding-length {max_length} is below it")
+    _within(name, value, 0 if name == "min_decoding_length" else 1, bound, why, "a shorter output")
 
 
 def check_beam_size(value: Any, max_beam: int) -> None:
     """Refuse a beam wider than the server's bound: a request's decode holds its texts x beam_size rows of state
     and caches at every step, so one wide beam over long texts could take more memory than the machine has."""
+    _within("beam_size", value, 1, max_beam, "serve --max-beam-size", "a narrower beam")
+
+
+def _within(name: str, value: Any, low: int, bound: int, why: str, ask: str) -> None:
+    """An int option within [low, bound] on this server, else InputError saying this server's bound (`why` it is
+    that, what to `ask` for instead); another type is left to the runtime's checks, which refuse it by type."""
     if not isinstance(value, int) or isinstance(value, bool):
-        return  # the runtime's checks refuse it by type
-    if value > max_beam:
-        raise InputError(f"beam_size: at most {max_beam} on this server (serve --max-beam-size), got {value}; ask "
-                         "for a narrower beam")
-    if value < 1:  # the runtime's message would name its own bound, not this server's
-        raise InputError(f"beam_size: expected an int in [1, {max_beam}] on this server, got {value}")
+        return
+    if value > bound:
+        raise InputError(f"{name}: at most {bound} on this server ({why}), got {value}; ask for {ask}")
+    if value < low:  # the runtime's message would name its own bound, not this server's
+        raise InputError(f"{name}: expected an int in [{low}, {bound}] on this server, got {value}")
 
 
 def point_job(model: Seq2Seq, source: Any, source_mask: Any, target_len: Any, max_rows: int,

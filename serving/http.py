@@ -24,7 +24,7 @@ from runtime import strict_json
 from runtime.errors import Seq2OnnxError, one_line
 
 from .answers import batch_headers, client_prefix, count, predict_body, refusal, translate_body
-from .batching import Decoded, WrongKind
+from .batching import TAKES, Decoded, WrongKind
 from .front import PARSED, Front, route_path
 from .gone import GONE, ClientGone, unless_gone
 from .limits import BodyLimit, describe_validation
@@ -42,14 +42,13 @@ from .service import Service, service_of
 REFUSALS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 408, 413, 415, 422, 503)}
 ROUTES = (("POST", "/v1/predict"), ("POST", "/v1/translate"), ("GET", "/v1/model"), ("GET", "/healthz"),
           ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/openapi.json"))
-POST_ROUTES = {"points": "/v1/predict", "tokens": "/v1/translate"}  # the route of each kind of model
 
 
 def routes(prefix: str = "", kind: str | None = None) -> str:
     """Every route, as a client spells it (under `prefix`): with `kind`, the POST route of that kind of model only
     (the other answers 400, pointing here); every GET route takes HEAD too."""
     return ", ".join(f"{'GET/HEAD' if method == 'GET' else method} {prefix.rstrip('/')}{path}"
-                     for method, path in ROUTES if kind is None or method != "POST" or path == POST_ROUTES[kind])
+                     for method, path in ROUTES if kind is None or method != "POST" or path == TAKES[kind][2])
 
 
 def _reply(service: Service, body: dict[str, Any], done: Decoded) -> JSONResponse:
@@ -244,7 +243,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
             why = f"unreadable ({one_line(cause)}); send JSON in UTF-8"
         return JSONResponse({"error": f"{request.method} {request.url.path}: the body is {why}"}, status_code=422)
     under = client_prefix(request.scope, request.app.state)
-    service = service_of(request.app)  # None on a Ray replica still loading: every route then
+    service = _service(request)  # None on a Ray replica still loading: every route then
     kind = None if service is None else service.model.spec.kind
     return JSONResponse({"error": f"{request.method} {request.url.path}: {str(exc.detail).lower()}; the routes are "
                                   f"{routes(under, kind)}"}, status_code=exc.status_code,
