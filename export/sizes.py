@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from runtime.binding import RUN_FAILED_ADVICE
 from runtime.contract import BATCH, DECODER_STEP_FILE, ENCODER_FILE, PRESENT_LEN, SOURCE_LEN, Dims
 from runtime.errors import InputError, one_line
 
@@ -32,7 +33,7 @@ def declared_parity(model: Any, run: Callable[[], list]) -> list:
     try:
         return run()
     except InputError as exc:
-        said = str(exc).split("; pass a smaller batch")[0]
+        said = str(exc).removesuffix(RUN_FAILED_ADVICE)  # at export the batch is small: the advice is not it
         raise AdapterError(f"{said}: at export, this is a size the graph was not traced at; {BAKED}") from None
 
 

@@ -80,18 +80,17 @@ def verify(checkpoint: Any, model_dir: Path, tol: Tolerance, data: str | None, s
         # this checkpoint by name, and differences of rounding size, element by element: small, or within the
         # tolerances the export itself was checked at (a few float32 steps of the never-output ids' log-probs, ~-1e4)
         rounding = worst <= ROUNDING or all(r.rounding for r in failed)
+        sized = f"within {ROUNDING:g} or the tolerances an export is checked at ({Tolerance().judging(rows)})"
         if source == described and rounding:
-            steps = "" if worst <= ROUNDING else (f", each within {ROUNDING:g} or the tolerances an export is "
-                                                  f"checked at ({Tolerance().judging(rows)})")
+            steps = "" if worst <= ROUNDING else f", each {sized}"
             raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)}; {model_dir} was "
                               f"exported from {source!r}, which {name} is by name, and the largest difference is "
                               f"{worst:.3g}{steps}: float32 rounding, where the tolerance is tighter than an export "
                               "can hold")
         raise VerifyError(f"{len(failed)} of {len(rows)} checks exceed {tol.judging(rows)} (the largest difference "
                           f"{worst:.3g}); {pair_hint(model_dir, source, name)}"
-                          + (f"; but every difference is float32-sized (within {ROUNDING:g} or the tolerances an "
-                             f"export is checked at): if {name} is a copy or a move of it, the tolerance is the "
-                             "suspect" if rounding else ""))
+                          + (f"; but every difference is float32-sized ({sized}): if {name} is a copy or a move "
+                             "of it, the tolerance is the suspect" if rounding else ""))
     return f"all {len(rows)} checks within {tol.judging(rows)}"
 
 

@@ -129,6 +129,9 @@ WATCHDOG = Watchdog()
 os.register_at_fork(after_in_child=WATCHDOG._start)  # its threads are the parent's
 
 
+RUN_FAILED_ADVICE = "; pass a smaller batch or shorter sources"  # what a run onnxruntime refused usually needs
+
+
 class SessionRunner:
     """`session.run` by output name, onnxruntime's untyped failures (memory for a huge batch, a bad hand-made feed)
     raised as InputError naming the graph. With `cancel`, the run is watched (`Watchdog`) and stops with Cancelled
@@ -158,7 +161,7 @@ class SessionRunner:
                                  f"{', '.join(declared)}") from None
             shapes = {k: shape_of(v) for k, v in feed.items()}
             raise InputError(f"{self.name}: onnxruntime could not run on inputs of shapes {brief(shapes)} "
-                             f"({one_line(exc)}); pass a smaller batch or shorter sources") from None
+                             f"({one_line(exc)}){RUN_FAILED_ADVICE}") from None
         finally:
             if options is not None:
                 WATCHDOG.unwatch(options)
