@@ -12,6 +12,7 @@ import pytest
 from runtime import Seq2Seq
 from runtime.binding import BoundRunner, SessionRunner
 from runtime.errors import InputError
+from runtime.sessions import open_session
 
 from support.devices import DEVICES
 from support.models import source_batch
@@ -107,6 +108,24 @@ def test_a_plain_runner_calls_onnxruntimes_cpp_run_and_still_names_a_missing_inp
     wrapped = SessionRunner(Wrapped(), ["output"], "wrapped")
     assert wrapped.direct.__self__.__class__ is Wrapped
     np.testing.assert_array_equal(wrapped(feed)["output"], runner(feed)["output"])
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_a_failed_run_is_said_once_without_onnxruntimes_own_log_line(recurrent_export, capfd, bound):
+    """A kernel that fails while the graph runs (here the embedding's Gather, given an id beyond the vocabulary) made
+    onnxruntime log a red '[E:onnxruntime:...]' line to the process's stderr (fd 2) before it raised; the runner
+    raises the failure as an InputError, so a service's log held it twice. Runs are made with quiet options
+    (runtime.binding.QUIET), a watched run (cancel) with quiet options of its own."""
+    session = open_session((recurrent_export.path / "encoder.onnx").read_bytes(), "cpu", 1, "encoder.onnx")
+    outputs = [o.name for o in session.get_outputs()]
+    runner = (BoundRunner(session, outputs, "encoder.onnx", keep=set()) if bound
+              else SessionRunner(session, outputs, "encoder.onnx"))
+    feed = {"source_ids": np.full((2, 3), 10**9, np.int64), "source_lengths": np.array([3, 3], np.int64)}
+    capfd.readouterr()
+    for cancel in (None, lambda: False):
+        with pytest.raises(InputError, match=r"encoder.onnx: onnxruntime could not run .*indices element out of"):
+            runner(feed, cancel)
+    assert capfd.readouterr().err == ""
 
 
 @pytest.mark.parametrize("value", [1, "yes", 0.0])
