@@ -189,6 +189,14 @@ class ModelSpec:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ADDED_FIELDS or v != defaults[k]}
 
+    def described(self) -> dict[str, Any]:
+        """The fields that describe this model (`GET /v1/model`, repr): every field, or a declared model's own ones
+        (DECLARED_FIELDS; its contract holds its sizes, and the others would show meaningless defaults)."""
+        return self.to_dict() if self.is_declared else dataclasses.asdict(self)
+
+    def __repr__(self) -> str:  # written here, dataclass leaves it; the same as its own for every other model
+        return f"ModelSpec({', '.join(f'{k}={v!r}' for k, v in self.described().items())})"
+
     @classmethod
     def from_dict(cls, data: Any) -> "ModelSpec":
         """Rebuild a spec, refusing unknown or missing fields by name."""

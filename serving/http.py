@@ -9,7 +9,6 @@ inside `serving.front.Front`, which answers well-formed decode requests itself; 
 `serving.answers`. No Ray here."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -115,7 +114,7 @@ async def info(request: Request) -> ModelInfo:
     service = _service(request)
     model, config = service.model, service.config
     sizes = {side: len(vocab) for side, vocab in model.vocabularies.items()} or None
-    return ModelInfo(kind=model.spec.kind, spec=dataclasses.asdict(model.spec), export_id=model.manifest.export_id,
+    return ModelInfo(kind=model.spec.kind, spec=model.spec.described(), export_id=model.manifest.export_id,
                      precision=model.manifest.precision, vocabulary_size=sizes, providers=model.providers,
                      threads=config.threads, workers=len(service.copies.models),
                      max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms,

@@ -146,6 +146,12 @@ def test_serve_answers_as_the_runtime_does(exported):
     np.testing.assert_allclose([h["score"] for hyps in got for h in hyps], [t.score for hyps in want for t in hyps],
                                rtol=1e-5)
     assert info["kind"] == "tokens"
+    # its own fields only: a cell, hidden_dim or attention there would be the dataclass's defaults, not the model's
+    assert info["spec"] == {"kind": "tokens", "arch": "declared", "source_vocab_size": runtime.spec.source_vocab_size,
+                            "target_vocab_size": runtime.spec.target_vocab_size,
+                            "input_len": runtime.spec.input_len, "target_len": runtime.spec.target_len}
+    assert repr(runtime.spec).startswith("ModelSpec(kind='tokens', arch='declared', ") and "cell" not in repr(
+        runtime.spec)
 
 
 def test_bench_times_a_declared_model(exported, workdir):
