@@ -22,6 +22,7 @@ from runtime.defaults import (
 )
 from runtime.errors import UsageError
 
+from .adapters import ADAPTER_HELP, load_adapter
 from .common import no_temporary_directory, publishes, require_torch, user_errors, wrote
 from .options import FiniteFloatRange
 from .streams import StdoutError
@@ -87,12 +88,6 @@ def check_precision(ctx: click.Context, quantize: str | None, dtype: str, accept
                                f"or --dtype fp16, or drop {'it' if len(given) == 1 else 'them'}")
 
 
-OWN_PACKAGES = ("cli", "export", "runtime", "serving", "training")  # a user's module of one of these names is shadowed
-ADAPTER_HELP = ("Your own model instead of a checkpoint: FUNCTION() in MODULE (importable from the current "
-                "directory or PYTHONPATH) returns an export.adapter.Seq2SeqAdapter declaring it (README: Bring your "
-                "own model).")
-
-
 def declared_export(path: Path) -> bool:
     """Whether `path` holds an export of a declared model (exported with --adapter)."""
     import json
@@ -101,56 +96,6 @@ def declared_export(path: Path) -> bool:
         return json.loads((path / MANIFEST_FILE).read_text())["spec"].get("arch") == "declared"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
-
-
-def load_adapter(value: str) -> Any:
-    """--adapter MODULE:FUNCTION -> the Seq2SeqAdapter that FUNCTION() returns; what is wrong, as one line."""
-    import importlib
-    import os
-    import sys
-
-    from export.adapter import Seq2SeqAdapter
-    from runtime.errors import brief
-
-    module_name, sep, function = value.partition(":")
-    if not sep or not module_name or not function.isidentifier():
-        raise click.BadParameter(f"expected MODULE:FUNCTION (as in mymodel:make_adapter), got {value!r}",
-                                 param_hint="'--adapter'")
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
-        stem = os.path.splitext(os.path.basename(module_name))[0]
-        raise click.BadParameter(f"expected MODULE:FUNCTION with a module name, not a file path, got {value!r}; run "
-                                 f"seq2onnx in the file's directory (or put it on PYTHONPATH) and pass "
-                                 f"{stem}:{function}", param_hint="'--adapter'")
-    if module_name.split(".")[0] in OWN_PACKAGES:
-        raise click.BadParameter(f"{module_name!r} is the name of one of seq2onnx's own packages "
-                                 f"({', '.join(OWN_PACKAGES)}), which would be imported instead of yours; rename your "
-                                 f"module (say, my_{module_name.split('.')[0]}.py)", param_hint="'--adapter'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a module beside the command, as `python -m` would find it
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module: ModuleNotFoundError, or anything it raises while imported
-        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-        if missing is not None and missing != module_name and not module_name.startswith(missing + "."):
-            hint = f"{module_name!r} was found, but it imports {missing!r}, which is not installed here; install it"
-        elif isinstance(exc, ModuleNotFoundError):
-            hint = "run seq2onnx where the module is, or put its directory on PYTHONPATH"
-        else:
-            hint = "the module raised while it was imported; fix it, then run again"
-        raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); {hint}",
-                                 param_hint="'--adapter'") from None
-    make = getattr(module, function, None)
-    if not callable(make):
-        has = "no function" if make is None else f"a {type(make).__name__}, not a function, named"
-        raise click.BadParameter(f"{module_name!r} has {has} {function!r}", param_hint="'--adapter'")
-    try:
-        adapter = make()
-    except Exception as exc:  # the user's function
-        raise click.ClickException(f"--adapter {value}: {function}() failed: {type(exc).__name__}: {exc}") from None
-    if not isinstance(adapter, Seq2SeqAdapter):
-        raise click.BadParameter(f"{value} returned {brief(adapter)}, expected an export.adapter.Seq2SeqAdapter",
-                                 param_hint="'--adapter'")
-    return adapter
 
 
 @click.command("export", short_help="Export a checkpoint (or your own model) to ONNX, checked for parity first.")

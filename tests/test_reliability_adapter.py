@@ -248,13 +248,23 @@ def not_an_adapter():
 
 def fails():
     raise RuntimeError("no weights here")
+
+
+def fails_in_torch():
+    return torch.nn.Linear(2, 2)(torch.zeros(3, 3))  # raises inside torch's own Python, named at this line
 '''
+
+
+def line_of(text: str, source: str = "") -> int:
+    """The line of bad_models.py (or `source`) that holds `text`."""
+    return next(i for i, line in enumerate((source or BAD_MODELS).splitlines(), 1) if text in line)
 
 
 def setup_adapter_workspace(case_dir: Path) -> None:
     write(case_dir / "bad_models.py", BAD_MODELS)
     write(case_dir / "needs_missing.py", "import not_installed_anywhere\n")
     write(case_dir / "raises_on_import.py", "1 / 0\n")
+    write(case_dir / "bad_syntax.py", "def make(:\n")
 
 
 template, workspace = workspace_fixtures("reliability_adapter", setup_adapter_workspace)
@@ -318,7 +328,13 @@ CLI_CASES: dict[str, Case] = {
                                            says=("'training' is the name of one of seq2onnx's own packages",
                                                  "rename your module")),
     "a failing function": export("fails", BAD_INPUT, "--adapter bad_models:fails", "fails() failed",
-                                 "no weights here"),
+                                 "RuntimeError at ",
+                                 f"bad_models.py:{line_of('no weights here')}: no weights here"),
+    # the innermost line of the user's own code, past torch's frames
+    # (the in-process runner imports bad_models once, from the first case's copy of the workspace: the path before
+    # the file's name is that copy's)
+    "a function failing in torch": export("fails_in_torch", BAD_INPUT, "fails_in_torch() failed: RuntimeError at ",
+                                          f"bad_models.py:{line_of('torch.nn.Linear(2, 2)(')}: "),
     "no such module": case("export", "--adapter", "nomodule:make", "--out", "o", code=USAGE,
                            says=("--adapter", "cannot import 'nomodule'", "PYTHONPATH")),
     "a file path for the module": case("export", "--adapter", "./bad_models.py:good", "--out", "o", code=USAGE,
@@ -326,9 +342,13 @@ CLI_CASES: dict[str, Case] = {
     "a module whose import is missing": case("export", "--adapter", "needs_missing:make", "--out", "o", code=USAGE,
                                              says=("'needs_missing' was found", "imports 'not_installed_anywhere'",
                                                    "install it")),
-    "a module that raises on import": case("export", "--adapter", "raises_on_import:make", "--out", "o", code=USAGE,
-                                           says=("cannot import 'raises_on_import'", "ZeroDivisionError",
-                                                 "raised while it was imported")),
+    # the user's code ran and raised: the model's failure (exit 1, as a failing function), not a usage error
+    "a module that raises on import": case("export", "--adapter", "raises_on_import:make", "--out", "o",
+                                           code=BAD_INPUT, says=("cannot import 'raises_on_import'",
+                                                                 "ZeroDivisionError at raises_on_import.py:1",
+                                                                 "raised while it was imported")),
+    "a module with a syntax error": case("export", "--adapter", "bad_syntax:make", "--out", "o", code=BAD_INPUT,
+                                         says=("cannot import 'bad_syntax'", "SyntaxError at bad_syntax.py:1")),
     "no such function": case("export", "--adapter", "bad_models:nothing", "--out", "o", code=USAGE,
                              says=("--adapter", "has no function 'nothing'")),
     "no colon": case("export", "--adapter", "bad_models", "--out", "o", code=USAGE,
