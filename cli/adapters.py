@@ -4,47 +4,13 @@ A form that cannot name a module or function is a usage error (exit 2); the user
 imported or its function runs, is the model's failure (exit 1), said with the file and line where it raised."""
 from __future__ import annotations
 
-import sysconfig
-import traceback
-from pathlib import Path
 from typing import Any
 
 import click
 
-OWN_PACKAGES = ("cli", "export", "runtime", "serving", "training")  # a user's module of one of these names is shadowed
 ADAPTER_HELP = ("Your own model instead of a checkpoint: FUNCTION() in MODULE (importable from the current "
                 "directory or PYTHONPATH) returns an export.adapter.Seq2SeqAdapter declaring it (README: Bring your "
                 "own model).")
-_ROOT = Path(__file__).resolve().parents[1]
-
-
-def raised_at(exc: BaseException) -> str:
-    """' at my_model.py:12': the innermost line of the user's own code in the traceback of `exc` (a SyntaxError: its
-    own file and line), past the standard library's, installed packages' and seq2onnx's frames; '' if none."""
-    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
-        return f" at {_shown(exc.filename)}:{exc.lineno}"
-    theirs = [f for f in traceback.extract_tb(exc.__traceback__) if not _library(f.filename)]
-    return f" at {_shown(theirs[-1].filename)}:{theirs[-1].lineno}" if theirs else ""
-
-
-def _library(filename: str) -> bool:
-    """Whether `filename` is code the user did not write: frozen importlib, the standard library, installed packages
-    (torch's frames inside a model's forward) or seq2onnx's own packages."""
-    if filename.startswith("<"):
-        return True
-    path = Path(filename).resolve()
-    paths = sysconfig.get_paths()
-    roots = [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")]
-    roots += [_ROOT / name for name in OWN_PACKAGES]
-    return any(path.is_relative_to(root) for root in roots)
-
-
-def _shown(filename: str) -> str:
-    """A path as the user would type it: relative to the current directory when under it."""
-    path = Path(filename).resolve()
-    return str(path.relative_to(Path.cwd().resolve())) if path.is_relative_to(Path.cwd().resolve()) else str(path)
-
-
 def load_adapter(value: str) -> Any:
     """--adapter MODULE:FUNCTION -> the Seq2SeqAdapter that FUNCTION() returns; what is wrong, as one line."""
     import importlib
@@ -52,6 +18,7 @@ def load_adapter(value: str) -> Any:
     import sys
 
     from export.adapter import Seq2SeqAdapter
+    from export.tracing import OWN_PACKAGES, raised_at
     from runtime.errors import brief
 
     module_name, sep, function = value.partition(":")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sysconfig
+import traceback
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +16,36 @@ import torch
 from runtime.errors import one_line
 
 from .adapter import AdapterError, Seq2SeqAdapter
+
+_ROOT = Path(__file__).resolve().parents[1]
+OWN_PACKAGES = ("cli", "export", "runtime", "serving", "training")  # seq2onnx's: a user's module so named is shadowed
+
+
+def raised_at(exc: BaseException) -> str:
+    """' at my_model.py:12': the innermost line of the user's own code in the traceback of `exc` (a SyntaxError: its
+    own file and line), past the standard library's, installed packages' and seq2onnx's frames; '' if none."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f" at {_shown(exc.filename)}:{exc.lineno}"
+    theirs = [f for f in traceback.extract_tb(exc.__traceback__) if not _library(f.filename)]
+    return f" at {_shown(theirs[-1].filename)}:{theirs[-1].lineno}" if theirs else ""
+
+
+def _library(filename: str) -> bool:
+    """Whether `filename` is code the user did not write: frozen importlib, the standard library, installed packages
+    (torch's frames inside a model's forward) or seq2onnx's own packages."""
+    if filename.startswith("<"):
+        return True
+    path = Path(filename).resolve()
+    paths = sysconfig.get_paths()
+    roots = [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    roots += [_ROOT / name for name in OWN_PACKAGES]
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def _shown(filename: str) -> str:
+    """A path as the user would type it: relative to the current directory when under it."""
+    path = Path(filename).resolve()
+    return str(path.relative_to(Path.cwd().resolve())) if path.is_relative_to(Path.cwd().resolve()) else str(path)
 
 
 class Tracing:
@@ -86,7 +119,7 @@ def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> A
     except AdapterError:
         raise
     except Exception as exc:  # the user's code: any error, reported with where it happened
-        raise AdapterError(f"{what} failed{tracing.where()}: {type(exc).__name__}: {one_line(exc)}"
+        raise AdapterError(f"{what} failed{tracing.where()}{raised_at(exc)}: {type(exc).__name__}: {one_line(exc)}"
                            f"{tracing.hint(exc, args)}") from exc
 
 

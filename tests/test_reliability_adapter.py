@@ -255,9 +255,9 @@ def fails_in_torch():
 '''
 
 
-def line_of(text: str, source: str = "") -> int:
-    """The line of bad_models.py (or `source`) that holds `text`."""
-    return next(i for i, line in enumerate((source or BAD_MODELS).splitlines(), 1) if text in line)
+def line_of(text: str) -> int:
+    """The line of bad_models.py that holds `text`."""
+    return next(i for i, line in enumerate(BAD_MODELS.splitlines(), 1) if text in line)
 
 
 def setup_adapter_workspace(case_dir: Path) -> None:
@@ -287,10 +287,11 @@ CLI_CASES: dict[str, Case] = {
     "a baked-in length": export("baked_length", BAD_INPUT, "encoder.onnx fails at batch 5", "baked into the graph"),
     "an untraceable op": export("untraceable", BAD_INPUT, "decoder_step.onnx: the model cannot be traced",
                                 "in modules[1] (Spectral)", "aten::fft_fft"),
-    "a step that raises": export("raises_in_step", BAD_INPUT, "step failed in modules[1] (Broken)", "KeyError",
+    "a step that raises": export("raises_in_step", BAD_INPUT, "step failed in modules[1] (Broken) at ",
+                                 f"bad_models.py:{line_of('return state[')}: KeyError",
                                  "'cell'", "; the state it was given holds ['c', 'feed', 'h', 'mask', 'memory']"),
     "ids beyond the encoder's embedding": export("ids_beyond_the_embedding", BAD_INPUT, "encode failed in modules[0]",
-                                                 "(Embedding): IndexError", "an id beyond its",
+                                                 "(Embedding) at ", ": IndexError", "an id beyond its",
                                                  "is the vocabulary longer than the embedding?"),
     "a constant the step changes": export("changes_a_constant", BAD_INPUT, "step changed 'memory'",
                                           "declared changes=False"),
