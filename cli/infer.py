@@ -159,9 +159,9 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
           **decoding: Any) -> None:
     """Decode the sources in --input (token models: or the --text values) with the exported model in MODEL_DIR.
 
-    Token models print one JSON line per input: {"index", "source", "hypotheses": [{"text", "tokens", "score",
-    "log_prob"[, "attention"]}, ...][, "source_tokens"]}; "index" counts inputs from 0 (line number - 1).
-    With --ray, point models write one JSON line per item: {"index", "outputs"[, "attention"]}."""
+    Token models print one JSON line per input: {"index" (from 0), "source", "hypotheses": [{"text", "tokens",
+    "score", "log_prob", "finish_reason" ("eos", or "length": cut at --max-len)[, "attention"]}, ...][,
+    "source_tokens"]}. With --ray, point models write one JSON line per item: {"index", "outputs"[, "attention"]}."""
     from runtime.model import Seq2Seq
 
     check_workers_option(workers, threads, on_ray or address is not None or concurrency is not None)

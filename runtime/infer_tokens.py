@@ -121,7 +121,8 @@ def record(item: Item, hyps: list[Translation], columns: list[str] | None) -> di
     """One JSON line; with `columns` (the attention's column labels) each hypothesis carries its attention."""
     out = []
     for h in hyps:
-        doc = {"text": h.text, "tokens": h.tokens, "score": h.score, "log_prob": h.log_prob}
+        doc = {"text": h.text, "tokens": h.tokens, "score": h.score, "log_prob": h.log_prob,
+               "finish_reason": h.finish_reason}
         if columns is not None:  # (len, Ls): this input's own columns (runtime.tokens.own_widths)
             doc["attention"] = np.round(h.attention.astype(np.float64), ATTENTION_DECIMALS).tolist()
         out.append(doc)
@@ -159,7 +160,7 @@ def heatmap(item: Item, best: Translation, vocab: Vocabulary, rules: Sources, ma
     read = ("reading order; the model read the tokens reversed" if rules.reverse else
             "the order the model read them")
     unknown = "; * = unknown to the model, read as its unknown token" if unk is not None and unk in ids else ""
-    stop = "ended by eos" if len(best.tokens) < max_len else f"stopped at {max_len} tokens"
+    stop = "ended by eos" if best.finish_reason == "eos" else f"stopped at {max_len} tokens"
     title = f"input {item.index}: {_short(item.text)}\n-> {_short(best.text)}  (score {best.score:.3f}; {stop})"
     return Heatmap(weights, [_visible(t) for t in best.tokens], labels, "output token",
                    f"source token ({read}){unknown}", title)

@@ -13,7 +13,7 @@ row t, so longer sources and a larger `max_decoding_length` are refused rather t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from .vocab import VocabError, Vocabulary
 from .workers import Workers
 
 MAX_VOCAB_BYTES = 64 << 20
+FINISH_REASONS = ("eos", "length")  # Translation.finish_reason: ended by end-of-sequence, or cut at the length bound
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,10 @@ class Translation:
     attention row t is output token t's weights over this text's own source positions (its tokens and the bos/eos
     the model reads; a fixed-length model's whole width, padding included), whatever else was in the call: the
     decoder's attention (multi-head: averaged over heads), or a transformer's last decoder layer's cross-attention
-    averaged over heads."""
+    averaged over heads.
+
+    finish_reason is "eos" where the hypothesis ended with end-of-sequence (not output), "length" where the decode
+    reached max_decoding_length first: the text was cut, not ended by the model."""
 
     text: str
     tokens: list[str]
@@ -50,6 +54,7 @@ class Translation:
     score: float
     log_prob: float
     attention: np.ndarray | None = None
+    finish_reason: str = field(kw_only=True)
 
 
 def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabulary]:
@@ -205,7 +210,9 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         for h in hypotheses:
             if dropped is None or dropped.isdisjoint(h.tokens):
                 attention = h.attention if widths is None or h.attention is None else h.attention[..., :widths[i]]
-                row.append(Translation(*text(h.tokens), list(h.tokens), h.score, h.log_prob, attention))
+                # a decode runs max_decoding_length steps, eos taking one: an output that long never met eos
+                row.append(Translation(*text(h.tokens), list(h.tokens), h.score, h.log_prob, attention,
+                                       finish_reason=FINISH_REASONS[len(h.tokens) >= max_decoding_length]))
         out.append(row)
     return out
 

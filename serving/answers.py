@@ -19,7 +19,7 @@ def hypothesis(h: Any, arrays: bool = False) -> dict[str, Any]:
     """A runtime Translation as a JSON-ready dict (`arrays`: its attention left a numpy array, for
     `serving.encode`)."""
     return {"text": h.text, "tokens": h.tokens, "ids": h.ids, "score": h.score, "log_prob": h.log_prob,
-            "attention": _tolist(h.attention, arrays)}
+            "finish_reason": h.finish_reason, "attention": _tolist(h.attention, arrays)}
 
 
 def predict_body(service: Service, done: Decoded, return_attention: bool, arrays: bool = False) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Requests are strict (JSON numbers for numbers, true/false for flags, no unknown 
 "beam" for "beam_size" is refused, not ignored. Value ranges are the runtime's to check, with its messages."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,13 +60,16 @@ class TranslateRequest(_Strict):
 
 
 class Hypothesis(BaseModel):
-    """One hypothesis: text, tokens and ids (no bos/eos), score, summed log-prob [, attention (len, L)]."""
+    """One hypothesis: text, tokens and ids (no bos/eos), score, summed log-prob, why it ended [, attention (len,
+    L)]."""
 
     text: str
     tokens: list[str]
     ids: list[int]
     score: float
     log_prob: float
+    finish_reason: Literal["eos", "length"] = Field(description="eos: the model ended the text; length: it was cut at "
+                                                                "max_decoding_length")
     attention: Optional[list[list[float]]] = None
 
 

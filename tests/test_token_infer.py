@@ -238,7 +238,7 @@ def test_attention_json_and_plot(models, runtime, tmp_path):
 def test_heatmap_columns_are_in_reading_order():
     vocab = Vocabulary.build(["one is two"], "whitespace")
     weights = np.array([[0.1, 0.2, 0.3, 0.4], [0.5, 0.0, 0.5, 0.0]], np.float32)  # columns: two is zebra </s>
-    best = Translation("1 la", ["1", "la"], [4, 5], -1.0, -1.0, weights)
+    best = Translation("1 la", ["1", "la"], [4, 5], -1.0, -1.0, weights, finish_reason="eos")
     drawn = heatmap(Item(4, "zebra is two", "--text #5"), best, vocab, Sources(reverse=True), max_len=TARGET_LEN)
     assert isinstance(drawn, Heatmap) and drawn.column_labels == ["zebra*", "is", "two", "</s>"]
     np.testing.assert_array_equal(drawn.weights, weights[:, [2, 1, 0, 3]])
