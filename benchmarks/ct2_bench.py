@@ -277,7 +277,7 @@ def plot(rows: list[dict[str, Any]], path: Path, force: bool) -> None:
     for i, precision in enumerate(PRECISIONS):
         values = [r[f"paired_{precision}"] for r in rows]
         bars = ratios.bar(x + (i - 0.5) * 0.35, values, 0.35, label=precision)
-        ratios.bar_label(bars, [f"{v:.2f}" for v in values], fontsize=7)
+        ratios.bar_label(bars, [f"{v:.2f}" for v in values], fontsize=7, label_type="center", rotation=90)  # clear of 1
     ratios.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ratios.set_xticks(x, cases, rotation=30, ha="right")
     ratios.set_ylabel("seq2onnx / CT2, paired (> 1: seq2onnx slower)")
