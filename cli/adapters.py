@@ -11,6 +11,8 @@ import click
 ADAPTER_HELP = ("Your own model instead of a checkpoint: FUNCTION() in MODULE (importable from the current "
                 "directory or PYTHONPATH) returns an export.adapter.Seq2SeqAdapter declaring it (README: Bring your "
                 "own model).")
+
+
 def load_adapter(value: str) -> Any:
     """--adapter MODULE:FUNCTION -> the Seq2SeqAdapter that FUNCTION() returns; what is wrong, as one line."""
     import importlib
@@ -39,15 +41,14 @@ def load_adapter(value: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module: ModuleNotFoundError, or anything it raises while imported
-        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-        if missing is not None and missing != module_name and not module_name.startswith(missing + "."):
-            hint = f"{module_name!r} was found, but it imports {missing!r}, which is not installed here; install it"
-        elif isinstance(exc, ModuleNotFoundError):
-            hint = "run seq2onnx where the module is, or put its directory on PYTHONPATH"
-        else:  # the user's code ran and raised: the model's failure, as a failing function's is
+        if not isinstance(exc, ModuleNotFoundError):  # the user's code ran and raised: the model's failure
             raise click.ClickException(f"--adapter {value}: cannot import {module_name!r}: {type(exc).__name__}"
                                        f"{raised_at(exc)}: {exc}; the module raised while it was imported; fix "
                                        "it, then run again") from None
+        if exc.name is not None and exc.name != module_name and not module_name.startswith(exc.name + "."):
+            hint = f"{module_name!r} was found, but it imports {exc.name!r}, which is not installed here; install it"
+        else:
+            hint = "run seq2onnx where the module is, or put its directory on PYTHONPATH"
         raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); {hint}",
                                  param_hint="'--adapter'") from None
     make = getattr(module, function, None)
