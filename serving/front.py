@@ -81,7 +81,7 @@ class Front:
             raise
         model = route.body_field.field_info.annotation
         if len(body) > OFF_THE_LOOP_BYTES:  # parsed in a thread: the loop answers others (health probes) meanwhile
-            request = await asyncio.to_thread(_parsed, model, scope, body)
+            request = await service.off_loop(_parsed, model, scope, body)
         else:
             request = _parsed(model, scope, body)
         if request is None:  # FastAPI's own validation says what is wrong, in its words (the JSON read once)

@@ -196,6 +196,7 @@ class Batcher:
 
 
 OFF_THE_LOOP_POINTS = 4096  # a source this large takes milliseconds to check and convert: done in a thread
+OFF_THE_LOOP_THREADS = 2  # the service's own threads for that (and for parsing large bodies: serving.front)
 
 
 def _points_in(source: Any) -> int:
@@ -215,6 +216,7 @@ class Service:
         self.node = node or socket.gethostname()  # the machine (a Ray replica: its node id)
         self.metrics = metrics or Metrics()
         self.copies = Copies(model)
+        self.off_loop_pool = ThreadPoolExecutor(OFF_THE_LOOP_THREADS, thread_name_prefix="seq2onnx-parse")
         self.points = Batcher(decode_points, config, self.copies, self.metrics)
         self.texts = Batcher(decode_texts, config, self.copies, self.metrics)
 
@@ -226,7 +228,7 @@ class Service:
     async def predict(self, source: Any, source_mask: Any, target_len: int | None, attention: bool = True) -> Decoded:
         check = functools.partial(point_job, self.model, source, source_mask, target_len,
                                   self.config.max_batch_size, self.config.max_decoding_length, attention)
-        job = await asyncio.to_thread(check) if _points_in(source) > OFF_THE_LOOP_POINTS else check()
+        job = await self.off_loop(check) if _points_in(source) > OFF_THE_LOOP_POINTS else check()
         return await self.points.submit(job, self.config.request_timeout_s)
 
     async def translate(self, texts: Any, options: dict[str, Any]) -> Decoded:
@@ -234,9 +236,17 @@ class Service:
                         self.config.max_beam_size)
         return await self.texts.submit(job, self.config.request_timeout_s)
 
+    async def off_loop(self, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(*args)` in the service's own threads, while the loop serves others. Not asyncio's default executor
+        (`asyncio.to_thread`): the loop's shutdown starts a new thread to join that one, which a process at its
+        memory limit (`ulimit -v`, its address space held by the decodes' arenas) could not, and the graceful stop
+        ended in a traceback, exit 1."""
+        return await asyncio.get_running_loop().run_in_executor(self.off_loop_pool, functools.partial(call, *args))
+
     def close(self) -> None:
-        """Stop the decode threads once what they hold is done."""
+        """Stop the decode threads once what they hold is done, and the threads that parse off the loop."""
         self.copies.executor.shutdown(wait=True, cancel_futures=True)
+        self.off_loop_pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _all_given_up(batch: list[Pending]) -> Callable[[], bool]:

@@ -356,17 +356,21 @@ def _on_the_loop() -> bool:
 def test_a_large_body_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """A points body of ~2.5 MB takes ~0.4 s to parse, validate and check: done in threads, so the loop answers
     others (health probes) meanwhile; a small one stays on the loop, where it costs less than a thread's hop. A
-    malformed large body is parsed once, not again by FastAPI. (All of it ran on the loop: /healthz stalled.)"""
+    malformed large body is parsed once, not again by FastAPI. (All of it ran on the loop: /healthz stalled.) The
+    threads are the service's own, not the loop's default executor: asyncio's shutdown starts a thread to join
+    that one, which a server at its memory limit (`ulimit -v`) could not start, and its graceful stop crashed."""
     from runtime import strict_json
     from serving import front, service
 
     from support.serve import SQUARES
 
     seen: dict[str, list[bool]] = {"parse": [], "check": [], "loads": []}
+    threads: set[str] = set()
 
     def spy(name: str, function: Any) -> Any:
         def called(*args: Any, **kwargs: Any) -> Any:
             seen[name].append(_on_the_loop())
+            threads.add(threading.current_thread().name if not seen[name][-1] else "loop")
             return function(*args, **kwargs)
         return called
 
@@ -384,3 +388,4 @@ def test_a_large_body_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch
         malformed = httpx.post(url, json={**large, "return_attention": "no"}, timeout=120)
         assert malformed.status_code == 422 and "return_attention" in malformed.text
         assert seen["parse"][2:] == [False] and seen["loads"][2:] == [False]  # read once, in a thread
+    assert {name.rsplit("_", 1)[0] for name in threads} == {"loop", "seq2onnx-parse"}  # not asyncio_0 / uvloop_0
