@@ -23,22 +23,27 @@ OWN_PACKAGES = ("cli", "export", "runtime", "serving", "training")  # seq2onnx's
 
 def raised_at(exc: BaseException) -> str:
     """' at my_model.py:12': the innermost line of the user's own code in the traceback of `exc` (a SyntaxError: its
-    own file and line), past the standard library's, installed packages' and seq2onnx's frames; '' if none."""
+    own file and line), past the standard library's, installed packages' and seq2onnx's frames; where every other
+    frame is one of those, the innermost outside the standard library, torch and seq2onnx (a user's model installed
+    as a package); '' if none."""
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
         return f" at {_shown(exc.filename)}:{exc.lineno}"
-    theirs = [f for f in traceback.extract_tb(exc.__traceback__) if not _library(f.filename)]
+    frames = traceback.extract_tb(exc.__traceback__)
+    theirs = ([f for f in frames if not is_library(f.filename)]
+              or [f for f in frames if not is_library(f.filename, installed=False)])
     return f" at {_shown(theirs[-1].filename)}:{theirs[-1].lineno}" if theirs else ""
 
 
-def _library(filename: str) -> bool:
-    """Whether `filename` is code the user did not write: frozen importlib, the standard library, installed packages
-    (torch's frames inside a model's forward) or seq2onnx's own packages."""
-    if filename.startswith("<"):
+def is_library(filename: str, installed: bool = True) -> bool:
+    """Whether `filename` is code the user did not write: frozen importlib, the standard library, seq2onnx's own
+    packages, torch, and (`installed`) every installed package."""
+    if not filename or filename.startswith("<"):
         return True
     path = Path(filename).resolve()
     paths = sysconfig.get_paths()
-    roots = [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")]
-    roots += [_ROOT / name for name in OWN_PACKAGES]
+    roots = [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib")]
+    roots += [Path(paths[key]).resolve() for key in ("purelib", "platlib") if installed]
+    roots += [_ROOT / name for name in OWN_PACKAGES] + [Path(torch.__file__).resolve().parent]
     return any(path.is_relative_to(root) for root in roots)
 
 
@@ -81,7 +86,7 @@ class Tracing:
             return (f"; an id beyond its {running.num_embeddings} rows: is the vocabulary longer than the "
                     "embedding?")
         if isinstance(exc, KeyError) and args and isinstance(args[-1], dict):
-            return f"; the state it was given holds {sorted(args[-1])}"
+            return f"; if that is a state's name: the state it was given holds {sorted(args[-1])}"
         return ""
 
 
@@ -118,7 +123,7 @@ def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> A
             return call(*args)
     except AdapterError:
         raise
-    except Exception as exc:  # the user's code: any error, reported with where it happened
+    except (Exception, SystemExit) as exc:  # the user's code: any error (an exit too), reported with where it was
         raise AdapterError(f"{what} failed{tracing.where()}{raised_at(exc)}: {type(exc).__name__}: {one_line(exc)}"
                            f"{tracing.hint(exc, args)}") from exc
 

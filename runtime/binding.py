@@ -129,7 +129,8 @@ WATCHDOG = Watchdog()
 os.register_at_fork(after_in_child=WATCHDOG._start)  # its threads are the parent's
 
 
-RUN_FAILED_ADVICE = "; pass a smaller batch or shorter sources"  # what a run onnxruntime refused usually needs
+RUN_FAILED_ADVICE = "; pass a smaller batch or shorter sources"  # what a run short of memory needs
+SHORT_OF_MEMORY = ("Failed to allocate memory", "bad_alloc", "Cannot allocate memory")  # onnxruntime's words for it
 
 
 def quiet_run_options() -> ort.RunOptions:
@@ -172,8 +173,9 @@ class SessionRunner:
                 raise InputError(f"{self.name}: the feed has no {', '.join(missing)}; the graph reads "
                                  f"{', '.join(declared)}") from None
             shapes = {k: shape_of(v) for k, v in feed.items()}
+            advice = RUN_FAILED_ADVICE if any(words in str(exc) for words in SHORT_OF_MEMORY) else ""
             raise InputError(f"{self.name}: onnxruntime could not run on inputs of shapes {brief(shapes)} "
-                             f"({one_line(exc)}){RUN_FAILED_ADVICE}") from None
+                             f"({one_line(exc)}){advice}") from None
         finally:
             if cancel is not None:
                 WATCHDOG.unwatch(options)

@@ -18,6 +18,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from .binding import RUN_FAILED_ADVICE
 from .declared import Sources, TokenContract
 from .errors import InputError, Seq2OnnxError, UsageError
 from .plot import MAX_ITEMS, Heatmap
@@ -45,6 +46,14 @@ class Item:
     index: int
     text: str
     where: str
+
+
+def span(batch: list[Item]) -> str:
+    """Where a batch's inputs are, for a message: '--input f.txt lines 1-4000', '--text #1 to #3', or one's place."""
+    (head, first), (_, last) = batch[0].where.rsplit(" ", 1), batch[-1].where.rsplit(" ", 1)
+    if len(batch) == 1:
+        return batch[0].where
+    return f"{head}s {first}-{last}" if head.endswith(" line") else f"{head} {first} to {last}"
 
 
 def read_items(input_path: str | None, texts: tuple[str, ...]) -> Iterator[Item]:
@@ -160,7 +169,7 @@ def heatmap(item: Item, best: Translation, vocab: Vocabulary, rules: Sources, ma
     read = ("reading order; the model read the tokens reversed" if rules.reverse else
             "the order the model read them")
     unknown = "; * = unknown to the model, read as its unknown token" if unk is not None and unk in ids else ""
-    stop = "ended by eos" if best.finish_reason == "eos" else f"stopped at {max_len} tokens"
+    stop = "ended by eos" if best.finish_reason == "eos" else f"stopped at {max_len} token{'s' * (max_len > 1)}"
     title = f"input {item.index}: {_short(item.text)}\n-> {_short(best.text)}  (score {best.score:.3f}; {stop})"
     return Heatmap(weights, [_visible(t) for t in best.tokens], labels, "output token",
                    f"source token ({read}){unknown}", title)
@@ -248,7 +257,11 @@ class TokenRun:
             try:
                 return copy.translate_batch([i.text for i in batch], **options)
             except Seq2OnnxError as exc:
-                raise InputError(f"{batch[0].where} to {batch[-1].where}: {exc}") from None
+                said = str(exc)
+                if said.endswith(RUN_FAILED_ADVICE):  # short of memory: the batch is --batch-size's
+                    said = (said.removesuffix(RUN_FAILED_ADVICE) + f"; pass a smaller --batch-size (this one was "
+                            f"{self.batch_size}) or shorter inputs")
+                raise InputError(f"{span(batch)}: {said}") from None
 
         before = 0
         if len(copies) == 1:

@@ -46,8 +46,9 @@ class TranslateRequest(_Strict):
     length_penalty: float = Field(1.0, description="beam scores are log-prob / length ** length_penalty")
     max_decoding_length: Optional[int] = Field(None, description="output token bound; default the model's; at "
                                                                  "most this server's max_decoding_length (GET "
-                                                                 "/v1/model)")
-    min_decoding_length: int = Field(0, description="end-of-sequence is forbidden before this many tokens")
+                                                                 "/v1/model)", json_schema_extra={"minimum": 1})
+    min_decoding_length: int = Field(0, description="end-of-sequence is forbidden before this many tokens",
+                                     json_schema_extra={"minimum": 0})
     sampling_topk: int = Field(1, description="sample from the k most likely tokens (0: all); 1: no sampling")
     sampling_topp: float = Field(1.0, description="nucleus sampling: the smallest set with this probability")
     sampling_temperature: float = Field(1.0, description="divides the logits before sampling")
@@ -60,8 +61,8 @@ class TranslateRequest(_Strict):
 
 
 class Hypothesis(BaseModel):
-    """One hypothesis: text, tokens and ids (no bos/eos), score, summed log-prob, why it ended [, attention (len,
-    L)]."""
+    """One hypothesis: text, tokens and ids (without end-of-sequence), score, summed log-prob, why it ended [,
+    attention (output tokens, the text's own source positions)]."""
 
     text: str
     tokens: list[str]

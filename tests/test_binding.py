@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from runtime import Seq2Seq
-from runtime.binding import BoundRunner, SessionRunner
+from runtime.binding import RUN_FAILED_ADVICE, BoundRunner, SessionRunner
 from runtime.errors import InputError
 from runtime.sessions import open_session
 
@@ -123,8 +123,10 @@ def test_a_failed_run_is_said_once_without_onnxruntimes_own_log_line(recurrent_e
     feed = {"source_ids": np.full((2, 3), 10**9, np.int64), "source_lengths": np.array([3, 3], np.int64)}
     capfd.readouterr()
     for cancel in (None, lambda: False):
-        with pytest.raises(InputError, match=r"encoder.onnx: onnxruntime could not run .*indices element out of"):
+        with pytest.raises(InputError, match=r"encoder.onnx: onnxruntime could not run .*indices element out of") \
+                as refused:
             runner(feed, cancel)
+        assert not str(refused.value).endswith(RUN_FAILED_ADVICE)  # memory's advice, for a failure of another kind
     assert capfd.readouterr().err == ""
 
 

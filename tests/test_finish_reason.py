@@ -77,3 +77,5 @@ def test_infer_and_the_server_say_why_each_hypothesis_ended():
     assert [hyps[0]["finish_reason"] for hyps in ended.json()["translations"]] == ["eos"] * len(TEXTS)
     described = schema["components"]["schemas"]["Hypothesis"]["properties"]["finish_reason"]
     assert described["enum"] == ["eos", "length"] and "max_decoding_length" in described["description"]
+    asked = schema["components"]["schemas"]["TranslateRequest"]["properties"]  # the bounds a client can read
+    assert (asked["max_decoding_length"]["minimum"], asked["min_decoding_length"]["minimum"]) == (1, 0)

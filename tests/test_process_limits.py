@@ -88,3 +88,18 @@ def test_training_under_a_memory_limit_is_one_line(tmp_path: Path, kb: int, said
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1].startswith(said), done.stderr[-2000:]
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_batch_without_memory_names_its_lines_once_and_the_batch_size_option(tmp_path: Path) -> None:
+    """A batch onnxruntime cannot find memory for: its lines named once ('... line 1 to ... line 4000' before), and
+    the advice names --batch-size, the batch the user chose."""
+    (tmp_path / "big.txt").write_text(("3/3/15 " * 30 + "\n") * 4000)
+    done = subprocess.run([sys.executable, "-m", "cli", "infer", str(DATES), "--input", "big.txt", "--batch-size",
+                           "4000", "--beam", "8", "--threads", "1"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, preexec_fn=_address_space(700_000))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: --input big.txt lines 1-4000: encoder.onnx: onnxruntime could not run "), last
+    assert "Failed to allocate memory" in last, last
+    assert last.endswith("; pass a smaller --batch-size (this one was 4000) or shorter inputs"), last
+    assert done.stdout == ""

@@ -23,6 +23,7 @@ from support.reliability import (
 BAD_MODELS = '''
 """Declarations gone wrong, one per function (tests/test_reliability_adapter.py)."""
 import copy
+import sys
 from dataclasses import replace
 
 import torch
@@ -113,6 +114,14 @@ def raises_in_step():
         broken(state)
         return model.step(tokens, state)
     return replace(adapter, step=step, modules=(model, broken))
+
+
+def exits_in_step():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        sys.exit("no more steps")  # a script's exit inside the model's code
+    return replace(adapter, step=step)
 
 
 def changes_a_constant():
@@ -250,6 +259,10 @@ def fails():
     raise RuntimeError("no weights here")
 
 
+def exits():
+    raise SystemExit(0)  # a training script's exit, reached from the factory
+
+
 def fails_in_torch():
     return torch.nn.Linear(2, 2)(torch.zeros(3, 3))  # raises inside torch's own Python, named at this line
 '''
@@ -265,6 +278,9 @@ def setup_adapter_workspace(case_dir: Path) -> None:
     write(case_dir / "needs_missing.py", "import not_installed_anywhere\n")
     write(case_dir / "raises_on_import.py", "1 / 0\n")
     write(case_dir / "bad_syntax.py", "def make(:\n")
+    write(case_dir / "exits_on_import.py", "import sys\n\nsys.exit(0)  # a script without a __main__ guard\n")
+    write(case_dir / "needs_sibling.py", "import my_missing_helpers  # a file of the user's, not there\n")
+    write(case_dir / "copy.py", "def make():\n    pass\n")  # the standard library's copy is imported instead
 
 
 template, workspace = workspace_fixtures("reliability_adapter", setup_adapter_workspace)
@@ -289,10 +305,14 @@ CLI_CASES: dict[str, Case] = {
                                 "in modules[1] (Spectral)", "aten::fft_fft"),
     "a step that raises": export("raises_in_step", BAD_INPUT, "step failed in modules[1] (Broken) at ",
                                  f"bad_models.py:{line_of('return state[')}: KeyError",
-                                 "'cell'", "; the state it was given holds ['c', 'feed', 'h', 'mask', 'memory']"),
+                                 "'cell'", "; if that is a state's name: the state it was given holds ['c', 'feed', 'h', "
+                                 "'mask', 'memory']"),
     "ids beyond the encoder's embedding": export("ids_beyond_the_embedding", BAD_INPUT, "encode failed in modules[0]",
                                                  "(Embedding) at ", ": IndexError", "an id beyond its",
                                                  "is the vocabulary longer than the embedding?"),
+    # the exit ended the export with its message and exit 1, nothing saying it came from the step
+    "a step that exits": export("exits_in_step", BAD_INPUT, "step failed at ",
+                                f"bad_models.py:{line_of('sys.exit(')}: SystemExit: no more steps"),
     "a constant the step changes": export("changes_a_constant", BAD_INPUT, "step changed 'memory'",
                                           "declared changes=False"),
     "NaN scores": export("nan_scores", BAD_INPUT, "step's scores hold NaN"),
@@ -324,7 +344,7 @@ CLI_CASES: dict[str, Case] = {
                                       "modules=[...]"),
     "a reference that raises": export("reference_raises", BAD_INPUT, "reference failed", "KeyError", "'oops'"),
     "not an adapter": export("not_an_adapter", USAGE, "--adapter", "returned 42", "Seq2SeqAdapter"),
-    "not a function": export("NOT_A_FUNCTION", USAGE, "--adapter", "has a int, not a function, named"),
+    "not a function": export("NOT_A_FUNCTION", USAGE, "--adapter", "has an int, not a function, named"),
     "a module named like seq2onnx's": case("export", "--adapter", "training:make", "--out", "o", code=USAGE,
                                            says=("'training' is the name of one of seq2onnx's own packages",
                                                  "rename your module")),
@@ -349,7 +369,26 @@ CLI_CASES: dict[str, Case] = {
                                                                  "ZeroDivisionError at raises_on_import.py:1",
                                                                  "raised while it was imported")),
     "a module with a syntax error": case("export", "--adapter", "bad_syntax:make", "--out", "o", code=BAD_INPUT,
-                                         says=("cannot import 'bad_syntax'", "SyntaxError at bad_syntax.py:1")),
+                                         says=("cannot import 'bad_syntax': SyntaxError at bad_syntax.py:1: invalid "
+                                               "syntax; fix it",)),
+    # a script's sys.exit(0) at import made export exit 0 with nothing written and nothing said
+    "a module that exits on import": case("export", "--adapter", "exits_on_import:make", "--out", "o",
+                                          code=BAD_INPUT, says=("cannot import 'exits_on_import': it called "
+                                                                "sys.exit(0) at exits_on_import.py:3",
+                                                                "if __name__ == '__main__'")),
+    "a function that exits": export("exits", BAD_INPUT, "exits() failed: it called sys.exit(0) at ",
+                                    f"bad_models.py:{line_of('raise SystemExit(0)')}"),
+    "a module whose own helper is missing": case("export", "--adapter", "needs_sibling:make", "--out", "o",
+                                                 code=USAGE, says=("imports 'my_missing_helpers' at "
+                                                                   "needs_sibling.py:1, which cannot be found",
+                                                                   "put it beside your module")),
+    "a relative module name": case("export", "--adapter", ".bad_models:good", "--out", "o", code=USAGE,
+                                   says=("an absolute module name", "pass bad_models:good")),
+    "a module shadowed by the standard library's": case("export", "--adapter", "copy:make", "--out", "o", code=USAGE,
+                                                        says=("'copy' has no function 'make'", "not yours",
+                                                              "rename yours")),
+    "a file path in a folder": case("export", "--adapter", "models/nested.py:make", "--out", "o", code=USAGE,
+                                    says=("not a file path", "pass models.nested:make from this directory")),
     "no such function": case("export", "--adapter", "bad_models:nothing", "--out", "o", code=USAGE,
                              says=("--adapter", "has no function 'nothing'")),
     "no colon": case("export", "--adapter", "bad_models", "--out", "o", code=USAGE,
@@ -426,3 +465,27 @@ def test_a_declaration_is_checked_when_it_is_made(change, says):
     adapter = trained("luong").adapter()
     with pytest.raises(AdapterError, match=says.replace("(", r"\(").replace(")", r"\)")):
         replace(adapter, **change)
+
+
+def test_a_model_installed_as_a_package_is_still_named_where_it_raised(tmp_path, monkeypatch):
+    """A user's model pip-installed (not editable) lives among the installed packages, whose frames are passed over
+    (torch's inside a forward): where no other frame is left, the innermost outside torch, seq2onnx and the standard
+    library is the user's (no file and line were said)."""
+    import importlib.util
+    import sysconfig
+
+    from export.tracing import raised_at
+
+    site = tmp_path / "site-packages"
+    (site / "usermodel").mkdir(parents=True)
+    (site / "usermodel" / "__init__.py").write_text("import torch\n\n\ndef make():\n"
+                                                    "    return torch.nn.Linear(2, 2)(torch.zeros(3, 3))\n")
+    paths = {**sysconfig.get_paths(), "purelib": str(site), "platlib": str(site)}
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: paths)
+    spec = importlib.util.spec_from_file_location("usermodel", site / "usermodel" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(RuntimeError) as raised:
+        module.make()
+    called = raised.value.with_traceback(raised.value.__traceback__.tb_next)  # from make() in, as seq2onnx calls it
+    assert raised_at(called) == f" at {site / 'usermodel' / '__init__.py'}:5"
