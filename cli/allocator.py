@@ -11,7 +11,8 @@ the user had it, so processes this one starts run with their own allocator.
 
 Choices: "system" (the C library's malloc), "mimalloc" (the `cmeel-mimalloc` wheel, installed with the `serve`
 extra on Linux), a path to a shared library to preload (jemalloc, tcmalloc ...), or "auto": mimalloc where it is
-installed and the platform is Linux, else the system's. Where `malloc` is already another library's (the user's own
+installed and the platform is Linux and the address space is not limited (`limited_address_space`), else the
+system's. Where `malloc` is already another library's (the user's own
 LD_PRELOAD), auto and system say so and leave it, and a named allocator is refused: two allocators stacked crashed.
 """
 from __future__ import annotations
@@ -98,6 +99,8 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
                                  f"crash; drop it from LD_PRELOAD, or use --allocator auto", param_hint=f"'{option}'")
     if value == "system":
         return SYSTEM
+    if value == "auto" and limited_address_space():
+        return f"{SYSTEM} (auto, as the address space is limited: ulimit -v)"
     library = _library(value, option)
     if library is None or is_system(library.resolve()):
         return SYSTEM
@@ -115,6 +118,18 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
         raise click.BadParameter(why, param_hint=f"'{option}'")
     _restart(library)
     raise AssertionError("unreachable: execve returned")
+
+
+def limited_address_space() -> bool:
+    """Whether this process's address space is limited (`ulimit -v`, RLIMIT_AS): where it is, an allocation can fail,
+    and mimalloc's C++ `operator new` aborts the process when one does (a server under `ulimit -v 800000`, sent
+    requests that outgrew it, died by SIGABRT with nothing said) where the C library's throws `std::bad_alloc`,
+    which onnxruntime reports and the server answers as a refused request. auto keeps the system's malloc there."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return False
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
 
 
 def _library(value: str, option: str) -> Path | None:

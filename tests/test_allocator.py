@@ -143,6 +143,24 @@ def test_auto_goes_on_with_the_system_allocator_where_the_library_will_not_load(
     assert "LD_PRELOAD None" in out
 
 
+def _limited() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # `ulimit -v 4194304`: room enough to run
+
+
+def test_auto_keeps_the_system_allocator_where_the_address_space_is_limited() -> None:
+    """Under `ulimit -v` an allocation can fail, and mimalloc's operator new then aborts the process (a server sent
+    requests that outgrew its limit died by SIGABRT, saying nothing) where glibc's throws std::bad_alloc, which is
+    answered as a refused request. auto keeps the system's malloc there; mimalloc asked for by name still loads."""
+    out = lines(run("auto", preexec_fn=_limited))
+    assert len([line for line in out if line.startswith("start")]) == 1  # not started again
+    assert "runs with the system's malloc (auto, as the address space is limited: ulimit -v)" in out
+    assert "own maps mimalloc False" in out
+    named = lines(run("mimalloc", preexec_fn=_limited))
+    assert "runs with libmimalloc.so.3" in named and "own maps mimalloc True" in named
+
+
 def test_a_caller_in_its_own_process_is_never_started_again() -> None:
     """A test (or a library) calling the command: auto keeps the system's malloc; a named allocator is refused."""
     assert choose("auto", program=False) in ("the system's malloc", "libmimalloc.so.3 (preloaded already)")
