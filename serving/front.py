@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from typing import Any
 
@@ -14,7 +15,7 @@ from runtime import strict_json
 from runtime.errors import Seq2OnnxError
 
 from .answers import batch_headers, client_prefix, count, predict_body, refusal, translate_body
-from .encode import json_bytes
+from .encode import json_bytes, size
 from .gone import ClientGone, unless_gone
 from .limits import BodyTimeout, compressed, read_body
 from .schemas import TranslateRequest
@@ -105,7 +106,7 @@ class Front:
         except BaseException:  # cut off (shutdown past its timeout, the client gone): no answer
             count(service, route.path, None, started)
             raise
-        await _send_json(send, status, payload, headers)
+        status = await _send_json(send, status, payload, headers)
         count(service, route.path, status, started)
 
 
@@ -149,9 +150,20 @@ def _parsed(model: Any, scope: dict[str, Any], body: bytes) -> Any:
         return None
 
 
-async def _send_json(send: Any, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
-    body = await json_bytes(payload)  # a large answer a part at a time: the loop answers others meanwhile
+ANSWER_TOO_LARGE = ("the answer (about {} numbers) needs more memory than this server has free now; ask for less "
+                    "in one request (fewer or shorter inputs, without return_attention), or try again later")
+
+
+async def _send_json(send: Any, status: int, payload: dict[str, Any], headers: dict[str, str]) -> int:
+    """Send `payload` as JSON; returns the status sent. An answer that the memory left cannot hold as text is a 503
+    saying so (it was a plain-text 500 and a traceback, and the request went uncounted)."""
+    try:
+        body = await json_bytes(payload)  # a large answer a part at a time: the loop answers others meanwhile
+    except MemoryError:
+        status, headers = 503, {}
+        body = json.dumps({"error": ANSWER_TOO_LARGE.format(size(payload))}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(name.encode(), value.encode()) for name, value in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+    return status

@@ -19,7 +19,7 @@ import pytest
 from serving.config import ServeConfig
 
 from support.processes import default_sigint
-from support.serve import DATES, LONG, LONG_BOUNDS, embedded, free_port, local_ray, ray_env
+from support.serve import DATES, LONG, LONG_BOUNDS, embedded, free_port, local_ray, ray_env, wait_healthy
 
 TIMEOUT_S = 0.6  # the servers' request timeout: well under LONG's decode on the fastest machine
 MAX_QUEUE = 2
@@ -389,3 +389,48 @@ def test_a_large_body_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch
         assert malformed.status_code == 422 and "return_attention" in malformed.text
         assert seen["parse"][2:] == [False] and seen["loads"][2:] == [False]  # read once, in a thread
     assert {name.rsplit("_", 1)[0] for name in threads} == {"loop", "seq2onnx-parse"}  # not asyncio_0 / uvloop_0
+
+
+def _address_space_900_mb() -> None:
+    import resource
+
+    default_sigint()
+    resource.setrlimit(resource.RLIMIT_AS, (900_000 * 1024, 900_000 * 1024))  # `ulimit -v 900000`
+
+
+def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_path: Any) -> None:
+    """4 point sources of 2,000 steps decoded to 1,000 with attention: the decode fits under `ulimit -v 900000`, the
+    8 M numbers of its answer as JSON text do not (700-1,100 MB gave this; 1,400 MB answers 200). That MemoryError
+    was a plain-text 500 with a traceback, and the request was not counted; now a JSON 503 that says what to ask,
+    counted, and the server goes on."""
+    import json
+    import os
+
+    from support.serve import SQUARES
+
+    source = [[[0.25, -0.5]] * 2000] * 4
+    port, log = free_port(), tmp_path / "serve.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(SQUARES), "--port", str(port),
+                                    "--max-decoding-length", "1000"], stdout=sink, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True, preexec_fn=_address_space_900_mb)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(f"{base}/healthz", 120, process)
+        large = httpx.post(f"{base}/v1/predict", content=json.dumps({"source": source, "target_len": 1000,
+                                                                     "return_attention": True}),
+                           headers={"content-type": "application/json"}, timeout=120)
+        assert large.status_code == 503, large.text[:300]
+        assert large.json()["error"].startswith("the answer (about 8008001 numbers) needs more memory than this "
+                                                "server has free now; ask for less in one request")
+        assert httpx.post(f"{base}/v1/predict", json={"source": [[[0.25, -0.5]]]}, timeout=60).status_code == 200
+        metrics = httpx.get(f"{base}/metrics", timeout=30).text
+        assert 'seq2onnx_requests_total{route="/v1/predict",status="503"} 1.0' in metrics, metrics[-3000:]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "serve: stopped" in text, text[-3000:]
