@@ -20,11 +20,11 @@ def load_adapter(value: str) -> Any:
     import sys
 
     from export.adapter import Seq2SeqAdapter
-    from export.tracing import OWN_PACKAGES, is_library, raised_at
+    from export.tracing import OWN_PACKAGES, described, raised_at
     from runtime.errors import brief
 
     module_name, sep, function = value.partition(":")
-    if not sep or not module_name or not function.isidentifier():
+    if not sep or "" in module_name.lstrip(".").split(".") or not function.isidentifier():
         raise click.BadParameter(f"expected MODULE:FUNCTION (as in mymodel:make_adapter), got {value!r}",
                                  param_hint="'--adapter'")
     if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
@@ -40,33 +40,35 @@ def load_adapter(value: str) -> Any:
                                  f"module (say, my_{module_name.split('.')[0]}.py)", param_hint="'--adapter'")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a module beside the command, as `python -m` would find it
+    shadowed = _shadowed(module_name.split(".")[0])
+    if shadowed:
+        raise click.BadParameter(shadowed, param_hint="'--adapter'")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:  # not there, or a module it imports is not
-        if exc.name is not None and exc.name != module_name and not module_name.startswith(exc.name + "."):
-            hint = (f"{module_name!r} was found, but it imports {exc.name!r}{raised_at(exc)}, which cannot be found "
-                    "here: install it, or put it beside your module (or on PYTHONPATH)")
+    except (Exception, SystemExit) as exc:  # not found, or the user's code ran (or could not be read) and failed
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing == module_name or (missing and module_name.startswith(missing + ".")):
+            raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); run seq2onnx "
+                                     "where the module is, or put its directory on PYTHONPATH",
+                                     param_hint="'--adapter'") from None
+        if isinstance(exc, ImportError):  # a module it imports (or a name from one) that is not there
+            advice = ("; install it, or put it beside your module (or on PYTHONPATH)" if missing else
+                      "; check the name and the module it is imported from")
         else:
-            hint = "run seq2onnx where the module is, or put its directory on PYTHONPATH"
-        raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); {hint}",
-                                 param_hint="'--adapter'") from None
-    except (Exception, SystemExit) as exc:  # the user's code ran (or could not be read) and failed: the model's failure
-        advice = (SCRIPT_ADVICE if isinstance(exc, SystemExit) else "" if isinstance(exc, SyntaxError) else
-                  "; the module raised while it was imported") + "; fix it, then run again"
-        raise click.ClickException(f"--adapter {value}: cannot import {module_name!r}: {failure(exc)}"
-                                   f"{advice}") from None
+            advice = SCRIPT_ADVICE if isinstance(exc, SystemExit) else (
+                "" if isinstance(exc, SyntaxError) else "; the module raised while it was imported")
+        raise click.ClickException(f"--adapter {value}: cannot import {module_name!r}{raised_at(exc)}: "
+                                   f"{described(exc)}{advice}; fix it, then run again") from None
     make = getattr(module, function, None)
     if not callable(make):
         kind = type(make).__name__
         has = "no function" if make is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a function, named"
-        origin = getattr(module, "__file__", None) or ""
-        shadowed = (f"; the {module_name!r} imported is {origin}, not yours: the standard library or an installed "
-                    "package has a module of that name; rename yours") if is_library(origin) else ""
-        raise click.BadParameter(f"{module_name!r} has {has} {function!r}{shadowed}", param_hint="'--adapter'")
+        raise click.BadParameter(f"{module_name!r} has {has} {function!r}", param_hint="'--adapter'")
     try:
         adapter = make()
     except (Exception, SystemExit) as exc:  # the user's function
-        raise click.ClickException(f"--adapter {value}: {function}() failed: {failure(exc)}") from None
+        raise click.ClickException(f"--adapter {value}: {function}() failed{raised_at(exc)}: {described(exc)}"
+                                   f"{SCRIPT_ADVICE if isinstance(exc, SystemExit) else ''}") from None
     if not isinstance(adapter, Seq2SeqAdapter):
         raise click.BadParameter(f"{value} returned {brief(adapter)}, expected an export.adapter.Seq2SeqAdapter",
                                  param_hint="'--adapter'")
@@ -76,16 +78,32 @@ def load_adapter(value: str) -> Any:
 SCRIPT_ADVICE = "; a script's own code runs when it is imported: put it under if __name__ == '__main__':"
 
 
-def failure(exc: BaseException) -> str:
-    """How the user's code failed, where: 'KeyError at my_model.py:12: ...', 'SyntaxError at my_model.py:3: invalid
-    syntax', 'it called sys.exit(0) at my_model.py:5' (a SystemExit is a failure here: nothing was made)."""
-    from export.tracing import raised_at
+def _shadowed(top: str) -> str:
+    """Why the user's `top`.py (or folder) here is not what `import top` gives, or '': Python's own module of that
+    name (built in, or the standard library's, imported already) or an installed package's is found first, and the
+    user's is never read (its function 'missing', or another module's function called)."""
+    import importlib.util
+    from pathlib import Path
 
-    if isinstance(exc, SystemExit):
-        return f"it called sys.exit({'' if exc.code is None else repr(exc.code)}){raised_at(exc)}"
-    if isinstance(exc, SyntaxError):
-        return f"{type(exc).__name__}{raised_at(exc)}: {exc.msg}"
-    return f"{type(exc).__name__}{raised_at(exc)}: {exc}"
+    from export.tracing import is_library
+
+    here = Path.cwd()
+    local = next((path for path in (here / f"{top}.py", here / top) if path.exists()), None)
+    if local is None:
+        return ""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None:
+        return ""
+    origin = spec.origin or next(iter(spec.submodule_search_locations or []), None)
+    if origin not in ("built-in", "frozen") and (origin is None or not is_library(origin)
+                                                 or Path(origin).resolve().is_relative_to(here.resolve())):
+        return ""
+    where = "built into Python" if origin in ("built-in", "frozen") else f"imported from {origin}"
+    return (f"{top!r} is the name of a module {where} (the standard library's or an installed package's), which "
+            f"Python finds before your {local.name} here; rename yours (say, my_{top})")
 
 
 def _as_module(path: str, function: str) -> str:

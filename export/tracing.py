@@ -19,6 +19,7 @@ from .adapter import AdapterError, Seq2SeqAdapter
 
 _ROOT = Path(__file__).resolve().parents[1]
 OWN_PACKAGES = ("cli", "export", "runtime", "serving", "training")  # seq2onnx's: a user's module so named is shadowed
+_TORCH = Path(torch.__file__).resolve().parent
 
 
 def raised_at(exc: BaseException) -> str:
@@ -26,7 +27,7 @@ def raised_at(exc: BaseException) -> str:
     own file and line), past the standard library's, installed packages' and seq2onnx's frames; where every other
     frame is one of those, the innermost outside the standard library, torch and seq2onnx (a user's model installed
     as a package); '' if none."""
-    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno and not exc.filename.startswith("<"):
         return f" at {_shown(exc.filename)}:{exc.lineno}"
     frames = traceback.extract_tb(exc.__traceback__)
     theirs = ([f for f in frames if not is_library(f.filename)]
@@ -34,17 +35,26 @@ def raised_at(exc: BaseException) -> str:
     return f" at {_shown(theirs[-1].filename)}:{theirs[-1].lineno}" if theirs else ""
 
 
+def described(exc: BaseException) -> str:
+    """'KeyError: 'cell'', 'SyntaxError: invalid syntax' (its place said by raised_at), 'SystemExit: it exited with
+    0': what failed in the user's code, after its place."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: it exited{'' if exc.code is None else f' with {exc.code!r}'}"
+    return f"{type(exc).__name__}: {one_line(exc.msg if isinstance(exc, SyntaxError) else exc)}"
+
+
 def is_library(filename: str, installed: bool = True) -> bool:
-    """Whether `filename` is code the user did not write: frozen importlib, the standard library, seq2onnx's own
-    packages, torch, and (`installed`) every installed package."""
+    """Whether `filename` is code the user did not write: frozen importlib, seq2onnx's own packages, torch, the
+    standard library and (`installed`) every installed package. (In a virtual environment the standard library's
+    platform folder holds site-packages: installed packages are told apart first.)"""
     if not filename or filename.startswith("<"):
         return True
-    path = Path(filename).resolve()
-    paths = sysconfig.get_paths()
-    roots = [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib")]
-    roots += [Path(paths[key]).resolve() for key in ("purelib", "platlib") if installed]
-    roots += [_ROOT / name for name in OWN_PACKAGES] + [Path(torch.__file__).resolve().parent]
-    return any(path.is_relative_to(root) for root in roots)
+    path, paths = Path(filename).resolve(), sysconfig.get_paths()
+    if any(path.is_relative_to(root) for root in [_ROOT / name for name in OWN_PACKAGES] + [_TORCH]):
+        return True
+    if any(path.is_relative_to(Path(paths[key]).resolve()) for key in ("purelib", "platlib")):
+        return installed
+    return any(path.is_relative_to(Path(paths[key]).resolve()) for key in ("stdlib", "platstdlib"))
 
 
 def _shown(filename: str) -> str:
@@ -124,7 +134,7 @@ def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> A
     except AdapterError:
         raise
     except (Exception, SystemExit) as exc:  # the user's code: any error (an exit too), reported with where it was
-        raise AdapterError(f"{what} failed{tracing.where()}{raised_at(exc)}: {type(exc).__name__}: {one_line(exc)}"
+        raise AdapterError(f"{what} failed{tracing.where()}{raised_at(exc)}: {described(exc)}"
                            f"{tracing.hint(exc, args)}") from exc
 
 

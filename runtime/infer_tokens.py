@@ -258,9 +258,11 @@ class TokenRun:
                 return copy.translate_batch([i.text for i in batch], **options)
             except Seq2OnnxError as exc:
                 said = str(exc)
-                if said.endswith(RUN_FAILED_ADVICE):  # short of memory: the batch is --batch-size's
+                if said.endswith(RUN_FAILED_ADVICE):  # short of memory: the batch is --batch-size's, times the beam
+                    beam = options["beam_size"]
                     said = (said.removesuffix(RUN_FAILED_ADVICE) + f"; pass a smaller --batch-size (this one was "
-                            f"{self.batch_size}) or shorter inputs")
+                            f"{self.batch_size}){f', a narrower --beam ({beam})' if beam > 1 else ''} or shorter "
+                            "inputs")
                 raise InputError(f"{span(batch)}: {said}") from None
 
         before = 0

@@ -42,7 +42,8 @@ class TranslateRequest(_Strict):
     beam_size: int = Field(1, description="1: greedy (or sampling); more: beam search, up to this server's "
                                           "max_beam_size (GET /v1/model; a wider beam is answered 400)",
                            json_schema_extra={"minimum": 1})  # stated, not validated: 0 gets the runtime's 400
-    num_hypotheses: int = Field(1, description="n-best hypotheses per text (<= beam_size)")
+    num_hypotheses: int = Field(1, description="n-best hypotheses per text (<= beam_size)",
+                                json_schema_extra={"minimum": 1})
     length_penalty: float = Field(1.0, description="beam scores are log-prob / length ** length_penalty")
     max_decoding_length: Optional[int] = Field(None, description="output token bound; default the model's; at "
                                                                  "most this server's max_decoding_length (GET "
@@ -61,8 +62,8 @@ class TranslateRequest(_Strict):
 
 
 class Hypothesis(BaseModel):
-    """One hypothesis: text, tokens and ids (without end-of-sequence), score, summed log-prob, why it ended [,
-    attention (output tokens, the text's own source positions)]."""
+    """One hypothesis: its text, tokens and ids (without end-of-sequence), score, summed log-prob, why it ended,
+    and its attention where asked for (output tokens by the text's own source positions)."""
 
     text: str
     tokens: list[str]

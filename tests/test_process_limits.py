@@ -101,5 +101,6 @@ def test_a_batch_without_memory_names_its_lines_once_and_the_batch_size_option(t
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: --input big.txt lines 1-4000: encoder.onnx: onnxruntime could not run "), last
     assert "Failed to allocate memory" in last, last
-    assert last.endswith("; pass a smaller --batch-size (this one was 4000) or shorter inputs"), last
+    assert last.endswith("; pass a smaller --batch-size (this one was 4000), a narrower --beam (8) or shorter "
+                         "inputs"), last
     assert done.stdout == ""

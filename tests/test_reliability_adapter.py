@@ -281,6 +281,10 @@ def setup_adapter_workspace(case_dir: Path) -> None:
     write(case_dir / "exits_on_import.py", "import sys\n\nsys.exit(0)  # a script without a __main__ guard\n")
     write(case_dir / "needs_sibling.py", "import my_missing_helpers  # a file of the user's, not there\n")
     write(case_dir / "copy.py", "def make():\n    pass\n")  # the standard library's copy is imported instead
+    write(case_dir / "sys.py", "def make():\n    pass\n")
+    (case_dir / "email").mkdir()
+    write(case_dir / "email" / "mine.py", "def make():\n    pass\n")
+    write(case_dir / "needs_a_name.py", "from json import nothing_here\n")
 
 
 template, workspace = workspace_fixtures("reliability_adapter", setup_adapter_workspace)
@@ -312,7 +316,7 @@ CLI_CASES: dict[str, Case] = {
                                                  "is the vocabulary longer than the embedding?"),
     # the exit ended the export with its message and exit 1, nothing saying it came from the step
     "a step that exits": export("exits_in_step", BAD_INPUT, "step failed at ",
-                                f"bad_models.py:{line_of('sys.exit(')}: SystemExit: no more steps"),
+                                f"bad_models.py:{line_of('sys.exit(')}: SystemExit: it exited with 'no more steps'"),
     "a constant the step changes": export("changes_a_constant", BAD_INPUT, "step changed 'memory'",
                                           "declared changes=False"),
     "NaN scores": export("nan_scores", BAD_INPUT, "step's scores hold NaN"),
@@ -348,45 +352,62 @@ CLI_CASES: dict[str, Case] = {
     "a module named like seq2onnx's": case("export", "--adapter", "training:make", "--out", "o", code=USAGE,
                                            says=("'training' is the name of one of seq2onnx's own packages",
                                                  "rename your module")),
-    "a failing function": export("fails", BAD_INPUT, "--adapter bad_models:fails", "fails() failed",
-                                 "RuntimeError at ",
-                                 f"bad_models.py:{line_of('no weights here')}: no weights here"),
+    "a failing function": export("fails", BAD_INPUT, "--adapter bad_models:fails", "fails() failed at ",
+                                 f"bad_models.py:{line_of('no weights here')}: RuntimeError: no weights here"),
     # the innermost line of the user's own code, past torch's frames
     # (the in-process runner imports bad_models once, from the first case's copy of the workspace: the path before
     # the file's name is that copy's)
-    "a function failing in torch": export("fails_in_torch", BAD_INPUT, "fails_in_torch() failed: RuntimeError at ",
-                                          f"bad_models.py:{line_of('torch.nn.Linear(2, 2)(')}: "),
+    "a function failing in torch": export("fails_in_torch", BAD_INPUT, "fails_in_torch() failed at ",
+                                          f"bad_models.py:{line_of('torch.nn.Linear(2, 2)(')}: RuntimeError: "),
     "no such module": case("export", "--adapter", "nomodule:make", "--out", "o", code=USAGE,
                            says=("--adapter", "cannot import 'nomodule'", "PYTHONPATH")),
     "a file path for the module": case("export", "--adapter", "./bad_models.py:good", "--out", "o", code=USAGE,
                                        says=("--adapter", "not a file path", "pass bad_models:good")),
-    "a module whose import is missing": case("export", "--adapter", "needs_missing:make", "--out", "o", code=USAGE,
-                                             says=("'needs_missing' was found", "imports 'not_installed_anywhere'",
-                                                   "install it")),
+    # the user's module ran and one of its imports failed: its failure (exit 1), named where
+    "a module whose import is missing": case("export", "--adapter", "needs_missing:make", "--out", "o",
+                                             code=BAD_INPUT, says=("cannot import 'needs_missing' at needs_missing.py:"
+                                                                   "1: ModuleNotFoundError: No module named "
+                                                                   "'not_installed_anywhere'; install it",)),
     # the user's code ran and raised: the model's failure (exit 1, as a failing function), not a usage error
     "a module that raises on import": case("export", "--adapter", "raises_on_import:make", "--out", "o",
-                                           code=BAD_INPUT, says=("cannot import 'raises_on_import'",
-                                                                 "ZeroDivisionError at raises_on_import.py:1",
+                                           code=BAD_INPUT, says=("cannot import 'raises_on_import' at "
+                                                                 "raises_on_import.py:1: ZeroDivisionError",
                                                                  "raised while it was imported")),
     "a module with a syntax error": case("export", "--adapter", "bad_syntax:make", "--out", "o", code=BAD_INPUT,
-                                         says=("cannot import 'bad_syntax': SyntaxError at bad_syntax.py:1: invalid "
+                                         says=("cannot import 'bad_syntax' at bad_syntax.py:1: SyntaxError: invalid "
                                                "syntax; fix it",)),
     # a script's sys.exit(0) at import made export exit 0 with nothing written and nothing said
     "a module that exits on import": case("export", "--adapter", "exits_on_import:make", "--out", "o",
-                                          code=BAD_INPUT, says=("cannot import 'exits_on_import': it called "
-                                                                "sys.exit(0) at exits_on_import.py:3",
+                                          code=BAD_INPUT, says=("cannot import 'exits_on_import' at "
+                                                                "exits_on_import.py:3: SystemExit: it exited with 0",
                                                                 "if __name__ == '__main__'")),
-    "a function that exits": export("exits", BAD_INPUT, "exits() failed: it called sys.exit(0) at ",
-                                    f"bad_models.py:{line_of('raise SystemExit(0)')}"),
+    "a function that exits": export("exits", BAD_INPUT, "exits() failed at ",
+                                    f"bad_models.py:{line_of('raise SystemExit(0)')}: SystemExit: it exited with 0"),
     "a module whose own helper is missing": case("export", "--adapter", "needs_sibling:make", "--out", "o",
-                                                 code=USAGE, says=("imports 'my_missing_helpers' at "
-                                                                   "needs_sibling.py:1, which cannot be found",
-                                                                   "put it beside your module")),
+                                                 code=BAD_INPUT, says=("at needs_sibling.py:1: ModuleNotFoundError",
+                                                                       "'my_missing_helpers'",
+                                                                       "put it beside your module")),
+    "a name imported from a module that lacks it": case("export", "--adapter", "needs_a_name:make", "--out", "o",
+                                                        code=BAD_INPUT, says=("at needs_a_name.py:1: ImportError: "
+                                                                              "cannot import name 'nothing_here'",
+                                                                              "check the name")),
     "a relative module name": case("export", "--adapter", ".bad_models:good", "--out", "o", code=USAGE,
                                    says=("an absolute module name", "pass bad_models:good")),
+    # the standard library's copy was imported, and its function (or none) was said to be the user's
     "a module shadowed by the standard library's": case("export", "--adapter", "copy:make", "--out", "o", code=USAGE,
-                                                        says=("'copy' has no function 'make'", "not yours",
-                                                              "rename yours")),
+                                                        says=("'copy' is the name of a module imported from ",
+                                                              "before your copy.py here; rename yours")),
+    "a shadowed module whose function exists": case("export", "--adapter", "copy:copy", "--out", "o", code=USAGE,
+                                                    says=("'copy' is the name of a module",)),
+    "a module built into Python": case("export", "--adapter", "sys:make", "--out", "o", code=USAGE,
+                                       says=("'sys' is the name of a module built into Python", "sys.py")),
+    "a folder shadowed by the standard library's": case("export", "--adapter", "email.mine:make", "--out", "o",
+                                                        code=USAGE, says=("'email' is the name of a module",
+                                                                          "before your email here")),
+    "an empty module name": case("export", "--adapter", ".:make", "--out", "o", code=USAGE,
+                                 says=("expected MODULE:FUNCTION", "got '.:make'")),
+    "a trailing dot": case("export", "--adapter", "bad_models.:good", "--out", "o", code=USAGE,
+                           says=("expected MODULE:FUNCTION", "got 'bad_models.:good'")),
     "a file path in a folder": case("export", "--adapter", "models/nested.py:make", "--out", "o", code=USAGE,
                                     says=("not a file path", "pass models.nested:make from this directory")),
     "no such function": case("export", "--adapter", "bad_models:nothing", "--out", "o", code=USAGE,
@@ -470,17 +491,18 @@ def test_a_declaration_is_checked_when_it_is_made(change, says):
 def test_a_model_installed_as_a_package_is_still_named_where_it_raised(tmp_path, monkeypatch):
     """A user's model pip-installed (not editable) lives among the installed packages, whose frames are passed over
     (torch's inside a forward): where no other frame is left, the innermost outside torch, seq2onnx and the standard
-    library is the user's (no file and line were said)."""
+    library is the user's (no file and line were said; then, in a virtual environment, whose standard library's
+    platform folder holds site-packages, still none)."""
     import importlib.util
     import sysconfig
 
     from export.tracing import raised_at
 
-    site = tmp_path / "site-packages"
+    site = tmp_path / "lib" / "python3" / "site-packages"  # a virtual environment's: inside its platstdlib
     (site / "usermodel").mkdir(parents=True)
     (site / "usermodel" / "__init__.py").write_text("import torch\n\n\ndef make():\n"
                                                     "    return torch.nn.Linear(2, 2)(torch.zeros(3, 3))\n")
-    paths = {**sysconfig.get_paths(), "purelib": str(site), "platlib": str(site)}
+    paths = {**sysconfig.get_paths(), "purelib": str(site), "platlib": str(site), "platstdlib": str(site.parent)}
     monkeypatch.setattr(sysconfig, "get_paths", lambda: paths)
     spec = importlib.util.spec_from_file_location("usermodel", site / "usermodel" / "__init__.py")
     module = importlib.util.module_from_spec(spec)
