@@ -24,7 +24,8 @@ def load_adapter(value: str) -> Any:
     from runtime.errors import brief
 
     module_name, sep, function = value.partition(":")
-    if not sep or "" in module_name.lstrip(".").split(".") or not function.isidentifier():
+    if not sep or "" in module_name.lstrip(".").split(".") or module_name != module_name.strip() \
+            or not function.isidentifier():
         raise click.BadParameter(f"expected MODULE:FUNCTION (as in mymodel:make_adapter), got {value!r}",
                                  param_hint="'--adapter'")
     if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
@@ -38,8 +39,8 @@ def load_adapter(value: str) -> Any:
         raise click.BadParameter(f"{module_name!r} is the name of one of seq2onnx's own packages "
                                  f"({', '.join(OWN_PACKAGES)}), which would be imported instead of yours; rename your "
                                  f"module (say, my_{module_name.split('.')[0]}.py)", param_hint="'--adapter'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a module beside the command, as `python -m` would find it
+    if sys.path[:1] != [os.getcwd()]:  # first, as `python -m` puts it: a module of that name elsewhere on
+        sys.path.insert(0, os.getcwd())  # PYTHONPATH (the current directory listed after it) would win otherwise
     shadowed = _shadowed(module_name.split(".")[0])
     if shadowed:
         raise click.BadParameter(shadowed, param_hint="'--adapter'")
@@ -75,14 +76,16 @@ def load_adapter(value: str) -> Any:
     return adapter
 
 
-SCRIPT_ADVICE = "; a script's own code runs when it is imported: put it under if __name__ == '__main__':"
+SCRIPT_ADVICE = "; a script's own code runs when it is imported: put it in an if __name__ == '__main__' block"
 
 
 def _shadowed(top: str) -> str:
     """Why the user's `top`.py (or folder) here is not what `import top` gives, or '': Python's own module of that
-    name (built in, or the standard library's, imported already) or an installed package's is found first, and the
-    user's is never read (its function 'missing', or another module's function called)."""
+    name (built in, or the standard library's) or an installed package's is imported already, or found first, and
+    the user's would never be read (its function 'missing', or another module's function called)."""
     import importlib.util
+    import sys
+    import sysconfig
     from pathlib import Path
 
     from export.tracing import is_library
@@ -95,15 +98,19 @@ def _shadowed(top: str) -> str:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return ""
-    if spec is None:
-        return ""
-    origin = spec.origin or next(iter(spec.submodule_search_locations or []), None)
-    if origin not in ("built-in", "frozen") and (origin is None or not is_library(origin)
-                                                 or Path(origin).resolve().is_relative_to(here.resolve())):
-        return ""
-    where = "built into Python" if origin in ("built-in", "frozen") else f"imported from {origin}"
-    return (f"{top!r} is the name of a module {where} (the standard library's or an installed package's), which "
-            f"Python finds before your {local.name} here; rename yours (say, my_{top})")
+    origin = None if spec is None else spec.origin or next(iter(spec.submodule_search_locations or []), None)
+    if origin is None or (origin not in ("built-in", "frozen") and not is_library(origin)):
+        return ""  # yours (or nothing) is what Python imports
+    if origin in ("built-in", "frozen"):
+        whose = "Python's built-in module"
+    else:
+        installed = [Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")]
+        found = Path(origin).resolve()
+        whose = (f"the installed package's module {origin}" if any(found.is_relative_to(i) for i in installed)
+                 else f"the standard library's module {origin}")
+    how = "seq2onnx has imported already" if top in sys.modules else "Python finds first"
+    mine = f"{local.name}/" if local.is_dir() else local.name
+    return f"{top!r} is {whose}, which {how}: your {mine} here would never be read; rename yours (say, my_{top})"
 
 
 def _as_module(path: str, function: str) -> str:

@@ -116,6 +116,10 @@ def choose(value: str, option: str = "--allocator", program: bool = True) -> str
             click.echo(f"note: {why}; running with {SYSTEM}", err=True)
             return SYSTEM
         raise click.BadParameter(why, param_hint=f"'{option}'")
+    if limited_address_space():  # asked for by name (auto keeps the system's malloc here)
+        click.echo(f"note: the address space is limited (ulimit -v): {library.name} may abort this process when an "
+                   "allocation fails, where the system's malloc lets the request be refused; --allocator auto keeps "
+                   "the system's malloc here", err=True)
     _restart(library)
     raise AssertionError("unreachable: execve returned")
 

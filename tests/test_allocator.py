@@ -157,8 +157,10 @@ def test_auto_keeps_the_system_allocator_where_the_address_space_is_limited() ->
     assert len([line for line in out if line.startswith("start")]) == 1  # not started again
     assert "runs with the system's malloc (auto, as the address space is limited: ulimit -v)" in out
     assert "own maps mimalloc False" in out
-    named = lines(run("mimalloc", preexec_fn=_limited))
+    done = run("mimalloc", preexec_fn=_limited)
+    named = lines(done)
     assert "runs with libmimalloc.so.3" in named and "own maps mimalloc True" in named
+    assert done.stderr.count("note: the address space is limited (ulimit -v): libmimalloc.so.3 may abort") == 1
 
 
 def test_a_caller_in_its_own_process_is_never_started_again() -> None:

@@ -3,6 +3,7 @@
 written. The declarations live in a module of the workspace, `bad_models.py`, as a user's would."""
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -395,15 +396,16 @@ CLI_CASES: dict[str, Case] = {
                                    says=("an absolute module name", "pass bad_models:good")),
     # the standard library's copy was imported, and its function (or none) was said to be the user's
     "a module shadowed by the standard library's": case("export", "--adapter", "copy:make", "--out", "o", code=USAGE,
-                                                        says=("'copy' is the name of a module imported from ",
-                                                              "before your copy.py here; rename yours")),
+                                                        says=("'copy' is the standard library's module ",
+                                                              "which seq2onnx has imported already: your copy.py "
+                                                              "here would never be read; rename yours")),
     "a shadowed module whose function exists": case("export", "--adapter", "copy:copy", "--out", "o", code=USAGE,
-                                                    says=("'copy' is the name of a module",)),
+                                                    says=("'copy' is the standard library's module",)),
     "a module built into Python": case("export", "--adapter", "sys:make", "--out", "o", code=USAGE,
-                                       says=("'sys' is the name of a module built into Python", "sys.py")),
+                                       says=("'sys' is Python's built-in module", "your sys.py here")),
     "a folder shadowed by the standard library's": case("export", "--adapter", "email.mine:make", "--out", "o",
-                                                        code=USAGE, says=("'email' is the name of a module",
-                                                                          "before your email here")),
+                                                        code=USAGE, says=("'email' is the standard library's module",
+                                                                          "your email/ here")),
     "an empty module name": case("export", "--adapter", ".:make", "--out", "o", code=USAGE,
                                  says=("expected MODULE:FUNCTION", "got '.:make'")),
     "a trailing dot": case("export", "--adapter", "bad_models.:good", "--out", "o", code=USAGE,
@@ -511,3 +513,56 @@ def test_a_model_installed_as_a_package_is_still_named_where_it_raised(tmp_path,
         module.make()
     called = raised.value.with_traceback(raised.value.__traceback__.tb_next)  # from make() in, as seq2onnx calls it
     assert raised_at(called) == f" at {site / 'usermodel' / '__init__.py'}:5"
+
+
+ROOT_SCRIPT = Path(sys.executable).parent / "seq2onnx"  # the installed program, as a user runs it
+
+
+def test_the_module_beside_the_command_wins_over_one_on_pythonpath(tmp_path):
+    """`python -m` puts the current directory first; the `seq2onnx` program (the console script, whose path starts
+    at its own bin folder) put it first only when it was not on the path at all, so with PYTHONPATH=OTHER:. OTHER's
+    module of the same name was imported (here: one that raises)."""
+    import os
+    import subprocess
+
+    program = ROOT_SCRIPT if ROOT_SCRIPT.exists() else pytest.skip("no seq2onnx console script beside this Python")
+
+    here, other = tmp_path / "here", tmp_path / "other"
+    here.mkdir(), other.mkdir()
+    (here / "twin_model.py").write_text("def make():\n    raise RuntimeError('the one beside the command')\n")
+    (other / "twin_model.py").write_text("raise RuntimeError('the one on PYTHONPATH')\n")
+    for path in (f"{other}:{here}", f"{other}:."):
+        done = subprocess.run([str(program), "export", "--adapter", "twin_model:make", "--out", "o"],
+                              cwd=here, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"})
+        assert done.returncode == 1, done.stderr
+        assert "make() failed at twin_model.py:2: RuntimeError: the one beside the command" in done.stderr, done.stderr
+    assert sorted(p.name for p in here.iterdir()) == ["twin_model.py"]
+
+
+def test_an_installed_module_hides_yours_even_where_the_environment_is_under_this_directory(tmp_path, monkeypatch):
+    """A virtual environment made in the project (`python -m venv .venv`) puts site-packages under the current
+    directory: an installed module imported already, of your module's name, was taken for yours (its function
+    'missing'), where from any other directory it is refused by name."""
+    import sys
+    import sysconfig
+
+    from cli.adapters import _shadowed
+
+    site = tmp_path / ".venv" / "lib" / "site-packages"
+    (site / "hidden_twin").mkdir(parents=True)
+    (site / "hidden_twin" / "__init__.py").write_text("")
+    (tmp_path / "hidden_twin.py").write_text("def make():\n    pass\n")
+    paths = {**sysconfig.get_paths(), "purelib": str(site), "platlib": str(site)}
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: paths)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "hidden_twin", raising=False)
+    __import__("hidden_twin")  # imported already, as seq2onnx imports its dependencies
+    monkeypatch.chdir(tmp_path)
+    try:
+        said = _shadowed("hidden_twin")
+    finally:
+        sys.modules.pop("hidden_twin", None)
+    assert said == (f"'hidden_twin' is the installed package's module {site / 'hidden_twin' / '__init__.py'}, which "
+                    "seq2onnx has imported already: your hidden_twin.py here would never be read; rename yours (say, "
+                    "my_hidden_twin)")
