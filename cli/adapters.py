@@ -15,7 +15,6 @@ ADAPTER_HELP = ("Your own model instead of a checkpoint: FUNCTION() in MODULE (i
 
 def load_adapter(value: str) -> Any:
     """--adapter MODULE:FUNCTION -> the Seq2SeqAdapter that FUNCTION() returns; what is wrong, as one line."""
-    import importlib
     import os
     import sys
 
@@ -44,22 +43,7 @@ def load_adapter(value: str) -> Any:
     shadowed = _shadowed(module_name.split(".")[0])
     if shadowed:
         raise click.BadParameter(shadowed, param_hint="'--adapter'")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:  # not found, or the user's code ran (or could not be read) and failed
-        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
-        if missing == module_name or (missing and module_name.startswith(missing + ".")):
-            raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); run seq2onnx "
-                                     "where the module is, or put its directory on PYTHONPATH",
-                                     param_hint="'--adapter'") from None
-        if isinstance(exc, ImportError):  # a module it imports (or a name from one) that is not there
-            advice = ("; install it, or put it beside your module (or on PYTHONPATH)" if missing else
-                      "; check the name and the module it is imported from")
-        else:
-            advice = SCRIPT_ADVICE if isinstance(exc, SystemExit) else (
-                "" if isinstance(exc, SyntaxError) else "; the module raised while it was imported")
-        raise click.ClickException(f"--adapter {value}: cannot import {module_name!r}{raised_at(exc)}: "
-                                   f"{described(exc)}{advice}; fix it, then run again") from None
+    module = _imported(module_name, value)
     make = getattr(module, function, None)
     if not callable(make):
         kind = type(make).__name__
@@ -77,6 +61,31 @@ def load_adapter(value: str) -> Any:
 
 
 SCRIPT_ADVICE = "; a script's own code runs when it is imported: put it in an if __name__ == '__main__' block"
+
+
+def _imported(module_name: str, value: str) -> Any:
+    """The user's module; what is wrong, as one line: not found (usage, exit 2), or its code failed while imported,
+    a failing import of its own included (the model's failure, exit 1, with where)."""
+    import importlib
+
+    from export.tracing import described, raised_at
+
+    try:
+        return importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:  # not found, or the user's code ran (or could not be read) and failed
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing == module_name or (missing and module_name.startswith(missing + ".")):
+            raise click.BadParameter(f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); run seq2onnx "
+                                     "where the module is, or put its directory on PYTHONPATH",
+                                     param_hint="'--adapter'") from None
+        if isinstance(exc, ImportError):  # a module it imports (or a name from one) that is not there
+            advice = ("; install it, or put it beside your module (or on PYTHONPATH)" if missing else
+                      "; check the name and the module it is imported from")
+        else:
+            advice = SCRIPT_ADVICE if isinstance(exc, SystemExit) else (
+                "" if isinstance(exc, SyntaxError) else "; the module raised while it was imported")
+        raise click.ClickException(f"--adapter {value}: cannot import {module_name!r}{raised_at(exc)}: "
+                                   f"{described(exc)}{advice}; fix it, then run again") from None
 
 
 def _shadowed(top: str) -> str:
