@@ -14,7 +14,7 @@ import pytest
 
 from cli.allocator import choose, mimalloc_library
 
-from support.processes import default_sigint
+from support.processes import default_sigint, logged_process
 from support.serve import DATES, free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,11 +174,8 @@ def test_a_caller_in_its_own_process_is_never_started_again() -> None:
 @pytest.mark.parametrize("allocator, loaded", [("auto", True), ("system", False)])
 def test_serve_runs_with_the_allocator_it_was_given(tmp_path: Path, allocator: str, loaded: bool) -> None:
     port, log = free_port(), tmp_path / "serve.log"
-    with open(log, "w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port),
-                                    "--allocator", allocator], stdout=sink, stderr=subprocess.STDOUT, text=True,
-                                   cwd=ROOT, start_new_session=True, preexec_fn=default_sigint)
-    try:
+    with logged_process([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port), "--allocator",
+                         allocator], log, cwd=ROOT, preexec_fn=default_sigint) as process:
         wait_healthy(f"http://127.0.0.1:{port}/healthz", 120, process)
         maps = Path(f"/proc/{process.pid}/maps").read_text()  # the pid the supervisor holds is the server's
         assert ("libmimalloc" in maps) == loaded
@@ -186,10 +183,6 @@ def test_serve_runs_with_the_allocator_it_was_given(tmp_path: Path, allocator: s
         assert reply.status_code == 200 and reply.json()["translations"][0][0]["text"]
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     text = log.read_text()
     assert ("libmimalloc.so.3; Ctrl-C stops" if loaded else "the system's malloc; Ctrl-C stops") in text, text
     assert "serve: stopped" in text

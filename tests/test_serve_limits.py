@@ -18,7 +18,7 @@ import pytest
 
 from serving.config import ServeConfig
 
-from support.processes import default_sigint
+from support.processes import default_sigint, logged_process
 from support.serve import DATES, LONG, LONG_BOUNDS, embedded, free_port, local_ray, ray_env, wait_healthy
 
 TIMEOUT_S = 0.6  # the servers' request timeout: well under LONG's decode on the fastest machine
@@ -404,17 +404,13 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
     was a plain-text 500 with a traceback, and the request was not counted; now a JSON 503 that says what to ask,
     counted, and the server goes on."""
     import json
-    import os
 
     from support.serve import SQUARES
 
     source = [[[0.25, -0.5]] * 2000] * 4
     port, log = free_port(), tmp_path / "serve.log"
-    with open(log, "w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(SQUARES), "--port", str(port),
-                                    "--max-decoding-length", "1000"], stdout=sink, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True, preexec_fn=_address_space_900_mb)
-    try:
+    with logged_process([sys.executable, "-m", "cli", "serve", str(SQUARES), "--port", str(port),
+                         "--max-decoding-length", "1000"], log, preexec_fn=_address_space_900_mb) as process:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/healthz", 120, process)
         large = httpx.post(f"{base}/v1/predict", content=json.dumps({"source": source, "target_len": 1000,
@@ -428,9 +424,5 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
         assert 'seq2onnx_requests_total{route="/v1/predict",status="503"} 1.0' in metrics, metrics[-3000:]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     text = log.read_text()
     assert "Traceback" not in text and "serve: stopped" in text, text[-3000:]

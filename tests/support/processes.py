@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 
 def default_sigint() -> None:
@@ -30,6 +30,21 @@ def child_process(args: list[str], **kwargs: object) -> Iterator[subprocess.Pope
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@contextlib.contextmanager
+def logged_process(args: list[str], log: Path, **kwargs: Any) -> Iterator[subprocess.Popen]:
+    """A child in a session of its own, its stdout and stderr written to `log`; its group killed if the test leaves
+    it running."""
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def assert_refused_in_one_line(done: subprocess.CompletedProcess, says: str) -> None:
