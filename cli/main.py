@@ -18,6 +18,7 @@ from runtime.errors import RAISED_STOPS, Terminated, clipped
 
 from . import starting_handlers
 from .common import PRINTED, WRITTEN, no_room_to_load, no_temporary_directory, onnxruntime_telemetry_off, written_so_far
+from .options import refuse_repeated_paths
 from .signals import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -68,6 +69,7 @@ class LazyGroup(click.Group):
         command = getattr(module, attr)
         if command.callback is not None and not hasattr(command.callback, RETURNS):
             command.callback = _noting_its_return(command.callback)
+            refuse_repeated_paths(command)  # once, as the callback is wrapped once
         return command
 
     def invoke(self, ctx: click.Context) -> object:

@@ -80,3 +80,35 @@ def check_device_option(ctx: click.Context, provider: str) -> None:
     if provider == "cpu" and ctx.get_parameter_source("device_id") is not click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--device-id picks a GPU; with --provider cpu it would change nothing: drop it, or "
                                "pass --provider cuda or auto")
+
+
+def refuse_repeated_paths(command: click.Command) -> click.Command:
+    """`command`, refusing an option that names a file (a click.Path, or --data) given twice: click keeps the last,
+    so `infer --input a.txt --input b.txt` decoded b.txt alone and `--out a --out b` wrote only b, without a word.
+    Other options keep click's rule (the last one counts), which scripts use to override their defaults."""
+    parse = command.parse_args
+
+    def parse_args(ctx: click.Context, args: list[str]) -> list[str]:
+        seen: dict[str, str] = {}
+        options = {name: p for p in command.params if isinstance(p, click.Option)
+                   for name in (*p.opts, *p.secondary_opts)}
+        tokens = iter(args)
+        for token in tokens:
+            if token == "--":
+                break
+            name, has_value, value = token.partition("=")
+            param = options.get(name) if name.startswith("--") else None
+            if param is None:
+                continue
+            if not param.is_flag and not has_value:
+                value = next(tokens, "")  # the option's value, never read as an option itself
+            if param.multiple or param.is_flag or not (isinstance(param.type, click.Path) or param.name == "data"):
+                continue
+            if param.name in seen:
+                raise click.UsageError(f"{name} given twice ({seen[param.name]!r}, then {value!r}); it names one "
+                                       "path: give it once", ctx)
+            seen[param.name] = value
+        return parse(ctx, args)
+
+    command.parse_args = parse_args  # type: ignore[method-assign]
+    return command

@@ -131,6 +131,15 @@ CLI_CASES: dict[str, Case] = {
     "infer token model, --target-len": case(*TOK, *TEXT, "--target-len", "3", code=USAGE,
                                             says=("--target-len", "token model", "--max-len")),
     "infer token model, no input": case(*TOK, code=USAGE, says=("token model", "--text", "--input")),
+    # a file option given twice: click kept the last, and the first file was never read (or written)
+    "infer --input twice": case(*TOK, "--input", "a.txt", "--input", "b.txt", code=USAGE,
+                                says=("--input given twice ('a.txt', then 'b.txt'); it names one path",)),
+    "infer --output twice": case(*TOK, *TEXT, "--output", "a.jsonl", "--output=b.jsonl", code=USAGE,
+                                 says=("--output given twice ('a.jsonl', then 'b.jsonl')",)),
+    "train --data twice": case("train", "--data", "dates", "--data", "reverse", "--out", "o", code=USAGE,
+                               says=("--data given twice ('dates', then 'reverse')",)),
+    "export --out twice": case("export", "ckpt", "--out", "a", "--out", "b", code=USAGE,
+                               says=("--out given twice ('a', then 'b')",)),
     # infer: bad texts and options
     "infer --text blank": case(*TOK, "--text", " ", code=USAGE, says=("--text #1", "blank")),
     "infer --text not UTF-8": case(*TOK, "--text", "3/3/15", "--text", "\u00e9t\u00e9 caf\udce9", "--plot", "att.png",
@@ -277,3 +286,20 @@ def test_vocabulary_refuses(workspace: Path, name: str) -> None:
 
     call, fragments = VOCAB_CASES[name]
     assert_api_refused(workspace, call, VocabError, fragments)
+
+
+def test_only_file_options_are_refused_twice_and_a_value_is_never_read_as_an_option():
+    """Other options keep click's rule, the last counts (scripts append overrides to their defaults); a --text whose
+    value is '--input' is a text, not a second --input."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    dates = str(Path(__file__).resolve().parents[1] / "artifacts" / "dates")
+    done = CliRunner().invoke(main, ["infer", dates, "--text", "--input", "--beam", "2", "--beam", "3", "--n-best", "3",
+                                     "--threads", "1"])
+    assert done.exit_code == 0, done.output
+    (line,) = [json.loads(text) for text in done.output.splitlines() if text.startswith("{")]
+    assert line["source"] == "--input" and len(line["hypotheses"]) == 3  # --beam 3 counted: an n-best of 3
