@@ -94,10 +94,9 @@ def _shadowed(top: str) -> str:
     the user's would never be read (its function 'missing', or another module's function called)."""
     import importlib.util
     import sys
-    import sysconfig
     from pathlib import Path
 
-    from export.tracing import is_library
+    from export.tracing import is_installed, is_library
 
     here = Path.cwd()
     local = next((path for path in (here / f"{top}.py", here / top) if path.exists()), None)
@@ -113,10 +112,7 @@ def _shadowed(top: str) -> str:
     if origin in ("built-in", "frozen"):
         whose = "Python's built-in module"
     else:
-        installed = [Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")]
-        found = Path(origin).resolve()
-        whose = (f"the installed package's module {origin}" if any(found.is_relative_to(i) for i in installed)
-                 else f"the standard library's module {origin}")
+        whose = f"{'the installed package' if is_installed(origin) else 'the standard library'}'s module {origin}"
     how = "seq2onnx has imported already" if top in sys.modules else "Python finds first"
     mine = f"{local.name}/" if local.is_dir() else local.name
     return f"{top!r} is {whose}, which {how}: your {mine} here would never be read; rename yours (say, my_{top})"

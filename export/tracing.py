@@ -49,12 +49,22 @@ def is_library(filename: str, installed: bool = True) -> bool:
     platform folder holds site-packages: installed packages are told apart first.)"""
     if not filename or filename.startswith("<"):
         return True
-    path, paths = Path(filename).resolve(), sysconfig.get_paths()
+    path = Path(filename).resolve()
     if any(path.is_relative_to(root) for root in [_ROOT / name for name in OWN_PACKAGES] + [_TORCH]):
         return True
-    if any(path.is_relative_to(Path(paths[key]).resolve()) for key in ("purelib", "platlib")):
+    if is_installed(filename):
         return installed
-    return any(path.is_relative_to(Path(paths[key]).resolve()) for key in ("stdlib", "platstdlib"))
+    return _under(path, "stdlib", "platstdlib")
+
+
+def is_installed(filename: str) -> bool:
+    """Whether `filename` lies among the installed packages (site-packages: purelib or platlib)."""
+    return _under(Path(filename).resolve(), "purelib", "platlib")
+
+
+def _under(path: Path, *keys: str) -> bool:
+    paths = sysconfig.get_paths()
+    return any(path.is_relative_to(Path(paths[key]).resolve()) for key in keys)
 
 
 def _shown(filename: str) -> str:
