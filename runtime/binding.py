@@ -135,9 +135,10 @@ SHORT_OF_MEMORY = ("Failed to allocate memory", "bad_alloc", "Cannot allocate me
 
 def quiet_run_options() -> ort.RunOptions:
     """Run options that keep onnxruntime's own log line of a failed run off stderr: the runner raises the failure as
-    an InputError naming the graph, and a service's log would hold it twice. Passing options is also ~1 us faster
-    a call than None, for which onnxruntime makes a default set every run (a bare Identity graph, 1 thread: 2.8
-    against 3.8 us). Only read by a run, so one set serves every thread."""
+    an InputError naming the graph, and a service's log would hold it twice. Passing options is also 0.6-0.9 us faster
+    a call than None, for which onnxruntime makes a default set every run (a bare Identity graph, 1 thread, three
+    runs: 2.8 against 3.8, 2.1 against 2.8 and 2.3 against 3.0 us; benchmarks/RESULTS.md). Only read by a run, so
+    one set serves every thread."""
     options = ort.RunOptions()
     options.log_severity_level = 4
     return options
