@@ -17,7 +17,7 @@ from runtime.atomic_file import write_file
 from runtime.cuda import MAX_DEVICE_ID
 from runtime.defaults import MAX_TARGET_LEN
 from runtime.destination import OutputFileError, check_output_file
-from runtime.errors import InputError, Seq2OnnxError
+from runtime.errors import InputError, ResourceError, Seq2OnnxError
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, json_line, read_items
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
@@ -85,6 +85,8 @@ def write_atomically(path: str, write: Callable[[Any], None], force: bool) -> No
         raise click.ClickException(f"{path}: a file appeared there while this ran; it was kept and nothing was "
                                    "written (pass --force to replace it)") from None
     except OSError as exc:
+        if isinstance(exc, Seq2OnnxError):  # the decode the writer streams (a ResourceError): not the file's
+            raise
         raise click.ClickException(f"{path}: could not be written ({exc.strerror or exc}); nothing was written "
                                    "there") from None
 
@@ -105,10 +107,8 @@ def write_output(path: str, outputs: np.ndarray, attention: np.ndarray | None, p
 
 def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[str]) -> dict[str, Any]:
     """The JSON document infer prints."""
-    doc: dict[str, Any] = {"outputs": outputs.tolist(), "providers": providers}
-    if attention is not None:
-        doc["attention"] = attention.tolist()
-    return doc
+    return {"outputs": outputs.tolist(), "providers": providers,
+            **({} if attention is None else {"attention": attention.tolist()})}
 
 
 @click.command(short_help="Decode points or texts with an exported model (no torch needed).")
@@ -128,8 +128,7 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="Write results to FILE.json, FILE.npy or FILE.npz (token models: FILE.jsonl) instead of stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw the first items' attention (point models: and points) to FILE.png (needs matplotlib).")
-@click.option("--threads", type=int, default=None, callback=check_threads_option,
-              help=THREADS_HELP)
+@click.option("--threads", type=int, default=None, callback=check_threads_option, help=THREADS_HELP)
 @click.option("--workers", type=IntRange(min=1), default=1, show_default=True,
               help="Copies of the model, one thread each (with --threads: that many each): token models decode "
                    "N batches at once, point models split the input from 64 sources (not int8 ones); the output is "
@@ -187,7 +186,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
                                "there are no weights to return; drop --attention")
     try:
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
-    except InputError as exc:  # what the file holds (its shape, values, mask): named with the file
+    except (InputError, ResourceError) as exc:  # what the file holds (shapes, values, mask, size): named with it
         raise InputFileError.of(input_path, exc) from None
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None

@@ -14,7 +14,7 @@ import torch
 
 from runtime.binding import RUN_FAILED_ADVICE
 from runtime.contract import BATCH, DECODER_STEP_FILE, ENCODER_FILE, PRESENT_LEN, SOURCE_LEN, Dims
-from runtime.errors import InputError, one_line
+from runtime.errors import InputError, ResourceError, one_line
 
 from .adapted import Adapted, example_sources
 from .adapter import AdapterError, Seq2SeqAdapter
@@ -32,7 +32,7 @@ def declared_parity(model: Any, run: Callable[[], list]) -> list:
         return run()
     try:
         return run()
-    except InputError as exc:
+    except (InputError, ResourceError) as exc:
         said = str(exc).removesuffix(RUN_FAILED_ADVICE)  # at export the batch is small: the advice is not it
         raise AdapterError(f"{said}: at export, this is a size the graph was not traced at; {BAKED}") from None
 

@@ -21,7 +21,7 @@ import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as ort_cpp
 
 from .denormals import clear_on_this_thread
-from .errors import Cancelled, InputError, brief, one_line
+from .errors import RUN_FAILED_ADVICE, Cancelled, InputError, ResourceError, brief, one_line
 
 DEVICE_TYPES = {"CUDAExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
 # A graph runner takes a feed {input name: array} (and optionally a `cancel` to watch the run with) and returns
@@ -129,7 +129,6 @@ WATCHDOG = Watchdog()
 os.register_at_fork(after_in_child=WATCHDOG._start)  # its threads are the parent's
 
 
-RUN_FAILED_ADVICE = "; pass a smaller batch or shorter sources"  # what a run short of memory needs
 SHORT_OF_MEMORY = ("Failed to allocate memory", "bad_alloc", "Cannot allocate memory")  # onnxruntime's words for it
 
 
@@ -148,8 +147,9 @@ QUIET = quiet_run_options()
 
 
 class SessionRunner:
-    """`session.run` by output name, onnxruntime's untyped failures (memory for a huge batch, a bad hand-made feed)
-    raised as InputError naming the graph. With `cancel`, the run is watched (`Watchdog`) and stops with Cancelled
+    """`session.run` by output name, onnxruntime's untyped failures raised naming the graph: a run short of memory
+    (a huge batch, or a process limit) as ResourceError with RUN_FAILED_ADVICE, any other (a bad hand-made feed) as
+    InputError. With `cancel`, the run is watched (`Watchdog`) and stops with Cancelled
     as soon as `cancel()` says so."""
 
     def __init__(self, session: Any, outputs: list[str], name: str) -> None:
@@ -174,9 +174,10 @@ class SessionRunner:
                 raise InputError(f"{self.name}: the feed has no {', '.join(missing)}; the graph reads "
                                  f"{', '.join(declared)}") from None
             shapes = {k: shape_of(v) for k, v in feed.items()}
-            advice = RUN_FAILED_ADVICE if any(words in str(exc) for words in SHORT_OF_MEMORY) else ""
-            raise InputError(f"{self.name}: onnxruntime could not run on inputs of shapes {brief(shapes)} "
-                             f"({one_line(exc)}){advice}") from None
+            said = f"{self.name}: onnxruntime could not run on inputs of shapes {brief(shapes)} ({one_line(exc)})"
+            if any(words in str(exc) for words in SHORT_OF_MEMORY):  # the process's memory, not the input's values
+                raise ResourceError(said + RUN_FAILED_ADVICE) from None
+            raise InputError(said) from None
         finally:
             if cancel is not None:
                 WATCHDOG.unwatch(options)

@@ -1,7 +1,9 @@
 """Typed errors of the runtime. Each message names the input, what was expected and what was given."""
 from __future__ import annotations
 
+import contextlib
 import signal
+from typing import Callable, Iterator
 
 
 class Seq2OnnxError(Exception):
@@ -70,6 +72,21 @@ class ProviderError(Seq2OnnxError, RuntimeError):
 
 class ResourceError(Seq2OnnxError, OSError):
     """The process could not get threads or memory: its limits (ulimit) or the machine's, not its input."""
+
+
+RUN_FAILED_ADVICE = "; pass a smaller batch or shorter sources"  # what a decode short of memory needs
+
+
+@contextlib.contextmanager
+def short_of_memory(what: Callable[[], str]) -> Iterator[None]:
+    """numpy's MemoryError inside the block (the search's arrays, the outputs) raised as a ResourceError naming
+    `what()`, as onnxruntime's failure to allocate for a run is (runtime.binding): one error for a decode the
+    process's memory cannot hold, wherever it ran out."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise ResourceError(f"{what()}: the decode needs more memory than this process has free "
+                            f"({one_line(exc) or 'MemoryError'}){RUN_FAILED_ADVICE}") from None
 
 
 BRIEF_CHARS = 200  # longest repr of a caller's value quoted in a message: a long path fits, a big array does not

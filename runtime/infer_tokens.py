@@ -20,7 +20,7 @@ import numpy as np
 
 from .binding import RUN_FAILED_ADVICE
 from .declared import Sources, TokenContract
-from .errors import InputError, Seq2OnnxError, UsageError
+from .errors import InputError, ResourceError, Seq2OnnxError, UsageError
 from .plot import MAX_ITEMS, Heatmap
 from .spec import ModelSpec
 from .token_steps import contract_for
@@ -258,12 +258,13 @@ class TokenRun:
                 return copy.translate_batch([i.text for i in batch], **options)
             except Seq2OnnxError as exc:
                 said = str(exc)
-                if said.endswith(RUN_FAILED_ADVICE):  # short of memory: the batch is --batch-size's, times the beam
+                if isinstance(exc, ResourceError):  # short of memory: the batch is --batch-size's, times the beam
                     beam = options["beam_size"]
                     said = (said.removesuffix(RUN_FAILED_ADVICE) + f"; pass a smaller --batch-size (this one was "
                             f"{self.batch_size}){f', a narrower --beam ({beam})' if beam > 1 else ''} or shorter "
                             "inputs")
-                raise InputError(f"{span(batch)}: {said}") from None
+                raise (ResourceError if isinstance(exc, ResourceError) else InputError)(f"{span(batch)}: {said}") \
+                    from None
 
         before = 0
         if len(copies) == 1:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runtime.errors import Seq2OnnxError, one_line
+from runtime.binding import RUN_FAILED_ADVICE
+from runtime.errors import ResourceError, Seq2OnnxError, one_line
 
-from .batching import Decoded, RequestTooLarge, WrongKind
+from .batching import SMALLER, Decoded, RequestTooLarge, WrongKind
 from .service import DeadlineExceeded, Overloaded, Service
 
 
@@ -57,6 +58,8 @@ def refusal(exc: Seq2OnnxError, prefix: str = "") -> tuple[int, dict[str, Any], 
         return 503, {"error": one_line(exc)}, {"retry-after": str(exc.retry_after_s)}
     if isinstance(exc, WrongKind):
         return 400, {"error": exc.under(prefix)}, {}
+    if isinstance(exc, ResourceError):  # the server's memory, not the request's values: 503, without a retry time
+        return 503, {"error": one_line(exc).removesuffix(RUN_FAILED_ADVICE).removesuffix(SMALLER) + SMALLER}, {}
     status = 413 if isinstance(exc, RequestTooLarge) else 408 if isinstance(exc, DeadlineExceeded) else 400
     return status, {"error": one_line(exc)}, {}
 

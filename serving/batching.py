@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, samples, translate_options
-from runtime.errors import Cancelled, InputError, Seq2OnnxError
+from runtime.errors import Cancelled, InputError, ResourceError, Seq2OnnxError
 from runtime.model import Seq2Seq
 from runtime.point_inputs import check_mask, check_source, check_target_len
 from runtime.points import Cancel
@@ -44,6 +44,10 @@ class WrongKind(InputError):
 
 class RequestTooLarge(Seq2OnnxError, ValueError):
     """A request beyond the server's bounds (items per request, body bytes): HTTP 413."""
+
+
+# what a request that the server's memory could not decode is told (HTTP 503)
+SMALLER = "; ask for less in one request (fewer or shorter inputs, a narrower beam), or try again later"
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,8 @@ def _texts_together(model: Seq2Seq, jobs: Sequence[TokenJob],
 
 
 def _guarded(decode: Callable[[list[Any]], list[Any]], jobs: list[Any]) -> list[Decoded]:
-    """Decode jobs together; when that fails with a user error, decode each alone so each gets its own result."""
+    """Decode jobs together; when that fails with a user error or for memory, decode each alone so each gets its
+    own result (a batch too large for the memory left may be decoded a request at a time)."""
     rows = sum(job.rows for job in jobs)
     try:
         return [Decoded(value, rows, len(jobs)) for value in decode(jobs)]
@@ -252,4 +257,8 @@ def _guarded(decode: Callable[[list[Any]], list[Any]], jobs: list[Any]) -> list[
     except Seq2OnnxError as exc:
         if len(jobs) == 1:
             return [Decoded(exc, rows, 1)]
+    except MemoryError:  # the batcher's own arrays (merged sources padded); the runtime raises ResourceError
+        if len(jobs) == 1:
+            return [Decoded(ResourceError(f"this request ({rows} input{'s' if rows != 1 else ''}) needs more memory "
+                                          "to decode than this server has free now" + SMALLER), rows, 1)]
     return [_guarded(decode, [job])[0] for job in jobs]

@@ -104,3 +104,22 @@ def test_a_batch_without_memory_names_its_lines_once_and_the_batch_size_option(t
     assert last.endswith("; pass a smaller --batch-size (this one was 4000), a narrower --beam (8) or shorter "
                          "inputs"), last
     assert done.stdout == ""
+
+
+def test_a_search_without_memory_is_the_same_one_line_and_writes_no_output(tmp_path: Path) -> None:
+    """numpy's MemoryError in the beam search (64 texts at beam 64, 4,096 tokens with attention) was 'infer: out of
+    memory', without the lines or the options that made it; now the runtime's ResourceError, said as onnxruntime's
+    is. It is an OSError, which --output's writer (the decode streams into it) must not read as the file that
+    'could not be written'."""
+    (tmp_path / "in.txt").write_text(("3/3/15 " * 20 + "\n") * 64)
+    done = subprocess.run([sys.executable, "-m", "cli", "infer", str(DATES), "--input", "in.txt", "--batch-size", "64",
+                           "--beam", "64", "--max-len", "4096", "--min-len", "4096", "--attention", "--threads", "1",
+                           "--output", "out.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          preexec_fn=_address_space(900_000))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: --input in.txt lines 1-64: translate_batch (64 texts, beam_size 64): the decode "
+                           "needs more memory than this process has free (Unable to allocate "), last
+    assert last.endswith("; pass a smaller --batch-size (this one was 64), a narrower --beam (64) or shorter "
+                         "inputs"), last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]

@@ -505,6 +505,38 @@ def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq
         np.testing.assert_allclose(result.value[1], alphas, rtol=POINT_TOL, atol=POINT_TOL)
 
 
+def test_a_merged_batch_short_of_memory_is_decoded_a_request_at_a_time(dates: Seq2Seq) -> None:
+    """A MemoryError in a merged decode (the batcher's own arrays, such as merged sources padded to the longest;
+    the runtime raises its own as ResourceError) ended every request in it without an answer; now each request is
+    decoded alone, and one that alone cannot be decoded gets a ResourceError (HTTP 503) saying to ask for less."""
+    from runtime.errors import ResourceError
+    from serving.batching import SMALLER, decode_texts, token_job
+    from serving.schemas import TranslateRequest
+
+    calls: list[int] = []
+
+    class Tight:  # the model, in a process whose memory holds at most 2 texts' decode at a time
+        def __getattr__(self, name: str) -> Any:
+            return getattr(dates, name)
+
+        def translate_batch(self, texts: list[str], **options: Any) -> Any:
+            calls.append(len(texts))
+            if len(texts) > 2:
+                np.empty(1 << 62, np.uint8)  # numpy's own MemoryError, as the search's arrays raise it
+            return dates.translate_batch(texts, **options)
+
+    defaults = TranslateRequest(texts=[]).options()
+    jobs = [token_job(dates, texts, defaults, MAX_BATCH, 512, 16) for texts in (TEXTS[:2], TEXTS[:3], TEXTS[2:3])]
+    done = decode_texts(Tight(), jobs)
+    assert calls == [6, 2, 3, 1]
+    assert [d.batch_requests for d in done] == [1, 1, 1] and [d.batch_rows for d in done] == [2, 3, 1]
+    assert isinstance(done[1].value, ResourceError)
+    assert str(done[1].value) == f"this request (3 inputs) needs more memory to decode than this server has free now{SMALLER}"
+    for job, result in zip([jobs[0], jobs[2]], [done[0], done[2]]):
+        assert [[h.ids for h in hyps] for hyps in result.value] == \
+            [[h.ids for h in hyps] for hyps in dates.translate_batch(job.texts)]
+
+
 def test_merged_texts_get_the_attention_width_of_their_own_request(dates: Seq2Seq) -> None:
     """A short text decoded beside a long one: its attention is as wide as its own decode's, not the batch's."""
     from serving.batching import decode_texts, token_job

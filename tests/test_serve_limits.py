@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from serving.batching import SMALLER
 from serving.config import ServeConfig
 
 from support.processes import default_sigint, logged_process
@@ -426,3 +427,43 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
         assert process.wait(timeout=60) == 0
     text = log.read_text()
     assert "Traceback" not in text and "serve: stopped" in text, text[-3000:]
+
+
+def test_a_decode_the_memory_left_cannot_hold_is_a_json_503_and_the_server_goes_on(tmp_path: Any) -> None:
+    """Under `ulimit -v 900000`, two requests the dates model cannot decode in the memory left: one whose encoder run
+    onnxruntime cannot allocate for (256 long texts at beam 64) was a 400, as if the request's values were wrong; one
+    whose beam search numpy cannot allocate for (64 texts at beam 64, 4,096 tokens with attention) was a traceback in
+    the log and no answer at all (the runtime raises both as a ResourceError now). Both are a JSON 503 that says to ask for less, counted, and the server goes on."""
+    import json
+
+    port, log = free_port(), tmp_path / "serve.log"
+    bounds = ["--max-decoding-length", "4096", "--max-batch-size", "256", "--max-beam-size", "64", "--max-body-bytes",
+              str(64 << 20)]
+    with logged_process([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port), *bounds], log,
+                        preexec_fn=_address_space_900_mb) as process:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(f"{base}/healthz", 120, process)
+
+        def translate(body: dict[str, Any]) -> httpx.Response:
+            return httpx.post(f"{base}/v1/translate", content=json.dumps(body),
+                              headers={"content-type": "application/json"}, timeout=300)
+
+        encoder = translate({"texts": ["3/3/15 " * 100] * 256, "beam_size": 64, "max_decoding_length": 1024})
+        assert encoder.status_code == 503 and "retry-after" not in encoder.headers, encoder.text[:600]
+        said = encoder.json()["error"]
+        assert said.startswith("encoder.onnx: onnxruntime could not run on inputs of shapes {'source_ids': (256, 701)")
+        assert "Failed to allocate memory" in said and said.endswith(SMALLER) and "pass a smaller batch" not in said
+        search = translate({"texts": ["3/3/15 " * 20] * 64, "beam_size": 64, "max_decoding_length": 4096,
+                            "min_decoding_length": 4096, "return_attention": True})
+        assert search.status_code == 503, search.text[:600]
+        said = search.json()["error"]
+        assert said.startswith("translate_batch (64 texts, beam_size 64): the decode needs more memory than this "
+                               "process has free (Unable to allocate "), said
+        assert said.endswith(SMALLER) and "pass a smaller batch" not in said, said
+        assert translate(SHORT).status_code == 200
+        metrics = httpx.get(f"{base}/metrics", timeout=30).text
+        assert 'seq2onnx_requests_total{route="/v1/translate",status="503"} 2.0' in metrics, metrics[-3000:]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    text = log.read_text()
+    assert "Traceback" not in text and "answered, 0 ended without an answer" in text, text[-3000:]
