@@ -113,8 +113,9 @@ class Tracing:
 def untraceable(adapter: Seq2SeqAdapter, module: torch.nn.Module, args: tuple, exc: Exception,
                 where: str) -> str:
     """Where tracing `module` broke: the module running when the tracer raised, or, for an operator the exporter
-    cannot convert (found after tracing), the module that runs it: the scope a TorchScript trace records for it
-    (the wrapper holds the adapter's modules as `parts`: parts.1.gru is modules[1].gru)."""
+    cannot convert (found after tracing), the module that runs it and the user's line that calls it: the scope and
+    the call stack a TorchScript trace records for it (the wrapper holds the adapter's modules as `parts`:
+    parts.1.gru is modules[1].gru)."""
     op = re.search(r"operator '([\w:.]+)'", str(exc))
     if where or op is None:
         return where
@@ -124,15 +125,26 @@ def untraceable(adapter: Seq2SeqAdapter, module: torch.nn.Module, args: tuple, e
             graph = torch.jit.trace(module, args, check_trace=False, strict=False).inlined_graph
     except Exception:  # only looking: the export's own error is what is reported
         return ""
-    scopes = [node.scopeName() for node in graph.nodes() if node.kind() == op.group(1)]
-    path = re.search(r"parts\.(\d+)((?:\.[\w]+)*)$", scopes[0].split("/")[-1].replace("__module.", "")) \
-        if scopes else None
-    if path is None:
+    nodes = [node for node in graph.nodes() if node.kind() == op.group(1)]
+    if not nodes:
         return ""
+    at = _source_line(nodes[0].sourceRange())
+    path = re.search(r"parts\.(\d+)((?:\.[\w]+)*)$", nodes[0].scopeName().split("/")[-1].replace("__module.", ""))
+    if path is None:
+        return at
     root = adapter.modules[int(path.group(1))]
     inner = path.group(2).lstrip(".")
     found = root.get_submodule(inner) if inner else root
-    return f" in modules[{path.group(1)}]{'.' + inner if inner else ''} ({type(found).__name__})"
+    return f" in modules[{path.group(1)}]{'.' + inner if inner else ''} ({type(found).__name__}){at}"
+
+
+def _source_line(source_range: str) -> str:
+    """' at my_model.py:12': the innermost line of the user's own code in a traced node's call stack (TorchScript's
+    'FILE(LINE): FUNCTION' lines, innermost first), as raised_at says it; '' if none."""
+    for file_name, line in re.findall(r"^(.+)\((\d+)\): \S+$", source_range, flags=re.MULTILINE):
+        if not is_library(file_name):
+            return f" at {_shown(file_name)}:{line}"
+    return ""
 
 
 def run_declared(adapter: Seq2SeqAdapter, what: str, call: Any, *args: Any) -> Any:

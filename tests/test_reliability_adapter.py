@@ -102,6 +102,15 @@ def untraceable():
     return replace(adapter, step=step, modules=(model, spectral))
 
 
+def untraceable_outside_modules():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores, {**changed, "feed": torch.fft.ifft(changed["feed"]).real}, attention
+    return replace(adapter, step=step)
+
+
 class Broken(nn.Module):
     def forward(self, state):
         return state["cell"]
@@ -306,8 +315,12 @@ CLI_CASES: dict[str, Case] = {
     "growing but not grown": export("growing_but_not_grown", BAD_INPUT, "step output 'h'", "axis 1 grows by one"),
     "reserved state name": export("reserved_name", BAD_INPUT, "state names ['log_probs'] are taken"),
     "a baked-in length": export("baked_length", BAD_INPUT, "encoder.onnx fails at batch 5", "baked into the graph"),
-    "an untraceable op": export("untraceable", BAD_INPUT, "decoder_step.onnx: the model cannot be traced",
-                                "in modules[1] (Spectral)", "aten::fft_fft"),
+    "an untraceable op": export("untraceable", BAD_INPUT, "decoder_step.onnx: the model cannot be traced in "
+                                "modules[1] (Spectral) at ", f"bad_models.py:{line_of('torch.fft.fft(x)')}: ",
+                                "aten::fft_fft"),
+    "an untraceable op in the step function": export(  # split at the path: in process, bad_models is imported once
+        "untraceable_outside_modules", BAD_INPUT, "decoder_step.onnx: the model cannot be traced at ",
+        f"bad_models.py:{line_of('torch.fft.ifft(')}: ", "aten::fft_ifft"),
     "a step that raises": export("raises_in_step", BAD_INPUT, "step failed in modules[1] (Broken) at ",
                                  f"bad_models.py:{line_of('return state[')}: KeyError",
                                  "'cell'", "; if that is a state's name: the state it was given holds ['c', 'feed', 'h', "
