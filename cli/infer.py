@@ -292,8 +292,8 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
     if plot_path and not run.shown:
         say(f"note: there were no inputs, so nothing was drawn and {plot_path} was not written")
     elif plot_path:
-        from runtime.plot import plot_heatmaps
+        from runtime.plot import plot_heatmaps, shown_inputs
 
-        title = f"attention of the best hypothesis: the first {len(run.shown)} of {run.decoded} inputs"
+        title = f"attention of the best hypothesis: {shown_inputs(len(run.shown), run.decoded)}"
         write_atomically(plot_path, lambda f: plot_heatmaps(run.heatmaps(), title, f), force)
         wrote(plot_path, last=True)

@@ -48,6 +48,14 @@ def shown_items(n: int) -> str:
     return "no items" if last < 0 else (f"items 0-{last}" if last else "item 0")
 
 
+def shown_inputs(shown: int, decoded: int) -> str:
+    """The inputs a plot of the first `shown` of `decoded` shows, in words: 'the first 4 of 10 inputs', 'all 3
+    inputs' or 'the input'."""
+    if shown < decoded:
+        return f"the first {shown} of {decoded} inputs"
+    return "the input" if decoded == 1 else f"all {decoded} inputs"
+
+
 def _square_limits(ax: object, points: np.ndarray) -> None:
     """The same span on both axes, so a square looks square."""
     low, high = points[:, :2].min(axis=0), points[:, :2].max(axis=0)  # (2,)

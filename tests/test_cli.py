@@ -115,6 +115,15 @@ def test_a_plot_names_the_items_it_shows(n, said):
     assert shown_items(n) == said
 
 
+@pytest.mark.parametrize(("shown", "decoded", "said"), [(4, 10, "the first 4 of 10 inputs"), (3, 3, "all 3 inputs"),
+                                                       (1, 1, "the input")])
+def test_a_token_plot_title_names_the_inputs_it_shows(shown, decoded, said):
+    """'the first 1 of 1 inputs' was the title of a plot of one text."""
+    from runtime.plot import shown_inputs
+
+    assert shown_inputs(shown, decoded) == said
+
+
 NO_HOME = "/proc/seq2onnx-no-home"  # no directory can be made there, not even by root
 HISTORY_PLOT = ("import sys; from pathlib import Path; from training.plots import plot_history; "
                 "plot_history({'train': [1.0, 0.5], 'val': [1.1, 0.6]}, Path(sys.argv[1]))")
