@@ -1,9 +1,7 @@
 """Typed errors of the runtime. Each message names the input, what was expected and what was given."""
 from __future__ import annotations
 
-import contextlib
 import signal
-from typing import Callable, Iterator
 
 
 class Seq2OnnxError(Exception):
@@ -77,16 +75,12 @@ class ResourceError(Seq2OnnxError, OSError):
 RUN_FAILED_ADVICE = "; pass a smaller batch or shorter sources"  # what a decode short of memory needs
 
 
-@contextlib.contextmanager
-def short_of_memory(what: Callable[[], str]) -> Iterator[None]:
-    """numpy's MemoryError inside the block (the search's arrays, the outputs) raised as a ResourceError naming
-    `what()`, as onnxruntime's failure to allocate for a run is (runtime.binding): one error for a decode the
-    process's memory cannot hold, wherever it ran out."""
-    try:
-        yield
-    except MemoryError as exc:
-        raise ResourceError(f"{what()}: the decode needs more memory than this process has free "
-                            f"({one_line(exc) or 'MemoryError'}){RUN_FAILED_ADVICE}") from None
+def short_of_memory(what: str, exc: MemoryError) -> ResourceError:
+    """numpy's MemoryError in a decode (the search's arrays, the outputs) as the ResourceError that onnxruntime's
+    failure to allocate for a run is (runtime.binding), naming `what`: one error for a decode the process's memory
+    cannot hold, wherever it ran out. (A try block, not a context manager: free where nothing is raised.)"""
+    return ResourceError(f"{what}: the decode needs more memory than this process has free "
+                         f"({one_line(exc) or 'MemoryError'}){RUN_FAILED_ADVICE}")
 
 
 BRIEF_CHARS = 200  # longest repr of a caller's value quoted in a message: a long path fits, a big array does not

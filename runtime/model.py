@@ -186,11 +186,14 @@ class Seq2Seq:
             with flushing(rows.stop - rows.start > 1 or padded):  # one unpadded row has no mask
                 return model._decode_points(src[rows], mask[rows], steps, cancel)
 
-        with short_of_memory(lambda: f"predict ({src.shape[0]} sources of {src.shape[1]} points, {steps} steps)"):
+        try:
             found = workers.run(parts, decode) if workers is not None else [decode(self, parts[0])]
             outputs = found[0][0] if len(found) == 1 else np.concatenate([out for out, _ in found])
             attention = (found[0][1] if len(found) == 1 or found[0][1] is None
                          else np.concatenate([a for _, a in found]))
+        except MemoryError as exc:
+            raise short_of_memory(f"predict ({src.shape[0]} sources of {src.shape[1]} points, {steps} steps)",
+                                  exc) from None
         check_outputs(src, outputs, attention)  # over the whole batch: a bad row is named by its own index
         return (outputs, attention) if return_attention else outputs
 
@@ -220,9 +223,12 @@ class Seq2Seq:
         if not OPTION_NAMES.issuperset(options):
             unknown = sorted(set(options) - OPTION_NAMES)
             raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
-        with short_of_memory(lambda: f"translate_batch ({len(texts)} texts, beam_size {options.get('beam_size', 1)})"):
+        try:
             return translate(self._token_steps, self.vocabularies, texts, cancel=cancel,
                              workers=self._token_workers if self._splits else None, **options)
+        except MemoryError as exc:
+            raise short_of_memory(f"translate_batch ({len(texts)} texts, beam_size {options.get('beam_size', 1)})",
+                                  exc) from None
 
     @property
     def contract(self) -> TokenContract | None:
