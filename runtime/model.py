@@ -191,11 +191,12 @@ class Seq2Seq:
             outputs = found[0][0] if len(found) == 1 else np.concatenate([out for out, _ in found])
             attention = (found[0][1] if len(found) == 1 or found[0][1] is None
                          else np.concatenate([a for _, a in found]))
-        except MemoryError as exc:
-            raise short_of_memory(f"predict ({src.shape[0]} sources of {src.shape[1]} points, {steps} steps)",
-                                  exc) from None
-        check_outputs(src, outputs, attention)  # over the whole batch: a bad row is named by its own index
-        return (outputs, attention) if return_attention else outputs
+        except MemoryError as exc:  # raised below, without the MemoryError's frames (they hold the decode's arrays)
+            error = short_of_memory(f"predict ({src.shape[0]} sources of {src.shape[1]} points, {steps} steps)", exc)
+        else:
+            check_outputs(src, outputs, attention)  # over the whole batch: a bad row is named by its own index
+            return (outputs, attention) if return_attention else outputs
+        raise error
 
     def _decode_points(self, src: np.ndarray, mask: np.ndarray, steps: int,
                        cancel: Cancel | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -226,9 +227,10 @@ class Seq2Seq:
         try:
             return translate(self._token_steps, self.vocabularies, texts, cancel=cancel,
                              workers=self._token_workers if self._splits else None, **options)
-        except MemoryError as exc:
-            raise short_of_memory(f"translate_batch ({len(texts)} texts, beam_size {options.get('beam_size', 1)})",
-                                  exc) from None
+        except MemoryError as exc:  # raised below, as predict's
+            error = short_of_memory(f"translate_batch ({len(texts)} texts, beam_size {options.get('beam_size', 1)})",
+                                    exc)
+        raise error
 
     @property
     def contract(self) -> TokenContract | None:

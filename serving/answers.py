@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runtime.binding import RUN_FAILED_ADVICE
 from runtime.errors import ResourceError, Seq2OnnxError, one_line
 
-from .batching import SMALLER, Decoded, RequestTooLarge, WrongKind
+from .batching import Decoded, RequestTooLarge, WrongKind
 from .service import DeadlineExceeded, Overloaded, Service
 
 
@@ -59,7 +58,7 @@ def refusal(exc: Seq2OnnxError, prefix: str = "") -> tuple[int, dict[str, Any], 
     if isinstance(exc, WrongKind):
         return 400, {"error": exc.under(prefix)}, {}
     if isinstance(exc, ResourceError):  # the server's memory, not the request's values: 503, without a retry time
-        return 503, {"error": one_line(exc).removesuffix(RUN_FAILED_ADVICE).removesuffix(SMALLER) + SMALLER}, {}
+        return 503, {"error": one_line(exc)}, {}
     status = 413 if isinstance(exc, RequestTooLarge) else 408 if isinstance(exc, DeadlineExceeded) else 400
     return status, {"error": one_line(exc)}, {}
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, samples, translate_options
-from runtime.errors import Cancelled, InputError, ResourceError, Seq2OnnxError
+from runtime.errors import RUN_FAILED_ADVICE, Cancelled, InputError, ResourceError, Seq2OnnxError, one_line
 from runtime.model import Seq2Seq
 from runtime.point_inputs import check_mask, check_source, check_target_len
 from runtime.points import Cancel
@@ -46,8 +46,11 @@ class RequestTooLarge(Seq2OnnxError, ValueError):
     """A request beyond the server's bounds (items per request, body bytes): HTTP 413."""
 
 
-# what a request that the server's memory could not decode is told (HTTP 503)
-SMALLER = "; ask for less in one request (fewer or shorter inputs, a narrower beam), or try again later"
+# what a request that the server's memory could not decode is told (HTTP 503), by kind of model
+SMALLER = {"points": "; ask for less in one request (fewer or shorter sources, a smaller target_len, or no "
+                     "return_attention), or try again later",
+           "tokens": "; ask for less in one request (fewer or shorter texts, a smaller beam_size, num_hypotheses or "
+                     "max_decoding_length / min_decoding_length, or no return_attention), or try again later"}
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def decode_points(model: Seq2Seq, jobs: Sequence[PointJob], cancel: Cancel | Non
         for members in similar_lengths(same_target, [jobs[i].source.shape[1] for i in same_target]):
             merged = [jobs[i] for i in members]
             found.update(zip(members, _guarded(lambda js, n=target_len: _points_together(model, js, n, cancel),
-                                               merged)))
+                                               merged, SMALLER["points"])))
     return [found[i] for i in range(len(jobs))]
 
 
@@ -229,7 +232,7 @@ def decode_texts(model: Seq2Seq, jobs: Sequence[TokenJob], cancel: Cancel | None
     found: dict[int, Decoded] = {}
     for members in groups.values():
         merged = [jobs[i] for i in members]
-        found.update(zip(members, _guarded(lambda js: _texts_together(model, js, cancel), merged)))
+        found.update(zip(members, _guarded(lambda js: _texts_together(model, js, cancel), merged, SMALLER["tokens"])))
     return [found[i] for i in range(len(jobs))]
 
 
@@ -246,19 +249,32 @@ def _texts_together(model: Seq2Seq, jobs: Sequence[TokenJob],
     return results
 
 
-def _guarded(decode: Callable[[list[Any]], list[Any]], jobs: list[Any]) -> list[Decoded]:
+def _guarded(decode: Callable[[list[Any]], list[Any]], jobs: list[Any], smaller: str) -> list[Decoded]:
     """Decode jobs together; when that fails with a user error or for memory, decode each alone so each gets its
-    own result (a batch too large for the memory left may be decoded a request at a time)."""
+    own result (a batch too large for the memory left may be decoded a request at a time). A request the memory
+    cannot hold alone gets a ResourceError ending in `smaller`, the advice in its model's fields."""
     rows = sum(job.rows for job in jobs)
     try:
         return [Decoded(value, rows, len(jobs)) for value in decode(jobs)]
     except Cancelled:  # the caller stopped the decode: no one waits for any of these
         raise
+    except ResourceError as exc:
+        if len(jobs) == 1:
+            return [Decoded(ResourceError(one_line(exc).removesuffix(RUN_FAILED_ADVICE) + smaller), rows, 1)]
     except Seq2OnnxError as exc:
         if len(jobs) == 1:
-            return [Decoded(exc, rows, 1)]
+            return [Decoded(released(exc), rows, 1)]
     except MemoryError:  # the batcher's own arrays (merged sources padded); the runtime raises ResourceError
         if len(jobs) == 1:
             return [Decoded(ResourceError(f"this request ({rows} input{'s' if rows != 1 else ''}) needs more memory "
-                                          "to decode than this server has free now" + SMALLER), rows, 1)]
-    return [_guarded(decode, [job])[0] for job in jobs]
+                                          f"to decode than this server has free now{smaller}"), rows, 1)]
+    return [_guarded(decode, [job], smaller)[0] for job in jobs]
+
+
+def released(exc: Exception) -> Exception:
+    """`exc` without its traceback and context, to be kept as a request's answer: their frames hold the failed
+    decode's arrays (a search's state), and once the error is raised again to answer it, a cycle through the
+    answering frame keeps them until the garbage collector runs. (A request refused for memory gets a new error:
+    with the frames of its search kept, the requests after it were refused for memory too, until then.)"""
+    exc.__traceback__, exc.__context__, exc.__cause__ = None, None, None
+    return exc

@@ -403,7 +403,8 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
     """4 point sources of 2,000 steps decoded to 1,000 with attention: the decode fits under `ulimit -v 900000`, the
     8 M numbers of its answer as JSON text do not (700-1,100 MB gave this; 1,400 MB answers 200). That MemoryError
     was a plain-text 500 with a traceback, and the request was not counted; now a JSON 503 that says what to ask,
-    counted, and the server goes on."""
+    counted, and the server goes on. A point decode the memory cannot hold is a 503 whose advice names the point
+    route's fields (it named a beam, which point models do not have)."""
     import json
 
     from support.serve import SQUARES
@@ -420,9 +421,13 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
         assert large.status_code == 503, large.text[:300]
         assert large.json()["error"].startswith("the answer (about 8008001 numbers) needs more memory than this "
                                                 "server has free now; ask for less in one request")
+        decode = httpx.post(f"{base}/v1/predict", content=json.dumps({"source": [[[0.25, -0.5]] * 3000] * 32,
+                                                                      "target_len": 512, "return_attention": True}),
+                            headers={"content-type": "application/json"}, timeout=120)
+        assert decode.status_code == 503 and decode.json()["error"].endswith(SMALLER["points"]), decode.text[:600]
         assert httpx.post(f"{base}/v1/predict", json={"source": [[[0.25, -0.5]]]}, timeout=60).status_code == 200
         metrics = httpx.get(f"{base}/metrics", timeout=30).text
-        assert 'seq2onnx_requests_total{route="/v1/predict",status="503"} 1.0' in metrics, metrics[-3000:]
+        assert 'seq2onnx_requests_total{route="/v1/predict",status="503"} 2.0' in metrics, metrics[-3000:]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     text = log.read_text()
@@ -432,14 +437,16 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
 def test_a_decode_the_memory_left_cannot_hold_is_a_json_503_and_the_server_goes_on(tmp_path: Any) -> None:
     """Under `ulimit -v 900000`, two requests the dates model cannot decode in the memory left: one whose encoder run
     onnxruntime cannot allocate for (256 long texts at beam 64) was a 400, as if the request's values were wrong; one
-    whose beam search numpy cannot allocate for (64 texts at beam 64, 4,096 tokens with attention) was a traceback in
-    the log and no answer at all (the runtime raises both as a ResourceError now). Both are a JSON 503 that says to ask for less, counted, and the server goes on."""
+    whose beam search numpy cannot allocate for (32 long texts at beam 16 to 512 tokens, 16 hypotheses each with
+    attention) was a traceback in the log and no answer at all. Both are a JSON 503 that says to ask for less,
+    counted, and the server goes on: the request it decoded before decodes again at once (the refused search's
+    arrays were held by the error's traceback until the garbage collector ran, and that request was refused for
+    memory meanwhile)."""
     import json
 
     port, log = free_port(), tmp_path / "serve.log"
-    bounds = ["--max-decoding-length", "4096", "--max-batch-size", "256", "--max-beam-size", "64", "--max-body-bytes",
-              str(64 << 20)]
-    with logged_process([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port), *bounds], log,
+    with logged_process([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port), "--max-batch-size",
+                         "256", "--max-beam-size", "64", "--max-body-bytes", str(64 << 20)], log,
                         preexec_fn=_address_space_900_mb) as process:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/healthz", 120, process)
@@ -448,19 +455,23 @@ def test_a_decode_the_memory_left_cannot_hold_is_a_json_503_and_the_server_goes_
             return httpx.post(f"{base}/v1/translate", content=json.dumps(body),
                               headers={"content-type": "application/json"}, timeout=300)
 
-        encoder = translate({"texts": ["3/3/15 " * 100] * 256, "beam_size": 64, "max_decoding_length": 1024})
+        long = ("march 3 2015 " * 80)[:1000]
+        fits = {"texts": [long] * 32, "beam_size": 16, "max_decoding_length": 512, "min_decoding_length": 512}
+        assert translate(fits).status_code == 200
+        encoder = translate({"texts": ["3/3/15 " * 100] * 256, "beam_size": 64, "max_decoding_length": 512})
         assert encoder.status_code == 503 and "retry-after" not in encoder.headers, encoder.text[:600]
         said = encoder.json()["error"]
         assert said.startswith("encoder.onnx: onnxruntime could not run on inputs of shapes {'source_ids': (256, 701)")
-        assert "Failed to allocate memory" in said and said.endswith(SMALLER) and "pass a smaller batch" not in said
-        search = translate({"texts": ["3/3/15 " * 20] * 64, "beam_size": 64, "max_decoding_length": 4096,
-                            "min_decoding_length": 4096, "return_attention": True})
+        assert "Failed to allocate memory" in said and said.endswith(SMALLER["tokens"]), said
+        assert "pass a smaller batch" not in said
+        search = translate({**fits, "num_hypotheses": 16, "return_attention": True})
         assert search.status_code == 503, search.text[:600]
         said = search.json()["error"]
-        assert said.startswith("translate_batch (64 texts, beam_size 64): the decode needs more memory than this "
+        assert said.startswith("translate_batch (32 texts, beam_size 16): the decode needs more memory than this "
                                "process has free (Unable to allocate "), said
-        assert said.endswith(SMALLER) and "pass a smaller batch" not in said, said
-        assert translate(SHORT).status_code == 200
+        assert said.endswith(SMALLER["tokens"]) and "pass a smaller batch" not in said, said
+        again = translate(fits)
+        assert again.status_code == 200, again.text[:600]
         metrics = httpx.get(f"{base}/metrics", timeout=30).text
         assert 'seq2onnx_requests_total{route="/v1/translate",status="503"} 2.0' in metrics, metrics[-3000:]
         process.send_signal(signal.SIGTERM)
