@@ -5,13 +5,11 @@ Point models read numeric sources (.npy, .npz, JSON) and print one JSON document
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 import numpy as np
-from click.core import ParameterSource
 
 from runtime.atomic_file import write_file
 from runtime.cuda import MAX_DEVICE_ID
@@ -22,7 +20,7 @@ from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, json_line, rea
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
 from .common import print_results, say, user_errors, wrote
-from .infer_points import InputFileError, read_input
+from .infer_points import InputFileError, read_input, results_too_large
 from .infer_tokens import (
     argv_text,
     check_token_usage,
@@ -32,6 +30,7 @@ from .infer_tokens import (
     token_options,
 )
 from .options import IntRange, check_device_option, check_threads_option, check_workers_option
+from .ray_job import RayJob, infer_on_ray_checked
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")
 THREADS_HELP = ("onnxruntime intra-op threads, 1 to the number of usable CPUs.  [default: the usable CPUs, at "
@@ -166,7 +165,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
     check_workers_option(workers, threads, on_ray or address is not None or concurrency is not None)
     check_device_option(click.get_current_context(), provider)
     if on_ray or address is not None or concurrency is not None:
-        return _infer_on_ray(click.get_current_context(), RayJob(
+        return infer_on_ray_checked(click.get_current_context(), RayJob(
             model_dir=model_dir, input_path=input_path, texts=texts, target_len=target_len, provider=provider,
             attention=attention, output_path=output_path, plot_path=plot_path, threads=threads, fused=fused,
             force=force, on_ray=on_ray, address=address, concurrency=concurrency, decoding=decoding))
@@ -186,8 +185,10 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
                                "there are no weights to return; drop --attention")
     try:
         outputs, alphas = model.predict(source, target_len=target_len, source_mask=mask, return_attention=True)
-    except (InputError, ResourceError) as exc:  # what the file holds (shapes, values, mask, size): named with it
+    except InputError as exc:  # what the file holds (its shape, values, mask): named with the file
         raise InputFileError.of(input_path, exc) from None
+    except ResourceError as exc:  # what it holds, too much of it
+        raise InputFileError.short_of_memory(input_path, exc, target_len or model.spec.target_len) from None
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
     if plot_path and len(outputs) == 0:
@@ -199,62 +200,15 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
         write_atomically(plot_path, lambda f: plot_predictions(points, outputs, alphas, f), force)
         wrote(plot_path, f" ({shown_items(len(outputs))} of {len(outputs)})")
     kept = alphas if attention else None
-    if output_path:
-        write_output(output_path, outputs, kept, model.providers, force)
-        wrote(output_path, last=True)
-    else:
-        click.echo(json.dumps(as_json(outputs, kept, model.providers)))
-
-
-RAY_MODULES = ("ray", "pyarrow", "pandas")  # what `ray[data]` brings; missing, --ray names the extra to install
-
-
-@dataclass(frozen=True)
-class RayJob:
-    """`infer --ray`'s command line, as typed values (what cli.infer_ray decodes)."""
-
-    model_dir: Path
-    input_path: str | None
-    texts: tuple[str, ...]
-    target_len: int | None
-    provider: str
-    attention: bool
-    output_path: str | None
-    plot_path: str | None
-    threads: int | None
-    fused: bool
-    force: bool
-    on_ray: bool
-    address: str | None
-    concurrency: int | None
-    decoding: dict[str, Any]  # the token options, by parameter name (cli.infer_tokens.token_options)
-
-
-def _infer_on_ray(ctx: click.Context, job: RayJob) -> None:
-    """--ray: refuse options that mean nothing there, then hand the command to cli.infer_ray (the 'serve'
-    extra); only this path imports Ray."""
-    if not job.on_ray:
-        given = [flag for flag, value in (("--address", job.address), ("--concurrency", job.concurrency))
-                 if value is not None]
-        raise click.UsageError(f"{' and '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to decoding on "
-                               f"Ray; add --ray, or drop {'it' if len(given) == 1 else 'them'}")
-    if job.plot_path:
-        raise click.UsageError("--plot draws the first inputs of an in-process run; drop --plot with --ray, or run "
-                               "without --ray to draw them")
-    if not job.output_path:
-        raise click.UsageError("--ray writes its results to --output FILE.jsonl (in input order, published whole); "
-                               "add --output")
-    if ctx.get_parameter_source("device_id") is not ParameterSource.DEFAULT:
-        raise click.UsageError("--device-id: with --ray, Ray gives each actor its GPU (--provider cuda reserves one "
-                               "per actor); drop --device-id")
     try:
-        from .infer_ray import infer_on_ray
-    except ImportError as exc:
-        if (exc.name or "").split(".")[0] not in RAY_MODULES:
-            raise
-        raise click.ClickException("--ray needs Ray Data, which is not installed; install the 'serve' extra: "
-                                   "pip install -e '.[cpu,serve]' in a seq2onnx checkout") from None
-    infer_on_ray(ctx, job)
+        if output_path:
+            write_output(output_path, outputs, kept, model.providers, force)
+        else:
+            click.echo(json.dumps(as_json(outputs, kept, model.providers)))
+    except MemoryError:  # as JSON text: a staged --output is gone, and nothing was printed
+        raise results_too_large(outputs, kept) from None
+    if output_path:
+        wrote(output_path, last=True)
 
 
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,

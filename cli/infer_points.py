@@ -12,6 +12,7 @@ import click
 import numpy as np
 
 from runtime import strict_json
+from runtime.errors import RUN_FAILED_ADVICE
 
 
 class InputFileError(click.ClickException):
@@ -21,9 +22,23 @@ class InputFileError(click.ClickException):
         super().__init__(f"--input: {message}")
 
     @classmethod
-    def of(cls, input_path: str, exc: Exception) -> InputFileError:
+    def of(cls, input_path: str, exc: Exception | str) -> InputFileError:
         """What the file holds (its shape, values, mask) refused, named with the file ('-': stdin)."""
         return cls(f"{'stdin' if input_path == '-' else input_path}: {exc}")
+
+    @classmethod
+    def short_of_memory(cls, input_path: str, exc: Exception, steps: int) -> InputFileError:
+        """A decode of the file's sources that the process's memory could not hold, with what to change."""
+        return cls.of(input_path, f"{str(exc).removesuffix(RUN_FAILED_ADVICE)}; pass fewer or shorter sources, or a "
+                                  f"smaller --target-len (this one was {steps})")
+
+
+def results_too_large(outputs: np.ndarray, attention: np.ndarray | None) -> click.ClickException:
+    """Decoded results that the memory left cannot hold as JSON text (numbers take ~20 bytes a piece there)."""
+    count = outputs.size + (0 if attention is None else attention.size)
+    return click.ClickException(f"the results ({count} numbers) need more memory as JSON text than this process has "
+                                "free; write them with --output FILE.npy or FILE.npz (binary), or pass fewer sources "
+                                "or a smaller --target-len")
 
 
 # JSON has no size or depth limit of its own; these keep a hostile or mistaken input from exhausting memory.

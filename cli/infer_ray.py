@@ -45,7 +45,7 @@ from serving.offline import (
 
 from .cluster import check_reachable, join_failed, runtime_env
 from .common import published, say, wrote
-from .infer import RayJob, check_outputs, write_atomically
+from .infer import check_outputs, write_atomically
 from .infer_points import InputFileError, read_input
 from .infer_tokens import (
     check_token_usage,
@@ -53,6 +53,7 @@ from .infer_tokens import (
     model_kind,
     refuse_token_options,
 )
+from .ray_job import RayJob
 from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed, wait_for_threads
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,

@@ -256,15 +256,11 @@ class TokenRun:
             options = {**self.options, "seed": batch_seed(self.options["seed"], number), "return_attention": want}
             try:
                 return copy.translate_batch([i.text for i in batch], **options)
-            except Seq2OnnxError as exc:
-                said = str(exc)
-                if isinstance(exc, ResourceError):  # short of memory: the batch is --batch-size's, times the beam
-                    beam = options["beam_size"]
-                    said = (said.removesuffix(RUN_FAILED_ADVICE) + f"; pass a smaller --batch-size (this one was "
-                            f"{self.batch_size}){f', a narrower --beam ({beam})' if beam > 1 else ''} or shorter "
-                            "inputs")
-                raise (ResourceError if isinstance(exc, ResourceError) else InputError)(f"{span(batch)}: {said}") \
+            except ResourceError as exc:  # short of memory: what the options made of the batch
+                raise ResourceError(f"{span(batch)}: {str(exc).removesuffix(RUN_FAILED_ADVICE)}{self._smaller()}") \
                     from None
+            except Seq2OnnxError as exc:
+                raise InputError(f"{span(batch)}: {exc}") from None
 
         before = 0
         if len(copies) == 1:
@@ -284,6 +280,16 @@ class TokenRun:
             while pending:
                 number, done, future = pending.popleft()
                 yield number, done, future.result()
+
+    def _smaller(self) -> str:
+        """What to pass for a batch the memory could not decode: the options that set its size, as given."""
+        given = self.options
+        said = [f"a smaller --batch-size (this one was {self.batch_size})"]
+        said += [f"a narrower --beam ({given['beam_size']})"] if given["beam_size"] > 1 else []
+        said += [f"a smaller --max-len ({given['max_decoding_length']})"] if given["max_decoding_length"] else []
+        said += [f"a smaller --min-len ({given['min_decoding_length']})"] if given["min_decoding_length"] else []
+        said += ["no --attention"] if self.attention else []
+        return f"; pass {', '.join(said)} or shorter inputs"
 
     def heatmaps(self) -> list[Heatmap]:
         """The attention maps of the first inputs' best hypotheses."""

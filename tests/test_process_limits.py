@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from support.serve import DATES
+from support.serve import DATES, SQUARES
 
 ADDRESS_SPACE = 1_500_000 * 1024  # `ulimit -v 1500000`: room for a small model, not for 2 GiB reserved at once
 
@@ -120,6 +120,32 @@ def test_a_search_without_memory_is_the_same_one_line_and_writes_no_output(tmp_p
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: --input in.txt lines 1-64: translate_batch (64 texts, beam_size 64): the decode "
                            "needs more memory than this process has free (Unable to allocate "), last
-    assert last.endswith("; pass a smaller --batch-size (this one was 64), a narrower --beam (64) or shorter "
-                         "inputs"), last
+    assert last.endswith("; pass a smaller --batch-size (this one was 64), a narrower --beam (64), a smaller "
+                         "--max-len (4096), a smaller --min-len (4096), no --attention or shorter inputs"), last
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+@pytest.mark.parametrize(("sources", "target_len", "output", "said", "advice"), [
+    (200_000, 10_000, None, "--input: in.npy: greedy_loop.onnx: onnxruntime could not run on inputs of shapes ",
+     "; pass fewer or shorter sources, or a smaller --target-len (this one was 10000)"),
+    (50_000, 100, None, "the results (10000000 numbers) need more memory as JSON text than this process has free",
+     "; write them with --output FILE.npy or FILE.npz (binary), or pass fewer sources or a smaller --target-len"),
+    (50_000, 100, "out.json", "the results (10000000 numbers)", "or a smaller --target-len"),
+], ids=["decode", "json", "json-output"])
+def test_point_results_without_memory_name_the_option_that_sizes_them(tmp_path: Path, sources: int, target_len: int,
+                                                                      output: str | None, said: str,
+                                                                      advice: str) -> None:
+    """A point decode the memory could not hold advised 'a smaller batch', which point infer has no option for (the
+    --target-len it was given made it); results that fit decoded but not as JSON text were 'infer: out of memory',
+    naming nothing to change (a .npy --output holds them)."""
+    import numpy as np
+
+    np.save(tmp_path / "in.npy", np.random.default_rng(0).uniform(-1, 1, (sources, 2, 2)).astype(np.float32))
+    args = ["--output", output] if output else []
+    done = subprocess.run([sys.executable, "-m", "cli", "infer", str(SQUARES), "--input", "in.npy", "--target-len",
+                           str(target_len), "--threads", "1", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, preexec_fn=_address_space(900_000))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: {said}") and last.endswith(advice), last
+    assert done.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
