@@ -22,7 +22,6 @@ import ctypes
 import os
 import signal
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import click
@@ -37,6 +36,8 @@ HELD = {signal.SIGINT, signal.SIGTERM}  # blocked across the execve: a signal th
 
 def mimalloc_library() -> Path | None:
     """libmimalloc.so.* of the installed cmeel-mimalloc wheel, or None."""
+    from importlib import metadata  # here: ~14 ms to import, which every command would pay (the arena cap below)
+
     try:
         files = metadata.distribution(WHEEL).files or []
     except metadata.PackageNotFoundError:
@@ -134,6 +135,26 @@ def limited_address_space() -> bool:
     except ImportError:  # not a Unix
         return False
     return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
+ARENAS_UNDER_A_LIMIT = 2
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def fewer_arenas_under_a_limit() -> bool:
+    """Where the address space is limited (`ulimit -v`) and malloc is glibc's: at most ARENAS_UNDER_A_LIMIT malloc
+    arenas. glibc gives each thread that allocates an arena of its own, reserving 64 MB of address space, which the
+    limit counts though little of it is used: onnxruntime's thread pools (one per session; a transformer export holds
+    a dozen) reserved 1.15 GB at --threads 2 for a model of 120 MB resident, so under `ulimit -v 900000` it could
+    not load; with 2 arenas, 390 MB (as MALLOC_ARENA_MAX=2 does). Returns whether the cap was set."""
+    if not limited_address_space() or "MALLOC_ARENA_MAX" in os.environ:  # the user's own setting stands
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - glibc's, not musl's or another allocator's mallopt
+        return bool(libc.mallopt(M_ARENA_MAX, ARENAS_UNDER_A_LIMIT))
+    except (OSError, AttributeError):
+        return False
 
 
 def _library(value: str, option: str) -> Path | None:

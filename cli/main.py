@@ -17,6 +17,7 @@ from runtime.atomic_file import discard_staged
 from runtime.errors import RAISED_STOPS, Terminated, clipped
 
 from . import starting_handlers
+from .allocator import fewer_arenas_under_a_limit
 from .common import PRINTED, WRITTEN, no_room_to_load, no_temporary_directory, onnxruntime_telemetry_off, written_so_far
 from .options import refuse_repeated_paths
 from .signals import (
@@ -195,6 +196,7 @@ def entry(args: list[str] | None = None) -> None:
         sys.exit(1)
     IN_PROGRAM.append(True)
     onnxruntime_telemetry_off()
+    fewer_arenas_under_a_limit()  # before any thread allocates
     hang_up_as_sigterm()
     try:
         main(args=args, prog_name="seq2onnx")

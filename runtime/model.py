@@ -20,11 +20,10 @@ from .declared import TokenContract
 from .decode_options import OPTION_NAMES, TRANSLATE_OPTIONS
 from .defaults import INT8
 from .denormals import flushing
-from .errors import InputError, brief, short_of_memory
-from .fused import BeamGraph, GreedyLoop
+from .errors import InputError, ResourceError, brief, one_line, short_of_memory
+from .fused import GreedyLoop
 from .graph_checks import check_session
 from .manifest import Manifest, read_manifest
-from .optional_graphs import fast_feedback, fast_graph_io, fold_tokens
 from .point_inputs import check_mask, check_outputs, check_source, check_target_len
 from .points import BEFORE, Cancel, check_cancel, greedy_decode, stoppable
 from .sessions import (
@@ -35,7 +34,7 @@ from .sessions import (
     requested_providers,
 )
 from .spec import ModelSpec
-from .token_steps import WIDE_BEAM_INPUTS, WIDE_BEAM_INPUTS_INT8, FoldedGraphs, Graphs, TokenSteps
+from .token_steps import TokenSteps, fast_steps
 from .tokens import Translation, load_vocabularies, translate
 from .workers import Workers, check_workers
 
@@ -77,7 +76,7 @@ class Seq2Seq:
         self._greedy = (GreedyLoop(manifest.spec, runner(sessions[GREEDY_FILE], io[GREEDY_FILE][1], GREEDY_FILE,
                                                          io_binding, set(), device_id), loop_io, **eos)
                         if GREEDY_FILE in sessions else None)
-        fast = _fast_steps(manifest.spec, sessions, io_binding, device_id, manifest.precision == INT8)
+        fast = fast_steps(manifest.spec, sessions, io_binding, device_id, manifest.precision == INT8)
         beam_step = (runner(sessions[BEAM_STEP_FILE], io[BEAM_STEP_FILE][1], BEAM_STEP_FILE, io_binding,
                             {out for out in io[BEAM_STEP_FILE][1] if out in FEEDBACK}, device_id)
                      if BEAM_STEP_FILE in sessions else None)
@@ -117,6 +116,18 @@ class Seq2Seq:
         if io_binding is not None and not isinstance(io_binding, bool):
             raise InputError(f"io_binding: expected True or False or None, got {brief(io_binding)}")
         path = _model_dir(path)
+        try:
+            return cls._opened(path, provider, threads, fused, io_binding, device_id, fast, workers)
+        except MemoryError as exc:  # raised below, without the MemoryError's frames
+            error = ResourceError(f"{path}: loading the model needs more memory than this process has free "
+                                  f"({one_line(exc) or 'MemoryError'}); raise its memory limit (ulimit -v) or free "
+                                  "memory")
+        raise error
+
+    @classmethod
+    def _opened(cls, path: Path, provider: str, threads: int | None, fused: bool, io_binding: bool | None,
+                device_id: int, fast: bool, workers: int) -> "Seq2Seq":
+        """`load` of checked arguments."""
         manifest = read_manifest(path)
         copies: list[dict[str, Any]] = [{} for _ in range(workers)]
         for name, entry in manifest.graphs.items():
@@ -252,34 +263,6 @@ class Seq2Seq:
 
     def __repr__(self) -> str:
         return f"Seq2Seq(path={str(self.path)!r}, attention={self.spec.attention!r}, providers={self.providers})"
-
-
-def _fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id: int,
-                int8: bool = False) -> TokenSteps | None:
-    """A transformer's fast graphs as TokenSteps (with their greedy loop when loaded), or None without them; int8:
-    the wide beam graph from WIDE_BEAM_INPUTS_INT8 inputs."""
-    if FAST_FILES["step"] not in sessions:
-        return None
-    io = fast_graph_io(spec)
-    feedback = fast_feedback(spec)
-
-    def run(role: str, keep: set[str]) -> Runner:
-        name = FAST_FILES[role]
-        return runner(sessions[name], list(io[role]["outputs"]), name, bind, keep, device_id)
-
-    def greedy(role: str) -> GreedyLoop | None:
-        return GreedyLoop(spec, run(role, set()), io[role]) if FAST_FILES[role] in sessions else None
-
-    def beam(role: str) -> BeamGraph | None:
-        return BeamGraph(run(role, set())) if FAST_FILES[role] in sessions else None
-
-    wide = (Graphs(run("wide_step", set(feedback)), greedy("wide_greedy"), beam("wide_beam"))
-            if FAST_FILES["wide_step"] in sessions else None)
-    folded = (FoldedGraphs(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec), beam("fold_few_beam"))
-              if {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]} <= set(sessions) else None)
-    return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
-                      greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide, folded=folded,
-                      wide_beam_inputs=WIDE_BEAM_INPUTS_INT8 if int8 else WIDE_BEAM_INPUTS)
 
 
 def _model_dir(path: Any) -> Path:

@@ -241,8 +241,9 @@ def open_session(data: bytes, provider: str, threads: int | None, name: str,
             raise cuda_start_error(name, providers, device_id, exc) from None
         if any(sign in str(exc) for sign in SHORT_OF):
             raise ResourceError(f"{name}: onnxruntime could not start the session: the process could not get a thread "
-                                f"or memory ({one_line(exc)}); raise its limits (ulimit -u, ulimit -v) or free memory "
-                                "(the graph is not at fault)") from None
+                                f"or memory ({one_line(exc)}); raise its limits (ulimit -u, ulimit -v), free memory or "
+                                "use fewer threads (--threads 1; under ulimit -v also MALLOC_ARENA_MAX=2: each thread's "
+                                "malloc arena reserves 64 MB of it) (the graph is not at fault)") from None
         raise IntegrityError(
             f"{name}: onnxruntime could not load the graph ({one_line(exc)}); re-export the model"
         ) from None

@@ -10,17 +10,18 @@ its greedy loop and beam graph decode in one call, each picked by how many rows 
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from runtime.search.step import BatchAxes, Hypothesis, State, StepResult
 
-from .binding import Runner
-from .contract import BATCH, Dims
+from .binding import Runner, runner
+from .contract import BATCH, FAST_FILES, Dims
 from .declared import TokenContract
 from .errors import InputError
 from .fused import BeamGraph, GreedyLoop
+from .optional_graphs import fast_feedback, fast_graph_io, fold_tokens
 from .points import Cancel, stoppable
 from .spec import ModelSpec
 
@@ -189,3 +190,31 @@ def contract_for(spec: ModelSpec, contract: TokenContract | None = None) -> Toke
         raise InputError("a declared model's contract comes from its manifest: pass the model's contract "
                          "(Seq2Seq.contract)")
     return TokenContract.for_spec(spec)
+
+
+def fast_steps(spec: ModelSpec, sessions: dict[str, Any], bind: bool, device_id: int,
+                int8: bool = False) -> TokenSteps | None:
+    """A transformer's fast graphs as TokenSteps (with their greedy loop when loaded), or None without them; int8:
+    the wide beam graph from WIDE_BEAM_INPUTS_INT8 inputs."""
+    if FAST_FILES["step"] not in sessions:
+        return None
+    io = fast_graph_io(spec)
+    feedback = fast_feedback(spec)
+
+    def run(role: str, keep: set[str]) -> Runner:
+        name = FAST_FILES[role]
+        return runner(sessions[name], list(io[role]["outputs"]), name, bind, keep, device_id)
+
+    def greedy(role: str) -> GreedyLoop | None:
+        return GreedyLoop(spec, run(role, set()), io[role]) if FAST_FILES[role] in sessions else None
+
+    def beam(role: str) -> BeamGraph | None:
+        return BeamGraph(run(role, set())) if FAST_FILES[role] in sessions else None
+
+    wide = (Graphs(run("wide_step", set(feedback)), greedy("wide_greedy"), beam("wide_beam"))
+            if FAST_FILES["wide_step"] in sessions else None)
+    folded = (FoldedGraphs(greedy("fold_greedy"), beam("fold_beam"), fold_tokens(spec), beam("fold_few_beam"))
+              if {FAST_FILES["fold_greedy"], FAST_FILES["fold_beam"]} <= set(sessions) else None)
+    return TokenSteps(spec, run("encoder", set(io["encoder"]["outputs"])), run("step", set(feedback)),
+                      greedy("greedy"), io["step"]["inputs"], feedback, beam=beam("beam"), wide=wide, folded=folded,
+                      wide_beam_inputs=WIDE_BEAM_INPUTS_INT8 if int8 else WIDE_BEAM_INPUTS)

@@ -47,10 +47,34 @@ def test_a_session_that_cannot_start_its_threads_blames_the_limit(tmp_path: Path
     assert refused.stdout == "", refused.stdout  # onnxruntime's own fallback printed its "EP Error" banner there
     last = refused.stderr.strip().splitlines()[-1]
     assert "onnxruntime could not start the session: the process could not get a thread or memory" in last, last
-    assert last.endswith("raise its limits (ulimit -u, ulimit -v) or free memory (the graph is not at fault)"), last
+    assert last.endswith("raise its limits (ulimit -u, ulimit -v), free memory or use fewer threads (--threads 1; "
+                         "under ulimit -v also MALLOC_ARENA_MAX=2: each thread's malloc arena reserves 64 MB of it) "
+                         "(the graph is not at fault)"), last
     decoded = subprocess.run([*run, "1"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
                              preexec_fn=_no_room_for_a_thread)
     assert decoded.returncode == 0 and "2015-03-03" in decoded.stdout, decoded.stderr[-2000:]
+
+
+@pytest.mark.parametrize("arenas", [None, "64"], ids=["capped", "the-users-own"])
+def test_a_transformer_of_many_sessions_loads_under_an_address_space_limit(tmp_path: Path, arenas: str | None) -> None:
+    """Each onnxruntime thread that allocates got a glibc malloc arena of its own, 64 MB of address space reserved:
+    a transformer export's 16 sessions at --threads 2 could not start under `ulimit -v 600000`, where one thread a
+    session fits. The program caps the arenas at 2 under a limit (cli.allocator.fewer_arenas_under_a_limit), unless
+    the user set MALLOC_ARENA_MAX, which stands (here 64: the limit is hit, and said)."""
+    from support.models import export_token_model, toy_token_spec
+
+    spec = toy_token_spec(arch="transformer", d_model=16, d_ff=24, n_heads=2, layers=2, max_positions=32)
+    model = export_token_model(spec, tmp_path / "model").path
+    assert len(list(model.glob("*.onnx"))) >= 12  # the fast graphs, each a session
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    env.update({"OPENBLAS_NUM_THREADS": "1", **({"MALLOC_ARENA_MAX": arenas} if arenas else {})})
+    done = subprocess.run([sys.executable, "-m", "cli", "infer", str(model), "--text", "the cat", "--threads", "2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+                          preexec_fn=_address_space(600_000))
+    if arenas is None:
+        assert done.returncode == 0 and '"hypotheses"' in done.stdout, done.stderr[-2000:]
+    else:
+        assert done.returncode == 1 and "onnxruntime could not start the session" in done.stderr, done.stderr[-2000:]
 
 
 def _small_files() -> None:
