@@ -124,12 +124,14 @@ def no_temporary_directory(exc: OSError) -> bool:
             and exc.strerror.startswith("No usable temporary directory found in"))
 
 
-NO_ROOM_TO_LOAD = "failed to map segment"  # the loader's ImportError where a memory limit leaves no room for a library
+# a library's ImportError where a memory limit leaves no room for it: the loader's, or its own start-up's (a pybind11
+# module's init throwing, as onnxruntime's did under `ulimit -v 150000`)
+NO_ROOM_TO_LOAD = ("failed to map segment", "std::bad_alloc")
 
 
 def no_room_to_load(exc: BaseException) -> bool:
     """Whether an ImportError is the loader finding no room (`ulimit -v`) for a library, not a broken install."""
-    return isinstance(exc, ImportError) and NO_ROOM_TO_LOAD in str(exc)
+    return isinstance(exc, ImportError) and any(sign in str(exc) for sign in NO_ROOM_TO_LOAD)
 
 
 def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None:

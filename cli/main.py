@@ -52,6 +52,8 @@ COMMAND = "seq2onnx.command"  # ctx.meta: the subcommand being loaded or run, fo
 AFTER_STOPPED = {"serve": "it had not started serving"}  # the rest say what a stop leaves of their outputs
 RETURNS = "_seq2onnx_notes_its_return"  # marks a command's callback wrapped by `_noting_its_return`
 RETURNED = False  # the command's callback returned (a stop after it finds the work done)
+NO_MEMORY_LEFT = (b"Error: seq2onnx: out of memory, with none left to say more; under a memory limit (ulimit -v), raise"
+                  b" it; nothing half-written is left (outputs are published whole or not at all)\n")  # made at import
 
 
 class LazyGroup(click.Group):
@@ -200,6 +202,9 @@ def entry(args: list[str] | None = None) -> None:
     hang_up_as_sigterm()
     try:
         main(args=args, prog_name="seq2onnx")
+    except MemoryError:  # so short that even the command's one line could not be made (click closing its context)
+        os.write(2, NO_MEMORY_LEFT)
+        os._exit(1)
     except StdoutError as exc:  # the group's own --help or --version, printed before any command runs
         click.echo(f"Error: seq2onnx: could not write to stdout ({exc.strerror})", err=True)
         sys.exit(1)

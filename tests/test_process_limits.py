@@ -173,3 +173,22 @@ def test_point_results_without_memory_name_the_option_that_sizes_them(tmp_path: 
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"Error: {said}") and last.endswith(advice), last
     assert done.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
+
+
+def test_infer_under_a_tight_memory_limit_is_one_line_at_every_size() -> None:
+    """From the limit where onnxruntime's import fails to where the model loads: onnxruntime's module start-up
+    throwing std::bad_alloc (an ImportError) was a traceback, and so was a MemoryError in click's own clean-up of a
+    command that had run out (the one line could not be made). Swept in steps, as where each lands moves with the
+    libraries' sizes."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    seen = set()
+    for kb in range(120_000, 205_000, 5_000):
+        done = subprocess.run([sys.executable, "-m", "cli", "infer", str(DATES), "--text", "3/3/15", "--threads", "1"],
+                              capture_output=True, text=True, timeout=60, env=env, preexec_fn=_address_space(kb))
+        assert "Traceback" not in done.stderr, (kb, done.stderr[-2000:])
+        if done.returncode == 0:
+            assert "2015-03-03" in done.stdout, (kb, done.stdout)
+        else:
+            assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("Error: "), (kb, done.stderr)
+        seen.add(done.returncode)
+    assert seen == {0, 1}, seen  # the sweep spans the refusals and the decodes
