@@ -47,9 +47,12 @@ def check_text_data(value: str, point_data_too: bool = True) -> str:
         return value
     if Path(value).is_dir():
         raise click.BadParameter(f"{value!r} is a directory; expected a data file or a built-in data set name")
-    suffix = Path(value).suffix
+    suffix = Path(value).suffix.lower()
     hint = (f" (the file exists, but only the suffix {TSV_SUFFIX} marks a TSV file; rename it, or pass two "
             f"line-aligned files SRC{PAIR_SEPARATOR}TGT)" if Path(value).is_file() and suffix != ".npz" else "")
+    if point_data_too and suffix == ".npy" and Path(value).is_file():  # one array, where a data set takes two
+        hint = (" (an .npy file holds one array; point data is an .npz holding 'source' (N, Ls, F) and 'target' (N, "
+                "Lt, F): np.savez(PATH, source=..., target=...))")
     if not point_data_too:
         raise click.BadParameter(f"{value!r} is neither a built-in data set {sorted(BUILTIN_LOADERS)}, an existing "
                                  f"{TSV_SUFFIX} file, nor two line-aligned files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH'"

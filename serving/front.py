@@ -161,7 +161,7 @@ async def _send_json(send: Any, status: int, payload: dict[str, Any], headers: d
         body = await json_bytes(payload)  # a large answer a part at a time: the loop answers others meanwhile
     except MemoryError:
         status, headers = 503, {}
-        body = json.dumps({"error": ANSWER_TOO_LARGE.format(size(payload))}).encode()
+        body = json.dumps({"error": ANSWER_TOO_LARGE.format(size(payload))}, separators=(",", ":")).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(name.encode(), value.encode()) for name, value in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})

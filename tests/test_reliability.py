@@ -142,6 +142,9 @@ CLI_CASES: dict[str, Case] = {
     "train --data missing.npz": case("train", "--data", "missing.npz", code=USAGE,
                                      says=("--data", "missing.npz", "does not exist")),
     "train --data .csv": case("train", "--data", "data.csv", code=USAGE, says=("--data", "data.csv", ".npz")),
+    "train --data .npy": case("train", "--data", "points.npy", code=USAGE,
+                              says=("--data", "'points.npy' (an .npy file holds one array; point data is an .npz "
+                                    "holding 'source' (N, Ls, F) and 'target'")),
     "train --data not a zip": case("train", "--data", "text.npz", "--out", "o", code=BAD_INPUT,
                                    says=("--data", "text.npz", "not an .npz")),
     "train --data no target": case("train", "--data", "notarget.npz", "--out", "o", code=BAD_INPUT,
