@@ -43,13 +43,14 @@ def check_data_option(ctx: click.Context, param: click.Parameter, value: str) ->
 
 
 def progress_bar(quiet: bool) -> Progress:
-    """A tqdm bar on stderr per strategy, or nothing when --quiet or tqdm is not installed (it comes with the train
-    extra)."""
+    """A tqdm bar on stderr per strategy, or nothing when --quiet, stderr is not a terminal (a bar that leaves
+    nothing left its frames and a carriage return in a log) or tqdm is not installed (the train extra has it)."""
     try:
         from tqdm import tqdm
     except ImportError:
         return no_progress
-    return lambda total, desc: tqdm(total=total, desc=desc, unit="seq", file=sys.stderr, disable=quiet, leave=False)
+    return lambda total, desc: tqdm(total=total, desc=desc, unit="seq", file=sys.stderr, disable=True if quiet else None,
+                                    leave=False)
 
 
 def load_pairs(data: str, split: str, limit: int | None) -> Any:

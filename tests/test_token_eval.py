@@ -65,6 +65,12 @@ def test_eval_prints_the_figures_and_the_target_without_torch(toy_model):
     assert "warning" not in result.stderr
 
 
+def test_eval_draws_its_progress_bars_only_on_a_terminal(toy_model):
+    """To a pipe or a log, a bar that leaves nothing left its frames and carriage returns before the next line."""
+    result = cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "2")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 def test_eval_json_matches_translate_batch(toy_model):
     result = cli(toy_model, "--data", TOY_TRANSLATION, "--json", "--limit", "7", "--quiet")
     assert result.returncode == 0, result.stderr

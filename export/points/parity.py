@@ -134,7 +134,9 @@ def run_parity(model: EncoderDecoder, runtime: Seq2Seq, cases: Iterable[Case], t
     model.eval()
     cases = list(cases)
     rows = []
-    for case in tqdm(cases, desc="parity", unit="case", disable=not progress, leave=False):
+    # only on a terminal (disable=None): a bar that leaves nothing, written to a file, left its frames and a
+    # carriage return on the line that follows (verify's Error: line)
+    for case in tqdm(cases, desc="parity", unit="case", disable=None if progress else True, leave=False):
         rows.extend(compare(model, runtime, case, tol))
     return rows
 
