@@ -426,12 +426,7 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
                             headers={"content-type": "application/json"}, timeout=120)
         assert decode.status_code == 503 and decode.json()["error"].endswith(SMALLER["points"]), decode.text[:600]
         assert httpx.post(f"{base}/v1/predict", json={"source": [[[0.25, -0.5]]]}, timeout=60).status_code == 200
-        metrics = httpx.get(f"{base}/metrics", timeout=30).text
-        assert 'seq2onnx_requests_total{route="/v1/predict",status="503"} 2.0' in metrics, metrics[-3000:]
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
-    text = log.read_text()
-    assert "Traceback" not in text and "serve: stopped" in text, text[-3000:]
+        _refused_twice_then_stopped(base, "/v1/predict", process, log)
 
 
 def test_a_decode_the_memory_left_cannot_hold_is_a_json_503_and_the_server_goes_on(tmp_path: Any) -> None:
@@ -472,9 +467,16 @@ def test_a_decode_the_memory_left_cannot_hold_is_a_json_503_and_the_server_goes_
         assert said.endswith(SMALLER["tokens"]) and "pass a smaller batch" not in said, said
         again = translate(fits)
         assert again.status_code == 200, again.text[:600]
-        metrics = httpx.get(f"{base}/metrics", timeout=30).text
-        assert 'seq2onnx_requests_total{route="/v1/translate",status="503"} 2.0' in metrics, metrics[-3000:]
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
+        _refused_twice_then_stopped(base, "/v1/translate", process, log)
+
+
+def _refused_twice_then_stopped(base: str, route: str, process: subprocess.Popen, log: Any) -> None:
+    """/metrics counted two 503s on `route`; SIGTERM stops the server with exit 0, and its log holds no traceback
+    and no request left unanswered."""
+    metrics = httpx.get(f"{base}/metrics", timeout=30).text
+    assert f'seq2onnx_requests_total{{route="{route}",status="503"}} 2.0' in metrics, metrics[-3000:]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
     text = log.read_text()
-    assert "Traceback" not in text and "answered, 0 ended without an answer" in text, text[-3000:]
+    assert "Traceback" not in text and "serve: stopped" in text, text[-3000:]
+    assert "answered, 0 ended without an answer" in text, text[-3000:]
