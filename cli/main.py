@@ -203,6 +203,8 @@ def entry(args: list[str] | None = None) -> None:
     try:
         main(args=args, prog_name="seq2onnx")
     except MemoryError:  # so short that even the command's one line could not be made (click closing its context)
+        with contextlib.suppress(BaseException):  # an output sibling still staged goes (it may need memory too)
+            discard_staged()
         os.write(2, NO_MEMORY_LEFT)
         os._exit(1)
     except StdoutError as exc:  # the group's own --help or --version, printed before any command runs
