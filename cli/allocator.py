@@ -157,6 +157,22 @@ def fewer_arenas_under_a_limit() -> bool:
         return False
 
 
+def unwinder_loaded() -> bool:
+    """Has glibc load its unwinder (libgcc_s) now, while there is room to, by asking for a one-frame backtrace
+    (~0.2 ms). glibc opens libgcc_s the first time a thread ends by pthread_exit, and Python ends a daemon thread so
+    when it wakes while the interpreter shuts down; where that open then fails (the address space spent under
+    `ulimit -v`, or no file descriptor left) glibc aborts the process: infer under `ulimit -v 145000` decoded its
+    line, then died by SIGABRT with "libgcc_s.so.1 must be installed for unwinding to work" and its output lost.
+    Returns whether the backtrace was taken (glibc on Linux)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - glibc's backtrace is the one that opens libgcc_s
+        frames = (ctypes.c_void_p * 1)()
+        return libc.backtrace(frames, 1) > 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _library(value: str, option: str) -> Path | None:
     """The library `value` asks for: None for auto without mimalloc (or off Linux)."""
     linux = sys.platform.startswith("linux")

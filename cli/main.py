@@ -17,7 +17,7 @@ from runtime.atomic_file import discard_staged
 from runtime.errors import RAISED_STOPS, Terminated, clipped
 
 from . import starting_handlers
-from .allocator import fewer_arenas_under_a_limit
+from .allocator import fewer_arenas_under_a_limit, limited_address_space, unwinder_loaded
 from .common import PRINTED, WRITTEN, no_room_to_load, no_temporary_directory, onnxruntime_telemetry_off, written_so_far
 from .options import refuse_repeated_paths
 from .signals import (
@@ -68,7 +68,14 @@ class LazyGroup(click.Group):
         ctx.meta[COMMAND] = name
         module_name, attr = LAZY_COMMANDS[name]
         with held_signals():
-            module = importlib.import_module(module_name)
+            try:
+                module = importlib.import_module(module_name)
+            except (SystemError, SyntaxError) as exc:
+                if not limited_address_space():
+                    raise
+                # CPython's import, out of memory part-way, said "error return without exception set" (151.5 MB)
+                # or a SyntaxError of a line that compiles (152.8 MB): under `ulimit -v` our own modules do load
+                raise MemoryError(f"importing {module_name} under a memory limit: {exc}") from None
         command = getattr(module, attr)
         if command.callback is not None and not hasattr(command.callback, RETURNS):
             command.callback = _noting_its_return(command.callback)
@@ -184,6 +191,14 @@ def main() -> None:
     """Train seq2seq models with attention, export them to ONNX, and run them without torch."""
 
 
+def _quiet_when_out_of_memory(unraisable: Any) -> None:
+    """sys.unraisablehook of the program: a MemoryError that Python can only report (in the threading module's
+    shut-down, a __del__) is left unsaid: a command out of memory has said so in its one line, and one that finished
+    has published its outputs. Anything else is reported as Python does."""
+    if not isinstance(unraisable.exc_value, MemoryError):
+        sys.__unraisablehook__(unraisable)
+
+
 def entry(args: list[str] | None = None) -> None:
     """The `seq2onnx` program. After Ctrl-C, whatever cleanup there is has run when `main` exits 130; the process
     then ends at once with 130, because CPython kills itself with SIGINT at exit (status -2, not 130) when the
@@ -199,6 +214,8 @@ def entry(args: list[str] | None = None) -> None:
     IN_PROGRAM.append(True)
     onnxruntime_telemetry_off()
     fewer_arenas_under_a_limit()  # before any thread allocates
+    unwinder_loaded()  # before a daemon thread can need it at exit
+    sys.unraisablehook = _quiet_when_out_of_memory
     hang_up_as_sigterm()
     try:
         main(args=args, prog_name="seq2onnx")

@@ -175,20 +175,68 @@ def test_point_results_without_memory_name_the_option_that_sizes_them(tmp_path: 
     assert done.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
 
 
+def _onnxruntime_own(line: str) -> bool:
+    """Whether a line of stderr is onnxruntime's own log, which it writes as it fails (its schema registration's, or
+    a session's error, coloured and dated)."""
+    return line.startswith("Schema error: ") or "[E:onnxruntime:" in line
+
+
+def _crashed_inside_onnxruntime(stderr: str) -> bool:
+    """Whether faulthandler's stack of a crashed process starts (innermost first, past the import machinery) in
+    onnxruntime's own package: its module start-up or session initialisation, out of memory part-way."""
+    stack = stderr.partition("most recent call first):")[2].splitlines()
+    frames = [line for line in stack if line.strip().startswith("File ") and "<frozen" not in line]
+    return "Fatal Python error" in stderr and bool(frames) and f"{os.sep}onnxruntime{os.sep}" in frames[0]
+
+
 def test_infer_under_a_tight_memory_limit_is_one_line_at_every_size() -> None:
     """From the limit where onnxruntime's import fails to where the model loads: onnxruntime's module start-up
-    throwing std::bad_alloc (an ImportError) was a traceback, and so was a MemoryError in click's own clean-up of a
-    command that had run out (the one line could not be made). Swept in steps, as where each lands moves with the
-    libraries' sizes."""
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    seen = set()
-    for kb in range(120_000, 205_000, 5_000):
+    throwing std::bad_alloc (an ImportError) was a traceback; so were a MemoryError in click's own clean-up of a
+    command that had run out (the one line could not be made), CPython's import out of memory part-way (a SystemError
+    or a SyntaxError of our own module) and a MemoryError in the threading module's shut-down; and glibc aborted
+    ('libgcc_s.so.1 must be installed for unwinding to work', SIGABRT, all output lost) where it first needed its
+    unwinder with no room left to load it. Swept in fine steps, as where each lands moves with the libraries' sizes.
+
+    What is not ours: onnxruntime's start-up and session initialisation are not safe against a failed allocation
+    everywhere, and at a few sizes it crashes (SIGSEGV) inside itself; those are let be, and only those: the crash's
+    stack (faulthandler) must start in onnxruntime's package."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    seen = []
+    for kb in range(120_000, 205_000, 1_250):
         done = subprocess.run([sys.executable, "-m", "cli", "infer", str(DATES), "--text", "3/3/15", "--threads", "1"],
                               capture_output=True, text=True, timeout=60, env=env, preexec_fn=_address_space(kb))
-        assert "Traceback" not in done.stderr, (kb, done.stderr[-2000:])
-        if done.returncode == 0:
+        said = (kb, done.returncode, done.stderr[-3000:])
+        assert "Traceback" not in done.stderr and "libgcc_s" not in done.stderr, said
+        if done.returncode < 0:
+            assert _crashed_inside_onnxruntime(done.stderr), said
+        elif done.returncode == 0:
             assert "2015-03-03" in done.stdout, (kb, done.stdout)
         else:
-            assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("Error: "), (kb, done.stderr)
-        seen.add(done.returncode)
-    assert seen == {0, 1}, seen  # the sweep spans the refusals and the decodes
+            lines = [line for line in done.stderr.splitlines() if line and not _onnxruntime_own(line)]
+            assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: "), said
+        seen.append(done.returncode)
+    assert {0, 1} <= set(seen) and seen.count(1) + seen.count(0) >= 0.9 * len(seen), seen
+
+
+def test_a_thread_that_ends_as_the_program_exits_out_of_memory_does_not_abort_it() -> None:
+    """Python ends a daemon thread that wakes during the interpreter's shut-down by pthread_exit, and glibc then
+    loads its unwinder (libgcc_s); with the address space spent it could not, and aborted the process (SIGABRT,
+    'libgcc_s.so.1 must be installed for pthread_exit to work'), its exit status and unflushed output lost. The
+    program has glibc load it at start (cli.allocator.unwinder_loaded): the process ends with its own status."""
+    script = """if True:
+        import resource, sys, threading, time
+        from cli.allocator import unwinder_loaded
+        print(unwinder_loaded())
+        threading.Thread(target=lambda: [time.sleep(0.001) for _ in iter(int, 1)], daemon=True).start()
+        room = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize() + 256 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (room, resource.RLIM_INFINITY))
+        held = []
+        try:
+            while True:
+                held.append(bytearray(4096))
+        except MemoryError:
+            sys.exit(3)
+    """
+    for _ in range(3):  # without the unwinder loaded first, every run here aborted
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 3 and done.stdout == "True\n" and done.stderr == "", (done.returncode, done.stderr)
