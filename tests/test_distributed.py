@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,22 @@ class Launched:
                     found[int(entry[5:])] = child
         self.workers |= set(found.values())
         return found
+
+    def exit_code(self, timeout: float) -> int:
+        """The command's exit status; if it is still running after `timeout`, a failure that shows its output and
+        what each of its processes is doing (state and kernel wait channel), which a bare TimeoutExpired hid."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.ranks()
+            seen = []
+            for pid in [self.proc.pid, *_children(self.proc.pid), *self.workers]:
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{pid}/stat").read_text().split()
+                    wchan = Path(f"/proc/{pid}/wchan").read_text()
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+                    seen.append(f"{pid} {stat[2]} {wchan} {cmd}")
+            pytest.fail(f"still running {timeout} s after the signal:\n" + "\n".join(seen) + "\n" + self.output())
 
     def all_gone(self) -> bool:
         """Neither the launcher's process group nor any worker seen is left."""
@@ -559,8 +576,9 @@ def test_ctrl_c_before_the_first_epoch_is_said_once(launched: Any, tmp_path: Pat
     run_ = launched(seq2onnx("train", "--data", "big.tsv", "--hidden-dim", "16", "--embedding-dim", "8",
                              "--eval-beam", "0", "--quiet", "--epochs", "2", "--out", "ckpt", "--nproc-per-node", "2"))
     wait_for(lambda: any(tmp_path.glob(".ckpt*lock")) or run_.proc.poll() is not None, 120, "rank 0's lock")
+    run_.ranks()
     os.killpg(run_.proc.pid, signal.SIGINT)
-    assert run_.proc.wait(STOP_WITHIN_S) == 130, run_.output()
+    assert run_.exit_code(STOP_WITHIN_S) == 130, run_.output()
     wait_for(run_.all_gone, 10, "every process of the run to exit")
     output = run_.output()
     ranks_said = [line for line in output.splitlines() if line.startswith("Error: ") and "every process" not in line]
@@ -742,6 +760,34 @@ def test_a_rank_started_by_hand_says_what_it_waits_for_and_stops(launched: Any, 
     assert waiting.proc.poll() is None, waiting.output()  # still waiting
     waiting.proc.send_signal(sent)
     assert waiting.proc.wait(STOP_WITHIN_S) == code, waiting.output()
+    assert "Traceback" not in waiting.output() and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_rank_waiting_for_its_peers_address_stops_at_once(launched: Any, tmp_path: Path, sent: int,
+                                                            code: int) -> None:
+    """Past the rendezvous, gloo's connection waits in the store for each peer's address, in C++: a rank whose
+    peer stopped before writing it (Ctrl-C at start-up, the peer quicker) took no signal, and torchrun waited its
+    30 s before killing it (under load, the suite's Ctrl-C test ran past its minute). The peer here is a store
+    client that connects and never writes."""
+    port = free_port()
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    waiting = launched(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "training",
+                        *SMALL_REVERSE, "--out", "ckpt"])
+    deadline = time.monotonic() + 60
+    while True:  # rank 0 hosts the store once it has loaded
+        try:
+            peer = torch.distributed.TCPStore("127.0.0.1", port, world_size=2, is_master=False,
+                                              timeout=timedelta(seconds=5))
+            break
+        except (RuntimeError, TimeoutError):
+            assert time.monotonic() < deadline and waiting.proc.poll() is None, waiting.output()
+            time.sleep(0.2)
+    wait_for(lambda: peer.num_keys() >= 2 or waiting.proc.poll() is not None, 60, "rank 0's address in the store")
+    time.sleep(0.5)  # into the wait for rank 1's
+    assert waiting.proc.poll() is None, waiting.output()
+    waiting.proc.send_signal(sent)
+    assert waiting.exit_code(20) == code, waiting.output()
     assert "Traceback" not in waiting.output() and not (tmp_path / "ckpt").exists()
 
 

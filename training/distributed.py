@@ -48,7 +48,7 @@ RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often it has 
 # a dead rank is noticed at once (its sockets close), a stuck one is named when this runs out.
 LEAVE_TIMEOUT = timedelta(minutes=5)
 LEAVE_POLL_S = 0.05  # while meeting, the main thread wakes this often, so SIGTERM and Ctrl-C still land
-RENDEZVOUS_POLL_S = 0.2  # the same, while the rendezvous waits for the peers on a thread of its own
+RENDEZVOUS_POLL_S = 0.2  # the same, while the rendezvous and the connection wait for the peers on a thread
 LEFT_KEY = "left"  # store key `left/<rank>`: this rank has come to `leave`
 # Words in the errors gloo raises when a peer's connection breaks.
 TRANSPORT_ERRORS = ("gloo", "Connection", "connection", "peer")
@@ -166,26 +166,36 @@ def _die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _rendezvous() -> tuple[Any, int, int]:
-    """torch's env:// rendezvous (store, rank, world size), on a thread of its own while this one waits for it:
-    torch's store connection retries through EINTR in C++ without returning to Python, and Python runs signal
-    handlers on the main thread only, so a rank waiting for its peers (started by hand) took neither SIGTERM nor
-    Ctrl-C for up to 30 minutes. Here they land as they would anywhere else; the thread, a daemon, is left."""
+def _waited_for(call: Callable[[], Any], name: str) -> Any:
+    """`call()` on a thread of its own while this (the main) thread waits for it, and its result or error.
+
+    Why: torch's waits for the other ranks (the store connection, and gloo's full mesh, which waits in the store
+    for each peer's address) poll in C++ without returning to Python, and Python runs signal handlers on the main
+    thread only. A rank waiting there took neither SIGTERM nor Ctrl-C: for up to 30 minutes where it was started by
+    hand, and under torchrun for the 30 s torchrun gives a rank to stop before killing it, where Ctrl-C came while
+    its peer, not yet connected, stopped at once. Here they land as they would anywhere else; the thread, a daemon,
+    is left."""
     found: list[Any] = []
 
     def run() -> None:
         try:
-            found.append(next(torch_dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT)))
+            found.append(call())
         except BaseException as exc:  # handed to the waiting thread, which raises it
             found.append(exc)
 
-    thread = threading.Thread(target=run, name="seq2onnx-rendezvous", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     while thread.is_alive():
         thread.join(RENDEZVOUS_POLL_S)
     if isinstance(found[0], BaseException):
         raise found[0]
     return found[0]
+
+
+def _rendezvous() -> tuple[Any, int, int]:
+    """torch's env:// rendezvous: (store, rank, world size)."""
+    return _waited_for(lambda: next(torch_dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT)),
+                       "seq2onnx-rendezvous")
 
 
 def start() -> Dist:
@@ -204,8 +214,9 @@ def start() -> Dist:
     attempt = os.environ.get(RESTART_ENV, "0")
     store = torch_dist.PrefixStore(f"seq2onnx/attempt-{attempt}", store)
     register_gloo_one_worker()
-    torch_dist.init_process_group(GLOO_ONE_WORKER, store=store, rank=rank, world_size=world_size,
-                                  timeout=COLLECTIVE_TIMEOUT)
+    _waited_for(lambda: torch_dist.init_process_group(GLOO_ONE_WORKER, store=store, rank=rank,
+                                                      world_size=world_size, timeout=COLLECTIVE_TIMEOUT),
+                "seq2onnx-connect")
 
     def terminated(signum: int, frame: Any) -> None:
         # Once: the process is on its way out. (A killed launcher's death signal comes again each time this
