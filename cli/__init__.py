@@ -10,13 +10,15 @@ import signal
 import sys
 
 STARTING = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "stopped by SIGTERM")}  # exit code, words
+QUIET: list[bool] = []  # set: a rank other than 0 of a run (its rank 0 says it): the handlers above stop it silently
 
 
 def _stopped_while_starting(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM while the program imports its modules, before any command runs: one line and the exit code
     of a stop (raised there, Ctrl-C printed a KeyboardInterrupt traceback and SIGTERM killed it without a word)."""
     code, words = STARTING[signum]
-    os.write(2, f"Error: seq2onnx: {words} while starting; nothing was written\n".encode())
+    if not QUIET:
+        os.write(2, f"Error: seq2onnx: {words} while starting; nothing was written\n".encode())
     os._exit(code)
 
 

@@ -15,6 +15,7 @@ import click
 from runtime import __version__
 from runtime.atomic_file import discard_staged
 from runtime.errors import RAISED_STOPS, Terminated, clipped
+from training.torchrun import quiet_rank
 
 from . import starting_handlers
 from .allocator import fewer_arenas_under_a_limit, limited_address_space, unwinder_loaded
@@ -97,6 +98,9 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt as exc:
             if RETURNED:
                 return None
+            if _command(ctx) == "train" and quiet_rank():  # before train's own handling: rank 0 says it
+                discard_staged()
+                raise click.exceptions.Exit(Interrupted("").exit_code) from None  # (further Ctrl-C ignored)
             raise _stopped(ctx, exc) from None
 
     def _run(self, ctx: click.Context) -> object:

@@ -5,7 +5,6 @@ Only click, numpy and the stdlib are imported at module level, so `--help` works
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from runtime.search.beam import MAX_BEAM
 from runtime.spec import ATTENTION_KINDS, CELLS, NORMS, POSITIONALS, TRAINABLE_ARCHS
 from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
-from training.torchrun import launch_env_problem, launched, partial_launch_env
+from training.torchrun import launch_env_problem, launched, partial_launch_env, quiet_rank
 
 from .common import require_torch
 from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
@@ -232,7 +231,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
         dist = start() if launched() else None
         run_training(ctx, opts, data_kind(opts["data"]), out, save_every, resume, force, quiet, dist)
     except KeyboardInterrupt:  # before or after the epochs (during them, training.ranks.stopped_early says it)
-        if launched() and os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 says it, once for the run
+        if quiet_rank():  # under torchrun rank 0 says it, once for the run
             raise click.exceptions.Exit(Interrupted("").exit_code) from None  # (Interrupted: further Ctrl-C ignored)
         raise
     except Exception as err:

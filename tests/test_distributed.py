@@ -763,6 +763,23 @@ def test_a_rank_started_by_hand_says_what_it_waits_for_and_stops(launched: Any, 
     assert "Traceback" not in waiting.output() and not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.parametrize("after_s", [0.4, 1.0])
+def test_a_rank_other_than_0_stopped_while_it_starts_says_nothing(tmp_path: Path, after_s: float) -> None:
+    """Ctrl-C while a rank other than 0 loads and checks its options (before it joins the run): it leaves with 130
+    and no line, as it does later (rank 0 says it, the launcher that every process stopped). It said 'Error: train:
+    interrupted; nothing was written', so a run stopped as it started printed that line twice, and a third."""
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    proc = subprocess.Popen([sys.executable, "-m", "training", *SMALL_REVERSE, "--out", "ckpt"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=STOP_WITHIN_S)
+    assert proc.returncode == 130, output
+    assert "Error" not in output and "Traceback" not in output, output  # (the wait's notice may be there)
+    assert not (tmp_path / "ckpt").exists()
+
+
 @pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_a_rank_waiting_for_its_peers_address_stops_at_once(launched: Any, tmp_path: Path, sent: int,
                                                             code: int) -> None:

@@ -10,11 +10,19 @@ at once, so this is what keeps its status and its one-line message.
 import os
 import sys
 
-from cli.main import entry
+from cli import QUIET, starting_handlers
 
 
 def run(args: list[str]) -> int:
-    """`seq2onnx train ARGS`; its exit status."""
+    """`seq2onnx train ARGS`; its exit status. Ctrl-C or SIGTERM while the program loads is its one line (none on a
+    rank other than 0 of a run, whose rank 0 says it), as for `seq2onnx`: it was a KeyboardInterrupt traceback."""
+    starting_handlers(install=True)  # before anything else loads
+    from training.torchrun import quiet_rank
+
+    if quiet_rank():
+        QUIET.append(True)
+    from cli.main import entry
+
     try:
         entry(["train", *args])
     except SystemExit as exc:

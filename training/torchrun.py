@@ -17,6 +17,12 @@ def launched() -> bool:
     return all(name in os.environ for name in LAUNCH_ENV)
 
 
+def quiet_rank() -> bool:
+    """A rank other than 0 of a launched run: where the run stops (Ctrl-C, SIGTERM), rank 0 says so, once for the
+    run, and this rank leaves with the same status and no line of its own."""
+    return launched() and os.environ.get("RANK", "0") != "0"
+
+
 def env_count(name: str) -> int:
     """A count torchrun gives in the environment (its restarts so far, the restarts allowed): 0 when unset."""
     value = os.environ.get(name, "0")
