@@ -79,7 +79,7 @@ def check_model(model_dir: Path, provider: str) -> str:
     return model.spec.kind
 
 
-@click.command("serve")
+@click.command("serve", short_help="Serve an exported model over HTTP (--ray: on Ray Serve).")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the HTTP server listens on.")
 @click.option("--port", type=IntRange(1, 65535), default=8000, show_default=True, help="HTTP port.")

@@ -677,7 +677,7 @@ def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("given", "said"), [
     ({"RANK": "x"}, "RANK='x': expected a whole number 0 or more"),
-    ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc': expected a whole number 0 or more"),
+    ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc': expected a port, 1 to 65535"),
     ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: expected 1 process or more"),
     ({"RANK": "5"}, "RANK=5 of WORLD_SIZE=2: a rank is 0 to WORLD_SIZE - 1"),
     ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000: expected a port, 1 to 65535"),

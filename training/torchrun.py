@@ -57,7 +57,8 @@ def launch_env_problem() -> str | None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         value = os.environ.get(name, "0")  # LOCAL_RANK: 0 where not given
         if not value.isdigit():
-            return f"{name}={value!r}: expected a whole number 0 or more"
+            return f"{name}={value!r}: expected " + ("a port, 1 to 65535" if name == "MASTER_PORT" else
+                                                     "a whole number 0 or more")
         counts[name] = int(value)
     if counts["WORLD_SIZE"] < 1:
         return "WORLD_SIZE=0: expected 1 process or more"
