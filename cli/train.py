@@ -78,8 +78,10 @@ def _dataset_defaults() -> str:
 
 
 def _kind_defaults(points: Any, tokens: Any, transformer: str | None = None) -> str:
-    """'[default: P for points, T for tokens(, X for transformers)]', X being TRANSFORMER_DEFAULTS[transformer]."""
-    also = "" if transformer is None else f", {TRANSFORMER_DEFAULTS[transformer]:g} for transformers"
+    """'[default: P for points, T for tokens(, X for transformers)]', X being TRANSFORMER_DEFAULTS[transformer]
+    where it differs from T (transformers are token models)."""
+    own = None if transformer is None else f"{TRANSFORMER_DEFAULTS[transformer]:g}"
+    also = "" if own is None or own == f"{tokens}" else f", {own} for transformers"
     return f"[default: {points} for points, {tokens} for tokens{also}]"
 
 

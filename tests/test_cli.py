@@ -232,6 +232,7 @@ def test_verify_refuses_a_mismatched_pair(pipeline, tmp_path):
 @pytest.mark.parametrize(("command", "says", "not_says"), [
     ("train", "lr_decay**e. [default: 0.8]", "transformers: 0.8"),  # one default where both archs agree
     ("train", "[default: 1; transformers: 2]", None),  # --layers: two where they differ
+    ("train", "[default: 100 for points, 12 for tokens] [x>=1]", "12 for transformers"),  # --epochs: 12 said once
     ("infer", "[default: the usable CPUs, at most 4]", None),
     ("eval", "[default: the usable CPUs, at most 4]", None),
 ])
