@@ -15,7 +15,6 @@ import click
 from runtime import __version__
 from runtime.atomic_file import discard_staged
 from runtime.errors import RAISED_STOPS, Terminated, clipped
-from training.torchrun import quiet_rank
 
 from . import starting_handlers
 from .allocator import fewer_arenas_under_a_limit, limited_address_space, unwinder_loaded
@@ -98,7 +97,7 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt as exc:
             if RETURNED:
                 return None
-            if _command(ctx) == "train" and quiet_rank():  # before train's own handling: rank 0 says it
+            if _command(ctx) == "train" and _quiet_rank():  # before train's own handling: rank 0 says it
                 discard_staged()
                 raise click.exceptions.Exit(Interrupted("").exit_code) from None  # (further Ctrl-C ignored)
             raise _stopped(ctx, exc) from None
@@ -178,6 +177,13 @@ def _command(ctx: click.Context) -> str:
 def _out_of_memory(ctx: click.Context) -> click.ClickException:
     return click.ClickException(f"{_command(ctx)}: out of memory; under a memory limit (ulimit -v), raise it; nothing "
                                 "half-written is left (outputs are published whole or not at all)")
+
+
+def _quiet_rank() -> bool:
+    """training.torchrun.quiet_rank, imported only for `train` (the other commands load nothing of training)."""
+    from training.torchrun import quiet_rank
+
+    return quiet_rank()
 
 
 def _stopped(ctx: click.Context, interrupt: KeyboardInterrupt) -> Interrupted:
