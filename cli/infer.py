@@ -16,7 +16,8 @@ from runtime.cuda import MAX_DEVICE_ID
 from runtime.defaults import MAX_TARGET_LEN
 from runtime.destination import OutputFileError, check_output_file
 from runtime.errors import InputError, ResourceError, Seq2OnnxError
-from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, json_line, read_items
+from runtime.infer_records import json_line
+from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
 from .common import print_results, say, user_errors, wrote

@@ -21,7 +21,8 @@ import ray
 import ray.data
 
 from runtime.decode_options import samples
-from runtime.infer_tokens import Item, batch_seed, batches, json_line, record, source_columns
+from runtime.infer_records import json_line, record
+from runtime.infer_tokens import Item, batch_seed, batches, source_columns
 from runtime.model import Seq2Seq
 
 BLOCKS_PER_ACTOR = 4  # several blocks per actor even out uneven blocks; more only add per-block overhead

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from runtime.declared import Sources
-from runtime.infer_tokens import Item, batch_seed, heatmap
+from runtime.infer_records import heatmap
+from runtime.infer_tokens import Item, batch_seed
 from runtime.model import Seq2Seq
 from runtime.plot import Heatmap
 from runtime.tokens import Translation
