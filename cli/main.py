@@ -97,7 +97,7 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt as exc:
             if RETURNED:
                 return None
-            if _command(ctx) == "train" and _quiet_rank():  # before train's own handling: rank 0 says it
+            if _command(ctx) == "train" and _quiet_rank():  # a rank other than 0: its rank 0 says it, once for the run
                 discard_staged()
                 raise click.exceptions.Exit(Interrupted("").exit_code) from None  # (further Ctrl-C ignored)
             raise _stopped(ctx, exc) from None

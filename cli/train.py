@@ -16,12 +16,11 @@ from runtime.search.beam import MAX_BEAM
 from runtime.spec import ATTENTION_KINDS, CELLS, NORMS, POSITIONALS, TRAINABLE_ARCHS
 from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
-from training.torchrun import launch_env_problem, launched, partial_launch_env, quiet_rank
+from training.torchrun import launch_env_problem, launched, partial_launch_env
 
 from .common import require_torch
 from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
 from .options import FiniteFloatRange, IntRange, check_threads_option
-from .signals import Interrupted
 from .train_options import (
     NPZ_SUFFIX,
     POINTS,
@@ -232,11 +231,7 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
             return
         dist = start() if launched() else None
         run_training(ctx, opts, data_kind(opts["data"]), out, save_every, resume, force, quiet, dist)
-    except KeyboardInterrupt:  # before or after the epochs (during them, training.ranks.stopped_early says it)
-        if quiet_rank():  # under torchrun rank 0 says it, once for the run
-            raise click.exceptions.Exit(Interrupted("").exit_code) from None  # (Interrupted: further Ctrl-C ignored)
-        raise
-    except Exception as err:
+    except Exception as err:  # (Ctrl-C before or after the epochs: cli.main says it, or on a quiet rank nothing)
         shown = as_click(err, dist)
         if shown is None:
             raise
