@@ -278,15 +278,17 @@ def test_fused_beam_cells_alone_on_a_transformer_export(transformer_export: Any)
 
 
 def test_auto_is_timed_as_the_provider_it_chose() -> None:
-    """--provider auto --provider cpu on a machine whose sessions run on the CPU: one set of cells, named 'cpu'
-    (they were 'auto' and 'cpu', the same sessions timed twice)."""
+    """--provider auto --provider cpu: auto's cells are named by the provider its sessions run on. Where that is the
+    CPU, one set of cells, 'cpu' (they were 'auto' and 'cpu', the same sessions timed twice); where CUDA works, 'cuda'
+    then 'cpu' (an H200, 2026-12-04)."""
     result = bench(SHIPPED_MODEL, *grid_args([1], [2], [2]), "--provider", "auto", "--provider", "cpu",
                    "--loop", "step", "--repeats", "1", "--warmup", "0", "--threads", "1", "--json", "-")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     ran = [c["providers"][0] for c in doc["cells"]]
-    expected = "cuda" if ran[0] == "CUDAExecutionProvider" else "cpu"
-    assert [c["provider"] for c in doc["cells"]] == [expected] and doc["grid"]["provider"] == [expected]
+    expected = ["cuda", "cpu"] if ran[0] == "CUDAExecutionProvider" else ["cpu"]
+    assert [c["provider"] for c in doc["cells"]] == expected and doc["grid"]["provider"] == expected
+    assert ran == [f"{name.upper()}ExecutionProvider" for name in expected]
 
 
 def test_fused_loop_says_which_beam_cells_it_leaves_out() -> None:
