@@ -110,6 +110,41 @@ def test_a_plain_runner_calls_onnxruntimes_cpp_run_and_still_names_a_missing_inp
     np.testing.assert_array_equal(wrapped(feed)["output"], runner(feed)["output"])
 
 
+def test_a_bound_runner_binds_through_onnxruntimes_cpp_objects_with_the_public_bindings_results(transformer_export):
+    """BoundRunner binds and runs through the session's C++ objects (the Python IOBinding's wrappers and its run's
+    `gpu_graph_id` lookup, a raised and caught C++ exception, cost ~60 us a call): the same outputs as the plain run,
+    kept ones as OrtValues that feed the next call, numpy inputs that must be copied to be contiguous (read after the
+    copy is bound) included. A session-like object without onnxruntime's inner session binds through its own
+    `io_binding`, with the same results."""
+    session = Seq2Seq.load(transformer_export.path, provider="cpu", fused=False)._step
+    outputs = [o.name for o in session.get_outputs()]
+    keep = {"present_keys", "present_values"}  # fed back as past_keys, past_values
+    bound = BoundRunner(session, outputs, "decoder_step.onnx", keep)
+    assert bound.inner is session._sess
+    plain = SessionRunner(session, outputs, "decoder_step.onnx")
+    feed = {name: np.asfortranarray(value + np.arange(value.size, dtype=value.dtype).reshape(value.shape) % 3)
+            if value.dtype != np.bool_ else value for name, value in _ones(session).items()}
+    assert not all(value.flags.c_contiguous for value in feed.values())
+
+    class Wrapped:  # a session behind a wrapper of the caller's
+        def __init__(self) -> None:
+            self.get_providers, self.io_binding = session.get_providers, session.io_binding
+            self.run, self.run_with_iobinding = session.run, session.run_with_iobinding
+
+    wrapped = BoundRunner(Wrapped(), outputs, "wrapped", keep)
+    assert wrapped.inner is None
+    want = plain(feed)
+    fed_back = {**feed, "past_keys": want["present_keys"], "past_values": want["present_values"]}
+    want_next = plain(fed_back)
+    for runner in (bound, wrapped):
+        got = runner(feed)
+        assert {name for name, value in got.items() if isinstance(value, ort.OrtValue)} == keep
+        for name in outputs:
+            np.testing.assert_array_equal(got[name].numpy() if name in keep else got[name], want[name])
+        following = runner({**fed_back, "past_keys": got["present_keys"], "past_values": got["present_values"]})
+        np.testing.assert_array_equal(following["log_probs"], want_next["log_probs"])
+
+
 @pytest.mark.parametrize("bound", [False, True])
 def test_a_failed_run_is_said_once_without_onnxruntimes_own_log_line(recurrent_export, capfd, bound):
     """A kernel that fails while the graph runs (here the embedding's Gather, given an id beyond the vocabulary) made
