@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from .signals import held_signals
+
 LOGS_PREFIX = "seq2onnx-torchrun-"
 HELD = ".held"  # in a run's log directory: flocked by its launcher while the run lasts
 
@@ -22,16 +24,20 @@ def torchrun_logs() -> Iterator[str]:
     gone: its flock on the directory's HELD file ended with it (a lock, not a pid, so a launcher in another pid
     namespace sharing the directory keeps its own)."""
     sweep_torchrun_logs()
-    logs = tempfile.mkdtemp(prefix=LOGS_PREFIX)
-    making = os.path.join(logs, f"{HELD}.new")
-    fd = os.open(making, os.O_CREAT | os.O_RDWR, 0o600)  # not inherited: the ranks never hold it
+    logs = fd = None
     try:
+        with held_signals():  # a stop as it is made lands once there is a name to remove (it stayed for good:
+            logs = tempfile.mkdtemp(prefix=LOGS_PREFIX)  # no HELD in it, which a sweep leaves alone)
+            making = os.path.join(logs, f"{HELD}.new")
+            fd = os.open(making, os.O_CREAT | os.O_RDWR, 0o600)  # not inherited: the ranks never hold it
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.rename(making, os.path.join(logs, HELD))  # a sweep finds HELD only once it is held
         yield logs
     finally:
-        shutil.rmtree(logs, ignore_errors=True)
-        os.close(fd)
+        if logs is not None:
+            shutil.rmtree(logs, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
 
 
 def sweep_torchrun_logs() -> list[Path]:

@@ -244,8 +244,8 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
     removed after), and record precision and quality in the manifest; raise QualityError beyond `tol`."""
     contract = model.contract if isinstance(model, Adapted) else None
     reference_dir = sibling(out, STAGING_SUFFIX)  # a killed export's copy is tidied like its staging directory
-    shutil.copytree(staging, reference_dir)
-    try:
+    try:  # the copy is made inside the try: a stop that lands while it is made removes what it had copied
+        shutil.copytree(staging, reference_dir)
         for name in FAST_FILES.values():  # float32: rebuilt from the weights for int8, left out for float16
             (staging / name).unlink(missing_ok=True)
         if mode == INT8 and spec.kind == "tokens" and spec.is_transformer:

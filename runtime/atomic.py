@@ -44,8 +44,8 @@ def staged_directory(out: Path, check_replace: Callable[[Path], None]) -> Iterat
         if os.path.lexists(out):
             check_replace(out)
         staging = sibling(out, STAGING_SUFFIX)
-        staging.mkdir()  # unlike tempfile.mkdtemp (mode 0700), honours the umask: others can read the result
-        try:
+        try:  # made inside the try: a Ctrl-C that lands as mkdir returns (a stop sent as it appears) removes it too
+            staging.mkdir()  # unlike tempfile.mkdtemp (mode 0700), honours the umask: others can read the result
             mode = _take_on(staging, out)
             yield staging
             if mode is not None:

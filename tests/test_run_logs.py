@@ -69,3 +69,34 @@ def test_a_killed_launchers_directory_goes_at_the_next_sweep_a_living_ones_stays
     with torchrun_logs():
         assert not dirs[1].exists()  # its holder was killed too: the next run removed it
     assert _runs(temp) == sorted([not_a_run.name, f"{LOGS_PREFIX}file", f"{LOGS_PREFIX}link"])
+
+
+AT_MKDTEMP = """
+import os, signal, sys
+from cli.run_logs import torchrun_logs
+def stop_as_it_returns(frame, event, arg):  # mkdtemp has made the directory and returns its name
+    if event == "return" and frame.f_code.co_name == "mkdtemp":
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGINT)
+def arm(event, args):  # mkdtemp audits the name it is about to make
+    if event == "tempfile.mkdtemp":
+        sys.setprofile(stop_as_it_returns)
+sys.addaudithook(arm)
+try:
+    with torchrun_logs():
+        print("ran the block")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_ctrl_c_as_the_directory_is_made_leaves_nothing(temp: Path) -> None:
+    """A Ctrl-C that landed once `mkdtemp` had made the directory, before the `try` that removes it, left it in the
+    temp directory for good (without HELD, which a later sweep leaves alone). Here it is sent as mkdtemp returns
+    the name of the directory it made (a profile function, set as mkdtemp audits the name): it lands once the
+    directory can be removed, and is still a Ctrl-C."""
+    done = subprocess.run([sys.executable, "-c", AT_MKDTEMP], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TMPDIR": str(temp)})
+    assert done.stdout.split() == ["interrupted"], done.stdout + done.stderr
+    assert _runs(temp) == []
+
