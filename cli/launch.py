@@ -80,8 +80,9 @@ def launch_options(command: Any) -> Any:
     """Decorate `train` with the launcher's options."""
     for decorator in reversed((
         click.option("--nproc-per-node", type=int, default=None, callback=check_nproc,
-                     help="Train on this many processes of this machine (DistributedDataParallel over gloo), "
-                          "started through torch.distributed.run (torchrun). --batch-size is per process: the "
+                     help="Train on this many processes of this machine, 1 to its usable CPUs "
+                          "(DistributedDataParallel over gloo), started through torch.distributed.run (torchrun). "
+                          "--batch-size is per process: the "
                           "global batch is batch size x processes x nodes. Each process gets --threads threads "
                           "(default: usable CPUs / processes)."),
         click.option("--nnodes", type=IntRange(1, MAX_NODES), default=None,
@@ -92,7 +93,7 @@ def launch_options(command: Any) -> Any:
                           f"rendezvous listens (port default {DEFAULT_RDZV_PORT}); the same on every machine."),
         click.option("--rdzv-id", default=None, callback=check_rdzv_id,
                      help="With --nnodes > 1: a name for this job, the same on every machine, so two jobs on one "
-                          "endpoint do not mix.  [default: torchrun's]"),
+                          "endpoint do not mix.  [default: torchrun's 'none', which every job given no name shares]"),
         click.option("--rdzv-timeout", type=IntRange(1, MAX_RDZV_TIMEOUT_S), default=None,
                      help="With --nnodes > 1: seconds to wait for every machine to join before giving up "
                           f"(torchrun's join_timeout).  [default: {DEFAULT_RDZV_TIMEOUT_S}]"),

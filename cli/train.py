@@ -105,7 +105,11 @@ def _transformer_default(name: str) -> str:
 @click.option("--arch", type=click.Choice(TRAINABLE_ARCHS), default="recurrent", show_default=True,
               help="Token models: a GRU/LSTM encoder-decoder with attention, or a transformer.")
 @click.option("--attention", type=click.Choice(ATTENTION_KINDS), default="dot", show_default=True,
-              help="additive: token models only; not for transformers (always multi-head).")
+              help="How the decoder weighs the source at each step. none: no attention (the encoder's final state "
+                   "carries the source); dot: dot products of the decoder state with the projected source states "
+                   "(for points, scaled, with a projected query); additive: Bahdanau's v . tanh(W q + U m), token "
+                   "models only; multihead: --heads heads, each a scaled dot product over its share of the width. "
+                   "Not for transformers (always multi-head).")
 @click.option("--heads", type=IntRange(1, MAX_HEADS), default=None,
               help="Attention heads: multihead attention (token models: must divide --hidden-dim), or a "
                    "transformer's (must divide --d-model).  [default: 2 for multihead, "
