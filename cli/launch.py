@@ -23,7 +23,7 @@ import click
 
 from .options import IntRange, within_cpus
 from .run_logs import torchrun_logs
-from .signals import Interrupted, StoppedBySigterm, quiet_a_closed_terminal
+from .signals import Interrupted, StoppedBySigterm, quiet_a_closed_terminal, stopped_by_sigterm
 from .train_options import flag, given
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")
@@ -256,7 +256,9 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
             if err.sigval in (signal.SIGTERM, signal.SIGHUP):  # a hang-up as our SIGHUP handler makes it
                 raise StoppedBySigterm(f"train: stopped by SIGTERM; {all_stopped()}") from None
             raise Interrupted(f"train: interrupted; {all_stopped()}") from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a SIGTERM that lands before torchrun's own handler is ours (Terminated)
+            if stopped_by_sigterm():
+                raise StoppedBySigterm(f"train: stopped by SIGTERM; {all_stopped()}") from None
             raise Interrupted(f"train: interrupted; {all_stopped()}") from None
 
 

@@ -204,8 +204,10 @@ def main() -> None:
 def _quiet_when_out_of_memory(unraisable: Any) -> None:
     """sys.unraisablehook of the program: a MemoryError that Python can only report (in the threading module's
     shut-down, a __del__) is left unsaid: a command out of memory has said so in its one line, and one that finished
-    has published its outputs. Anything else is reported as Python does."""
-    if not isinstance(unraisable.exc_value, MemoryError):
+    has published its outputs. So is a stop (Ctrl-C, SIGTERM's Terminated) raised where Python can only report it
+    (an import lock's weakref callback in a rank stopped as it imports torch): the handler has recorded it and the
+    command says it once. Anything else is reported as Python does."""
+    if not isinstance(unraisable.exc_value, (MemoryError, KeyboardInterrupt)):
         sys.__unraisablehook__(unraisable)
 
 
