@@ -253,13 +253,16 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         except SignalException as err:
             if err.sigval == signal.SIGHUP:  # torchrun's handler takes it, not ours: the terminal may be gone
                 quiet_a_closed_terminal()
-            if err.sigval in (signal.SIGTERM, signal.SIGHUP):  # a hang-up as our SIGHUP handler makes it
-                raise StoppedBySigterm(f"train: stopped by SIGTERM; {all_stopped()}") from None
-            raise Interrupted(f"train: interrupted; {all_stopped()}") from None
+            sigterm = err.sigval in (signal.SIGTERM, signal.SIGHUP)  # a hang-up as our SIGHUP handler makes it
+            raise _run_stopped(sigterm, all_stopped()) from None
         except KeyboardInterrupt:  # a SIGTERM that lands before torchrun's own handler is ours (Terminated)
-            if stopped_by_sigterm():
-                raise StoppedBySigterm(f"train: stopped by SIGTERM; {all_stopped()}") from None
-            raise Interrupted(f"train: interrupted; {all_stopped()}") from None
+            raise _run_stopped(stopped_by_sigterm(), all_stopped()) from None
+
+
+def _run_stopped(sigterm: bool, kept: str) -> Interrupted:
+    """The launcher's line for a run stopped by SIGTERM (exit 143) or Ctrl-C (130), saying what was `kept`."""
+    return StoppedBySigterm(f"train: stopped by SIGTERM; {kept}") if sigterm else Interrupted(
+        f"train: interrupted; {kept}")
 
 
 def _root_failure(failures: dict[int, Any]) -> tuple[int, Any]:

@@ -201,7 +201,7 @@ def main() -> None:
     """Train seq2seq models with attention, export them to ONNX, and run them without torch."""
 
 
-def _quiet_when_out_of_memory(unraisable: Any) -> None:
+def _unsaid_unraisable(unraisable: Any) -> None:
     """sys.unraisablehook of the program: a MemoryError that Python can only report (in the threading module's
     shut-down, a __del__) is left unsaid: a command out of memory has said so in its one line, and one that finished
     has published its outputs. So is a stop (Ctrl-C, SIGTERM's Terminated) raised where Python can only report it
@@ -227,7 +227,7 @@ def entry(args: list[str] | None = None) -> None:
     onnxruntime_telemetry_off()
     fewer_arenas_under_a_limit()  # before any thread allocates
     unwinder_loaded()  # before a daemon thread can need it at exit
-    sys.unraisablehook = _quiet_when_out_of_memory
+    sys.unraisablehook = _unsaid_unraisable
     hang_up_as_sigterm()
     try:
         main(args=args, prog_name="seq2onnx")

@@ -108,9 +108,8 @@ def _transformer_default(name: str) -> str:
               help="How the decoder weighs the source at each step. none: no attention (the encoder's final state "
                    "carries the source); dot: dot products of the decoder state with the projected source states "
                    "(for points, scaled, with a projected query); additive: Bahdanau's v . tanh(W q + U m), token "
-                   "models only; multihead: --heads heads of scaled dot products, each over hidden/heads dims for tokens "
-                   "and over the full width for points. "
-                   "Not for transformers (always multi-head).")
+                   "models only; multihead: --heads heads of scaled dot products, each over hidden/heads dims for "
+                   "tokens and over the full width for points. Not for transformers (always multi-head).")
 @click.option("--heads", type=IntRange(1, MAX_HEADS), default=None,
               help="Attention heads: multihead attention (token models: must divide --hidden-dim), or a "
                    "transformer's (must divide --d-model).  [default: 2 for multihead, "
