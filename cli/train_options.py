@@ -123,12 +123,19 @@ def check_kind_options(ctx: click.Context, kind: str, opts: dict[str, Any]) -> N
                                      "its own; drop one of them", ctx=ctx, param_hint=flag(wrong[0]))
 
 
+def as_given(ctx: click.Context, name: str) -> str:
+    """An option as the user typed it, for a message: '--attention dot', or a flag alone ('--no-bidirectional')."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    typed = flag(name, ctx)[1:-1]
+    return typed if isinstance(param, click.Option) and param.is_flag else f"{typed} {ctx.params.get(name)}"
+
+
 def _check_arch_options(ctx: click.Context, arch: str) -> None:
     """Options of the other token arch are usage errors, each message saying which arch takes it."""
     if arch == "transformer":
         wrong = [name for name in RECURRENT_ONLY if given(ctx, name)]
         if wrong:
-            name = flag(wrong[0], ctx)[1:-1]
+            name = as_given(ctx, wrong[0])
             fix = "size the model with --d-model" if wrong[0] in ("hidden_dim", "embedding_dim") else \
                 "drop the option"
             raise click.BadParameter(f"{name} is for recurrent token models, but --arch transformer builds a "
@@ -138,7 +145,7 @@ def _check_arch_options(ctx: click.Context, arch: str) -> None:
         return
     wrong = [name for name in TRANSFORMER_ONLY if given(ctx, name)]
     if wrong:
-        raise click.BadParameter(f"{flag(wrong[0], ctx)[1:-1]} is for transformers, but --arch {arch} builds a "
+        raise click.BadParameter(f"{as_given(ctx, wrong[0])} is for transformers, but --arch {arch} builds a "
                                  "recurrent model; pass --arch transformer, or drop the option", ctx=ctx,
                                  param_hint=flag(wrong[0], ctx))
 

@@ -322,8 +322,21 @@ def test_resume_names_an_option_of_another_kind_of_model(tmp_path: Path) -> None
     out = tmp_path / "tf"
     assert run("--data", "toy-translation", "--arch", "transformer", "--epochs", "1", "--out", out).exit_code == 0
     result = run("--resume", "--epochs", "2", "--cell", "lstm", "--out", out)
-    assert result.exit_code == 2 and "--cell is for recurrent token models" in result.output, result.output
+    assert result.exit_code == 2 and "--cell lstm is for recurrent token models" in result.output, result.output
     assert "the run being resumed used" not in result.output
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--arch", "transformer", "--attention", "dot"], "--attention dot is for recurrent token models"),
+    (["--arch", "transformer", "--no-bidirectional"], "--no-bidirectional is for recurrent token models"),
+    (["--arch", "transformer", "--hidden-dim", "48"], "--hidden-dim 48 is for recurrent token models"),
+    (["--norm", "pre"], "--norm pre is for transformers, but --arch recurrent"),
+])
+def test_an_option_of_the_other_arch_is_refused_as_it_was_given(tmp_path: Path, args: list[str], said: str) -> None:
+    """The refusal echoes the option with its value, so a user sees which of a long command line was wrong."""
+    result = run("--data", "toy-translation", *args, "--out", tmp_path / "ck")
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert not (tmp_path / "ck").exists()
 
 
 def test_a_run_that_learns_the_toy_translation_meets_its_target(tmp_path: Path) -> None:
