@@ -365,3 +365,29 @@ def test_an_import_that_a_stop_broke_is_the_stop_whichever_link_holds_it() -> No
     chained.__context__.__context__ = KeyboardInterrupt()
     assert isinstance(_interrupt_behind(chained), KeyboardInterrupt)
     assert _interrupt_behind(ImportError("no stop behind it")) is None
+
+
+# `python -m training` (what torchrun starts on every rank) with SIGTERM sent to itself the moment the starting
+# handlers go in: a launched run's rank, by its environment.
+STOP_AS_A_RANK_STARTS = """
+import os, runpy, signal, sys
+def stop_as_the_handlers_go_in(frame, event, arg):
+    if event == "return" and frame.f_code.co_name == "starting_handlers":
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.argv = ["training", "--data", "reverse", "--out", "never"]
+sys.setprofile(stop_as_the_handlers_go_in)
+runpy.run_module("training", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(("rank", "said"), [
+    ("1", ""), ("0", "Error: seq2onnx: stopped by SIGTERM while starting; nothing was written\n")])
+def test_a_stop_as_a_rank_starts_is_said_by_rank_0_only(tmp_path: Path, rank: str, said: str) -> None:
+    """A rank other than 0 leaves a stop to rank 0 to say; its quietness was decided after the handlers went in,
+    so a SIGTERM in between printed the line on rank 1 too (a fresh walk saw it once in a 2-rank run)."""
+    env = {**os.environ, "RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+    result = subprocess.run([sys.executable, "-c", STOP_AS_A_RANK_STARTS], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env=env, preexec_fn=default_sigint)
+    assert (result.returncode, result.stderr, result.stdout) == (143, said, "")
+    assert not (tmp_path / "never").exists()
