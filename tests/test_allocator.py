@@ -14,7 +14,7 @@ import pytest
 
 from cli.allocator import choose, mimalloc_library
 
-from support.processes import default_sigint, logged_process
+from support.processes import default_stops, logged_process
 from support.serve import DATES, free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def test_a_caller_in_its_own_process_is_never_started_again() -> None:
 def test_serve_runs_with_the_allocator_it_was_given(tmp_path: Path, allocator: str, loaded: bool) -> None:
     port, log = free_port(), tmp_path / "serve.log"
     with logged_process([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port), "--allocator",
-                         allocator], log, cwd=ROOT, preexec_fn=default_sigint) as process:
+                         allocator], log, cwd=ROOT, preexec_fn=default_stops) as process:
         wait_healthy(f"http://127.0.0.1:{port}/healthz", 120, process)
         maps = Path(f"/proc/{process.pid}/maps").read_text()  # the pid the supervisor holds is the server's
         assert ("libmimalloc" in maps) == loaded

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.processes import assert_refused_in_one_line, default_sigint
+from support.processes import assert_refused_in_one_line, default_stops
 
 ROOT = Path(__file__).resolve().parents[1]
 DATES, DATES_CHECKPOINT, SQUARES = (ROOT / "artifacts" / name for name in ("dates", "dates-checkpoint", "squares"))
@@ -26,7 +26,7 @@ def tool(name: str, *args: object) -> list[str]:
 @pytest.mark.parametrize("name", ["api_overhead", "recurrent_floor"])
 def test_a_signal_stops_a_tool_with_its_exit_code_and_one_line(name: str, sig: int, code: int, says: str) -> None:
     with subprocess.Popen(tool(name, DATES, "--repeats", "1000000"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, preexec_fn=default_sigint) as proc:
+                          text=True, preexec_fn=default_stops) as proc:
         time.sleep(6)  # loaded (~1 s) and timing: a million repeats would take hours
         assert proc.poll() is None
         proc.send_signal(sig)

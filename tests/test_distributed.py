@@ -37,7 +37,7 @@ from runtime.vocab import PAD
 from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
 from training.torchrun import LAUNCH_ENV, partial_launch_env
 
-from support.processes import alive, default_sigint
+from support.processes import alive, default_stops
 
 pytestmark = pytest.mark.ddp
 
@@ -56,7 +56,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpro
     """`args` to the end, in a session of its own: a timeout kills the launcher's whole group, not the launcher
     alone (torchrun's ranks, in sessions of their own, die with it once they have joined: `start`)."""
     with subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True, preexec_fn=default_sigint) as proc:
+                          start_new_session=True, preexec_fn=default_stops) as proc:
         try:
             out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -82,7 +82,7 @@ class Launched:
         temp.mkdir(exist_ok=True)
         with open(log, "w") as f:
             self.proc = subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=default_sigint,  # some tests stop it with Ctrl-C
+                                         preexec_fn=default_stops,  # some tests stop it with Ctrl-C
                                          env={**os.environ, "TMPDIR": str(temp)})
 
     def output(self) -> str:
@@ -771,7 +771,7 @@ def test_a_rank_other_than_0_stopped_while_it_starts_says_nothing(tmp_path: Path
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
     proc = subprocess.Popen([sys.executable, "-m", "training", *SMALL_REVERSE, "--out", "ckpt"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_stops)
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=STOP_WITHIN_S)

@@ -33,7 +33,7 @@ from serving.offline import (
 )
 from training.tokens.builtin import generate_dates
 
-from support.processes import default_sigint, group_members, leftovers, wait_until
+from support.processes import default_stops, group_members, leftovers, wait_until
 from support.serve import DATES, SQUARES, local_ray
 
 pytestmark = pytest.mark.ray
@@ -206,7 +206,7 @@ def _signal_infer_on_ray(tmp_path: Path, when: str, signals: list[int], texts_n:
     with open(tmp_path / "log", "w") as log, open(tmp_path / "stdout", "w") as stdout:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "infer", str(DATES), "--input", str(texts), "--output",
                                  str(out), "--ray", "--force"], stdout=stdout, stderr=log,
-                                env=child_env(), start_new_session=True, preexec_fn=default_sigint)
+                                env=child_env(), start_new_session=True, preexec_fn=default_stops)
     try:
         wait_until(proc, reached, 120, tmp_path / "log")
         for i, sig in enumerate(signals):

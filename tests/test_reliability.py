@@ -21,7 +21,7 @@ import pytest
 
 from runtime.sessions import max_threads
 
-from support.processes import child_process, default_sigint
+from support.processes import child_process, default_stops
 from support.reliability import (
     BAD_INPUT,
     ROOT,
@@ -670,7 +670,7 @@ def test_a_stop_that_lands_as_a_staging_directory_is_made_leaves_nothing(workspa
     signum, code, said = STOPS[stop]
     done = subprocess.run([sys.executable, "-c", AT_MKDIR, str(int(signum)), str(made), "export", "ckpt", "--out",
                            "fresh", *options], cwd=workspace, capture_output=True, text=True, timeout=300,
-                          preexec_fn=default_sigint)
+                          preexec_fn=default_stops)
     assert done.returncode == code and f"export: {said}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert sorted(p.name for p in workspace.iterdir() if "fresh" in p.name) == []
@@ -697,7 +697,7 @@ def test_a_signal_while_signals_are_held_lands_after_the_block(sig: str) -> None
     """`cli.signals.held_signals` (around a command's import: a signal inside onnxruntime's came out as an
     ImportError traceback, exit 1): the block ends, then the signal raises as it would have."""
     done = subprocess.run([sys.executable, "-c", HELD, sig], capture_output=True, text=True, timeout=60,
-                          preexec_fn=default_sigint)
+                          preexec_fn=default_stops)
     want = "Terminated" if sig == "SIGTERM" else "KeyboardInterrupt"
     assert done.stdout.strip() == f"{want} after ['the block ran to its end']", done.stdout + done.stderr
 

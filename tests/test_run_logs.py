@@ -14,7 +14,7 @@ import pytest
 
 from cli.run_logs import HELD, LOGS_PREFIX, sweep_torchrun_logs, torchrun_logs
 
-from support.processes import default_sigint
+from support.processes import default_stops
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLDER = ("import sys, time; from cli.run_logs import torchrun_logs\n"
@@ -98,7 +98,7 @@ def test_a_ctrl_c_as_the_directory_is_made_leaves_nothing(temp: Path) -> None:
     the name of the directory it made (a profile function, set as mkdtemp audits the name): it lands once the
     directory can be removed, and is still a Ctrl-C."""
     done = subprocess.run([sys.executable, "-c", AT_MKDTEMP], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "TMPDIR": str(temp)}, preexec_fn=default_sigint)  # xdist ignores it
+                          env={**os.environ, "TMPDIR": str(temp)}, preexec_fn=default_stops)  # xdist ignores it
     assert done.stdout.split() == ["interrupted"], done.stdout + done.stderr
     assert _runs(temp) == []
 

@@ -24,7 +24,7 @@ from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES
-from support.processes import default_sigint, group_members, leftovers, wait_until
+from support.processes import default_stops, group_members, leftovers, wait_until
 from support.reliability import (
     BAD_INPUT,
     USAGE,
@@ -54,7 +54,7 @@ def launch(tmp_path: Path) -> Iterator:
         with ray_env() as env, open(log, "w") as sink:
             process = subprocess.Popen([sys.executable, "-m", "cli", "serve", *args], env=env, stdout=sink,
                                        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                       preexec_fn=default_sigint)  # the test stops it with Ctrl-C
+                                       preexec_fn=default_stops)  # the test stops it with Ctrl-C
         process.log = log  # type: ignore[attr-defined]
         started.append(process)
         deadline = time.monotonic() + START_TIMEOUT
@@ -154,7 +154,7 @@ def _start_serving(tmp_path: Path, *args: str, port: int | None = None) -> tuple
     with ray_env() as env, open(log, "w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--ray", "--port",
                                     str(port or free_port()), *args], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True)
+                                   text=True, start_new_session=True, preexec_fn=default_stops)
     return process, log
 
 
@@ -440,7 +440,7 @@ def test_the_port_is_held_while_the_model_loads(tmp_path: Path) -> None:
     with open(log, "w") as sink:
         first = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port)],
                                  stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=default_sigint)
+                                 preexec_fn=default_stops)
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while True:  # as soon as the port takes connections

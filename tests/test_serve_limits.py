@@ -19,7 +19,7 @@ import pytest
 from serving.batching import SMALLER
 from serving.config import ServeConfig
 
-from support.processes import default_sigint, logged_process
+from support.processes import default_stops, logged_process
 from support.serve import DATES, LONG, LONG_BOUNDS, embedded, free_port, local_ray, ray_env, wait_healthy
 
 TIMEOUT_S = 0.6  # the servers' request timeout: well under LONG's decode on the fastest machine
@@ -267,7 +267,7 @@ def test_sigterm_under_load_answers_what_was_accepted_and_exits_0(tmp_path: Any)
     with ray_env(), open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port)], stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=default_sigint)
+                                preexec_fn=default_stops)
     try:
         deadline = time.monotonic() + 60
         while "Ctrl-C stops" not in log.read_text() and time.monotonic() < deadline:
@@ -395,7 +395,7 @@ def test_a_large_body_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch
 def _address_space_900_mb() -> None:
     import resource
 
-    default_sigint()
+    default_stops()
     resource.setrlimit(resource.RLIMIT_AS, (900_000 * 1024, 900_000 * 1024))  # `ulimit -v 900000`
 
 

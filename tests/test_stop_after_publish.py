@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support.processes import default_sigint
+from support.processes import default_stops
 
 # The program, with a Ctrl-C sent to itself at the first removal runtime.atomic makes once a tree is published
 # (the staging name, or the old tree swapped under it): the moment a real Ctrl-C can land there.
@@ -33,7 +33,7 @@ entry()
 def _run(cwd: Path, *args: str, stop: bool = False) -> subprocess.CompletedProcess:
     prefix = [sys.executable, "-c", AFTER_PUBLISH] if stop else [sys.executable, "-m", "cli"]
     return subprocess.run([*prefix, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          preexec_fn=default_sigint)  # Ctrl-C as from a terminal, though pytest ran in the background
+                          preexec_fn=default_stops)  # Ctrl-C as from a terminal, though pytest ran in the background
 
 
 def _train(cwd: Path, out: str, stop: bool = False) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import pytest
 
 from runtime import atomic_file, destination
 
-from support.processes import alive, default_sigint, process_state
+from support.processes import alive, default_stops, process_state
 from support.serve import DATES
 
 INFER = [sys.executable, "-m", "cli", "infer", str(DATES)]
@@ -35,7 +35,7 @@ def _wait_for_staging(directory: Path, name: str, running: Callable[[], bool]) -
 
 
 def _ignore_hang_up() -> None:
-    default_sigint()
+    default_stops()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts a command
 
 
@@ -57,6 +57,7 @@ def _on_a_terminal_that_closes(argv: list[str], cwd: Path, ready: Callable[[], b
     pid, terminal = pty.fork()
     if pid == 0:  # the child: on the new terminal
         try:
+            default_stops()  # a hang-up must reach it, whatever the test runner inherited (`nohup`)
             os.chdir(cwd)
             os.execv(argv[0], argv)
         finally:
@@ -128,7 +129,7 @@ def test_a_stop_once_the_output_is_written_finds_the_work_done(tmp_path: Path, s
     for _ in range(3):
         with subprocess.Popen([*INFER, "--text", "3/3/15", "--output", str(out), "--force"], cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=default_sigint) as proc:
+                              preexec_fn=default_stops) as proc:
             said = []
             while not said or not said[-1].startswith("wrote "):
                 line = proc.stderr.readline()
@@ -332,7 +333,7 @@ def test_a_stop_while_the_program_starts_is_one_line_and_its_exit_code(sig: str,
     """Raised there, Ctrl-C printed a KeyboardInterrupt traceback (exit 1, or killed by SIGINT) and SIGTERM killed
     the program without a word."""
     result = subprocess.run([sys.executable, "-c", STOP_WHILE_STARTING.format(sig)], capture_output=True, text=True,
-                            timeout=60, preexec_fn=default_sigint)
+                            timeout=60, preexec_fn=default_stops)
     assert result.returncode == code, result.stderr
     assert result.stderr == f"Error: seq2onnx: {words} while starting; nothing was written\n"
     assert result.stdout == ""
@@ -388,6 +389,6 @@ def test_a_stop_as_a_rank_starts_is_said_by_rank_0_only(tmp_path: Path, rank: st
     so a SIGTERM in between printed the line on rank 1 too (a fresh walk saw it once in a 2-rank run)."""
     env = {**os.environ, "RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
     result = subprocess.run([sys.executable, "-c", STOP_AS_A_RANK_STARTS], capture_output=True, text=True,
-                            timeout=60, cwd=tmp_path, env=env, preexec_fn=default_sigint)
+                            timeout=60, cwd=tmp_path, env=env, preexec_fn=default_stops)
     assert (result.returncode, result.stderr, result.stdout) == (143, said, "")
     assert not (tmp_path / "never").exists()

@@ -25,7 +25,7 @@ from runtime.vocab import Vocabulary
 from training.tokens.builtin import toy_translation
 
 from support.models import export_token_model, toy_token_spec
-from support.processes import default_sigint
+from support.processes import default_stops
 
 PAIRS, _ = toy_translation()  # the nine notebook pairs
 TEXTS = ["one is one", "two is three", "nine is nine"]
@@ -179,7 +179,7 @@ def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models,
     # Ctrl-C then says how many results it had printed.
     proc = subprocess.Popen([sys.executable, "-c", NO_TORCH, "infer", str(models["additive"]), "--input", "-",
                              "--batch-size", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_stops)
     answers: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [answers.put(line) for line in proc.stdout], daemon=True)
     reader.start()

@@ -10,20 +10,22 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
-def default_sigint() -> None:
-    """A child's `preexec_fn`: SIGINT back to its default. A shell without job control (a CI script, `cmd &` in a
-    script) starts background jobs with SIGINT ignored, children inherit that, and Python keeps an inherited SIG_IGN:
-    a child the test interrupts on purpose would never see its Ctrl-C."""
+def default_stops() -> None:
+    """A child's `preexec_fn`: SIGINT, SIGTERM and SIGHUP back to their defaults. A shell without job control (a CI
+    script, `cmd &` in a script) starts background jobs with SIGINT ignored, `nohup` starts its command with SIGHUP
+    ignored, children inherit that, and Python keeps an inherited SIG_IGN: a child the test stops on purpose would
+    never see its signal (a suite run under `nohup` failed every hang-up test)."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def child_process(args: list[str], **kwargs: object) -> Iterator[subprocess.Popen]:
     """Popen that receives SIGINT whatever the test runner inherited, and is killed if the test leaves it running."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint, **kwargs)
+                            preexec_fn=default_stops, **kwargs)
     try:
         yield proc
     finally:
