@@ -33,10 +33,19 @@ def starting_handlers(install: bool) -> None:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
+def one_blas_thread() -> None:
+    """numpy's OpenBLAS starts a pool of threads as numpy loads, which the program never uses (its numpy work makes
+    no BLAS call; torch has its own BLAS): one thread, unless the user set OPENBLAS_NUM_THREADS. Each thread of the
+    pool reserved ~50 MB of address space, so under `ulimit -v` 100-140 MB OpenBLAS ended the program with its own
+    line ('Memory allocation still failed'), and `infer` needed 250 MB where 200 MB now decode."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def _as_the_program() -> bool:
     """Imported by `seq2onnx` or `python -m cli` (a test importing the package keeps its handlers)."""
     return bool(sys.argv) and (sys.argv[0] == "-m" or os.path.basename(sys.argv[0]) == "seq2onnx")
 
 
-if _as_the_program():
+if _as_the_program():  # the program's own process, before numpy loads: nothing of a library's importer changes
     starting_handlers(install=True)
+    one_blas_thread()

@@ -28,6 +28,26 @@ def test_a_memory_limit_room_enough_for_the_model_decodes(tmp_path: Path) -> Non
     assert done.returncode == 0 and "2015-03-03" in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.parametrize(("kb", "said"), [
+    (225_000, None), (125_000, "Error: infer: out of memory; under a memory limit (ulimit -v), raise it")],
+    ids=["decodes", "one-line"])
+def test_numpys_unused_blas_threads_take_no_address_space(tmp_path: Path, kb: int, said: str | None) -> None:
+    """numpy's OpenBLAS started a pool of threads the program never uses, ~50 MB of address space each: infer
+    needed ~250 MB of `ulimit -v` to decode, and under 100-140 MB OpenBLAS ended it with its own line
+    ('Memory allocation still failed', exit 1). The program now runs it with one thread (the user's
+    OPENBLAS_NUM_THREADS, where set, stands)."""
+    blas = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads each (conftest sets OMP's)
+    env = {k: v for k, v in os.environ.items() if k not in blas}
+    done = subprocess.run([sys.executable, "-m", "cli", "infer", str(DATES), "--text", "3/3/15"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=env, preexec_fn=_address_space(kb))
+    assert "OpenBLAS" not in done.stderr, done.stderr[-2000:]
+    if said is None:
+        assert done.returncode == 0 and "2015-03-03" in done.stdout, done.stderr[-2000:]
+    else:
+        assert done.returncode == 1 and done.stderr.splitlines() == [done.stderr.strip()], done.stderr[-2000:]
+        assert done.stderr.startswith(said), done.stderr[-2000:]
+
+
 def _no_room_for_a_thread() -> None:
     """Every new thread's stack (RLIMIT_STACK's size) more than the address space allows: none can start."""
     resource.setrlimit(resource.RLIMIT_STACK, (2 * ADDRESS_SPACE, 2 * ADDRESS_SPACE))

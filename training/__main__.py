@@ -10,7 +10,7 @@ at once, so this is what keeps its status and its one-line message.
 import os
 import sys
 
-from cli import QUIET, starting_handlers
+from cli import QUIET, one_blas_thread, starting_handlers
 
 
 def run(args: list[str]) -> int:
@@ -21,6 +21,7 @@ def run(args: list[str]) -> int:
     if quiet_rank():  # decided before the handlers go in: a stop right after them is silent on such a rank too
         QUIET.append(True)
     starting_handlers(install=True)  # before anything heavy loads
+    one_blas_thread()  # (a rank torchrun started by hand: one our launcher started has it from its environment)
     from cli.main import entry
 
     try:
