@@ -9,7 +9,9 @@ import os  # (os and sys are loaded by Python's start-up already; no typing: the
 import signal
 import sys
 
-STARTING = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "stopped by SIGTERM")}  # exit code, words
+# exit code, words; a hang-up is a SIGTERM, as once a command runs (it died of SIGHUP without a word)
+STARTING = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "stopped by SIGTERM"),
+            signal.SIGHUP: (143, "stopped by SIGTERM")}
 QUIET: list[bool] = []  # set: a rank other than 0 of a run (its rank 0 says it): the handlers above stop it silently
 
 
