@@ -23,7 +23,7 @@ def default_stops() -> None:
 
 @contextlib.contextmanager
 def child_process(args: list[str], **kwargs: object) -> Iterator[subprocess.Popen]:
-    """Popen that receives SIGINT whatever the test runner inherited, and is killed if the test leaves it running."""
+    """Popen that receives the stops the test sends whatever the runner inherited, and is killed if left running."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_stops, **kwargs)
     try:
