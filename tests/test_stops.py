@@ -331,8 +331,8 @@ STOP_WHILE_STARTING = ("import os, signal, sys; sys.argv[0] = 'seq2onnx'; import
 @pytest.mark.parametrize("sig, code, words", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "stopped by SIGTERM"),
                                              ("SIGHUP", 143, "stopped by SIGTERM")])
 def test_a_stop_while_the_program_starts_is_one_line_and_its_exit_code(sig: str, code: int, words: str) -> None:
-    """Raised there, Ctrl-C printed a KeyboardInterrupt traceback (exit 1, or killed by SIGINT) and SIGTERM killed
-    the program without a word."""
+    """Raised there, Ctrl-C printed a KeyboardInterrupt traceback (exit 1, or killed by SIGINT), and SIGTERM and
+    SIGHUP killed the program without a word (a hang-up is a SIGTERM, as once a command runs)."""
     result = subprocess.run([sys.executable, "-c", STOP_WHILE_STARTING.format(sig)], capture_output=True, text=True,
                             timeout=60, preexec_fn=default_stops)
     assert result.returncode == code, result.stderr

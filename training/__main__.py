@@ -14,8 +14,9 @@ from cli import QUIET, one_blas_thread, starting_handlers
 
 
 def run(args: list[str]) -> int:
-    """`seq2onnx train ARGS`; its exit status. Ctrl-C or SIGTERM while the program loads is its one line (none on a
-    rank other than 0 of a run, whose rank 0 says it), as for `seq2onnx`: it was a KeyboardInterrupt traceback."""
+    """`seq2onnx train ARGS`; its exit status. Ctrl-C, SIGTERM or SIGHUP while the program loads is its one line
+    (none on a rank other than 0 of a run, whose rank 0 says it), as for `seq2onnx`: it was a KeyboardInterrupt
+    traceback."""
     from training.torchrun import quiet_rank  # light and torch-free: Python's defaults still hold, as at start-up
 
     if quiet_rank():  # decided before the handlers go in: a stop right after them is silent on such a rank too
