@@ -11,6 +11,7 @@ do the same. Several machines: the same command on each, with `--nnodes`, and `-
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from runtime.atomic import identity
 
 from .options import IntRange, within_cpus
 from .run_logs import torchrun_logs
@@ -195,9 +198,10 @@ def torchrun_args(launch: dict[str, Any], rank_args: list[str]) -> list[str]:
     return [*args, "-m", ENTRY_MODULE, *rank_args]
 
 
-def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, state_file: Path,
+def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, out: Path, state_file: Path,
            quieted: bool = False) -> None:
-    """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line.
+    """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line that
+    says what it left: `out` where rank 0 published it, else the state in `state_file`.
     `quieted`: `quiet_launcher` set the C++ log level of this process, not to be passed on to the ranks."""
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -223,8 +227,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         click.echo(f"waiting for {nodes} machines to join the rendezvous at {endpoint} (up to {wait_s} s; the same "
                    "command must run on each)", err=True)
 
-    def all_stopped() -> str:  # what was kept, as it is when the run stops
-        return f"every process of the run has stopped; {_kept(state_file)}"
+    kept = functools.partial(_kept, out, identity(out), state_file)  # read as the run stops
+
+    def all_stopped() -> str:
+        return f"every process of the run has stopped; {kept()}"
 
     with torchrun_logs() as logs:  # torchrun's own (its ranks' error files): removed however the run ends
         try:
@@ -232,10 +238,10 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
         except RendezvousTimeoutError:
             raise click.ClickException(f"not all {nodes} machines joined the rendezvous at {endpoint} within "
                                        f"{wait_s} s; start the same command on each (--rdzv-timeout waits longer); "
-                                       f"{_kept(state_file)}") from None
+                                       f"{kept()}") from None
         except (RendezvousError, DistError) as err:  # the rendezvous host is unreachable, or went away
             raise click.ClickException(f"the rendezvous at {endpoint} failed: {_first_line(err)}; "
-                                       f"{_kept(state_file)}") from None
+                                       f"{kept()}") from None
         except ChildFailedError as err:
             main = err.failures.get(0)
             if main is not None and all(f.exitcode > 0 for f in err.failures.values()):
@@ -247,7 +253,7 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, stat
                    else f"exited with status {failure.exitcode}")
             failed = click.ClickException(f"training failed: rank {rank} (pid {failure.pid}) {how}, and every "
                                           "process of the run has stopped (any message of theirs is above); "
-                                          f"{_kept(state_file)}")
+                                          f"{kept()}")
             failed.exit_code = failure.exitcode if failure.exitcode == click.UsageError.exit_code else 1  # stays usage
             raise failed from None
         except SignalException as err:
@@ -288,7 +294,11 @@ def _first_line(err: BaseException) -> str:
     return " (".join(lines) + ")" * (len(lines) - 1)
 
 
-def _kept(state_file: Path) -> str:
+def _kept(out: Path, before: tuple[int, int] | None, state_file: Path) -> str:
+    """What a run that stopped left: `out`, where rank 0 published it (a new directory entry, not the one there
+    `before`) once the last epoch was done, else the last saved state in `state_file`, else nothing."""
+    if identity(out) not in (None, before):
+        return f"{str(out)!r} was written: the run is complete"
     if state_file.is_file():
         return (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue (with any number "
                 "of processes)")

@@ -523,6 +523,40 @@ def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path:
     assert not out.exists()
 
 
+# Rank 0 of a launched run sends SIGTERM to its launcher as soon as it has published the checkpoint: a service
+# manager's stop in the last moments of a run (put on the ranks' path as sitecustomize).
+STOP_THE_LAUNCHER_AFTER_PUBLISH = """
+import os, signal
+if os.environ.get("RANK") == "0":
+    import training.run as run
+    real = run._write
+    def _write(*args, **kwargs):
+        real(*args, **kwargs)
+        os.kill(os.getppid(), signal.SIGTERM)
+    run._write = _write
+"""
+
+
+def test_a_run_stopped_once_its_checkpoint_is_written_says_so(launched: Any, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher said "no training state was saved yet; rerun to start again" of a run it had finished."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(STOP_THE_LAUNCHER_AFTER_PUBLISH)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    out = tmp_path / "ckpt"
+    run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "1", "--out", "ckpt", "--nproc-per-node", "2"))
+    status = run_.proc.wait(RUN_TIMEOUT_S)
+    wait_for(run_.all_gone, 10, "every process of the run to exit")
+    output = run_.output()
+    assert status == 143, output
+    assert output.strip().splitlines()[-1] == ("Error: train: stopped by SIGTERM; every process of the run has "
+                                               f"stopped; {str(out)!r} was written: the run is complete"), output
+    assert "no training state" not in output and "rerun" not in output and "Traceback" not in output
+    assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 1
+    assert not partial_dir(out).exists()
+
+
 # ---- several machines ---------------------------------------------------------------------------------------
 
 def test_two_nodes_meet_at_a_c10d_rendezvous(launched: Any, tmp_path: Path) -> None:
