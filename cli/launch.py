@@ -27,7 +27,7 @@ from runtime.atomic import identity
 from .options import IntRange, within_cpus
 from .run_logs import torchrun_logs
 from .signals import Interrupted, StoppedBySigterm, quiet_a_closed_terminal, stopped_by_sigterm
-from .train_options import flag, given
+from .train_options import as_given, flag, given
 
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout", "max_restarts")
 MULTI_NODE_OPTIONS = ("rdzv_endpoint", "rdzv_id", "rdzv_timeout")  # meaningful with --nnodes > 1 only
@@ -114,8 +114,8 @@ def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: boo
     if launch["nproc_per_node"] is None:
         extra = [name for name in LAUNCH_OPTIONS[1:] if launch[name] is not None]
         if extra:
-            raise click.BadParameter("takes effect only with --nproc-per-node N (the processes per machine); add it",
-                                     ctx=ctx, param_hint=flag(extra[0]))
+            raise click.BadParameter(f"{as_given(ctx, extra[0])} takes effect only with --nproc-per-node N (the "
+                                     "processes per machine); add it", ctx=ctx, param_hint=flag(extra[0]))
         return False
     if under_torchrun:
         raise click.BadParameter(f"this process was started by torchrun already (rank {os.environ.get('RANK')} of "
@@ -136,8 +136,9 @@ def check_launch(ctx: click.Context, launch: dict[str, Any], under_torchrun: boo
     if nodes == 1:
         given = [name for name in MULTI_NODE_OPTIONS if launch[name] is not None]
         if given:
-            raise click.BadParameter("is for a run on several machines; pass --nnodes N (N > 1) too, or drop it to "
-                                     "train on this machine alone", ctx=ctx, param_hint=flag(given[0]))
+            raise click.BadParameter(f"{as_given(ctx, given[0])} is for a run on several machines; pass --nnodes N "
+                                     "(N > 1) too, or drop it to train on this machine alone", ctx=ctx,
+                                     param_hint=flag(given[0]))
         return True
     _check_resolvable(ctx, launch["rdzv_endpoint"])
     return True

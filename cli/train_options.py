@@ -164,8 +164,10 @@ def resolve_heads(ctx: click.Context, opts: dict[str, Any], kind: str) -> int:
     if heads is None:
         heads = MULTIHEAD_DEFAULT_HEADS if opts["attention"] == "multihead" else 1
     elif heads > 1 and opts["attention"] != "multihead":
-        raise click.BadParameter(f"{heads} heads need --attention multihead, got --attention {opts['attention']}; "
-                                 "drop --heads or use multihead", ctx=ctx, param_hint="'--heads'")
+        origin = "" if given(ctx, "attention") else " (the default)"
+        raise click.BadParameter(f"{heads} heads need --attention multihead, got --attention {opts['attention']}"
+                                 f"{origin}; drop --heads or add --attention multihead", ctx=ctx,
+                                 param_hint="'--heads'")
     if kind == TOKENS and opts["hidden_dim"] % heads:
         raise click.BadParameter(f"--hidden-dim {opts['hidden_dim']} is not a multiple of {heads} heads (each head "
                                  "attends in hidden_dim / heads dimensions); pick a head count that divides it",
