@@ -53,13 +53,9 @@ def check_text_data(value: str, point_data_too: bool = True) -> str:
     if point_data_too and suffix == ".npy" and Path(value).is_file():  # one array, where a data set takes two
         hint = (" (an .npy file holds one array; point data is an .npz holding 'source' (N, Ls, F) and 'target' (N, "
                 "Lt, F): np.savez(PATH, source=..., target=...))")
-    if not point_data_too:
-        raise click.BadParameter(f"{value!r} is neither a built-in data set {sorted(BUILTIN_LOADERS)}, an existing "
-                                 f"{TSV_SUFFIX} file, nor two line-aligned files 'SRC_PATH{PAIR_SEPARATOR}TGT_PATH'"
-                                 f"{hint}")
-    raise click.BadParameter(f"expected 'squares' or PATH.npz (point models), or {', '.join(BUILTIN_LOADERS)}, "
-                             f"PATH{TSV_SUFFIX} or SRC_PATH{PAIR_SEPARATOR}TGT_PATH (token models); got "
-                             f"{value!r}{hint}")
+    tokens = f"{', '.join(BUILTIN_LOADERS)}, PATH{TSV_SUFFIX} or SRC_PATH{PAIR_SEPARATOR}TGT_PATH"
+    expected = f"'squares' or PATH.npz (point models), or {tokens} (token models)" if point_data_too else tokens
+    raise click.BadParameter(f"expected {expected}; got {value!r}{hint}")  # worded alike by eval, verify and train
 
 
 def check_tokenizer_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -157,7 +157,7 @@ def test_tsv_shows_the_first_bad_lines_and_counts_the_rest(tmp_path: Path) -> No
 
 
 def test_tsv_refuses_non_utf8_with_line_and_byte(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"line 2 is not UTF-8 \(byte 7 of the file is 0xe9\)"):
+    with pytest.raises(DataError, match=r"line 2 is not UTF-8 \(byte 0xe9 at offset 2\)"):
         load_tsv(write(tmp_path / "d.tsv", b"a\tb\r\nd\t\xe9t\xe9\n"))
 
 
@@ -202,7 +202,7 @@ def test_parallel_lists_bad_lines_with_their_file(tmp_path: Path) -> None:
     assert "3 bad entries" in message
     assert "line 2: source is empty" in message  # blank on one side only
     assert "line 3: source contains a tab" in message
-    assert "line 4 of tgt.txt is not UTF-8 (byte 6 of the file is 0xff)" in message
+    assert "line 4 of tgt.txt is not UTF-8 (byte 0xff at offset 0)" in message
 
 
 def test_load_text_dataset_splits_user_files_deterministically(tmp_path: Path) -> None:

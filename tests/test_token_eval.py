@@ -136,7 +136,8 @@ def test_a_point_model_is_refused(toy_model):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--data", "no-such-set"], "'no-such-set' is neither a built-in data set"),
+    (["--data", "no-such-set"],
+     "expected reverse, toy-translation, lookup, dates, PATH.tsv or SRC_PATH,TGT_PATH; got 'no-such-set'"),
     (["--data", "missing.tsv"], "file 'missing.tsv' does not exist"),
     (["--data", TOY_TRANSLATION, "--threads", "0"], "expected 1.."),
     (["--data", TOY_TRANSLATION, "--length-penalty", "inf"], "expected a finite number"),

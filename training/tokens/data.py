@@ -37,21 +37,19 @@ def _read_lines(path: Path, name_file: bool = False) -> tuple[Lines, list[tuple[
         raw.pop()  # the newline that ends the last line does not start another
     lines: Lines = []
     problems: list[tuple[int, str]] = []
-    offset = 0  # byte offset of the current line in the file
     for number, chunk in enumerate(raw, start=1):
         where = f"line {number} of {path.name}" if name_file else f"line {number}"
         skip = len(UTF8_BOM) if number == 1 and chunk.startswith(UTF8_BOM) else 0
         try:
             text: str | None = chunk[skip:].decode("utf-8").removesuffix("\r")
         except UnicodeDecodeError as err:
-            at = offset + skip + err.start
-            problems.append((number, f"{where} is not UTF-8 (byte {at} of the file is 0x{chunk[at - offset]:02x})"))
+            at = skip + err.start  # in the line, as infer --input says it
+            problems.append((number, f"{where} is not UTF-8 (byte {chunk[at]:#04x} at offset {at})"))
             text = None
         if text is not None and len(text) > MAX_LINE_CHARS:
             problems.append((number, f"{where} has {len(text)} characters, over the limit of {MAX_LINE_CHARS}"))
             text = None
         lines.append((number, text))
-        offset += len(chunk) + 1
     return lines, problems
 
 
