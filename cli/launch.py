@@ -200,9 +200,10 @@ def torchrun_args(launch: dict[str, Any], rank_args: list[str]) -> list[str]:
 
 
 def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, out: Path, state_file: Path,
-           quieted: bool = False) -> None:
+           extending: bool = False, quieted: bool = False) -> None:
     """Run every rank through torch.distributed.run and wait; a failed or interrupted run is one clear line that
-    says what it left: `out` where rank 0 published it, else the state in `state_file`.
+    says what it left: `out` where rank 0 published it, else the state in `state_file`, else, where the run is
+    `extending` the finished `out` (--resume), `out` as it was.
     `quieted`: `quiet_launcher` set the C++ log level of this process, not to be passed on to the ranks."""
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -228,7 +229,7 @@ def launch(ctx: click.Context, launch: dict[str, Any], threads: int | None, out:
         click.echo(f"waiting for {nodes} machines to join the rendezvous at {endpoint} (up to {wait_s} s; the same "
                    "command must run on each)", err=True)
 
-    kept = functools.partial(_kept, out, identity(out), state_file)  # read as the run stops
+    kept = functools.partial(_kept, out, identity(out), state_file, extending)  # read as the run stops
 
     def all_stopped() -> str:
         return f"every process of the run has stopped; {kept()}"
@@ -295,12 +296,15 @@ def _first_line(err: BaseException) -> str:
     return " (".join(lines) + ")" * (len(lines) - 1)
 
 
-def _kept(out: Path, before: tuple[int, int] | None, state_file: Path) -> str:
+def _kept(out: Path, before: tuple[int, int] | None, state_file: Path, extending: bool = False) -> str:
     """What a run that stopped left: `out`, where rank 0 published it (a new directory entry, not the one there
-    `before`) once the last epoch was done, else the last saved state in `state_file`, else nothing."""
+    `before`) once the last epoch was done, else the last saved state in `state_file`, else the finished `out` a
+    --resume was `extending`, else nothing."""
+    from training.ranks import unchanged
+
     if identity(out) not in (None, before):
         return f"{str(out)!r} was written: the run is complete"
     if state_file.is_file():
         return (f"the last saved state is in {str(state_file)!r}; rerun with --resume to continue (with any number "
                 "of processes)")
-    return "no training state was saved yet; rerun to start again"
+    return unchanged(out) if extending else "no training state was saved yet; rerun to start again"

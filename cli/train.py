@@ -231,7 +231,8 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
                 check_resumable(out, resume, force)
             with exclusive(out):  # a run writing there already is said first, before what its files look like
                 check_resumable(out, resume, force)
-            launch(ctx, launch_opts, threads, out, partial_dir(out) / CHECKPOINT_STATE_FILE, quieted)
+            state_file = partial_dir(out) / CHECKPOINT_STATE_FILE
+            launch(ctx, launch_opts, threads, out, state_file, resume and not state_file.exists(), quieted)
             return
         dist = start() if launched() else None
         run_training(ctx, opts, data_kind(opts["data"]), out, save_every, resume, force, quiet, dist)

@@ -38,6 +38,7 @@ from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partia
 from training.torchrun import LAUNCH_ENV, partial_launch_env
 
 from support.processes import alive, default_stops
+from support.stop_hooks import AFTER_PUBLISH, BEFORE_THE_FIRST_SAVE, hook_path
 
 pytestmark = pytest.mark.ddp
 
@@ -523,27 +524,10 @@ def test_a_signal_stops_every_rank_with_its_exit_status(launched: Any, tmp_path:
     assert not out.exists()
 
 
-# Rank 0 of a launched run sends SIGTERM to its launcher as soon as it has published the checkpoint: a service
-# manager's stop in the last moments of a run (put on the ranks' path as sitecustomize).
-STOP_THE_LAUNCHER_AFTER_PUBLISH = """
-import os, signal
-if os.environ.get("RANK") == "0":
-    import training.run as run
-    real = run._write
-    def _write(*args, **kwargs):
-        real(*args, **kwargs)
-        os.kill(os.getppid(), signal.SIGTERM)
-    run._write = _write
-"""
-
-
 def test_a_run_stopped_once_its_checkpoint_is_written_says_so(launched: Any, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The launcher said "no training state was saved yet; rerun to start again" of a run it had finished."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(STOP_THE_LAUNCHER_AFTER_PUBLISH)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", hook_path(tmp_path, AFTER_PUBLISH))
     out = tmp_path / "ckpt"
     run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--epochs", "1", "--out", "ckpt", "--nproc-per-node", "2"))
     status = run_.proc.wait(RUN_TIMEOUT_S)
@@ -555,6 +539,27 @@ def test_a_run_stopped_once_its_checkpoint_is_written_says_so(launched: Any, tmp
     assert "no training state" not in output and "rerun" not in output and "Traceback" not in output
     assert len(json.loads((out / "history.json").read_text())["train_loss"]) == 1
     assert not partial_dir(out).exists()
+
+
+def test_a_resume_that_extends_a_finished_run_stopped_before_a_save_says_out_is_as_it_was(
+        launched: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said "no training state was saved yet; rerun to start again", of a checkpoint that a rerun without
+    --resume refuses to replace (found by a fresh walk)."""
+    out = tmp_path / "ckpt"
+    assert run(seq2onnx("train", *SMALL_REVERSE, "--epochs", "1", "--out", "ckpt"), cwd=tmp_path).returncode == 0
+    before = (out / "weights.pt").read_bytes()
+    monkeypatch.setenv("PYTHONPATH", hook_path(tmp_path, BEFORE_THE_FIRST_SAVE))
+    run_ = launched(seq2onnx("train", *SMALL_REVERSE, "--resume", "--epochs", "3", "--out", "ckpt",
+                             "--nproc-per-node", "2"))
+    status = run_.proc.wait(RUN_TIMEOUT_S)
+    wait_for(run_.all_gone, 10, "every process of the run to exit")
+    output = run_.output()
+    assert status == 143, output
+    assert output.strip().splitlines()[-1] == ("Error: train: stopped by SIGTERM; every process of the run has "
+                                               f"stopped; {str(out)!r} is as it was; rerun with --resume to extend "
+                                               "it"), output
+    assert "no training state" not in output and "Traceback" not in output
+    assert (out / "weights.pt").read_bytes() == before and not partial_dir(out).exists()
 
 
 # ---- several machines ---------------------------------------------------------------------------------------

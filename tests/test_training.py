@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -54,6 +55,7 @@ from training.points.data import (
 from training.points.trainer import ConfigError, TrainConfig, Trainer, evaluate, spec_for_data
 
 from support.processes import child_process
+from support.stop_hooks import BEFORE_THE_FIRST_SAVE, hook_path
 
 NOISE_BOUND = 0.6  # 6 sd of the 0.1 noise: no sample of a few thousand points gets there
 REPO = Path(__file__).resolve().parents[1]
@@ -592,14 +594,19 @@ def test_a_run_stopped_says_what_was_kept_in_the_launchers_words(tmp_path: Path)
     from training.distributed import Terminated
     from training.ranks import stopped_early
 
+    out = tmp_path / "ckpt"
     missing = tmp_path / "ckpt.partial" / "train_state.pt"
     for err, why in ((KeyboardInterrupt(), "interrupted"), (Terminated(), "stopped by SIGTERM")):
         said = str(stopped_early(err, 0, missing, None))
         assert said == f"{why} during epoch 0; no training state was saved yet; rerun to start again", said
-    assert said.endswith(f"; {_kept(missing)}"), (said, _kept(missing))
+    assert said.endswith(f"; {_kept(out, None, missing)}"), (said, _kept(out, None, missing))
+    # a --resume extending the finished `out`, stopped before it saved a state: `out` is what was kept
+    said = str(stopped_early(KeyboardInterrupt(), 2, missing, None, extending=out))
+    assert said == f"interrupted during epoch 2; {str(out)!r} is as it was; rerun with --resume to extend it", said
+    assert said.endswith(f"; {_kept(out, None, missing, extending=True)}")
     saved = tmp_path / "train_state.pt"
     saved.write_bytes(b"")
-    kept, said = _kept(saved), str(stopped_early(KeyboardInterrupt(), 0, saved, None))
+    kept, said = _kept(out, None, saved), str(stopped_early(KeyboardInterrupt(), 0, saved, None))
     assert kept.startswith(said.split("; ", 1)[1]), (said, kept)  # the launcher adds "(with any number of processes)"
     # stopped once the last epoch was done (while the checkpoint was being made): not "during epoch 31" of 30
     assert str(stopped_early(KeyboardInterrupt(), 31, saved, None, 30)).startswith("interrupted after the last "
@@ -608,6 +615,24 @@ def test_a_run_stopped_says_what_was_kept_in_the_launchers_words(tmp_path: Path)
     assert str(stopped_early(KeyboardInterrupt(), 53, saved, None, 400, 50)) == (
         f"interrupted during epoch 53; the last saved state (of epoch 50) is in {str(saved)!r}; rerun with --resume "
         "to continue")
+
+
+def test_a_resume_that_extends_a_finished_run_stopped_before_a_save_says_out_is_as_it_was(tmp_path: Path) -> None:
+    """It said "no training state was saved yet; rerun to start again", though the finished checkpoint was kept
+    and a rerun without --resume refuses to replace it (found by a fresh walk)."""
+    out = tmp_path / "ck"
+    assert run_cli("--epochs", "1", "--quiet", "--out", str(out)).exit_code == 0
+    before = (out / "weights.pt").read_bytes()
+    env = {**os.environ, "PYTHONPATH": hook_path(tmp_path, BEFORE_THE_FIRST_SAVE)}
+    with child_process([*cli_command(), "train", "--resume", "--epochs", "3", "--quiet", "--out", str(out)],
+                       cwd=tmp_path, env=env) as proc:
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr
+    last = stderr.strip().splitlines()[-1]  # (the hook stops it as epoch 2 ends: "during epoch 3")
+    assert last.startswith("Error: train: stopped by SIGTERM during epoch "), stderr
+    assert last.endswith(f"; {str(out)!r} is as it was; rerun with --resume to extend it"), stderr
+    assert (out / "weights.pt").read_bytes() == before and not partial_dir(out).exists()
+    assert run_cli("--resume", "--epochs", "2", "--quiet", "--out", str(out)).exit_code == 0  # as it says
 
 
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:

@@ -124,22 +124,30 @@ def why_stopped(err: BaseException, dist: Dist | None = None) -> str:
     return "interrupted"
 
 
+def unchanged(out: Path) -> str:
+    """What a --resume that extends the finished checkpoint `out` kept when it stopped before saving a state."""
+    return f"{str(out)!r} is as it was; rerun with --resume to extend it"
+
+
 def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist | None,
-                  epochs: int | None = None, saved: int | None = None) -> Exception:
+                  epochs: int | None = None, saved: int | None = None, extending: Path | None = None) -> Exception:
     """One line for a run that stopped early: why, in which epoch (or after the last of `epochs`), and what was kept
-    (the state of epoch `saved`, where known: with --save-every the epochs after it are lost). Under torchrun, a rank
-    other than 0 says it only for a lost peer (which rank saw what); stopped by the user, it leaves quietly."""
+    (the state of epoch `saved`, where known: with --save-every the epochs after it are lost; else the finished
+    checkpoint a --resume is `extending`). Under torchrun, a rank other than 0 says it only for a lost peer (which
+    rank saw what); stopped by the user, it leaves quietly."""
     if dist is not None and not dist.is_main and not isinstance(err, PeerFailedError):
         ignore_further_interrupts()
         return QuietExit(RunStopped.exit_code)
     why = why_stopped(err, dist)  # (first: it waits a moment to tell a dead launcher from torchrun's stop)
     of = f" (of epoch {saved})" if saved is not None and state_file.exists() else ""
     hint = (f"the last saved state{of} is in {str(state_file)!r}; rerun with --resume to continue"
-            if state_file.exists() else "no training state was saved yet; rerun to start again")
+            if state_file.exists() else unchanged(extending) if extending is not None
+            else "no training state was saved yet; rerun to start again")
     left = 0 if dist is None or dist.launcher_died() else _restarts_left()
     restarting = left > 0 and isinstance(err, PeerFailedError)  # torchrun restarts after a failure, not a stop
     if restarting:
-        kept = f"from the last saved state{of} in {str(state_file)!r}" if state_file.exists() else "from the start"
+        kept = (f"from the last saved state{of} in {str(state_file)!r}" if state_file.exists()
+                else f"from {str(extending)!r}" if extending is not None else "from the start")
         hint = f"torchrun starts the processes again ({left} restart(s) left) and they continue {kept}"
     elif left and isinstance(err, Terminated):
         hint = f"unless torchrun starts the processes again ({left} restart(s) left; it does after a failure), {hint}"

@@ -125,7 +125,8 @@ def run(plan: RunPlan, hooks: RunHooks, dist: Dist | None = None) -> None:
         job.extra_state["world_size"] = 1 if dist is None else dist.world_size
         if state is not None:
             job.trainer.load_state_dict(state)
-        _fit(job, saved_state, plan.save_every, plan.quiet, dist)
+        extending = out if state is not None and not saved_state.exists() else None  # a finished run's state
+        _fit(job, saved_state, plan.save_every, plan.quiet, dist, extending)
         if dist is not None and not dist.is_main:
             wait_for_the_checkpoint(dist)  # leaving first, a rank could end the run while rank 0 writes
             leave_together(dist, out)
@@ -205,9 +206,11 @@ def _check_resumed_epochs(out: Path, state: dict[str, Any], epochs: int, finishe
                          f"{state['epoch']} or more", param="--epochs")
 
 
-def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | None) -> None:
+def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | None,
+         extending: Path | None = None) -> None:
     """Train to the configured epochs, saving the resumable state as asked (rank 0 only); Ctrl-C, SIGTERM and the
-    loss of another rank under torchrun stop it with one line saying what was kept."""
+    loss of another rank under torchrun stop it with one line saying what was kept (`extending`: the finished
+    checkpoint a --resume continues, as it was until a state is saved)."""
     main = dist is None or dist.is_main
     saved = [job.trainer.epoch if state_file.exists() else None]  # the epoch the state file holds (a resumed run's)
 
@@ -220,4 +223,4 @@ def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | 
         job.trainer.fit(save_state, progress=not quiet)
     except (KeyboardInterrupt, PeerFailedError) as err:
         raise stopped_early(err, job.trainer.epoch + 1, state_file, dist, job.trainer.config.epochs,
-                            saved[0]) from None
+                            saved[0], extending) from None
