@@ -155,11 +155,7 @@ def resolve_heads(ctx: click.Context, opts: dict[str, Any], kind: str) -> int:
     (transformers: d_model) among them, so it must be a multiple."""
     heads = opts["heads"]
     if kind == TOKENS and opts["arch"] == "transformer":
-        if opts["d_model"] % heads:
-            origin = "" if given(ctx, "d_model") else f" (the default for --data {opts['data']})"
-            raise click.BadParameter(f"--d-model {opts['d_model']}{origin} is not a multiple of {heads} heads (each "
-                                     "head attends in d_model / heads dimensions); pick a head count that divides it",
-                                     ctx=ctx, param_hint="'--heads'")
+        _check_divides(ctx, opts, "d_model", heads)
         return heads
     if heads is None:
         heads = MULTIHEAD_DEFAULT_HEADS if opts["attention"] == "multihead" else 1
@@ -168,11 +164,18 @@ def resolve_heads(ctx: click.Context, opts: dict[str, Any], kind: str) -> int:
         raise click.BadParameter(f"{heads} heads need --attention multihead, got --attention {opts['attention']}"
                                  f"{origin}; drop --heads or add --attention multihead", ctx=ctx,
                                  param_hint="'--heads'")
-    if kind == TOKENS and opts["hidden_dim"] % heads:
-        raise click.BadParameter(f"--hidden-dim {opts['hidden_dim']} is not a multiple of {heads} heads (each head "
-                                 "attends in hidden_dim / heads dimensions); pick a head count that divides it",
-                                 ctx=ctx, param_hint="'--heads'")
+    if kind == TOKENS:
+        _check_divides(ctx, opts, "hidden_dim", heads)
     return heads
+
+
+def _check_divides(ctx: click.Context, opts: dict[str, Any], name: str, heads: int) -> None:
+    """The width `name` (d_model, hidden_dim) splits evenly among the heads; a default is said to be one."""
+    if opts[name] % heads:
+        origin = "" if given(ctx, name) else f" (the default for --data {opts['data']})"
+        raise click.BadParameter(f"{flag(name)[1:-1]} {opts[name]}{origin} is not a multiple of {heads} heads (each "
+                                 f"head attends in {name} / heads dimensions); pick a head count that divides it",
+                                 ctx=ctx, param_hint="'--heads'")
 
 
 def merge_saved(ctx: click.Context, opts: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,8 @@ def check_text_data(value: str, point_data_too: bool = True) -> str:
     if point_data_too and suffix == ".npy" and Path(value).is_file():  # one array, where a data set takes two
         hint = (" (an .npy file holds one array; point data is an .npz holding 'source' (N, Ls, F) and 'target' (N, "
                 "Lt, F): np.savez(PATH, source=..., target=...))")
+    if not point_data_too and (value == "squares" or suffix == ".npz"):  # what only a point model takes
+        hint = " (point data: eval scores token models on text; `seq2onnx infer` decodes a point model's sources)"
     tokens = f"{', '.join(BUILTIN_LOADERS)}, PATH{TSV_SUFFIX} or SRC_PATH{PAIR_SEPARATOR}TGT_PATH"
     expected = f"'squares' or PATH.npz (point models), or {tokens} (token models)" if point_data_too else tokens
     raise click.BadParameter(f"expected {expected}; got {value!r}{hint}")  # worded alike by eval, verify and train

@@ -76,7 +76,7 @@ def read_text(path: Path, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise VocabError(f"{what} {str(path)!r} is not UTF-8 (byte {data[err.start]:#04x} at offset {err.start})"
+        raise VocabError(f"{what} {str(path)!r} is not UTF-8 (byte {data[err.start]:#04x} at offset {err.start} of the file)"
                          ) from err
 
 

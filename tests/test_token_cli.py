@@ -381,7 +381,10 @@ def test_parallel_files_and_a_tokenizer_file(tmp_path: Path) -> None:
     (["--tokenizer", "tok.json"], 1, ["Error: --tokenizer ", "tok.json: tokenizer"]),  # not one, or no package
     (["--heads", "2"], 2, ["'--heads'", "need --attention multihead, got --attention dot (the default); drop"]),
     (["--attention", "additive", "--heads", "2"], 2, ["'--heads'", "got --attention additive; drop"]),
-    (["--attention", "multihead", "--heads", "3", "--hidden-dim", "8"], 2, ["'--heads'", "not a multiple of 3"]),
+    (["--attention", "multihead", "--heads", "3", "--hidden-dim", "8"], 2, ["'--heads'", "--hidden-dim 8 is not a "
+                                                                             "multiple of 3"]),
+    (["--attention", "multihead", "--heads", "3"], 2, ["--hidden-dim 32 (the default for --data toy-translation) is "
+                                                       "not a multiple of 3 heads"]),
     (["--hidden-dim", "5000"], 2, ["'--hidden-dim'", "1<=x<=4096"]),
     (["--embedding-dim", "4097"], 2, ["'--embedding-dim'", "1<=x<=4096"]),
     (["--layers", "9"], 2, ["'--layers'", "1<=x<=8"]),

@@ -139,6 +139,7 @@ def test_a_point_model_is_refused(toy_model):
     (["--data", "no-such-set"],
      "expected reverse, toy-translation, lookup, dates, PATH.tsv or SRC_PATH,TGT_PATH; got 'no-such-set'"),
     (["--data", "missing.tsv"], "file 'missing.tsv' does not exist"),
+    (["--data", "squares"], "got 'squares' (point data: eval scores token models on text; `seq2onnx infer` decodes"),
     (["--data", TOY_TRANSLATION, "--threads", "0"], "expected 1.."),
     (["--data", TOY_TRANSLATION, "--length-penalty", "inf"], "expected a finite number"),
     (["--data", TOY_TRANSLATION, "--split", "val"], "'val' is not one of"),

@@ -183,7 +183,8 @@ def test_save_load(words: Vocabulary, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, match", [
-    (b"{not json", "not valid JSON"), (b"\xff\xfe", "not UTF-8"), (b'{"tokens": []}', "missing"),
+    (b"{not json", "not valid JSON"), (b"\xff\xfe", r"not UTF-8 \(byte 0xff at offset 0 of the file\)"),
+    (b'{"tokens": []}', "missing"),
 ])
 def test_load_refuses_bad_files(tmp_path: Path, content: bytes, match: str) -> None:
     path = tmp_path / "vocab.json"
