@@ -62,6 +62,13 @@ def say(line: str, err: bool = True) -> None:
 
 
 WRITTEN: list[str] = []  # what this command has published so far, for the line a stop then prints
+KEPT: list[str] = []  # what a stop leaves as it was that the user may want next (a run's saved state), for that line
+
+
+def kept(note: str) -> None:
+    """Add `note` (what is left as it was, and what to do with it) to what a stop says, after what was written."""
+    if note not in KEPT:
+        KEPT.append(note)
 
 
 def published(path: Any) -> None:
@@ -98,7 +105,11 @@ def print_results(lines: Iterable[str]) -> None:
 
 def written_so_far() -> str:
     """What a stop or a kill says of the outputs: those published so far and the results printed to stdout, or
-    that nothing was written."""
+    that nothing was written; then what was `kept`."""
+    return "; ".join([_written(), *KEPT])
+
+
+def _written() -> str:
     shown = (f"printed {PRINTED[0]} result{'' if PRINTED[0] == 1 else 's'} to stdout (a JSON line each)"
              if PRINTED[0] else "")
     if WRITTEN:

@@ -300,7 +300,7 @@ def _kept(out: Path, before: tuple[int, int] | None, state_file: Path, extending
     """What a run that stopped left: `out`, where rank 0 published it (a new directory entry, not the one there
     `before`) once the last epoch was done, else the last saved state in `state_file`, else the finished `out` a
     --resume was `extending`, else nothing."""
-    from training.ranks import unchanged
+    from training.errors import unchanged
 
     if identity(out) not in (None, before):
         return f"{str(out)!r} was written: the run is complete"

@@ -18,7 +18,15 @@ from runtime.errors import RAISED_STOPS, Terminated, clipped
 
 from . import starting_handlers
 from .allocator import fewer_arenas_under_a_limit, limited_address_space, unwinder_loaded
-from .common import PRINTED, WRITTEN, no_room_to_load, no_temporary_directory, onnxruntime_telemetry_off, written_so_far
+from .common import (
+    KEPT,
+    PRINTED,
+    WRITTEN,
+    no_room_to_load,
+    no_temporary_directory,
+    onnxruntime_telemetry_off,
+    written_so_far,
+)
 from .options import refuse_repeated_paths
 from .signals import (
     EXIT_INTERRUPTED,
@@ -89,6 +97,7 @@ class LazyGroup(click.Group):
         global RETURNED
         RETURNED = False
         WRITTEN.clear()
+        KEPT.clear()
         RAISED_STOPS.clear()  # a command run in this process before (a test's) stopped: not this one
         PRINTED[0] = 0
         try:

@@ -10,15 +10,16 @@ from typing import Any
 
 import click
 
-from runtime.contract import CHECKPOINT_STATE_FILE
+from runtime.contract import CHECKPOINT_STATE_FILE, partial_dir
 from runtime.defaults import DATASET_DEFAULTS, MAX_LR, SEED, TRANSFORMER_DEFAULTS
 from runtime.search.beam import MAX_BEAM
 from runtime.spec import ATTENTION_KINDS, CELLS, NORMS, POSITIONALS, TRAINABLE_ARCHS
+from training.errors import state_unchanged, unchanged
 from training.points.data import SQUARES
 from training.tokens.builtin import BUILTIN_LOADERS
 from training.torchrun import launch_env_problem, launched, partial_launch_env
 
-from .common import require_torch
+from .common import kept, require_torch
 from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
 from .options import FiniteFloatRange, IntRange, check_threads_option
 from .train_options import (
@@ -210,19 +211,22 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     quieted = launching and quiet_launcher()
     if not resume:  # usage mistakes first, before torch loads; a resumed run's options are checked once it is read
         opts = prepare_options(ctx, opts, data_kind(opts["data"]), None)
+    from runtime.destination import normalized
+
+    name = "transformer" if opts["arch"] == "transformer" else opts["attention"]
+    out = normalized(out if out is not None else default_out(opts["data"], name))
+    if resume:
+        _keeps(out)
     require_torch("train")
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
-    from runtime.destination import normalized
     from runtime.writer_lock import exclusive
-    from training.checkpoint import check_checkpoint_destination, partial_dir
+    from training.checkpoint import check_checkpoint_destination
     from training.distributed import start, stop
     from training.run import check_resumable
 
-    name = "transformer" if opts["arch"] == "transformer" else opts["attention"]
-    out = normalized(out if out is not None else default_out(opts["data"], name))
     dist = None
     try:
         if launching:  # every rank runs this command again, under torchrun
@@ -244,3 +248,13 @@ def train(ctx: click.Context, out: Path | None, save_every: int, resume: bool, f
     finally:
         if dist is not None:
             stop()
+
+
+def _keeps(out: Path) -> None:
+    """A --resume stopped before it saves a state says that what it resumes (an interrupted run's state, else the
+    finished `out`) is as it was, with how to go on (cli.common.kept)."""
+    state_file = partial_dir(out) / CHECKPOINT_STATE_FILE
+    if state_file.is_file():
+        kept(state_unchanged(state_file))
+    elif (out / CHECKPOINT_STATE_FILE).is_file():
+        kept(unchanged(out))

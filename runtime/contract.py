@@ -1,6 +1,7 @@
 """File names, format version and the graphs' inputs/outputs, declared once as plain data."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 from .spec import ModelSpec
@@ -26,6 +27,14 @@ CHECKPOINT_WEIGHTS_FILE = "weights.pt"
 CHECKPOINT_HISTORY_FILE = "history.json"
 CHECKPOINT_STATE_FILE = "train_state.pt"
 CHECKPOINT_PLOT_FILE = "loss.png"
+PARTIAL_SUFFIX = ".partial"  # an interrupted run's state sits in `<out>.partial/train_state.pt` until it finishes
+
+
+def partial_dir(out: str | Path) -> Path:
+    """Where an in-progress run keeps its training state: `<out>.partial`."""
+    out = Path(out)
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
 
 BATCH = "batch"
 SOURCE_LEN = "source_len"

@@ -202,7 +202,7 @@ def test_a_stop_between_two_outputs_names_the_one_written() -> None:
 
     ctx = click.Context(main)
     ctx.invoked_subcommand = "infer"
-    common.WRITTEN[:], common.PRINTED[0] = ["out.jsonl"], 0  # as `invoke` sets them up for this command
+    common.WRITTEN[:], common.KEPT[:], common.PRINTED[0] = ["out.jsonl"], [], 0  # as `invoke` sets them up
     try:
         said = _stopped(ctx, Terminated()).message
     finally:

@@ -55,7 +55,7 @@ from training.points.data import (
 from training.points.trainer import ConfigError, TrainConfig, Trainer, evaluate, spec_for_data
 
 from support.processes import child_process
-from support.stop_hooks import BEFORE_THE_FIRST_SAVE, hook_path
+from support.stop_hooks import AS_A_RESUME_STARTS, BEFORE_THE_FIRST_SAVE, hook_path
 
 NOISE_BOUND = 0.6  # 6 sd of the 0.1 noise: no sample of a few thousand points gets there
 REPO = Path(__file__).resolve().parents[1]
@@ -633,6 +633,27 @@ def test_a_resume_that_extends_a_finished_run_stopped_before_a_save_says_out_is_
     assert last.endswith(f"; {str(out)!r} is as it was; rerun with --resume to extend it"), stderr
     assert (out / "weights.pt").read_bytes() == before and not partial_dir(out).exists()
     assert run_cli("--resume", "--epochs", "2", "--quiet", "--out", str(out)).exit_code == 0  # as it says
+
+
+@pytest.mark.parametrize("resumed", ["interrupted", "finished"])
+def test_a_resume_stopped_as_it_starts_says_what_it_resumes_is_as_it_was(tmp_path: Path, resumed: str) -> None:
+    """It said only "nothing was written", not that the state it was to resume is still there."""
+    if resumed == "interrupted":
+        out, state, code, _ = _stop_once_saved(tmp_path, signal.SIGTERM)
+        assert code == 143
+        said = f"the saved state in {str(state)!r} is as it was; rerun with --resume to continue"
+    else:
+        out, state = tmp_path / "ck", tmp_path / "ck" / CHECKPOINT_STATE_FILE
+        assert run_cli("--epochs", "1", "--out", str(out)).exit_code == 0
+        said = f"{str(out)!r} is as it was; rerun with --resume to extend it"
+    before, epochs = state.read_bytes(), str(load_train_state(state)["epoch"] + 1)  # (unstopped: a short run)
+    with child_process([sys.executable, "-c", AS_A_RESUME_STARTS, "train", "--resume", "--epochs", epochs,
+                        "--quiet", "--out", str(out)], cwd=tmp_path) as proc:
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr
+    assert stderr.strip().splitlines() == [f"Error: train: stopped by SIGTERM; nothing was written (outputs are "
+                                           f"published whole or not at all); {said}"], stderr
+    assert state.read_bytes() == before
 
 
 def test_cli_bad_data_path_is_one_line_without_traceback(tmp_path: Path) -> None:

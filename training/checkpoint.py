@@ -29,7 +29,9 @@ from runtime.contract import (
     CHECKPOINT_STATE_FILE,
     CHECKPOINT_WEIGHTS_FILE,
     MANIFEST_FILE,
+    PARTIAL_SUFFIX,
     VOCAB_FILES,
+    partial_dir,
 )
 from runtime.destination import check_destination
 from runtime.spec import ModelSpec, SpecError
@@ -44,7 +46,6 @@ from .plots import plot_history
 from .torch_files import save_torch
 
 CHECKPOINT_FORMAT_VERSION = 1
-PARTIAL_SUFFIX = ".partial"
 # What a point checkpoint holds; a token checkpoint adds its two vocabularies. Either may be replaced with --force.
 CHECKPOINT_FILES = frozenset({CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, CHECKPOINT_HISTORY_FILE,
                               CHECKPOINT_STATE_FILE, CHECKPOINT_PLOT_FILE})
@@ -56,12 +57,6 @@ STATE_KEYS = ("format_version", "epoch", "spec", "config", "history", "model", "
 
 class CheckpointError(OSError):
     """A checkpoint directory or training-state file is missing, incomplete or unreadable."""
-
-
-def partial_dir(out: str | Path) -> Path:
-    """Where an in-progress run keeps its training state: `<out>.partial`."""
-    out = Path(out)
-    return out.with_name(out.name + PARTIAL_SUFFIX)
 
 
 def find_resume_state(out: str | Path) -> Path | None:

@@ -5,6 +5,7 @@ unless a failure is a rank's own news (`this_rank`), which every rank says."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 from runtime.errors import Seq2OnnxError
 
@@ -48,3 +49,13 @@ class QuietExit(Seq2OnnxError):
 def ignore_further_interrupts() -> None:
     """From here on Ctrl-C does nothing (see RunStopped)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def unchanged(out: Path) -> str:
+    """What a --resume that extends the finished checkpoint `out` kept when it stopped before saving a state."""
+    return f"{str(out)!r} is as it was; rerun with --resume to extend it"
+
+
+def state_unchanged(state_file: Path) -> str:
+    """What a --resume of the interrupted run in `state_file` kept when it stopped before saving a state."""
+    return f"the saved state in {str(state_file)!r} is as it was; rerun with --resume to continue"

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from runtime.errors import UsageError
 
 from .distributed import BACKEND, RESTART_ENV, Dist, PeerFailedError, Terminated, leave
-from .errors import QuietExit, Restarting, RunError, RunStopped, ignore_further_interrupts
+from .errors import QuietExit, Restarting, RunError, RunStopped, ignore_further_interrupts, unchanged
 from .torchrun import env_count
 
 PER_MACHINE_OPTIONS = ("threads", "quiet")  # may differ between the machines of one run
@@ -122,11 +122,6 @@ def why_stopped(err: BaseException, dist: Dist | None = None) -> str:
             return "stopped by SIGTERM"
         return "stopped by SIGTERM (torchrun stops every process when one of them fails or it is interrupted)"
     return "interrupted"
-
-
-def unchanged(out: Path) -> str:
-    """What a --resume that extends the finished checkpoint `out` kept when it stopped before saving a state."""
-    return f"{str(out)!r} is as it was; rerun with --resume to extend it"
 
 
 def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist | None,

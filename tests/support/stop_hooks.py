@@ -40,6 +40,20 @@ if os.environ.get("RANK", "0") == "0":
     run._fit = _fit
 """
 
+# The program, with SIGTERM sent to itself as soon as a --resume has noted what it resumes (cli.train._keeps): a stop
+# while it starts, before anything is trained or saved.
+AS_A_RESUME_STARTS = """
+import os, signal, sys
+def stop(frame, event, arg):
+    if event == "return" and frame.f_code.co_name == "_keeps":
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+sys.setprofile(stop)
+from cli.main import entry
+sys.argv[0] = "seq2onnx"
+entry()
+"""
+
 
 def hook_path(root: Path, hook: str) -> str:
     """A PYTHONPATH that makes `hook` the sitecustomize of every Python process started with it."""
