@@ -230,7 +230,8 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
     if loop == "fused" and spec.kind == "tokens" and 1 not in values["beams"] and not beam_graph:
         raise click.UsageError(f"--loop fused times the greedy loop graph, which decodes with beam 1, but the grid's "
                                f"beam sizes are {list(values['beams'])}; add --beam 1, or pass --loop step for beam "
-                               "search (only a transformer's export has a beam search graph)")
+                               "search (only a transformer's export runs a whole beam search in one graph; a recurrent model's beam "
+                               "search calls its beam step graph a step at a time)")
     dropped = [b for b in values["beams"] if b > 1] if loop == "fused" and spec.kind == "tokens" else []
     if dropped and not beam_graph:
         click.echo(f"note: --loop fused times the greedy loop graph alone ({model_dir} has no beam search graph): "
