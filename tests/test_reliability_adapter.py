@@ -250,6 +250,20 @@ def float64_model():
     return copy.deepcopy(trained("luong")).double().adapter()
 
 
+def infinite_weight():  # a saturating gate kept the outputs finite: the graphs were written with it
+    model = copy.deepcopy(trained("luong"))
+    with torch.no_grad():
+        model.src_emb.weight[3, 5] = float("inf")
+    return model.adapter()
+
+
+def nan_weight():  # the step's scores were blamed, not the weight
+    model = copy.deepcopy(trained("luong"))
+    with torch.no_grad():
+        model.W_c.weight[0, 0] = float("nan")
+    return model.adapter()
+
+
 def weights_outside_modules():
     return replace(good(), modules=())
 
@@ -358,6 +372,10 @@ CLI_CASES: dict[str, Case] = {
     "a random step": export("random_step", BAD_INPUT, "step is not deterministic", "'scores'", "random op"),
     "a float64 model": export("float64_model", BAD_INPUT, "modules[0] (Luong) holds torch.float64 weights",
                               "call .float()"),
+    "an infinite weight": export("infinite_weight", BAD_INPUT, "modules[0] (Luong): src_emb.weight holds 1 NaN or "
+                                 "infinite value of ", "repair its weights"),
+    "a NaN weight": export("nan_weight", BAD_INPUT, "modules[0] (Luong): W_c.weight holds 1 NaN or infinite value of ",
+                           "repair its weights"),
     "weights outside modules": export("weights_outside_modules", BAD_INPUT, "held by none of the declared modules",
                                       "modules=[...]"),
     "a reference that raises": export("reference_raises", BAD_INPUT, "reference failed", "KeyError", "'oops'"),
@@ -501,6 +519,24 @@ def test_a_declaration_is_checked_when_it_is_made(change, says):
     adapter = trained("luong").adapter()
     with pytest.raises(AdapterError, match=says.replace("(", r"\(").replace(")", r"\)")):
         replace(adapter, **change)
+
+
+def test_a_buffer_may_hold_minus_inf_but_no_nan():
+    """A causal mask of -inf is a common buffer and stays exportable; a NaN in a buffer is refused by name, as a
+    weight's NaN or infinity is (the CLI rows above)."""
+    import copy
+
+    from export.adapter import AdapterError
+    from export.weights import check_declared_weights
+
+    from support.foreign import trained
+
+    model = copy.deepcopy(trained("luong"))
+    model.register_buffer("causal", torch.triu(torch.full((4, 4), float("-inf")), diagonal=1))
+    check_declared_weights(model.adapter())
+    model.causal[0, 0] = float("nan")
+    with pytest.raises(AdapterError, match=r"modules\[0\] \(Luong\): causal holds 1 NaN value of 16;"):
+        check_declared_weights(model.adapter())
 
 
 def test_a_model_installed_as_a_package_is_still_named_where_it_raised(tmp_path, monkeypatch):
