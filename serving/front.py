@@ -64,6 +64,11 @@ class Front:
     async def _answer(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         route = self.routes.get(route_path(scope)) if scope["method"] == "POST" else None
         service = service_of(self.app) if route is not None else None
+        if route is not None and scope.get("query_string"):  # options there were ignored, and the call ran without
+            status = await _send_json(send, 422, {"error": query_refused(scope, route.path)}, {"connection": "close"})
+            if service is not None:
+                count(service, route.path, status, time.perf_counter())
+            return
         declared = dict(scope["headers"]).get(b"content-length", b"") if service is not None else b""
         if not declared.isdigit() or int(declared) > service.config.max_body_bytes or compressed(scope):
             return await self.app(scope, receive, send)  # the body limit and the route say what is wrong
@@ -114,6 +119,16 @@ def route_path(scope: dict[str, Any]) -> str:
     """The request's path as the app's routes see it (a mount's or Serve's prefix taken off)."""
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root):] if root and path.startswith(root) else path
+
+
+def query_refused(scope: dict[str, Any], path: str) -> str:
+    """What a decode request with a query string is told: its options go in the body (FastAPI ignores a query it
+    does not declare, so `?beam_size=5` decoded greedily)."""
+    query = scope["query_string"].decode("latin-1")
+    shown = query if len(query) <= 80 else query[:80] + "..."
+    example = '{"texts": [...], "beam_size": 5}' if path.endswith("/translate") else '{"source": [...], "target_len": 20}'
+    return (f"POST {scope['path']}: the query string is not read (got {shown!r}); a decode's options go in the JSON "
+            f"body beside its input, e.g. {example}")
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -323,6 +323,15 @@ BAD_REQUESTS = {
     "a source nested past the recursion limit": ("/points/v1/predict", b'{"source": ' + b"[" * 20_000
                                                  + b"]" * 20_000 + b"}", 422, "nested too deeply"),
     "oversized body": ("/points/v1/predict", b"[" + b"1," * MAX_BODY + b"1]", 413, "--max-body-bytes"),
+    # FastAPI ignores a query it does not declare: the text was decoded greedily, as if no option were given
+    "options in the query string": ("/tokens/v1/translate?beam_size=5", {"texts": ["3/3/15"]}, 422,
+                                    "POST /tokens/v1/translate: the query string is not read (got 'beam_size=5'); a "
+                                    "decode's options go in the JSON body beside its input, e.g. {\"texts\": [...], "
+                                    "\"beam_size\": 5}"),
+    "a point model's options in the query string": ("/points/v1/predict?target_len=3", {"source": [[[1.0, 2.0]]]},
+                                                    422, "(got 'target_len=3'); a decode's options go in the JSON "
+                                                    "body beside its input, e.g. {\"source\": [...], "
+                                                    "\"target_len\": 20}"),
 }
 
 
