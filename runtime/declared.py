@@ -13,7 +13,7 @@ context: memory, keys, masks). A dim `past_len` grows by one per step: the step'
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .contract import (
@@ -64,6 +64,9 @@ class Sources:
                                     f"got {brief(value)}")
         if self.fixed_len is not None and self.max_len != self.fixed_len:
             object.__setattr__(self, "max_len", min(self.max_len, self.fixed_len))
+
+
+SOURCE_KEYS = frozenset(f.name for f in fields(Sources))
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,9 @@ class TokenContract:
                 raise ContractError(f"state {name!r}: the encoder makes {made[name]}, the step reads {dims} (a "
                                     f"{PAST_LEN!r} dim starts at a fixed size)")
         vocab = outputs.get("log_probs")
+        if vocab is None:
+            raise ContractError(f"the step has no output 'log_probs' (the scores the search reads); its outputs: "
+                                f"{sorted(outputs)}")
         if not (isinstance(vocab, list) and len(vocab) == 2 and vocab[0] == BATCH and is_count(vocab[1], 2)):
             raise ContractError(f"step output 'log_probs' must be [{BATCH!r}, vocabulary size >= 2], got "
                                 f"{brief(vocab)}")
@@ -204,6 +210,9 @@ class TokenContract:
             sources = data["sources"]
             if not isinstance(sources, dict):
                 raise ContractError(f"sources must be an object, got {brief(sources)}")
+            unknown = sorted(set(sources) - SOURCE_KEYS)
+            if unknown:
+                raise ContractError(f"sources has unknown keys {unknown}; it takes {sorted(SOURCE_KEYS)}")
             if not isinstance(data["feedback"], dict) or not isinstance(data["never"], list):
                 raise ContractError(f"feedback must be an object and never a list, got {brief(data['feedback'])} "
                                     f"and {brief(data['never'])}")

@@ -77,6 +77,13 @@ def test_contract_checks_name_what_is_wrong():
         ({**own, "step": {**own["step"], "inputs": {**own["step"]["inputs"], "extra": ["batch"]}}},
          "state 'extra' is read by the step but the encoder does not make it"),
         ({**own, "sources": {**own["sources"], "fixed_len": 0}}, "sources.fixed_len must be an int >= 1 or None"),
+        # a hand edit's typos: Python's own words about a keyword argument, and 'got None' for a renamed output
+        ({**own, "sources": {"fixd_len": 10, **{k: v for k, v in own["sources"].items() if k != "fixed_len"}}},
+         r"sources has unknown keys \['fixd_len'\]; it takes \['add_bos', 'add_eos', 'fixed_len', 'max_len', "
+         r"'reverse'\]"),
+        ({**own, "step": {**own["step"], "outputs": {("log_prob" if k == "log_probs" else k): v
+                                                     for k, v in own["step"]["outputs"].items()}}},
+         r"the step has no output 'log_probs' \(the scores the search reads\); its outputs: \["),
     ]
     for data, message in cases:
         with pytest.raises(ContractError, match=message):
