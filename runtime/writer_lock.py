@@ -102,10 +102,17 @@ def _missing_directories(path: Path) -> list[Path]:
 
 def _flock(out: str | Path, lock: Path) -> int:
     """An fd holding LOCK_EX on the file now named `lock`, or DestinationBusyError (held by another writer) or
-    DestinationUnwritableError (the lock cannot be made there at all: no permission, a read-only file system)."""
+    DestinationUnwritableError (the lock cannot be made there at all: no permission, a read-only file system, a
+    directory that cannot be made, a file system that takes no new files)."""
     for _ in range(LOCK_ATTEMPTS):
         try:
             lock.parent.mkdir(parents=True, exist_ok=True)
+        except FileNotFoundError:  # another writer's release removed a parent it had made, as we made ours
+            continue
+        except OSError as exc:  # the directory the lock goes in, or one above it, is what cannot be made
+            raise _unwritable(out, lock, f"{exc.strerror or exc} making the directory {exc.filename or lock.parent}"
+                              ) from None
+        try:
             return _flock_made(out, lock)
         except DestinationBusyError:
             raise
@@ -113,7 +120,14 @@ def _flock(out: str | Path, lock: Path) -> int:
             continue
         except OSError as exc:
             raise _unwritable(out, lock, exc.strerror or str(exc)) from None
-    raise _unwritable(out, lock, "its directory kept disappearing")
+    # every attempt failed with no such file: not a race with another writer's release but a file system that
+    # makes nothing there (/proc answers so)
+    if lock.parent.is_dir():
+        raise _unwritable(out, lock, f"{lock.parent} takes no new files")
+    there = lock.parent
+    while not there.is_dir() and there.parent != there:
+        there = there.parent
+    raise _unwritable(out, lock, f"{there} takes no new directories")
 
 
 def _unwritable(out: str | Path, lock: Path, why: str) -> DestinationUnwritableError:

@@ -287,6 +287,15 @@ CLI_CASES: dict[str, Case] = {
                                 says=("afile", "exists and is not a directory", "choose another --out")),
     "export --out where its lock cannot be made": case("export", "ckpt", "--out", "locked/run", code=BAD_INPUT,
                                                        says=("locked/run", "cannot be written", ".run.lock")),
+    # "its directory kept disappearing": /proc makes no file (ENOENT each time), and a parent that cannot be made was
+    # said of the lock
+    "export --out in /proc": case("export", "ckpt", "--out", "/proc/seq2onnx-m", code=BAD_INPUT,
+                                  says=("/proc/.seq2onnx-m.lock cannot be made (/proc takes no new files)",)),
+    "export --out under a new directory of /proc": case("export", "ckpt", "--out", "/proc/seq2onnx-d/m",
+                                                        code=BAD_INPUT, says=("(/proc takes no new directories)",)),
+    "export --out under a directory /sys cannot make": case("export", "ckpt", "--out", "/sys/seq2onnx-d/m",
+                                                            code=BAD_INPUT,
+                                                            says=("making the directory /sys/seq2onnx-d)",)),
     "export --out under a file": case("export", "ckpt", "--out", "afile/sub/m", code=BAD_INPUT,
                                       says=("afile/sub/m", "cannot be created", "afile is a file")),
     "export --opset 3": case("export", "ckpt", "--out", "m", "--opset", "3", code=USAGE, says=("--opset", "14..20", "3")),
