@@ -67,10 +67,11 @@ def test_exports_of_different_models_or_without_the_graph_are_refused(transforme
     assert done.returncode == 2 and "1<=x<=32" in done.stderr and "Traceback" not in done.stderr  # MAX_GRAPH_BEAM
 
 
-def test_the_same_export_given_twice_is_timed_as_two_sides(transformer_export):
+def test_the_same_export_given_twice_is_timed_as_two_sides(transformer_export, monkeypatch):
     """Keyed by path, both sides' times once went into one list: an exact 1.000 by construction."""
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the script imports its siblings, as when run from there
     spec = importlib.util.spec_from_file_location("loop_graph_ab", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
