@@ -88,6 +88,8 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         outer = [found[0].attribute[0].g.node for found in loops]  # folded first, then plain
         if role == "beam":  # fold_beam's and fast_beam's finishing work in an If a step
             assert all("If" in {n.op_type for n in nodes} for nodes in outer)
+            for nodes in outer:
+                _assert_a_step_in_blocks(nodes)
         bodies = [{n.op_type for n in nodes} for nodes in outer]  # the step's body
         assert ["MultiHeadAttention" in body for body in bodies] == [False] * folds(spec) + [True], role
         assert all("Attention" in body for body in bodies)
@@ -117,6 +119,7 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
         steps = {n.op_type for n in next(n for n in segment if n.op_type == "Loop").attribute[0].g.node}
         # a run stops on its own test (no eos among the first k) or at its trip count: no If, Less, And or Not a step
         assert {"Attention", "FusedMatMul", "TopK"} <= steps and not {"If", "Less", "And", "Not"} & steps
+        _assert_a_step_in_blocks(next(n for n in segment if n.op_type == "Loop").attribute[0].g.node)
     sessions = Seq2Seq.load(fast_export.path)._token_steps.fast  # the one-call graphs run without the CPU arena
     graphs = {"small": sessions, "wide": sessions.wide, **({"fold": sessions.folded} if folds(spec) else {})}
     arenas = {f"{name}_{kind}": getattr(found, kind)._run.session.get_session_options().enable_cpu_mem_arena
@@ -124,6 +127,17 @@ def test_export_writes_every_fast_graph_and_checks_each_variant(fast_export):
     assert arenas == {"small_greedy": False, "small_beam": False, "wide_greedy": True, "wide_beam": True,
                       **({"fold_greedy": False, "fold_beam": False, "fold_few_beam": False} if folds(spec) else {})}
     assert (sessions.folded is not None) == folds(spec)
+
+
+def _assert_a_step_in_blocks(nodes: list[onnx.NodeProto]) -> None:
+    """A beam step over (B, k, ...) blocks keeps its values as select leaves them: the picked beams (B, k, 1) pick
+    each input's histories and mask rows by GatherND (no flat row index: Add, Reshape), the kept sums are the next
+    live ones (no Unsqueeze), and the sums leave eos's row out (no eos row read a step: search.finish adds it)."""
+    kinds = [n.op_type for n in nodes]
+    by_beam = [n for n in nodes if n.op_type == "GatherND" and any(a.name == "batch_dims" and a.i == 1
+                                                                    for a in n.attribute)]
+    assert len(by_beam) == 2 and "Unsqueeze" not in kinds, kinds
+    assert not [i for n in nodes for i in n.input if i.startswith("eos_rows")], kinds
 
 
 def test_the_runtime_sends_calls_small_enough_to_fold_to_the_folded_graphs(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ encoder, then an ONNX Loop of the fast decoder step and `runtime.search.beam`'s 
 
 Rows are (batch x beam), input b owning rows b*k .. b*k+k-1, and the decoder reads them as (B, k, E) blocks: an
 input's k queries attend as one block to its one copy of the cross-attention keys/values and to its own append-only
-self-attention cache, where step t writes slots k t .. k t + k - 1; a mask (B * k, k t) of the slots each beam's
+self-attention cache, where step t writes slots k t .. k t + k - 1; a mask (B, k, k t) of the slots each beam's
 ancestors wrote is reordered when beams are picked, the caches never are (attention.AncestryFused). Each step, as the
 numpy search: log-probs (eos at -inf below min_length) plus each row's summed log-prob (float64), the best min(2k,
 kV) extensions per input by TopK (ties: the lower flat index, as a stable sort), eos among the first k of them
@@ -13,10 +13,14 @@ max_length the live ones end as they are. Finished hypotheses merge into each in
 (n-best, new) (ties: earlier first, as a stable sort). An input is done when its n-best is full and no live beam can
 beat the worst (the same bound); done inputs keep running, masked, until all are done. A step keeps its k live
 beams by one TopK with every eos masked, and ranks its first k candidates only where an eos may be among them
-(search.select). Token histories are kept per row (batch x beam, the steps so far: a column more a step, one Concat
-where writing column t of a (rows, max_length) table took an Equal and a Where: fold_few_beam batch 1, beam 5, 20
+(search.select). Token histories are kept per beam (B, k, t), the steps so far: a column more a step, one Concat
+where writing column t of a (rows, max_length) table took an Equal and a Where (fold_few_beam batch 1, beam 5, 20
 tokens ~1.4% faster), reordered with the mask, and padded to max_length where the finishing work records a
-hypothesis. The finishing work (new hypotheses, the n-best merge, the stopping rule: ~55 kernels) runs only after
+hypothesis. A step keeps its values in blocks as select leaves them, (B, k, 1): the picked beams pick each input's
+history and mask rows (GatherND, batch_dims 1) and its kept sums are the next live ones, where rows (B * k, ...)
+took a flat row index (Add, Reshape), a Reshape of the tokens and an Unsqueeze of the sums; and its sums leave eos's
+row out, eos's bar standing for it (Outer.eos_bar), where adding it took two Gathers and an Add. Seven kernels
+fewer a step (fold_few_beam's 64 -> 57 after onnxruntime's fusions; the wide graph keeps rows). The finishing work (new hypotheses, the n-best merge, the stopping rule: ~55 kernels) runs only after
 a step where some input has an eos among its first k candidates, at the last step, or once some input's n-best is
 full; at every other step nothing it computes changes (beam_body: in an If each step, or, in fold_few_beam, once
 after each run of steps).
@@ -76,46 +80,59 @@ class Outer:
         # Row j of input b reads the cache slots its ancestors wrote: the mask starts each step with the slot it
         # writes now (an identity block per input) and follows the rows when beams are picked.
         self.beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
-        own = net.one("Tile", [own_slots(net, self.beam), net.one("Concat", [self.batch, _c(net, "one_d", [1])],
-                                                                   axis=0)])  # (B * k, k)
+        own = own_slots(net, self.beam)  # (k, k)
         self.wide = wide  # the body's stream is 2-D rows (B * k, E) (Net.rows), tokens and live (B * k, 1)
+        one_d = _c(net, "one_d", [1])
         if wide:
             self.attend = BlockBatched(mask_bias(net, lengths32, cross[0]), STEP_MASK).on_rows(net, spec, self.k)
+            own = net.one("Tile", [own, net.one("Concat", [self.batch, one_d], axis=0)])  # (B * k, k)
             self.own = net.one("Where", [own, _c(net, "zero_f", 0.0, np.float32),
                                          _c(net, "minus_inf_f", -np.inf, np.float32)])
-            self.mask_type, step_shape = FLOAT, [self.batch, _c(net, "one_d", [1]), self.k]  # (B, 1, k, k t)
-        else:
+            self.mask_type = FLOAT
+            self.step_shape = net.one("Concat", [self.batch, one_d, self.k, _c(net, "minus_one", [-1])],
+                                      axis=0)  # (B, 1, k, k t)
+        else:  # blocks: a step's values are (B, k, ...), its mask (B, k, k t) as the Attention kernel reads it
             self.attend = AncestryFused(lengths32, STEP_MASK)
+            own = net.one("Tile", [net.one("Unsqueeze", [own, _c(net, "ax0", [0])]),
+                                   net.one("Concat", [self.batch, one_d, one_d], axis=0)])  # (B, k, k)
             self.own = net.one("Cast", [own], to=INT32)
-            self.mask_type, step_shape = INT32, [self.batch, self.k]  # (B, k, k t)
-        self.step_shape = net.one("Concat", [*step_shape, _c(net, "minus_one", [-1])], axis=0)
+            self.mask_type, self.step_shape = INT32, None
         self.shape_bk = shape_bk
         vocab = spec.target_vocab_size
         self.per_beam = None  # search.select: each beam's best min(2k, V) first, from RANK_PER_BEAM_FROM ids
         if vocab >= search.RANK_PER_BEAM_FROM:  # read as the graph is built (tests lower it)
             self.per_beam = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]), _c(net, "v", [vocab])])
         ranked = self.per_beam or _c(net, "v", [vocab])
-        self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, ranked])], axis=0)  # [B, k V or k k']
-        if self.per_beam is None:  # search.select: every beam's eos column, and -inf there (k V,)
+        # the candidates' sums: [B, k V or k k'], or in blocks [B, k V or k k', 1] (TopK then keeps (B, k, 1))
+        self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, ranked]), *([] if wide else [one_d])],
+                          axis=0)
+        if self.per_beam is None:  # search.select: every beam's eos column, and -inf there (k V,) or (k V, 1)
             self.eos_columns = net.one("Add", [net.one("Mul", [self.beam, _c(net, "v", vocab)]), _c(net, "eos", EOS)])
-            no_eos = np.zeros(vocab, np.float64)
+            no_eos = np.zeros(vocab if wide else (vocab, 1), np.float64)
             no_eos[EOS] = -np.inf
-            self.no_eos = net.one("Tile", [net.weight("no_eos", no_eos), self.k])
-        self.k_last = net.one("Sub", [self.k, _c(net, "one_d", [1])])  # (1,): the k-th kept candidate's place
+            self.no_eos = net.one("Tile", [net.weight("no_eos", no_eos),
+                                           self.k if wide else net.one("Concat", [self.k, one_d], axis=0)])
+        self.k_last = net.one("Sub", [self.k, one_d])  # (1,): the k-th kept candidate's place
         self.last_iter = net.one("Sub", ["max_length", _c(net, "one", 1)])
         steps = net.one("Range", [_c(net, "zero", 0), "max_length", _c(net, "one", 1)])  # (T,)
         self.shape_bk_rest = net.one("Concat", [shape_bk, _c(net, "minus_one", [-1])], axis=0)  # [B, k, -1]
-        self.shape_bht = net.one("Concat", [self.batch, self.h, net.one("Reshape", ["max_length",
-                                                                                   _c(net, "one_d", [1])])], axis=0)
+        self.shape_bht = net.one("Concat", [self.batch, self.h, net.one("Reshape", ["max_length", one_d])], axis=0)
         self.max_pow = net.one("Pow", [net.one("Cast", ["max_length"], to=DOUBLE), "length_penalty"])
-        self.min_length = min_length(net, vocab, EOS, steps)  # a step's eos row: kernels.eos_row
+        # In blocks, from every id (not per beam), a step leaves eos's row out of its sums, and search.select reads
+        # eos as not among the first k wherever it is blocked (its bar, (T,) float64: -inf there, else 0);
+        # search.finish adds the row (float64 then) to the sums it reads.
+        bars = not wide and self.per_beam is None
+        self.min_length = min_length(net, vocab, EOS, steps, np.float64 if bars else np.float32)  # kernels.eos_row
+        self.eos_bar = None
+        if bars:
+            self.eos_bar = net.one("Gather", [_c(net, "bars", [0.0, -np.inf], np.float64), self.min_length.early])
         self.true = _c(net, "true", True, bool)
 
 
 def _first(net: Net, o: Outer, spec: ModelSpec) -> tuple[list[str], list[str], list[str]]:
-    """The carried values' first values (beam_body): the steps' (STEPS: step 0, bos (B, k), live [0, -inf, ...] per
-    input (B, k, 1) (wide: both (B * k, 1)), empty history, no cache slot written), the empty caches, and
-    DONE_NBEST's (no input done, empty n-best, open: none full)."""
+    """The carried values' first values (beam_body): the steps' (STEPS: step 0, bos and live [0, -inf, ...] per
+    input (B, k, 1) (wide: (B * k, 1)), empty history and no cache slot written (B, k, 0) (wide: (B * k, 0))), the
+    empty caches, and DONE_NBEST's (no input done, empty n-best, open: none full)."""
     first = net.one("Where", [net.one("Equal", [o.beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (k,)
     live = net.one("Expand", [first, o.shape_bk])  # (B, k)
@@ -124,8 +141,8 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> tuple[list[str], list[str], l
                                                                         axis=0)])  # (B * k, 1)
         live = net.one("Reshape", [live, _c(net, "column", [-1, 1])])
     else:
-        tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), o.shape_bk])  # (B, k)
         live = net.one("Unsqueeze", [live, _c(net, "ax2", [2])])  # (B, k, 1)
+        tokens = net.one("Expand", [_c(net, "bos", [[[BOS]]]), net.one("Shape", [live])])  # (B, k, 1)
     done = net.one("ConstantOfShape", [o.batch], value=helper.make_tensor("f", BOOL, [1], [False]))
     shape_bh = net.one("Concat", [o.batch, o.h], axis=0)
     scores = net.one("Expand", [_c(net, "minus_inf", -np.inf, np.float64), shape_bh])  # (B, H)
@@ -133,7 +150,8 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> tuple[list[str], list[str], l
     hyp_tokens = net.one("ConstantOfShape", [o.shape_bht], value=helper.make_tensor("z", INT64, [1], [0]))
     lengths = net.one("Expand", [_c(net, "zero", 0), shape_bh])
     open_ = _c(net, "true", True, bool)
-    none = net.one("Concat", [o.rows, _c(net, "zero_d1", [0])], axis=0)  # [B * k, 0]: no token, no slot yet
+    lead = [o.rows] if o.wide else [o.shape_bk]  # rows (B * k) or blocks (B, k)
+    none = net.one("Concat", [*lead, _c(net, "zero_d1", [0])], axis=0)  # no token, no slot yet
     history = net.one("ConstantOfShape", [none], value=helper.make_tensor("z", INT64, [1], [0]))
     ancestry = net.one("ConstantOfShape", [none], value=helper.make_tensor("z", o.mask_type, [1], [0]))
     empty = o.attend.empty_cache(net, spec, o.batch)  # one append-only cache per input

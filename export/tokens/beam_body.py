@@ -67,25 +67,33 @@ class Stepped(NamedTuple):
 def _step(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, names: dict[str, str],
           pasts: list[str]) -> Stepped:
     """Step t (names["step"]): the decoder over the carried tokens, caches and ancestry mask, then select's k kept
-    beams, each beam's token history grown by its token after its parent's."""
+    beams, each beam's token history grown by its token after its parent's. In blocks (not o.wide) every carried
+    value is (B, k, ...), as select gives the kept beams, tokens and sums (B, k, 1)."""
     t = names["step"]
     table = position_table(model)
     embedding = net.weight("target_embedding", model.target_embedding.weight)
-    tokens = net.one("GatherND" if o.wide else "Gather", [embedding, names["tokens"]])  # (B * k, E) or (B, k, E)
+    tokens = net.one("GatherND", [embedding, names["tokens"]])  # (B * k, E) or (B, k, E)
     positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), t])  # (1, E)
-    ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)  # (B * k, k t): this step's slots added
-    net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
+    if o.wide:  # rows: the mask (B * k, k t), this step's slots added, as (B, 1, k, k t)
+        ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)
+        net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
+    else:  # blocks: (B, k, k t) as it is
+        ancestry = net.op("Concat", [names["ancestry"], o.own], [STEP_MASK], axis=2)[0]
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
     r = select(net, o, log_probs, names["live"], t)
-    parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
-    chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])  # (B * k, 1)
-    grown = net.one("Concat", [net.one("Gather", [names["history"], parents], axis=0), chosen], axis=1)  # (B k, t + 1)
-    if o.wide:  # (B * k, 1) each
-        live, next_tokens = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), chosen
-    else:
-        live, next_tokens = net.one("Unsqueeze", [r.kept, _c(net, "ax2", [2])]), r.tokens  # (B, k, 1), (B, k)
-    steps = [net.one("Add", [t, _c(net, "one", 1)]), next_tokens, live, grown,
-             net.one("Gather", [ancestry, parents], axis=0)]  # the mask follows rows; the caches stay
+    if o.wide:  # (B * k, 1) tokens and live; the history (B * k, t + 1); each picked row by its flat index
+        parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
+        chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])
+        grown = net.one("Concat", [net.one("Gather", [names["history"], parents], axis=0), chosen], axis=1)
+        live, follow = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), net.one("Gather", [ancestry, parents],
+                                                                                         axis=0)
+    else:  # blocks: select's (B, k, 1) as they come; each input's rows picked by its beams (B, k, 1)
+        chosen, live = r.tokens, r.kept
+        grown = net.one("Concat", [net.one("GatherND", [names["history"], r.beams], batch_dims=1), chosen],
+                        axis=2)  # (B, k, t + 1)
+        follow = net.one("GatherND", [ancestry, r.beams], batch_dims=1)
+    # the mask follows the picked beams; the caches stay
+    steps = [net.one("Add", [t, _c(net, "one", 1)]), chosen, live, grown, follow]
     ended = Ended(t, names["history"], grown, r.flat, r.flat_tokens, r.kept)
     return Stepped(steps, presents, ended, r.no_eos_first)
 

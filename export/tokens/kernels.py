@@ -168,15 +168,16 @@ class MinLength(NamedTuple):
     rows: str
 
 
-def min_length(net: Net, vocab_size: int, eos_column: int, steps: str | None = None) -> MinLength:
+def min_length(net: Net, vocab_size: int, eos_column: int, steps: str | None = None,
+               dtype: type = np.float32) -> MinLength:
     """MinLength for a decode of up to max_length steps (the graph's inputs max_length and min_length; `steps`: the
     graph's (max_length,) range 0 .. max_length - 1, if it has one); eos sits in column `eos_column`. O(max_length)
     a call: a (max_length, V) table read by step would save a kernel a step, but writes max_length x V values every
     call (10 ms at 256 x 32000; 34-46 ms in the one-call graphs, whose sessions run without the arena and so
-    take a fresh 33 MB each call)."""
+    take a fresh 33 MB each call). `dtype`: the rows' (the values they are added to)."""
     steps = steps or net.one("Range", [net.weight("zero", np.array(0, np.int64)), "max_length",
                                        net.weight("one", np.array(1, np.int64))])  # (T,)
-    rows = np.zeros((2, vocab_size), np.float32)
+    rows = np.zeros((2, vocab_size), dtype)
     rows[1, eos_column] = -np.inf
     early = net.one("Cast", [net.one("Less", [steps, "min_length"])], to=INT64)
     return MinLength(early, net.weight("eos_rows", rows))

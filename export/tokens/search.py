@@ -32,7 +32,7 @@ def constant(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
 class Ended(NamedTuple):
     """The step a run of steps ended at, as `finish` reads it: its index t (int64 scalar), the token histories
     before it (B * k, t) and after it (B * k, t + 1), and its candidates and kept sums (Ranked's flat, flat_tokens
-    and kept)."""
+    and kept). In blocks (not Outer.wide) as the step keeps them, (B, k, ...) and (B, n, 1) (`_as_rows`)."""
 
     t: str
     before: str
@@ -46,7 +46,7 @@ class Ranked(NamedTuple):
     """One step's candidates: every extension's summed log-prob, flat (B, k V) by index beam * V + token (from
     RANK_PER_BEAM_FROM ids each beam's best k' only, (B, k k'), with their tokens in flat_tokens, else None); the k
     kept as live beams (beams, tokens, sums: (B, k)); and whether no input has an eos among its first k candidates
-    (a bool scalar)."""
+    (a bool scalar). In blocks (not Outer.wide) each (B, n, 1), and flat without eos's row where Outer.eos_bar."""
 
     flat: str
     flat_tokens: str | None
@@ -64,8 +64,12 @@ def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
     and finds nothing where it was not). From RANK_PER_BEAM_FROM ids (o.per_beam) each beam's best k' = min(2k, V)
     come first, by a float32 TopK over its row: adding the beam's sum keeps their order (and ties stay by token),
     and an input's best 2k are among its beams' best 2k, so the float64 ranking then reads k k' values an input, not
-    k V."""
-    scored = net.one("Add", [log_probs, eos_row(net, o.min_length, t)])  # -inf on eos below min_length
+    k V. With Outer.eos_bar the sums leave eos's row out: the kept are the same (every eos is masked for them), and
+    where min_length blocks eos the test for an eos among the first k compares with -inf, so that only an input
+    whose k-th kept is -inf (where finish runs anyway) counts as having one; finish adds the row to what it ranks."""
+    scored = log_probs
+    if o.eos_bar is None:
+        scored = net.one("Add", [log_probs, eos_row(net, o.min_length, t)])  # -inf on eos below min_length
     flat_tokens = None
     if o.per_beam is not None:
         scored, flat_tokens = net.op("TopK", [scored, o.per_beam], 2, axis=-1)  # (B, k, k') each
@@ -88,8 +92,9 @@ def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
     # k-th kept is -inf where an input has fewer than k finite non-eos candidates (a beam wider than the vocabulary
     # less eos): a finite eos then gives -inf (finish runs), an eos at -inf NaN (it finishes nothing either way)
     below = net.one("Sub", [net.one("Gather", [kept, o.k_last], axis=1), eos_sums])  # (B, 1) - (B, k | k k')
-    no_eos_first = net.one("Greater", [net.one("ReduceMin", [below], keepdims=0), constant(net, "zero_d", 0.0,
-                                                                                            np.float64)])
+    # eos's bar: 0, or where the sums left eos's row out, -inf while min_length blocks eos (no eos can be first)
+    bar = constant(net, "zero_d", 0.0, np.float64) if o.eos_bar is None else net.one("Gather", [o.eos_bar, t])
+    no_eos_first = net.one("Greater", [net.one("ReduceMin", [below], keepdims=0), bar])
     return Ranked(flat, flat_tokens, beams, tokens, kept, no_eos_first)
 
 
@@ -154,11 +159,27 @@ def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
     return done, open_, net.one("Less", [least, constant(net, "half", 0.5, np.float32)])
 
 
+def _as_rows(net: Net, o: Outer, r: Ended) -> Ended:
+    """A step in blocks (B, k, ...) as `finish` reads it: the candidates (B, k V | k k') with eos's row added where
+    the step left it out (Outer.eos_bar), the kept sums (B, k), the histories (B * k, t) and (B * k, t + 1)."""
+    if o.wide:
+        return r
+    to_rows = constant(net, "to_rows", [0, -1])  # (B, n, 1) -> (B, n)
+    flat = r.flat
+    if o.eos_bar is not None:
+        flat = net.one("Add", [net.one("Reshape", [flat, o.shape_bk_rest]), eos_row(net, o.min_length, r.t)])
+    flat_tokens = r.flat_tokens and net.one("Reshape", [r.flat_tokens, to_rows])
+    before, grown = (net.one("Flatten", [h], axis=2) for h in (r.before, r.grown))
+    return Ended(r.t, before, grown, net.one("Reshape", [flat, to_rows]), flat_tokens,
+                 net.one("Reshape", [r.kept, to_rows]))
+
+
 def finish(net: Net, o: Outer, r: Ended, nbest: list[str], done: str) -> tuple[list[str], str, str, str]:
     """After step r.t, where some input may have finished a hypothesis or some n-best is full (or it is the last):
     record the step's finished hypotheses in the n-best (NBEST's four) and test the stopping rule; returns the
     n-best, done (B,), whether no input's n-best is full yet, and whether to go on (an input still running before
     max_length)."""
+    r = _as_rows(net, o, r)
     last = net.one("Equal", [r.t, o.last_iter])
     ends = _ends(net, o, r, done, last)
     best = _merge(net, o, nbest, ends[:4])
