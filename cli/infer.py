@@ -20,6 +20,7 @@ from runtime.infer_records import json_line
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
+from .cluster import address_option
 from .common import print_results, say, user_errors, wrote
 from .infer_points import InputFileError, read_input, results_too_large
 from .infer_tokens import (
@@ -144,7 +145,7 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
 @click.option("--ray", "on_ray", is_flag=True,
               help="Decode on Ray Data, one model per actor, into --output FILE.jsonl (needs the 'serve' extra).")
-@click.option("--address", default=None,
+@click.option("--address", default=None, callback=address_option,
               help="With --ray: join this Ray cluster (HOST:PORT of its head, or auto); MODEL_DIR is shipped to its "
                    "nodes. Default: start a local Ray on this machine's CPUs.")
 @click.option("--concurrency", type=IntRange(min=1), default=None,
@@ -181,6 +182,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
                              workers=workers)
     except Seq2OnnxError as exc:  # the model or the options, not the input
         raise click.ClickException(str(exc)) from None
+    _note_unused_device(provider, device_id, model.providers)
     if attention and not model.spec.has_attention:  # as a token model's run refuses it
         raise click.UsageError(f"--attention: {model_dir} has no attention (its spec says attention 'none'), so "
                                "there are no weights to return; drop --attention")
@@ -212,6 +214,15 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
         wrote(output_path, last=True)
 
 
+def _note_unused_device(provider: str, device_id: int, providers: list[str]) -> None:
+    """--device-id with --provider auto where auto found no GPU: said, not refused (a script that runs on machines
+    with and without GPUs passes both), where --provider cpu refuses it (check_device_option)."""
+    given = click.get_current_context().get_parameter_source("device_id") is not click.core.ParameterSource.DEFAULT
+    if provider == "auto" and given and "CUDAExecutionProvider" not in providers:
+        say(f"note: --device-id {device_id} picks a GPU, and --provider auto found no CUDA here (the model runs on "
+            f"{', '.join(providers)}), so it changed nothing")
+
+
 def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...], provider: str, attention: bool,
                   output_path: str | None, plot_path: str | None, cpus: tuple[int | None, int], device_id: int,
                   fused: bool, force: bool, decoding: dict[str, Any]) -> None:
@@ -229,6 +240,7 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
                              workers=workers)
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
+    _note_unused_device(provider, device_id, model.providers)
     run = TokenRun(model, options, decoding["batch_size"], attention, plot_path is not None)
     run.check(model_dir)
     # progress on stderr with --output; a line that cannot be written is dropped (`say`): it made the run fail

@@ -32,7 +32,7 @@ from serving.config import (
 
 from .allocator import SYSTEM
 from .allocator import choose as choose_allocator
-from .cluster import check_reachable
+from .cluster import address_option, check_reachable
 from .common import require
 from .listen import check_port_free, listen_on
 from .options import FiniteFloatRange, IntRange
@@ -123,7 +123,7 @@ def check_model(model_dir: Path, provider: str) -> str:
               help="Ray Serve: the application's name (one per model on a shared cluster).")
 @click.option("--route-prefix", default="/", show_default=True, callback=_prefix_option,
               help="URL prefix of the routes, for several models behind one Serve.")
-@click.option("--address", default=None,
+@click.option("--address", default=None, callback=address_option,
               help="Deploy onto an existing Ray cluster (ray start --head prints it); the model directory is "
                    "shipped to its nodes. Implies --ray. Default: start Ray on this machine (with --ray).")
 @click.option("--ray", "use_ray", is_flag=True,

@@ -182,6 +182,10 @@ CLI_CASES: dict[str, Case] = {
     "infer --ray --concurrency past the CPUs": case(*TOK, *TEXT, "--ray", "--output", "o.jsonl", "--concurrency",
                                                     "999", code=BAD_INPUT,
                                                     says=("--concurrency 999", "do not fit this machine's", "lower it")),
+    **{f"infer --ray --address {value}": case(*TOK, *TEXT, "--ray", "--output", "o.jsonl", "--address", value,
+                                             code=USAGE, says=("--address", "expected HOST:PORT of a Ray cluster's "
+                                                               "head (port 1-65535)", repr(value)))
+       for value in ("garbage", "127.0.0.1:99999", "127.0.0.1:0", ":6379", "ray://head")},
     "infer --address without --ray": case(*TOK, *TEXT, "--address", "127.0.0.1:6379", code=USAGE,
                                           says=("--address", "add --ray")),
     # eval, export, verify

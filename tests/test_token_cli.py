@@ -50,6 +50,8 @@ from training.tokens.recurrent import TokenSeq2Seq
 from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 from training.tokens.transformer import TransformerSeq2Seq
 
+from support.devices import CUDA_UNAVAILABLE
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden-dim", "8", "--embedding-dim", "4", "--eval-beam", "2"]
 TINY_TRANSFORMER = ["--arch", "transformer", "--d-model", "8", "--d-ff", "16", "--heads", "2", "--layers", "1"]
@@ -171,6 +173,17 @@ def test_export_of_a_token_checkpoint_ships_its_vocabularies(trained: tuple[Path
     ids = torch.tensor([source.encode("one is one")])
     assert translations[0][0].ids == model.greedy(ids, torch.tensor([ids.shape[1]]), spec.target_len)[0]
     assert translations[0][0].text == target.decode(translations[0][0].ids)
+
+
+@pytest.mark.skipif(CUDA_UNAVAILABLE is None, reason="CUDA works here: --device-id picks a GPU")
+def test_infer_device_id_where_auto_finds_no_gpu_is_said() -> None:
+    """--provider cpu --device-id is refused; with auto (the default) a script may pass it on machines with and
+    without GPUs: it decodes, and says the option changed nothing (it was dropped without a word)."""
+    proc = cli("infer", REPO / "artifacts" / "dates", "--text", "May 3 2001", "--device-id", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["source"] == "May 3 2001"
+    assert "note: --device-id 1 picks a GPU, and --provider auto found no CUDA here (the model runs on " \
+           "CPUExecutionProvider), so it changed nothing" in proc.stderr
 
 
 def test_verify_blames_a_tight_tolerance_not_the_pair_of_a_recurrent_model() -> None:
