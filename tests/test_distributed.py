@@ -33,6 +33,7 @@ import torch
 
 from cli.run_logs import LOGS_PREFIX, sweep_torchrun_logs
 from runtime.contract import CHECKPOINT_STATE_FILE
+from runtime.defaults import max_threads
 from runtime.vocab import PAD
 from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
 from training.torchrun import LAUNCH_ENV, partial_launch_env
@@ -714,13 +715,34 @@ def test_the_launcher_is_refused_inside_torchrun(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+MORE = max_threads() + 1  # processes on this machine: one more than its CPUs
+TOO_MANY_HERE = (f"LOCAL_WORLD_SIZE={MORE}: {MORE} processes on this machine, which lets each use {max_threads()} "
+                 f"CPU{'' if max_threads() == 1 else 's'}; each training process needs one of its own "
+                 "(oversubscribed, they wait on each other at every all-reduce): start at most "
+                 f"{max_threads()} here (torchrun --nproc-per-node {max_threads()})")
+
+
+def test_torchrun_with_more_processes_than_cpus_is_refused_by_every_rank(tmp_path: Path) -> None:
+    """As `train --nproc-per-node` refuses it: torchrun's own ranks, one more than the CPUs, each refuse before
+    torch loads (they trained, oversubscribed, several times slower), and nothing is written."""
+    result = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(MORE),
+                  "--log-dir", str(tmp_path / "logs"), "-m", "cli", "train", *SMALL_REVERSE, "--out", "o"],
+                 cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.count(f"Error: {TOO_MANY_HERE}, in the environment") == MORE, result.stderr[-3000:]
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(("given", "said"), [
-    ({"RANK": "x"}, "RANK='x': expected a whole number 0 or more"),
+    ({"RANK": "x"}, "RANK='x': expected a whole number, 0 or more"),
     ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc': expected a port, 1 to 65535"),
-    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: expected 1 process or more"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: expected a whole number, 1 or more"),
+    ({"WORLD_SIZE": "-2"}, "WORLD_SIZE='-2': expected a whole number, 1 or more"),
     ({"RANK": "5"}, "RANK=5 of WORLD_SIZE=2: a rank is 0 to WORLD_SIZE - 1"),
     ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000: expected a port, 1 to 65535"),
-], ids=["rank-not-a-number", "port-not-a-number", "no-processes", "rank-past-the-size", "port-too-high"])
+    ({"LOCAL_WORLD_SIZE": str(MORE), "WORLD_SIZE": str(MORE)}, TOO_MANY_HERE),
+], ids=["rank-not-a-number", "port-not-a-number", "no-processes", "negative-processes", "rank-past-the-size",
+        "port-too-high", "more-processes-than-cpus"])
 def test_launch_variables_set_by_hand_that_cannot_work_are_one_line(tmp_path: Path, given: dict[str, str],
                                                                      said: str) -> None:
     """A ValueError traceback from torch's rendezvous (a rank or port that is no number, no processes), or a

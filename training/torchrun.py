@@ -57,13 +57,27 @@ def launch_env_problem() -> str | None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         value = os.environ.get(name, "0")  # LOCAL_RANK: 0 where not given
         if not value.isdigit():
-            return f"{name}={value!r}: expected " + ("a port, 1 to 65535" if name == "MASTER_PORT" else
-                                                     "a whole number 0 or more")
+            return f"{name}={value!r}: expected " + {"MASTER_PORT": "a port, 1 to 65535",
+                                                     "WORLD_SIZE": "a whole number, 1 or more"}.get(
+                                                         name, "a whole number, 0 or more")
         counts[name] = int(value)
     if counts["WORLD_SIZE"] < 1:
-        return "WORLD_SIZE=0: expected 1 process or more"
+        return "WORLD_SIZE=0: expected a whole number, 1 or more"
     if counts["RANK"] >= counts["WORLD_SIZE"]:
         return f"RANK={counts['RANK']} of WORLD_SIZE={counts['WORLD_SIZE']}: a rank is 0 to WORLD_SIZE - 1"
     if not 1 <= counts["MASTER_PORT"] <= 65535:
         return f"MASTER_PORT={counts['MASTER_PORT']}: expected a port, 1 to 65535"
+    return _too_many_here()
+
+
+def _too_many_here() -> str | None:
+    """More processes on this machine (torchrun's LOCAL_WORLD_SIZE) than CPUs this process may use: refused, as
+    `train --nproc-per-node` refuses it (oversubscribed ranks wait on each other at every all-reduce)."""
+    from runtime.defaults import max_threads
+
+    here, cpus = os.environ.get("LOCAL_WORLD_SIZE", "1"), max_threads()
+    if here.isdigit() and int(here) > cpus:
+        return (f"LOCAL_WORLD_SIZE={here}: {here} processes on this machine, which lets each use {cpus} CPU"
+                f"{'' if cpus == 1 else 's'}; each training process needs one of its own (oversubscribed, they wait "
+                f"on each other at every all-reduce): start at most {cpus} here (torchrun --nproc-per-node {cpus})")
     return None
