@@ -55,7 +55,7 @@ from training.points.data import (
 from training.points.trainer import ConfigError, TrainConfig, Trainer, evaluate, spec_for_data
 
 from support.processes import child_process
-from support.stop_hooks import AS_A_RESUME_STARTS, BEFORE_THE_FIRST_SAVE, hook_path
+from support.stop_hooks import AS_A_RESUME_STARTS, BEFORE_THE_FIRST_SAVE, DURING_THE_SECOND_SAVE, hook_path
 
 NOISE_BOUND = 0.6  # 6 sd of the 0.1 noise: no sample of a few thousand points gets there
 REPO = Path(__file__).resolve().parents[1]
@@ -391,6 +391,19 @@ def test_weights_are_loaded_with_weights_only(tmp_path: Path, trained: Trainer) 
         load_train_state(state)
 
 
+def test_a_checkpoint_without_its_history_still_loads(tmp_path: Path, trained: Trainer) -> None:
+    """history.json is a record (export, verify and bench never read it): its loss does not refuse the model; a
+    damaged one still names itself."""
+    out = save(trained, tmp_path / "ck")
+    (out / CHECKPOINT_HISTORY_FILE).unlink()
+    model, spec, history = load_checkpoint(out)
+    assert history == {} and spec == trained.spec
+    assert_same_weights(model.state_dict(), trained.model.state_dict())
+    (out / CHECKPOINT_HISTORY_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match=CHECKPOINT_HISTORY_FILE):
+        load_checkpoint(out)
+
+
 @pytest.mark.parametrize("damage", ["no dir", "no weights", "bad json", "truncated weights", "wrong spec"])
 def test_missing_or_corrupt_checkpoint_names_the_file(tmp_path: Path, trained: Trainer, damage: str) -> None:
     out = save(trained, tmp_path / "ck")
@@ -633,6 +646,22 @@ def test_a_resume_that_extends_a_finished_run_stopped_before_a_save_says_out_is_
     assert last.endswith(f"; {str(out)!r} is as it was; rerun with --resume to extend it"), stderr
     assert (out / "weights.pt").read_bytes() == before and not partial_dir(out).exists()
     assert run_cli("--resume", "--epochs", "2", "--quiet", "--out", str(out)).exit_code == 0  # as it says
+
+
+def test_a_stop_during_a_state_save_lands_once_the_state_is_written(tmp_path: Path) -> None:
+    """SIGTERM inside the save of epoch 2's state: the save completes, then the run stops keeping epoch 2 (the save
+    was cut, and the line said 'during epoch 3 ... (of epoch 1)': an epoch trained, lost; found by a fresh walk)."""
+    out = tmp_path / "ck"
+    state = partial_dir(out) / CHECKPOINT_STATE_FILE
+    env = {**os.environ, "PYTHONPATH": hook_path(tmp_path, DURING_THE_SECOND_SAVE)}
+    with child_process([*cli_command(), "train", "--epochs", "4", "--quiet", "--out", str(out)], cwd=tmp_path,
+                       env=env) as proc:
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr
+    assert load_train_state(state)["epoch"] == 2
+    assert stderr.strip().splitlines()[-1] == (f"Error: train: stopped by SIGTERM during epoch 3; the last saved "
+                                               f"state (of epoch 2) is in {str(state)!r}; rerun with --resume to "
+                                               "continue"), stderr
 
 
 @pytest.mark.parametrize("resumed", ["interrupted", "finished"])

@@ -214,10 +214,13 @@ def _read_spec(path: Path) -> tuple[ModelSpec, TrainConfig | TokenTrainConfig]:
 
 
 def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, ModelSpec, History]:
-    """Rebuild the trained model (eval mode), its spec and loss history from a checkpoint directory."""
+    """Rebuild the trained model (eval mode), its spec and loss history from a checkpoint directory. The history is
+    a record for people (export, verify and bench do not read it; --resume reads train_state.pt): a checkpoint
+    without history.json loads with an empty one ({}); one that is there must be readable."""
     path = Path(path)
     spec, config = _read_spec(path)
-    history = _read_json(path / CHECKPOINT_HISTORY_FILE)
+    history_file = path / CHECKPOINT_HISTORY_FILE
+    history = _read_json(history_file) if history_file.exists() else {}
     weights_file = path / CHECKPOINT_WEIGHTS_FILE
     if not weights_file.is_file():
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
