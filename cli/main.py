@@ -14,7 +14,7 @@ import click
 
 from runtime import __version__
 from runtime.atomic_file import discard_staged
-from runtime.errors import RAISED_STOPS, Terminated, clipped
+from runtime.errors import RAISED_STOPS, Terminated, clipped, held_signals
 
 from . import starting_handlers
 from .allocator import fewer_arenas_under_a_limit, limited_address_space, unwinder_loaded
@@ -36,7 +36,6 @@ from .signals import (
     StoppedBySigterm,
     finished,
     hang_up_as_sigterm,
-    held_signals,
     raise_on_sigterm,
     record_interrupts,
     stopped_by_sigterm,

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from .signals import held_signals
+from runtime.errors import held_signals
 
 LOGS_PREFIX = "seq2onnx-torchrun-"
 HELD = ".held"  # in a run's log directory: flocked by its launcher while the run lasts

@@ -4,13 +4,12 @@ swallowed is still honoured before anything is published; signals held across an
 once the command's outputs are published."""
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import click
 
@@ -125,25 +124,6 @@ def record_interrupts() -> Callable[[], None]:
 def _interrupted(signum: int, frame: Any) -> None:
     RAISED_STOPS.append(signum)
     raise KeyboardInterrupt()
-
-
-@contextlib.contextmanager
-def held_signals() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block is done, then land as they would have: raised inside an extension
-    module's import (onnxruntime's, torch's) they came out as an ImportError traceback, exit 1."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: came.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if came:
-        signal.raise_signal(came[0])  # to the handler that was there before
 
 
 def stopped_by_sigterm() -> bool:

@@ -1,7 +1,10 @@
 """Typed errors of the runtime. Each message names the input, what was expected and what was given."""
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 
 
 class Seq2OnnxError(Exception):
@@ -50,6 +53,27 @@ def check_not_stopped() -> None:
     output is published."""
     if RAISED_STOPS:
         raise KeyboardInterrupt() if RAISED_STOPS[0] == signal.SIGINT else Terminated()
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is done, then land as they would have: raised inside an extension
+    module's import (onnxruntime's, torch's) they came out as an ImportError traceback, exit 1; raised inside a
+    save of the training state they cut it, and an epoch trained was lost. In the main thread only (elsewhere the
+    block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: came.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if came:
+        signal.raise_signal(came[0])  # to the handler that was there before
 
 
 class MissingExtraError(Seq2OnnxError, RuntimeError):

@@ -689,8 +689,8 @@ def test_a_stop_that_lands_as_a_staging_directory_is_made_leaves_nothing(workspa
 
 HELD = """
 import os, signal, sys, time
-from cli.signals import held_signals, raise_on_sigterm
-from runtime.errors import Terminated
+from cli.signals import raise_on_sigterm
+from runtime.errors import Terminated, held_signals
 raise_on_sigterm()
 done = []
 try:
@@ -705,7 +705,7 @@ except (Terminated, KeyboardInterrupt) as exc:
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_signal_while_signals_are_held_lands_after_the_block(sig: str) -> None:
-    """`cli.signals.held_signals` (around a command's import: a signal inside onnxruntime's came out as an
+    """`runtime.errors.held_signals` (around a command's import: a signal inside onnxruntime's came out as an
     ImportError traceback, exit 1): the block ends, then the signal raises as it would have."""
     done = subprocess.run([sys.executable, "-c", HELD, sig], capture_output=True, text=True, timeout=60,
                           preexec_fn=default_stops)

@@ -14,7 +14,7 @@ from typing import Any
 
 from runtime.atomic import identity
 from runtime.contract import CHECKPOINT_STATE_FILE
-from runtime.errors import UsageError
+from runtime.errors import UsageError, held_signals
 from runtime.writer_lock import exclusive
 
 from .checkpoint import (
@@ -216,8 +216,9 @@ def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | 
 
     def save_state(t: Any) -> None:
         if main and (t.epoch % save_every == 0 or t.epoch == t.config.epochs):
-            save_train_state(state_file, {**t.state_dict(), **job.extra_state}, job.description)
-            saved[0] = t.epoch
+            with held_signals():  # a stop during the save lands once it is written: it cut the save, and the
+                save_train_state(state_file, {**t.state_dict(), **job.extra_state}, job.description)  # epoch
+                saved[0] = t.epoch  # just trained was lost (the line said a state two epochs back)
 
     try:
         job.trainer.fit(save_state, progress=not quiet)

@@ -40,6 +40,20 @@ if os.environ.get("RANK", "0") == "0":
     run._fit = _fit
 """
 
+# SIGTERM to the program itself as the second state save begins (--save-every 1: after epoch 2), landing inside the
+# save: it cut the save, and the state kept was epoch 1's, though epoch 2 was trained.
+DURING_THE_SECOND_SAVE = """
+import os, signal
+import training.run as run
+real, calls = run.save_train_state, []
+def save_train_state(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    real(*args, **kwargs)
+run.save_train_state = save_train_state
+"""
+
 # The program, with SIGTERM sent to itself as soon as a --resume has noted what it resumes (cli.train._keeps): a stop
 # while it starts, before anything is trained or saved.
 AS_A_RESUME_STARTS = """
