@@ -15,18 +15,6 @@ AUTH_HINT = ("a cluster started with Ray's token authentication (the default sin
              "RAY_AUTH_TOKEN set to it)")
 
 
-def address_option(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--address: HOST:PORT of a Ray cluster's head (port 1-65535; an IPv6 host in brackets), ray://HOST:PORT (Ray
-    Client) or auto (the cluster this machine belongs to); refused as usage before Ray is imported."""
-    if value is None or value == "auto":
-        return value
-    host, colon, port = value.removeprefix("ray://").rpartition(":")
-    if not (colon and host.strip("[]") and port.isdigit() and 1 <= int(port) <= 65535 and "/" not in host):
-        raise click.BadParameter(f"expected HOST:PORT of a Ray cluster's head (port 1-65535), ray://HOST:PORT or "
-                                 f"auto; got {value!r}", param=param)
-    return value
-
-
 def check_reachable(address: str) -> None:
     """A HOST:PORT that nothing answers on is refused at once (ray.init would retry it for minutes)."""
     host, _, port = address.rpartition(":")

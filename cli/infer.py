@@ -20,7 +20,6 @@ from runtime.infer_records import json_line
 from runtime.infer_tokens import TOKEN_OUTPUT_SUFFIXES, TokenRun, read_items
 from runtime.sessions import DEFAULT_MAX_THREADS, PROVIDERS
 
-from .cluster import address_option
 from .common import print_results, say, user_errors, wrote
 from .infer_points import InputFileError, read_input, results_too_large
 from .infer_tokens import (
@@ -31,7 +30,7 @@ from .infer_tokens import (
     refuse_token_options,
     token_options,
 )
-from .options import IntRange, check_device_option, check_threads_option, check_workers_option
+from .options import IntRange, address_option, check_device_option, check_threads_option, check_workers_option
 from .ray_job import RayJob, infer_on_ray_checked
 
 OUTPUT_SUFFIXES = (".json", ".npy", ".npz")

@@ -137,9 +137,11 @@ class LazyGroup(click.Group):
             if no_room_to_load(exc):  # a library loaded late, with no room for it
                 raise _out_of_memory(ctx) from None
             interrupt = _interrupt_behind(exc)
-            if interrupt is None:
-                raise
-            raise _stopped(ctx, interrupt) from None
+            if interrupt is not None:
+                raise _stopped(ctx, interrupt) from None
+            if isinstance(exc, SystemError) and "without exception set" in str(exc) and limited_address_space():
+                raise _out_of_memory(ctx) from None  # CPython out of memory part-way through a call (click calling
+            raise  # get_command: 150.5 MB of `ulimit -v` on an Intel Xeon, a traceback before)
         finally:
             # Once the command is done its outputs are published: a SIGTERM, SIGHUP or Ctrl-C now must not kill the
             # process (143, 129 or 130, and no word) on its way out

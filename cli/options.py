@@ -112,3 +112,15 @@ def refuse_repeated_paths(command: click.Command) -> click.Command:
 
     command.parse_args = parse_args  # type: ignore[method-assign]
     return command
+
+
+def address_option(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--address: HOST:PORT of a Ray cluster's head (port 1-65535; an IPv6 host in brackets), ray://HOST:PORT (Ray
+    Client) or auto (the cluster this machine belongs to); refused as usage before Ray is imported."""
+    if value is None or value == "auto":
+        return value
+    host, colon, port = value.removeprefix("ray://").rpartition(":")
+    if not (colon and host.strip("[]") and port.isdigit() and 1 <= int(port) <= 65535 and "/" not in host):
+        raise click.BadParameter(f"expected HOST:PORT of a Ray cluster's head (port 1-65535), ray://HOST:PORT or "
+                                 f"auto; got {value!r}", param=param)
+    return value

@@ -32,10 +32,10 @@ from serving.config import (
 
 from .allocator import SYSTEM
 from .allocator import choose as choose_allocator
-from .cluster import address_option, check_reachable
+from .cluster import check_reachable
 from .common import require
 from .listen import check_port_free, listen_on
-from .options import FiniteFloatRange, IntRange
+from .options import FiniteFloatRange, IntRange, address_option
 from .serve_ray import STOP_RESERVE_S, in_url
 
 APP_NAME = "seq2onnx"
