@@ -18,7 +18,7 @@ AUTH_HINT = ("a cluster started with Ray's token authentication (the default sin
 def check_reachable(address: str) -> None:
     """A HOST:PORT that nothing answers on is refused at once (ray.init would retry it for minutes)."""
     host, _, port = address.rpartition(":")
-    if "://" in address or not port.isdigit():
+    if "://" in address or not (port.isascii() and port.isdigit()):
         return  # 'auto', 'ray://...': Ray resolves and reports these itself
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()

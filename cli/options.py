@@ -120,7 +120,8 @@ def address_option(_ctx: click.Context, param: click.Parameter, value: str | Non
     if value is None or value == "auto":
         return value
     host, colon, port = value.removeprefix("ray://").rpartition(":")
-    if not (colon and host.strip("[]") and port.isdigit() and 1 <= int(port) <= 65535 and "/" not in host):
+    if not (colon and host.strip("[]") and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+            and "/" not in host and host == host.strip()):
         raise click.BadParameter(f"expected HOST:PORT of a Ray cluster's head (port 1-65535), ray://HOST:PORT or "
                                  f"auto; got {value!r}", param=param)
     return value

@@ -185,7 +185,8 @@ CLI_CASES: dict[str, Case] = {
     **{f"infer --ray --address {value}": case(*TOK, *TEXT, "--ray", "--output", "o.jsonl", "--address", value,
                                              code=USAGE, says=("--address", "expected HOST:PORT of a Ray cluster's "
                                                                "head (port 1-65535)", repr(value)))
-       for value in ("garbage", "127.0.0.1:99999", "127.0.0.1:0", ":6379", "ray://head")},
+       for value in ("garbage", "127.0.0.1:99999", "127.0.0.1:0", ":6379", "ray://head", "127.0.0.1:\u00b2",
+                     " 127.0.0.1:6379")},
     "infer --address without --ray": case(*TOK, *TEXT, "--address", "127.0.0.1:6379", code=USAGE,
                                           says=("--address", "add --ray")),
     # eval, export, verify

@@ -400,7 +400,11 @@ def test_a_checkpoint_without_its_history_still_loads(tmp_path: Path, trained: T
     assert history == {} and spec == trained.spec
     assert_same_weights(model.state_dict(), trained.model.state_dict())
     (out / CHECKPOINT_HISTORY_FILE).write_text("{not json")
-    with pytest.raises(CheckpointError, match=CHECKPOINT_HISTORY_FILE):
+    with pytest.raises(CheckpointError, match=f"{CHECKPOINT_HISTORY_FILE}.* is not readable JSON .*; or delete it"):
+        load_checkpoint(out)
+    (out / CHECKPOINT_HISTORY_FILE).unlink()
+    (out / CHECKPOINT_HISTORY_FILE).mkdir()  # it said 'is missing'
+    with pytest.raises(CheckpointError, match=f"{CHECKPOINT_HISTORY_FILE}' is not a file .*; or delete it"):
         load_checkpoint(out)
 
 

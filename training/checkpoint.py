@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,9 @@ def save_checkpoint(
 
 
 def _read_json(path: Path) -> Any:
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} is not a file (a directory, or another kind of "
+                              "entry); restore the file it should be")
     if not path.is_file():
         if (path.parent / MANIFEST_FILE).is_file():  # the other mix-up is answered by runtime.manifest
             raise CheckpointError(f"{str(path.parent)!r} is an export (it holds {MANIFEST_FILE}), not a training "
@@ -220,7 +224,10 @@ def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, Mode
     path = Path(path)
     spec, config = _read_spec(path)
     history_file = path / CHECKPOINT_HISTORY_FILE
-    history = _read_json(history_file) if history_file.exists() else {}
+    try:
+        history = _read_json(history_file) if os.path.lexists(history_file) else {}
+    except CheckpointError as err:  # a record only: it need not stop an export
+        raise CheckpointError(f"{err}; or delete it (export, verify and bench do not read it)") from None
     weights_file = path / CHECKPOINT_WEIGHTS_FILE
     if not weights_file.is_file():
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")

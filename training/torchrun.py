@@ -23,10 +23,16 @@ def quiet_rank() -> bool:
     return launched() and os.environ.get("RANK", "0") != "0"
 
 
+def whole(value: str) -> bool:
+    """Whether `value` is a whole number in ASCII digits: str.isdigit() also takes '²' and '٢', which int() refuses
+    or reads as another digit (a traceback, or a WORLD_SIZE said as '٢')."""
+    return value.isascii() and value.isdigit()
+
+
 def env_count(name: str) -> int:
     """A count torchrun gives in the environment (its restarts so far, the restarts allowed): 0 when unset."""
     value = os.environ.get(name, "0")
-    if not value.isdigit():
+    if not whole(value):
         raise RunError(f"{name}={value!r} in the environment: expected a whole number 0 or more (torchrun sets it); "
                        "unset it, or launch with torchrun or --nproc-per-node")
     return int(value)
@@ -54,30 +60,36 @@ def launch_env_problem() -> str | None:
     A rank started by hand with a RANK or port that is no number met a ValueError traceback in torch's
     rendezvous, and one with RANK >= WORLD_SIZE waited 30 minutes for peers that could never come."""
     counts = {}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-        value = os.environ.get(name, "0")  # LOCAL_RANK: 0 where not given
-        if not value.isdigit():
-            return f"{name}={value!r}: expected " + {"MASTER_PORT": "a port, 1 to 65535",
-                                                     "WORLD_SIZE": "a whole number, 1 or more"}.get(
-                                                         name, "a whole number, 0 or more")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        value = os.environ.get(name, "1" if name == "LOCAL_WORLD_SIZE" else "0")  # the LOCAL_ ones: where not given
+        if not whole(value) or (name.endswith("WORLD_SIZE") and int(value) < 1):
+            return f"{name}={value!r}: expected " + ("a port, 1 to 65535" if name == "MASTER_PORT" else
+                                                     "a whole number, 1 or more" if name.endswith("WORLD_SIZE") else
+                                                     "a whole number, 0 or more")
         counts[name] = int(value)
-    if counts["WORLD_SIZE"] < 1:
-        return "WORLD_SIZE=0: expected a whole number, 1 or more"
-    if counts["RANK"] >= counts["WORLD_SIZE"]:
-        return f"RANK={counts['RANK']} of WORLD_SIZE={counts['WORLD_SIZE']}: a rank is 0 to WORLD_SIZE - 1"
+    for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        if counts[rank] >= counts[size] and size in os.environ:  # a launcher may give LOCAL_RANK alone
+            return f"{rank}={counts[rank]} of {size}={counts[size]}: a rank is 0 to {size} - 1"
+    if counts["LOCAL_WORLD_SIZE"] > counts["WORLD_SIZE"]:
+        return (f"LOCAL_WORLD_SIZE={counts['LOCAL_WORLD_SIZE']} of WORLD_SIZE={counts['WORLD_SIZE']}: a machine's "
+                "processes are some of the run's")
     if not 1 <= counts["MASTER_PORT"] <= 65535:
         return f"MASTER_PORT={counts['MASTER_PORT']}: expected a port, 1 to 65535"
-    return _too_many_here()
+    address = os.environ.get("MASTER_ADDR", "")
+    if not address or address != address.strip():  # torch's rendezvous: a traceback ('expected, but not set')
+        return f"MASTER_ADDR={address!r}: expected the host name or address of rank 0's machine"
+    return _too_many_here(counts["LOCAL_WORLD_SIZE"])
 
 
-def _too_many_here() -> str | None:
+def _too_many_here(here: int) -> str | None:
     """More processes on this machine (torchrun's LOCAL_WORLD_SIZE) than CPUs this process may use: refused, as
     `train --nproc-per-node` refuses it (oversubscribed ranks wait on each other at every all-reduce)."""
     from runtime.defaults import max_threads
 
-    here, cpus = os.environ.get("LOCAL_WORLD_SIZE", "1"), max_threads()
-    if here.isdigit() and int(here) > cpus:
-        return (f"LOCAL_WORLD_SIZE={here}: {here} processes on this machine, which lets each use {cpus} CPU"
-                f"{'' if cpus == 1 else 's'}; each training process needs one of its own (oversubscribed, they wait "
-                f"on each other at every all-reduce): start at most {cpus} here (torchrun --nproc-per-node {cpus})")
+    cpus = max_threads()
+    if here > cpus:
+        return (f"LOCAL_WORLD_SIZE={here}: {here} processes on this machine, more than the {cpus} CPU"
+                f"{'' if cpus == 1 else 's'} this process may use; each training process needs one of its own "
+                f"(oversubscribed, they wait on each other at every all-reduce), so start at most {cpus} here "
+                f"(torchrun --nproc-per-node {cpus})")
     return None
