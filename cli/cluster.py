@@ -10,21 +10,56 @@ import click
 from .common import ORT_TELEMETRY
 
 CONNECT_TIMEOUT_S = 10  # a cluster's GCS port that does not accept a TCP connection in this long is not there
+ANSWER_TIMEOUT_S = 5  # nor one that does not answer HTTP/2's preface in this long (a Ray head: milliseconds)
 AUTH_HINT = ("a cluster started with Ray's token authentication (the default since Ray 2.5x) also needs "
              "RAY_AUTH_MODE=token here and its token (the head's ~/.ray/auth_token copied to this machine, or "
              "RAY_AUTH_TOKEN set to it)")
 
 
+# HTTP/2's client connection preface and an empty SETTINGS frame: a gRPC server (a Ray head's GCS port) answers
+# with a SETTINGS frame of its own (frame type 4 in the 9-byte frame header)
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+H2_SETTINGS = 4
+TLS_ON = ("1", "true")  # RAY_USE_TLS: the GCS port then speaks TLS first, and the probe cannot tell
+
+
 def check_reachable(address: str) -> None:
-    """A HOST:PORT that nothing answers on is refused at once (ray.init would retry it for minutes)."""
+    """A HOST:PORT that nothing answers on is refused at once (ray.init would retry it for minutes), and so is one
+    where something answers that does not speak gRPC, as a Ray head's GCS port does: ray.init retried an HTTP
+    server's port (the dashboard's 8265, a web server) without end."""
     host, _, port = address.rpartition(":")
     if "://" in address or not (port.isascii() and port.isdigit()):
         return  # 'auto', 'ray://...': Ray resolves and reports these itself
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S) as conn:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in TLS_ON:
+                return
+            conn.sendall(H2_PREFACE)
+            conn.settimeout(ANSWER_TIMEOUT_S)
+            header = _read_some(conn, 9)
     except OSError as exc:
         raise click.ClickException(f"--address {address}: nothing answers there ({exc.strerror or exc}); start the "
                                    "cluster (ray start --head), or drop --address to start a local Ray") from None
+    if len(header) < 9 or header[3] != H2_SETTINGS:
+        heard = f"it answered {header[:16]!r}" if header else "it answered nothing"
+        raise click.ClickException(f"--address {address}: something answers there, but not a Ray cluster's head "
+                                   f"(that port speaks gRPC; {heard}); pass the address `ray start --head` printed "
+                                   "(port 6379 by default: 8265 is the dashboard's, and 10001 the Ray Client "
+                                   "server's, which takes ray://HOST:10001)")
+
+
+def _read_some(conn: socket.socket, size: int) -> bytes:
+    """Up to `size` bytes, fewer where the peer closes, stops sending for ANSWER_TIMEOUT_S or resets."""
+    data = b""
+    try:
+        while len(data) < size:
+            chunk = conn.recv(size - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:  # a timeout or a reset: what came so far
+        pass
+    return data
 
 
 def join_failed(address: str, reason: str) -> click.ClickException:

@@ -468,3 +468,47 @@ def test_the_port_is_held_while_the_model_loads(tmp_path: Path) -> None:
         first.send_signal(signal.SIGINT)
         first.wait(timeout=60)
     assert first.returncode == 0, log.read_text()
+
+
+@contextlib.contextmanager
+def _not_a_ray_head(kind: str) -> Iterator[str]:
+    """A real server on 127.0.0.1 that accepts TCP but is no Ray head: an HTTP server (what a dashboard's port 8265
+    is), or a listener that never says a word. Yields its HOST:PORT."""
+    import http.server
+    import threading
+
+    if kind == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"127.0.0.1:{server.server_address[1]}"
+        finally:
+            server.shutdown()
+            server.server_close()
+        return
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # connections queue in the backlog, never read
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("kind", ["http", "silent"])
+@pytest.mark.parametrize("command", ["serve", "infer"])
+def test_an_address_where_no_ray_head_answers_is_refused_within_seconds(tmp_path: Path, command: str,
+                                                                         kind: str) -> None:
+    """ray.init retried such a port without end ('Failed to connect to GCS', 200 s and more, until killed), and
+    serve then said its application 'may still run' on a cluster it never joined (found by a fresh walk)."""
+    args = (["serve", str(DATES)] if command == "serve" else
+            ["infer", str(DATES), "--text", "3/3/15", "--ray", "--output", str(tmp_path / "o.jsonl")])
+    with _not_a_ray_head(kind) as address:
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "cli", *args, "--address", address], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    heard = "it answered b'" if kind == "http" else "it answered nothing);"
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: --address {address}: something answers there, but not a Ray cluster's head "
+                           f"(that port speaks gRPC; {heard}"), done.stderr[-2000:]
+    assert "pass the address `ray start --head` printed (port 6379 by default" in last
+    assert time.monotonic() - started < 60 and list(tmp_path.iterdir()) == []
