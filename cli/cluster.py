@@ -37,6 +37,9 @@ def check_reachable(address: str) -> None:
             conn.sendall(H2_PREFACE)
             conn.settimeout(ANSWER_TIMEOUT_S)
             header = _read_some(conn, 9)
+    except socket.gaierror as exc:  # a name (or a bracketed host) that does not resolve: as serve --host says it
+        raise click.UsageError(f"--address {address}: {host!r} is not an address or a name this machine can resolve "
+                               f"({exc.strerror})") from None
     except OSError as exc:
         raise click.ClickException(f"--address {address}: nothing answers there ({exc.strerror or exc}); start the "
                                    "cluster (ray start --head), or drop --address to start a local Ray") from None
@@ -62,8 +65,15 @@ def _read_some(conn: socket.socket, size: int) -> bytes:
     return data
 
 
+NO_LOCAL_CLUSTER = "Could not find any running Ray instance"  # ray.init(address="auto") where none runs here
+
+
 def join_failed(address: str, reason: str) -> click.ClickException:
-    """The error for a cluster that answers but could not be joined."""
+    """The error for a cluster that answers but could not be joined; for `auto` where no cluster runs on this
+    machine, that (the token hint is beside the point there)."""
+    if address == "auto" and NO_LOCAL_CLUSTER in reason:
+        return click.ClickException("--address auto: no Ray cluster runs on this machine to join; start one (ray "
+                                    "start --head), pass a head's HOST:PORT, or drop --address to start a local Ray")
     return click.ClickException(f"--address {address}: could not join the Ray cluster there ({reason}); {AUTH_HINT}")
 
 

@@ -342,6 +342,9 @@ SERVE_CASES: dict[str, Case] = {
                                       says=("--address 127.0.0.1:1", "nothing answers there")),
     "--address garbage": case(*SERVE, "--address", "garbage", code=USAGE,
                               says=("--address", "expected HOST:PORT of a Ray cluster's head", "'garbage'")),
+    "--address a name that does not resolve": case(*SERVE, "--address", "no-such-host.invalid:6379", code=USAGE,
+                                                   says=("--address no-such-host.invalid:6379: 'no-such-host.invalid' "
+                                                         "is not an address or a name this machine can resolve",)),
     "--address port 99999": case(*SERVE, "--address", "127.0.0.1:99999", code=USAGE,
                                  says=("--address", "(port 1-65535)", "'127.0.0.1:99999'")),
     "--num-cpus 0": case(*SERVE, "--num-cpus", "0", code=USAGE, says=("--num-cpus", "0.01<=x<=1024")),
@@ -512,3 +515,15 @@ def test_an_address_where_no_ray_head_answers_is_refused_within_seconds(tmp_path
                            f"(that port speaks gRPC; {heard}"), done.stderr[-2000:]
     assert "pass the address `ray start --head` printed (port 6379 by default" in last
     assert time.monotonic() - started < 60 and list(tmp_path.iterdir()) == []
+
+
+def test_address_auto_where_no_cluster_runs_says_so_without_the_token_hint() -> None:
+    """Ray's own words for `auto` with no cluster on the machine, then a hint about token authentication that did
+    not apply (found by a fresh walk); a cluster that refuses to be joined keeps the hint."""
+    from cli.cluster import AUTH_HINT, join_failed
+
+    none = join_failed("auto", "Could not find any running Ray instance. Please specify the one to connect to")
+    assert none.message == ("--address auto: no Ray cluster runs on this machine to join; start one (ray start "
+                            "--head), pass a head's HOST:PORT, or drop --address to start a local Ray")
+    refused = join_failed("10.0.0.1:6379", "Permission denied")
+    assert refused.message.endswith(AUTH_HINT) and "(Permission denied)" in refused.message
