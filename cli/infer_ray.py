@@ -138,7 +138,8 @@ def _load(base: dict[str, Any]) -> Seq2Seq:
 
 def _token_work(ctx: click.Context, job: RayJob,
                 base: dict[str, Any]) -> tuple[Plan, list[list[Item]], str | None]:
-    """A token model's plan, its inputs in in-process chunks (every line checked), and the note on blank lines."""
+    """A token model's plan, its inputs in in-process chunks (every line checked), and the notes on blank lines
+    and unknown tokens."""
     check_token_usage(ctx, job.model_dir, job.input_path, job.texts)
     options = decoding_options(ctx, job.decoding)
     check_outputs(job.input_path or "-", job.output_path, None, job.attention, job.force, TOKEN_OUTPUT_SUFFIXES)
@@ -147,8 +148,8 @@ def _token_work(ctx: click.Context, job: RayJob,
     run = TokenRun(model, options, batch_size, job.attention, False)
     run.check(job.model_dir)
     items = read_items(job.input_path, job.texts)
-    chunks = list(batches(items, batch_size, run.vocab, run.skipped, model.spec, model.contract))
-    note = run.skipped_note() if run.skipped else None
+    chunks = list(batches(items, batch_size, run.vocab, run.skipped, model.spec, model.contract, run.unknown))
+    note = "\n".join([run.skipped_note()] * bool(run.skipped) + [run.unknown_note()] * bool(run.unknown)) or None
     return Plan(**base, batch_size=batch_size, options=options), chunks, note
 
 

@@ -91,9 +91,11 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
 
 
 def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[Item], spec: ModelSpec,
-            contract: TokenContract | None = None) -> Iterator[list[Item]]:
-    """Lists of up to `size` items; blank ones go to `skipped`; over-long ones (see `source_token_limit`), and
-    ones holding tokens a vocabulary without an unknown id lacks, are refused by place."""
+            contract: TokenContract | None = None,
+            unknown: list[tuple[Item, list[str]]] | None = None) -> Iterator[list[Item]]:
+    """Lists of up to `size` items; blank ones go to `skipped`, and ones with tokens the vocabulary reads as its
+    unknown id to `unknown` (with those tokens), where given; over-long ones (see `source_token_limit`), and ones
+    holding tokens a vocabulary without an unknown id lacks, are refused by place."""
     batch: list[Item] = []
     limit = source_token_limit(spec, contract)
     rules = contract_for(spec, contract).sources
@@ -102,9 +104,13 @@ def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[I
             skipped.append(item)
             continue
         try:
-            n = len(vocab.encode(item.text, add_bos=rules.add_bos, add_eos=rules.add_eos))
+            ids = vocab.encode(item.text, add_bos=rules.add_bos, add_eos=rules.add_eos)
         except VocabError as exc:
             raise InputError(f"{item.where}: {exc}") from None
+        n = len(ids)
+        if unknown is not None and vocab.ids.unk is not None and vocab.ids.unk in ids:
+            read = ids[int(rules.add_bos):n - int(rules.add_eos)]
+            unknown.append((item, [t for t, i in zip(vocab.tokenize(item.text), read) if i == vocab.ids.unk]))
         if n > limit:
             raise InputError(f"{item.where}: {too_long(n, spec, contract)}; split it")
         batch.append(item)
@@ -140,6 +146,7 @@ class TokenRun:
         self.vocab: Vocabulary = model.vocabularies["source"]
         self.max_len = options["max_decoding_length"] or model.spec.target_len
         self.skipped: list[Item] = []
+        self.unknown: list[tuple[Item, list[str]]] = []  # inputs read with the unknown id, and the tokens it stood for
         self.shown: list[tuple[Item, Translation]] = []
         self.decoded = 0
 
@@ -169,7 +176,8 @@ class TokenRun:
         batch is read ahead: a caller feeding a pipe a batch at a time gets its answers); `progress` hears of the
         second batch, then at most every PROGRESS_SECONDS, and of the last (a run of one batch says nothing)."""
         rules = self.model.contract.sources
-        chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec, self.model.contract)
+        chunks = batches(items, self.batch_size, self.vocab, self.skipped, self.model.spec, self.model.contract,
+                         self.unknown)
         told, unsaid = 0.0, ""
         for number, batch, found in self._decoded(chunks):
             for item, hyps in zip(batch, found):
@@ -236,6 +244,15 @@ class TokenRun:
         """The attention maps of the first inputs' best hypotheses."""
         rules = self.model.contract.sources
         return [heatmap(item, best, self.vocab, rules, self.max_len) for item, best in self.shown]
+
+    def unknown_note(self) -> str:
+        """A line naming the inputs that held tokens outside the source vocabulary (read as its unknown token, the
+        decode went on without a word, and a capital letter a model trained on lower case never saw is one)."""
+        shown = "; ".join(f"{item.where} ({', '.join(map(repr, dict.fromkeys(tokens)))})"
+                          for item, tokens in self.unknown[:5]) + ("; ..." if len(self.unknown) > 5 else "")
+        n = len(self.unknown)
+        return (f"note: {n} input{'s' if n > 1 else ''} held tokens the model's source vocabulary lacks, read as its "
+                f"unknown token: {shown}; check their case and spelling")
 
     def skipped_note(self) -> str:
         """A line naming the blank lines that were skipped."""

@@ -175,6 +175,19 @@ def test_export_of_a_token_checkpoint_ships_its_vocabularies(trained: tuple[Path
     assert translations[0][0].text == target.decode(translations[0][0].ids)
 
 
+def test_infer_names_the_inputs_read_with_the_unknown_token() -> None:
+    """The shipped dates model reads lower case: 'May 3 2001' decoded as 2001-01-03 without a word, its 'M' read as
+    <unk> (found by a fresh walk). A note on stderr names each such input and its unknown tokens, once each."""
+    proc = cli("infer", REPO / "artifacts" / "dates", "--text", "May 3 2001", "--text", "may 3 2001", "--text",
+               "JUNE 4 1999 xyz")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["index"] for line in proc.stdout.splitlines()] == [0, 1, 2]
+    assert proc.stderr.splitlines() == [
+        "note: 2 inputs held tokens the model's source vocabulary lacks, read as its unknown token: --text #1 ('M'); "
+        "--text #3 ('J', 'U', 'N', 'E', 'x', 'z'); check their case and spelling"]
+    assert cli("infer", REPO / "artifacts" / "dates", "--text", "may 3 2001").stderr == ""
+
+
 @pytest.mark.skipif(CUDA_UNAVAILABLE is None, reason="CUDA works here: --device-id picks a GPU")
 def test_infer_device_id_where_auto_finds_no_gpu_is_said() -> None:
     """--provider cpu --device-id is refused; with auto (the default) a script may pass it on machines with and
