@@ -289,7 +289,7 @@ def test_infer_workers_decode_batches_side_by_side_byte_for_byte(tmp_path, dates
     runner, model = CliRunner(), str(dates_transformer.path)
     one = runner.invoke(infer, [model, "--input", str(sources), "--threads", "1", *options])
     two = runner.invoke(infer, [model, "--input", str(sources), "--workers", "2", *options])
-    assert one.exit_code == two.exit_code == 0 and one.output == two.output and one.output.count("\n") == 150
+    assert one.exit_code == two.exit_code == 0 and one.output == two.output and one.stdout.count("\n") == 150
 
 
 @two_cpus
@@ -299,7 +299,7 @@ def test_infer_workers_refuse_what_cannot_work(tmp_path):
     sources.write_text("\n".join(["March 3, 2021", "1 jan 1999", "12/11/2000"] * 30) + "\n")
     one = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--input", str(sources), "--threads", "1"])
     two = runner.invoke(infer, [str(ARTIFACTS / "dates"), "--input", str(sources), "--workers", "2"])
-    assert one.exit_code == two.exit_code == 0 and one.output == two.output and one.output.count("\n") == 90
+    assert one.exit_code == two.exit_code == 0 and one.output == two.output and one.stdout.count("\n") == 90
     for args, says in ((["--workers", "2", "--ray"], "with --ray every actor holds a copy"),
                        (["--workers", str(max_threads() + 1)], "CPUs, more than the"),
                        (["--workers", "2", "--threads", str(max_threads())], "--threads"),
