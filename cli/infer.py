@@ -252,8 +252,8 @@ def _infer_tokens(model_dir: Path, input_path: str | None, texts: tuple[str, ...
         print_results(lines)
     if run.skipped:
         say(run.skipped_note())
-    if run.unknown:
-        say(run.unknown_note())
+    if run.unknown.count:
+        say(run.unknown.note())
     if run.decoded == 0:
         where = "stdin" if input_path == "-" else input_path
         say(f"note: {where} held no text, so nothing was decoded")

@@ -149,7 +149,7 @@ def _token_work(ctx: click.Context, job: RayJob,
     run.check(job.model_dir)
     items = read_items(job.input_path, job.texts)
     chunks = list(batches(items, batch_size, run.vocab, run.skipped, model.spec, model.contract, run.unknown))
-    note = "\n".join([run.skipped_note()] * bool(run.skipped) + [run.unknown_note()] * bool(run.unknown)) or None
+    note = "\n".join([run.skipped_note()] * bool(run.skipped) + [run.unknown.note()] * bool(run.unknown.count)) or None
     return Plan(**base, batch_size=batch_size, options=options), chunks, note
 
 

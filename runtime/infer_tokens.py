@@ -90,9 +90,36 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
         yield Item(i, text.removesuffix("\n").removesuffix("\r"), where)
 
 
+class Unknowns:
+    """The inputs read with the unknown id: how many, and the first few with the tokens it stood for (a run of a
+    million such lines holds five)."""
+
+    SHOWN = 5  # inputs named in the note
+    TOKENS = 8  # distinct tokens named for each
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: list[tuple[Item, list[str]]] = []
+
+    def add(self, item: Item, tokens: list[str]) -> None:
+        self.count += 1
+        if len(self.first) < self.SHOWN:
+            self.first.append((item, list(dict.fromkeys(tokens))))
+
+    def note(self) -> str:
+        """A line naming them (a model trained on lower case never saw a capital letter: it read one as unknown,
+        and the decode went on without a word)."""
+        def tokens(found: list[str]) -> str:
+            return ", ".join(map(repr, found[:self.TOKENS])) + (", ..." if len(found) > self.TOKENS else "")
+
+        shown = "; ".join(f"{item.where} ({tokens(found)})" for item, found in self.first)
+        more = "; ..." if self.count > len(self.first) else ""
+        return (f"note: {self.count} input{'s' if self.count > 1 else ''} held tokens the model's source vocabulary "
+                f"lacks, read as its unknown token: {shown}{more}; check their case and spelling")
+
+
 def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[Item], spec: ModelSpec,
-            contract: TokenContract | None = None,
-            unknown: list[tuple[Item, list[str]]] | None = None) -> Iterator[list[Item]]:
+            contract: TokenContract | None = None, unknown: Unknowns | None = None) -> Iterator[list[Item]]:
     """Lists of up to `size` items; blank ones go to `skipped`, and ones with tokens the vocabulary reads as its
     unknown id to `unknown` (with those tokens), where given; over-long ones (see `source_token_limit`), and ones
     holding tokens a vocabulary without an unknown id lacks, are refused by place."""
@@ -110,7 +137,7 @@ def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[I
         n = len(ids)
         if unknown is not None and vocab.ids.unk is not None and vocab.ids.unk in ids:
             read = ids[int(rules.add_bos):n - int(rules.add_eos)]
-            unknown.append((item, [t for t, i in zip(vocab.tokenize(item.text), read) if i == vocab.ids.unk]))
+            unknown.add(item, [t for t, i in zip(vocab.tokenize(item.text), read) if i == vocab.ids.unk])
         if n > limit:
             raise InputError(f"{item.where}: {too_long(n, spec, contract)}; split it")
         batch.append(item)
@@ -146,7 +173,7 @@ class TokenRun:
         self.vocab: Vocabulary = model.vocabularies["source"]
         self.max_len = options["max_decoding_length"] or model.spec.target_len
         self.skipped: list[Item] = []
-        self.unknown: list[tuple[Item, list[str]]] = []  # inputs read with the unknown id, and the tokens it stood for
+        self.unknown = Unknowns()
         self.shown: list[tuple[Item, Translation]] = []
         self.decoded = 0
 
@@ -244,15 +271,6 @@ class TokenRun:
         """The attention maps of the first inputs' best hypotheses."""
         rules = self.model.contract.sources
         return [heatmap(item, best, self.vocab, rules, self.max_len) for item, best in self.shown]
-
-    def unknown_note(self) -> str:
-        """A line naming the inputs that held tokens outside the source vocabulary (read as its unknown token, the
-        decode went on without a word, and a capital letter a model trained on lower case never saw is one)."""
-        shown = "; ".join(f"{item.where} ({', '.join(map(repr, dict.fromkeys(tokens)))})"
-                          for item, tokens in self.unknown[:5]) + ("; ..." if len(self.unknown) > 5 else "")
-        n = len(self.unknown)
-        return (f"note: {n} input{'s' if n > 1 else ''} held tokens the model's source vocabulary lacks, read as its "
-                f"unknown token: {shown}; check their case and spelling")
 
     def skipped_note(self) -> str:
         """A line naming the blank lines that were skipped."""

@@ -188,6 +188,20 @@ def test_infer_names_the_inputs_read_with_the_unknown_token() -> None:
     assert cli("infer", REPO / "artifacts" / "dates", "--text", "may 3 2001").stderr == ""
 
 
+def test_the_unknown_token_note_holds_a_few_inputs_however_many_there_are() -> None:
+    """A run of a million such lines holds five and a count, not a list of a million (nor a line of every token)."""
+    from runtime.infer_tokens import Item, Unknowns
+
+    unknowns = Unknowns()
+    for i in range(100_000):
+        unknowns.add(Item(i, "x", f"line {i + 1}"), list("QWERTYUIOPQ"))
+    assert unknowns.count == 100_000 and len(unknowns.first) == Unknowns.SHOWN
+    assert unknowns.note() == (
+        "note: 100000 inputs held tokens the model's source vocabulary lacks, read as its unknown token: "
+        + "; ".join(f"line {i} ('Q', 'W', 'E', 'R', 'T', 'Y', 'U', 'I', ...)" for i in range(1, 6))
+        + "; ...; check their case and spelling")
+
+
 @pytest.mark.skipif(CUDA_UNAVAILABLE is None, reason="CUDA works here: --device-id picks a GPU")
 def test_infer_device_id_where_auto_finds_no_gpu_is_said() -> None:
     """--provider cpu --device-id is refused; with auto (the default) a script may pass it on machines with and

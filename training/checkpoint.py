@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -218,14 +217,14 @@ def _read_spec(path: Path) -> tuple[ModelSpec, TrainConfig | TokenTrainConfig]:
 
 
 def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, ModelSpec, History]:
-    """Rebuild the trained model (eval mode), its spec and loss history from a checkpoint directory. The history is
-    a record for people (export, verify and bench do not read it; --resume reads train_state.pt): a checkpoint
-    without history.json loads with an empty one ({}); one that is there must be readable."""
+    """Rebuild the trained model (eval mode), its spec and loss history (a record: {} where history.json is gone;
+    export, verify and bench do not read it, --resume reads train_state.pt) from a checkpoint directory."""
     path = Path(path)
     spec, config = _read_spec(path)
-    history_file = path / CHECKPOINT_HISTORY_FILE
+    history = {}
     try:
-        history = _read_json(history_file) if os.path.lexists(history_file) else {}
+        if (path / CHECKPOINT_HISTORY_FILE).exists() or (path / CHECKPOINT_HISTORY_FILE).is_symlink():
+            history = _read_json(path / CHECKPOINT_HISTORY_FILE)
     except CheckpointError as err:  # a record only: it need not stop an export
         raise CheckpointError(f"{err}; or delete it (export, verify and bench do not read it)") from None
     weights_file = path / CHECKPOINT_WEIGHTS_FILE
