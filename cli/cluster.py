@@ -27,9 +27,9 @@ def check_reachable(address: str) -> None:
     """A HOST:PORT that nothing answers on is refused at once (ray.init would retry it for minutes), and so is one
     where something answers that does not speak gRPC, as a Ray head's GCS port does: ray.init retried an HTTP
     server's port (the dashboard's 8265, a web server) without end."""
+    if address == "auto" or "://" in address:
+        return  # Ray resolves and reports these itself; the rest is HOST:PORT (cli.options.address_option)
     host, _, port = address.rpartition(":")
-    if "://" in address or not (port.isascii() and port.isdigit()):
-        return  # 'auto', 'ray://...': Ray resolves and reports these itself
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S) as conn:
             if os.environ.get("RAY_USE_TLS", "0").lower() in TLS_ON:

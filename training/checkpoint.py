@@ -221,10 +221,10 @@ def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, Mode
     export, verify and bench do not read it, --resume reads train_state.pt) from a checkpoint directory."""
     path = Path(path)
     spec, config = _read_spec(path)
-    history = {}
+    history, history_file = {}, path / CHECKPOINT_HISTORY_FILE
     try:
-        if (path / CHECKPOINT_HISTORY_FILE).exists() or (path / CHECKPOINT_HISTORY_FILE).is_symlink():
-            history = _read_json(path / CHECKPOINT_HISTORY_FILE)
+        if history_file.exists() or history_file.is_symlink():
+            history = _read_json(history_file)
     except CheckpointError as err:  # a record only: it need not stop an export
         raise CheckpointError(f"{err}; or delete it (export, verify and bench do not read it)") from None
     weights_file = path / CHECKPOINT_WEIGHTS_FILE

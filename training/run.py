@@ -216,9 +216,11 @@ def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | 
 
     def save_state(t: Any) -> None:
         if main and (t.epoch % save_every == 0 or t.epoch == t.config.epochs):
-            with held_signals():  # a stop during the save lands once it is written: it cut the save, and the
-                save_train_state(state_file, {**t.state_dict(), **job.extra_state}, job.description)  # epoch
-                saved[0] = t.epoch  # just trained was lost (the line said a state two epochs back)
+            # a stop during the save lands once it is written (it cut the save: the epoch just trained was lost,
+            # and the line said a state two epochs back)
+            with held_signals():
+                save_train_state(state_file, {**t.state_dict(), **job.extra_state}, job.description)
+                saved[0] = t.epoch
 
     try:
         job.trainer.fit(save_state, progress=not quiet)
