@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import click
 
 from runtime.atomic import identity
-from runtime.errors import Seq2OnnxError, UsageError, one_line
+from runtime.errors import Seq2OnnxError, UsageError, one_line, out_of_memory
 
 from .signals import IN_PROGRAM, finished
 from .streams import to_null
@@ -135,14 +135,9 @@ def no_temporary_directory(exc: OSError) -> bool:
             and exc.strerror.startswith("No usable temporary directory found in"))
 
 
-# a library's ImportError where a memory limit leaves no room for it: the loader's, or its own start-up's (a pybind11
-# module's init throwing, as onnxruntime's did under `ulimit -v 150000`)
-NO_ROOM_TO_LOAD = ("failed to map segment", "std::bad_alloc")
-
-
 def no_room_to_load(exc: BaseException) -> bool:
     """Whether an ImportError is the loader finding no room (`ulimit -v`) for a library, not a broken install."""
-    return isinstance(exc, ImportError) and any(sign in str(exc) for sign in NO_ROOM_TO_LOAD)
+    return isinstance(exc, ImportError) and out_of_memory(exc)
 
 
 def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None:

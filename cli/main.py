@@ -14,7 +14,7 @@ import click
 
 from runtime import __version__
 from runtime.atomic_file import discard_staged
-from runtime.errors import RAISED_STOPS, Terminated, clipped, held_signals
+from runtime.errors import RAISED_STOPS, Terminated, clipped, held_signals, out_of_memory
 
 from . import starting_handlers
 from .allocator import fewer_arenas_under_a_limit, limited_address_space, unwinder_loaded
@@ -54,13 +54,15 @@ LAZY_COMMANDS = {
 }
 
 
-TORCH_OUT_OF_MEMORY = ("std::bad_alloc", "can't allocate memory")  # torch's RuntimeErrors for an allocation refused
 COMMAND = "seq2onnx.command"  # ctx.meta: the subcommand being loaded or run, for a message about its stop
 AFTER_STOPPED = {"serve": "it had not started serving"}  # the rest say what a stop leaves of their outputs
 RETURNS = "_seq2onnx_notes_its_return"  # marks a command's callback wrapped by `_noting_its_return`
 RETURNED = False  # the command's callback returned (a stop after it finds the work done)
-NO_MEMORY_LEFT = (b"Error: seq2onnx: out of memory, with none left to say more; under a memory limit (ulimit -v), raise"
-                  b" it; nothing half-written is left (outputs are published whole or not at all)\n")  # made at import
+# the line when even the command's own could not be made, for the program and each command: made at import
+NO_MEMORY_LEFT = {name: (f"Error: {name}: out of memory, with none left to say more; under a memory limit (ulimit -v), "
+                         "raise it; nothing half-written is left (outputs are published whole or not at all)\n").encode()
+                  for name in ("seq2onnx", *LAZY_COMMANDS)}
+RUNNING = ["seq2onnx"]  # the command being loaded or run, for that line
 
 
 class LazyGroup(click.Group):
@@ -72,7 +74,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in LAZY_COMMANDS:
             return None
-        ctx.meta[COMMAND] = name
+        ctx.meta[COMMAND] = RUNNING[0] = name
         module_name, attr = LAZY_COMMANDS[name]
         with held_signals():
             try:
@@ -121,16 +123,16 @@ class LazyGroup(click.Group):
             if no_temporary_directory(exc):  # tempfile found none it could write (ours, or a library's)
                 raise click.ClickException(f"{_command(ctx)}: {exc.strerror[0].lower()}{exc.strerror[1:]}: none of them "
                                            "can be written; set TMPDIR to a writable directory") from None
+            if out_of_memory(exc):  # CPython's import could not list a directory (ENOMEM under ulimit -v)
+                raise _out_of_memory(ctx) from None
             if exc.errno != errno.ENAMETOOLONG:
                 raise
             # a path of a name over the file system's limit, met wherever a command looks at one (a check of a
             # --data file, a destination's parent): the user's mistake, said in one line
             name = os.fsdecode(exc.filename) if exc.filename is not None else "a path given"
             raise click.ClickException(f"{clipped(name, 80)}: {exc.strerror}; choose a shorter name") from None
-        except MemoryError:  # a process limit (ulimit -v) or the machine's memory; outputs are staged, so none is half
-            raise _out_of_memory(ctx) from None
-        except RuntimeError as exc:  # torch's allocators say it so
-            if not any(sign in str(exc) for sign in TORCH_OUT_OF_MEMORY):
+        except (MemoryError, RuntimeError) as exc:  # a process limit (ulimit -v) or the machine's memory (torch's
+            if not out_of_memory(exc):  # allocators say it in a RuntimeError); outputs are staged, none is half
                 raise
             raise _out_of_memory(ctx) from None
         except (ImportError, SystemError) as exc:  # an extension's import or call that a signal interrupted
@@ -212,12 +214,13 @@ def main() -> None:
 
 
 def _unsaid_unraisable(unraisable: Any) -> None:
-    """sys.unraisablehook of the program: a MemoryError that Python can only report (in the threading module's
-    shut-down, a __del__) is left unsaid: a command out of memory has said so in its one line, and one that finished
+    """sys.unraisablehook of the program: running out of memory where Python can only report it (a MemoryError in
+    the threading module's shut-down or a __del__; an ENOMEM as torch's exit callback imports a module) is left unsaid: a command out of memory has said so in its one line, and one that finished
     has published its outputs. So is a stop (Ctrl-C, SIGTERM's Terminated) raised where Python can only report it
     (an import lock's weakref callback in a rank stopped as it imports torch): the handler has recorded it and the
     command says it once. Anything else is reported as Python does."""
-    if not isinstance(unraisable.exc_value, (MemoryError, KeyboardInterrupt)):
+    value = unraisable.exc_value
+    if not (isinstance(value, KeyboardInterrupt) or value is not None and out_of_memory(value)):
         sys.__unraisablehook__(unraisable)
 
 
@@ -244,7 +247,7 @@ def entry(args: list[str] | None = None) -> None:
     except MemoryError:  # so short that even the command's one line could not be made (click closing its context)
         with contextlib.suppress(BaseException):  # an output sibling still staged goes (it may need memory too)
             discard_staged()
-        os.write(2, NO_MEMORY_LEFT)
+        os.write(2, NO_MEMORY_LEFT[RUNNING[0]])
         os._exit(1)
     except StdoutError as exc:  # the group's own --help or --version, printed before any command runs
         click.echo(f"Error: seq2onnx: could not write to stdout ({exc.strerror})", err=True)

@@ -69,7 +69,7 @@ def as_click(err: Exception, dist: Any) -> Exception | None:
     from training.checkpoint import CheckpointError
     from training.data import DataError
     from training.distributed import PeerFailedError
-    from training.errors import QuietExit, RunError, RunStopped
+    from training.errors import OutOfMemory, QuietExit, RunError, RunStopped
     from training.errors import Restarting as RunRestarting
     from training.points.trainer import ConfigError
     from training.ranks import rank_prefix
@@ -78,8 +78,9 @@ def as_click(err: Exception, dist: Any) -> Exception | None:
         return click.exceptions.Exit(err.exit_code)
     if isinstance(err, RunStopped):
         return Interrupted(f"train: {err}")  # as every command names itself in its stop's line
-    if isinstance(err, RunError):
-        shown = (Restarting if isinstance(err, RunRestarting) else click.ClickException)(str(err))
+    if isinstance(err, RunError):  # (out of memory: named as the command's other out-of-memory lines are, cli.main)
+        said = f"train: {err}" if isinstance(err, OutOfMemory) else str(err)
+        shown = (Restarting if isinstance(err, RunRestarting) else click.ClickException)(said)
         shown.exit_code, shown.this_rank = err.exit_code, err.this_rank
         return on_rank(dist, shown)
     if isinstance(err, DataError):  # the file exists (checked before) but its content is unusable: exit 1, no usage

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import threading
 from collections.abc import Iterator
@@ -94,6 +95,28 @@ class ProviderError(Seq2OnnxError, RuntimeError):
 
 class ResourceError(Seq2OnnxError, OSError):
     """The process could not get threads or memory: its limits (ulimit) or the machine's, not its input."""
+
+
+# what torch's allocators put in the RuntimeError of an allocation refused ('std::bad_alloc', "DefaultCPUAllocator:
+# can't allocate memory")
+TORCH_OUT_OF_MEMORY = ("std::bad_alloc", "can't allocate memory")
+
+
+# a library's ImportError where a memory limit leaves no room for it: the loader's, or its own start-up's (a pybind11
+# module's init throwing, as onnxruntime's did under `ulimit -v 150000`)
+NO_ROOM_TO_LOAD = ("failed to map segment", "std::bad_alloc")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the process found no memory: a MemoryError, torch's RuntimeError of a refused allocation,
+    an OSError ENOMEM (CPython's import listing a directory under `ulimit -v`), or an ImportError of a library the
+    loader found no room for."""
+    if isinstance(exc, ImportError):
+        return any(sign in str(exc) for sign in NO_ROOM_TO_LOAD)
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOMEM
+    return isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError)
+                                            and any(sign in str(exc) for sign in TORCH_OUT_OF_MEMORY))
 
 
 RUN_FAILED_ADVICE = "; pass a smaller batch or shorter sources"  # what a decode short of memory needs

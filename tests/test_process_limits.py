@@ -13,6 +13,12 @@ from typing import Callable
 import pytest
 
 from support.serve import DATES, SQUARES
+from support.stop_hooks import (
+    NO_MEMORY_AT_EXIT,
+    OUT_OF_MEMORY_IN_THE_THIRD_EPOCH,
+    OUT_OF_MEMORY_WRITING_THE_CHECKPOINT,
+    hook_path,
+)
 
 ADDRESS_SPACE = 1_500_000 * 1024  # `ulimit -v 1500000`: room for a small model, not for 2 GiB reserved at once
 
@@ -121,11 +127,13 @@ def _address_space(kb: int) -> Callable[[], None]:
 
 @pytest.mark.parametrize(("kb", "said"), [
     (400_000, "Error: this command needs PyTorch (torch is installed but could not be loaded: "),
-    (600_000, "Error: train: out of memory; under a memory limit (ulimit -v), raise it; nothing half-written is left"),
+    (600_000, "Error: train: out of memory"),
 ], ids=["torch-cannot-load", "training-cannot-allocate"])
 def test_training_under_a_memory_limit_is_one_line(tmp_path: Path, kb: int, said: str) -> None:
     """Below torch's own size, its import failed and `train` said PyTorch 'is not installed'; a little above it,
-    training's allocations ended in a MemoryError or 'RuntimeError: std::bad_alloc' traceback."""
+    training's allocations ended in a MemoryError or 'RuntimeError: std::bad_alloc' traceback. Around 600 MB the
+    run stops in its first epoch, or where even its line could not be made (the fallback line, which names the
+    command too: both happened at this size on one Intel Xeon, by the load)."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # (OpenBLAS's own pool gives up with a line and exit 1)
     done = subprocess.run([sys.executable, "-m", "cli", "train", "--epochs", "1", "--out", "ck", "--quiet"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
@@ -133,6 +141,48 @@ def test_training_under_a_memory_limit_is_one_line(tmp_path: Path, kb: int, said
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1].startswith(said), done.stderr[-2000:]
     assert sorted(tmp_path.iterdir()) == []
+
+
+def _train_hooked(tmp_path: Path, hook: str, *options: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": hook_path(tmp_path, hook)}
+    return subprocess.run([sys.executable, "-m", "cli", "train", "--quiet", "--out", "ck", *options], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_a_run_out_of_memory_in_an_epoch_says_the_state_it_saved(tmp_path: Path) -> None:
+    """Out of memory in epoch 3, with epoch 2's state saved: the line said "nothing half-written is left", not that
+    the state is there for --resume, which then finishes the run."""
+    state = tmp_path / "ck.partial" / "train_state.pt"
+    done = _train_hooked(tmp_path, OUT_OF_MEMORY_IN_THE_THIRD_EPOCH, "--epochs", "4")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "Error: train: out of memory during epoch 3; under a memory limit (ulimit -v), raise it; the last saved state "
+        f"(of epoch 2) is in {str(state)!r}; rerun with --resume to continue"), done.stderr
+    resumed = subprocess.run([sys.executable, "-m", "cli", "train", "--quiet", "--out", "ck", "--epochs", "4",
+                              "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and (tmp_path / "ck" / "weights.pt").is_file(), resumed.stderr[-2000:]
+
+
+def test_a_checkpoint_out_of_memory_as_it_is_written_says_the_trained_state_is_kept(tmp_path: Path) -> None:
+    """The loader finding no room for matplotlib as loss.png is drawn after the last epoch (`ulimit -v` 700-760 MB):
+    the line said "nothing half-written is left", though the trained state stays for --resume to write."""
+    state = tmp_path / "ck.partial" / "train_state.pt"
+    done = _train_hooked(tmp_path, OUT_OF_MEMORY_WRITING_THE_CHECKPOINT, "--epochs", "1")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "Error: train: out of memory while writing the checkpoint after the last epoch; under a memory limit "
+        f"(ulimit -v), raise it; {str(tmp_path / 'ck')!r} was not written, the trained state is in {str(state)!r}: "
+        "rerun with --resume to write it"), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.partial", "hook"] and state.is_file()
+
+
+def test_no_memory_in_an_exit_callback_adds_nothing_to_the_commands_line(tmp_path: Path) -> None:
+    """torch's exit callback imports a module; under `ulimit -v` the import's directory listing failed (ENOMEM),
+    and Python printed "Exception ignored in atexit callback" and a traceback after the out-of-memory line."""
+    env = {**os.environ, "PYTHONPATH": hook_path(tmp_path, NO_MEMORY_AT_EXIT)}
+    done = subprocess.run([sys.executable, "-m", "cli", "--version"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("seq2onnx, version") and done.stderr == "", done.stderr
 
 
 def test_a_batch_without_memory_names_its_lines_once_and_the_batch_size_option(tmp_path: Path) -> None:

@@ -19,6 +19,14 @@ class RunError(Seq2OnnxError, RuntimeError):
         self.exit_code, self.this_rank = exit_code, this_rank
 
 
+class OutOfMemory(RunError):
+    """A run that found no memory (a MemoryError, torch's refused allocation), with what it kept: every rank says
+    its own."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, this_rank=True)
+
+
 class Restarting(RunError):
     """A lost peer while torchrun has restarts left: news (it starts the processes again), not an error."""
 

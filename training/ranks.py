@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from runtime.errors import UsageError
 
 from .distributed import BACKEND, RESTART_ENV, Dist, PeerFailedError, Terminated, leave
-from .errors import QuietExit, Restarting, RunError, RunStopped, ignore_further_interrupts, unchanged
+from .errors import OutOfMemory, QuietExit, Restarting, RunError, RunStopped, ignore_further_interrupts, unchanged
 from .torchrun import env_count
 
 PER_MACHINE_OPTIONS = ("threads", "quiet")  # may differ between the machines of one run
@@ -135,9 +135,7 @@ def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist |
         return QuietExit(RunStopped.exit_code)
     why = why_stopped(err, dist)  # (first: it waits a moment to tell a dead launcher from torchrun's stop)
     of = f" (of epoch {saved})" if saved is not None and state_file.exists() else ""
-    hint = (f"the last saved state{of} is in {str(state_file)!r}; rerun with --resume to continue"
-            if state_file.exists() else unchanged(extending) if extending is not None
-            else "no training state was saved yet; rerun to start again")
+    hint = what_was_kept(state_file, saved, extending)
     left = 0 if dist is None or dist.launcher_died() else _restarts_left()
     restarting = left > 0 and isinstance(err, PeerFailedError)  # torchrun restarts after a failure, not a stop
     if restarting:
@@ -153,3 +151,21 @@ def stopped_early(err: BaseException, epoch: int, state_file: Path, dist: Dist |
     if not isinstance(err, PeerFailedError):
         return RunStopped(message)  # (from here on a second Ctrl-C is ignored)
     return Restarting(message) if restarting else RunError(message, this_rank=True)  # this rank's own news
+
+
+def what_was_kept(state_file: Path, saved: int | None, extending: Path | None) -> str:
+    """What a run that ended early leaves to go on from, and how: the state of epoch `saved` in `state_file`, else
+    the finished checkpoint a --resume is `extending`, else nothing."""
+    if state_file.exists():
+        of = f" (of epoch {saved})" if saved is not None else ""
+        return f"the last saved state{of} is in {str(state_file)!r}; rerun with --resume to continue"
+    return unchanged(extending) if extending is not None else "no training state was saved yet; rerun to start again"
+
+
+def ran_out_of_memory(epoch: int, state_file: Path, dist: Dist | None, saved: int | None,
+                      extending: Path | None) -> OutOfMemory:
+    """One line for a run that found no memory during `epoch` (a MemoryError, torch's refused allocation): that,
+    the advice, and what was kept, which a --resume continues once there is room. Every rank says its own."""
+    prefix = "" if dist is None else rank_prefix(dist)
+    return OutOfMemory(f"{prefix}out of memory during epoch {epoch}; under a memory limit (ulimit -v), raise it; "
+                       f"{what_was_kept(state_file, saved, extending)}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from runtime.atomic import identity
 from runtime.contract import CHECKPOINT_STATE_FILE
-from runtime.errors import UsageError, held_signals
+from runtime.errors import UsageError, held_signals, out_of_memory
 from runtime.writer_lock import exclusive
 
 from .checkpoint import (
@@ -28,13 +28,14 @@ from .checkpoint import (
     save_train_state,
 )
 from .distributed import RESTART_ENV, Dist, PeerFailedError
-from .errors import RunError, RunStopped
+from .errors import OutOfMemory, RunError, RunStopped
 from .ranks import (
     agree,
     check_same_command,
     distributed_meta,
     leave_together,
     local_processes,
+    ran_out_of_memory,
     stopped_early,
     wait_for_the_checkpoint,
     why_stopped,
@@ -160,6 +161,13 @@ def _write(plan: RunPlan, job: Job, saved_state: Path, dist: Dist | None) -> Non
         raise RunStopped(f"{why_stopped(err, dist)} while writing the checkpoint after the last epoch; "
                          f"{str(plan.out)!r} was not written, the trained state is in {str(saved_state)!r}: rerun "
                          "with --resume to write it") from None
+    except (MemoryError, RuntimeError, OSError, ImportError) as err:  # (matplotlib's import for loss.png, say)
+        if not out_of_memory(err) or identity(Path(plan.out)) not in (None, before):
+            raise
+        del err
+        raise OutOfMemory(f"out of memory while writing the checkpoint after the last epoch; under a memory limit "
+                          f"(ulimit -v), raise it; {str(plan.out)!r} was not written, the trained state is in "
+                          f"{str(saved_state)!r}: rerun with --resume to write it") from None
     clear_partial(plan.out)
     if dist is not None:
         dist.broadcast(True)  # the checkpoint is written: the other ranks may leave
@@ -227,3 +235,8 @@ def _fit(job: Job, state_file: Path, save_every: int, quiet: bool, dist: Dist | 
     except (KeyboardInterrupt, PeerFailedError) as err:
         raise stopped_early(err, job.trainer.epoch + 1, state_file, dist, job.trainer.config.epochs,
                             saved[0], extending) from None
+    except (MemoryError, RuntimeError) as err:  # (cli.main would say only that it ran out: not what it kept)
+        if not out_of_memory(err):
+            raise
+        del err  # its frames hold the epoch's tensors
+        raise ran_out_of_memory(job.trainer.epoch + 1, state_file, dist, saved[0], extending) from None

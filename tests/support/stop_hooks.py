@@ -68,6 +68,41 @@ sys.argv[0] = "seq2onnx"
 entry()
 """
 
+# torch's allocator refusing memory in epoch 3, once epoch 2's state is saved (--save-every 1): what `ulimit -v` did
+# to a run at ~600 MB, at a moment of our choosing.
+OUT_OF_MEMORY_IN_THE_THIRD_EPOCH = """
+import torch
+import training.run as run
+real, calls = run.save_train_state, []
+def save_train_state(*args, **kwargs):
+    real(*args, **kwargs)
+    calls.append(1)
+    if len(calls) == 2:
+        def backward(*args, **kwargs):
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 1048576 bytes. Error code 12 (Cannot allocate memory)")
+        torch.Tensor.backward = backward
+run.save_train_state = save_train_state
+"""
+
+# The loader finding no room for matplotlib's libraries as the checkpoint's loss.png is drawn, after the last epoch's
+# state is saved: what `ulimit -v` did at 700-760 MB.
+OUT_OF_MEMORY_WRITING_THE_CHECKPOINT = """
+import training.checkpoint as checkpoint
+def plot_history(*args, **kwargs):
+    raise ImportError("libXau-154567c4.so.6.0.0: failed to map segment from shared object")
+checkpoint.plot_history = plot_history
+"""
+
+# An exit callback that finds no memory, as torch's (dump_compile_times importing tabulate) did under `ulimit -v`:
+# Python printed "Exception ignored in atexit callback" and its traceback after the command's one line.
+NO_MEMORY_AT_EXIT = """
+import atexit, errno
+def callback():
+    raise OSError(errno.ENOMEM, "Cannot allocate memory", "/tmp")
+atexit.register(callback)
+"""
+
 
 def hook_path(root: Path, hook: str) -> str:
     """A PYTHONPATH that makes `hook` the sitecustomize of every Python process started with it."""
