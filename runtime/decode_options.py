@@ -77,15 +77,23 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
                    max_decoding_length: Any, min_decoding_length: Any, sampling_topk: Any, sampling_topp: Any,
                    sampling_temperature: Any, seed: Any, return_attention: Any) -> tuple[int, float, int, float, float]:
     """Every check of translate's options, in the order their refusals come."""
+    default = max_decoding_length is None
     max_decoding_length = check_decoding_length(steps.spec, max_decoding_length, steps.contract)
     check_int("beam_size", beam_size, 1, MAX_BEAM)
-    _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
-    check_min_length(min_decoding_length, max_decoding_length)
-    if not isinstance(return_attention, bool):
-        raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
     sampling_topk = check_int("sampling_topk", sampling_topk, 0)
     sampling_topp = check_topp("sampling_topp", sampling_topp)
     sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
+    if beam_size == 1 and samples(sampling_topk, sampling_topp, sampling_temperature):
+        n = check_int("num_hypotheses", num_hypotheses, 1)
+        if n > 1:  # (check_beam's advice, a wider beam, would meet the refusal of sampling with a beam below)
+            raise InputError(f"num_hypotheses: sampling draws one output per text, so num_hypotheses {n} cannot be "
+                             "met; pass num_hypotheses=1 (and call again for more draws: with another seed, or "
+                             "none), or drop the sampling options for an n-best from beam search")
+    _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
+    check_min_length(min_decoding_length, max_decoding_length,
+                     decoding_limit(steps.spec, steps.contract) if default else None)
+    if not isinstance(return_attention, bool):
+        raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
     if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
         check_int("seed", seed, 0, MAX_SEED)
     if beam_size != 1 and samples(sampling_topk, sampling_topp, sampling_temperature):

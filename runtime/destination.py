@@ -235,10 +235,28 @@ def check_output_file(path: str | Path, force: bool, suffixes: tuple[str, ...] =
     if refused is not None:
         raise OutputFileError(f"{text}: no file can be made in directory {str(parent)!r} (the system said: {refused}); "
                               "choose another place")
+    special = _special_file(target)
+    if special is not None:  # --force replaces a file or a link: a pipe's reader would wait on it for ever
+        raise OutputFileError(f"{text}: is {special}, not a file; an output replaces only a file or a link, even with "
+                              "--force; choose another name", exists=True)
     if os.path.lexists(target) and not force:
         what = "a link" if target.is_symlink() else "a file"
         raise OutputFileError(f"{text}: {what} already exists there; pass --force to replace it, or choose another "
                               "name", exists=True)
+
+
+SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _special_file(target: Path) -> str | None:
+    """What `target` is where it is neither a regular file, a directory nor a link (None: one of those, or
+    nothing there)."""
+    try:
+        mode = os.lstat(target).st_mode
+    except OSError:
+        return None
+    return next((name for test, name in SPECIAL_FILES if test(mode)), None)
 
 
 def _utf8(raw: bytes) -> bool:

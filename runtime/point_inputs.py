@@ -44,10 +44,11 @@ def _describe(arr: np.ndarray, given: Any = None) -> str:
 
 
 def _as_array(value: Any, name: str, expected: str) -> np.ndarray:
-    """np.asarray, with ragged or too-deeply-nested lists (and numbers numpy cannot hold) as InputError."""
+    """np.asarray, with ragged or too-deeply-nested lists (and numbers numpy cannot hold, and a torch tensor that
+    will not give its values: one that requires grad raises a RuntimeError) as InputError."""
     try:
         return np.asarray(value)
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+    except (ValueError, TypeError, OverflowError, RecursionError, RuntimeError) as exc:
         ragged = _ragged(value, name)
         got = (f"lists of different lengths: {ragged}" if ragged is not None else
                f"{brief(value)}, which numpy cannot turn into an array ({one_line(exc)})")

@@ -14,6 +14,7 @@ from cli.main import LAZY_COMMANDS, main
 from runtime import __version__
 
 # Runs the CLI in a child interpreter where `import torch` fails, as on a runtime-only install.
+SQUARES_MODEL = os.path.join(os.path.dirname(__file__), os.pardir, "artifacts", "squares")
 NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
 
 
@@ -200,6 +201,27 @@ def test_infer_refuses_a_bad_output_name_before_work(pipeline, tmp_path):
     assert_user_error(cli("infer", model, "--input", "-", "--attention", "--output", tmp_path / "o.npy",
                           stdin="[[[0.0, 0.0]]]"), "use .json or .npz")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("make", "kind"), [(os.mkfifo, "a named pipe (FIFO)"), ("socket", "a socket")])
+def test_force_never_replaces_what_is_not_a_file(tmp_path, make, kind):
+    """`--force` replaced a named pipe (whose reader then waited for ever) or a device node with a regular file:
+    it replaces a file or a link only (found by a fresh walk)."""
+    import socket
+    import stat
+
+    out = tmp_path / "out.json"
+    if make == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(out))
+    else:
+        make(out)
+    done = cli("infer", SQUARES_MODEL, "--input", "-", "--output", out, "--force", stdin="[[[0.0, 0.0]]]")
+    assert_user_error(done, f"--output: {out}: is {kind}, not a file; an output replaces only a file or a link, "
+                      "even with --force")
+    assert done.returncode == 1 and not stat.S_ISREG(os.lstat(out).st_mode)
+    if make == "socket":
+        listener.close()
 
 
 def test_verify_passes_and_fails_on_tolerance(pipeline):

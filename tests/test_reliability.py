@@ -50,6 +50,10 @@ def _hidden_dim_3(meta: dict) -> None:
     meta["spec"]["hidden_dim"] = 3
 
 
+def _hidden_dim_at_the_top(meta: dict) -> None:
+    meta["hidden_dim"] = 64  # meant for "spec": ignored without a word
+
+
 def _format_99(meta: dict) -> None:
     meta["format_version"] = 99
 
@@ -87,7 +91,7 @@ def setup_workspace(case_dir: Path) -> None:
     npz(case_dir / "diverge.npz", source=np.full((10, 2, 2), 1e20), target=np.full((10, 2, 2), -1e20))
     npz(case_dir / "threefeat.npz", source=np.zeros((10, 2, 3)), target=np.zeros((10, 2, 3)))
     for name, change in (("badweights", None), ("garbage", None), ("edited", _hidden_dim_3),
-                         ("nojson", None), ("future", _format_99)):
+                         ("nojson", None), ("future", _format_99), ("toplevel", _hidden_dim_at_the_top)):
         shutil.copytree(case_dir / "ckpt", case_dir / name)
         if change is not None:
             edit_json(case_dir / name / "spec.json", change)
@@ -244,6 +248,9 @@ CLI_CASES: dict[str, Case] = {
     "export spec future version": case("export", "future", "--out", "m", code=BAD_INPUT,
                                        says=("future/spec.json", "format_version 99",
                                              "reads checkpoints of format_version 1")),
+    "export spec with a setting at the top": case("export", "toplevel", "--out", "m", code=BAD_INPUT,
+                                                  says=("toplevel/spec.json", "unknown keys ['hidden_dim']",
+                                                        "settings go under 'spec'")),
     "export --out .": case("export", "ckpt", "--out", ".", code=BAD_INPUT, says=("current directory",)),
     "export --out userdir --force": case("export", "ckpt", "--out", "userdata", "--force", code=BAD_INPUT,
                                          says=("userdata", "not a seq2onnx export", "notes.txt")),
@@ -522,6 +529,12 @@ def _load_path(path: Any) -> Any:
     return Seq2Seq.load(path)
 
 
+def _grad_tensor() -> Any:
+    import torch
+
+    return torch.zeros((1, 2, 2), requires_grad=True)  # a model's output fed on: numpy() refuses it
+
+
 def _predict(source: Any, **kwargs: Any) -> Callable[[Path], Any]:
     return lambda d: _load(d).predict(source, **kwargs)
 
@@ -570,6 +583,8 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
                                         ("device_id", "from 0 to 2147483647", str(2**70))),
     "predict a dict": (_predict({"source": [[[1.0, 2.0]]]}), "input", ("source", "got a dict")),
     "predict None": (_predict(None), "input", ("source", "got None")),
+    "predict a tensor that requires grad": (lambda d: _load(d).predict(_grad_tensor()), "input",
+                                            ("source", "requires grad", "detach")),
     "load not an export": (lambda d: _load(d, model="userdata"), "manifest", ("userdata", "no manifest")),
     "load a manifest file": (lambda d: _load(d, model="model/manifest.json"), "input",
                              ("manifest.json is a file", "written by `seq2onnx export`", "model?)")),

@@ -237,6 +237,13 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
     "translate temperature 0": (_translate(["3/3/15"], sampling_temperature=0.0), ("sampling_temperature",)),
     "translate sampling with beam": (_translate(["3/3/15"], beam_size=2, sampling_topk=3), ("beam_size", "sampling")),
     "translate unknown option": (_translate(["3/3/15"], beam=2), ("unknown options", "beam")),
+    "translate sampling with an n-best": (_translate(["3/3/15"], sampling_topk=5, num_hypotheses=3, seed=1),
+                                          ("num_hypotheses", "sampling draws one output per text",
+                                           "pass num_hypotheses=1")),  # (it advised a wider beam, then refused it)
+    "translate min_decoding_length past the default max": (
+        _translate(["3/3/15"], min_decoding_length=20),
+        ("min_decoding_length 20", "max_decoding_length, which was not given: its default is",
+         "pass max_decoding_length >= 20 too")),
     "translate max_decoding_length 10001": (_translate(["3/3/15"], max_decoding_length=10_001),
                                             ("max_decoding_length", "10000")),
     "translate length_penalty past float64": (_translate(["3/3/15"], beam_size=2, length_penalty=2**2000),

@@ -51,6 +51,7 @@ CHECKPOINT_FILES = frozenset({CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, CHE
                               CHECKPOINT_STATE_FILE, CHECKPOINT_PLOT_FILE})
 TOKEN_CHECKPOINT_FILES = CHECKPOINT_FILES | frozenset(VOCAB_FILES.values())
 TRAIN_CONFIGS = {"points": TrainConfig, "tokens": TokenTrainConfig}  # spec.json's "train", by the spec's kind
+META_KEYS = frozenset({"format_version", "spec", "train", "data", "vocabularies", "distributed"})  # spec.json's
 STATE_KEYS = ("format_version", "epoch", "spec", "config", "history", "model", "optimizer",
               "torch_rng", "shuffle_rng", "data")
 
@@ -197,6 +198,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         has = "has no format_version" if version is None else f"has format_version {version!r}"
         raise CheckpointError(f"checkpoint file {str(meta_file)!r} {has}; this seq2onnx reads checkpoints of "
                               f"format_version {CHECKPOINT_FORMAT_VERSION}, as `seq2onnx train` writes them")
+    if unknown := sorted(set(meta) - META_KEYS):  # a setting put at the top by hand would be ignored without a word
+        raise CheckpointError(f"checkpoint file {str(meta_file)!r} has unknown keys {unknown}; it holds only "
+                              f"{sorted(META_KEYS)} (the model's settings go under 'spec', training's under 'train')")
     return meta
 
 

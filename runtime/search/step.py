@@ -81,10 +81,16 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return int(value)
 
 
-def check_min_length(min_decoding_length: object, max_decoding_length: int) -> int:
-    """min_decoding_length as an int in [0, max_decoding_length]; above that bound, the message names it."""
+def check_min_length(min_decoding_length: object, max_decoding_length: int, limit: int | None = None) -> int:
+    """min_decoding_length as an int in [0, max_decoding_length]; above that bound, the message names it. `limit`:
+    max_decoding_length was not given but is the model's default, which may be raised up to `limit`."""
     n = check_int("min_decoding_length", min_decoding_length, 0)
     if n > max_decoding_length:
+        if limit is not None:
+            more = f"pass max_decoding_length >= {n} too (at most {limit}), or " if n <= limit else ""
+            raise InputError(f"min_decoding_length {n} is more than max_decoding_length, which was not given: its "
+                             f"default is {max_decoding_length} (the model's target_len); {more}pass a "
+                             f"min_decoding_length of at most {max_decoding_length}")
         raise InputError(f"min_decoding_length {n} is more than max_decoding_length {max_decoding_length} (the "
                          f"decode's bound); pass at most {max_decoding_length}")
     return n
