@@ -290,4 +290,6 @@ def _serve_here(model_dir: Path, kind: str, config: ServeConfig, where: tuple[st
     if stopped_by is None:
         raise click.ClickException(f"serve: the server at {in_url(host)}:{port} stopped by itself (see above)")
     answered, unanswered = service.metrics.totals()
-    click.echo(f"serve: {answered} request(s) answered, {unanswered} ended without an answer", err=True)
+    cut = (" (cut off by the shutdown, those still connected answered 503 to retry, or left by their client)"
+           if unanswered else "")  # (seq2onnx_unanswered: the decode they asked for was not given)
+    click.echo(f"serve: {answered} request(s) answered, {unanswered} not decoded{cut}", err=True)

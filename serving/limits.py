@@ -136,6 +136,16 @@ async def _refuse(send: Send, status: int, error: str, close: bool = False) -> N
     await send({"type": "http.response.body", "body": body})
 
 
+def _place(loc: Any) -> str:
+    """pydantic's loc ('body', 'texts', 0) as the runtime's messages name places: texts[0], options.beam_size."""
+    place = ""
+    for part in loc:
+        if part == "body" and not place:
+            continue
+        place += f"[{part}]" if isinstance(part, int) else f".{part}" if place else str(part)
+    return place or "body"
+
+
 def describe_validation(errors: list[dict[str, Any]], content_type: str | None = None) -> str:
     """pydantic errors -> one line: each failing field's place, the problem and the value given (first three);
     `content_type`: the request's, named when the body was not taken as JSON."""
@@ -145,7 +155,7 @@ def describe_validation(errors: list[dict[str, Any]], content_type: str | None =
             reason = (error.get("ctx") or {}).get("error", "malformed")
             parts.append(f"body: not valid JSON ({reason}; character {error.get('loc', ('', '?'))[-1]})")
             continue
-        place = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        place = _place(error.get("loc", ()))
         given = error.get("input")
         if place == "body" and error.get("type") == "missing":  # no body at all
             parts.append("body: expected a JSON object (the route's schema: /docs), got an empty body")

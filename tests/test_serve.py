@@ -219,7 +219,7 @@ def test_two_replicas_both_serve(on_ray: Served) -> None:
 
 BAD_REQUESTS = {
     "texts not a list": ("/tokens/v1/translate", {"texts": "3/3/15"}, 422, "texts"),
-    "text not a string": ("/tokens/v1/translate", {"texts": [3]}, 422, "texts.0"),
+    "text not a string": ("/tokens/v1/translate", {"texts": [3]}, 422, "texts[0]"),
     "missing texts": ("/tokens/v1/translate", {"beam_size": 2}, 422, "texts: field required"),
     "unknown option": ("/tokens/v1/translate", {"texts": ["a"], "beam": 2}, 422, "beam: extra inputs"),
     "beam size a string": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": "2"}, 422, "beam_size"),
@@ -265,7 +265,7 @@ BAD_REQUESTS = {
                        "the key(s) ['texts'] more than once"),
     "a repeated key inside": ("/points/v1/predict", b'{"source": [[[1.0, 2.0]]], "source_mask": null, '
                               b'"target_len": 2, "target_len": 3}', 422, "['target_len'] more than once"),
-    "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source.0.0.0"),
+    "point a string": ("/points/v1/predict", {"source": [[["a", 1.0]]]}, 422, "source[0][0][0]"),
     "mask of 2": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[2]]}, 400, "source_mask"),
     "mask of another length": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "source_mask": [[1, 1, 1]]}, 400,
                                "source_mask: expected shape (1, 1) or (1, 1, 1) to match source, got"),
