@@ -19,7 +19,7 @@ import numpy as np
 
 from .binding import RUN_FAILED_ADVICE
 from .declared import Sources, TokenContract
-from .errors import InputError, ResourceError, Seq2OnnxError, UsageError
+from .errors import InputError, ResourceError, Seq2OnnxError, UsageError, clipped
 from .infer_records import heatmap, record
 from .plot import MAX_ITEMS, Heatmap
 from .spec import ModelSpec
@@ -96,6 +96,7 @@ class Unknowns:
 
     SHOWN = 5  # inputs named in the note
     TOKENS = 8  # distinct tokens named for each
+    TOKEN_CHARS = 40  # of each token, at most (and its length)
 
     def __init__(self) -> None:
         self.count = 0
@@ -110,7 +111,8 @@ class Unknowns:
         """A line naming them (a model trained on lower case never saw a capital letter: it read one as unknown,
         and the decode went on without a word)."""
         def tokens(found: list[str]) -> str:
-            return ", ".join(map(repr, found[:self.TOKENS])) + (", ..." if len(found) > self.TOKENS else "")
+            shown = (repr(clipped(token, self.TOKEN_CHARS)) for token in found[:self.TOKENS])  # a 300 KB word: its start
+            return ", ".join(shown) + (", ..." if len(found) > self.TOKENS else "")
 
         shown = "; ".join(f"{item.where} ({tokens(found)})" for item, found in self.first)
         more = "; ..." if self.count > len(self.first) else ""

@@ -45,3 +45,21 @@ def tokens_of(tokenizer: Any, fixed: bool = True) -> tuple[str, ...]:
                          f"got {list(tokens[:len(SPECIAL_TOKENS)])}; train it with "
                          f"special_tokens={list(SPECIAL_TOKENS)} (in that order) as the trainer's first tokens")
     return tokens
+
+
+def pieces(tokenizer: Any, text: str) -> list[tuple[str, int | None]]:
+    """The tokenizer's (token, id) pairs for `text`, and each run of the text that no token covers as (that text,
+    None): a model without an unknown token (a BPE saved without `unk_token`) leaves characters it has no token for
+    out without a word, so a text of them read as nothing and trained, evaluated and decoded as an empty one."""
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    found: list[tuple[str, int | None]] = []
+    covered = 0
+    for token, i, (start, end) in zip(encoding.tokens, encoding.ids, encoding.offsets):
+        if start > covered and text[covered:start].strip():
+            found.append((text[covered:start].strip(), None))
+        found.append((token, i))
+        covered = max(covered, end)
+    if text[covered:].strip():
+        found.append((text[covered:].strip(), None))
+    return found
+

@@ -26,7 +26,7 @@ from .specials import (  # noqa: F401  (the fixed ids and tokens: imported from 
     Specials,
     SpecialsError,
 )
-from .subword import parse_tokenizer, tokens_of
+from .subword import parse_tokenizer, pieces, tokens_of
 from .vocab_inputs import (
     TOKENIZER_KINDS,
     built_tokens,
@@ -136,8 +136,8 @@ class Vocabulary:
     def tokenize(self, text: str) -> list[str]:
         """Split text into tokens: characters, whitespace-separated words, or the tokenizer's pieces."""
         check_text(text)
-        if self.tokenizer == "subword":
-            return list(self._tokenizer_object().encode(text, add_special_tokens=False).tokens)
+        if self.tokenizer == "subword":  # (a run of text without a token of its own is one, read as unknown)
+            return [token for token, _ in pieces(self._tokenizer_object(), text)]
         return split_text(text, self.tokenizer)
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = True) -> list[int]:
@@ -145,13 +145,15 @@ class Vocabulary:
         vocabulary without one refuses them by name)."""
         check_text(text)
         specials = self.ids
-        if self.tokenizer == "subword":
-            raw = self._tokenizer_object().encode(text, add_special_tokens=False).ids
-            ids = [specials.unk if i in specials.ids else i for i in raw]
+        if self.tokenizer == "subword":  # text it has no token for (it left it out) reads as unknown too
+            found = pieces(self._tokenizer_object(), text)
+            ids = [specials.unk if i is None or i in specials.ids else i for _, i in found]
+            lacking = [token for token, i in found if i is None]
         else:
             ids = [self._index.get(t, specials.unk) for t in split_text(text, self.tokenizer)]
+            lacking = [t for t in split_text(text, self.tokenizer) if t not in self._index] if None in ids else []
         if specials.unk is None and None in ids:
-            unknown = [t for t in split_text(text, self.tokenizer) if t not in self._index] or ["(a special)"]
+            unknown = lacking or ["(a special)"]
             raise VocabError(f"text {brief(text)}: token {unknown[0]!r} is not in the vocabulary, which has no "
                              "unknown-token id to stand for it; use tokens of the vocabulary")
         return [specials.bos] * add_bos + ids + [specials.eos] * add_eos

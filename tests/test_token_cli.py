@@ -202,6 +202,17 @@ def test_the_unknown_token_note_holds_a_few_inputs_however_many_there_are() -> N
         + "; ...; check their case and spelling")
 
 
+def test_the_unknown_token_note_shows_the_start_of_a_long_token() -> None:
+    """One word of 300,000 characters: the note wrote all of it to stderr (found by a fresh walk)."""
+    from runtime.infer_tokens import Item, Unknowns
+
+    unknowns = Unknowns()
+    unknowns.add(Item(0, "x", "line 1"), ["Q" * 300_000, "é"])
+    assert unknowns.note() == (
+        "note: 1 input held tokens the model's source vocabulary lacks, read as its unknown token: line 1 "
+        f"('{'Q' * 20}... (300000 characters)', 'é'); check their case and spelling")
+
+
 @pytest.mark.skipif(CUDA_UNAVAILABLE is None, reason="CUDA works here: --device-id picks a GPU")
 def test_infer_device_id_where_auto_finds_no_gpu_is_said() -> None:
     """--provider cpu --device-id is refused; with auto (the default) a script may pass it on machines with and

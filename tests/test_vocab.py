@@ -249,6 +249,24 @@ def test_subword_round_trip_and_storage(tmp_path: Path) -> None:
     assert again == vocab and again.sha256 == vocab.sha256 and again.encode("two is three") == ids[1:]
 
 
+def test_subword_text_a_tokenizer_leaves_out_reads_as_unknown() -> None:
+    """A BPE saved without an unk_token leaves out characters it has no token for, without a word: 'ééé' read as no
+    tokens at all, so such pairs trained and evaluated as empty ones (an untrained model 'matched' them by ending
+    at once) and infer said nothing (found by a fresh walk). Each run of such text now reads as the unknown id."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())  # no unk_token
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(TEXTS * 5, tokenizers.trainers.BpeTrainer(special_tokens=list(SPECIAL_TOKENS)))
+    vocab = Vocabulary.from_tokenizer_json(tokenizer.to_str())
+    assert tokenizer.encode("ééé").ids == []  # the library's own behaviour, which this guards against
+    assert vocab.encode("ééé") == [UNK, EOS]
+    assert vocab.tokenize("two ééé three") == ["two", "ééé", "three"]
+    assert vocab.encode("two ééé three", add_eos=False) == [vocab.encode("two", add_eos=False)[0], UNK,
+                                                             vocab.encode("three", add_eos=False)[0]]
+    assert vocab.tokenize("twoé") == ["two", "é"] and vocab.encode("twoé", add_eos=False)[-1] == UNK
+    assert vocab.encode("two three") == vocab.encode("two  three") and UNK not in vocab.encode("two three")
+
+
 def test_subword_refuses_tokenizers_without_the_specials() -> None:
     with pytest.raises(VocabError, match="at ids 0..3"):
         Vocabulary.from_tokenizer_json(_trained_tokenizer(["[PAD]", "[UNK]"]))
