@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 import click
 from click.core import ParameterSource
 
-from runtime.defaults import MAX_TARGET_LEN, TSV_SUFFIX
+from runtime.defaults import JSONL_SUFFIX, MAX_TARGET_LEN, TSV_SUFFIX
 from runtime.errors import Seq2OnnxError
 from runtime.infer_tokens import (
     DEFAULT_BATCH_SIZE,
@@ -116,6 +116,10 @@ def check_token_usage(ctx: click.Context, model_dir: Path, input_path: str | Non
         say(f"note: --input {input_path}: infer reads one source text per line, the whole line; a TSV's tab and "
             f"target column would be read as part of each source (to score pairs: seq2onnx eval {model_dir} "
             f"--data {input_path})")
+    if input_path is not None and Path(input_path).suffix.lower() == JSONL_SUFFIX:  # as infer's --output writes
+        say(f"note: --input {input_path}: infer reads one source text per line, the whole line; a JSON line's "
+            "braces, keys and quotes would be read as part of each source (infer --output writes JSON lines: "
+            "give their \"source\" texts, one a line)")
     blank = [i + 1 for i, text in enumerate(texts) if not text.strip()]
     if blank:
         raise click.UsageError(f"--text #{blank[0]} is blank; give each --text some text")

@@ -22,7 +22,9 @@ from .adapter import AdapterError, Seq2SeqAdapter
 OTHER_BATCH, OTHER_WIDTH = 5, 9  # sizes a graph is run at after export, other than those it was traced at
 BAKED = ("a declared model whose graphs fail or differ from PyTorch at some sizes mostly has a Python number baked "
          "into its trace: a size read with int(...) or .item(), a loop over range(x.shape[1]), or a branch on a "
-         "tensor's values (if bool(...)); compute with tensor ops instead (x.shape, torch.where, masks)")
+         "tensor's values (if bool(...)); compute with tensor ops instead (x.shape, torch.where, masks). Or its rows "
+         "read one another (a mean, sum or norm over the batch axis): the runtime decodes inputs in batches of any "
+         "make-up and drops finished ones, so each row may depend on its own input only")
 
 
 def declared_parity(model: Any, run: Callable[[], list]) -> list:

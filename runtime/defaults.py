@@ -14,6 +14,7 @@ from typing import Any
 # -- runtime: limits and choices that options are checked against --
 MAX_TARGET_LEN = 10_000  # the longest decode a call may ask for (runtime.point_inputs, runtime.tokens)
 PROVIDERS = ("auto", "cpu", "cuda")  # runtime.sessions
+JSONL_SUFFIX = ".jsonl"  # what infer --output writes for a token model; fed back as --input, each line is one text
 TSV_SUFFIX = ".tsv"  # pairs (source, tab, target) for train and eval, in any case; infer reads each whole line
 
 

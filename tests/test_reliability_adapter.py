@@ -222,6 +222,16 @@ def width_in_a_python_int():
     return replace(adapter, encode=encode)
 
 
+def rows_read_one_another():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        h = changed["h"]
+        return scores, {**changed, "h": h + h.mean(0, keepdim=True)}, attention  # each row reads the batch's mean
+    return replace(adapter, step=step)
+
+
 def loop_over_the_width():
     adapter, model = good(), trained("luong")
 
@@ -366,6 +376,9 @@ CLI_CASES: dict[str, Case] = {
     # the graphs ran at every size, with other values than PyTorch's: a raw table and nothing said of the cause
     "a width read as a Python int": export("width_in_a_python_int", BAD_INPUT, "onnxruntime and PyTorch differ",
                                            "a Python number baked into its trace", "int(...)"),
+    # it sent the user looking for an int(...) that is not there (found by a fresh walk)
+    "a step whose rows read one another": export("rows_read_one_another", BAD_INPUT, "its rows read one another",
+                                                 "each row may depend on its own input only"),
     # onnxruntime could not run it at a narrower batch: the runtime's advice was "pass a smaller batch"
     "a loop over the traced width": export("loop_over_the_width", BAD_INPUT, "at export, this is a size the graph "
                                            "was not traced at", "a loop over range(x.shape[1])"),

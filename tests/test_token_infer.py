@@ -173,6 +173,16 @@ def test_a_tsv_input_is_decoded_whole_line_with_a_note_pointing_at_eval(models, 
     assert f"seq2onnx eval {models['additive']} --data {tmp_path / 'pairs.TSV'}" in done.stderr
 
 
+def test_a_jsonl_input_is_decoded_whole_line_with_a_note(models, tmp_path):
+    """infer's own --output fed back as --input: each JSON line was decoded as a text, braces and all, and only the
+    unknown-token note hinted at it (found by a fresh walk)."""
+    (tmp_path / "out.jsonl").write_text('{"text": "one two"}\n', encoding="utf-8")
+    done = cli("infer", models["additive"], "--input", tmp_path / "out.jsonl")
+    assert [r["source"] for r in records(done)] == ['{"text": "one two"}']
+    assert (f"note: --input {tmp_path / 'out.jsonl'}: infer reads one source text per line, the whole line; a JSON "
+            "line's braces, keys and quotes would be read as part of each source") in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("stop", [False, True])
 def test_a_batch_read_from_a_pipe_is_answered_before_the_next_line_comes(models, runtime, stop):
     # A program feeding one line and waiting for its answer: each full batch is decoded at once, none read ahead.
