@@ -215,8 +215,8 @@ def main() -> None:
 
 def _unsaid_unraisable(unraisable: Any) -> None:
     """sys.unraisablehook of the program: running out of memory where Python can only report it (a MemoryError in
-    the threading module's shut-down or a __del__; an ENOMEM as torch's exit callback imports a module) is left unsaid: a command out of memory has said so in its one line, and one that finished
-    has published its outputs. So is a stop (Ctrl-C, SIGTERM's Terminated) raised where Python can only report it
+    the threading module's shut-down or a __del__; an ENOMEM as torch's exit callback imports a module) is left
+    unsaid: a command out of memory has said so in its one line, and one that finished has published its outputs. So is a stop (Ctrl-C, SIGTERM's Terminated) raised where Python can only report it
     (an import lock's weakref callback in a rank stopped as it imports torch): the handler has recorded it and the
     command says it once. Anything else is reported as Python does."""
     value = unraisable.exc_value
