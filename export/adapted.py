@@ -2,9 +2,13 @@
 its two functions wrapped as modules with flat tensor arguments, and its contract (runtime.declared) built.
 
 The probe runs `encode` on two batches (3 and 2 sources, of two widths unless the model fixes its source length)
-and `step` twice (the first call of each repeated: the same inputs must give the same outputs), and reads every state tensor's dims from what changed: the declared batch axis must be the
-batch, an axis that follows the source width is `source_len`, a declared growing axis is `past_len`, every other
-axis is a fixed size. Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
+and `step` twice (the first call of each repeated: the same inputs must give the same outputs), and reads every
+state tensor's dims from what changed: the declared batch axis must be the batch, an axis that follows the source
+width is `source_len`, a declared growing axis is `past_len`, every other axis is a fixed size. Then each source of
+the first batch is encoded and stepped once alone, at the batch's width and at its own: it must give what it gave
+within the batch (a model whose rows read one another or the padding passes parity, which runs PyTorch on the same
+batch, and decodes a text differently beside others). Anything that does not fit the declaration is an
+AdapterError naming the tensor and axis."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +30,17 @@ from .weights import check_declared_weights
 
 PROBE_BATCHES = (3, 2)
 PROBE_WIDTHS = (5, 7)  # source widths (tokens, specials included) when the model does not fix one
-RESERVED = {"previous_tokens", "log_probs", "alphas", *SOURCE_INPUTS}
+# the step graph's and the greedy loop graph's own names (export.tokens.loop: its inputs max_length and min_length, its
+# outputs tokens and token_log_probs, its carried finished); besides these, NAME_out and NAME_narrow of each state
+RESERVED = {"previous_tokens", "log_probs", "alphas", "max_length", "min_length", "tokens", "token_log_probs",
+            "finished", *SOURCE_INPUTS}
 LOG_PROB_SUM_TOL = 1e-3  # |logsumexp| of a row of declared log-probs beyond this: they are not log-probabilities
+ALONE_ATOL, ALONE_RTOL = 1e-4, 1e-3  # a source encoded and stepped alone against within a batch: rounding differs
+ROWS_READ = ("its rows read one another (a mean, sum or norm over the batch axis, a batch norm in training mode)")
+SCORES, ATTENTION = "step's scores", "step's attention"
+READS_PADDING = ("it reads the padding or the width it is padded to (a recurrent layer run over the pads: pack it, "
+                 "pack_padded_sequence; an attention that does not mask the pads: mask them with source_lengths; a "
+                 "value computed from x.shape[1]: use source_lengths)")
 
 
 def out_name(state: str) -> str:
@@ -208,10 +221,11 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
 
 def probe(adapter: Seq2SeqAdapter) -> Adapted:
     """Run the adapter on example batches, check it against its declaration, and build its contract and spec."""
-    clash = sorted(set(adapter.state) & (RESERVED | {out_name(s) for s in adapter.state}))
+    derived = {made for s in adapter.state for made in (out_name(s), f"{s}_narrow")}
+    clash = sorted(set(adapter.state) & (RESERVED | derived))
     if clash:
         raise AdapterError(f"state names {clash} are taken by the graphs' own inputs and outputs ({sorted(RESERVED)}, "
-                           "and NAME_out for each state); rename them")
+                           "and NAME_out and NAME_narrow for each state NAME); rename them")
     adapter.train_mode_off()
     check_declared_weights(adapter)
     fixed = adapter.fixed_source_len
@@ -236,7 +250,62 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
                                   width)
             check_deterministic("step", {"scores": scores, **changed}, {"scores": repeated[0], **repeated[1]})
         state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
+    n, width, state = probes[0]  # deterministic: its sources alone give what they gave in the batch, or it differs
+    check_alone(adapter, dims, *(torch.from_numpy(a) for a in example_sources(adapter, n, width, 0)), state)
     return Adapted(adapter, build_contract(adapter, dims, alphas is not None), declared_spec(adapter))
+
+
+def check_alone(adapter: Seq2SeqAdapter, dims: dict[str, Dims], ids: torch.Tensor, lengths: torch.Tensor,
+                state: dict[str, torch.Tensor]) -> None:
+    """Each source of the first probe encoded and stepped once alone, at the batch's width and (unless the model
+    fixes it) at its own, gives what it gave within the batch: the runtime decodes texts in batches of any make-up
+    and width, so a row may depend on its own tokens only. Else AdapterError saying which of the two it reads."""
+    n, width = ids.shape
+    batched = _stepped(adapter, state, n, width)
+    for row in range(n):
+        own = int(lengths[row])
+        for w, cause in ((width, ROWS_READ), (own, READS_PADDING)):
+            if cause is READS_PADDING and (adapter.fixed_source_len is not None or own == width):
+                continue
+            alone = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids[row:row + 1, :w],
+                                              lengths[row:row + 1]), "what encode returns")
+            check_encoded(adapter, alone, 1)
+            how = (f"alone, at the batch's width {width}," if w == width
+                   else f"alone at its own width {w} (the batch pads it to {width})")
+            for when, mine, got in (("encoded", state, alone), ("after one step", batched, _stepped(adapter, alone, 1, w))):
+                for name, value in mine.items():
+                    axis, source_axes = (adapter.state[name].batch_axis,
+                                         [a for a, d in enumerate(dims[name]) if d == SOURCE_LEN]) \
+                        if name in adapter.state else (0, [1] if name == ATTENTION else [])
+                    expected = value.narrow(axis, row, 1)
+                    for a in source_axes:
+                        expected = expected.narrow(a, 0, w)
+                    _same_alone(f"{name if name in (SCORES, ATTENTION) else repr(name)} {when}", got[name], expected, row, how, n, cause)
+
+
+def _same_alone(what: str, got: torch.Tensor, expected: torch.Tensor, row: int, how: str, n: int, cause: str) -> None:
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AdapterError(f"{what} for source {row} of the probe is {tuple(got.shape)} when that source is {how} "
+                           f"where its row within the batch of {n} is {tuple(expected.shape)}")
+    if expected.is_floating_point():
+        same = torch.allclose(got, expected, rtol=ALONE_RTOL, atol=ALONE_ATOL, equal_nan=True)
+    else:
+        same = torch.equal(got, expected)
+    if not same:
+        gap = (got.double() - expected.double()).abs().nan_to_num(nan=0.0, posinf=float("inf"))
+        raise AdapterError(f"{what} for source {row} of the probe differs when that source is {how} from within "
+                           f"the batch of {n}, by up to {float(gap.max()):.3g}: {cause}; the runtime decodes texts "
+                           "in batches of any make-up and width, so each row may depend on its own source only")
+
+
+def _stepped(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], n: int, width: int) -> dict[str, torch.Tensor]:
+    """One step from bos: the scores, each changing state tensor and the attention (if any), by name (the scores'
+    and attention's names are no identifiers: no state's)."""
+    tokens = torch.full((n,), adapter.target_vocab.ids.bos, dtype=torch.int64)
+    scores, changed, attention = check_step(adapter, state, run_declared(adapter, "step", adapter.step, tokens,
+                                                                         dict(state)), n, width)
+    out = {SCORES: scores, **{name: changed[name] for name in adapter.changing}}
+    return out if attention is None else {**out, ATTENTION: attention}
 
 
 def build_contract(adapter: Seq2SeqAdapter, dims: dict[str, Dims], attention: bool) -> TokenContract:

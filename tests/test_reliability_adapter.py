@@ -71,14 +71,67 @@ def growing_but_not_grown():
     return replace(adapter, state={**adapter.state, "h": State(batch_axis=0, grows=1)})
 
 
-def reserved_name():
+def _h_named(name):
     adapter, model = good(), trained("luong")
 
     def encode(ids, lengths):
         state = model.encode(ids, lengths)
-        return {**state, "log_probs": state.pop("h")}
-    return replace(adapter, encode=encode, state={"log_probs": State(0), **{k: v for k, v in adapter.state.items()
-                                                                            if k != "h"}})
+        return {**state, name: state.pop("h")}
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, {**state, "h": state[name]})
+        return scores, {**{k: v for k, v in changed.items() if k != "h"}, name: changed["h"]}, attention
+    return replace(adapter, encode=encode, step=step,
+                   state={name: State(0), **{k: v for k, v in adapter.state.items() if k != "h"}})
+
+
+def reserved_name():
+    return _h_named("log_probs")
+
+
+def reserved_loop_input():  # the greedy loop graph's own input: onnx's shape inference failed in a traceback
+    return _h_named("max_length")
+
+
+def reserved_loop_carry():  # the loop's own carried flags: "not in SSA form", a traceback
+    return _h_named("finished")
+
+
+def reserved_loop_output():  # the loop's output: "'tokens' dim 'decode_len' was fixed", far from the cause
+    return _h_named("tokens")
+
+
+def derived_name():  # a state named as another's first value narrowed for the loop
+    return _h_named("c_narrow")
+
+
+def encode_rows_read_one_another():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):
+        state = model.encode(ids, lengths)
+        memory = state["memory"]
+        return {**state, "memory": memory - memory.mean(0, keepdim=True)}  # a batch's mean: the same in PyTorch
+    return replace(adapter, encode=encode)
+
+
+def reads_the_padding():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):  # the LSTM run over the pads, unpacked: exported and verified, batches decoded apart
+        out, (h, c) = model.encoder(model.src_emb(ids))
+        mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+        return {"h": h[0], "c": c[0], "feed": torch.zeros_like(h[0]), "memory": out, "mask": mask}
+    return replace(adapter, encode=encode)
+
+
+def attention_over_the_padding():
+    adapter, model = good(), trained("luong")
+
+    def encode(ids, lengths):  # every position unmasked: the step attends to the pads
+        state = model.encode(ids, lengths)
+        return {**state, "mask": torch.ones_like(state["mask"])}
+    return replace(adapter, encode=encode)
 
 
 def baked_length():
@@ -232,6 +285,17 @@ def rows_read_one_another():
     return replace(adapter, step=step)
 
 
+def branch_on_the_tokens():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        if bool((tokens > 3).all()):  # a branch on the tokens' values: the trace keeps the branch its example took
+            scores = scores * 0.5
+        return scores, changed, attention
+    return replace(adapter, step=step)
+
+
 def loop_over_the_width():
     adapter, model = good(), trained("luong")
 
@@ -338,6 +402,29 @@ CLI_CASES: dict[str, Case] = {
                            "got torch.float32 (3, 5)"),
     "growing but not grown": export("growing_but_not_grown", BAD_INPUT, "step output 'h'", "axis 1 grows by one"),
     "reserved state name": export("reserved_name", BAD_INPUT, "state names ['log_probs'] are taken"),
+    # these three were tracebacks or a message far from the cause (found by a fresh walk)
+    "the loop graph's input as a state name": export("reserved_loop_input", BAD_INPUT,
+                                                      "state names ['max_length'] are taken", "rename them"),
+    "the loop graph's carried flag as a state name": export("reserved_loop_carry", BAD_INPUT,
+                                                            "state names ['finished'] are taken"),
+    "the loop graph's output as a state name": export("reserved_loop_output", BAD_INPUT,
+                                                      "state names ['tokens'] are taken"),
+    "a state named as another's narrowed first value": export("derived_name", BAD_INPUT,
+                                                              "state names ['c_narrow'] are taken", "NAME_narrow"),
+    # exported and verified (PyTorch was run on the same batch): a text decoded differently beside others
+    "an encoder whose rows read one another": export("encode_rows_read_one_another", BAD_INPUT,
+                                                     "'memory' encoded for source 0 of the probe differs when that "
+                                                     "source is alone, at the batch's width 5,",
+                                                     "its rows read one another",
+                                                     "each row may depend on its own source only"),
+    # the README's own example of a model no check could see
+    "an encoder that reads the padding": export("reads_the_padding", BAD_INPUT, "encoded for source 1 of the probe "
+                                                "differs when that source is alone at its own width",
+                                                "(the batch pads it to 5)", "it reads the padding",
+                                                "pack_padded_sequence"),
+    "an attention over the padding": export("attention_over_the_padding", BAD_INPUT,
+                                            "after one step for source 1 of the probe differs",
+                                            "at its own width", "it reads the padding", "mask them"),
     "a baked-in length": export("baked_length", BAD_INPUT, "encoder.onnx fails at batch 5", "baked into the graph"),
     "an untraceable op": export("untraceable", BAD_INPUT, "decoder_step.onnx: the model cannot be traced in "
                                 "modules[1] (Spectral) at ", f"bad_models.py:{line_of('torch.fft.fft(x)')}: ",
@@ -374,11 +461,16 @@ CLI_CASES: dict[str, Case] = {
     "a counter kept outside the state": export("python_counter", BAD_INPUT, "step is not deterministic",
                                                "state kept outside the declared state"),
     # the graphs ran at every size, with other values than PyTorch's: a raw table and nothing said of the cause
-    "a width read as a Python int": export("width_in_a_python_int", BAD_INPUT, "onnxruntime and PyTorch differ",
-                                           "a Python number baked into its trace", "int(...)"),
+    # (the graphs ran at every size, with other values than PyTorch's); now the probe sees its rows depend on the width
+    "a width read as a Python int": export("width_in_a_python_int", BAD_INPUT, "encoded for source 1 of the probe "
+                                           "differs when that source is alone at its own width",
+                                           "the width it is padded to", "a value computed from x.shape[1]"),
     # it sent the user looking for an int(...) that is not there (found by a fresh walk)
-    "a step whose rows read one another": export("rows_read_one_another", BAD_INPUT, "its rows read one another",
-                                                 "each row may depend on its own input only"),
+    "a step whose rows read one another": export("rows_read_one_another", BAD_INPUT, "'h' after one step for "
+                                                 "source 0", "its rows read one another",
+                                                 "each row may depend on its own source only"),
+    "a branch on the tokens' values": export("branch_on_the_tokens", BAD_INPUT, "onnxruntime and PyTorch differ",
+                                             "a Python number baked into its trace", "if bool(...)"),
     # onnxruntime could not run it at a narrower batch: the runtime's advice was "pass a smaller batch"
     "a loop over the traced width": export("loop_over_the_width", BAD_INPUT, "at export, this is a size the graph "
                                            "was not traced at", "a loop over range(x.shape[1])"),
