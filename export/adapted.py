@@ -7,8 +7,8 @@ state tensor's dims from what changed: the declared batch axis must be the batch
 width is `source_len`, a declared growing axis is `past_len`, every other axis is a fixed size. Then each source of
 the first batch is encoded and stepped once alone, at the batch's width and at its own: it must give what it gave
 within the batch (a model whose rows read one another or the padding passes parity, which runs PyTorch on the same
-batch, and decodes a text differently beside others). Anything that does not fit the declaration is an
-AdapterError naming the tensor and axis."""
+batch, and decodes a text differently beside others), and a source of max_source_len tokens must encode and step
+once. Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -95,6 +95,8 @@ def _what(value: Any) -> str:
         return "a dict of " + ", ".join(f"{k!r}: {_what(v)}" for k, v in list(value.items())[:6])
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of " + ", ".join(_what(v) for v in value[:6])
+    if isinstance(value, np.ndarray):
+        return f"a numpy.ndarray {value.dtype} {value.shape} (return a torch.Tensor: torch.from_numpy(...))"
     return brief(value)
 
 
@@ -108,7 +110,9 @@ def check_encoded(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], n: in
         shape = tuple(state[name].shape)
         if decl.batch_axis >= len(shape) or shape[decl.batch_axis] != n:
             holds = [axis for axis, size in enumerate(shape) if size == n]
-            hint = f"; the batch is on axis {holds[0]}" if len(holds) == 1 else ""
+            hint = (f"; the batch is on axis {holds[0]}" if len(holds) == 1 else
+                    "; every state tensor holds a value per source: give it a batch axis, shape (N,) for a number"
+                    if not shape else "")
             raise AdapterError(f"state {name!r}: batch_axis {decl.batch_axis} does not hold the batch of {n} "
                                f"sources (its shape is {shape}){hint}")
         if decl.grows is not None and decl.grows >= len(shape):
@@ -160,6 +164,11 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
                            f"{_what(out)}")
     scores, changed, attention = (*out, None)[:3]
     size = len(adapter.target_vocab)
+    if (isinstance(scores, torch.Tensor) and scores.dtype == torch.float32 and scores.dim() == 2
+            and scores.shape[0] == n and scores.shape[1] != size):
+        raise AdapterError(f"step's scores have {scores.shape[1]} columns ({tuple(scores.shape)}), but the target "
+                           f"vocabulary holds {size} tokens: one score per target token (is the vocabulary the one "
+                           "the model's output layer was trained with?)")
     if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (n, size) or scores.dtype != torch.float32:
         got = f"{scores.dtype} {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else _what(scores)
         raise AdapterError(f"step's scores must be a float32 tensor (batch {n}, target vocabulary {size}), got "
@@ -168,7 +177,8 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
         raise AdapterError(f"step's scores hold NaN (for {int(torch.isnan(scores).any(-1).sum())} of {n} rows); a "
                            "model that yields NaN cannot be decoded")
     if adapter.scores == "log_probs":
-        total = torch.logsumexp(scores.double(), dim=-1).abs()  # 0 for a row of log-probabilities
+        signed = torch.logsumexp(scores.double(), dim=-1)  # 0 for a row of log-probabilities
+        total = signed.abs()
         if (total > LOG_PROB_SUM_TOL).any():
             row = int(total.argmax())
             sums = scores.double().sum(dim=-1)
@@ -178,7 +188,7 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
                                    "row in [0, 1], summing to 1): return their log (log_softmax of the logits, or "
                                    "torch.log of the probabilities)")
             raise AdapterError(f"step's scores are declared scores='log_probs', but row {row}'s are not "
-                               f"log-probabilities (their logsumexp is {float(total[row]):.3g}, where "
+                               f"log-probabilities (their logsumexp is {float(signed[row]):.3g}, where "
                                "log-probabilities give 0): declare scores='logits' for raw scores, or return "
                                "log_softmax(...)")
     changed = _tensor_dict(changed, "step's next state")
@@ -242,9 +252,15 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
     dims = state_dims(adapter, probes)
     n, width, state = probes[0]
     tokens = torch.full((n,), adapter.target_vocab.ids.bos, dtype=torch.int64)
+    attends = []
     for t in range(2):  # two steps: shapes hold, growing axes grow
         out = run_declared(adapter, "step", adapter.step, tokens, dict(state))
         scores, changed, alphas = check_step(adapter, state, out, n, width)
+        attends.append(alphas is not None)
+        if len(set(attends)) > 1:
+            raise AdapterError(f"step returned {'no ' if attends[1] else ''}attention from bos and "
+                               f"{'' if attends[1] else 'none '}at the next step: return "
+                               "(scores, next_state, attention) at every step, or (scores, next_state) at every step")
         if t == 0:
             repeated = check_step(adapter, state, run_declared(adapter, "step", adapter.step, tokens, dict(state)), n,
                                   width)
@@ -252,6 +268,7 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
         state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
     n, width, state = probes[0]  # deterministic: its sources alone give what they gave in the batch, or it differs
     check_alone(adapter, dims, *(torch.from_numpy(a) for a in example_sources(adapter, n, width, 0)), state)
+    check_longest(adapter)
     return Adapted(adapter, build_contract(adapter, dims, alphas is not None), declared_spec(adapter))
 
 
@@ -281,6 +298,23 @@ def check_alone(adapter: Seq2SeqAdapter, dims: dict[str, Dims], ids: torch.Tenso
                     for a in source_axes:
                         expected = expected.narrow(a, 0, w)
                     _same_alone(f"{name if name in (SCORES, ATTENTION) else repr(name)} {when}", got[name], expected, row, how, n, cause)
+
+
+def check_longest(adapter: Seq2SeqAdapter) -> None:
+    """A source of max_source_len tokens (specials included) encodes and steps once: the runtime takes texts that
+    long, and a model with fewer positions (a positional table of 64 under the default 256) failed at run time."""
+    longest = adapter.max_source_len
+    if adapter.fixed_source_len is not None or longest <= max(PROBE_WIDTHS):
+        return
+    ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, 1, longest, seed=3))
+    try:
+        state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
+        check_encoded(adapter, state, 1)
+        _stepped(adapter, state, 1, longest)
+    except AdapterError as exc:
+        raise AdapterError(f"at max_source_len={longest} (a source of {longest} tokens, specials included: the "
+                           f"longest the runtime takes), {exc}; declare max_source_len=... no longer than the model "
+                           "takes (its positional table, say)") from None
 
 
 def _same_alone(what: str, got: torch.Tensor, expected: torch.Tensor, row: int, how: str, n: int, cause: str) -> None:

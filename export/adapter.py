@@ -101,9 +101,12 @@ class Seq2SeqAdapter:
             raise AdapterError(f"Seq2SeqAdapter.state must map each state tensor's name to a State, got "
                                f"{brief(self.state)}")
         for name, decl in self.state.items():
-            if not isinstance(name, str) or not name.isidentifier() or not isinstance(decl, State):
-                raise AdapterError(f"Seq2SeqAdapter.state[{name!r}] must be a State under a name that is an "
-                                   f"identifier, got {brief(decl)}")
+            if not isinstance(name, str) or not name.isidentifier():
+                bad = [n for n in self.state if not isinstance(n, str) or not n.isidentifier()]
+                raise AdapterError(f"Seq2SeqAdapter.state's names must be Python identifiers (they name the graphs' "
+                                   f"inputs and outputs), got {brief(bad)}: rename them (h0, not 'h.0')")
+            if not isinstance(decl, State):
+                raise AdapterError(f"Seq2SeqAdapter.state[{name!r}] must be a State, got {brief(decl)}")
         if not any(decl.changes for decl in self.state.values()):
             raise AdapterError("Seq2SeqAdapter.state: no entry changes (State(changes=True)); a step must carry "
                                "something from one token to the next")

@@ -59,7 +59,8 @@ def load_source(source: Source) -> tuple[Any, ModelSpec, str]:
     adapter; spec; description). Anything else is an ExportError saying what is accepted."""
     if isinstance(source, Seq2SeqAdapter):
         adapted = probe(source)
-        return adapted, adapted.spec, f"adapter {source.name}"
+        unnamed = source.name == Seq2SeqAdapter.name  # "adapter adapter" read as a stutter in verify's hint
+        return adapted, adapted.spec, "adapter (unnamed)" if unnamed else f"adapter {source.name}"
     if not isinstance(source, (str, Path, EncoderDecoder, TokenModel)):
         hint = (" (a function: call it, export_model(make_adapter()))" if callable(source)
                 and not isinstance(source, torch.nn.Module) else "")

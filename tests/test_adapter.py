@@ -128,3 +128,15 @@ def test_io_binding_decodes_the_same(foreign):
     for options in (dict(), dict(beam_size=3, num_hypotheses=2)):
         assert [[t.ids for t in n] for n in bound.translate_batch(TEXTS, **options)] == \
             [[t.ids for t in n] for n in plain.translate_batch(TEXTS, **options)]
+
+
+def test_an_unnamed_adapter_is_described_without_a_stutter():
+    """verify's hint read "if that is not adapter adapter, or adapter adapter was trained again since"."""
+    from dataclasses import replace
+
+    from export.adapter import Seq2SeqAdapter
+    from export.api import load_source
+
+    adapter = trained("luong").adapter()
+    assert load_source(adapter)[2] == "adapter luong"
+    assert load_source(replace(adapter, name=Seq2SeqAdapter.name))[2] == "adapter (unnamed)"

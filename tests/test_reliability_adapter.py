@@ -3,12 +3,15 @@
 written. The declarations live in a module of the workspace, `bad_models.py`, as a user's would."""
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+
+from export.adapter import State
 
 from support.reliability import (
     BAD_INPUT,
@@ -137,7 +140,7 @@ def attention_over_the_padding():
 def baked_length():
     """nn.Transformer over variable-length sources: nn.MultiheadAttention bakes the traced length in."""
     adapter = trained("transformer").adapter()
-    return replace(adapter, fixed_source_len=None)
+    return replace(adapter, fixed_source_len=None, max_source_len=10)  # within its positional table
 
 
 class Spectral(nn.Module):
@@ -236,6 +239,40 @@ def logits_declared_log_probs():
     return replace(good(), scores="log_probs")  # its step returns logits
 
 
+def masked_after_log_softmax():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        log_probs = torch.log_softmax(scores, dim=-1)
+        return log_probs.masked_fill(tokens[:, None] == torch.arange(12), float("-inf")), changed, attention
+    return replace(adapter, step=step, scores="log_probs")
+
+
+def attention_at_the_first_step_only():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return (scores, changed, attention) if bool((tokens == 2).all()) else (scores, changed)
+    return replace(adapter, step=step)
+
+
+def numpy_scores():
+    adapter, model = good(), trained("luong")
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores.numpy(), changed, attention
+    return replace(adapter, step=step)
+
+
+def a_scalar_state():
+    adapter, model = good(), trained("luong")
+    return replace(adapter, encode=lambda ids, lengths: {**model.encode(ids, lengths), "t": torch.tensor(0)},
+                   state={**adapter.state, "t": State(0, changes=False)})
+
+
 def probabilities_declared_log_probs():
     adapter, model = good(), trained("luong")
 
@@ -309,6 +346,16 @@ def loop_over_the_width():
 def ids_beyond_the_embedding():
     adapter, model = good(), trained("luong")
     return replace(adapter, encode=lambda ids, lengths: model.encode(ids + 1000, lengths))  # as a longer vocabulary
+
+
+def few_positions():
+    adapter, model = good(), trained("luong")
+    table = torch.zeros(16, 20)  # 16 positions, under the default max_source_len of 256
+
+    def encode(ids, lengths):
+        state = model.encode(ids, lengths)
+        return {**state, "memory": state["memory"] + table[torch.arange(ids.shape[1])]}
+    return replace(adapter, encode=encode)
 
 
 def random_step():
@@ -398,8 +445,20 @@ CLI_CASES: dict[str, Case] = {
     "undeclared state": export("undeclared_state", BAD_INPUT, "encode returned", "undeclared ['extra']"),
     "step output shape": export("wrong_step_shape", BAD_INPUT, "step output 'feed' has shape (3, 5)",
                                 "feeds back as 'feed', which is (3, 20)"),
-    "scores shape": export("wrong_scores", BAD_INPUT, "step's scores", "target vocabulary 12",
-                           "got torch.float32 (3, 5)"),
+    # the logsumexp was said without its sign (0.103 where it was -0.103)
+    "log-probs masked after their softmax": export("masked_after_log_softmax", BAD_INPUT, "row 0's are not "
+                                                   "log-probabilities (their logsumexp is -"),
+    # it exported without attention, silently
+    "attention at the first step only": export("attention_at_the_first_step_only", BAD_INPUT,
+                                               "step returned attention from bos and none at the next step",
+                                               "at every step"),
+    # the array's numbers were dumped into the line
+    "numpy scores": export("numpy_scores", BAD_INPUT, "got a numpy.ndarray float32 (3, 12) (return a torch.Tensor"),
+    "a scalar state": export("a_scalar_state", BAD_INPUT, "state 't': batch_axis 0 does not hold the batch of 3",
+                             "give it a batch axis, shape (N,) for a number"),
+    # it read as a dtype error: "must be a float32 tensor (batch 3, target vocabulary 12), got torch.float32 (3, 5)"
+    "scores shape": export("wrong_scores", BAD_INPUT, "step's scores have 5 columns ((3, 5)), but the target "
+                           "vocabulary holds 12 tokens"),
     "growing but not grown": export("growing_but_not_grown", BAD_INPUT, "step output 'h'", "axis 1 grows by one"),
     "reserved state name": export("reserved_name", BAD_INPUT, "state names ['log_probs'] are taken"),
     # these three were tracebacks or a message far from the cause (found by a fresh walk)
@@ -439,6 +498,10 @@ CLI_CASES: dict[str, Case] = {
     "ids beyond the encoder's embedding": export("ids_beyond_the_embedding", BAD_INPUT, "encode failed in modules[0]",
                                                  "(Embedding) at ", ": IndexError", "an id beyond its",
                                                  "is the vocabulary longer than the embedding?"),
+    # it exported, then failed in onnxruntime at run time on a text of 17 tokens (serve answered 400: found by a walk)
+    "fewer positions than max_source_len": export("few_positions", BAD_INPUT, "at max_source_len=256 (a source of 256 "
+                                                  "tokens, specials included", "encode failed at ", "IndexError",
+                                                  "declare max_source_len=... no longer than the model takes"),
     # the exit ended the export with its message and exit 1, nothing saying it came from the step
     "a step that exits": export("exits_in_step", BAD_INPUT, "step failed at ",
                                 f"bad_models.py:{line_of('sys.exit(')}: SystemExit: it exited with 'no more steps'"),
@@ -615,6 +678,9 @@ def test_the_api_refuses_a_bad_declaration_by_name(workspace, name):
     (dict(modules=torch.nn.Linear(2, 2)), "modules must be a list of torch.nn.Modules, got Linear"),
     (dict(name=123), "name must be a printable str of 1 to 200 characters"),
     (dict(name="a\nb"), "name must be a printable str"),
+    # it showed the State, which was fine, and not the name
+    (dict(state={"h.0": State(0), "c": State(0), "d-1": State(0)}),
+     "state's names must be Python identifiers (they name the graphs' inputs and outputs), got ['h.0', 'd-1']"),
 ])
 def test_a_declaration_is_checked_when_it_is_made(change, says):
     from export.adapter import AdapterError
@@ -622,7 +688,7 @@ def test_a_declaration_is_checked_when_it_is_made(change, says):
     from support.foreign import trained
 
     adapter = trained("luong").adapter()
-    with pytest.raises(AdapterError, match=says.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(AdapterError, match=re.escape(says)):
         replace(adapter, **change)
 
 
