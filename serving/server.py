@@ -6,9 +6,11 @@ SIGTERM or Ctrl-C stop it gracefully: it stops accepting, lets the requests unde
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -68,6 +70,23 @@ class Server(uvicorn.Server):
             self.on_ready()
 
 
+class _CutOff(logging.Filter):
+    """uvicorn's "ERROR: Cancel N running task(s), timeout graceful shutdown exceeded" on a stop that ran past
+    --shutdown-timeout (a documented outcome: the requests cut off answer 503, the exit is 0) said as a serve line."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__()
+        self.timeout_s = timeout_s
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Cancel %s running task(s), timeout graceful shutdown exceeded"):
+            return True
+        n = record.args[0] if isinstance(record.args, tuple) and record.args else "the"
+        print(f"serve: --shutdown-timeout {self.timeout_s:g} s ran out with {n} request(s) under way: cut off, "
+              "answered 503 where their client is still connected", file=sys.stderr, flush=True)
+        return False
+
+
 def load_service(model_dir: str | Path, config: ServeConfig) -> Service:
     """The model loaded once, behind its service; named after this machine and process."""
     model = Seq2Seq.load(model_dir, provider=config.provider, threads=config.threads, workers=config.workers)
@@ -91,9 +110,12 @@ def serve_forever(model_dir: str | Path, config: ServeConfig, listen: Listen,
     `listen`'s address already (the port held while the model loads); else uvicorn binds it."""
     service = load_service(model_dir, config)
     server = make_server(service, listen, lambda: on_ready(service))
+    cut_off = _CutOff(listen.shutdown_timeout_s)
+    logging.getLogger("uvicorn.error").addFilter(cut_off)
     try:
         server.run(sockets=None if sock is None else [sock])
     finally:
+        logging.getLogger("uvicorn.error").removeFilter(cut_off)
         service.close()
         if sock is not None:
             sock.close()
