@@ -34,6 +34,7 @@ MAX_BATCH = 4096  # rows = batch * beam (beam: at most runtime.search.beam.MAX_B
 DEFAULT_BATCH_SIZE = 32
 PROGRESS_SECONDS = 2.0  # between progress lines after the first batch's (and the last batch's, always)
 UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 SAMPLING = ("top_k", "top_p", "temperature", "seed")
 TOKEN_ONLY = ("texts", "beam", "n_best", "max_len", "min_len", "length_penalty", "sample", *SAMPLING, "batch_size")
 
@@ -82,12 +83,19 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
         if len(raw) > MAX_LINE_BYTES:
             raise InputError(f"{where} is longer than {MAX_LINE_BYTES >> 20} MiB; one input per line")
         raw = raw[len(UTF8_BOM):] if i == 0 and raw.startswith(UTF8_BOM) else raw
+        fix = "send UTF-8 text" if stream is sys.stdin.buffer else "save the file as UTF-8"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            fix = "send UTF-8 text" if stream is sys.stdin.buffer else "save the file as UTF-8"
-            raise InputError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); {fix}") from None
-        yield Item(i, text.removesuffix("\n").removesuffix("\r"), where)
+            utf16 = " (it starts with UTF-16's byte-order mark: it is UTF-16)" if i == 0 and raw[:2] in UTF16_BOMS else ""
+            raise InputError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}){utf16}; "
+                             f"{fix}") from None
+        text = text.removesuffix("\n").removesuffix("\r")
+        if "\r" in text:  # classic Mac OS line ends: the whole file one line, each \r read as an unknown token
+            raise InputError(f"{where} holds a carriage return (\\r) that ends no line, at character "
+                             f"{text.index(chr(13))}: one input per line, each ended by \\n or \\r\\n; a file of "
+                             "\\r-only line ends (classic Mac OS) needs converting (tr '\\r' '\\n')")
+        yield Item(i, text, where)
 
 
 class Unknowns:

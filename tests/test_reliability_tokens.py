@@ -40,6 +40,8 @@ def setup_token_workspace(case_dir: Path) -> None:
     write(case_dir / "dates.txt", "3/3/15\ntuesday, march 3 2015\n")
     write(case_dir / "long.txt", "1" * 2000 + "\n")
     write(case_dir / "latin1.txt", b"caf\xe9 3/3/15\n")
+    write(case_dir / "utf16.txt", "3/3/15\n".encode("utf-16"))
+    write(case_dir / "mac.txt", b"3/3/15\r5/6/07\r")
     write(case_dir / "bad.tsv", "3/3/15\t2015-03-03\nno tab here\n")
     write(case_dir / "empty.tsv", "\n\n")
     write(case_dir / "notatokenizer.json", '{"hello": 1}\n')
@@ -146,6 +148,13 @@ CLI_CASES: dict[str, Case] = {
                                    code=USAGE, says=("--text #2", "not UTF-8 (byte 0xe9 at offset 9)")),
     "infer over-long line": case(*TOK, "--input", "long.txt", code=BAD_INPUT, says=("long.txt", "line 1", "1024")),
     "infer not UTF-8": case(*TOK, "--input", "latin1.txt", code=BAD_INPUT, says=("latin1.txt", "line 1", "UTF-8")),
+    "infer UTF-16": case(*TOK, "--input", "utf16.txt", code=BAD_INPUT,
+                         says=("utf16.txt line 1: not UTF-8 (byte 0xff at offset 0) (it starts with UTF-16's "
+                               "byte-order mark: it is UTF-16); save the file as UTF-8",)),
+    # one input of the whole file, each \r read as the unknown token: a wrong date and a note
+    "infer \\r-only line ends": case(*TOK, "--input", "mac.txt", code=BAD_INPUT,
+                                    says=("mac.txt line 1 holds a carriage return (\\r) that ends no line, at "
+                                          "character 6", "tr '\\r' '\\n'")),
     "infer --beam 0": case(*TOK, *TEXT, "--beam", "0", code=USAGE, says=("--beam", "0")),
     "infer --n-best > --beam": case(*TOK, *TEXT, "--beam", "2", "--n-best", "3", code=USAGE,
                                     says=("--n-best 3", "--beam 2")),
