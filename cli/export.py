@@ -212,9 +212,9 @@ def check_verify_data(ctx: click.Context, param: click.Parameter, value: str | N
               help="Your own model, exported with export --adapter: compare it (PyTorch) with MODEL_DIR.")
 @tolerance_options
 @click.option("--data", "data", default=None, callback=check_verify_data,
-              help="Also compare on this data: 'squares' or PATH.npz for point models; reverse, toy-translation, "
-                   "lookup, dates, PATH.tsv or SRC,TGT for token models (default: the checkpoint's training data, "
-                   "when it can still be found).")
+              help="Compare on this data instead of the checkpoint's own: 'squares' or PATH.npz for point models; "
+                   "reverse, toy-translation, lookup, dates, PATH.tsv or SRC,TGT for token models (default: the "
+                   "checkpoint's training data, when it can still be found).")
 @user_errors
 def verify_command(paths: tuple[Path, ...], adapter: str | None, atol: float, rtol: float, drift_atol: float,
                    data: str | None) -> None:
