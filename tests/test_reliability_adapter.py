@@ -226,13 +226,18 @@ def grows_undeclared():
     return replace(adapter, encode=encode, step=step, state={**adapter.state, "past": State(batch_axis=0)})
 
 
-def float64_scores():
+def _scores_as(change, **declared):
+    """The good model with its step's scores changed by change(scores, tokens)."""
     adapter, model = good(), trained("luong")
 
     def step(tokens, state):
         scores, changed, attention = model.step(tokens, state)
-        return scores.double(), changed, attention
-    return replace(adapter, step=step)
+        return change(scores, tokens), changed, attention
+    return replace(adapter, step=step, **declared)
+
+
+def float64_scores():
+    return _scores_as(lambda scores, tokens: scores.double())
 
 
 def logits_declared_log_probs():
@@ -240,13 +245,8 @@ def logits_declared_log_probs():
 
 
 def masked_after_log_softmax():
-    adapter, model = good(), trained("luong")
-
-    def step(tokens, state):
-        scores, changed, attention = model.step(tokens, state)
-        log_probs = torch.log_softmax(scores, dim=-1)
-        return log_probs.masked_fill(tokens[:, None] == torch.arange(12), float("-inf")), changed, attention
-    return replace(adapter, step=step, scores="log_probs")
+    return _scores_as(lambda scores, tokens: torch.log_softmax(scores, dim=-1).masked_fill(
+        tokens[:, None] == torch.arange(12), float("-inf")), scores="log_probs")
 
 
 def attention_at_the_first_step_only():
@@ -259,12 +259,7 @@ def attention_at_the_first_step_only():
 
 
 def numpy_scores():
-    adapter, model = good(), trained("luong")
-
-    def step(tokens, state):
-        scores, changed, attention = model.step(tokens, state)
-        return scores.numpy(), changed, attention
-    return replace(adapter, step=step)
+    return _scores_as(lambda scores, tokens: scores.numpy())
 
 
 def a_scalar_state():
