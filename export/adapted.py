@@ -7,8 +7,9 @@ state tensor's dims from what changed: the declared batch axis must be the batch
 width is `source_len`, a declared growing axis is `past_len`, every other axis is a fixed size. Then each source of
 the first batch is encoded and stepped once alone, at the batch's width and at its own: it must give what it gave
 within the batch (a model whose rows read one another or the padding passes parity, which runs PyTorch on the same
-batch, and decodes a text differently beside others), and a source of max_source_len tokens must encode and step
-once. Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
+batch, and decodes a text differently beside others); a source of max_source_len tokens must encode and step once,
+and a source must decode PROBE_OUTPUT_STEPS tokens on (output_limit, if fewer; max_decoding_length, if more).
+Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from .weights import check_declared_weights
 
 PROBE_BATCHES = (3, 2)
 PROBE_WIDTHS = (5, 7)  # source widths (tokens, specials included) when the model does not fix one
+PROBE_OUTPUT_STEPS = 256  # steps one source is decoded at export, unless output_limit (or max_decoding_length) says
 # the step graph's and the greedy loop graph's own names (export.tokens.loop: its inputs max_length and min_length, its
 # outputs tokens and token_log_probs, its carried finished); besides these, NAME_out and NAME_narrow of each state
 RESERVED = {"previous_tokens", "log_probs", "alphas", "max_length", "min_length", "tokens", "token_log_probs",
@@ -269,6 +271,7 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
     n, width, state = probes[0]  # deterministic: its sources alone give what they gave in the batch, or it differs
     check_alone(adapter, dims, *(torch.from_numpy(a) for a in example_sources(adapter, n, width, 0)), state)
     check_longest(adapter)
+    check_long_output(adapter)
     return Adapted(adapter, build_contract(adapter, dims, alphas is not None), declared_spec(adapter))
 
 
@@ -315,6 +318,28 @@ def check_longest(adapter: Seq2SeqAdapter) -> None:
         raise AdapterError(f"at max_source_len={longest} (a source of {longest} tokens, specials included: the "
                            f"longest the runtime takes), {exc}; declare max_source_len=... no longer than the model "
                            "takes (its positional table, say)") from None
+
+
+def check_long_output(adapter: Seq2SeqAdapter) -> None:
+    """One source decoded PROBE_OUTPUT_STEPS steps on (or output_limit, or max_decoding_length if more): a model
+    with fewer target positions (a positional table of 64) failed mid-decode in onnxruntime at run time."""
+    steps = max(min(adapter.output_limit or PROBE_OUTPUT_STEPS, PROBE_OUTPUT_STEPS), adapter.max_decoding_length)
+    width = adapter.fixed_source_len or min(PROBE_WIDTHS)
+    ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, 1, width, seed=4))
+    state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
+    tokens = torch.full((1,), adapter.target_vocab.ids.bos, dtype=torch.int64)
+    for t in range(steps):
+        try:
+            scores, changed, _ = check_step(adapter, state, run_declared(adapter, "step", adapter.step, tokens,
+                                                                        dict(state)), 1, width)
+        except AdapterError as exc:
+            why = ("its output_limit" if adapter.output_limit is not None and steps == adapter.output_limit else
+                   "its max_decoding_length" if steps == adapter.max_decoding_length else
+                   "no output_limit is declared: the runtime decodes as many as --max-len asks")
+            raise AdapterError(f"at output token {t + 1} of the {steps} the probe decodes ({why}), {exc}; declare "
+                               f"output_limit={t} if that is the most tokens the model can produce (its positional "
+                               "table, say)") from None
+        state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
 
 
 def _same_alone(what: str, got: torch.Tensor, expected: torch.Tensor, row: int, how: str, n: int, cause: str) -> None:

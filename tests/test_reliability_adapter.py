@@ -353,6 +353,18 @@ def few_positions():
     return replace(adapter, encode=encode)
 
 
+def few_target_positions():
+    adapter, model = good(), trained("luong")
+    table = torch.zeros(40, 20)  # 40 target positions; no output_limit declared
+
+    def step(tokens, state):
+        scores, changed, attention = model.step(tokens, state)
+        return scores + table[state["t"]].sum(-1, keepdim=True), {**changed, "t": state["t"] + 1}, attention
+    return replace(adapter, step=step, encode=lambda ids, lengths: {**model.encode(ids, lengths),
+                                                                    "t": torch.zeros_like(lengths)},
+                   state={**adapter.state, "t": State(0)})
+
+
 def random_step():
     adapter, model = good(), trained("luong")
 
@@ -497,6 +509,11 @@ CLI_CASES: dict[str, Case] = {
     "fewer positions than max_source_len": export("few_positions", BAD_INPUT, "at max_source_len=256 (a source of 256 "
                                                   "tokens, specials included", "encode failed at ", "IndexError",
                                                   "declare max_source_len=... no longer than the model takes"),
+    # it exported, then failed in onnxruntime mid-decode, at output token 41 of a --max-len 50 (found by looking)
+    "fewer target positions than it may decode": export("few_target_positions", BAD_INPUT,
+                                                        "at output token 41 of the 256 the probe decodes (no "
+                                                        "output_limit is declared", "IndexError",
+                                                        "declare output_limit=40 if that is the most tokens"),
     # the exit ended the export with its message and exit 1, nothing saying it came from the step
     "a step that exits": export("exits_in_step", BAD_INPUT, "step failed at ",
                                 f"bad_models.py:{line_of('sys.exit(')}: SystemExit: it exited with 'no more steps'"),
