@@ -20,6 +20,7 @@ from runtime.evaluate import (
     format_report,
     no_progress,
     readable_pairs,
+    short_enough,
 )
 from runtime.infer_tokens import MAX_BATCH as MAX_BATCH_SIZE
 from runtime.search.beam import MAX_BEAM, MAX_LENGTH_PENALTY
@@ -132,6 +133,14 @@ def eval_command(model_dir: Path, data: str, split: str, limit: int | None, beam
                                        "the model's own words")
         click.echo(f"note: {left_out} of {total} {split} pairs hold tokens {model_dir}'s vocabularies lack (they "
                    "have no unknown id); left out", err=True)
+    total = len(pairs.sources)
+    pairs, too_many, why = short_enough(model, pairs)  # it read them all, then stopped at one: "texts[3]: ..."
+    if too_many:
+        if pairs is None:
+            raise click.ClickException(f"--data {data}: none of the {total} {split} pairs has a source that "
+                                       f"{model_dir} reads (the first: {why})")
+        click.echo(f"note: {too_many} of {total} {split} pairs have a source longer than {model_dir} reads (the "
+                   f"first: {why}); left out", err=True)
     shares, warnings = data_warnings(model, pairs)
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)

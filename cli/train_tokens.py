@@ -145,7 +145,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
         load_text_dataset,
         reload_text_dataset,
     )
-    from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
+    from training.tokens.trainer import TokenTrainConfig, TokenTrainer, check_token_lengths, spec_for_text
 
     train_set, test_set, description = load_or_reload(opts["data"], state, load_text_dataset,
                                                       describe_text_dataset, reload_text_dataset)
@@ -153,6 +153,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     source_vocab, target_vocab = build_vocabularies(train_set, **how)
     spec = spec_for_text(train_set, source_vocab, target_vocab, n_heads=opts["heads"],
                          **{name: opts[name] for name in SPEC_OPTIONS})
+    check_token_lengths(spec, source_vocab, target_vocab, train_set, test_set)
     config = TokenTrainConfig(**{f.name: opts[f.name] for f in dataclasses.fields(TokenTrainConfig)})
     trainer = TokenTrainer(spec, config, train_set, test_set, source_vocab, target_vocab, dist)
     if dist is None or dist.is_main:

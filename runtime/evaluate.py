@@ -38,6 +38,24 @@ def readable_pairs(model: Any, pairs: Any) -> tuple[Any, int]:
     return (pairs.subset(kept) if kept else None), len(pairs.sources) - len(kept)
 
 
+def short_enough(model: Any, pairs: Any) -> tuple[Any, int, str]:
+    """The pairs whose sources the model reads (None when none does), how many were left out, and the limit said
+    (a subword tokenizer's 1000-character line can hold more tokens than the runtime reads of one source)."""
+    from .token_steps import contract_for  # token encoding rules: imported where used, as eval alone needs them
+    from .tokens import source_token_limit, too_long
+
+    rules = contract_for(model.spec, model.contract).sources
+    vocab = model.vocabularies["source"]
+    lengths = [len(vocab.encode(text, add_eos=rules.add_eos, add_bos=rules.add_bos)) for text in pairs.sources]
+    limit = source_token_limit(model.spec, model.contract)
+    kept = [i for i, n in enumerate(lengths) if n <= limit]
+    if len(kept) == len(lengths):
+        return pairs, 0, ""
+    first = next(i for i, n in enumerate(lengths) if n > limit)
+    return (pairs.subset(kept) if kept else None), len(lengths) - len(kept), too_long(lengths[first], model.spec,
+                                                                                       model.contract)
+
+
 def _encodable(vocab: Any, text: str) -> bool:
     try:
         vocab.encode(text, add_eos=False)

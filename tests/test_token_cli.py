@@ -541,3 +541,47 @@ def test_every_arch_and_built_in_set_has_defaults_that_build(arch: str, data: st
     spec = spec_for_text(train, vocab, vocab, n_heads=heads, **{k: opts[k] for k in SPEC_OPTIONS if k in opts},
                          arch=arch)
     assert spec.arch == arch
+
+
+def _byte_level_tokenizer(path: Path) -> None:
+    """A byte-level BPE: 'é' is two tokens, so a line of 900 of them is 1800 (lines are at most 1000 characters)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=60, special_tokens=list(SPECIAL_TOKENS),
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["a b c", "é b", "x y z"] * 10, trainer)
+    tokenizer.save(str(path))
+
+
+def test_sources_and_targets_longer_than_a_model_reads_are_refused_before_training_and_left_out_of_eval(tmp_path):
+    """A transformer trained on a target of 1801 tokens stopped in its position table with an 85-line traceback; a
+    recurrent model trained on such a source, and eval of its own data stopped at it naming 'texts[0]' (the place in
+    a --batch-size chunk); found by a fresh walk."""
+    _byte_level_tokenizer(tmp_path / "bl.json")
+    long = "é" * 900
+    (tmp_path / "long_target.tsv").write_text("".join(f"a b c\t{long if i == 0 else 'é b'}\n" for i in range(20)))
+    (tmp_path / "long_source.tsv").write_text("".join(f"{long if i == 3 else 'é b'}\ta b c\n" for i in range(20)))
+    (tmp_path / "short.tsv").write_text("".join("é b\ta b c\n" for _ in range(20)))
+    refused = run("--data", tmp_path / "long_target.tsv", "--tokenizer", tmp_path / "bl.json", "--epochs", "1",
+                  *TINY_TRANSFORMER, "--out", tmp_path / "tf")
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert ("long_target.tsv: 1 target(s) hold more tokens than this transformer's position table (1024 positions); "
+            "the first, 'éééééééééééééééééééé... (900 characters)', is 1801 tokens with its closing </s> under the "
+            "subword vocabulary: shorten or split such pairs") in refused.output, refused.output
+    refused = run("--data", tmp_path / "long_source.tsv", "--tokenizer", tmp_path / "bl.json", "--epochs", "1",
+                  *TINY, "--out", tmp_path / "rnn")
+    assert refused.exit_code == 1 and "1 source(s) hold more tokens than the 1024 the runtime reads of one source" \
+        in refused.output, refused.output
+    assert not (tmp_path / "tf").exists() and not (tmp_path / "rnn").exists()
+    trained = run("--data", tmp_path / "short.tsv", "--tokenizer", tmp_path / "bl.json", "--epochs", "1", *TINY,
+                  "--out", tmp_path / "ck")
+    assert trained.exit_code == 0, trained.output
+    assert cli("export", tmp_path / "ck", "--out", tmp_path / "m").returncode == 0
+    result = CliRunner().invoke(main, ["eval", str(tmp_path / "m"), "--data", str(tmp_path / "long_source.tsv"),
+                                       "--split", "train", "--quiet", "--batch-size", "4"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"note: 1 of \d+ train pairs have a source longer than .*m reads \(the first: 1801 tokens "
+                     r"with the closing </s>, more than the 1024 the runtime reads of one source", result.output), \
+        result.output

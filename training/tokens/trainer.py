@@ -137,6 +137,32 @@ def spec_for_text(train: TextPairs, source_vocab: Vocabulary, target_vocab: Voca
                      input_len=input_len, target_len=target_len)
 
 
+def check_token_lengths(spec: ModelSpec, source_vocab: Vocabulary, target_vocab: Vocabulary,
+                        *sets: TextPairs) -> None:
+    """Every source (with its eos) no longer than the runtime reads, and for a transformer every source and target
+    within its position table; else DataError naming the first pair over and how many are. Lines are at most
+    MAX_LINE_CHARS characters, but a subword tokenizer (byte-level BPE) can make more tokens of them: a transformer
+    failed in its position table with a traceback, and a recurrent model trained on sources no export could read."""
+    from runtime.declared import MAX_SOURCE_TOKENS  # the runtime's longest source
+    from runtime.errors import clipped
+    from training.data import DataError
+
+    limit = min(MAX_SOURCE_TOKENS, spec.max_positions) if spec.is_transformer else MAX_SOURCE_TOKENS
+    sides = [("source", "sources", source_vocab, limit)]
+    if spec.is_transformer:  # the decoder's input holds bos and the target: target + 1 positions
+        sides.append(("target", "targets", target_vocab, spec.max_positions))
+    for side, field, vocab, most in sides:
+        over = [(pairs.origin, i, text, n) for pairs in sets for i, text in enumerate(getattr(pairs, field))
+                if (n := len(vocab.encode(text, add_eos=True))) > most]
+        if over:
+            origin, i, text, n = over[0]
+            why = (f"this transformer's position table ({most} positions)" if spec.is_transformer
+                   else f"the {most} the runtime reads of one source")
+            raise DataError(f"{origin}: {len(over)} {side}(s) hold more tokens than {why}; the first, "
+                            f"{clipped(text, 40)!r}, is {n} tokens with its closing </s> "
+                            f"under the {vocab.tokenizer} vocabulary: shorten or split such pairs")
+
+
 def sampled_forward(model: TokenModel, batch: TokenBatch, teacher_forcing: float,
                     generator: torch.Generator) -> torch.Tensor:
     """Scheduled sampling: each row, each step, feeds the true previous token with probability `teacher_forcing`,
