@@ -26,18 +26,62 @@ TOKEN_ONLY = ("arch", "embedding_dim", "cell", "layers", "bidirectional", "tie_e
               "lr_decay", "warmup", "clip", "label_smoothing", "bucket", "tokenizer", "min_freq", "max_vocab",
               "eval_beam", *TRANSFORMER_ONLY)
 FREE_ON_RESUME = ("epochs", "eval_beam")  # how long to train, and how the final report decodes: not the run itself
+MOVABLE_ON_RESUME = ("data", "tokenizer")  # files that may have moved: checked by what they hold (data, vocab sha256)
 BUILT_VOCAB_ONLY = ("min_freq", "max_vocab")  # a tokenizer file brings its own vocabulary
 
 
 def load_or_reload(data: str, state: dict[str, Any] | None, load: Callable[[str], tuple[Any, Any]],
                    describe: Callable[[str, Any, Any], dict[str, Any]],
-                   reload: Callable[[dict[str, Any]], tuple[Any, Any]]) -> tuple[Any, Any, dict[str, Any]]:
-    """(train, test, description): read from --data, or on --resume the data the saved description names."""
+                   reload: Callable[[dict[str, Any]], tuple[Any, Any]],
+                   data_given: bool = False) -> tuple[Any, Any, dict[str, Any]]:
+    """(train, test, description): read from --data, or on --resume the data the saved description names; a
+    --data given on resume may name other files (the data moved) holding the very bytes the run read."""
+    from training.data import DataError
+
     if state is None:
         train, test = load(data)
         return train, test, describe(data, train, test)
-    train, test = reload(state["data"])
-    return train, test, state["data"]
+    saved = state["data"]
+    if data_given:
+        train, test = load(data)
+        now = describe(data, train, test)
+        if _without_paths(now) != _without_paths(saved):
+            differ = sorted(k for k in {*_without_paths(now), *_without_paths(saved)}
+                            if _without_paths(now).get(k) != _without_paths(saved).get(k))
+            raise DataError(f"--data {data}: not the data the run being resumed read ({_named(saved)}; they differ "
+                            f"in {', '.join(differ)}); give its files, moved or not, or start a new run without "
+                            "--resume")
+        return train, test, now
+    try:
+        train, test = reload(saved)
+    except DataError as exc:
+        gone = [p for p in _paths(saved) if not Path(p).is_file()]
+        if not gone:
+            raise
+        raise DataError(f"{exc}; the run being resumed read it: if it moved, give --data with its new path (the "
+                        "same bytes)") from None
+    return train, test, saved
+
+
+def _is_path(value: Any) -> bool:
+    """A file's path (a data file, 'SRC,TGT', a tokenizer .json), not a built-in name ('dates', 'char')."""
+    return isinstance(value, str) and (bool(Path(value).suffix) or PAIR_SEPARATOR in value or "/" in value)
+
+
+DATA_PATH_KEYS = ("path", "source_path", "target_path")  # where a data description names its files
+
+
+def _paths(description: dict[str, Any]) -> list[str]:
+    return [str(description[k]) for k in DATA_PATH_KEYS if description.get(k) is not None]
+
+
+def _without_paths(description: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in description.items() if k not in DATA_PATH_KEYS}
+
+
+def _named(description: dict[str, Any]) -> str:
+    paths = _paths(description)
+    return " and ".join(repr(p) for p in paths) if paths else repr(description.get("name"))
 
 
 def given(ctx: click.Context, name: str) -> bool:
@@ -184,7 +228,8 @@ def merge_saved(ctx: click.Context, opts: dict[str, Any], saved: dict[str, Any])
     for name, theirs in saved.items():
         if not given(ctx, name):
             continue
-        if name not in FREE_ON_RESUME and option_key(name, opts[name]) != option_key(name, theirs):
+        moved = name in MOVABLE_ON_RESUME and _is_path(opts[name]) and _is_path(theirs)
+        if name not in FREE_ON_RESUME and not moved and option_key(name, opts[name]) != option_key(name, theirs):
             raise click.BadParameter(f"the run being resumed used {theirs!r}, given {opts[name]!r}; leave the option "
                                      "out to keep the saved value, or start a new run without --resume",
                                      ctx=ctx, param_hint=flag(name))

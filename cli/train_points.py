@@ -9,7 +9,7 @@ import click
 from training.points.data import SQUARES
 
 from .common import say
-from .train_options import load_or_reload
+from .train_options import given, load_or_reload
 
 
 def saved_point_options(state: dict[str, Any]) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def point_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     from training.run import Job
 
     train_set, test_set, description = load_or_reload(opts["data"], state, load_dataset, describe_dataset,
-                                                      reload_dataset)
+                                                      reload_dataset, given(ctx, "data"))
     spec = spec_for_data(train_set, opts["hidden_dim"], opts["attention"], opts["heads"])
     config = TrainConfig(epochs=opts["epochs"], batch_size=opts["batch_size"], lr=opts["lr"],
                          teacher_forcing=opts["teacher_forcing"], seed=opts["seed"])

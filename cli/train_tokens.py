@@ -148,7 +148,7 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     from training.tokens.trainer import TokenTrainConfig, TokenTrainer, check_token_lengths, spec_for_text
 
     train_set, test_set, description = load_or_reload(opts["data"], state, load_text_dataset,
-                                                      describe_text_dataset, reload_text_dataset)
+                                                      describe_text_dataset, reload_text_dataset, given(ctx, "data"))
     how = vocab_options(opts)
     source_vocab, target_vocab = build_vocabularies(train_set, **how)
     spec = spec_for_text(train_set, source_vocab, target_vocab, n_heads=opts["heads"],

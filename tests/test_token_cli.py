@@ -585,3 +585,37 @@ def test_sources_and_targets_longer_than_a_model_reads_are_refused_before_traini
     assert re.search(r"note: 1 of \d+ train pairs have a source longer than .*m reads \(the first: 1801 tokens "
                      r"with the closing </s>, more than the 1024 the runtime reads of one source", result.output), \
         result.output
+
+
+def test_resume_takes_moved_data_and_tokenizer_files_that_hold_the_same_bytes(tmp_path: Path) -> None:
+    """Resume read the paths the run started with: a moved --data said 'does not exist', and giving its new path
+    'the run being resumed used ...; leave the option out': a dead end (found by a fresh walk). Now a moved file is
+    taken if it holds the run's bytes (its sha256, the vocabulary's for a tokenizer), and refused by what differs."""
+    tokenizers = pytest.importorskip("tokenizers")
+    pairs = load_text_dataset("toy-translation")[0]
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets)))
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator([*pairs.sources, *pairs.targets],
+                                  tokenizers.trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS)))
+    tokenizer.save(str(first / "tok.json"))
+    out = tmp_path / "ck"
+    started = run("--data", first / "pairs.tsv", "--tokenizer", first / "tok.json", *TINY, "--epochs", "1",
+                  "--out", out)
+    assert started.exit_code == 0, started.output
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    lost = run("--resume", "--epochs", "2", "--out", out)
+    assert lost.exit_code != 0 and "if it moved, give --data with its new path (the same bytes)" in lost.output, \
+        lost.output
+    (tmp_path / "other.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets[::-1])))
+    other = run("--resume", "--epochs", "2", "--data", tmp_path / "other.tsv", "--tokenizer", moved / "tok.json",
+                "--out", out)
+    assert other.exit_code == 1 and "not the data the run being resumed read" in other.output, other.output
+    assert "they differ in sha256" in other.output and len(load_checkpoint(out)[2]["train_loss"]) == 1
+    resumed = run("--resume", "--epochs", "2", "--data", moved / "pairs.tsv", "--tokenizer", moved / "tok.json",
+                  "--out", out)
+    assert resumed.exit_code == 0, resumed.output
+    assert len(load_checkpoint(out)[2]["train_loss"]) == 2

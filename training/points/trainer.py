@@ -222,6 +222,26 @@ def resumable_state(trainer: Any, version: int, **extra: Any) -> dict[str, Any]:
     })
 
 
+VOCAB_CHANGED = ("the vocabularies differ: a --tokenizer file or the --data they were built from changed since the "
+                 "run started; restore it, or start a new run without --resume")
+
+
+def _differ(then: Any, now: Any) -> list[str]:
+    if not isinstance(then, dict) or not isinstance(now, dict):
+        return []
+    return [k for k in list(then) + [k for k in now if k not in then] if then.get(k) != now.get(k)]
+
+
+def _changes(then: Any, now: Any) -> str:
+    """'key A, this run B' for each key that differs (a hash by its first 12 digits)."""
+    def shown(value: Any) -> str:
+        return f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
+    keys = _differ(then, now)
+    if not keys:
+        return f"{then!r}, this run {now!r}"
+    return "; ".join(f"{k} {shown(then.get(k))}, this run {shown(now.get(k))}" for k in keys)
+
+
 def restore_state(trainer: Any, state: dict[str, Any], version: int,
                   must_match: dict[str, tuple[Any, str]] | None = None) -> None:
     """Continue `trainer` from `resumable_state`'s output; spec, config (but `epochs`) and each
@@ -230,17 +250,19 @@ def restore_state(trainer: Any, state: dict[str, Any], version: int,
         raise ConfigError(f"training state format_version {state.get('format_version')!r} is not understood; "
                           f"this version reads {version}")
     if state["spec"] != trainer.spec.to_dict():
-        raise ConfigError(f"training state was saved for spec {state['spec']}, this run has "
-                          f"{trainer.spec.to_dict()}; resume with the original model options")
+        sizes = any(k.endswith("vocab_size") for k in _differ(state["spec"], trainer.spec.to_dict()))
+        raise ConfigError(f"training state was saved for a model of {_changes(state['spec'], trainer.spec.to_dict())}"
+                          f"; {VOCAB_CHANGED if sizes else 'resume with the original model options'}")
     saved = {k: v for k, v in state["config"].items() if k != "epochs"}
     ours = {k: v for k, v in trainer.config.to_dict().items() if k != "epochs"}
     if saved != ours:
-        raise ConfigError(f"training state was saved with config {saved}, this run has {ours}; "
-                          "resume with the original training options")
+        raise ConfigError(f"training state was saved with {_changes(saved, ours)}; resume with the original training "
+                          "options")
     for key, (value, what) in (must_match or {}).items():
         if state.get(key) != value:
-            raise ConfigError(f"training state was saved with {what} {state.get(key)} ({key}), this run has "
-                              f"{value}; resume with the original {what}")
+            hint = VOCAB_CHANGED if key == "vocab_sha256" else f"resume with the original {what}"
+            raise ConfigError(f"training state was saved with other {what} than this run has ({key}: "
+                              f"{_changes(state.get(key), value)}); {hint}")
     if state["epoch"] > trainer.config.epochs:
         raise ConfigError(f"training state is at epoch {state['epoch']}, past this run's epochs="
                           f"{trainer.config.epochs}; pass epochs >= {state['epoch']}")
