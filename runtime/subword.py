@@ -50,14 +50,18 @@ def tokens_of(tokenizer: Any, fixed: bool = True) -> tuple[str, ...]:
 def pieces(tokenizer: Any, text: str) -> list[tuple[str, int | None]]:
     """The tokenizer's (token, id) pairs for `text`, and each run of the text that no token covers as (that text,
     None): a model without an unknown token (a BPE saved without `unk_token`) leaves characters it has no token for
-    out without a word, so a text of them read as nothing and trained, evaluated and decoded as an empty one."""
+    out without a word, so a text of them read as nothing and trained, evaluated and decoded as an empty one. A
+    token the tokenizer reads as its own unknown token is given as the text it covers."""
     encoding = tokenizer.encode(text, add_special_tokens=False)
+    unknown = getattr(tokenizer.model, "unk_token", None)
+    unk = tokenizer.token_to_id(unknown) if isinstance(unknown, str) else None
     found: list[tuple[str, int | None]] = []
     covered = 0
     for token, i, (start, end) in zip(encoding.tokens, encoding.ids, encoding.offsets):
         if start > covered and text[covered:start].strip():
             found.append((text[covered:start].strip(), None))
-        found.append((token, i))
+        # a token read as the tokenizer's own unknown one is shown as the text it stood for ('z', not '<unk>')
+        found.append((text[start:end] if i == unk and unk is not None and end > start else token, i))
         covered = max(covered, end)
     if text[covered:].strip():
         found.append((text[covered:].strip(), None))

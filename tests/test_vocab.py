@@ -267,6 +267,14 @@ def test_subword_text_a_tokenizer_leaves_out_reads_as_unknown() -> None:
     assert vocab.encode("two three") == vocab.encode("two  three") and UNK not in vocab.encode("two three")
 
 
+def test_a_token_read_as_the_tokenizers_own_unknown_one_is_shown_as_its_text() -> None:
+    """infer's note of unknown tokens said ('<unk>') for a tokenizer with an unk_token, where one without said ('z')
+    (found by a fresh walk): the text a token stood for is what the user can check."""
+    vocab = Vocabulary.from_tokenizer_json(_trained_tokenizer(list(SPECIAL_TOKENS)))
+    assert vocab.tokenize("two is five") == ["two", "is", "five"]
+    assert vocab.encode("two is five", add_eos=False)[2] == UNK
+
+
 def test_subword_refuses_tokenizers_without_the_specials() -> None:
     with pytest.raises(VocabError, match="at ids 0..3"):
         Vocabulary.from_tokenizer_json(_trained_tokenizer(["[PAD]", "[UNK]"]))
