@@ -19,6 +19,7 @@ import numpy as np
 
 from .binding import RUN_FAILED_ADVICE
 from .declared import Sources, TokenContract
+from .defaults import LONE_CR, UTF8_BOM, UTF16_BOMS
 from .errors import InputError, ResourceError, Seq2OnnxError, UsageError, clipped
 from .infer_records import heatmap, record
 from .plot import MAX_ITEMS, Heatmap
@@ -33,8 +34,6 @@ MAX_LINE_BYTES = 1 << 20  # one input line, read no further; the source token li
 MAX_BATCH = 4096  # rows = batch * beam (beam: at most runtime.search.beam.MAX_BEAM); beyond, memory runs out
 DEFAULT_BATCH_SIZE = 32
 PROGRESS_SECONDS = 2.0  # between progress lines after the first batch's (and the last batch's, always)
-UTF8_BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 SAMPLING = ("top_k", "top_p", "temperature", "seed")
 TOKEN_ONLY = ("texts", "beam", "n_best", "max_len", "min_len", "length_penalty", "sample", *SAMPLING, "batch_size")
 
@@ -92,9 +91,7 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
                              f"{fix}") from None
         text = text.removesuffix("\n").removesuffix("\r")
         if "\r" in text:  # classic Mac OS line ends: the whole file one line, each \r read as an unknown token
-            raise InputError(f"{where} holds a carriage return (\\r) that ends no line, at character "
-                             f"{text.index(chr(13))}: one input per line, each ended by \\n or \\r\\n; a file of "
-                             "\\r-only line ends (classic Mac OS) needs converting (tr '\\r' '\\n')")
+            raise InputError(f"{where}, character {text.index(chr(13))}: {LONE_CR}")
         yield Item(i, text, where)
 
 

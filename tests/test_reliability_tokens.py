@@ -153,8 +153,8 @@ CLI_CASES: dict[str, Case] = {
                                "byte-order mark: it is UTF-16); save the file as UTF-8",)),
     # one input of the whole file, each \r read as the unknown token: a wrong date and a note
     "infer \\r-only line ends": case(*TOK, "--input", "mac.txt", code=BAD_INPUT,
-                                    says=("mac.txt line 1 holds a carriage return (\\r) that ends no line, at "
-                                          "character 6", "tr '\\r' '\\n'")),
+                                    says=("mac.txt line 1, character 6: a carriage return (\\r) that ends no "
+                                          "line", "tr '\\r' '\\n'")),
     "infer --beam 0": case(*TOK, *TEXT, "--beam", "0", code=USAGE, says=("--beam", "0")),
     "infer --n-best > --beam": case(*TOK, *TEXT, "--beam", "2", "--n-best", "3", code=USAGE,
                                     says=("--n-best 3", "--beam 2")),

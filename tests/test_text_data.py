@@ -205,6 +205,19 @@ def test_parallel_lists_bad_lines_with_their_file(tmp_path: Path) -> None:
     assert "line 4 of tgt.txt is not UTF-8 (byte 0xff at offset 0)" in message
 
 
+def test_a_utf16_file_and_lone_carriage_returns_are_named_as_such(tmp_path: Path) -> None:
+    """A UTF-16 TSV read as 'line 1 is not UTF-8 ...; line 21 has 0 tabs', and one of \\r-only line ends as 'line 1
+    has 20 tabs, expected exactly 1' (found by a fresh walk)."""
+    utf16 = write(tmp_path / "u16.tsv", "a\tb\nc\td\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"u16.tsv: is UTF-16 \(it starts with UTF-16's byte-order mark\), not UTF-8"):
+        load_tsv(utf16)
+    mac = write(tmp_path / "cr.tsv", b"a\tb\rc\td\r")
+    with pytest.raises(DataError) as err:
+        load_tsv(mac)
+    assert "1 bad entry" in str(err.value) and "line 1, character 3: a carriage return (\\r) that ends no line" \
+        in str(err.value) and "tabs" not in str(err.value), str(err.value)
+
+
 def test_load_text_dataset_splits_user_files_deterministically(tmp_path: Path) -> None:
     lines = [f"s{i}\tt{i}" for i in range(10)]
     tsv = write(tmp_path / "d.tsv", "\n".join(lines))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.defaults import TSV_SUFFIX
+from runtime.defaults import LONE_CR, TSV_SUFFIX, UTF8_BOM, UTF16_BOMS
 from runtime.manifest import sha256_file
 from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError, reload_unchanged
 
@@ -16,7 +16,6 @@ from .builtin import BUILTIN_LOADERS, BUILTIN_PARAMS
 from .pairs import MAX_LINE_CHARS, TextPairs, listing, text_problem
 
 MAX_TEXT_FILE_BYTES = 1 << 30  # 1 GiB: files are read whole
-UTF8_BOM = b"\xef\xbb\xbf"
 TSV, PARALLEL = "tsv", "parallel"
 PAIR_SEPARATOR = ","  # "SRC_PATH,TGT_PATH" names two line-aligned files
 MAX_LEN_MARGIN = 5  # evaluation decodes this many steps past the longest reference target (EOS included)
@@ -32,7 +31,10 @@ def _read_lines(path: Path, name_file: bool = False) -> tuple[Lines, list[tuple[
                         f"{sorted(BUILTIN_LOADERS)}, a {TSV_SUFFIX} file or 'SRC_PATH,TGT_PATH'")
     if path.stat().st_size > MAX_TEXT_FILE_BYTES:
         raise DataError(f"{path}: is {path.stat().st_size} bytes, over the {MAX_TEXT_FILE_BYTES} byte limit")
-    raw = path.read_bytes().split(b"\n")
+    data = path.read_bytes()
+    if data[:2] in UTF16_BOMS:  # every line refused as not UTF-8, then counted wrong: the encoding is the cause
+        raise DataError(f"{path}: is UTF-16 (it starts with UTF-16's byte-order mark), not UTF-8; save it as UTF-8")
+    raw = data.split(b"\n")
     if raw[-1] == b"":
         raw.pop()  # the newline that ends the last line does not start another
     lines: Lines = []
@@ -45,6 +47,9 @@ def _read_lines(path: Path, name_file: bool = False) -> tuple[Lines, list[tuple[
         except UnicodeDecodeError as err:
             at = skip + err.start  # in the line, as infer --input says it
             problems.append((number, f"{where} is not UTF-8 (byte {chunk[at]:#04x} at offset {at})"))
+            text = None
+        if text is not None and "\r" in text:  # \r-only line ends: the whole file one line, its tabs counted
+            problems.append((number, f"{where}, character {text.index(chr(13))}: {LONE_CR}"))
             text = None
         if text is not None and len(text) > MAX_LINE_CHARS:
             problems.append((number, f"{where} has {len(text)} characters, over the limit of {MAX_LINE_CHARS}"))
