@@ -1,9 +1,10 @@
 """Subword vocabularies: a Hugging Face `tokenizers` JSON read (the package is imported only when one is used)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from .errors import TokenizerUnavailableError, VocabError
+from .errors import TokenizerUnavailableError, VocabError, brief
 from .specials import SPECIAL_TOKENS
 
 SUBWORD_EXTRA = "text"  # the pyproject extra that installs `tokenizers`
@@ -27,6 +28,13 @@ def parse_tokenizer(text: str) -> Any:
     try:
         return tokenizer_class.from_str(text)
     except Exception as err:  # tokenizers raises its own Exception subclasses for bad JSON
+        try:  # valid JSON of another kind: the package's "expected `,` or `}`" would send the user to a parse error
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and "model" not in parsed:
+            raise VocabError(f"tokenizer JSON is JSON, but not a tokenizers file (it has no 'model': its keys are "
+                             f"{brief(sorted(parsed))}); save one with Tokenizer.save(path)") from err
         raise VocabError(f"tokenizer JSON is not a tokenizers file (the tokenizers package says: {err}); "
                          "save it with Tokenizer.save(path)") from err
 

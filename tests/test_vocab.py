@@ -280,6 +280,10 @@ def test_subword_refuses_tokenizers_without_the_specials() -> None:
         Vocabulary.from_tokenizer_json(_trained_tokenizer(["[PAD]", "[UNK]"]))
     with pytest.raises(VocabError, match="not a tokenizers file"):
         Vocabulary.from_tokenizer_json("{not a tokenizer")
+    # valid JSON of another kind read as the package's parse error "expected `,` or `}` at line 1 column 5"
+    with pytest.raises(VocabError, match=r"is JSON, but not a tokenizers file \(it has no 'model': its keys are "
+                                         r"\['x'\]\)"):
+        Vocabulary.from_tokenizer_json('{"x": 1}')
 
 
 def test_subword_tokens_must_match_the_tokenizer() -> None:
