@@ -150,7 +150,13 @@ def token_job(ctx: click.Context, opts: dict[str, Any], state: dict[str, Any] | 
     train_set, test_set, description = load_or_reload(opts["data"], state, load_text_dataset,
                                                       describe_text_dataset, reload_text_dataset, given(ctx, "data"))
     how = vocab_options(opts)
-    source_vocab, target_vocab = build_vocabularies(train_set, **how)
+    try:
+        source_vocab, target_vocab = build_vocabularies(train_set, **how)
+    except click.ClickException as err:
+        if state is None or not how["tokenizer"].endswith(TOKENIZER_SUFFIX) or Path(how["tokenizer"]).is_file():
+            raise
+        raise click.ClickException(f"{err.message}; the run being resumed read it: if it moved, give --tokenizer "
+                                   "with its new path (the same vocabulary)") from None
     spec = spec_for_text(train_set, source_vocab, target_vocab, n_heads=opts["heads"],
                          **{name: opts[name] for name in SPEC_OPTIONS})
     check_token_lengths(spec, source_vocab, target_vocab, train_set, test_set)

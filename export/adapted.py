@@ -96,10 +96,22 @@ def _what(value: Any) -> str:
     if isinstance(value, dict):
         return "a dict of " + ", ".join(f"{k!r}: {_what(v)}" for k, v in list(value.items())[:6])
     if isinstance(value, (tuple, list)):
+        if _numbers(value):  # scores as nested lists: their numbers said, not printed
+            return f"a {type(value).__name__} of {_numbers(value)} numbers (return a torch.Tensor)"
         return f"a {type(value).__name__} of " + ", ".join(_what(v) for v in value[:6])
     if isinstance(value, np.ndarray):
         return f"a numpy.ndarray {value.dtype} {value.shape} (return a torch.Tensor: torch.from_numpy(...))"
     return brief(value)
+
+
+def _numbers(value: Any) -> int:
+    """How many numbers a (nested) list or tuple of numbers holds; 0 if it holds anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return 1
+    if isinstance(value, (tuple, list)) and value:
+        counts = [_numbers(v) for v in value]
+        return sum(counts) if all(counts) else 0
+    return 0
 
 
 def check_encoded(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], n: int) -> None:

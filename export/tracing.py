@@ -81,6 +81,7 @@ class Tracing:
         self.modules = [(f"modules[{i}]{'.' + name if name else ''} ({type(m).__name__})", m)
                         for i, root in enumerate(adapter.modules) for name, m in root.named_modules()]
         self.stack: list[tuple[str, torch.nn.Module]] = []
+        self.vocab_sizes = {len(adapter.source_vocab), len(adapter.target_vocab)}
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:
@@ -103,6 +104,8 @@ class Tracing:
         rows (a vocabulary longer than the embedding), a state name the step looked for and was not given."""
         running = self.stack[-1][1] if self.stack else None
         if isinstance(exc, IndexError) and isinstance(running, torch.nn.Embedding):
+            if running.num_embeddings > max(self.vocab_sizes):  # more rows than a vocabulary: a positional table
+                return f"; an index beyond its {running.num_embeddings} rows"
             return (f"; an id beyond its {running.num_embeddings} rows: is the vocabulary longer than the "
                     "embedding?")
         if isinstance(exc, KeyError) and args and isinstance(args[-1], dict):

@@ -18,8 +18,9 @@ JSONL_SUFFIX = ".jsonl"  # what infer --output writes for a token model; fed bac
 TSV_SUFFIX = ".tsv"  # pairs (source, tab, target) for train and eval, in any case; infer reads each whole line
 UTF8_BOM = b"\xef\xbb\xbf"  # accepted at the start of a text file, and dropped
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # a text file starting so is UTF-16: named as such, not read
-LONE_CR = ("a carriage return (\\r) that ends no line: one input per line, each ended by \\n or \\r\\n; a file of "
-           "\\r-only line ends (classic Mac OS) needs converting (tr '\\r' '\\n')")
+LONE_CR = ("a carriage return (\\r) that ends no line: each line ends with \\n or \\r\\n; a file of \\r-only line "
+           "ends (classic Mac OS) needs converting (tr '\\r' '\\n')")
+NUL = "a NUL byte: UTF-16 text without its byte-order mark? save the file as UTF-8"
 
 
 def max_threads() -> int:

@@ -19,7 +19,7 @@ import numpy as np
 
 from .binding import RUN_FAILED_ADVICE
 from .declared import Sources, TokenContract
-from .defaults import LONE_CR, UTF8_BOM, UTF16_BOMS
+from .defaults import LONE_CR, NUL, UTF8_BOM, UTF16_BOMS
 from .errors import InputError, ResourceError, Seq2OnnxError, UsageError, clipped
 from .infer_records import heatmap, record
 from .plot import MAX_ITEMS, Heatmap
@@ -90,6 +90,8 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[Item]:
             raise InputError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}){utf16}; "
                              f"{fix}") from None
         text = text.removesuffix("\n").removesuffix("\r")
+        if "\0" in text:  # UTF-16 without a BOM decodes as UTF-8: every other byte NUL, each read as unknown
+            raise InputError(f"{where}, character {text.index(chr(0))}: {NUL}")
         if "\r" in text:  # classic Mac OS line ends: the whole file one line, each \r read as an unknown token
             raise InputError(f"{where}, character {text.index(chr(13))}: {LONE_CR}")
         yield Item(i, text, where)

@@ -262,6 +262,10 @@ def numpy_scores():
     return _scores_as(lambda scores, tokens: scores.numpy())
 
 
+def list_scores():
+    return _scores_as(lambda scores, tokens: scores.tolist())
+
+
 def a_scalar_state():
     adapter, model = good(), trained("luong")
     return replace(adapter, encode=lambda ids, lengths: {**model.encode(ids, lengths), "t": torch.tensor(0)},
@@ -355,14 +359,15 @@ def few_positions():
 
 def few_target_positions():
     adapter, model = good(), trained("luong")
-    table = torch.zeros(40, 20)  # 40 target positions; no output_limit declared
+    positions = nn.Embedding(40, 1)  # 40 target positions; no output_limit declared
+    nn.init.zeros_(positions.weight)
 
     def step(tokens, state):
         scores, changed, attention = model.step(tokens, state)
-        return scores + table[state["t"]].sum(-1, keepdim=True), {**changed, "t": state["t"] + 1}, attention
+        return scores + positions(state["t"]), {**changed, "t": state["t"] + 1}, attention
     return replace(adapter, step=step, encode=lambda ids, lengths: {**model.encode(ids, lengths),
                                                                     "t": torch.zeros_like(lengths)},
-                   state={**adapter.state, "t": State(0)})
+                   state={**adapter.state, "t": State(0)}, modules=[model, positions])
 
 
 def random_step():
@@ -460,6 +465,7 @@ CLI_CASES: dict[str, Case] = {
                                                "step returned attention from bos and none at the next step",
                                                "at every step"),
     # the array's numbers were dumped into the line
+    "scores as a list": export("list_scores", BAD_INPUT, "got a list of 36 numbers (return a torch.Tensor)"),
     "numpy scores": export("numpy_scores", BAD_INPUT, "got a numpy.ndarray float32 (3, 12) (return a torch.Tensor"),
     "a scalar state": export("a_scalar_state", BAD_INPUT, "state 't': batch_axis 0 does not hold the batch of 3",
                              "give it a batch axis, shape (N,) for a number"),
@@ -512,7 +518,8 @@ CLI_CASES: dict[str, Case] = {
     # it exported, then failed in onnxruntime mid-decode, at output token 41 of a --max-len 50 (found by looking)
     "fewer target positions than it may decode": export("few_target_positions", BAD_INPUT,
                                                         "at output token 41 of the 256 the probe decodes (no "
-                                                        "output_limit is declared", "IndexError",
+                                                        "output_limit is declared", "modules[1] (Embedding) at ",
+                                                        "IndexError", "an index beyond its 40 rows;",
                                                         "declare output_limit=40 if that is the most tokens"),
     # the exit ended the export with its message and exit 1, nothing saying it came from the step
     "a step that exits": export("exits_in_step", BAD_INPUT, "step failed at ",

@@ -42,6 +42,7 @@ def setup_token_workspace(case_dir: Path) -> None:
     write(case_dir / "latin1.txt", b"caf\xe9 3/3/15\n")
     write(case_dir / "utf16.txt", "3/3/15\n".encode("utf-16"))
     write(case_dir / "mac.txt", b"3/3/15\r5/6/07\r")
+    write(case_dir / "utf16le.txt", "3/3/15\n".encode("utf-16-le"))
     write(case_dir / "bad.tsv", "3/3/15\t2015-03-03\nno tab here\n")
     write(case_dir / "empty.tsv", "\n\n")
     write(case_dir / "notatokenizer.json", '{"hello": 1}\n')
@@ -151,6 +152,10 @@ CLI_CASES: dict[str, Case] = {
     "infer UTF-16": case(*TOK, "--input", "utf16.txt", code=BAD_INPUT,
                          says=("utf16.txt line 1: not UTF-8 (byte 0xff at offset 0) (it starts with UTF-16's "
                                "byte-order mark: it is UTF-16); save the file as UTF-8",)),
+    # decoded with exit 0: each NUL read as an unknown token, a wrong date and a note
+    "infer UTF-16 without its BOM": case(*TOK, "--input", "utf16le.txt", code=BAD_INPUT,
+                                         says=("utf16le.txt line 1, character 1: a NUL byte: UTF-16 text without its "
+                                               "byte-order mark? save the file as UTF-8",)),
     # one input of the whole file, each \r read as the unknown token: a wrong date and a note
     "infer \\r-only line ends": case(*TOK, "--input", "mac.txt", code=BAD_INPUT,
                                     says=("mac.txt line 1, character 6: a carriage return (\\r) that ends no "

@@ -216,6 +216,12 @@ def test_a_utf16_file_and_lone_carriage_returns_are_named_as_such(tmp_path: Path
         load_tsv(mac)
     assert "1 bad entry" in str(err.value) and "line 1, character 3: a carriage return (\\r) that ends no line" \
         in str(err.value) and "tabs" not in str(err.value), str(err.value)
+    bomless = write(tmp_path / "le.tsv", "a\tb\nc\td\n".encode("utf-16-le"))  # read as 'line 2 has 0 tabs'
+    with pytest.raises(DataError, match=r"line 1, character 1: a NUL byte: UTF-16 text without its byte-order mark"):
+        load_tsv(bomless)
+    source, target = write(tmp_path / "src.txt", b"a\rc\r"), write(tmp_path / "tgt.txt", b"b\nd\n")
+    with pytest.raises(DataError, match=r"line 1 of src.txt, character 1: a carriage return"):  # not the line counts
+        load_parallel(source, target)
 
 
 def test_load_text_dataset_splits_user_files_deterministically(tmp_path: Path) -> None:

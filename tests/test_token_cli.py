@@ -615,6 +615,9 @@ def test_resume_takes_moved_data_and_tokenizer_files_that_hold_the_same_bytes(tm
                 "--out", out)
     assert other.exit_code == 1 and "not the data the run being resumed read" in other.output, other.output
     assert "they differ in sha256" in other.output and len(load_checkpoint(out)[2]["train_loss"]) == 1
+    no_tokenizer = run("--resume", "--epochs", "2", "--data", moved / "pairs.tsv", "--out", out)
+    assert no_tokenizer.exit_code == 1 and "tok.json" in no_tokenizer.output and "the run being resumed read it: if " \
+        "it moved, give --tokenizer with its new path (the same vocabulary)" in no_tokenizer.output, no_tokenizer.output
     resumed = run("--resume", "--epochs", "2", "--data", moved / "pairs.tsv", "--tokenizer", moved / "tok.json",
                   "--out", out)
     assert resumed.exit_code == 0, resumed.output

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.defaults import LONE_CR, TSV_SUFFIX, UTF8_BOM, UTF16_BOMS
+from runtime.defaults import LONE_CR, NUL, TSV_SUFFIX, UTF8_BOM, UTF16_BOMS
 from runtime.manifest import sha256_file
 from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError, reload_unchanged
 
@@ -48,9 +48,10 @@ def _read_lines(path: Path, name_file: bool = False) -> tuple[Lines, list[tuple[
             at = skip + err.start  # in the line, as infer --input says it
             problems.append((number, f"{where} is not UTF-8 (byte {chunk[at]:#04x} at offset {at})"))
             text = None
-        if text is not None and "\r" in text:  # \r-only line ends: the whole file one line, its tabs counted
-            problems.append((number, f"{where}, character {text.index(chr(13))}: {LONE_CR}"))
-            text = None
+        for char, why in (("\0", NUL), ("\r", LONE_CR)):  # UTF-16 without a BOM; \r-only line ends (one line)
+            if text is not None and char in text:
+                problems.append((number, f"{where}, character {text.index(char)}: {why}"))
+                text = None
         if text is not None and len(text) > MAX_LINE_CHARS:
             problems.append((number, f"{where} has {len(text)} characters, over the limit of {MAX_LINE_CHARS}"))
             text = None
@@ -98,6 +99,9 @@ def load_parallel(source_path: str | Path, target_path: str | Path) -> TextPairs
     (source_lines, source_problems), (target_lines, target_problems) = (_read_lines(p, True) for p in paths)
     origin = f"{paths[0]},{paths[1]}"
     source_lines, target_lines = _without_trailing_blanks(source_lines), _without_trailing_blanks(target_lines)
+    if len(source_lines) != len(target_lines) and source_problems + target_problems:  # a \r-only file is one line
+        raise DataError(listing(origin, [p for _, p in sorted(source_problems + target_problems)],
+                                f"expected UTF-8 lines of at most {MAX_LINE_CHARS} characters"))
     if len(source_lines) != len(target_lines):
         raise DataError(f"{origin}: parallel files must have the same number of lines; {paths[0]} has "
                         f"{len(source_lines)}, {paths[1]} has {len(target_lines)}; line i of one must translate "
