@@ -31,18 +31,12 @@ from .weights import check_declared_weights
 
 PROBE_BATCHES = (3, 2)
 PROBE_WIDTHS = (5, 7)  # source widths (tokens, specials included) when the model does not fix one
-PROBE_OUTPUT_STEPS = 256  # steps one source is decoded at export, unless output_limit (or max_decoding_length) says
 # the step graph's and the greedy loop graph's own names (export.tokens.loop: its inputs max_length and min_length, its
 # outputs tokens and token_log_probs, its carried finished); besides these, NAME_out and NAME_narrow of each state
 RESERVED = {"previous_tokens", "log_probs", "alphas", "max_length", "min_length", "tokens", "token_log_probs",
             "finished", *SOURCE_INPUTS}
 LOG_PROB_SUM_TOL = 1e-3  # |logsumexp| of a row of declared log-probs beyond this: they are not log-probabilities
-ALONE_ATOL, ALONE_RTOL = 1e-4, 1e-3  # a source encoded and stepped alone against within a batch: rounding differs
-ROWS_READ = ("its rows read one another (a mean, sum or norm over the batch axis, a batch norm in training mode)")
-SCORES, ATTENTION = "step's scores", "step's attention"
-READS_PADDING = ("it reads the padding or the width it is padded to (a recurrent layer run over the pads: pack it, "
-                 "pack_padded_sequence; an attention that does not mask the pads: mask them with source_lengths; a "
-                 "value computed from x.shape[1]: use source_lengths)")
+
 
 
 def out_name(state: str) -> str:
@@ -80,7 +74,7 @@ def random_sources(rules: Sources, vocab: Vocabulary, n: int, width: int, seed: 
     return out, lengths
 
 
-def _tensor_dict(value: Any, what: str) -> dict[str, torch.Tensor]:
+def tensor_dict(value: Any, what: str) -> dict[str, torch.Tensor]:
     if not isinstance(value, dict) or not all(isinstance(v, torch.Tensor) for v in value.values()):
         nested = isinstance(value, dict) and any(isinstance(v, (tuple, list, dict)) for v in value.values())
         hint = ("; each entry one tensor: an LSTM's (h, c) pair is two entries, such as 'h' and 'c', each declared "
@@ -205,7 +199,7 @@ def check_step(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], out: Any
                                f"log-probabilities (their logsumexp is {float(signed[row]):.3g}, where "
                                "log-probabilities give 0): declare scores='logits' for raw scores, or return "
                                "log_softmax(...)")
-    changed = _tensor_dict(changed, "step's next state")
+    changed = tensor_dict(changed, "step's next state")
     missing = sorted(set(adapter.changing) - set(changed))
     extra = sorted(set(changed) - set(adapter.state))
     if missing or extra:
@@ -257,10 +251,10 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
     probes = []
     for n, width, seed in zip(PROBE_BATCHES, widths, (0, 1)):
         ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, n, width, seed))
-        state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
+        state = tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
         check_encoded(adapter, state, n)
         if seed == 0:  # the same sources again: the same state, or the graphs could not match PyTorch
-            again = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
+            again = tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
             check_deterministic("encode", state, again)
         probes.append((n, width, state))
     dims = state_dims(adapter, probes)
@@ -281,102 +275,12 @@ def probe(adapter: Seq2SeqAdapter) -> Adapted:
             check_deterministic("step", {"scores": scores, **changed}, {"scores": repeated[0], **repeated[1]})
         state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
     n, width, state = probes[0]  # deterministic: its sources alone give what they gave in the batch, or it differs
+    from .probe_rows import check_alone, check_long_output, check_longest  # they use this module's checks
+
     check_alone(adapter, dims, *(torch.from_numpy(a) for a in example_sources(adapter, n, width, 0)), state)
     check_longest(adapter)
     check_long_output(adapter)
     return Adapted(adapter, build_contract(adapter, dims, alphas is not None), declared_spec(adapter))
-
-
-def check_alone(adapter: Seq2SeqAdapter, dims: dict[str, Dims], ids: torch.Tensor, lengths: torch.Tensor,
-                state: dict[str, torch.Tensor]) -> None:
-    """Each source of the first probe encoded and stepped once alone, at the batch's width and (unless the model
-    fixes it) at its own, gives what it gave within the batch: the runtime decodes texts in batches of any make-up
-    and width, so a row may depend on its own tokens only. Else AdapterError saying which of the two it reads."""
-    n, width = ids.shape
-    batched = _stepped(adapter, state, n, width)
-    for row in range(n):
-        own = int(lengths[row])
-        for w, cause in ((width, ROWS_READ), (own, READS_PADDING)):
-            if cause is READS_PADDING and (adapter.fixed_source_len is not None or own == width):
-                continue
-            alone = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids[row:row + 1, :w],
-                                              lengths[row:row + 1]), "what encode returns")
-            check_encoded(adapter, alone, 1)
-            how = (f"alone, at the batch's width {width}," if w == width
-                   else f"alone at its own width {w} (the batch pads it to {width})")
-            for when, mine, got in (("encoded", state, alone), ("after one step", batched, _stepped(adapter, alone, 1, w))):
-                for name, value in mine.items():
-                    axis, source_axes = (adapter.state[name].batch_axis,
-                                         [a for a, d in enumerate(dims[name]) if d == SOURCE_LEN]) \
-                        if name in adapter.state else (0, [1] if name == ATTENTION else [])
-                    expected = value.narrow(axis, row, 1)
-                    for a in source_axes:
-                        expected = expected.narrow(a, 0, w)
-                    _same_alone(f"{name if name in (SCORES, ATTENTION) else repr(name)} {when}", got[name], expected, row, how, n, cause)
-
-
-def check_longest(adapter: Seq2SeqAdapter) -> None:
-    """A source of max_source_len tokens (specials included) encodes and steps once: the runtime takes texts that
-    long, and a model with fewer positions (a positional table of 64 under the default 256) failed at run time."""
-    longest = adapter.max_source_len
-    if adapter.fixed_source_len is not None or longest <= max(PROBE_WIDTHS):
-        return
-    ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, 1, longest, seed=3))
-    try:
-        state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
-        check_encoded(adapter, state, 1)
-        _stepped(adapter, state, 1, longest)
-    except AdapterError as exc:
-        raise AdapterError(f"at max_source_len={longest} (a source of {longest} tokens, specials included: the "
-                           f"longest the runtime takes), {exc}; declare max_source_len=... no longer than the model "
-                           "takes (its positional table, say)") from None
-
-
-def check_long_output(adapter: Seq2SeqAdapter) -> None:
-    """One source decoded PROBE_OUTPUT_STEPS steps on (or output_limit, or max_decoding_length if more): a model
-    with fewer target positions (a positional table of 64) failed mid-decode in onnxruntime at run time."""
-    steps = max(min(adapter.output_limit or PROBE_OUTPUT_STEPS, PROBE_OUTPUT_STEPS), adapter.max_decoding_length)
-    width = adapter.fixed_source_len or min(PROBE_WIDTHS)
-    ids, lengths = (torch.from_numpy(a) for a in example_sources(adapter, 1, width, seed=4))
-    state = _tensor_dict(run_declared(adapter, "encode", adapter.encode, ids, lengths), "what encode returns")
-    tokens = torch.full((1,), adapter.target_vocab.ids.bos, dtype=torch.int64)
-    for t in range(steps):
-        try:
-            scores, changed, _ = check_step(adapter, state, run_declared(adapter, "step", adapter.step, tokens,
-                                                                        dict(state)), 1, width)
-        except AdapterError as exc:
-            why = ("its output_limit" if adapter.output_limit is not None and steps == adapter.output_limit else
-                   "its max_decoding_length" if steps == adapter.max_decoding_length else
-                   "no output_limit is declared: the runtime decodes as many as --max-len asks")
-            raise AdapterError(f"at output token {t + 1} of the {steps} the probe decodes ({why}), {exc}; declare "
-                               f"output_limit={t} if that is the most tokens the model can produce (its positional "
-                               "table, say)") from None
-        state, tokens = {**state, **{name: changed[name] for name in adapter.changing}}, scores.argmax(-1)
-
-
-def _same_alone(what: str, got: torch.Tensor, expected: torch.Tensor, row: int, how: str, n: int, cause: str) -> None:
-    if tuple(got.shape) != tuple(expected.shape):
-        raise AdapterError(f"{what} for source {row} of the probe is {tuple(got.shape)} when that source is {how} "
-                           f"where its row within the batch of {n} is {tuple(expected.shape)}")
-    if expected.is_floating_point():
-        same = torch.allclose(got, expected, rtol=ALONE_RTOL, atol=ALONE_ATOL, equal_nan=True)
-    else:
-        same = torch.equal(got, expected)
-    if not same:
-        gap = (got.double() - expected.double()).abs().nan_to_num(nan=0.0, posinf=float("inf"))
-        raise AdapterError(f"{what} for source {row} of the probe differs when that source is {how} from within "
-                           f"the batch of {n}, by up to {float(gap.max()):.3g}: {cause}; the runtime decodes texts "
-                           "in batches of any make-up and width, so each row may depend on its own source only")
-
-
-def _stepped(adapter: Seq2SeqAdapter, state: dict[str, torch.Tensor], n: int, width: int) -> dict[str, torch.Tensor]:
-    """One step from bos: the scores, each changing state tensor and the attention (if any), by name (the scores'
-    and attention's names are no identifiers: no state's)."""
-    tokens = torch.full((n,), adapter.target_vocab.ids.bos, dtype=torch.int64)
-    scores, changed, attention = check_step(adapter, state, run_declared(adapter, "step", adapter.step, tokens,
-                                                                         dict(state)), n, width)
-    out = {SCORES: scores, **{name: changed[name] for name in adapter.changing}}
-    return out if attention is None else {**out, ATTENTION: attention}
 
 
 def build_contract(adapter: Seq2SeqAdapter, dims: dict[str, Dims], attention: bool) -> TokenContract:
