@@ -38,7 +38,6 @@ RESERVED = {"previous_tokens", "log_probs", "alphas", "max_length", "min_length"
 LOG_PROB_SUM_TOL = 1e-3  # |logsumexp| of a row of declared log-probs beyond this: they are not log-probabilities
 
 
-
 def out_name(state: str) -> str:
     """The step output that feeds state `state` back."""
     return f"{state}_out"
