@@ -39,15 +39,21 @@ def check_alone(adapter: Seq2SeqAdapter, dims: dict[str, Dims], ids: torch.Tenso
             check_encoded(adapter, alone, 1)
             how = (f"alone, at the batch's width {width}," if w == width
                    else f"alone at its own width {w} (the batch pads it to {width})")
-            for when, mine, got in (("encoded", state, alone), ("after one step", batched, _stepped(adapter, alone, 1, w))):
+            stepped = _stepped(adapter, alone, 1, w)
+            for when, mine, got in (("encoded", state, alone), ("after one step", batched, stepped)):
                 for name, value in mine.items():
-                    axis, source_axes = (adapter.state[name].batch_axis,
-                                         [a for a, d in enumerate(dims[name]) if d == SOURCE_LEN]) \
-                        if name in adapter.state else (0, [1] if name == ATTENTION else [])
-                    expected = value.narrow(axis, row, 1)
-                    for a in source_axes:
-                        expected = expected.narrow(a, 0, w)
-                    _same_alone(f"{name if name in (SCORES, ATTENTION) else repr(name)} {when}", got[name], expected, row, how, n, cause)
+                    expected = value.narrow(adapter.state[name].batch_axis if name in adapter.state else 0, row, 1)
+                    for axis in _source_axes(name, dims):
+                        expected = expected.narrow(axis, 0, w)
+                    said = name if name in (SCORES, ATTENTION) else repr(name)
+                    _same_alone(f"{said} {when}", got[name], expected, row, how, n, cause)
+
+
+def _source_axes(name: str, dims: dict[str, Dims]) -> list[int]:
+    """The axes of a state tensor, or of the step's attention, that run over the source."""
+    if name in dims:
+        return [axis for axis, d in enumerate(dims[name]) if d == SOURCE_LEN]
+    return [1] if name == ATTENTION else []
 
 
 def check_longest(adapter: Seq2SeqAdapter) -> None:
