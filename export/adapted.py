@@ -1,5 +1,6 @@
-"""A declared model (export.adapter) made exportable: probed in PyTorch to learn and check its state's shapes,
-its two functions wrapped as modules with flat tensor arguments, and its contract (runtime.declared) built.
+"""A declared model (export.adapter) made exportable: probed in PyTorch to learn and check its state's shapes, and
+its contract (runtime.declared) built (its two functions as modules with flat tensor arguments:
+export.adapted_modules).
 
 The probe runs `encode` on two batches (3 and 2 sources, of two widths unless the model fixes its source length)
 and `step` twice (the first call of each repeated: the same inputs must give the same outputs), and reads every
@@ -17,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from runtime.contract import BATCH, PAST_LEN, PRESENT_LEN, SOURCE_LEN, Dims
 from runtime.declared import SOURCE_INPUTS, Sources, TokenContract
@@ -304,38 +304,3 @@ def declared_spec(adapter: Seq2SeqAdapter) -> ModelSpec:
                      target_vocab_size=len(adapter.target_vocab),
                      input_len=adapter.fixed_source_len or adapter.max_source_len,
                      target_len=adapter.max_decoding_length)
-
-
-class AdaptedEncoder(torch.nn.Module):
-    """source_ids, source_lengths -> the declared state tensors, in declaration order."""
-
-    def __init__(self, adapter: Seq2SeqAdapter) -> None:
-        super().__init__()
-        self.parts = torch.nn.ModuleList(adapter.modules)  # the weights, as this module's own
-        self.adapter = adapter
-        self.output_names = list(adapter.state)
-
-    def forward(self, source_ids: torch.Tensor, source_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        state = self.adapter.encode(source_ids, source_lengths)
-        return tuple(state[name] for name in self.output_names)
-
-
-class AdaptedStep(torch.nn.Module):
-    """previous_tokens and the state -> log_probs (log-softmax of logits; never-emitted ids at -inf), each changing
-    state tensor's next value, and the attention when the model gives it."""
-
-    def __init__(self, adapter: Seq2SeqAdapter, attention: bool) -> None:
-        super().__init__()
-        self.parts = torch.nn.ModuleList(adapter.modules)
-        self.adapter, self.attention = adapter, attention
-        self.state_names = list(adapter.state)
-        self.register_buffer("never", torch.tensor(sorted(adapter.never_emit), dtype=torch.int64), persistent=False)
-
-    def forward(self, previous_tokens: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        scores, changed, attention = (*self.adapter.step(previous_tokens, dict(zip(self.state_names, state))),
-                                      None)[:3]
-        log_probs = F.log_softmax(scores, dim=-1) if self.adapter.scores == "logits" else scores
-        if self.never.numel():
-            log_probs = log_probs.index_fill(1, self.never, float("-inf"))
-        return (log_probs, *(changed[name] for name in self.adapter.changing),
-                *((attention,) if self.attention else ()))

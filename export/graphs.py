@@ -30,7 +30,8 @@ from runtime.errors import clipped, one_line
 from runtime.optional_graphs import fast_graph_io, folds, has_beam_step, token_beam_step_io
 from runtime.spec import ModelSpec
 
-from .adapted import Adapted, AdaptedEncoder, AdaptedStep, example_sources
+from .adapted import Adapted, example_sources
+from .adapted_modules import AdaptedEncoder, AdaptedStep
 from .adapter import AdapterError
 from .errors import ExportError
 from .examples import EXAMPLE_BATCH, EXAMPLE_PAST_LEN, EXAMPLE_SIZES, EXAMPLE_SOURCE_LEN

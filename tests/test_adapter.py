@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from export.adapted import Adapted, AdaptedEncoder, AdaptedStep, probe
+from export.adapted import Adapted, probe
+from export.adapted_modules import AdaptedEncoder, AdaptedStep
 from export.api import export_model
 from export.tokens.sides import AdaptedModel
 from runtime.contract import GREEDY_FILE, MANIFEST_FILE

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.adapted import Adapted, AdaptedEncoder, AdaptedStep, random_sources
+from export.adapted import Adapted, random_sources
+from export.adapted_modules import AdaptedEncoder, AdaptedStep
 from export.tracing import run_declared
 from runtime.declared import TokenContract
 from runtime.search import StepResult
