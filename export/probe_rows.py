@@ -96,8 +96,9 @@ def check_long_output(adapter: Seq2SeqAdapter) -> None:
 
 
 def _same_alone(what: str, got: torch.Tensor, expected: torch.Tensor, row: int, how: str, n: int, cause: str) -> None:
+    is_, differs = ("are", "differ") if what.startswith(SCORES) else ("is", "differs")  # "step's scores" are plural
     if tuple(got.shape) != tuple(expected.shape):
-        raise AdapterError(f"{what} for source {row} of the probe is {tuple(got.shape)} when that source is {how} "
+        raise AdapterError(f"{what} for source {row} of the probe {is_} {tuple(got.shape)} when that source is {how} "
                            f"where its row within the batch of {n} is {tuple(expected.shape)}")
     if expected.is_floating_point():
         same = torch.allclose(got, expected, rtol=ALONE_RTOL, atol=ALONE_ATOL, equal_nan=True)
@@ -105,7 +106,7 @@ def _same_alone(what: str, got: torch.Tensor, expected: torch.Tensor, row: int, 
         same = torch.equal(got, expected)
     if not same:
         gap = (got.double() - expected.double()).abs().nan_to_num(nan=0.0, posinf=float("inf"))
-        raise AdapterError(f"{what} for source {row} of the probe differs when that source is {how} from within "
+        raise AdapterError(f"{what} for source {row} of the probe {differs} when that source is {how} from within "
                            f"the batch of {n}, by up to {float(gap.max()):.3g}: {cause}; the runtime decodes texts "
                            "in batches of any make-up and width, so each row may depend on its own source only")
 

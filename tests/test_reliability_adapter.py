@@ -495,7 +495,7 @@ CLI_CASES: dict[str, Case] = {
                                                 "(the batch pads it to 5)", "it reads the padding",
                                                 "pack_padded_sequence"),
     "an attention over the padding": export("attention_over_the_padding", BAD_INPUT,
-                                            "after one step for source 1 of the probe differs",
+                                            "step's scores after one step for source 1 of the probe differ when",
                                             "at its own width", "it reads the padding", "mask them"),
     "a baked-in length": export("baked_length", BAD_INPUT, "encoder.onnx fails at batch 5", "baked into the graph"),
     "an untraceable op": export("untraceable", BAD_INPUT, "decoder_step.onnx: the model cannot be traced in "
