@@ -41,6 +41,7 @@ from serving.offline import (
     decode_rows,
     point_dataset,
     token_dataset,
+    whole_calls,
 )
 
 from .cluster import check_reachable, join_failed, runtime_env
@@ -79,8 +80,14 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
         n, unit, most, decoder = sum(map(len, chunks)), plan.batch_size, MAX_TOKEN_BLOCK, TokenDecoder
         make = partial(token_dataset, chunks)
     else:
-        plan, source, mask = _point_work(ctx, job, base)
+        plan, source, mask, whole = _point_work(ctx, job, base)
         n, unit, most, decoder = len(source), 1, MAX_POINT_BLOCK, PointDecoder
+        if whole and n:  # one block, one actor: the one call in-process infer makes
+            unit = most = n
+            note = (f"note: {job.model_dir} is an int8 export, whose activations are quantized per call, over the "
+                    f"call's rows: its {n} inputs were decoded in one call on one actor, as infer without --ray "
+                    "decodes them, so that the values are the same (a float32 export's rows are spread over the "
+                    "actors)")
         make = partial(point_dataset, source, mask)
     if job.address is None and job.concurrency is not None:  # the local Ray's CPUs are known before it starts
         _check_fits(plan, job.concurrency, max_threads(), None, "this machine's")
@@ -153,8 +160,10 @@ def _token_work(ctx: click.Context, job: RayJob,
     return Plan(**base, batch_size=batch_size, options=options), chunks, note
 
 
-def _point_work(ctx: click.Context, job: RayJob, base: dict[str, Any]) -> tuple[Plan, np.ndarray, np.ndarray]:
-    """A point model's plan, its (N, L, F) sources and (N, 1, L) mask, checked as predict checks them."""
+def _point_work(ctx: click.Context, job: RayJob,
+                base: dict[str, Any]) -> tuple[Plan, np.ndarray, np.ndarray, bool]:
+    """A point model's plan, its (N, L, F) sources and (N, 1, L) mask, checked as predict checks them, and
+    whether they must be decoded in one call (`serving.offline.whole_calls`)."""
     refuse_token_options(ctx, job.model_dir, job.input_path)
     check_outputs(job.input_path, job.output_path, None, job.attention, job.force, TOKEN_OUTPUT_SUFFIXES)
     source, mask = read_input(job.input_path)
@@ -165,7 +174,7 @@ def _point_work(ctx: click.Context, job: RayJob, base: dict[str, Any]) -> tuple[
         raise click.ClickException(str(exc)) from None
     try:
         points = check_source(source, model.spec)
-        return Plan(**base, target_len=target_len), points, check_mask(mask, points)
+        return Plan(**base, target_len=target_len), points, check_mask(mask, points), whole_calls(model)
     except InputError as exc:  # named with the file, as without --ray
         raise InputFileError.of(job.input_path, exc) from None
 
