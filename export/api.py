@@ -36,7 +36,7 @@ from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, raise_on_failure, report
 from .precision import precision_entry
 from .quality import quality_report
-from .quality_inputs import checkpoint_data, random_only
+from .quality_inputs import check_quality_data, checkpoint_data, random_only
 from .quality_rows import QualityError, QualityRow, QualityTolerance, failures, quality_summary
 from .quantize import check_loads, convert_graphs
 from .sizes import BAKED, declared_parity
@@ -166,8 +166,9 @@ def export_model(
         if not isinstance(value, kind):
             raise UsageError(f"{name}: expected an {kind.__module__}.{kind.__name__}, got {brief(value)}")
     mode = precision_mode(quantize, dtype)
-    if mode == FP32 and (quality_tol != QualityTolerance() or accept_quality_loss):
-        given = "quality_tol" if quality_tol != QualityTolerance() else "accept_quality_loss"
+    if mode == FP32 and (quality_tol != QualityTolerance() or accept_quality_loss or quality_data is not None):
+        given = ("quality_tol" if quality_tol != QualityTolerance() else
+                 "accept_quality_loss" if accept_quality_loss else "quality_data")
         raise UsageError(f"{given} applies only to a reduced-precision export (its loss against its float32 "
                          f"graphs); pass quantize='int8' or dtype='fp16', or drop {given}")
     out = normalized(out)
@@ -185,6 +186,7 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
     model, spec, described = load_source(source)
     if mode != FP32:
         quality_tol.check_kind(spec.kind)  # before any graph is written
+        quality_data = check_quality_data(quality_data, spec)
     vocabularies = source_vocabularies(source, spec, vocabularies)
     contract = model.contract if isinstance(model, Adapted) else None
     export_id = uuid.uuid4().hex

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from runtime.errors import InputError, UsageError, brief
+from runtime.point_inputs import check_source
 from runtime.spec import ModelSpec
 from training.checkpoint import read_data_description
 from training.points.models import EncoderDecoder
@@ -36,3 +40,33 @@ def random_only(source: Any, data: Any) -> str | None:
             "since training, so the reduced-precision graphs were judged on random inputs only, whose answers a "
             "change of precision moves more often than real data's: put the data back where training read it, to "
             "be judged on it")
+
+
+def check_quality_data(data: Any, spec: ModelSpec) -> Any:
+    """A caller's `quality_data` as the quality report reads it: a list of texts for a token model, a float32
+    (N, L, F) array for a point model; else a UsageError naming it (a bare string was read as its characters, pairs
+    and numbers were dropped without a word, and a point model's wrong shape surfaced as onnxruntime's)."""
+    if data is None:
+        return None
+    if spec.kind == "tokens":
+        if isinstance(data, (str, bytes)) or not isinstance(data, (list, tuple)):
+            raise UsageError(f"quality_data: expected a list of source texts, got {brief(data)}"
+                             + ("; one text is [text]" if isinstance(data, str) else ""))
+        wrong = next((i for i, text in enumerate(data) if not isinstance(text, str)), None)
+        if wrong is not None:
+            pair = isinstance(data[wrong], (list, tuple)) and len(data[wrong]) == 2
+            raise UsageError(f"quality_data: expected source texts (str), got {brief(data[wrong])} at "
+                             f"quality_data[{wrong}]" + ("; of (source, target) pairs pass the sources alone: the "
+                                                         "export is judged against its own float32 graphs" * pair))
+        if not data or not any(text.strip() for text in data):
+            raise UsageError(f"quality_data: expected source texts to judge the export on, got {brief(data)}; "
+                             "leave it out (None) to judge on the checkpoint's own test data")
+        return list(data)
+    try:
+        points = check_source(data, spec)
+    except InputError as exc:  # the runtime's own check, as predict makes it, named for this argument
+        raise UsageError(str(exc).replace("source:", "quality_data:", 1)) from None
+    if not len(points):
+        raise UsageError(f"quality_data: expected at least one (L, {spec.n_features}) source, got {brief(data)}; "
+                         "leave it out (None) to judge on the checkpoint's own test data")
+    return np.asarray(points)

@@ -302,11 +302,44 @@ def test_a_point_tolerance_for_a_token_model_is_refused_before_any_work(tmp_path
 
 
 @pytest.mark.parametrize("options", [dict(quality_tol=QualityTolerance(min_exact_match=0.5)),
-                                     dict(accept_quality_loss=True)])
+                                     dict(accept_quality_loss=True), dict(quality_data=np.zeros((2, 3, 2)))])
 def test_quality_options_without_a_reduced_precision_are_refused_by_the_api_too(tmp_path, options):
     with pytest.raises(UsageError, match=f"{next(iter(options))} applies only to a reduced-precision export"):
         export_model(SQUARES, tmp_path / "out", **options)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("kind", "data", "says"), [
+    # a bare string was judged as its characters, one "text" each
+    ("tokens", "3/3/15", "expected a list of source texts, got '3/3/15'; one text is [text]"),
+    # pairs and numbers were dropped without a word, and random ids judged in their place
+    ("tokens", [["3/3/15", "2015-03-03"]], "got ['3/3/15', '2015-03-03'] at quality_data[0]; of (source, target) "
+                                           "pairs pass the sources alone"),
+    ("tokens", ["3/3/15", 7], "expected source texts (str), got 7 at quality_data[1]"),
+    ("tokens", ["", " "], "expected source texts to judge the export on"),
+    # numpy's own ValueError, and onnxruntime's failure on shapes that named no argument
+    ("points", "hello", "quality_data: expected floating-point or integer values"),
+    ("points", np.zeros((3, 2, 5)), "quality_data: expected shape (batch, source_len, 2), got shape (3, 2, 5)"),
+    ("points", np.zeros((0, 2, 2)), "quality_data: expected at least one (L, 2) source"),
+    ("points", [[[0.0, float("nan")]]], "quality_data: expected finite values"),
+])
+def test_bad_quality_data_is_refused_by_name_before_any_graph(tmp_path, kind, data, says):
+    with pytest.raises(UsageError) as caught:
+        export_model(DATES if kind == "tokens" else SQUARES, tmp_path / "out", quantize="int8", quality_data=data)
+    assert says in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("kind", "data", "case", "count"), [
+    ("tokens", ("3/3/15", "march 3, 2015", "tuesday, march 3 2015"), "texts", 3),  # a tuple of texts is a list
+    ("points", [[[-1.0, -1.0], [-1.0, 1.0]]] * 4, "data", 4),  # nested lists, as JSON gives them
+])
+def test_the_quality_data_given_is_what_is_judged(tmp_path, kind, data, case, count):
+    rows = []
+    export_model(DATES if kind == "tokens" else SQUARES, tmp_path / "out", quantize="int8", quality_data=data,
+                 on_quality=rows.extend, accept_quality_loss=True)
+    judged = [row for row in rows if row.limit is not None]
+    assert judged and all(row.case.startswith(case) and row.count == count for row in judged), judged
 
 
 def test_cli_int8_export_refusal_and_verify(tmp_path):
