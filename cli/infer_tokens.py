@@ -148,7 +148,9 @@ def decoding_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, An
         raise click.UsageError(f"--n-best {values['n_best']} is more than --beam {values['beam']}: a beam of N "
                                f"keeps N hypotheses; raise --beam to at least {values['n_best']}")
     if values["length_penalty"] is not None and values["beam"] == 1:
-        raise click.UsageError("--length-penalty ranks the hypotheses of beam search; add --beam N (N > 1)")
+        fix = ("--sample draws one output, with nothing to rank: drop --length-penalty, or drop --sample and add "
+               "--beam N (N > 1)" if values["sample"] else "add --beam N (N > 1)")  # --sample refuses --beam
+        raise click.UsageError(f"--length-penalty ranks the hypotheses of beam search; {fix}")
     pick = values["sample"]
     return dict(beam_size=values["beam"], num_hypotheses=values["n_best"],
                 length_penalty=1.0 if values["length_penalty"] is None else values["length_penalty"],

@@ -179,6 +179,9 @@ CLI_CASES: dict[str, Case] = {
                                     says=("--temperature", "finite")),
     "infer --length-penalty greedy": case(*TOK, *TEXT, "--length-penalty", "0.5", code=USAGE,
                                           says=("--length-penalty", "--beam")),
+    # it said "add --beam N", which --sample refuses in turn (found by a fresh walk)
+    "infer --length-penalty sampling": case(*TOK, *TEXT, "--sample", "--length-penalty", "0.5", code=USAGE,
+                                            says=("--length-penalty", "drop --length-penalty, or drop --sample")),
     "infer --min-len > --max-len": case(*TOK, *TEXT, "--min-len", "7", "--max-len", "6", code=USAGE,
                                         says=("--min-len 7", "6")),
     "infer --output .json for tokens": case(*TOK, *TEXT, "--output", "out.json", code=USAGE,
