@@ -38,6 +38,7 @@ from runtime.search import beam_search, greedy_search
 from runtime.token_steps import TokenSteps
 from runtime.tokens import encode_sources
 from runtime.vocab import EOS
+from training.tokens.base import NEVER_LOGIT
 
 from .errors import ExportError
 from .parity import REL_FLOOR
@@ -48,6 +49,7 @@ QUALITY_BEAM = 5
 RANDOM_SETS = ((1, 7), (16, 12), (64, 16), (64, 24))  # (batch, padded source length), seeded random ids
 TEXT_BATCH = 64
 MAX_TEXTS = 256  # real texts compared: the first this many
+NEVER_OUTPUT = NEVER_LOGIT / 2  # a log-prob below this is an id the step never emits (<pad>, <s>)
 ONE_BY_ONE = 32  # ... and the first this many one text a call, where the export has folded graphs (small calls only)
 
 
@@ -194,7 +196,9 @@ def _log_prob_diff(ref: TokenSteps, cand: TokenSteps, ids: np.ndarray, lengths: 
     worst = 0.0
     for _ in range(n_steps):
         want, got = ref.step(tokens, ref_state), cand.step(tokens, cand_state)
-        both = np.isfinite(want.log_probs) & np.isfinite(got.log_probs)  # never-emitted ids: -inf on both sides
+        # ids never emitted: -inf on both sides, or at NEVER_LOGIT less the log-sum-exp, where float16 holds a value
+        # to 8 (a difference of up to 4 that said nothing of the ids the model can emit)
+        both = np.isfinite(want.log_probs) & np.isfinite(got.log_probs) & (want.log_probs > NEVER_OUTPUT)
         diff = np.abs(np.where(both, got.log_probs, 0.0).astype(np.float64) - np.where(both, want.log_probs, 0.0))
         worst = max(worst, float(diff.max()))
         ref_state, cand_state, tokens = want.state, got.state, want.log_probs.argmax(-1)

@@ -175,6 +175,16 @@ def test_fp16_keeps_float32_io_with_float16_weights(tokens):
         assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer), name
 
 
+def test_fp16_log_prob_differences_leave_out_the_ids_never_emitted(tokens):
+    """<pad> and <s> sit at NEVER_LOGIT (-1e4), where float16 holds a log-prob to 8: the report's "logp abs" read 4
+    for a transformer whose texts decoded as in float32 (found by a fresh walk). It measures the ids the step can
+    emit."""
+    path, _ = tokens["fp16"]
+    rows = json.loads((path / MANIFEST_FILE).read_text())["quality"]["rows"]
+    logp = [row["value"] for row in rows if row["metric"] == "step.log_probs.max_abs"]
+    assert logp and 0 < max(logp) < 0.1, logp
+
+
 @pytest.mark.parametrize("trans_b, alpha, beta, bias", [(1, 1.0, 1.0, True), (0, 0.5, 2.0, True), (1, 3.0, 1.0, False)])
 def test_gemm_becomes_matmul_with_the_same_values(trans_b, alpha, beta, bias):
     import onnxruntime as ort
