@@ -283,5 +283,5 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
         warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol.judged(spec.kind)}) in {checks}; "
                       "published because the loss was accepted (the manifest's quality report says so)",
                       QualityLossWarning, stacklevel=3)
-    write_manifest(staging, {**converted, "quality": {**quality_summary(rows, tol, bool(failed)),
+    write_manifest(staging, {**converted, "quality": {**quality_summary(rows, tol, bool(failed), spec.kind),
                                                       "measured_on": "CPUExecutionProvider"}})

@@ -94,9 +94,11 @@ def make_row(case: str, count: int, metric: str, value: float, limit: float | No
     return QualityRow(case, count, metric, float(value), limit, bool(ok and math.isfinite(value)))
 
 
-def quality_summary(rows: list[QualityRow], tol: QualityTolerance, accepted: bool) -> dict[str, Any]:
-    """The manifest's quality report: tolerances, verdict, whether a loss beyond them was accepted, every row."""
-    return {**asdict(tol), "passed": all(r.ok for r in rows), "accepted_beyond_tolerance": accepted,
+def quality_summary(rows: list[QualityRow], tol: QualityTolerance, accepted: bool, kind: str) -> dict[str, Any]:
+    """The manifest's quality report: the tolerances that judge a model of `kind`, verdict, whether a loss beyond
+    them was accepted, every row."""
+    judging = QualityTolerance.names(kind)
+    return {**{name: value for name, value in asdict(tol).items() if name in judging}, "passed": all(r.ok for r in rows), "accepted_beyond_tolerance": accepted,
             "reference": "the same model's float32 graphs, run by onnxruntime on the same inputs",
             "rows": [asdict(r) for r in rows]}
 
