@@ -179,7 +179,8 @@ def _transformer_default(name: str) -> str:
               help="Checkpoint directory.  [default: artifacts/checkpoints/<data>-<attention>, "
                    "<data>-transformer for transformers]")
 @click.option("--save-every", type=IntRange(min=1), default=1, show_default=True,
-              help="Save the resumable training state every this many epochs.")
+              help="Save the resumable training state every this many epochs, and after the last (so a value "
+                   "past --epochs saves at the end only).")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in OUT.partial, or extend the finished run in OUT to --epochs "
                    "(replacing OUT); other options default to the run's saved values.")
