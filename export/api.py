@@ -36,7 +36,7 @@ from .manifest import build_manifest, write_manifest
 from .parity import Row, Tolerance, raise_on_failure, report
 from .precision import precision_entry
 from .quality import quality_report
-from .quality_inputs import check_quality_data, checkpoint_data, random_only
+from .quality_inputs import check_quality_data, check_quality_texts, checkpoint_data, random_only
 from .quality_rows import QualityError, QualityRow, QualityTolerance, failures, quality_summary
 from .quantize import check_loads, convert_graphs
 from .sizes import BAKED, declared_parity
@@ -189,6 +189,8 @@ def _export(source: Source, out: Path, opset: int, tol: Tolerance, force: bool, 
         quality_data = check_quality_data(quality_data, spec)
     vocabularies = source_vocabularies(source, spec, vocabularies)
     contract = model.contract if isinstance(model, Adapted) else None
+    if mode != FP32 and spec.kind == "tokens" and quality_data is not None and vocabularies is not None:
+        check_quality_texts(quality_data, vocabularies[0], spec, contract)
     export_id = uuid.uuid4().hex
     with staged_directory(out, lambda existing: check_destination(existing, force)) as staging:
         if on_loaded is not None:  # once --out's lock is ours: a busy --out is said before "checking parity"

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import InputError, UsageError, brief
+from runtime.infer_tokens import Item, batches
 from runtime.point_inputs import check_source
 from runtime.spec import ModelSpec
 from training.checkpoint import read_data_description
@@ -70,3 +71,18 @@ def check_quality_data(data: Any, spec: ModelSpec) -> Any:
         raise UsageError(f"quality_data: expected at least one (L, {spec.n_features}) source, got {brief(data)}; "
                          "leave it out (None) to judge on the checkpoint's own test data")
     return np.asarray(points)
+
+
+def check_quality_texts(texts: list[str], vocab: Any, spec: ModelSpec, contract: Any) -> None:
+    """Each given text is one the runtime decodes: not blank, no longer than it reads, encodable; else a UsageError
+    naming quality_data[i] (the report had left such texts out without a word, and judged random ids if none was
+    left)."""
+    blank: list[Item] = []
+    try:
+        for _ in batches((Item(i, text, f"quality_data[{i}]") for i, text in enumerate(texts)), len(texts), vocab,
+                         blank, spec, contract):
+            pass
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    if blank:
+        raise UsageError(f"{blank[0].where}: expected a source text, got {brief(blank[0].text)}; drop blank texts")

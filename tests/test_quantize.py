@@ -330,6 +330,9 @@ def test_quality_options_without_a_reduced_precision_are_refused_by_the_api_too(
                                            "pairs pass the sources alone"),
     ("tokens", ["3/3/15", 7], "expected source texts (str), got 7 at quality_data[1]"),
     ("tokens", ["", " "], "expected source texts to judge the export on"),
+    # left out of the report without a word, random ids then judged in their place (found by a fresh walk)
+    ("tokens", ["3/3/15", "a" * 1100], "quality_data[1]: 1101 tokens with the closing </s>, more than the 1024"),
+    ("tokens", ["", "3/3/15"], "quality_data[0]: expected a source text, got ''; drop blank texts"),
     # numpy's own ValueError, and onnxruntime's failure on shapes that named no argument
     ("points", "hello", "quality_data: expected floating-point or integer values"),
     ("points", np.zeros((3, 2, 5)), "quality_data: expected shape (batch, source_len, 2), got shape (3, 2, 5)"),
