@@ -111,7 +111,11 @@ class Front:
         except BaseException:  # cut off (shutdown past its timeout, the client gone): no answer
             count(service, route.path, None, started)
             raise
-        status = await _send_json(send, status, payload, headers)
+        try:  # a large answer is written a part at a time: a shutdown's cut may come while it is
+            status = await _send_json(send, status, payload, headers)
+        except BaseException:  # no whole answer went out (the front answers 503 where none had started)
+            count(service, route.path, None, started)
+            raise
         count(service, route.path, status, started)
 
 

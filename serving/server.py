@@ -83,7 +83,8 @@ class _CutOff(logging.Filter):
             return True
         n = record.args[0] if isinstance(record.args, tuple) and record.args else "the"
         print(f"serve: --shutdown-timeout {self.timeout_s:g} s ran out with {n} request(s) under way: cut off, "
-              "answered 503 where their client is still connected", file=sys.stderr, flush=True)
+              "answered 503 where their client is still connected and no answer had started (the count below says "
+              "how many were answered)", file=sys.stderr, flush=True)
         return False
 
 

@@ -20,7 +20,7 @@ from serving.batching import SMALLER
 from serving.config import ServeConfig
 
 from support.processes import default_stops, logged_process
-from support.serve import DATES, LONG, LONG_BOUNDS, embedded, free_port, local_ray, ray_env, wait_healthy
+from support.serve import DATES, LONG, LONG_BOUNDS, SQUARES, embedded, free_port, local_ray, ray_env, wait_healthy
 
 TIMEOUT_S = 0.6  # the servers' request timeout: well under LONG's decode on the fastest machine
 MAX_QUEUE = 2
@@ -367,7 +367,7 @@ def test_a_large_body_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch
     from runtime import strict_json
     from serving import front, service
 
-    from support.serve import SQUARES
+
 
     seen: dict[str, list[bool]] = {"parse": [], "check": [], "loads": []}
     threads: set[str] = set()
@@ -411,7 +411,7 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
     route's fields (it named a beam, which point models do not have)."""
     import json
 
-    from support.serve import SQUARES
+
 
     source = [[[0.25, -0.5]] * 2000] * 4
     port, log = free_port(), tmp_path / "serve.log"
@@ -484,3 +484,61 @@ def _refused_twice_then_stopped(base: str, route: str, process: subprocess.Popen
     text = log.read_text()
     assert "Traceback" not in text and "serve: stopped" in text, text[-3000:]
     assert "answered, 0 not decoded\n" in text, text[-3000:]
+
+
+def test_a_request_cut_off_while_its_answer_is_written_is_counted_unanswered() -> None:
+    """A large answer is written a part at a time, with the loop served between the parts; a shutdown that cut the
+    request off there answered 503 and counted it nowhere ("0 answered, 0 not decoded" after a client's 503: a
+    fresh walk). Cut off between the parts, in process: one 503, counted unanswered."""
+    import asyncio
+    import json
+
+    from serving.http import attach, create_app
+    from serving.server import load_service
+
+    service = load_service(SQUARES, ServeConfig(provider="cpu", max_decoding_length=500))
+    app = attach(create_app(), service)
+    source = [[[(i % 7) / 7, -1.0] for i in range(50)]] * 32  # (32, 50, 2): 800,000 attention weights come back
+    body = json.dumps({"source": source, "target_len": 500, "return_attention": True}).encode()
+    scope = {"type": "http", "method": "POST", "path": "/v1/predict", "raw_path": b"/v1/predict", "root_path": "",
+             "query_string": b"", "headers": [(b"content-type", b"application/json"),
+                                               (b"content-length", str(len(body)).encode())],
+             "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1)}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent and not getattr(receive, "given", False):
+            receive.given = True  # type: ignore[attr-defined]
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)  # no disconnect: the client waits
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    def decodes() -> float:
+        return sum(s.value for m in service.metrics.decode_seconds.collect() for s in m.samples
+                   if s.name.endswith("_count"))
+
+    async def cut_while_written() -> None:
+        task = asyncio.ensure_future(app(scope, receive, send))
+        def writing() -> bool:  # suspended between two parts of its answer (json_bytes serves the loop between)
+            awaited = task.get_coro()
+            while awaited is not None and hasattr(awaited, "cr_code"):  # down the chain of awaited coroutines
+                if awaited.cr_code.co_name == "json_bytes":
+                    return True
+                awaited = awaited.cr_await
+            return False
+
+        while not writing() and not task.done():  # the decode runs off the loop, then the answer is written on it
+            await asyncio.sleep(0)
+        assert decodes() == 1 and not task.done() and not sent, sent[:1]
+        task.cancel()
+        await task  # the front answers the cut-off request itself
+
+    try:
+        asyncio.run(cut_while_written())
+    finally:
+        service.close()
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [503]
+    assert service.metrics.totals() == (0, 1)
