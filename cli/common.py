@@ -135,6 +135,19 @@ def no_temporary_directory(exc: OSError) -> bool:
             and exc.strerror.startswith("No usable temporary directory found in"))
 
 
+class OutOfMemory(click.ClickException):
+    """A command's one line saying memory ran out. Once shown, the process ends at once (`cli.main.entry`): with
+    the address space spent, even the SystemExit that follows can fail on its way up (a traceback object that
+    cannot be allocated turns it into a MemoryError, printed as a traceback after the line)."""
+
+    def show(self, file: Any = None) -> None:
+        super().show(file)
+        OUT_OF_MEMORY_SAID.append(True)
+
+
+OUT_OF_MEMORY_SAID: list[bool] = []  # an OutOfMemory line was written: the command's exit is that line, and status 1
+
+
 def no_room_to_load(exc: BaseException) -> bool:
     """Whether an ImportError is the loader finding no room (`ulimit -v`) for a library, not a broken install."""
     return isinstance(exc, ImportError) and out_of_memory(exc)

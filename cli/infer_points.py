@@ -14,6 +14,8 @@ import numpy as np
 from runtime import strict_json
 from runtime.errors import RUN_FAILED_ADVICE
 
+from .common import OutOfMemory
+
 
 class InputFileError(click.ClickException):
     """The --input file cannot be read as sources (one line, no usage text)."""
@@ -33,12 +35,12 @@ class InputFileError(click.ClickException):
                                   f"smaller --target-len (this one was {steps})")
 
 
-def results_too_large(outputs: np.ndarray, attention: np.ndarray | None) -> click.ClickException:
+def results_too_large(outputs: np.ndarray, attention: np.ndarray | None) -> OutOfMemory:
     """Decoded results that the memory left cannot hold as JSON text (numbers take ~20 bytes a piece there)."""
     count = outputs.size + (0 if attention is None else attention.size)
-    return click.ClickException(f"the results ({count} numbers) need more memory as JSON text than this process has "
-                                "free; write them with --output FILE.npy or FILE.npz (binary), or pass fewer sources "
-                                "or a smaller --target-len")
+    return OutOfMemory(f"the results ({count} numbers) need more memory as JSON text than this process has "
+                       "free; write them with --output FILE.npy or FILE.npz (binary), or pass fewer sources or a "
+                       "smaller --target-len")
 
 
 # JSON has no size or depth limit of its own; these keep a hostile or mistaken input from exhausting memory.

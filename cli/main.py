@@ -20,8 +20,10 @@ from . import starting_handlers
 from .allocator import fewer_arenas_under_a_limit, limited_address_space, unwinder_loaded
 from .common import (
     KEPT,
+    OUT_OF_MEMORY_SAID,
     PRINTED,
     WRITTEN,
+    OutOfMemory,
     no_room_to_load,
     no_temporary_directory,
     onnxruntime_telemetry_off,
@@ -186,9 +188,9 @@ def _command(ctx: click.Context) -> str:
     return ctx.invoked_subcommand or ctx.meta.get(COMMAND, "seq2onnx")
 
 
-def _out_of_memory(ctx: click.Context) -> click.ClickException:
-    return click.ClickException(f"{_command(ctx)}: out of memory; under a memory limit (ulimit -v), raise it; nothing "
-                                "half-written is left (outputs are published whole or not at all)")
+def _out_of_memory(ctx: click.Context) -> OutOfMemory:
+    return OutOfMemory(f"{_command(ctx)}: out of memory; under a memory limit (ulimit -v), raise it; nothing "
+                       "half-written is left (outputs are published whole or not at all)")
 
 
 def _quiet_rank() -> bool:
@@ -245,14 +247,19 @@ def entry(args: list[str] | None = None) -> None:
     try:
         main(args=args, prog_name="seq2onnx")
     except MemoryError:  # so short that even the command's one line could not be made (click closing its context)
-        with contextlib.suppress(BaseException):  # an output sibling still staged goes (it may need memory too)
-            discard_staged()
-        os.write(2, NO_MEMORY_LEFT[RUNNING[0]])
+        if not OUT_OF_MEMORY_SAID:  # (else the line was said, and its exit failed on the way up: nothing to add)
+            try:  # an output sibling still staged goes (it may need memory too); not contextlib.suppress, an object
+                discard_staged()
+            except BaseException:  # noqa: S110 (that cannot be made with no memory left)
+                pass
+            os.write(2, NO_MEMORY_LEFT[RUNNING[0]])
         os._exit(1)
     except StdoutError as exc:  # the group's own --help or --version, printed before any command runs
         click.echo(f"Error: seq2onnx: could not write to stdout ({exc.strerror})", err=True)
         sys.exit(1)
     except SystemExit as exc:
+        if OUT_OF_MEMORY_SAID:  # its way on up, and the interpreter's shut-down, could fail out of memory once more
+            os._exit(1)  # (the line was flushed as it was shown)
         if exc.code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
             raise
         with contextlib.suppress(OSError):  # a stdout that cannot take it: the stop's line said what matters

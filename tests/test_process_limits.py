@@ -345,3 +345,49 @@ def test_a_thread_that_ends_as_the_program_exits_out_of_memory_does_not_abort_it
     for _ in range(3):  # without the unwinder loaded first, every run here aborted
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
         assert done.returncode == 3 and done.stdout == "True\n" and done.stderr == "", (done.returncode, done.stderr)
+
+
+def test_a_command_out_of_memory_ends_on_its_line_with_no_memory_left_after_it() -> None:
+    """Once the command's out-of-memory line was written, the SystemExit after it still had to travel up through
+    click's frames and the interpreter's shut-down, allocating on the way (a traceback entry per frame): with no
+    memory left that failed, and the line was followed by a MemoryError traceback (CI, 151,250 KB of `ulimit -v`)
+    or by the program's second line for no memory at all. Here the address space is spent just after the line is
+    written: the process ends on it, with status 1."""
+    script = """if True:
+        import resource, sys, click
+        import cli.main
+
+        @click.command()
+        def hungry():
+            bytearray(1 << 50)  # a real MemoryError: no process has a petabyte
+
+        class SpendAllAfterTheLine:  # stderr: once the line is out, the address space is spent
+            def __init__(self, stream):
+                self.stream, self.held = stream, ()
+            def write(self, text):
+                written = self.stream.write(text)
+                self.stream.flush()
+                if "out of memory" in text:
+                    pages = int(open("/proc/self/statm").read().split()[0])
+                    resource.setrlimit(resource.RLIMIT_AS, (pages * resource.getpagesize(), resource.RLIM_INFINITY))
+                    for size in (4096, 64, 0):  # a chain, not a list: a list's own growth fails first, big
+                        try:
+                            while True:
+                                self.held = (bytes(size), self.held)
+                        except MemoryError:
+                            pass
+                return written
+            def flush(self):
+                self.stream.flush()
+            def __getattr__(self, name):
+                return getattr(self.stream, name)
+
+        cli.main.LAZY_COMMANDS["hungry"] = ("__main__", "hungry")
+        sys.stderr = SpendAllAfterTheLine(sys.stderr)
+        cli.main.entry(["hungry"])
+    """
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        lines = done.stderr.splitlines()
+        assert done.returncode == 1 and len(lines) == 1, (done.returncode, done.stderr[-2000:])
+        assert lines[0].startswith("Error: hungry: out of memory; under a memory limit (ulimit -v)"), done.stderr
