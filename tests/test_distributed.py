@@ -722,6 +722,9 @@ TOO_MANY_HERE = (f"LOCAL_WORLD_SIZE={MORE}: {MORE} processes on this machine, mo
                  f"{max_threads()} here (torchrun --nproc-per-node {max_threads()})")
 
 
+STOPPED_BY_TORCHRUN = "Error: train: stopped by SIGTERM; nothing was written (outputs are published whole or not at all)"
+
+
 def test_torchrun_with_more_processes_than_cpus_is_refused(tmp_path: Path) -> None:
     """As `train --nproc-per-node` refuses it: torchrun's own ranks, one more than the CPUs, each refuse before
     torch loads (they trained, oversubscribed, several times slower), and nothing is written."""
@@ -732,7 +735,7 @@ def test_torchrun_with_more_processes_than_cpus_is_refused(tmp_path: Path) -> No
     # the first rank to refuse fails the run, and torchrun stops the others: a rank it stopped first says so
     said = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert said and all(line.startswith(f"Error: {TOO_MANY_HERE}, in the environment") or
-                        line == "Error: train: stopped by SIGTERM; nothing was written" for line in said), said
+                        line == STOPPED_BY_TORCHRUN for line in said), said
     assert any(line.startswith(f"Error: {TOO_MANY_HERE}") for line in said), said
     assert not (tmp_path / "o").exists()
 
