@@ -170,7 +170,7 @@ def infer(model_dir: Path, input_path: str | None, texts: tuple[str, ...], targe
             model_dir=model_dir, input_path=input_path, texts=texts, target_len=target_len, provider=provider,
             attention=attention, output_path=output_path, plot_path=plot_path, threads=threads, fused=fused,
             force=force, on_ray=on_ray, address=address, concurrency=concurrency, decoding=decoding))
-    if model_kind(model_dir, texts) == "tokens":
+    if model_kind(model_dir) == "tokens":
         return _infer_tokens(model_dir, input_path, texts, provider, attention, output_path, plot_path,
                              (threads, workers), device_id, fused, force, decoding)
     refuse_token_options(click.get_current_context(), model_dir, input_path)

@@ -74,7 +74,7 @@ def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
     decode on Ray and write --output whole. `ctx` tells which options were given; their values are `job`'s."""
     base = dict(model_dir=str(Path(job.model_dir).resolve()), provider=job.provider, threads=job.threads or 1,
                 fused=job.fused, attention=job.attention)
-    note, tokens = None, model_kind(job.model_dir, job.texts) == "tokens"
+    note, tokens = None, model_kind(job.model_dir) == "tokens"
     if tokens:
         plan, chunks, note = _token_work(ctx, job, base)
         n, unit, most, decoder = sum(map(len, chunks)), plan.batch_size, MAX_TOKEN_BLOCK, TokenDecoder

@@ -58,12 +58,13 @@ def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def model_kind(model_dir: Path, texts: tuple[str, ...]) -> str:
-    """'points' or 'tokens' from the manifest; if it cannot be read, what the arguments ask for (loading says why)."""
+def model_kind(model_dir: Path) -> str:
+    """'points' or 'tokens' from the manifest; one that cannot be read is refused first (status 1), before options
+    whose meaning hangs on the kind (a .txt --input is refused for a point model)."""
     try:
         return read_manifest(model_dir).spec.kind
-    except (Seq2OnnxError, OSError):
-        return "tokens" if texts else "points"
+    except Seq2OnnxError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _given(ctx: click.Context, names: Iterable[str]) -> list[str]:

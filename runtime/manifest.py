@@ -193,6 +193,10 @@ def _no_manifest(path: Path) -> str:
     """Why `path` (a model directory's manifest) is missing, naming the directory; a training checkpoint is told to
     be exported first."""
     folder = path.parent.absolute()
+    if not folder.exists():
+        return f"the model directory {folder} does not exist; expected a directory written by `seq2onnx export`"
+    if not folder.is_dir():
+        return f"{folder} is not a directory; expected a directory written by `seq2onnx export`"
     if (folder / CHECKPOINT_SPEC_FILE).is_file() and (folder / CHECKPOINT_WEIGHTS_FILE).is_file():
         return (f"no manifest found: {folder} is a training checkpoint, not an export; export it first (seq2onnx "
                 f"export {folder} --out EXPORT_DIR) and pass EXPORT_DIR")
