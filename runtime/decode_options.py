@@ -24,10 +24,12 @@ CHECKED_OPTIONS = 256  # option sets a model keeps as checked (translate_options
 PLAIN_TYPES = frozenset({int, float, bool, type(None)})
 
 
-def samples(sampling_topk: Any = 1, sampling_topp: Any = 1.0, sampling_temperature: Any = 1.0) -> bool:
-    """Whether these options draw tokens at random (any of them off its default): a beam cannot, a service decodes
-    such a request alone, and offline inference keeps its chunks as in-process infer cuts them."""
-    return sampling_topk != 1 or sampling_topp != 1.0 or sampling_temperature != 1.0
+def samples(sampling_topk: Any = 1) -> bool:
+    """Whether the options draw tokens at random: sampling_topk other than 1 (0: the whole vocabulary), as in
+    CTranslate2; at 1, the default, sampling_topp and sampling_temperature change nothing (the top token is kept
+    whatever they say) and the decode is greedy, or a beam search. A beam cannot sample, a service decodes a
+    sampling request alone, and offline inference keeps its chunks as in-process infer cuts them."""
+    return sampling_topk != 1
 
 
 def decoding_limit(spec: ModelSpec, contract: TokenContract | None = None) -> int:
@@ -83,7 +85,7 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
     sampling_topk = check_int("sampling_topk", sampling_topk, 0)
     sampling_topp = check_topp("sampling_topp", sampling_topp)
     sampling_temperature = check_temperature("sampling_temperature", sampling_temperature)
-    if beam_size == 1 and samples(sampling_topk, sampling_topp, sampling_temperature):
+    if beam_size == 1 and samples(sampling_topk):
         n = check_int("num_hypotheses", num_hypotheses, 1)
         if n > 1:  # (check_beam's advice, a wider beam, would meet the refusal of sampling with a beam below)
             raise InputError(f"num_hypotheses: sampling draws one output per text, so num_hypotheses {n} cannot be "
@@ -96,7 +98,7 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
         raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
     if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
         check_int("seed", seed, 0, MAX_SEED)
-    if beam_size != 1 and samples(sampling_topk, sampling_topp, sampling_temperature):
+    if beam_size != 1 and samples(sampling_topk):
         raise InputError(f"beam_size: sampling needs beam_size 1, got {brief(beam_size)}; drop the sampling "
                          "options for beam search")
     return max_decoding_length, length_penalty, sampling_topk, sampling_topp, sampling_temperature

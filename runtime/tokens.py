@@ -170,7 +170,7 @@ def translate(steps: TokenSteps, vocabularies: dict[str, Vocabulary], texts: Any
         steps, beam_size, num_hypotheses, length_penalty, max_decoding_length, min_decoding_length, sampling_topk,
         sampling_topp, sampling_temperature, seed, return_attention)  # every option checked, even for no texts
     check_cancel(cancel, len(texts))
-    sampling = samples(sampling_topk, sampling_topp, sampling_temperature)
+    sampling = samples(sampling_topk)
     fast = steps.fast is not None and not return_attention  # the fast graphs carry no attention weights
     own, steps = steps, steps.fast if fast else steps
     if not texts:

@@ -94,7 +94,7 @@ class TokenJob:
     def key(self) -> tuple[Any, ...] | None:
         """Requests with equal keys decode together; None (sampling) decodes alone."""
         o = self.options
-        if samples(o["sampling_topk"], o["sampling_topp"], o["sampling_temperature"]):
+        if samples(o["sampling_topk"]):
             return None
         return tuple(repr(o[name]) for name in TRANSLATE_OPTIONS)
 

@@ -54,7 +54,7 @@ class Plan:
     def sampling(self) -> bool:
         """True when tokens are drawn at random, so chunks must stay as in-process infer cuts them."""
         o = self.options
-        return samples(o.get("sampling_topk", 1), o.get("sampling_topp", 1.0), o.get("sampling_temperature", 1.0))
+        return samples(o.get("sampling_topk", 1))
 
     @property
     def gpus(self) -> int:

@@ -141,8 +141,9 @@ def test_an_empty_batch_is_answered_empty_on_both_routes(served: Served) -> None
 
 @pytest.mark.parametrize("options", [{}, {"beam_size": 4, "num_hypotheses": 2, "return_attention": True},
                                      {"max_decoding_length": 6, "min_decoding_length": 3},
-                                     {"sampling_topk": 5, "sampling_temperature": 1.5, "seed": 7}],
-                         ids=["greedy", "beam-nbest-attention", "lengths", "sampling"])
+                                     {"sampling_topk": 5, "sampling_temperature": 1.5, "seed": 7},
+                                     {"beam_size": 4, "sampling_temperature": 0.5, "sampling_topp": 0.3}],
+                         ids=["greedy", "beam-nbest-attention", "lengths", "sampling", "beam-top-p-at-top-k-1"])
 def test_http_translate_equals_in_process(served: Served, dates: Seq2Seq, options: dict) -> None:
     reply = served.client.post("/tokens/v1/translate", json={"texts": TEXTS[:3], **options})
     assert reply.status_code == 200, reply.text
@@ -487,6 +488,19 @@ def test_a_bad_option_is_refused_before_its_request_queues(dates: Seq2Seq, optio
     with pytest.raises(InputError, match=named):
         token_job(dates, ["a"], {**defaults, **options}, MAX_BATCH, 512, 16)
     assert token_job(dates, ["a"], dict(defaults), MAX_BATCH, 512, 16).options == defaults
+
+
+def test_only_a_sampling_request_decodes_alone(dates: Seq2Seq) -> None:
+    """sampling_topp and sampling_temperature at sampling_topk 1 do not sample (the decode is greedy or a beam), so
+    such requests merge with their like; they were decoded alone as sampling."""
+    from serving.batching import token_job
+    from serving.schemas import TranslateRequest
+
+    defaults = TranslateRequest(texts=[]).options()
+    cooled = {**defaults, "sampling_temperature": 0.5, "sampling_topp": 0.9}
+    assert token_job(dates, ["a"], cooled, MAX_BATCH, 512, 16).key == token_job(dates, ["b"], cooled, MAX_BATCH,
+                                                                                   512, 16).key is not None
+    assert token_job(dates, ["a"], {**defaults, "sampling_topk": 0}, MAX_BATCH, 512, 16).key is None
 
 
 def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq) -> None:

@@ -104,6 +104,22 @@ def test_sampling_at_any_temperature_returns_no_never_output_token(request, expo
     assert [h[0].ids for h in coldest] == [h[0].ids for h in greedy]
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_top_p_and_temperature_at_top_k_1_change_nothing(token_export, beam_size):
+    """As in CTranslate2, sampling is on only where sampling_topk is other than 1: at 1, the default, the top token
+    is kept whatever sampling_topp and sampling_temperature say, so the decode is the plain search's (a beam's was
+    refused as sampling)."""
+    runtime = Seq2Seq.load(token_export[3], provider="cpu")
+    texts = ["one is one", "two", "one two"]
+    plain = runtime.translate_batch(texts, beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=6)
+    for options in ({"sampling_temperature": 0.3}, {"sampling_topp": 0.2}, {"sampling_temperature": 7.0,
+                                                                            "sampling_topp": 0.5, "seed": 3}):
+        found = runtime.translate_batch(texts, beam_size=beam_size, num_hypotheses=beam_size,
+                                        max_decoding_length=6, **options)
+        assert [[(h.ids, h.log_prob) for h in hyps] for hyps in found] == \
+            [[(h.ids, h.log_prob) for h in hyps] for hyps in plain], options
+
+
 @pytest.mark.parametrize("texts", [["one"], ["one", "two"]])  # one row is decoded without flushing denormals
 @pytest.mark.parametrize("option", ["sampling_topp", "sampling_temperature"])
 def test_a_subnormal_sampling_option_is_refused_whatever_the_batch(token_export, texts, option):
