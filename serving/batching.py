@@ -13,11 +13,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from runtime.decode_options import OPTION_NAMES, TRANSLATE_OPTIONS, samples, translate_options
+from runtime.decode_options import (
+    OPTION_NAMES,
+    TRANSLATE_OPTIONS,
+    check_decoding_length,
+    decoding_limit,
+    samples,
+    translate_options,
+)
 from runtime.errors import RUN_FAILED_ADVICE, Cancelled, InputError, ResourceError, Seq2OnnxError, one_line
 from runtime.model import Seq2Seq
 from runtime.point_inputs import check_mask, check_source, check_target_len
 from runtime.points import Cancel
+from runtime.search.step import check_min_length
 from runtime.tokens import Translation, check_texts, translate
 
 # what a model of each kind takes, for a request sent to the other kind's route: (words, body, route)
@@ -157,6 +165,11 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
     for name in ("max_decoding_length", "min_decoding_length"):
         check_length(name, options.get(name), model, max_length)
     check_beam_size(options.get("beam_size", OPTION_DEFAULTS["beam_size"]), max_beam)
+    if options.get("min_decoding_length") and options.get("max_decoding_length") is None:
+        # a min beyond the default max: the hint names this server's bound, not the runtime's
+        steps = model.token_steps
+        check_min_length(options.get("min_decoding_length", 0), check_decoding_length(model.spec, None, steps.contract),
+                         min(max(max_length, model.spec.target_len), decoding_limit(model.spec, steps.contract)))
     # every other option refused here, at once, as the decode would refuse it after the batch wait (a set seen
     # before is looked up, not checked again: runtime.decode_options.translate_options)
     translate_options(model.token_steps, *(options.get(name, OPTION_DEFAULTS[name]) for name in TRANSLATE_OPTIONS))

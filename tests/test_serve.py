@@ -285,6 +285,11 @@ BAD_REQUESTS = {
                                            "--max-decoding-length"),
     "min_decoding_length over the bound": ("/tokens/v1/translate", {"texts": ["a"], "min_decoding_length": 600},
                                            400, "--max-decoding-length"),
+    "min_decoding_length over the model's length": ("/tokens/v1/translate", {"texts": ["a"], "min_decoding_length": 300},
+                                                    400, "pass max_decoding_length >= 300 too (at most 512)"),
+    "min_decoding_length over the model's length, max_decoding_length null":
+        ("/tokens/v1/translate", {"texts": ["a"], "min_decoding_length": 511, "max_decoding_length": None}, 400,
+         "pass max_decoding_length >= 511 too (at most 512)"),
     "target_len over the bound": ("/points/v1/predict", {"source": [[[1.0, 2.0]]], "target_len": 5000}, 400,
                                   "--max-decoding-length"),
     "length_penalty 1000": ("/tokens/v1/translate", {"texts": ["a"], "beam_size": 2, "length_penalty": 1000.0}, 400,
