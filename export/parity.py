@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from runtime.defaults import DEFAULT_ATOL, DEFAULT_DRIFT_ATOL, DEFAULT_RTOL
+from runtime.errors import UsageError, brief
 
 from .errors import ParityError
 
@@ -57,8 +58,9 @@ class Tolerance:
     def __post_init__(self) -> None:
         for name in ("atol", "rtol", "drift_atol"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: expected a finite tolerance >= 0, got {value!r}")
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and
+                                                value >= 0):
+                raise UsageError(f"Tolerance {name}: expected a finite tolerance >= 0, got {brief(value)}", name)
 
     def __str__(self) -> str:
         return f"atol={self.atol:g} (graphs), drift_atol={self.drift_atol:g} (decode), rtol={self.rtol:g}"

@@ -13,7 +13,7 @@ from runtime.defaults import (
     MIN_EXACT_MATCH,
     MIN_TOKEN_AGREEMENT,
 )
-from runtime.errors import UsageError
+from runtime.errors import UsageError, brief
 
 from .errors import ExportError
 
@@ -39,11 +39,13 @@ class QualityTolerance:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and
+                                                value >= 0):
+                raise UsageError(f"QualityTolerance {name}: expected a finite number >= 0, got {brief(value)}", name)
         for name in ("min_exact_match", "min_token_agreement"):
             if getattr(self, name) > 1:
-                raise ValueError(f"{name}: expected a rate in [0, 1], got {getattr(self, name)!r}")
+                raise UsageError(f"QualityTolerance {name}: expected a rate in [0, 1], got {getattr(self, name)!r}",
+                                 name)
 
     def __str__(self) -> str:
         return ", ".join(f"{k}={v:g}" for k, v in asdict(self).items())

@@ -254,10 +254,20 @@ def test_bad_precision_arguments(quantize, dtype):
 
 
 @pytest.mark.parametrize("field, value", [("min_exact_match", 1.5), ("max_output_diff", -0.1),
-                                          ("max_attention_diff", math.nan), ("min_token_agreement", "high")])
-def test_bad_quality_tolerances(field, value):
-    with pytest.raises(ValueError, match=field):
+                                          ("max_attention_diff", math.nan), ("min_token_agreement", "high"),
+                                          ("min_exact_match", True)])
+def test_bad_quality_tolerances_are_usage_errors_naming_the_field(field, value):
+    with pytest.raises(UsageError, match=f"^QualityTolerance {field}: expected "):
         QualityTolerance(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("atol", -1.0), ("rtol", math.inf), ("drift_atol", "1e-3"),
+                                          ("atol", False)])
+def test_bad_parity_tolerances_are_usage_errors_naming_the_field(field, value):
+    from export.parity import Tolerance
+
+    with pytest.raises(UsageError, match=f"^Tolerance {field}: expected a finite tolerance >= 0, got "):
+        Tolerance(**{field: value})
 
 
 @pytest.mark.parametrize("pairs, expected", [
