@@ -385,7 +385,7 @@ def test_a_failure_on_the_cluster_leaves_the_output_as_it_was(cluster: str, tmp_
     output.write_text("keep me\n")
     chunks = [[Item(0, "3/3/15", "texts[0]")]]
     lines = decode(token_dataset(chunks, 8), TokenDecoder, Plan(str(tmp_path / "no_model"), options=GREEDY), 1, 8)
-    with pytest.raises(click.ClickException, match="no_model.*no manifest"):
+    with pytest.raises(click.ClickException, match="no_model.*does not exist"):
         write_lines(str(output), lines, True)  # as with --force: a failure still leaves it as it was
     assert output.read_text() == "keep me\n" and list(tmp_path.iterdir()) == [output]
 
