@@ -22,6 +22,7 @@ from onnxruntime.capi import _pybind_state as ort_cpp
 
 from .denormals import clear_on_this_thread
 from .errors import RUN_FAILED_ADVICE, Cancelled, InputError, ResourceError, brief, one_line
+from .points import asked
 
 DEVICE_TYPES = {"CUDAExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
 # A graph runner takes a feed {input name: array} (and optionally a `cancel` to watch the run with) and returns
@@ -43,8 +44,9 @@ class Watchdog:
 
     One daemon thread polls; up to ASKERS daemon threads ask, each run's cancel on one of them and never twice at
     once, so a cancel that blocks holds one asker and the other runs' cancels are still asked. A cancel that raises,
-    anything at all, counts as "go on" here (the run's own check on its caller's thread reports it). A forked child
-    starts afresh: the parent's threads do not exist there."""
+    anything at all, counts as "go on" here, and the run's caller asks it once more on its own thread when the run
+    ends (`unwatch` says so), where what it raises reaches the caller. A forked child starts afresh: the parent's
+    threads do not exist there."""
 
     POLL_S = 0.005
     ASKERS = 4
@@ -60,6 +62,7 @@ class Watchdog:
         self._runs: dict[int, tuple[ort.RunOptions, Callable[[], bool], float]] = {}  # with when it was watched
         self._sleeping = False  # the poll thread waits for a run (notify it), rather than ticking
         self._asking: set[int] = set()  # runs whose cancel an asker holds now
+        self._raised: set[int] = set()  # watched runs whose cancel raised on an asker
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._asks: queue.SimpleQueue[tuple[int, ort.RunOptions, Callable[[], bool]]] = queue.SimpleQueue()
@@ -74,9 +77,14 @@ class Watchdog:
             elif self._sleeping:
                 self._wake.notify()
 
-    def unwatch(self, options: ort.RunOptions) -> None:
+    def unwatch(self, options: ort.RunOptions) -> bool:
+        """Stop watching a run: whether its cancel raised when asked here (its caller then asks it again)."""
         with self._wake:
             self._runs.pop(id(options), None)
+            if id(options) in self._raised:
+                self._raised.discard(id(options))
+                return True
+            return False
 
     def _loop(self) -> None:
         busy = time.monotonic()
@@ -117,8 +125,10 @@ class Watchdog:
             try:
                 if not ended and bool(cancel()):  # an ask queued for a run that has ended is dropped
                     options.terminate = True
-            except BaseException:  # noqa: BLE001 - a broken cancel must not end an asker; its run's check reports it
-                pass
+            except BaseException:  # noqa: BLE001 - a broken cancel must not end an asker: its run's caller asks again
+                with self._wake:
+                    if self._runs.get(key, (None,))[0] is options:
+                        self._raised.add(key)
             finally:
                 with self._wake:
                     self._asking.discard(key)
@@ -150,19 +160,21 @@ class SessionRunner:
     """`session.run` by output name, onnxruntime's untyped failures raised naming the graph: a run short of memory
     (a huge batch, or a process limit) as ResourceError with RUN_FAILED_ADVICE, any other (a bad hand-made feed) as
     InputError. With `cancel`, the run is watched (`Watchdog`) and stops with Cancelled
-    as soon as `cancel()` says so."""
+    as soon as `cancel()` says so; where it raised on the watchdog's thread, it is asked again on the caller's when
+    the run ends, so that what it raises there, or a stop, reaches the caller (a decode driven from Python asks it
+    between steps anyway; a one-call graph's run is the whole decode)."""
 
     def __init__(self, session: Any, outputs: list[str], name: str) -> None:
         self.session, self.outputs, self.name = session, list(outputs), name
         self.direct = direct_run(session)
 
     def __call__(self, feed: dict[str, Any], cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
-        options = QUIET
+        options, raised = QUIET, False
         if cancel is not None:
             options = quiet_run_options()  # its own: the watchdog terminates this run alone
             WATCHDOG.watch(options, cancel)
         try:
-            return dict(zip(self.outputs, self._run(feed, options)))
+            outputs = dict(zip(self.outputs, self._run(feed, options)))
         except Exception as exc:
             if cancel is not None and options.terminate:
                 raise Cancelled(f"{self.name}: cancelled by its caller while it ran (a deadline passed or the "
@@ -180,7 +192,11 @@ class SessionRunner:
             raise InputError(said) from None
         finally:
             if cancel is not None:
-                WATCHDOG.unwatch(options)
+                raised = WATCHDOG.unwatch(options)
+        if raised and asked(cancel):  # its error, if it raises again, passes through
+            raise Cancelled(f"{self.name}: cancelled by its caller as it ended (a deadline passed or the client went "
+                            "away)")
+        return outputs
 
     def _run(self, feed: dict[str, Any], options: ort.RunOptions = QUIET) -> list[Any]:
         return self.direct(self.outputs, feed, options)

@@ -88,6 +88,40 @@ def test_a_cancel_that_raises_anything_on_the_watchdog_leaves_it_working(model_d
         model.translate_batch(texts(4096), cancel=off_caller(lambda: True), **LONG)
 
 
+class DeadlineStoreDown(RuntimeError):
+    pass
+
+
+def test_what_a_cancel_raises_on_the_watchdog_reaches_the_caller_of_a_one_call_graph(model_dir):
+    """A one-call graph's caller asked its cancel once, before the run; what the cancel raised when the watchdog
+    asked it later was dropped, and the call returned as if all were well (the walk: a deadline check that raised
+    121 times on the watchdog, and a normal return), where a decode driven from Python raised it at its next step.
+    Now the caller asks again on its own thread as the run ends: its error, or its stop, reaches the caller."""
+    model = Seq2Seq.load(model_dir, threads=1)
+    asks: list[bool] = []
+
+    def broken() -> bool:
+        asks.append(threading.current_thread() is threading.main_thread())
+        if len(asks) > 1:
+            raise DeadlineStoreDown("the deadline store is down")
+        return False
+
+    with pytest.raises(DeadlineStoreDown, match="store is down"):
+        model.translate_batch(texts(2048), cancel=broken, **LONG)
+    assert asks[0] and not all(asks[1:-1]) and asks[-1]  # the caller, the watchdog, then the caller again
+    caller, calls = threading.get_ident(), []
+
+    def stop_when_asked_again() -> bool:  # raises on the watchdog; on the caller: go on, then stop
+        calls.append(threading.get_ident() == caller)
+        if not calls[-1]:
+            raise DeadlineStoreDown("the deadline store is down")
+        return calls.count(True) > 1
+
+    with pytest.raises(Cancelled, match="as it ended"):
+        model.translate_batch(texts(2048), cancel=stop_when_asked_again, **LONG)
+    assert calls[0] and calls[-1] and not all(calls)
+
+
 FORKED = """
 import os, sys, threading
 from runtime.errors import Cancelled
