@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .declared import TokenContract
 from .defaults import MAX_TARGET_LEN
-from .errors import InputError, brief
+from .errors import InputError, brief, int_text
 from .search.beam import MAX_BEAM, check_beam
 from .search.filters import check_temperature, check_topp
 from .search.sampling import MAX_SEED
@@ -45,7 +45,7 @@ def check_decoding_length(spec: ModelSpec, max_decoding_length: Any, contract: T
     length = check_int("max_decoding_length", spec.target_len if default else max_decoding_length, 1)
     limit = decoding_limit(spec, contract)
     if length > limit:
-        given = f"the default, the spec's target_len {length}," if default else f"{length}"
+        given = f"the default, the spec's target_len {length}," if default else int_text(length)
         if spec.is_transformer:
             why = f"this transformer's max_positions {limit} (output token t reads row t of its position table)"
         elif contract_for(spec, contract).max_decoding_length:
@@ -88,9 +88,9 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
     if beam_size == 1 and samples(sampling_topk):
         n = check_int("num_hypotheses", num_hypotheses, 1)
         if n > 1:  # (check_beam's advice, a wider beam, would meet the refusal of sampling with a beam below)
-            raise InputError(f"num_hypotheses: sampling draws one output per text, so num_hypotheses {n} cannot be "
-                             "met; pass num_hypotheses=1 (and call again for more draws: with another seed, or "
-                             "none), or drop the sampling options for an n-best from beam search")
+            raise InputError(f"num_hypotheses: sampling draws one output per text, so num_hypotheses {int_text(n)} "
+                             "cannot be met; pass num_hypotheses=1 (and call again for more draws: with another "
+                             "seed, or none), or drop the sampling options for an n-best from beam search")
     _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
     check_min_length(min_decoding_length, max_decoding_length,
                      decoding_limit(steps.spec, steps.contract) if default else None)

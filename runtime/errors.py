@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import signal
 import threading
 from collections.abc import Iterator
@@ -144,10 +145,22 @@ def clipped(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[: limit // 2]}... ({len(text)} characters)"
 
 
+def int_text(value: int) -> str:
+    """An int as a message quotes it: its digits, or past NUMBER_BITS bits its size (Python makes no string of more
+    than 4,300 digits: an f-string of a caller's 10**5000 raised ValueError in place of the message)."""
+    bits = abs(value).bit_length()
+    if bits <= NUMBER_BITS:
+        return str(value)
+    return f"{'a negative' if value < 0 else 'an'} int of about {math.floor(bits * math.log10(2)) + 1} digits"
+
+
+NUMBER_BITS = 128
+
+
 def brief(value: object) -> str:
     """A one-line repr of a caller's value, cut to BRIEF_CHARS, for error messages."""
     try:
-        text = one_line(repr(value))
+        text = int_text(value) if type(value) is int else one_line(repr(value))
     except Exception:  # a caller's object whose __repr__ fails still gets named
         text = f"<{type(value).__name__}>"
     return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 3] + "..."

@@ -10,7 +10,7 @@ import onnxruntime as ort
 from .cuda import check_device_id, cuda_options, cuda_start_error
 from .defaults import PROVIDERS, max_threads
 from .denormals import keeping_flags, session_flag
-from .errors import InputError, IntegrityError, ProviderError, ResourceError, brief, one_line
+from .errors import InputError, IntegrityError, ProviderError, ResourceError, brief, int_text, one_line
 from .manifest import read_regular_file, sha256_bytes
 
 CPU = "CPUExecutionProvider"
@@ -75,8 +75,8 @@ def check_threads(threads: Any) -> int | None:
     threads = int(threads)
     if threads > max_threads():
         raise InputError(
-            f"threads: {threads} is more than the {max_threads()} CPUs this process may use; more intra-op threads "
-            f"than CPUs oversubscribes them and slows every call; pass at most {max_threads()}, or None"
+            f"threads: {int_text(threads)} is more than the {max_threads()} CPUs this process may use; more intra-op "
+            f"threads than CPUs oversubscribes them and slows every call; pass at most {max_threads()}, or None"
         )
     return threads
 

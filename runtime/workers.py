@@ -15,7 +15,7 @@ import numbers
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Generic, TypeVar
 
-from .errors import InputError, brief
+from .errors import InputError, brief, int_text
 from .sessions import max_threads
 
 # Rows (inputs x beams) each chunk must hold. Short bursts on two threads did not run side by side on the 2-core
@@ -38,8 +38,8 @@ def check_workers(workers: Any, threads: int | None) -> int:
     workers, cpus = int(workers), max_threads()
     if workers * (threads or 1) > cpus:
         each = f" of {threads} intra-op threads each" if threads and threads > 1 else ""
-        raise InputError(f"workers: {workers} workers{each} need {workers * (threads or 1)} CPUs, more than the {cpus} "
-                         f"this process may use; pass workers x threads <= {cpus}")
+        raise InputError(f"workers: {int_text(workers)} workers{each} need {int_text(workers * (threads or 1))} "
+                         f"CPUs, more than the {cpus} this process may use; pass workers x threads <= {cpus}")
     return workers
 
 

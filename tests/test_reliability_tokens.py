@@ -239,6 +239,12 @@ def _model(case_dir: Path, name: str = "tokmodel") -> Any:
     return Seq2Seq.load(case_dir / name)
 
 
+def Seq2Seq_load(path: Path, **options: Any) -> Any:  # noqa: N802 - Seq2Seq.load, imported when called
+    from runtime.model import Seq2Seq
+
+    return Seq2Seq.load(path, **options)
+
+
 def _translate(texts: Any, **options: Any) -> Callable[[Path], Any]:
     return lambda d: _model(d).translate_batch(texts, **options)
 
@@ -280,6 +286,20 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
                                                    ("cancel", "function of no arguments", "missing a required")),
     "translate cancel answers an array": (_translate(["3/3/15"], cancel=lambda: np.array([True, False])),
                                           ("cancel", "True or False", "array")),
+    # ints past the 4,300 digits Python will print: quoting them in the message raised ValueError instead
+    "translate max_decoding_length 10**5000": (_translate(["3/3/15"], max_decoding_length=10**5000),
+                                               ("max_decoding_length", "an int of about 5001 digits", "<= 10000")),
+    "translate min_decoding_length 10**5000": (_translate(["3/3/15"], min_decoding_length=10**5000),
+                                               ("min_decoding_length an int of about 5001 digits",)),
+    "translate num_hypotheses 10**5000": (_translate(["3/3/15"], beam_size=2, num_hypotheses=10**5000),
+                                          ("num_hypotheses", "got an int of about 5001 digits")),
+    "translate sampling num_hypotheses 10**5000": (
+        _translate(["3/3/15"], sampling_topk=0, num_hypotheses=10**5000),
+        ("num_hypotheses", "num_hypotheses an int of about 5001 digits cannot be met")),
+    "load threads 10**5000": (lambda d: Seq2Seq_load(d / "tokmodel", threads=10**5000),
+                              ("threads: an int of about 5001 digits", "pass at most")),
+    "load workers 10**5000": (lambda d: Seq2Seq_load(d / "tokmodel", workers=10**5000),
+                              ("workers: an int of about 5001 digits",)),
     "translate on a point model": (lambda d: _model(d, "model").translate_batch(["3/3/15"]), ("point model",)),
     "predict on a token model": (lambda d: _model(d).predict(np.zeros((1, 2, 2))), ("token model",
                                                                                       "translate_batch")),

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from runtime.errors import InputError
+from runtime.errors import InputError, int_text
 
 from .nbest import NBest, normed
 from .step import (
@@ -97,7 +97,7 @@ def check_beam(beam_size: int, num_hypotheses: int, length_penalty: float) -> tu
     if n > k:
         fix = f"pass beam_size >= {n}, or fewer hypotheses" if n <= MAX_BEAM else \
             f"pass at most {k}, or a wider beam (beam_size is at most {MAX_BEAM})"
-        raise InputError(f"num_hypotheses must be at most beam_size ({k}), got {n}; {fix}")
+        raise InputError(f"num_hypotheses must be at most beam_size ({k}), got {int_text(n)}; {fix}")
     length_penalty = check_float("length_penalty", length_penalty)
     if abs(length_penalty) > MAX_LENGTH_PENALTY:
         raise InputError(f"length_penalty must be from -{MAX_LENGTH_PENALTY} to {MAX_LENGTH_PENALTY}, got "

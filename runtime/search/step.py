@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runtime.errors import InputError, brief
+from runtime.errors import InputError, brief, int_text
 
 State = dict[str, np.ndarray]
 BatchAxes = dict[str, int]
@@ -88,11 +88,11 @@ def check_min_length(min_decoding_length: object, max_decoding_length: int, limi
     if n > max_decoding_length:
         if limit is not None:
             more = f"pass max_decoding_length >= {n} too (at most {limit}), or " if n <= limit else ""
-            raise InputError(f"min_decoding_length {n} is more than max_decoding_length, which was not given: its "
-                             f"default is {max_decoding_length} (the model's target_len); {more}pass a "
+            raise InputError(f"min_decoding_length {int_text(n)} is more than max_decoding_length, which was not "
+                             f"given: its default is {max_decoding_length} (the model's target_len); {more}pass a "
                              f"min_decoding_length of at most {max_decoding_length}")
-        raise InputError(f"min_decoding_length {n} is more than max_decoding_length {max_decoding_length} (the "
-                         f"decode's bound); pass at most {max_decoding_length}")
+        raise InputError(f"min_decoding_length {int_text(n)} is more than max_decoding_length "
+                         f"{max_decoding_length} (the decode's bound); pass at most {max_decoding_length}")
     return n
 
 
