@@ -110,6 +110,9 @@ class Seq2Seq:
         threads = 1 if threads is None and workers > 1 else threads
         device_id = check_device_id(device_id)
         requested_providers(provider)
+        if provider == "cpu" and device_id:  # as the CLI refuses --device-id with --provider cpu
+            raise InputError(f"device_id: {device_id} picks a GPU; with provider 'cpu' it would change nothing: leave "
+                             "it at 0, or pass provider 'cuda' (or 'auto', which falls back to the CPU)")
         for name, flag in (("fused", fused), ("fast", fast)):
             if not isinstance(flag, bool):
                 raise InputError(f"{name}: expected True or False, got {brief(flag)}")

@@ -89,7 +89,8 @@ _CUDA_DID_NOT_START: set[int] = set()
 def requested_providers(provider: str) -> list[str]:
     """Translate 'auto' | 'cpu' | 'cuda' into an onnxruntime provider list."""
     if provider not in PROVIDERS:
-        raise ProviderError(f"provider: expected one of {PROVIDERS}, got {brief(provider)}")
+        raise InputError(f"provider: expected one of {PROVIDERS}, got {brief(provider)}")  # a bad argument, as any
+        # other; ProviderError says a valid provider cannot run on this machine or install
     available = ort.get_available_providers()
     if provider == "cpu":
         return [CPU]

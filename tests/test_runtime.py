@@ -165,8 +165,19 @@ def test_graphs_from_different_exports_are_refused(copy_of, exports, tmp_path):
 # ---- providers ----------------------------------------------------------------------------
 
 def test_unknown_provider_is_refused(exports):
-    with pytest.raises(ProviderError, match="expected one of"):
+    """An unknown provider name is a bad argument, an InputError (a ValueError) as every other; it was a
+    ProviderError (a RuntimeError), which says a valid provider cannot run here, so a caller catching ValueError
+    for bad arguments missed it (found by a fresh walk)."""
+    with pytest.raises(InputError, match="expected one of"):
         Seq2Seq.load(exports["dot"].path, provider="tpu")
+
+
+def test_a_device_id_with_the_cpu_provider_is_refused(exports):
+    """device_id picks a GPU: with provider 'cpu' it changed nothing, silently (the CLI refuses --device-id with
+    --provider cpu; found by a fresh walk)."""
+    with pytest.raises(InputError, match="device_id: 7 picks a GPU; with provider 'cpu'"):
+        Seq2Seq.load(exports["dot"].path, provider="cpu", device_id=7)
+    assert Seq2Seq.load(exports["dot"].path, provider="cpu", device_id=0).providers == ["CPUExecutionProvider"]
 
 
 @pytest.mark.skipif("cuda" in DEVICES, reason="CUDA really works here")
