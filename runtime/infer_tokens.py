@@ -145,8 +145,7 @@ def batches(items: Iterable[Item], size: int, vocab: Vocabulary, skipped: list[I
             raise InputError(f"{item.where}: {exc}") from None
         n = len(ids)
         if unknown is not None and vocab.ids.unk is not None and vocab.ids.unk in ids:
-            read = ids[int(rules.add_bos):n - int(rules.add_eos)]
-            unknown.add(item, [t for t, i in zip(vocab.tokenize(item.text), read) if i == vocab.ids.unk])
+            unknown.add(item, vocab.unknown_tokens(item.text))
         if n > limit:
             raise InputError(f"{item.where}: {too_long(n, spec, contract)}; split it")
         batch.append(item)

@@ -158,6 +158,13 @@ class Vocabulary:
                              "unknown-token id to stand for it; use tokens of the vocabulary")
         return [specials.bos] * add_bos + ids + [specials.eos] * add_eos
 
+    def unknown_tokens(self, text: str) -> list[str]:
+        """The tokens of `text` that `encode` reads as the unknown id, in order: what `seq2onnx infer`'s note names,
+        for a service that wants to say so. A vocabulary without an unknown id has none: `encode`, and so this,
+        refuses such a token by name (VocabError)."""
+        ids, unk = self.encode(text, add_eos=False), self.ids.unk
+        return [token for token, i in zip(self.tokenize(text), ids, strict=True) if i == unk] if unk in ids else []
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ids up to the first EOS; PAD and BOS are skipped, UNK reads as <unk> (subword: the tokenizer's
         own decoding, which skips special tokens)."""

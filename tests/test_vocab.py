@@ -17,6 +17,7 @@ from runtime.vocab import (
     PAD,
     SPECIAL_TOKENS,
     UNK,
+    Specials,
     TokenizerUnavailableError,
     VocabError,
     Vocabulary,
@@ -81,6 +82,19 @@ def test_unknown_tokens_and_written_specials_become_unk(words: Vocabulary) -> No
     assert words.encode("one is four") == [words.tokens.index("one"), words.tokens.index("is"), UNK, EOS]
     assert words.encode("<s> </s> <pad> <unk>", add_eos=False) == [UNK] * 4  # text never yields control ids
     assert words.decode(words.encode("one is four")) == "one is <unk>"  # decode shows what was not known
+
+
+def test_unknown_tokens_names_what_encode_reads_as_unk(words: Vocabulary) -> None:
+    """A service had no way to tell that a text's tokens were read as <unk> (infer's note aside; found by a fresh
+    walk): unknown_tokens names them, in order, as infer's note does."""
+    assert words.unknown_tokens("one is four or <s>") == ["four", "or", "<s>"]
+    assert words.unknown_tokens("one is one") == []
+    chars = Vocabulary.build(["3/3/15"], "char")
+    assert chars.unknown_tokens("3 \u2603/\u65e5") == [" ", "\u2603", "\u65e5"]
+    no_unk = Vocabulary(("SOS", "EOS", "one"), "whitespace", specials=Specials(bos=0, eos=1))
+    assert no_unk.unknown_tokens("one one") == []  # none: encode refuses an unknown token by name
+    with pytest.raises(VocabError, match="'two' is not in the vocabulary"):
+        no_unk.unknown_tokens("one two")
 
 
 def test_decode_stops_at_eos_and_skips_control_ids(words: Vocabulary) -> None:
