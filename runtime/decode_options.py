@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .declared import TokenContract
 from .defaults import MAX_TARGET_LEN
 from .errors import InputError, brief, int_text
@@ -94,7 +96,7 @@ def _check_options(steps: TokenSteps, beam_size: Any, num_hypotheses: Any, lengt
     _, length_penalty = check_beam(beam_size, num_hypotheses, length_penalty)
     check_min_length(min_decoding_length, max_decoding_length,
                      decoding_limit(steps.spec, steps.contract) if default else None)
-    if not isinstance(return_attention, bool):
+    if not isinstance(return_attention, (bool, np.bool_)):  # numpy's too, as its ints elsewhere
         raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
     if seed is not None:  # taken and unused where nothing is sampled, as CTranslate2's sampling_seed
         check_int("seed", seed, 0, MAX_SEED)

@@ -189,7 +189,7 @@ class Seq2Seq:
         src = check_source(source, self.spec)
         steps = check_target_len(target_len, self.spec)
         mask = check_mask(source_mask, src)
-        if not isinstance(return_attention, bool):
+        if not isinstance(return_attention, (bool, np.bool_)):  # numpy's too, as its ints elsewhere
             raise InputError(f"return_attention: expected True or False, got {brief(return_attention)}")
         check_cancel(cancel, src.shape[0])
         workers = self._workers if self._splits else None
@@ -237,7 +237,8 @@ class Seq2Seq:
             raise InputError(f"texts: {self.path} is a point model, which takes numeric sources; call predict(source)")
         if not OPTION_NAMES.issuperset(options):
             unknown = sorted(set(options) - OPTION_NAMES)
-            raise InputError(f"translate_batch: unknown options {unknown}; understood: {list(TRANSLATE_OPTIONS)}")
+            raise InputError(f"translate_batch: unknown options {unknown}; understood: "
+                             f"{[*TRANSLATE_OPTIONS, 'cancel']}")
         try:
             return translate(self._token_steps, self.vocabularies, texts, cancel=cancel,
                              workers=self._token_workers if self._splits else None, **options)

@@ -157,7 +157,8 @@ def check_target_len(target_len: Any, spec: ModelSpec) -> int:
     if isinstance(target_len, bool) or not isinstance(target_len, numbers.Integral):
         raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}] or None, got {brief(target_len)}")
     if not 1 <= int(target_len) <= MAX_TARGET_LEN:
-        raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}], got {brief(int(target_len))}")
+        raise InputError(f"target_len: expected an int in [1, {MAX_TARGET_LEN}] or None, got "
+                         f"{brief(int(target_len))}")
     return int(target_len)
 
 

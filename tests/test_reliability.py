@@ -612,10 +612,11 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], str, tuple[str, ...]]] = {
     "predict Inf": (_predict(np.full((1, 2, 2), np.inf)), "input", ("source", "NaN or Inf")),
     "predict rank 2": (_predict(np.zeros((2, 2))), "input", ("source", "source[None]")),
     "predict source_len 0": (_predict(np.zeros((1, 0, 2))), "input", ("source", "source_len >= 1")),
-    "predict target_len 0": (_predict(np.zeros((1, 2, 2)), target_len=0), "input", ("target_len", "got 0")),
+    "predict target_len 0": (_predict(np.zeros((1, 2, 2)), target_len=0), "input",
+                             ("target_len", "[1, 10000] or None, got 0")),  # as for target_len=True
     "predict target_len 2.5": (_predict(np.zeros((1, 2, 2)), target_len=2.5), "input", ("target_len", "2.5")),
     "predict target_len of 4300 digits": (_predict(np.zeros((1, 2, 2)), target_len=int("1" * 4300)), "input",
-                                          ("target_len", "11111...")),
+                                          ("target_len", "got an int of about 4300 digits")),
     "predict mask shape": (_predict(np.zeros((1, 2, 2)), source_mask=np.ones((1, 3), bool)), "input",
                            ("source_mask", "(1, 1, 2)", "(1, 3)")),
     "predict mask 0.5": (_predict(np.zeros((1, 2, 2)), source_mask=[[0.5, 1.0]]), "input", ("source_mask",)),

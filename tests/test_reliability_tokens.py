@@ -259,7 +259,8 @@ API_CASES: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
     "translate topp 1.5": (_translate(["3/3/15"], sampling_topp=1.5), ("sampling_topp",)),
     "translate temperature 0": (_translate(["3/3/15"], sampling_temperature=0.0), ("sampling_temperature",)),
     "translate sampling with beam": (_translate(["3/3/15"], beam_size=2, sampling_topk=3), ("beam_size", "sampling")),
-    "translate unknown option": (_translate(["3/3/15"], beam=2), ("unknown options", "beam")),
+    "translate unknown option": (_translate(["3/3/15"], beam=2), ("unknown options", "beam",
+                                                                  "'return_attention', 'cancel']")),
     "translate sampling with an n-best": (_translate(["3/3/15"], sampling_topk=5, num_hypotheses=3, seed=1),
                                           ("num_hypotheses", "sampling draws one output per text",
                                            "pass num_hypotheses=1")),  # (it advised a wider beam, then refused it)

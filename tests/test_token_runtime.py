@@ -286,6 +286,15 @@ def test_transformer_translates_as_pytorch_decodes(transformer_export):
     assert [t[0].ids for t in runtime.translate_batch(texts, sampling_topk=0, seed=4)] == [h.tokens for h in drawn]
 
 
+def test_numpy_bools_ask_for_attention_as_bools_do(transformer_export):
+    """numpy ints were taken for the int options, but np.True_ for return_attention was refused (found by a fresh
+    walk): numpy's bools are taken too, and decode as Python's."""
+    model = Seq2Seq.load(transformer_export.path, threads=1)
+    asked, plain = (model.translate_batch(["the cat sat"], return_attention=flag)[0][0] for flag in (np.True_, True))
+    assert asked.ids == plain.ids and np.array_equal(asked.attention, plain.attention)
+    assert model.translate_batch(["the cat sat"], return_attention=np.False_)[0][0].attention is None
+
+
 def test_transformer_attention_is_the_cross_attention_per_output_token(transformer_export):
     runtime = Seq2Seq.load(transformer_export.path, provider="cpu")
     texts = ["one is one", "two"]
