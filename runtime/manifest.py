@@ -159,9 +159,11 @@ def _read_contract(path: Path, raw: dict[str, Any], version: int, spec: ModelSpe
         contract = TokenContract.from_dict(raw.get("contract"))
     except ContractError as exc:
         raise ManifestError(f"{path}: 'contract': {exc}; re-export the model") from None
-    if not spec.is_declared and contract != TokenContract.for_spec(spec):
-        raise ManifestError(f"{path}: 'contract' differs from the one the spec implies; the spec or the contract was "
-                            "edited, re-export the model")
+    implied = TokenContract.for_spec(spec) if not spec.is_declared else contract
+    if contract != implied:
+        edited = [f.name for f in dataclasses.fields(TokenContract) if getattr(contract, f.name) != getattr(implied, f.name)]
+        raise ManifestError(f"{path}: 'contract' differs from the one the spec implies in {', '.join(edited)}; the "
+                            "spec or the contract was edited, re-export the model")
     if contract.target_vocab_size != spec.target_vocab_size:
         raise ManifestError(f"{path}: 'contract' decodes {contract.target_vocab_size} target ids, the spec's "
                             f"target_vocab_size is {spec.target_vocab_size}; re-export the model")
@@ -264,7 +266,7 @@ def _check_file(path: Path, name: str, file: Any, where: str) -> None:
     elif "/" in file or "\\" in file:
         reason = "contains a path separator"
     else:
-        reason = "differs from the graph's name"
+        reason = "is another file than this entry's"
     raise ManifestError(
         f"{path}: {where}['file'] is {brief(file)}, which {reason}; expected {name!r}, a plain file name "
         "inside the model directory (files elsewhere are never read); re-export the model"

@@ -54,7 +54,8 @@ def test_an_export_carries_its_contract_and_format_1_still_loads(recurrent_expor
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda c: c.pop("feedback"), "contract must be an object with exactly"),
     (lambda c: c["feedback"].update(hidden_out="keys"), "step output 'hidden_out' feeds 'keys' back but is"),
-    (lambda c: c.update(never=[0]), "differs from the one the spec implies"),
+    (lambda c: c.update(never=[0]), "differs from the one the spec implies in never;"),
+    (lambda c: c["sources"].update(reverse=True), "differs from the one the spec implies in sources;"),  # named
     (lambda c: c["specials"].update(eos=1), "share an id"),
     (lambda c: c["step"]["inputs"]["hidden"].remove("batch"), "exactly one 'batch' dim"),
 ])
