@@ -159,7 +159,8 @@ class Seq2OnnxConverter(Converter):
 
 def check_ct2_destination(out: str | Path, force: bool) -> None:
     """Refuse protected paths and anything but an earlier CTranslate2 conversion (that one only with force)."""
-    check_destination(out, force, kind="CTranslate2 model", marker=CT2_MARKER, owned=CT2_FILES)
+    check_destination(out, force, kind="CTranslate2 model", marker=CT2_MARKER, owned=CT2_FILES,
+                      marked=None)  # CTranslate2's binary model.bin
 
 
 def convert_model(model: TransformerSeq2Seq, vocabularies: tuple[Vocabulary, Vocabulary], out: str | Path,

@@ -3,8 +3,9 @@
 Checkpoints (`train --out`) and exports (`export --out`) share these rules:
 - never `/`, the home directory, the current directory or any directory that contains it;
 - an empty directory, or none at all, is free to use;
-- an existing artifact of the same kind is replaced only with `force`, and only when every entry in it is
-  a file that seq2onnx writes there (a user's own file inside it would be lost, so it is refused too);
+- an existing artifact of the same kind is replaced only with `force`, and only when its marker file is seq2onnx's
+  own (a JSON object with format_version and spec: a user's manifest.json or spec.json is not) and every entry in
+  it is a file that seq2onnx writes there (a user's own file inside it would be lost, so it is refused too);
 - anything else is refused even with `force`.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Callable
 
 from .atomic_file import staged
 from .contract import CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, MANIFEST_FILE
@@ -105,11 +107,12 @@ def _listed(names: list[str]) -> str:
 
 
 def check_destination(out: str | Path, force: bool, kind: str, marker: str, owned: frozenset[str],
-                      sibling_suffix: str = "") -> None:
+                      sibling_suffix: str = "", marked: Callable[[Path], bool] | None = _ours) -> None:
     """Raise DestinationError unless writing the `kind` artifact to `out` loses nothing of the user's.
 
-    `marker` is the file that identifies an artifact of this kind; `owned` every name seq2onnx writes in it;
-    `sibling_suffix`: a sibling `out` + suffix the writer also makes (a training run's `.partial`)."""
+    `marker` is the file that identifies an artifact of this kind, where `marked(path)` says it is one (None: its
+    name says so, for another engine's artifact); `owned` every name seq2onnx writes in it; `sibling_suffix`: a
+    sibling `out` + suffix the writer also makes (a training run's `.partial`)."""
     out = normalized(out)
     article = "an" if kind[0] in "aeiou" else "a"
     example = {"checkpoint": "runs/NAME", "export": "models/NAME"}.get(kind, "NEW_DIR")
@@ -157,6 +160,10 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
                                    f"--out {example}")
         raise DestinationError(f"{out}: exists and is not a seq2onnx {kind} (no {marker}; it holds "
                                f"{_listed(entries)}); refusing to replace it, even with --force; choose another --out")
+    if marked is not None and not marked(out / marker):  # a user's file of that name: names alone do not make it ours
+        raise DestinationError(f"{out}: holds a {marker} that is not seq2onnx's (a JSON object with format_version "
+                               f"and spec), so it is not a seq2onnx {kind} to replace; refusing, even with --force; "
+                               "choose another --out")
     foreign = [name for name in entries if name not in owned]
     if foreign:
         raise DestinationError(f"{out}: is a seq2onnx {kind} but also holds files seq2onnx did not write "

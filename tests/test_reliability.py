@@ -68,6 +68,11 @@ def setup_workspace(case_dir: Path) -> None:
     write(case_dir / "ckpt_plus" / "extra.txt", "mine\n")
     shutil.copytree(case_dir / "model", case_dir / "model_plus")
     write(case_dir / "model_plus" / "README.txt", "mine\n")
+    (case_dir / "usermanifest").mkdir()  # a user's directory whose files only carry seq2onnx's names
+    write(case_dir / "usermanifest" / "manifest.json", '{"name": "my web app"}\n')
+    write(case_dir / "usermanifest" / "encoder.onnx", "my own model\n")
+    (case_dir / "userspec").mkdir()
+    write(case_dir / "userspec" / "spec.json", '{"openapi": "3.0"}\n')
     write(case_dir / "afile", "a file, not a directory\n")
     (case_dir / "emptydir").mkdir()
     os.symlink("emptydir", case_dir / "linkdir")
@@ -129,6 +134,10 @@ CLI_CASES: dict[str, Case] = {
                                         says=("userdata", "not a seq2onnx checkpoint", "notes.txt", "even with --force")),
     "train --out userdir": case("train", "--out", "userdata", code=BAD_INPUT,
                                 says=("userdata", "not a seq2onnx checkpoint")),
+    # only seq2onnx's names: --force replaced the user's files, and without it the line said a checkpoint was there
+    "train --out a user's spec.json --force": case("train", "--out", "userspec", "--force", code=BAD_INPUT,
+                                                   says=("userspec", "spec.json that is not seq2onnx's",
+                                                         "even with --force")),
     "train --out ckpt+userfile --force": case("train", "--out", "ckpt_plus", "--force", code=BAD_INPUT,
                                               says=("ckpt_plus", "did not write", "extra.txt")),
     "train --out existing ckpt": case("train", "--out", "ckpt", code=BAD_INPUT,
@@ -254,6 +263,11 @@ CLI_CASES: dict[str, Case] = {
     "export --out .": case("export", "ckpt", "--out", ".", code=BAD_INPUT, says=("current directory",)),
     "export --out userdir --force": case("export", "ckpt", "--out", "userdata", "--force", code=BAD_INPUT,
                                          says=("userdata", "not a seq2onnx export", "notes.txt")),
+    "export --out a user's manifest.json --force": case("export", "ckpt", "--out", "usermanifest", "--force",
+                                                        code=BAD_INPUT, says=("usermanifest", "manifest.json that is "
+                                                                              "not seq2onnx's", "even with --force")),
+    "export --out a user's manifest.json": case("export", "ckpt", "--out", "usermanifest", code=BAD_INPUT,
+                                                says=("usermanifest", "not a seq2onnx export to replace")),
     "export --out export+userfile --force": case("export", "ckpt", "--out", "model_plus", "--force", code=BAD_INPUT,
                                                  says=("model_plus", "did not write", "README.txt")),
     "export --out existing": case("export", "ckpt", "--out", "model", code=BAD_INPUT,
