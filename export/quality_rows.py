@@ -126,6 +126,28 @@ def worse_than_accepted(failed: list[QualityRow], recorded: dict[str, Any]) -> l
     return [r for r in failed if not _no_worse(r, accepted.get((r.case, r.metric)))]
 
 
+DATA_CASES = ("texts", "data ")  # a report's cases on real inputs (export.quality); the rest are seeded random ones
+
+
+def on_data(row: QualityRow) -> bool:
+    """Whether `row` measures real inputs, whose figures depend on the data given, not seeded random ones."""
+    return row.case.startswith(DATA_CASES)
+
+
+def judged_then(recorded: dict[str, Any]) -> dict[tuple[Any, Any], dict[str, Any]]:
+    """The manifest's judged rows (with a limit) by (case, metric)."""
+    return {(r.get("case"), r.get("metric")): r for r in recorded.get("rows", ())
+            if isinstance(r, dict) and r.get("limit") is not None}
+
+
+def new_measures(failed: list[QualityRow], recorded: dict[str, Any]) -> list[QualityRow]:
+    """The rows of `failed` on real inputs where the manifest judged none (the checkpoint's data was missing when
+    it was published, and is back): what they show is how the precision does on that data, not whether the export
+    is of this checkpoint."""
+    judged_data = any(isinstance(case, str) and case.startswith(DATA_CASES) for case, _ in judged_then(recorded))
+    return [] if judged_data else [r for r in failed if on_data(r)]
+
+
 def _no_worse(row: QualityRow, accepted: Any) -> bool:
     if not isinstance(accepted, (int, float)) or not math.isfinite(row.value):
         return False

@@ -20,7 +20,16 @@ from .kinds import KINDS
 from .parity import ROUNDING, Say, Tolerance, format_table
 from .quality import quality_report
 from .quality_inputs import checkpoint_data, random_only
-from .quality_rows import QualityTolerance, failures, format_quality, worse_than_accepted
+from .quality_rows import (
+    DATA_CASES,
+    QualityTolerance,
+    failures,
+    format_quality,
+    judged_then,
+    new_measures,
+    on_data,
+    worse_than_accepted,
+)
 
 __all__ = ["VerifyError", "check_pair", "input_errors", "verify"]
 
@@ -116,7 +125,10 @@ def recorded_quality(model_dir: Path, runtime: Any) -> tuple[QualityTolerance, d
 def verify_reduced(checkpoint: Any, model_dir: Path, runtime: Any, tol: Tolerance, data: str | None, show: Say,
                    note: Say, name: Any = None) -> str:
     """An int8/fp16 export: export CHECKPOINT at float32 into a temporary directory (parity against PyTorch at
-    --atol/--rtol/--drift-atol), then compare MODEL_DIR with it at the quality tolerances its manifest records."""
+    --atol/--rtol/--drift-atol), then compare MODEL_DIR with it at the quality tolerances its manifest records, on
+    what it was judged on when it was published (the checkpoint's data, else seeded random inputs), against the
+    record: the pair's verdict. `data` (--data) is measured besides, and said: what the precision loses on data it
+    was not judged on tells how it does there, not whether the two are a pair."""
     if data is not None and is_point_data(data) != (runtime.spec.kind == "points"):
         raise UsageError(f"{data!r} does not fit {name or checkpoint}, a {runtime.spec.kind} model", param="--data")
     qtol, recorded = recorded_quality(model_dir, runtime)
@@ -128,15 +140,20 @@ def verify_reduced(checkpoint: Any, model_dir: Path, runtime: Any, tol: Toleranc
                                               on_parity=lambda rows: show(format_table(rows, tol))),
                                  provider="cpu")
         candidate = Seq2Seq.load(model_dir, provider="auto")  # a GPU measures fp16 where it is meant to run
-        inputs = checkpoint_data(checkpoint, runtime.spec, data)
+        inputs = checkpoint_data(checkpoint, runtime.spec)
         rows = quality_report(reference, candidate, qtol, inputs)
-    why_random = random_only(checkpoint, inputs) if data is None else None
+        given = [] if data is None else [dataclasses.replace(r, case=f"--data {r.case}") for r in quality_report(
+            reference, candidate, qtol, checkpoint_data(checkpoint, runtime.spec, data)) if on_data(r)]
+    why_random = random_only(checkpoint, inputs)
     if why_random:
-        note(f"note: {why_random} (or pass --data)")
+        note(f"note: {why_random}" + (" (or pass --data)" if data is None else ""))
     note(f"{model_dir} ran on {candidate.providers[0]}")
     show(format_quality(rows, qtol, mode))
+    if given:
+        show(format_quality(given, qtol, mode))
     failed = failures(rows)
-    worse = worse_than_accepted(failed, recorded)
+    new = new_measures(failed, recorded) + failures(given)  # on data it was not judged on: not compared with the record
+    worse = worse_than_accepted([r for r in failed if r not in new], recorded)
     if worse:
         hint = pair_hint(model_dir, runtime.manifest.raw.get("source"), name or checkpoint)
         if recorded.get("accepted_beyond_tolerance") is not True:
@@ -145,7 +162,33 @@ def verify_reduced(checkpoint: Any, model_dir: Path, runtime: Any, tol: Toleranc
         named = ", ".join(f"{r.case} {r.metric}" for r in worse[:3]) + (", ..." if len(worse) > 3 else "")
         raise VerifyError(f"{model_dir} was published with --accept-quality-loss, and {len(worse)} of its checks "
                           f"beyond the quality tolerances went beyond the loss it accepted then ({named}); {hint}")
+    if new:
+        return _new_data_verdict(new, [r for r in rows if r not in new], recorded, model_dir, mode,
+                                 data if given else None)
     if failed:
         return (f"float32 parity; {len(failed)} {mode} quality check{'' if len(failed) == 1 else 's'} beyond "
                 "tolerance, as recorded when it was published with --accept-quality-loss, and no worse")
     return f"float32 parity and all {mode} quality checks within tolerance"
+
+
+def _new_data_verdict(new: list[Any], rows: list[Any], recorded: dict[str, Any], model_dir: Path, mode: str,
+                      data: str | None) -> str:
+    """verify's verdict where the only checks beyond tolerance are on data the export was not judged on when it
+    was published (`new_measures`): they say how the precision does there, not that the pair is wrong. Passed, with
+    the count, for an export published with --accept-quality-loss; else a VerifyError saying so."""
+    ours = any(not r.case.startswith("--data ") for r in new)  # rows of the checkpoint's data, not --data's
+    where = " and ".join(["the checkpoint's data"] * ours + [f"--data {data!r}"] * (data is not None))
+    named = ", ".join(f"{r.case} {r.metric}" for r in new[:3]) + (", ..." if len(new) > 3 else "")
+    counted = f"{len(new)} {mode} quality check{'' if len(new) == 1 else 's'} on {where}"
+    then = judged_then(recorded)
+    judged = ("its training data" if any(str(case).startswith(DATA_CASES) for case, _ in then)
+              else "seeded random inputs")
+    compared = sum((r.case, r.metric) in then for r in rows)
+    there = (f"where {compared} checks measured again are as recorded" if compared else
+             "which this run did not measure again")
+    if recorded.get("accepted_beyond_tolerance") is True:
+        return (f"float32 parity; {counted} beyond tolerance ({named}), on data {model_dir} was not judged on when "
+                f"it was published with --accept-quality-loss (it was judged on {judged}, {there})")
+    raise VerifyError(f"{counted} exceed the quality tolerances ({named}): {model_dir} was judged on {judged} when "
+                      f"it was published, {there}; so this says how {mode} does on this data, not that the two "
+                      "are not a pair (re-export judged on this data: export_model(..., quality_data=...))")

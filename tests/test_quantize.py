@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -451,6 +452,35 @@ def test_verify_passes_an_accepted_loss_and_fails_one_worse_than_accepted(tmp_pa
     assert worse.exit_code == 1 and "Traceback" not in worse.output
     assert (f"{out} was published with --accept-quality-loss, and 1 of its checks beyond the quality tolerances "
             f"went beyond the loss it accepted then ({beyond[0]['case']} {beyond[0]['metric']})") in worse.output
+
+
+def test_verify_on_other_data_says_how_the_precision_does_there_and_still_tells_a_pair(tmp_path):
+    """verify --data of an export published with --accept-quality-loss judged the other data's checks against the
+    loss recorded on the training data, and failed blaming the pair (found by a fresh walk: 'the two are not a
+    pair' for a pair). The pair is now judged on what the export was judged on when published; --data is measured
+    besides and said. Another checkpoint of the same shape still fails as not a pair, --data or not."""
+    runner = CliRunner()
+    out = tmp_path / "accepted"
+    done = runner.invoke(export_command, [str(SQUARES), "--out", str(out), "--quantize", "int8",
+                                          "--max-attention-diff", "0", "--accept-quality-loss"])
+    assert done.exit_code == 0, done.output
+    rng = np.random.default_rng(7)
+    source = rng.uniform(-3, 3, size=(64, 2, 2)).astype(np.float32)
+    np.savez(tmp_path / "other.npz", source=source, target=source[:, ::-1] ** 2)
+    checked = runner.invoke(verify_command, [str(SQUARES), str(out), "--data", str(tmp_path / "other.npz")])
+    assert checked.exit_code == 0, checked.output
+    assert "\n--data data [0:" in checked.output  # its test split's rows, apart from the pair's
+    assert (f"on --data {str(tmp_path / 'other.npz')!r} beyond tolerance" in checked.output
+            and f"on data {out} was not judged on when it was published with --accept-quality-loss (it was judged "
+                "on its training data, where" in checked.output), checked.output
+    other = tmp_path / "retrained"
+    shutil.copytree(SQUARES, other)
+    weights = torch.load(other / "weights.pt", weights_only=True)
+    torch.save({k: v + 0.5 * torch.randn_like(v) if v.is_floating_point() else v for k, v in weights.items()},
+               other / "weights.pt")
+    for data in ([], ["--data", str(tmp_path / "other.npz")]):
+        refused = runner.invoke(verify_command, [str(other), str(out), *data])
+        assert refused.exit_code == 1 and "the two are not a pair" in refused.output, refused.output
 
 
 def test_a_checkpoint_whose_data_moved_says_its_precision_was_judged_on_random_inputs(tmp_path):
