@@ -123,7 +123,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
                                f"({'not both' if adapter else 'neither was given'})")
     check_precision(ctx, quantize, dtype, accept_quality_loss)
     require_torch()
-    from export.api import QualityLossWarning, RandomInputsWarning, export_model
+    from export.api import LeftOutGraphsWarning, QualityLossWarning, RandomInputsWarning, export_model
     from export.atomic import check_destination
     from export.graphs import MAX_OPSET, MIN_OPSET
     from export.parity import Tolerance, format_table
@@ -156,6 +156,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
         with warnings.catch_warnings(record=True) as caught, publishes(normalized(out), out):
             warnings.simplefilter("always", QualityLossWarning)
             warnings.simplefilter("always", RandomInputsWarning)
+            warnings.simplefilter("always", LeftOutGraphsWarning)
             path = export_model(source, out, opset=opset, tol=tol, force=force, progress=True,
                                 on_loaded=lambda: click.echo(f"exporting {checkpoint or adapter} (opset {opset}); "
                                                              "checking parity over the shape matrix ...", err=True),
@@ -173,7 +174,7 @@ def export_command(ctx: click.Context, checkpoint: Path | None, adapter: str | N
         raise click.ClickException(f"--out {out}: the export could not be written ({exc.strerror or exc}); nothing "
                                    "was written there") from None
     for warning in caught:
-        if issubclass(warning.category, RandomInputsWarning):
+        if issubclass(warning.category, (RandomInputsWarning, LeftOutGraphsWarning)):
             click.echo(f"note: {warning.message}", err=True)
         elif issubclass(warning.category, QualityLossWarning):
             click.echo(f"warning: {warning.message}", err=True)

@@ -15,7 +15,7 @@ import torch
 
 from runtime.atomic import staged_directory
 from runtime.contract import FAST_FILES, GREEDY_FILE, VOCAB_FILES
-from runtime.defaults import DEFAULT_OPSET, DTYPES, FP32, INT8, QUANTIZATIONS
+from runtime.defaults import DEFAULT_OPSET, DTYPES, FP16, FP32, INT8, QUANTIZATIONS
 from runtime.destination import normalized
 from runtime.errors import Seq2OnnxError, UsageError, brief, clipped, one_line
 from runtime.model import Seq2Seq
@@ -49,6 +49,10 @@ class QualityLossWarning(UserWarning):
 
 class RandomInputsWarning(UserWarning):
     """A checkpoint's reduced-precision export was judged on random inputs: its training data cannot be read now."""
+
+
+class LeftOutGraphsWarning(UserWarning):
+    """A float16 export of a transformer holds none of its fast graphs (left out of float16 exports)."""
 
 
 Source = str | Path | EncoderDecoder | TokenModel | Seq2SeqAdapter
@@ -251,8 +255,9 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
     reference_dir = sibling(out, STAGING_SUFFIX)  # a killed export's copy is tidied like its staging directory
     try:  # the copy is made inside the try: a stop that lands while it is made removes what it had copied
         shutil.copytree(staging, reference_dir)
-        for name in FAST_FILES.values():  # float32: rebuilt from the weights for int8, left out for float16
-            (staging / name).unlink(missing_ok=True)
+        fast = [name for name in FAST_FILES.values() if (staging / name).exists()]
+        for name in fast:  # float32: rebuilt from the weights for int8, left out for float16
+            (staging / name).unlink()
         if mode == INT8 and spec.kind == "tokens" and spec.is_transformer:
             export_fast(model, spec, staging, manifest["export_id"], int8=True)
         convert_graphs(staging, spec, mode)
@@ -280,6 +285,10 @@ def reduce_precision(staging: Path, out: Path, model: Any, spec: ModelSpec, mani
                            f"quality_tol):\n{shown}" + (f"\nNote: {why_random}" if why_random else ""))
     if why_random:
         warnings.warn(f"{out}: {why_random}", RandomInputsWarning, stacklevel=3)
+    if fast and mode == FP16:  # said: the files' parity rows were printed, and the decode is slower without them
+        warnings.warn(f"{out}: float16 exports hold none of a transformer's fast graphs (fast_*, wide_*, fold_*; "
+                      "their parity rows above are of the float32 graphs), so it decodes with its traced graphs, "
+                      "slower on a CPU than its float32 or int8 export", LeftOutGraphsWarning, stacklevel=3)
     if failed:
         checks = f"{len(failed)} check{'' if len(failed) == 1 else 's'}"
         warnings.warn(f"{out}: the {mode} export loses more than the tolerance ({tol.judged(spec.kind)}) in {checks}; "
