@@ -150,7 +150,8 @@ def eval_command(model_dir: Path, data: str, split: str, limit: int | None, beam
         figures = evaluate(model, pairs, beam, length_penalty, batch_size, MAX_LEN_MARGIN, progress_bar(quiet))
     except Seq2OnnxError as err:
         raise click.ClickException(str(err)) from None
-    report = {"model": str(model_dir), "providers": model.providers, "data": data, "split": split,
+    report = {"model": str(model_dir), "providers": model.providers, "precision": model.manifest.precision,
+              "data": data, "split": split,
               "limit": limit, "sequences": len(pairs), "threads": default_threads() if threads is None else threads,
               "unknown_fraction": shares, "warnings": warnings, **figures,
               "target": accuracy_target(data, split, figures["greedy"]["exact"])}

@@ -163,7 +163,7 @@ def _rate(figures: dict[str, Any]) -> str:
 def format_report(report: dict[str, Any]) -> str:
     """The text eval prints."""
     greedy, beam, n = report["greedy"], report["beam"], report["sequences"]
-    lines = [f"model   {report['model']} ({', '.join(report['providers'])})",
+    lines = [f"model   {report['model']} ({report['precision']}, {', '.join(report['providers'])})",
              (f"data    {report['data']}, {report['split']} split: {n} sequence{'' if n == 1 else 's'} "
               f"(at most {report['max_decoding_length']} decoding steps)"),
              (f"greedy  exact {greedy['exact']:.4f} ({greedy['exact_count']}/{n})  token {greedy['token']:.4f}  "

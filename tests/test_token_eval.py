@@ -77,6 +77,7 @@ def test_eval_json_matches_translate_batch(toy_model):
     report = json.loads(result.stdout)
     assert report["sequences"] == 7 and report["split"] == "test" and report["warnings"] == []
     assert report["threads"] == default_threads()  # the threads it ran on, not null when --threads is not given
+    assert report["precision"] == "fp32"  # as bench says it (eval named no precision: int8 and fp32 read alike)
     _, test = load_text_dataset(TOY_TRANSLATION)
     model = Seq2Seq.load(toy_model, provider="cpu")
     max_len = report["max_decoding_length"]
@@ -93,6 +94,7 @@ def test_min_exact_above_the_accuracy_exits_1_after_printing(toy_model):
     result = cli(toy_model, "--data", "reverse", "--limit", "20", "--beam", "0", "--min-exact", "0.5", "--quiet")
     assert result.returncode == 1  # the toy model knows no digits
     assert "greedy  exact 0.0000" in result.stdout
+    assert f"model   {toy_model} (fp32, CPUExecutionProvider)" in result.stdout
     assert "Error: greedy exact accuracy 0.0000 is below --min-exact 0.5" in result.stderr
     assert cli(toy_model, "--data", TOY_TRANSLATION, "--beam", "0", "--min-exact", "1", "--quiet").returncode == 0
     beyond = cli(toy_model, "--data", TOY_TRANSLATION, "--min-exact", "1.01", "--quiet")
@@ -186,7 +188,8 @@ def test_the_beam_line_keeps_a_gap_before_its_figures_at_any_beam(beam_size):
     from runtime.evaluate import format_report
 
     figures = {"exact": 1.0, "exact_count": 5, "token": 1.0, "sequences_per_s": 100.0}
-    report = {"model": "m", "providers": ["CPUExecutionProvider"], "data": "d", "split": "test", "sequences": 5,
+    report = {"model": "m", "providers": ["CPUExecutionProvider"], "precision": "fp32", "data": "d", "split": "test",
+              "sequences": 5,
               "max_decoding_length": 11, "greedy": figures, "target": None,
               "beam": {**figures, "beam_size": beam_size, "length_penalty": 1.0, "never_worse": True, "lost": 0,
                        "gained": 0}}
@@ -200,7 +203,8 @@ def test_a_beam_worse_on_some_sequences_says_so_beside_where_it_was_better():
     from runtime.evaluate import format_report
 
     figures = {"exact": 0.5, "exact_count": 50, "token": 0.9, "sequences_per_s": 100.0}
-    report = {"model": "m", "providers": ["CPUExecutionProvider"], "data": "d", "split": "test", "sequences": 100,
+    report = {"model": "m", "providers": ["CPUExecutionProvider"], "precision": "fp32", "data": "d", "split": "test",
+              "sequences": 100,
               "max_decoding_length": 11, "greedy": figures, "target": None,
               "beam": {**figures, "beam_size": 5, "length_penalty": 1.0, "never_worse": False, "lost": 6,
                        "gained": 14}}
