@@ -122,7 +122,10 @@ def read_manifest(model_dir: Path) -> Manifest:
         raise ManifestError(f"{path}: has no format_version (every seq2onnx manifest has one); this is not a "
                             "seq2onnx export, or its manifest was edited: re-export the model")
     version = raw["format_version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version not in SUPPORTED_FORMAT_VERSIONS:
+    if isinstance(version, bool) or not isinstance(version, int):  # "2" read as a version said it was not understood
+        raise ManifestError(f"{path}: format_version must be an integer, got {type(version).__name__} "
+                            f"{brief(version)}; the manifest was edited: re-export the model")
+    if version not in SUPPORTED_FORMAT_VERSIONS:
         raise ManifestError(
             f"{path}: format_version {brief(version)} is not understood by this runtime; "
             f"understood versions: {list(SUPPORTED_FORMAT_VERSIONS)} (upgrade seq2onnx or re-export the model)"

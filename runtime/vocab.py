@@ -262,7 +262,10 @@ class Vocabulary:
         if unknown or missing:
             raise VocabError(f"vocabulary keys must be {sorted(expected)}; unknown {unknown}, missing {missing}")
         version = data["format_version"]
-        if type(version) is not int or version not in SUPPORTED_VOCAB_VERSIONS:
+        if type(version) is not int:
+            raise VocabError(f"vocabulary format_version must be an integer, got {type(version).__name__} "
+                             f"{brief(version)}")
+        if version not in SUPPORTED_VOCAB_VERSIONS:
             raise VocabError(f"vocabulary format_version {brief(version)} is not understood; "
                              f"this seq2onnx reads versions {list(SUPPORTED_VOCAB_VERSIONS)}")
         if not isinstance(data["tokens"], list):

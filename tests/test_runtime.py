@@ -124,8 +124,16 @@ def test_mistyped_graph_entries_are_manifest_errors(copy_of, field, value, match
 
 @pytest.mark.parametrize("version", [True, 1.0, "1", [1], {"v": 1}])
 def test_format_version_must_be_the_int_itself(copy_of, version):
+    """A version of another type says so (a "2" said it was not understood, beside understood versions [1, 2];
+    found by a fresh walk)."""
     edit_manifest(copy_of, format_version=version)
-    with pytest.raises(ManifestError, match="format_version .* is not understood"):
+    with pytest.raises(ManifestError, match=f"format_version must be an integer, got {type(version).__name__} "):
+        Seq2Seq.load(copy_of)
+
+
+def test_a_format_version_from_the_future_is_not_understood(copy_of):
+    edit_manifest(copy_of, format_version=99)
+    with pytest.raises(ManifestError, match=r"format_version 99 is not understood by this runtime; understood"):
         Seq2Seq.load(copy_of)
 
 

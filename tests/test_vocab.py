@@ -180,8 +180,10 @@ def test_dict_round_trip_and_strict_keys(words: Vocabulary) -> None:
         Vocabulary.from_dict({k: v for k, v in data.items() if k != "tokens"})
     with pytest.raises(VocabError, match=r"unknown \['tokenizer_json'\]"):
         Vocabulary.from_dict({**data, "tokenizer_json": "{}"})
-    for version in (99, 1.0, "1", True):
-        with pytest.raises(VocabError, match="reads versions"):
+    with pytest.raises(VocabError, match="99 is not understood; this seq2onnx reads versions"):
+        Vocabulary.from_dict({**data, "format_version": 99})
+    for version in (1.0, "1", True):  # another type is named as such, not "not understood"
+        with pytest.raises(VocabError, match=f"format_version must be an integer, got {type(version).__name__} "):
             Vocabulary.from_dict({**data, "format_version": version})
     with pytest.raises(VocabError, match="JSON object"):
         Vocabulary.from_dict([data])
