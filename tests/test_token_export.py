@@ -314,3 +314,18 @@ def test_the_greedy_loop_graph_equals_pytorch_and_carries_a_one_layer_gru_state_
     tokens = session.run(["tokens"], feed)[0].tolist()
     got = [row[:row.index(EOS_ID)] if EOS_ID in row else row for row in tokens]
     assert got == model.greedy(torch.from_numpy(ids), torch.from_numpy(lengths), max_len=8)
+
+
+def test_tolerances_as_large_as_a_float64_holds_judge_without_a_numpy_warning(tmp_path):
+    """`export --atol 1e300 --rtol 1e300` passed, but printed numpy's 'RuntimeWarning: overflow encountered in cast'
+    and its source line (the token step's log-probs compared in float32; found by a fresh walk)."""
+    import warnings
+
+    from export.parity import Tolerance
+
+    from support.models import export_token_model, toy_token_spec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        export_token_model(toy_token_spec(hidden_dim=8, embedding_dim=6), tmp_path / "m",
+                           tol=Tolerance(atol=1e300, rtol=1e300, drift_atol=1e300))
