@@ -222,7 +222,7 @@ def _read_spec(path: Path) -> tuple[ModelSpec, TrainConfig | TokenTrainConfig]:
 
 def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, ModelSpec, History]:
     """Rebuild the trained model (eval mode), its spec and loss history (a record: {} where history.json is gone;
-    export, verify and bench do not read it, --resume reads train_state.pt) from a checkpoint directory."""
+    export, verify and bench do not need it, --resume reads train_state.pt) from a checkpoint directory."""
     path = Path(path)
     spec, config = _read_spec(path)
     history, history_file = {}, path / CHECKPOINT_HISTORY_FILE
@@ -230,7 +230,8 @@ def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, Mode
         if history_file.exists() or history_file.is_symlink():
             history = _read_json(history_file)
     except CheckpointError as err:  # a record only: it need not stop an export
-        raise CheckpointError(f"{err}; or delete it (export, verify and bench do not read it)") from None
+        raise CheckpointError(f"{err}; or delete it (a record of the losses: export, verify and bench do not need "
+                              "it)") from None
     weights_file = path / CHECKPOINT_WEIGHTS_FILE
     if not weights_file.is_file():
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
