@@ -284,7 +284,8 @@ def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: st
         described = describe_model(spec, doc["precision"])
         click.echo(f"{model_dir}: {described}; onnxruntime {setup['onnxruntime']}{torch}; medians of "
                    f"{setup['repeats']} after {setup['warmup']} warm-up; floor = 'calls' session.run() calls of an "
-                   "Identity graph; speed-up = torch / ort")
+                   "Identity graph; torch = PyTorch eager's own decode, timed beside each row (loop is onnxruntime's); "
+                   "speed-up = torch / ort")
         click.echo(format_table(doc))
         if doc["best"]:
             click.echo("\neach side at its best thread count:")

@@ -119,15 +119,17 @@ def plot_latency(cells: list[dict[str, Any]], title: str, f: IO[bytes]) -> None:
     ax = fig.subplots()
     for (provider, threads, loop, source_len, target_len, beam), group in series.items():
         group = sorted(group, key=lambda c: c["batch"])
-        label = f"{provider} {threads}t {loop} src {source_len} tgt {target_len}" + (f" beam {beam}" if beam else "")
+        shape = f"src {source_len} tgt {target_len}" + (f" beam {beam}" if beam else "")
         colour = None  # PyTorch's line takes the colour of onnxruntime's for the same setting
-        for side, style, name in (("ort", "-o", "onnxruntime"), ("torch", "--s", "PyTorch")):
+        # the loop is onnxruntime's; PyTorch runs its own decode, timed beside that loop's row
+        for side, style, name in (("ort", "-o", f"onnxruntime: {provider} {threads}t {loop} loop"),
+                                  ("torch", "--s", f"PyTorch eager: {provider} {threads}t, beside the {loop} loop")):
             if group[0][side] is None:
                 continue
             median = np.array([c[side]["median_ms"] for c in group])  # (B,)
             spread = np.array([c[side]["p90_ms"] for c in group]) - median  # (B,)
             drawn = ax.errorbar([c["batch"] for c in group], median, yerr=[np.zeros_like(spread), spread], fmt=style,
-                                capsize=3, color=colour, label=f"{name}: {label}")
+                                capsize=3, color=colour, label=f"{name}, {shape}")
             colour = drawn[0].get_color()
     ax.set_xscale("log", base=2)
     batches = sorted({c["batch"] for c in cells})

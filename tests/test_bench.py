@@ -115,6 +115,8 @@ def test_points_with_checkpoint_json_table_and_plot(tmp_path: Path) -> None:
     assert all(c["torch"]["decoder"] == "training.points.decode.reference_decode" for c in doc["cells"])
     assert (tmp_path / "latency.png").read_bytes()[:8] == PNG_MAGIC
     assert "speed-up" in result.stdout and "each side at its best thread count" in result.stdout
+    # the loop column is onnxruntime's: PyTorch's side read as if it ran a 'fused' loop (found by a fresh walk)
+    assert "torch = PyTorch eager's own decode, timed beside each row (loop is onnxruntime's)" in result.stdout
     assert len(result.stdout.splitlines()) >= 2 + len(doc["cells"]) + 2 + len(doc["best"])
     assert result.stderr.count("\n[") + result.stderr.startswith("[") == len(doc["cells"])  # one progress line each
     assert not list(tmp_path.glob(".*.tmp"))
