@@ -64,6 +64,9 @@ def load_pairs(data: str, split: str, limit: int | None) -> Any:
     except DataError as err:
         raise click.ClickException(f"--data: {err}") from None
     pairs = test if split == "test" else train
+    if limit is not None and limit > len(pairs):  # it scored them all without a word
+        click.echo(f"note: --limit {limit} is more than the {len(pairs)} pairs of the {split} split; scoring all "
+                   f"{len(pairs)}", err=True)
     return pairs.subset(range(min(limit, len(pairs)))) if limit is not None else pairs
 
 

@@ -217,3 +217,13 @@ def test_a_length_penalty_without_a_beam_row_is_a_usage_error():
     result = CliRunner().invoke(main, ["eval", str(shipped), "--data", "dates", "--limit", "2", "--beam", "0",
                                        "--length-penalty", "2"])
     assert result.exit_code == 2 and "--length-penalty: it scores the beam row, which --beam 0 skips" in result.output
+
+
+def test_a_limit_past_the_split_says_it_scored_them_all(toy_model):
+    """--limit 5000 on a split of fewer pairs scored them all without a word (found by a fresh walk)."""
+    _, test = load_text_dataset(TOY_TRANSLATION)
+    result = cli(toy_model, "--data", TOY_TRANSLATION, "--limit", "5000", "--beam", "0", "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["sequences"] == len(test.sources)
+    assert (f"note: --limit 5000 is more than the {len(test.sources)} pairs of the test split; scoring all "
+            f"{len(test.sources)}") in result.stderr
