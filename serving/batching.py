@@ -21,6 +21,7 @@ from runtime.decode_options import (
     samples,
     translate_options,
 )
+from runtime.defaults import MAX_TARGET_LEN
 from runtime.errors import RUN_FAILED_ADVICE, Cancelled, InputError, ResourceError, Seq2OnnxError, one_line
 from runtime.model import Seq2Seq
 from runtime.point_inputs import check_mask, check_source, check_target_len
@@ -114,6 +115,14 @@ def check_rows(rows: int, name: str, max_rows: int) -> None:
                               "request (serve --max-batch-size); split the request")
 
 
+def length_bound(model: Seq2Seq, max_length: int) -> int:
+    """The most output tokens (points: target_len) a request may ask of `model` on a server of `max_length`
+    (--max-decoding-length): that, or the model's own length where it is longer (`check_length`), and never past
+    what the model can produce (a transformer's position table; the runtime's bound)."""
+    limit = decoding_limit(model.spec, model.contract) if model.spec.kind == "tokens" else MAX_TARGET_LEN
+    return min(max(max_length, model.spec.target_len), limit)
+
+
 def check_length(name: str, value: Any, model: Seq2Seq, max_length: int) -> None:
     """Refuse an output length beyond the server's bound (the model's own default length is always allowed): one
     long beam search would hold a replica, and the requests queued behind it, for minutes."""
@@ -169,7 +178,7 @@ def token_job(model: Seq2Seq, texts: Any, options: dict[str, Any], max_rows: int
         # a min beyond the default max: the hint names this server's bound, not the runtime's
         steps = model.token_steps
         check_min_length(options.get("min_decoding_length", 0), check_decoding_length(model.spec, None, steps.contract),
-                         min(max(max_length, model.spec.target_len), decoding_limit(model.spec, steps.contract)))
+                         length_bound(model, max_length))
     # every other option refused here, at once, as the decode would refuse it after the batch wait (a set seen
     # before is looked up, not checked again: runtime.decode_options.translate_options)
     translate_options(model.token_steps, *(options.get(name, OPTION_DEFAULTS[name]) for name in TRANSLATE_OPTIONS))

@@ -23,7 +23,7 @@ from runtime import strict_json
 from runtime.errors import Seq2OnnxError, one_line
 
 from .answers import batch_headers, client_prefix, count, predict_body, refusal, translate_body
-from .batching import TAKES, Decoded, WrongKind
+from .batching import TAKES, Decoded, WrongKind, length_bound
 from .front import PARSED, Front, route_path
 from .gone import GONE, ClientGone, unless_gone
 from .limits import BodyLimit, describe_validation
@@ -118,7 +118,7 @@ async def info(request: Request) -> ModelInfo:
                      precision=model.manifest.precision, vocabulary_size=sizes, providers=model.providers,
                      threads=config.threads, workers=len(service.copies.models),
                      max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms,
-                     max_decoding_length=config.max_decoding_length,
+                     max_decoding_length=length_bound(model, config.max_decoding_length),
                      max_beam_size=config.max_beam_size if model.spec.kind == "tokens" else None,
                      replica=service.name, node=service.node, version=runtime.__version__)
 

@@ -95,8 +95,9 @@ class ModelInfo(BaseModel):
     workers: int = Field(1, description="copies of the model, each decoding a batch of its own at once")
     max_batch_size: int
     batch_wait_ms: float
-    max_decoding_length: int = Field(description="most output tokens (points: target_len) a request may ask for, "
-                                                 "beyond the model's own length")
+    max_decoding_length: int = Field(description="most output tokens (points: target_len) a request may ask for: "
+                                                 "the server's --max-decoding-length, or the model's own length "
+                                                 "where that is longer, and never past what the model can produce")
     max_beam_size: Optional[int] = Field(description="the widest beam_size a request may ask for (token models; "
                                                      "null for a point model)")
     replica: str

@@ -661,3 +661,21 @@ def test_a_length_over_the_bound_names_the_bound_it_hit(squares: Seq2Seq) -> Non
     with pytest.raises(InputError, match=r"at most 5 on this server \(serve --max-decoding-length\), got 6"):
         check_length("target_len", 6, squares, 5)
     check_length("target_len", 2, squares, 1)
+
+
+def test_model_info_gives_the_length_bound_the_server_enforces(dates: Seq2Seq, transformer_export: Any) -> None:
+    """/v1/model said max_decoding_length 5 under --max-decoding-length 5, while the server took the model's own
+    length (11) and refused 12 (found by a fresh walk): it now gives the bound requests meet, which never passes
+    what the model can produce (a transformer's position table)."""
+    from serving.batching import length_bound
+
+    port = free_port()
+    with embedded({"/tokens": (DATES, ServeConfig(**{**COMMON, "max_decoding_length": 5}))}, port):
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            bound = client.get("/tokens/v1/model").json()["max_decoding_length"]
+            assert bound == dates.spec.target_len == 11
+            at = client.post("/tokens/v1/translate", json={"texts": ["3/3/15"], "max_decoding_length": bound})
+            past = client.post("/tokens/v1/translate", json={"texts": ["3/3/15"], "max_decoding_length": bound + 1})
+    assert at.status_code == 200 and past.status_code == 400 and f"at most {bound} on this server" in past.text
+    model = Seq2Seq.load(transformer_export.path, threads=1)
+    assert length_bound(model, 512) == model.spec.max_positions < 512
