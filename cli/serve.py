@@ -166,6 +166,10 @@ def serve_command(ctx: click.Context, model_dir: Path, host: str, port: int, rep
         require(("fastapi", "ray.serve"), "Ray Serve and FastAPI", "serve", "serve --ray")
     else:
         require(("fastapi", "uvicorn", "prometheus_client"), "FastAPI, uvicorn and prometheus-client", "serve", "serve")
+    if batch_wait_ms / 1000 >= request_timeout:  # ServeConfig says it too, in its own field names
+        raise click.UsageError(f"--batch-wait-ms {batch_wait_ms:g} is not under --request-timeout "
+                               f"({request_timeout:g} s): a request that finds no other to batch with would wait its "
+                               "whole deadline; lower --batch-wait-ms or raise --request-timeout")
     try:  # options that contradict each other, before any work
         config = ServeConfig(provider=provider, num_cpus=num_cpus, max_batch_size=max_batch_size,
                              batch_wait_ms=batch_wait_ms, max_body_bytes=max_body_bytes,
