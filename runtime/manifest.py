@@ -162,9 +162,9 @@ def _read_contract(path: Path, raw: dict[str, Any], version: int, spec: ModelSpe
         contract = TokenContract.from_dict(raw.get("contract"))
     except ContractError as exc:
         raise ManifestError(f"{path}: 'contract': {exc}; re-export the model") from None
-    implied = TokenContract.for_spec(spec) if not spec.is_declared else contract
-    if contract != implied:
-        edited = [f.name for f in dataclasses.fields(TokenContract) if getattr(contract, f.name) != getattr(implied, f.name)]
+    if not spec.is_declared and contract != (implied := TokenContract.for_spec(spec)):
+        edited = [f.name for f in dataclasses.fields(TokenContract)
+                  if getattr(contract, f.name) != getattr(implied, f.name)]
         raise ManifestError(f"{path}: 'contract' differs from the one the spec implies in {', '.join(edited)}; the "
                             "spec or the contract was edited, re-export the model")
     if contract.target_vocab_size != spec.target_vocab_size:
