@@ -55,6 +55,7 @@ from .infer_tokens import (
     refuse_token_options,
 )
 from .ray_job import RayJob
+from .ray_shutdown import leave_ray
 from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed, wait_for_threads
 
 # Actors' own output stays in the Ray session's logs: a failing actor's traceback would otherwise reach the terminal,
@@ -64,9 +65,9 @@ QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
 RAY_STOP_DEADLINE_S = 30.0
 # Before Ray stops, the threads that Ray Data started in this process may take this long to end (`wait_for_threads`)
 THREADS_DEADLINE_S = 5.0
-# Said as the first signal is taken: the block under way ends first, and Ray gives each of its processes a second
-# to take a SIGTERM they block (`cli.ray_stop.keep_group_signals_from_ray`), so stopping takes seconds
-STOPPING_LINE = "infer --ray: stopping (Ray's processes take a few seconds to end; a second signal kills them now)"
+# Said as the first signal is taken: the block under way ends first (seconds, where Ray Data has handed the actors
+# more), then Ray's threads here, then Ray stops (`cli.ray_shutdown`)
+STOPPING_LINE = "infer --ray: stopping (the block under way ends first; a second signal kills Ray's processes now)"
 
 
 def infer_on_ray(ctx: click.Context, job: RayJob) -> None:
@@ -260,4 +261,4 @@ def ray_session(address: str | None, model_dir: str | None, stop: Stop) -> Itera
     finally:
         stop.stopping.set()
         wait_for_threads(before, THREADS_DEADLINE_S)
-        ray.shutdown()
+        leave_ray()

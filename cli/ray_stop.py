@@ -151,8 +151,8 @@ def keep_group_signals_from_ray() -> None:
     them in order, as Ray itself blocks SIGINT in them for Ctrl-C. Unblocked, it stopped Ray's GCS and raylet under
     Serve: `serve --ray` waited out --shutdown-timeout, then killed everything (exit 143), and the requests under
     way were lost. SIGHUP, which a closed terminal sends the whole group, the same way: this command takes it as SIGTERM
-    (`cli.signals.hang_up_as_sigterm`). The cost: `ray.shutdown` gives each of its processes a second to take
-    SIGTERM before it kills them."""
+    (`cli.signals.hang_up_as_sigterm`). `ray.shutdown` would give each of its processes a second to take that
+    SIGTERM before it kills them: `cli.ray_shutdown.leave_ray` kills them at once."""
     if threading.current_thread() is threading.main_thread():
         raise RuntimeError("keep_group_signals_from_ray: the main thread takes the signals; call it on the Ray thread")
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})

@@ -12,14 +12,15 @@ import click
 from serving.config import Replicas, ServeConfig, parse_replicas
 
 from .cluster import join_failed, runtime_env
+from .ray_shutdown import leave_ray
 from .ray_stop import Stop, drive, keep_group_signals_from_ray, local_ray_failed
 from .signals import stop_for
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first
-# Of --shutdown-timeout, what stopping Serve and the Ray started here takes after the replicas drained (~7-8 s here:
-# ray.shutdown gives each of its processes a second for the SIGTERM they block, keep_group_signals_from_ray): the
-# replicas may finish the requests under way for the rest
+# Of --shutdown-timeout, what is kept for stopping Serve and the Ray started here after the replicas drained (~2.5-4
+# s here, cli.ray_shutdown; 7-8 s before it, and longer on a loaded machine or a cluster): the replicas may finish
+# the requests under way for the rest
 STOP_RESERVE_S = 15.0
 
 
@@ -98,7 +99,7 @@ def _serve(plan: RayPlan, config: ServeConfig, drain_s: float, stop: Stop) -> bo
         if deployed or (started and ray.is_initialized()):
             _stop(plan.name, deployed, on_cluster=not started)
         if started:
-            ray.shutdown()
+            leave_ray()
 
 
 def _http_url(status: Any, name: str, host: str, port: int) -> str:
