@@ -65,9 +65,10 @@ QUIET = dict(logging_level=logging.WARNING, log_to_driver=False)
 RAY_STOP_DEADLINE_S = 30.0
 # Before Ray stops, the threads that Ray Data started in this process may take this long to end (`wait_for_threads`)
 THREADS_DEADLINE_S = 5.0
-# Said as the first signal is taken: the block under way ends first (seconds, where Ray Data has handed the actors
-# more), then Ray's threads here, then Ray stops (`cli.ray_shutdown`)
-STOPPING_LINE = "infer --ray: stopping (the block under way ends first; a second signal kills Ray's processes now)"
+# Said as the first signal is taken: the step under way ends first (starting Ray; or a block, seconds where Ray Data
+# has handed the actors more), then Ray's threads here, then Ray stops (`cli.ray_shutdown`)
+STOPPING_LINE = ("infer --ray: stopping once the step under way ends (starting Ray, or the block being decoded); a "
+                 "second signal kills Ray's processes now")
 
 
 def infer_on_ray(ctx: click.Context, job: RayJob) -> None:

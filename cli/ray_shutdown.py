@@ -14,6 +14,7 @@ other than the one it was written for), `ray.shutdown` runs as it is, slower, ne
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from typing import Any
 
@@ -64,11 +65,14 @@ def _kill_at_once(node: Any, kill_all: Any, options: dict) -> None:
     from ray._private import ray_constants
 
     raylets = [info.process for info in node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, [])]
+    for raylet in raylets:  # first: stopped, it starts no worker between the listing and the kill
+        with contextlib.suppress(OSError):
+            raylet.send_signal(signal.SIGSTOP)
     under: list[psutil.Process] = []
     for raylet in raylets:
         with contextlib.suppress(psutil.Error):
             under += psutil.Process(raylet.pid).children(recursive=True)
-    for raylet in raylets:  # first: it starts no new worker once it is gone
+    for raylet in raylets:
         with contextlib.suppress(OSError):
             raylet.kill()
     for process in under:

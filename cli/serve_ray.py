@@ -18,10 +18,10 @@ from .signals import stop_for
 
 PROXY_LOCATIONS = {"head": "HeadOnly", "every-node": "EveryNode"}
 SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the service's: the service answers 408 first
-# Of --shutdown-timeout, what is kept for stopping Serve and the Ray started here after the replicas drained (~2.5-4
-# s here, cli.ray_shutdown; 7-8 s before it, and longer on a loaded machine or a cluster): the replicas may finish
-# the requests under way for the rest
-STOP_RESERVE_S = 15.0
+# Of --shutdown-timeout, what is kept for stopping Serve and the Ray started here after the replicas drained (2-3.4 s
+# here since cli.ray_shutdown, more on a loaded machine; 15 s when it took 7-8): the replicas may finish the requests
+# under way for the rest
+STOP_RESERVE_S = 8.0
 
 
 @dataclass(frozen=True)
