@@ -14,6 +14,7 @@ other than the one it was written for), `ray.shutdown` runs as it is, slower, ne
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import time
 from typing import Any
@@ -53,6 +54,11 @@ def _local_node() -> Any:
         return None
     if not raylets or not callable(getattr(node, "kill_all_processes", None)):
         return None  # joined a cluster (nothing started here), or stopped already
+    try:  # ray.shutdown passes it by name, which the replacement overrides
+        if "allow_graceful" not in inspect.signature(node.kill_all_processes).parameters:
+            return None
+    except (TypeError, ValueError):
+        return None
     if not all(callable(getattr(getattr(info, "process", None), "kill", None)) for info in raylets):
         return None
     return node

@@ -69,14 +69,18 @@ def test_a_ray_whose_node_is_not_the_expected_one_is_left_to_ray_shutdown(monkey
 
     from cli import ray_shutdown
 
-    for node in (None, SimpleNamespace(), SimpleNamespace(all_processes={}, kill_all_processes=print),
-                 SimpleNamespace(all_processes={"raylet": [SimpleNamespace(process=None)]},
-                                 kill_all_processes=print),
-                 SimpleNamespace(all_processes={"raylet": [SimpleNamespace(process=SimpleNamespace(kill=print))]})):
+    def kill_all(check_alive: bool = True, allow_graceful: bool = False, wait: bool = False) -> None:
+        """Ray's signature."""
+
+    raylet = [SimpleNamespace(process=SimpleNamespace(kill=print))]
+    for node in (None, SimpleNamespace(), SimpleNamespace(all_processes={}, kill_all_processes=kill_all),
+                 SimpleNamespace(all_processes={"raylet": raylet}, kill_all_processes=lambda check_alive=False: None),
+                 SimpleNamespace(all_processes={"raylet": [SimpleNamespace(process=None)]}, kill_all_processes=kill_all),
+                 SimpleNamespace(all_processes={"raylet": raylet})):
         monkeypatch.setattr(worker, "_global_node", node, raising=False)
         assert ray_shutdown._local_node() is None, node
     started = SimpleNamespace(all_processes={"raylet": [SimpleNamespace(process=subprocess.Popen(["true"]))]},
-                              kill_all_processes=print)
+                              kill_all_processes=kill_all)
     monkeypatch.setattr(worker, "_global_node", started, raising=False)
     assert ray_shutdown._local_node() is started
     started.all_processes["raylet"][0].process.wait()
