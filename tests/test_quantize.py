@@ -493,8 +493,11 @@ def test_verify_on_other_data_says_how_the_precision_does_there_and_still_tells_
     other = tmp_path / "retrained"
     shutil.copytree(SQUARES, other)
     weights = torch.load(other / "weights.pt", weights_only=True)
-    torch.save({k: v + 0.5 * torch.randn_like(v) if v.is_floating_point() else v for k, v in weights.items()},
-               other / "weights.pt")
+    # Seeded, and small: moved by 0.5 and whatever the session's generator held, 5 of 12 seeds made a chaotic model
+    # whose float32 export drifted from PyTorch over 20 steps at batch 64, and verify stopped there, before the pair.
+    noise = torch.Generator().manual_seed(0)
+    torch.save({k: v + 0.1 * torch.randn(v.shape, generator=noise, dtype=v.dtype) if v.is_floating_point() else v
+                for k, v in weights.items()}, other / "weights.pt")
     for data in ([], ["--data", str(tmp_path / "other.npz")]):
         refused = runner.invoke(verify_command, [str(other), str(out), *data])
         assert refused.exit_code == 1 and "the two are not a pair" in refused.output, refused.output

@@ -84,11 +84,14 @@ def test_a_full_queue_answers_503_at_once_and_stays_healthy(base: str) -> None:
         started = time.monotonic()
         refused = httpx.post(f"{url}/v1/translate", json=SHORT, timeout=30)
         refused_in = time.monotonic() - started
+        # At once: before the decode under way ended, which is when a place in the queue would free (a bound in
+        # seconds failed at 0.6 s on a loaded machine, the Ray proxy's hop included).
+        refused_before_a_place_freed = not busy.done()
         alive, ready = httpx.get(f"{url}/healthz", timeout=5), httpx.get(f"{url}/readyz", timeout=5)
         answers = [future.result() for future in queued]
         busy.result()
     assert refused.status_code == 503 and refused.headers["retry-after"].isdigit(), refused.text
-    assert "--max-queue" in refused.json()["error"] and refused_in < 0.5
+    assert "--max-queue" in refused.json()["error"] and refused_before_a_place_freed, refused_in
     assert alive.status_code == 200 and ready.status_code == 503
     assert [a.status_code for a in answers] == [200] * MAX_QUEUE  # they waited their turn
     assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
