@@ -37,21 +37,32 @@ EXIT_FAILED = 1
 
 class Stop:
     """Stop requests, shared by the main thread (which receives the signals) and the Ray thread (which acts).
-    `on_stop`: a line said as the first signal is taken, before the Ray thread can act on it."""
+    `on_stop`: a line said as the first signal is taken, before the Ray thread can act on it, unless the Ray thread
+    has said it `serves` (it then says its own line as it stops: `say_stopping`)."""
 
     def __init__(self, on_stop: str = "") -> None:
         self.requested = threading.Event()  # a signal came: stop at the next step, or now while serving
         self.stopping = threading.Event()  # the Ray thread is stopping what it started (on a request or a failure)
         # Ray is up: its core worker put a C++ handler on SIGTERM (it logs and aborts): the main thread puts ours back
         self.connected = threading.Event()
+        self.serves = threading.Event()  # the Ray thread waits for a stop request alone, and says its own line
         self.signals: list[int] = []
         self.on_stop = on_stop
+        self._said = False
+        self._saying = threading.Lock()
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)  # first: a second signal that lands inside `say` does not say it again
-        if len(self.signals) == 1 and self.on_stop:
-            say(self.on_stop)
+        if len(self.signals) == 1 and self.on_stop and not self.serves.is_set():
+            self.say_stopping(self.on_stop)
         self.requested.set()
+
+    def say_stopping(self, line: str) -> None:
+        """Say `line` unless a stopping line was said already (by the other thread: one line, whichever is first)."""
+        with self._saying:
+            if not self._said:
+                self._said = True
+                say(line)
 
 
 def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str = "", note: str = "",

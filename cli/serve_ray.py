@@ -22,6 +22,12 @@ SERVE_TIMEOUT_MARGIN_S = 1.0  # Serve's own timeout is this much past the servic
 # here since cli.ray_shutdown, more on a loaded machine; 15 s when it took 7-8): the replicas may finish the requests
 # under way for the rest
 STOP_RESERVE_S = 8.0
+# Said as the first signal is taken while it starts: the step under way ends first (ray.init takes 3 s here, the
+# deploy 4.5 s, more on a loaded machine); once it serves, the Ray thread says "serve: stopping" instead
+STOPPING_LINE = ("serve: stopping once the step under way ends (starting Ray, Serve or the replicas); a second signal "
+                 "kills what had started now")
+JOINED_STOPPING_LINE = ("serve: stopping once the step under way ends (joining the cluster, starting Serve or the "
+                        "replicas); a second signal exits now")
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,9 @@ def serve_on_ray(plan: RayPlan, config: ServeConfig, shutdown_timeout_s: float) 
         click.echo(f"serve: note: --shutdown-timeout {shutdown_timeout_s:g} leaves the replicas no time to finish the "
                    f"requests under way when it stops (stopping Serve and Ray takes up to {STOP_RESERVE_S:g} s of it)",
                    err=True)
+    on_stop = STOPPING_LINE if plan.address is None else JOINED_STOPPING_LINE
     signum = drive(lambda stop: served.append(_serve(plan, config, drain_s, stop)), shutdown_timeout_s, "serve",
-                   "--shutdown-timeout ", note)
+                   "--shutdown-timeout ", note, on_stop)
     if signum is not None and not served[0]:
         stop = stop_for(signum)
         raise stop(f"serve: {stop.says} while starting; what had started is stopped")
@@ -91,8 +98,9 @@ def _serve(plan: RayPlan, config: ServeConfig, drain_s: float, stop: Stop) -> bo
                    f"{under}/readyz, {under}/metrics; docs at {under}/docs); Ray Serve, {_describe(config.replicas)} of "
                    f"{config.num_cpus:g} CPU each; Ray at {ray.get_runtime_context().gcs_address}; Ctrl-C stops",
                    err=True)
+        stop.serves.set()
         stop.requested.wait()
-        click.echo("serve: stopping", err=True)
+        stop.say_stopping("serve: stopping")
         return True
     finally:
         stop.stopping.set()
