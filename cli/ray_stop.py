@@ -101,7 +101,8 @@ def drive(work: Callable[[Stop], None], deadline_s: float, who: str, limit: str 
             if deadline is None and (stop.requested.is_set() or stop.stopping.is_set()):
                 deadline = time.monotonic() + deadline_s
             if deadline is not None and time.monotonic() > deadline and thread.is_alive():
-                _kill_and_exit(who, f"Ray did not stop within {limit}{deadline_s:g} s", note + _written(writes),
+                why = f"{limit}0 kills at once" if deadline_s == 0 else f"Ray did not stop within {limit}{deadline_s:g} s"
+                _kill_and_exit(who, why, note + _written(writes),
                                stop_for(stop.signals[0]).exit_code if stop.signals else EXIT_FAILED)
     finally:
         for sig, handler in previous.items():

@@ -87,10 +87,13 @@ def _serve(plan: RayPlan, config: ServeConfig, drain_s: float, stop: Stop) -> bo
         url = _http_url(serve.status(), plan.name, plan.host, plan.port)
         if stop.requested.is_set():
             return False
-        deployed = True  # from here on, what is on the cluster under `name` is ours to remove
         http = {"host": plan.host, "port": plan.port,
                 "request_timeout_s": config.request_timeout_s + SERVE_TIMEOUT_MARGIN_S}
-        _deploy(plan, config, http, drain_s)  # once deployed it answers (Serve's proxy routes to the replica
+        serve.start(http_options=http, proxy_location=PROXY_LOCATIONS[plan.proxy_location])  # Serve's HTTP proxy
+        if stop.requested.is_set():  # a signal while Serve started: no deploy (it went on to serve.run, 3 s more)
+            return False
+        deployed = True  # from here on, what is on the cluster under `name` is ours to remove
+        _deploy(plan, config, drain_s)  # once deployed it answers (Serve's proxy routes to the replica
         # before serve.run returns): a stop from here on is a served run's graceful stop, exit 0, ready line first
         under = plan.route_prefix.rstrip("/")
         route = under + ("/v1/predict" if plan.kind == "points" else "/v1/translate")
@@ -166,13 +169,12 @@ def _resolve_replicas(text: str, num_cpus: float) -> Replicas:
     return parse_replicas(text, ray.cluster_resources().get("CPU"), num_cpus)
 
 
-def _deploy(plan: RayPlan, config: ServeConfig, http: dict[str, Any], drain_s: float) -> None:
-    """Start Serve's HTTP proxy and run the application; a replica that cannot start fails the command."""
+def _deploy(plan: RayPlan, config: ServeConfig, drain_s: float) -> None:
+    """Run the application on Serve; a replica that cannot start fails the command."""
     from ray import serve
 
     from serving.app import build_app
 
-    serve.start(http_options=http, proxy_location=PROXY_LOCATIONS[plan.proxy_location])
     app = build_app(None if plan.address is not None else plan.model_dir, config, drain_s)  # None: replicas' workdir
     try:
         serve.run(app, name=plan.name, route_prefix=plan.route_prefix)

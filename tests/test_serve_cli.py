@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import httpx
+import psutil
 import pytest
 
 from cli.serve_ray import STOPPING_LINE
@@ -25,7 +26,7 @@ from runtime.model import Seq2Seq
 from runtime.sessions import max_threads
 
 from support.devices import DEVICES
-from support.processes import default_stops, group_members, leftovers, wait_until
+from support.processes import command_line, default_stops, group_members, leftovers, wait_until
 from support.reliability import (
     BAD_INPUT,
     USAGE,
@@ -228,6 +229,32 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path: Path, when: str
 
 
 @pytest.mark.ray
+def test_a_signal_while_serve_starts_stops_before_the_deploy(tmp_path: Path) -> None:
+    """A signal taken while serve.start waited (held here: Serve's controller is stopped as it appears) went on to
+    deploy the model, seconds more, and served (exit 0); it now stops before the deploy: 143, 'while starting'."""
+    process, log = _start_serving(tmp_path)
+
+    def controller() -> int | None:  # a child of the raylet, in a process group of its own
+        with contextlib.suppress(psutil.Error):
+            return next((child.pid for child in psutil.Process(process.pid).children(recursive=True)
+                         if "ServeController" in command_line(child.pid)), None)
+        return None
+
+    _wait_for(process, log, lambda: controller() is not None)
+    held = controller()
+    assert held is not None
+    os.kill(held, signal.SIGSTOP)
+    try:
+        process.send_signal(signal.SIGTERM)
+        _wait_for(process, log, lambda: STOPPING_LINE in log.read_text())
+    finally:
+        os.kill(held, signal.SIGCONT)
+    said, left = _stopped(process, log)
+    assert process.returncode == 143 and "serve: stopped by SIGTERM while starting" in said, said[-3000:]
+    assert "Deploying new version" not in said and READY not in said and not left, (left, said[-3000:])
+
+
+@pytest.mark.ray
 def test_a_second_sigterm_while_stopping_kills_what_had_started(tmp_path: Path) -> None:
     process, log = _start_serving(tmp_path)
     _wait_for(process, log, lambda: len(group_members(process.pid)) >= 2)
@@ -240,15 +267,18 @@ def test_a_second_sigterm_while_stopping_kills_what_had_started(tmp_path: Path) 
 
 
 @pytest.mark.ray
-def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("limit", "says"), [
+    ("0.2", "serve: Ray did not stop within --shutdown-timeout 0.2 s: killed the"),
+    ("0", "serve: --shutdown-timeout 0 kills at once: killed the")])  # as asked: not "Ray did not stop within 0 s"
+def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Path, limit: str, says: str) -> None:
     """--shutdown-timeout bounds stopping on Ray too: Serve's and Ray's shutdown take seconds, so 0.2 s runs out."""
-    process, log = _start_serving(tmp_path, "--shutdown-timeout", "0.2")
+    process, log = _start_serving(tmp_path, "--shutdown-timeout", limit)
     _wait_for(process, log, lambda: READY in log.read_text())
     process.send_signal(signal.SIGTERM)
     said, left = _stopped(process, log)
-    assert process.returncode == 143, said[-3000:]
-    assert "serve: Ray did not stop within --shutdown-timeout 0.2 s: killed the" in said, said[-3000:]
-    assert "serve: note: --shutdown-timeout 0.2 leaves the replicas no time to finish the requests under way" in said
+    assert process.returncode == 143 and says in said, said[-3000:]
+    no_drain = f"serve: note: --shutdown-timeout {limit} leaves the replicas no time to finish the requests under way"
+    assert (no_drain in said) == (limit != "0"), said[-3000:]  # 0 is the kill at once its help names
     assert "Traceback" not in said and not left, (left, said[-3000:])
 
 
