@@ -150,14 +150,35 @@ def test_serve_listens_on_an_ipv6_host(launch) -> None:
     assert f"at {url} " in stop(process)
 
 
-def _start_serving(tmp_path: Path, *args: str, port: int | None = None) -> tuple[subprocess.Popen, Path]:
-    """`serve DATES --ray ...` in a session of its own, its output to a log (not waited for)."""
-    log = tmp_path / "serve.log"
-    with ray_env() as env, open(log, "w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--ray", "--port",
-                                    str(port or free_port()), *args], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True, preexec_fn=default_stops)
-    return process, log
+StartServing = Callable[..., tuple[subprocess.Popen, Path]]
+
+
+@pytest.fixture
+def start_serving(tmp_path: Path) -> Iterator[StartServing]:
+    """`serve DATES --ray ...` in a session of its own, its output to a log (not waited for). At teardown, one that
+    a failed test left running is killed with everything it started: a test that failed while waiting for a line
+    had left a server and its Ray running (Ray's workers are in process groups of their own)."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str, port: int | None = None) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"serve-{len(started)}.log"
+        with ray_env() as env, open(log, "w") as sink:
+            process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--ray", "--port",
+                                        str(port or free_port()), *args], env=env, stdout=sink,
+                                       stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                       preexec_fn=default_stops)
+        started.append(process)
+        return process, log
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                everything = [process.pid] + [child.pid for child in psutil.Process(process.pid).children(True)]
+                for pid in everything:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            process.wait()
 
 
 def _wait_for(process: subprocess.Popen, log: Path, reached: Callable[[], bool]) -> None:
@@ -181,11 +202,11 @@ WHEN = {"ray-starts": lambda pid, text: len(group_members(pid)) >= 2,
 
 
 @pytest.mark.ray
-def test_sigterm_once_it_answers_is_a_graceful_stop(tmp_path: Path) -> None:
+def test_sigterm_once_it_answers_is_a_graceful_stop(start_serving: StartServing) -> None:
     """Serve's proxy answers before serve.run returns: a SIGTERM sent as soon as /healthz says 200 (a supervisor
     marking it up) is a served run's stop, exit 0 with the ready line, not 'stopped by SIGTERM while starting'."""
     port = free_port()
-    process, log = _start_serving(tmp_path, port=port)
+    process, log = start_serving(port=port)
 
     def answers() -> bool:
         try:
@@ -206,9 +227,9 @@ def test_sigterm_once_it_answers_is_a_graceful_stop(tmp_path: Path) -> None:
 
 @pytest.mark.ray
 @pytest.mark.parametrize("when", list(WHEN))
-def test_sigterm_while_starting_stops_what_had_started(tmp_path: Path, when: str) -> None:
+def test_sigterm_while_starting_stops_what_had_started(start_serving: StartServing, when: str) -> None:
     """SIGTERM at any step of starting: exit 143 with a one-line message, nothing of Ray left behind."""
-    process, log = _start_serving(tmp_path)
+    process, log = start_serving()
     _wait_for(process, log, lambda: WHEN[when](process.pid, log.read_text()))
     time.sleep(0.15 if when == "ray-connects" else 0)
     process.send_signal(signal.SIGTERM)
@@ -229,10 +250,10 @@ def test_sigterm_while_starting_stops_what_had_started(tmp_path: Path, when: str
 
 
 @pytest.mark.ray
-def test_a_signal_while_serve_starts_stops_before_the_deploy(tmp_path: Path) -> None:
+def test_a_signal_while_serve_starts_stops_before_the_deploy(start_serving: StartServing) -> None:
     """A signal taken while serve.start waited (held here: Serve's controller is stopped as it appears) went on to
     deploy the model, seconds more, and served (exit 0); it now stops before the deploy: 143, 'while starting'."""
-    process, log = _start_serving(tmp_path)
+    process, log = start_serving()
 
     def controller() -> int | None:  # a child of the raylet, in a process group of its own
         with contextlib.suppress(psutil.Error):
@@ -255,8 +276,8 @@ def test_a_signal_while_serve_starts_stops_before_the_deploy(tmp_path: Path) -> 
 
 
 @pytest.mark.ray
-def test_a_second_sigterm_while_stopping_kills_what_had_started(tmp_path: Path) -> None:
-    process, log = _start_serving(tmp_path)
+def test_a_second_sigterm_while_stopping_kills_what_had_started(start_serving: StartServing) -> None:
+    process, log = start_serving()
     _wait_for(process, log, lambda: len(group_members(process.pid)) >= 2)
     process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -270,9 +291,9 @@ def test_a_second_sigterm_while_stopping_kills_what_had_started(tmp_path: Path) 
 @pytest.mark.parametrize(("limit", "says"), [
     ("0.2", "serve: Ray did not stop within --shutdown-timeout 0.2 s: killed the"),
     ("0", "serve: --shutdown-timeout 0 kills at once: killed the")])  # as asked: not "Ray did not stop within 0 s"
-def test_stopping_past_the_shutdown_timeout_kills_what_had_started(tmp_path: Path, limit: str, says: str) -> None:
+def test_stopping_past_the_shutdown_timeout_kills_what_had_started(start_serving: StartServing, limit: str, says: str) -> None:
     """--shutdown-timeout bounds stopping on Ray too: Serve's and Ray's shutdown take seconds, so 0.2 s runs out."""
-    process, log = _start_serving(tmp_path, "--shutdown-timeout", limit)
+    process, log = start_serving("--shutdown-timeout", limit)
     _wait_for(process, log, lambda: READY in log.read_text())
     process.send_signal(signal.SIGTERM)
     said, left = _stopped(process, log)
