@@ -45,6 +45,14 @@ STOP_TIMEOUT = 60
 READY = "Ctrl-C stops"
 
 
+def _serve_process(log: Path, *args: str) -> subprocess.Popen:
+    """`seq2onnx serve ARGS` in a session of its own, its output to `log` (Ray logs a lot: an unread pipe would fill
+    and block it), with the default signal dispositions; not waited for."""
+    with ray_env() as env, open(log, "w") as sink:
+        return subprocess.Popen([sys.executable, "-m", "cli", "serve", *args], env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=default_stops)
+
+
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator:
     """Start `seq2onnx serve ...` in its own process group, its output to files (Ray logs a lot: an unread pipe
@@ -53,10 +61,7 @@ def launch(tmp_path: Path) -> Iterator:
 
     def start(*args: str) -> subprocess.Popen:
         log = tmp_path / f"serve-{len(started)}.log"
-        with ray_env() as env, open(log, "w") as sink:
-            process = subprocess.Popen([sys.executable, "-m", "cli", "serve", *args], env=env, stdout=sink,
-                                       stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                       preexec_fn=default_stops)  # the test stops it with Ctrl-C
+        process = _serve_process(log, *args)  # the test stops it with Ctrl-C
         process.log = log  # type: ignore[attr-defined]
         started.append(process)
         deadline = time.monotonic() + START_TIMEOUT
@@ -162,11 +167,7 @@ def start_serving(tmp_path: Path) -> Iterator[StartServing]:
 
     def start(*args: str, port: int | None = None) -> tuple[subprocess.Popen, Path]:
         log = tmp_path / f"serve-{len(started)}.log"
-        with ray_env() as env, open(log, "w") as sink:
-            process = subprocess.Popen([sys.executable, "-m", "cli", "serve", str(DATES), "--ray", "--port",
-                                        str(port or free_port()), *args], env=env, stdout=sink,
-                                       stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                       preexec_fn=default_stops)
+        process = _serve_process(log, str(DATES), "--ray", "--port", str(port or free_port()), *args)
         started.append(process)
         return process, log
 
