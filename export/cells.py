@@ -9,27 +9,53 @@ l - 1's new h):
     r = s(W_ir x + b_ir + W_hr h + b_hr)     z = s(W_iz x + b_iz + W_hz h + b_hz)
     n = tanh(W_in x + b_in + r * (W_hn h + b_hn))      h' = (1 - z) * n + z * h
 nn.LSTM keeps its op: written out, an LSTM step took 0.95-1.08x the LSTM op's time, so there is nothing to gain.
+
+A token decoder's first layer reads an embedding row: its input products W_i(rz) x + b and W_in x + b depend on the
+previous token alone, so with `embedding` they are looked up in two tables of one row per token, made once at
+export (`input_tables`): a step runs two Gathers instead of the embedding's Gather and two Gemms. Tables past
+TABLE_LIMIT values (a large vocabulary times 3 x hidden) keep the products: the graphs would grow by the tables.
+The tables are constants of the traced graph, which int8's dynamic quantizer (initializers only) leaves float32.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+# Most values (vocabulary x 3 x hidden) the input tables may hold: 4 MB as float32, in each graph of the step. The
+# dates GRU model's (15 x 384) replace its embedding and input weights, 2.2x the tables' size.
+TABLE_LIMIT = 1 << 20
 
 
 class ExplicitGRU(nn.Module):
-    """One step of a unidirectional (multi-layer) nn.GRU: x (N, I), h (layers, N, H) -> top h' (N, H), h'."""
+    """One step of a unidirectional (multi-layer) nn.GRU: x (N, I), h (layers, N, H) -> top h' (N, H), h'. With
+    `embedding` (whose rows the GRU reads), x is (N,) token ids; the first layer's input products are looked up
+    (`input_tables`) where the tables fit `table_limit` values (TABLE_LIMIT), else the ids are embedded."""
 
-    def __init__(self, rnn: nn.GRU) -> None:
+    def __init__(self, rnn: nn.GRU, embedding: nn.Embedding | None = None, table_limit: int | None = None) -> None:
         super().__init__()
         if not isinstance(rnn, nn.GRU) or rnn.bidirectional or not rnn.bias:
             raise TypeError(f"ExplicitGRU needs a unidirectional nn.GRU with biases, got {rnn!r}")
         self.rnn = rnn  # the parameters stay the model's own: the graph exports exactly what was trained
+        self.embedding = embedding
+        limit = TABLE_LIMIT if table_limit is None else table_limit  # read at construction: a test may lower it
+        self.looked_up = embedding is not None and embedding.num_embeddings * 3 * rnn.hidden_size <= limit
+        if self.looked_up:
+            rz, n = input_tables(rnn, embedding)
+            self.register_buffer("table_rz", rz, persistent=False)
+            self.register_buffer("table_n", n, persistent=False)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         layers = []
         for layer in range(self.rnn.num_layers):
-            x = gru_cell(x, h[layer], *(getattr(self.rnn, f"{name}_l{layer}")
-                                        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")))  # (N, H)
+            weights = [getattr(self.rnn, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih",
+                                                                         "bias_hh")]
+            if layer == 0 and self.looked_up:
+                x = looked_up_cell(F.embedding(x, self.table_rz), F.embedding(x, self.table_n), h[0], *weights[1::2])
+            else:
+                if layer == 0 and self.embedding is not None:
+                    x = self.embedding(x)
+                x = gru_cell(x, h[layer], *weights)  # (N, H)
             layers.append(x)
         # one layer: an Unsqueeze, not Unsqueeze + Concat
         return x, layers[0][None] if len(layers) == 1 else torch.stack(layers)  # (N, H), (layers, N, H)
@@ -46,3 +72,24 @@ def gru_cell(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.T
     r, z = torch.sigmoid(rz_pre).split(size, dim=-1)  # (N, H) each
     n = torch.tanh(torch.addmm(b_ih[n], x, w_ih[n].t()) + r * torch.addmm(b_hh[n], h, w_hh[n].t()))  # (N, H)
     return n + z * (h - n)  # = (1 - z) * n + z * h, one node fewer
+
+
+def input_tables(rnn: nn.GRU, embedding: nn.Embedding) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first layer's input products for every token, as `gru_cell` adds them: (V, 2H) W_i(rz) e + b_i(rz) +
+    b_h(rz), and (V, H) W_in e + b_in, for the rows e of `embedding`."""
+    size = rnn.hidden_size
+    w_ih, b_ih, b_hh, rows = rnn.weight_ih_l0, rnn.bias_ih_l0, rnn.bias_hh_l0, embedding.weight
+    with torch.no_grad():
+        rz = torch.addmm(b_ih[:2 * size] + b_hh[:2 * size], rows, w_ih[:2 * size].t())
+        n = torch.addmm(b_ih[2 * size:], rows, w_ih[2 * size:].t())
+    return rz.detach().clone(), n.detach().clone()
+
+
+def looked_up_cell(rz_in: torch.Tensor, n_in: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
+                   b_hh: torch.Tensor) -> torch.Tensor:
+    """`gru_cell` with the input products given: rz_in (N, 2H) and n_in (N, H) from `input_tables`."""
+    size = w_hh.shape[1]
+    rz, n = slice(0, 2 * size), slice(2 * size, 3 * size)
+    r, z = torch.sigmoid(torch.addmm(rz_in, h, w_hh[rz].t())).split(size, dim=-1)  # (N, H) each
+    n = torch.tanh(n_in + r * torch.addmm(b_hh[n], h, w_hh[n].t()))  # (N, H)
+    return n + z * (h - n)

@@ -1,4 +1,5 @@
-"""The explicit GRU cell equals nn.GRU, step graphs use it; session defaults and CUDA device choice."""
+"""The explicit GRU cell equals nn.GRU (its first layer's input products looked up per token too), step graphs use
+it; session defaults and CUDA device choice."""
 from __future__ import annotations
 
 import onnx
@@ -10,10 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+import export.cells as cells
 import runtime.sessions as sessions
 from export.cells import ExplicitGRU
 from export.graphs import export_graphs
-from runtime.contract import DECODER_STEP_FILE
+from runtime.contract import BEAM_STEP_FILE, DECODER_STEP_FILE, GREEDY_FILE
 from runtime.defaults import DEFAULT_OPSET
 from runtime.errors import InputError, ProviderError
 from runtime.sessions import (
@@ -57,6 +59,70 @@ def test_explicit_gru_equals_torch_gru(batch: int, inputs: int, hidden: int, lay
 def test_explicit_gru_refuses_what_it_cannot_compute(rnn: nn.Module) -> None:
     with pytest.raises(TypeError, match="ExplicitGRU needs a unidirectional nn.GRU with biases"):
         ExplicitGRU(rnn)
+
+
+@PROPERTY
+@given(batch=st.integers(1, 9), vocab=st.integers(1, 20), inputs=st.integers(1, 12), hidden=st.integers(1, 12),
+       layers=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_explicit_gru_over_token_ids_equals_torch_gru_over_their_embeddings(batch: int, vocab: int, inputs: int,
+                                                                           hidden: int, layers: int,
+                                                                           seed: int) -> None:
+    """With the embedding given, the first layer's input products come from tables of one row per token (made
+    at construction): the same step as nn.GRU over the embedded ids, with the tables or, past TABLE_LIMIT, without."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    rnn = nn.GRU(inputs, hidden, num_layers=layers, batch_first=True).eval()
+    embedding = nn.Embedding(vocab, inputs, padding_idx=0)
+    ids = torch.randint(0, vocab, (batch,), generator=gen)
+    h = torch.randn(layers, batch, hidden, generator=gen)
+    with torch.no_grad():
+        out, want = rnn(embedding(ids)[:, None], h)
+        looked_up = ExplicitGRU(rnn, embedding)
+        assert looked_up.looked_up and looked_up.table_rz.shape == (vocab, 2 * hidden)
+        for cell in (looked_up, ExplicitGRU(rnn, embedding, table_limit=vocab * 3 * hidden - 1)):
+            top, got = cell(ids, h)
+            torch.testing.assert_close(top, out[:, 0], atol=ATOL, rtol=RTOL)
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+def input_products(path, spec: ModelSpec) -> dict[str, int]:
+    """Per graph of a GRU token model's step: how many products read a weight as wide as the embedding (the first
+    layer's input products, W_i x), and how many Gathers read a (vocabulary, 2 x hidden or hidden) table."""
+    found = {}
+    for name in (DECODER_STEP_FILE, GREEDY_FILE, BEAM_STEP_FILE):
+        model = onnx.load(str(path / name))
+        graphs = [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.type == a.GRAPH]
+        nodes = [n for g in graphs for n in g.node]
+        weights = {t.name: tuple(t.dims) for g in graphs for t in g.initializer}
+        weights.update({n.output[0]: tuple(n.attribute[0].t.dims) for n in nodes if n.op_type == "Constant"})
+        found[name] = {
+            "products": sum(n.op_type in ("Gemm", "MatMul") and spec.embedding_dim in weights.get(n.input[1], ())
+                            for n in nodes),
+            "tables": sum(n.op_type == "Gather" and weights.get(n.input[0]) in
+                          {(spec.target_vocab_size, 2 * spec.hidden_dim), (spec.target_vocab_size, spec.hidden_dim)}
+                          for n in nodes)}
+    return found
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_gru_token_step_looks_its_input_products_up(layers: int, tmp_path) -> None:
+    """The step, greedy loop and beam step graphs run two Gathers for the first layer's input products instead of
+    the embedding's Gather and two Gemms; the export's parity checks pass on them (export_graphs runs them)."""
+    torch.manual_seed(0)
+    spec = ModelSpec(kind="tokens", cell="gru", layers=layers, attention="dot", hidden_dim=6, embedding_dim=5,
+                     source_vocab_size=11, target_vocab_size=11)
+    export_graphs(build_token_model(spec).eval(), spec, tmp_path, DEFAULT_OPSET, "test")
+    assert set(map(str, input_products(tmp_path, spec).values())) == {str({"products": 0, "tables": 2})}
+
+
+def test_past_the_table_limit_a_gru_token_step_keeps_its_input_products(monkeypatch, tmp_path) -> None:
+    """A vocabulary x 3 x hidden past TABLE_LIMIT would grow every step graph by the tables: the products stay."""
+    torch.manual_seed(0)
+    spec = ModelSpec(kind="tokens", cell="gru", layers=1, attention="dot", hidden_dim=6, embedding_dim=5,
+                     source_vocab_size=11, target_vocab_size=11)
+    monkeypatch.setattr(cells, "TABLE_LIMIT", 11 * 3 * 6 - 1)
+    export_graphs(build_token_model(spec).eval(), spec, tmp_path, DEFAULT_OPSET, "test")
+    assert set(map(str, input_products(tmp_path, spec).values())) == {str({"products": 2, "tables": 0})}
 
 
 def recurrent_ops(path) -> set[str]:

@@ -1,7 +1,8 @@
 """Export modules for token models, with flat tensor arguments named by the contract. They reuse the model's own
 `encode` and `step`, so the graphs compute exactly what the PyTorch reference decode does, for any token model; a
 recurrent GRU model's step differs only in how its GRU advances: through `cells.ExplicitGRU` (Gemms and gate
-arithmetic), which onnxruntime's CPU kernels run faster than a GRU op of length 1 (benchmarks/cpu_step_bench.py).
+arithmetic, its first layer's input products looked up per token), which onnxruntime's CPU kernels run faster than
+a GRU op of length 1 (benchmarks/cpu_step_bench.py).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class TokenStepGraph(nn.Module):
         super().__init__()
         self.model, self.folded = model, folded
         gru = isinstance(model, TokenSeq2Seq) and spec.cell == "gru"  # an LSTM keeps its op: as fast (cells.py)
-        self.cell = ExplicitGRU(model.decoder.rnn) if gru else None
+        self.cell = ExplicitGRU(model.decoder.rnn, model.decoder.embedding) if gru else None
         self.input_names = ["previous_tokens", *token_decoder_state(spec)]
         self.output_names = list(token_decoder_outputs(spec))
 
@@ -78,7 +79,7 @@ class TokenStepGraph(nn.Module):
                  state: TensorState) -> tuple[torch.Tensor, TensorState, torch.Tensor | None]:
         """`TokenSeq2Seq.step` (or `folded_step`) with the explicit cell in place of the GRU."""
         decoder = self.model.decoder
-        features, hidden = self.cell(decoder.embedding(previous), state["hidden"])  # (N, H), (layers, N, H)
+        features, hidden = self.cell(previous, state["hidden"])  # (N, H), (layers, N, H)
         context = alphas = None
         if self.folded:
             queries = features.view(state["source_mask"].shape[0], -1, features.shape[-1])  # (B, k, H)
