@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-import export.cells as cells
 import runtime.sessions as sessions
 from export.cells import ExplicitGRU
 from export.graphs import export_graphs
@@ -62,24 +61,25 @@ def test_explicit_gru_refuses_what_it_cannot_compute(rnn: nn.Module) -> None:
 
 
 @PROPERTY
-@given(batch=st.integers(1, 9), vocab=st.integers(1, 20), inputs=st.integers(1, 12), hidden=st.integers(1, 12),
+@given(batch=st.integers(1, 9), vocab=st.integers(1, 40), inputs=st.integers(1, 12), hidden=st.integers(1, 12),
        layers=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_explicit_gru_over_token_ids_equals_torch_gru_over_their_embeddings(batch: int, vocab: int, inputs: int,
                                                                            hidden: int, layers: int,
                                                                            seed: int) -> None:
     """With the embedding given, the first layer's input products come from tables of one row per token (made
-    at construction): the same step as nn.GRU over the embedded ids, with the tables or, past TABLE_LIMIT, without."""
+    at construction) where they fit: the same step as nn.GRU over the embedded ids, with the tables or without."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     rnn = nn.GRU(inputs, hidden, num_layers=layers, batch_first=True).eval()
     embedding = nn.Embedding(vocab, inputs, padding_idx=0)
     ids = torch.randint(0, vocab, (batch,), generator=gen)
     h = torch.randn(layers, batch, hidden, generator=gen)
+    assert ExplicitGRU(rnn, embedding).looked_up == (vocab * 3 * hidden <= (vocab + 3 * hidden) * inputs)
     with torch.no_grad():
         out, want = rnn(embedding(ids)[:, None], h)
-        looked_up = ExplicitGRU(rnn, embedding)
-        assert looked_up.looked_up and looked_up.table_rz.shape == (vocab, 2 * hidden)
-        for cell in (looked_up, ExplicitGRU(rnn, embedding, table_limit=vocab * 3 * hidden - 1)):
+        looked_up = ExplicitGRU(rnn, embedding, lookup=True)
+        assert looked_up.table_rz.shape == (vocab, 2 * hidden) and looked_up.table_n.shape == (vocab, hidden)
+        for cell in (looked_up, ExplicitGRU(rnn, embedding, lookup=False)):
             top, got = cell(ids, h)
             torch.testing.assert_close(top, out[:, 0], atol=ATOL, rtol=RTOL)
             torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
@@ -104,23 +104,27 @@ def input_products(path, spec: ModelSpec) -> dict[str, int]:
     return found
 
 
+def gru_token_spec(layers: int, vocab: int, embedding_dim: int) -> ModelSpec:
+    return ModelSpec(kind="tokens", cell="gru", layers=layers, attention="dot", hidden_dim=6,
+                     embedding_dim=embedding_dim, source_vocab_size=vocab, target_vocab_size=vocab)
+
+
 @pytest.mark.parametrize("layers", [1, 2])
 def test_a_gru_token_step_looks_its_input_products_up(layers: int, tmp_path) -> None:
     """The step, greedy loop and beam step graphs run two Gathers for the first layer's input products instead of
-    the embedding's Gather and two Gemms; the export's parity checks pass on them (export_graphs runs them)."""
+    the embedding's Gather and two Gemms (tables of 11 x 18 values against 11 x 8 + 18 x 8 in the weights); the
+    export's parity checks pass on them (export_graphs runs them)."""
     torch.manual_seed(0)
-    spec = ModelSpec(kind="tokens", cell="gru", layers=layers, attention="dot", hidden_dim=6, embedding_dim=5,
-                     source_vocab_size=11, target_vocab_size=11)
+    spec = gru_token_spec(layers, vocab=11, embedding_dim=8)
     export_graphs(build_token_model(spec).eval(), spec, tmp_path, DEFAULT_OPSET, "test")
     assert set(map(str, input_products(tmp_path, spec).values())) == {str({"products": 0, "tables": 2})}
 
 
-def test_past_the_table_limit_a_gru_token_step_keeps_its_input_products(monkeypatch, tmp_path) -> None:
-    """A vocabulary x 3 x hidden past TABLE_LIMIT would grow every step graph by the tables: the products stay."""
+def test_tables_larger_than_the_weights_they_stand_in_for_are_not_made(tmp_path) -> None:
+    """40 x 18 table values against 40 x 5 + 18 x 5 in the embedding and input weights: every step graph would
+    grow by the tables (an int8 export most: its tables stay float32), so the products stay."""
     torch.manual_seed(0)
-    spec = ModelSpec(kind="tokens", cell="gru", layers=1, attention="dot", hidden_dim=6, embedding_dim=5,
-                     source_vocab_size=11, target_vocab_size=11)
-    monkeypatch.setattr(cells, "TABLE_LIMIT", 11 * 3 * 6 - 1)
+    spec = gru_token_spec(1, vocab=40, embedding_dim=5)
     export_graphs(build_token_model(spec).eval(), spec, tmp_path, DEFAULT_OPSET, "test")
     assert set(map(str, input_products(tmp_path, spec).values())) == {str({"products": 2, "tables": 0})}
 
