@@ -61,14 +61,16 @@ class ExplicitGRU(nn.Module):
 def gru_cell(x: torch.Tensor, h: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor,
              b_hh: torch.Tensor) -> torch.Tensor:
     """nn.GRU's update for one position: x (N, I), h (N, H) -> h' (N, H)."""
-    size = w_hh.shape[1]  # a Python int, so every weight slice below is folded into a constant at export
+    return looked_up_cell(*input_products(x, w_ih, b_ih, b_hh), h, w_hh, b_hh)
+
+
+def input_products(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor,
+                   b_hh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (N, I) -> what the gates add from the input: (N, 2H) W_i(rz) x + b_i(rz) + b_h(rz) (the hidden product's
+    C in `looked_up_cell`: one Gemm each, no Add joins them) and (N, H) W_in x + b_in."""
+    size = w_ih.shape[0] // 3  # a Python int, so every weight slice below is folded into a constant at export
     rz, n = slice(0, 2 * size), slice(2 * size, 3 * size)
-    # Each addmm is one Gemm; the input product is the C of the hidden one, so no Add joins them, and onnxruntime
-    # fuses the Sigmoid into that Gemm.
-    rz_pre = torch.addmm(torch.addmm(b_ih[rz] + b_hh[rz], x, w_ih[rz].t()), h, w_hh[rz].t())  # (N, 2H)
-    r, z = torch.sigmoid(rz_pre).split(size, dim=-1)  # (N, H) each
-    n = torch.tanh(torch.addmm(b_ih[n], x, w_ih[n].t()) + r * torch.addmm(b_hh[n], h, w_hh[n].t()))  # (N, H)
-    return n + z * (h - n)  # = (1 - z) * n + z * h, one node fewer
+    return torch.addmm(b_ih[rz] + b_hh[rz], x, w_ih[rz].t()), torch.addmm(b_ih[n], x, w_ih[n].t())
 
 
 def tables_fit(rnn: nn.GRU, embedding: nn.Embedding) -> bool:
@@ -78,21 +80,17 @@ def tables_fit(rnn: nn.GRU, embedding: nn.Embedding) -> bool:
 
 
 def input_tables(rnn: nn.GRU, embedding: nn.Embedding) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first layer's input products for every token, as `gru_cell` adds them: (V, 2H) W_i(rz) e + b_i(rz) +
-    b_h(rz), and (V, H) W_in e + b_in, for the rows e of `embedding`."""
-    size = rnn.hidden_size
-    w_ih, b_ih, b_hh, rows = rnn.weight_ih_l0, rnn.bias_ih_l0, rnn.bias_hh_l0, embedding.weight
+    """The first layer's `input_products` for every token: (V, 2H) and (V, H), for the rows of `embedding`."""
     with torch.no_grad():
-        rz = torch.addmm(b_ih[:2 * size] + b_hh[:2 * size], rows, w_ih[:2 * size].t())
-        n = torch.addmm(b_ih[2 * size:], rows, w_ih[2 * size:].t())
-    return rz.detach().clone(), n.detach().clone()
+        return input_products(embedding.weight, rnn.weight_ih_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
 
 
 def looked_up_cell(rz_in: torch.Tensor, n_in: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor,
                    b_hh: torch.Tensor) -> torch.Tensor:
-    """`gru_cell` with the input products given: rz_in (N, 2H) and n_in (N, H) from `input_tables`."""
+    """`gru_cell` with its `input_products` given (from `input_tables`, or just made): h (N, H) -> h' (N, H)."""
     size = w_hh.shape[1]
     rz, n = slice(0, 2 * size), slice(2 * size, 3 * size)
+    # onnxruntime fuses the Sigmoid into the hidden product's Gemm
     r, z = torch.sigmoid(torch.addmm(rz_in, h, w_hh[rz].t())).split(size, dim=-1)  # (N, H) each
     n = torch.tanh(n_in + r * torch.addmm(b_hh[n], h, w_hh[n].t()))  # (N, H)
-    return n + z * (h - n)
+    return n + z * (h - n)  # = (1 - z) * n + z * h, one node fewer
