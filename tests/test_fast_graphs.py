@@ -389,6 +389,32 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
     _check_beam_graphs(fast_export.path, wide, seed=int(wide))
 
 
+@pytest.mark.parametrize("graph", ["beam", "fold_beam", "fold_few_beam"])
+def test_the_block_beam_graphs_decode_the_first_step_on_one_row_an_input_where_the_vocabulary_allows(
+        fast_export, graph, tmp_path):
+    """Every beam is bos at step 0 and all but the first start at -inf, so the block graphs' Loop starts from one
+    row an input (live sums (B, 1, 1), a mask of one slot) and grows to k rows after step 0; a beam wider than the
+    vocabulary starts from its k rows as before (the first step then has fewer than k candidates a row). Read off
+    the Loop's first carried values, made graph outputs."""
+    path = fast_export.path / FAST_FILES[graph]
+    if not path.exists():
+        pytest.skip(f"{graph} is not written for this variant")
+    model = onnx.load(path)
+    loop = next(node for node in model.graph.node if node.op_type == "Loop")
+    live, ancestry = loop.input[4], loop.input[6]  # after max_length, cond: step, tokens, live, history, ancestry
+    model.graph.output.extend([onnx.ValueInfoProto(name=live), onnx.ValueInfoProto(name=ancestry)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    vocab = fast_export.model.spec.target_vocab_size
+    ids = np.full((3, 4), 5, np.int64)
+    for k, rows in ((1, 1), (4, 1), (vocab, 1), (vocab + 1, vocab + 1)):
+        feed = dict(source_ids=ids, source_lengths=np.full(3, 4, np.int64), max_length=np.array(3, np.int64),
+                    min_length=np.array(0, np.int64), beam_size=np.array(k, np.int64),
+                    num_hypotheses=np.array(1, np.int64), length_penalty=np.array(1.0))
+        first_live, first_mask = session.run([live, ancestry], feed)
+        assert first_live.shape == (3, rows, 1) and first_mask.shape == (3, rows, rows), k
+        assert first_live[:, 0].tolist() == [[0.0]] * 3 and np.isneginf(first_live[:, 1:]).all()
+
+
 @pytest.fixture(scope="module")
 def per_beam_export(tmp_path_factory):
     """The pre-norm model of fast_export, its beam graphs ranking each beam's best 2k first (search.select), as

@@ -32,7 +32,8 @@ def constant(net: Net, hint: str, value: object, dtype: type = np.int64) -> str:
 class Ended(NamedTuple):
     """The step a run of steps ended at, as `finish` reads it: its index t (int64 scalar), the token histories
     before it (B * k, t) and after it (B * k, t + 1), and its candidates and kept sums (Ranked's flat, flat_tokens
-    and kept). In blocks (not Outer.wide) as the step keeps them, (B, k, ...) and (B, n, 1) (`_as_rows`)."""
+    and kept). In blocks (not Outer.wide) as the step keeps them, (B, n, t), (B, k, t + 1) and so on, n being the
+    step's rows an input (1 at step 0 where Outer.first_rows is 1, else k; `_as_rows`)."""
 
     t: str
     before: str
@@ -46,7 +47,8 @@ class Ranked(NamedTuple):
     """One step's candidates: every extension's summed log-prob, flat (B, k V) by index beam * V + token (from
     RANK_PER_BEAM_FROM ids each beam's best k' only, (B, k k'), with their tokens in flat_tokens, else None); the k
     kept as live beams (beams, tokens, sums: (B, k)); and whether no input has an eos among its first k candidates
-    (a bool scalar). In blocks (not Outer.wide) each (B, n, 1), and flat without eos's row where Outer.eos_bar."""
+    (a bool scalar). In blocks (not Outer.wide) the k kept (B, k, 1) and the candidates of the step's n rows an
+    input (B, n k', 1), or, by every id, unflattened (B, n, V) without eos's row (Outer.eos_bar)."""
 
     flat: str
     flat_tokens: str | None
@@ -57,9 +59,9 @@ class Ranked(NamedTuple):
 
 
 def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
-    """Step t's log-probs (B, k, V) and live sums (B, k, 1) (wide: (B * k, V) and (B * k, 1)) -> the candidates and
-    the k kept: the first k non-eos in rank order, one TopK over the sums with every eos at -inf (ties by the lower
-    index, as a stable sort over all of them would keep them). No eos is among an input's first k candidates where
+    """Step t's log-probs (B, n, V) and live sums (B, n, 1) (n: the step's rows an input, Ended; wide: (B * k, V)
+    and (B * k, 1)) -> the candidates and the k kept: the first k non-eos in rank order, one TopK over the sums with
+    every eos at -inf (ties by the lower index, as a stable sort over all of them would keep them). No eos is among an input's first k candidates where
     every eos sum is below its k-th kept sum; an eos that ties it counts as among them (finish then ranks exactly,
     and finds nothing where it was not). From RANK_PER_BEAM_FROM ids (o.per_beam) each beam's best k' = min(2k, V)
     come first, by a float32 TopK over its row: adding the beam's sum keeps their order (and ties stay by token),
@@ -74,10 +76,16 @@ def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
     if o.per_beam is not None:
         scored, flat_tokens = net.op("TopK", [scored, o.per_beam], 2, axis=-1)  # (B, k, k') each
         flat_tokens = net.one("Reshape", [flat_tokens, o.kv])  # (B, k k')
-    flat = net.one("Reshape", [net.one("Add", [net.one("Cast", [scored], to=DOUBLE), live]), o.kv])  # (B, k V | k k')
+    sums = net.one("Add", [net.one("Cast", [scored], to=DOUBLE), live])  # (B n, V | k') or (B, n, V | k')
+    if flat_tokens is None and not o.wide:  # blocks: the sums as they are (finish flattens them), eos's from them
+        flat, masked = sums, net.one("Reshape", [net.one("Add", [sums, o.no_eos]), o.kv])  # (B, n V, 1)
+        eos_sums = net.one("Gather", [sums, constant(net, "eos_d1", [EOS])], axis=2)  # (B, n, 1)
+    else:
+        flat = net.one("Reshape", [sums, o.kv])  # (B, n V | n k') or (B, n V | n k', 1)
     if flat_tokens is None:
-        masked = net.one("Add", [flat, o.no_eos])  # every beam's eos column at -inf
-        eos_sums = net.one("Gather", [flat, o.eos_columns], axis=1)  # (B, k)
+        if o.wide:
+            masked = net.one("Add", [flat, o.no_eos])  # every beam's eos column at -inf
+            eos_sums = net.one("Gather", [flat, o.eos_columns], axis=1)  # (B, k)
         kept, position = net.op("TopK", [masked, o.k], 2, axis=1)  # (B, k)
         vocab = constant(net, "v", o.spec.target_vocab_size)
         beams, tokens = net.one("Div", [position, vocab]), net.one("Mod", [position, vocab])
@@ -119,9 +127,15 @@ def _ends(net: Net, o: Outer, r: Ended, done: str, last: str) -> tuple[str, ...]
     scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
                                 net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
     log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
-    parents = net.one("Gather", [r.before, net.one("Add", [o.base, beams])], axis=0)  # (B, k, t): eos excluded
+    if o.wide:  # (B, k, t): eos excluded
+        parents = net.one("Gather", [r.before, net.one("Add", [o.base, beams])], axis=0)
+        grown = net.one("Reshape", [r.grown, o.shape_bk_rest])
+    else:
+        parents = net.one("GatherND", [r.before, net.one("Unsqueeze", [beams, constant(net, "ax2", [2])])],
+                          batch_dims=1)
+        grown = r.grown
     parents = net.one("Pad", [parents, constant(net, "one_more", [0, 0, 0, 0, 0, 1])])  # (B, k, t + 1)
-    tokens = net.one("Concat", [parents, net.one("Reshape", [r.grown, o.shape_bk_rest])], axis=1)  # (B, 2k, t + 1)
+    tokens = net.one("Concat", [parents, grown], axis=1)  # (B, 2k, t + 1)
     rest = net.one("Reshape", [net.one("Sub", ["max_length", step_len]), constant(net, "one_d", [1])])
     pads = net.one("Concat", [constant(net, "none_before", [0, 0, 0, 0, 0]), rest], axis=0)
     tokens = net.one("Pad", [tokens, pads])  # (B, 2k, T): 0 after each hypothesis, as the n-best's
@@ -160,17 +174,16 @@ def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
 
 
 def _as_rows(net: Net, o: Outer, r: Ended) -> Ended:
-    """A step in blocks (B, k, ...) as `finish` reads it: the candidates (B, k V | k k') with eos's row added where
-    the step left it out (Outer.eos_bar), the kept sums (B, k), the histories (B * k, t) and (B * k, t + 1)."""
+    """A step in blocks (B, n, ...) as `finish` reads it: the candidates (B, n V | n k') with eos's row added where
+    the step left it out (Outer.eos_bar), the kept sums (B, k); the histories stay (B, n, t) and (B, k, t + 1)."""
     if o.wide:
         return r
-    to_rows = constant(net, "to_rows", [0, -1])  # (B, n, 1) -> (B, n)
+    to_rows = constant(net, "to_rows", [0, -1])  # (B, n, m) -> (B, n m)
     flat = r.flat
-    if o.eos_bar is not None:
-        flat = net.one("Add", [net.one("Reshape", [flat, o.shape_bk_rest]), eos_row(net, o.min_length, r.t)])
+    if o.eos_bar is not None:  # (B, n, V)
+        flat = net.one("Add", [flat, eos_row(net, o.min_length, r.t)])
     flat_tokens = r.flat_tokens and net.one("Reshape", [r.flat_tokens, to_rows])
-    before, grown = (net.one("Flatten", [h], axis=2) for h in (r.before, r.grown))
-    return Ended(r.t, before, grown, net.one("Reshape", [flat, to_rows]), flat_tokens,
+    return Ended(r.t, r.before, r.grown, net.one("Reshape", [flat, to_rows]), flat_tokens,
                  net.one("Reshape", [r.kept, to_rows]))
 
 
