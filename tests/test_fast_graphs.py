@@ -389,8 +389,8 @@ def test_the_beam_graph_finds_what_the_numpy_beam_search_finds(fast_export, wide
     _check_beam_graphs(fast_export.path, wide, seed=int(wide))
 
 
-@pytest.mark.parametrize("graph", ["beam", "fold_beam", "fold_few_beam"])
-def test_the_block_beam_graphs_decode_the_first_step_on_one_row_an_input_where_the_vocabulary_allows(
+@pytest.mark.parametrize("graph", ["beam", "fold_beam", "fold_few_beam", "wide_beam"])
+def test_the_beam_graphs_decode_the_first_step_on_one_row_an_input_where_the_vocabulary_allows(
         fast_export, graph, tmp_path):
     """Every beam is bos at step 0 and all but the first start at -inf, so the block graphs' Loop starts from one
     row an input (live sums (B, 1, 1), a mask of one slot) and grows to k rows after step 0; a beam wider than the

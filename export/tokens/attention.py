@@ -136,14 +136,15 @@ class BlockBatched(Batched):
         self.bias = bias
         self.qkv_shape = self.heads_shape = ""  # (B, k, E) blocks; `on_rows`: k consecutive rows of (B k, E)
 
-    def on_rows(self, net: Net, spec: ModelSpec, k: str) -> BlockBatched:
-        """Read the stream as 2-D rows (B k, E), a block being k (1,) consecutive rows (the wide loop bodies, whose
-        projections are then Gemms: Net.rows): the shapes that split rows into blocks are made once, in `net` (the
-        graph around the loop), from k."""
+    def on_rows(self, net: Net, spec: ModelSpec, k: str = "", inputs: str = "") -> BlockBatched:
+        """Read the stream as 2-D rows (B k, E), a block being k (1,) consecutive rows, or the rows split into
+        `inputs` (1,) blocks of equal size (the wide loop bodies, whose projections are then Gemms: Net.rows): the
+        shapes that split rows into blocks are made once, in `net` (the graph around the loop)."""
         h, d = spec.n_heads, spec.head_dim
         minus_one = net.weight("minus_one", np.array([-1], np.int64))
-        self.qkv_shape = net.one("Concat", [minus_one, k, net.weight("qhd", np.array([3, h, d], np.int64))], axis=0)
-        self.heads_shape = net.one("Concat", [minus_one, k, net.weight("hd", np.array([h, d], np.int64))], axis=0)
+        lead = [minus_one, k] if k else [inputs, minus_one]
+        self.qkv_shape = net.one("Concat", [*lead, net.weight("qhd", np.array([3, h, d], np.int64))], axis=0)
+        self.heads_shape = net.one("Concat", [*lead, net.weight("hd", np.array([h, d], np.int64))], axis=0)
         return self
 
     @staticmethod

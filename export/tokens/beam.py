@@ -20,16 +20,20 @@ hypothesis. A step keeps its values in blocks as select leaves them, (B, k, 1): 
 history and mask rows (GatherND, batch_dims 1) and its kept sums are the next live ones, where rows (B * k, ...)
 took a flat row index (Add, Reshape), a Reshape of the tokens and an Unsqueeze of the sums; and its sums leave eos's
 row out, eos's bar standing for it (Outer.eos_bar), where adding it took two Gathers and an Add. Seven kernels
-fewer a step (fold_few_beam's 64 -> 57 after onnxruntime's fusions; the wide graph keeps rows). The finishing work (new hypotheses, the n-best merge, the stopping rule: ~55 kernels) runs only after
+fewer a step (fold_few_beam's 64 -> 57 after onnxruntime's fusions). The wide graph's decoder reads the same blocks
+as 2-D rows (B * k, E) (a Reshape in, one out), its search keeping them as blocks too. The finishing work (new
+hypotheses, the n-best merge, the stopping rule: ~55 kernels) runs only after
 a step where some input has an eos among its first k candidates, at the last step, or once some input's n-best is
 full; at every other step nothing it computes changes (beam_body: in an If each step, or, in fold_few_beam, once
 after each run of steps).
 
-In blocks the first step runs on one row an input (Outer.first_rows), where the vocabulary holds k candidates:
-every beam is bos then, and all but the first start at -inf, so the k rows decoded the same row k times (as
-CTranslate2 does, the search widens to k after step 0; the carried mask holds each step's own slots, so that step
-0's is one slot). fold_few_beam batch 1, beam 5, 12 + 20 tokens on an AMD EPYC Zen 4: 1.0-1.5% faster (T = 1:
-214 against 226 us).
+The first step runs on one row an input (Outer.first_rows), where the vocabulary holds k candidates: every beam is
+bos then, and all but the first start at -inf, so k rows decoded the same row k times (as in CTranslate2, the search
+widens to k after step 0; the carried mask holds each step's own slots, step 0's being one). A beam wider than the
+vocabulary starts from its k rows, a row's candidates being fewer than k. Timed on an AMD EPYC Zen 4 against k rows
+(`loop_graph_ab.py`, dates transformer, beam 5, 12 + 20 tokens): fold_few_beam batch 1 1.0-2.4% faster (T = 1: 214
+against 226 us); with the wide graph's search in blocks (four kernels fewer a step), wide_beam 2.5% at batch 16,
+4-5% at 64 and 6-8% at 64 eos free.
 
 Inputs: source_ids, source_lengths, max_length, min_length, beam_size, num_hypotheses (int64 scalars) and
 length_penalty (float64 scalar). Outputs (batch, num_hypotheses[, max_length]): scores, log_probs (float64), tokens
@@ -85,88 +89,70 @@ class Outer:
         self.batch = net.one("Shape", ["source_lengths"])  # (1,)
         self.k = net.one("Reshape", ["beam_size", _c(net, "one_d", [1])])  # (1,)
         self.h = net.one("Reshape", ["num_hypotheses", _c(net, "one_d", [1])])  # (1,)
-        self.rows = net.one("Mul", [self.batch, self.k])  # (1,): batch x beam
         shape_bk = net.one("Concat", [self.batch, self.k], axis=0)
         self.cross = cross  # (B, h, Ls, d) each: an input's beams attend to it as one block
         # Row j of input b reads the cache slots its ancestors wrote: the mask holds each step's slots as it writes
         # them (an identity block per input) and follows the rows when beams are picked.
         self.beam = net.one("Range", [_c(net, "zero", 0), "beam_size", _c(net, "one", 1)])  # (k,)
-        own = own_slots(net, self.beam)  # (k, k)
-        self.wide = wide  # the body's stream is 2-D rows (B * k, E) (Net.rows), tokens and live (B * k, 1)
+        self.wide = wide  # the decoder's stream is 2-D rows (B * n, E) (Net.rows); the search's values are blocks
         one_d = _c(net, "one_d", [1])
         vocab = spec.target_vocab_size
+        if wide:  # the mask is a bias (0 or -inf) the scores add, (B, 1, n, slots) as the body unsqueezes it
+            self.attend = BlockBatched(mask_bias(net, lengths32, cross[0]), STEP_MASK).on_rows(net, spec,
+                                                                                              inputs=self.batch)
+            self.mask_type = FLOAT
+            self.to_blocks = net.one("Concat", [self.batch, _c(net, "rows_v", [-1, vocab])], axis=0)  # [B, -1, V]
+        else:  # the mask is the Attention kernel's, (B, n, slots) int32
+            self.attend = AncestryFused(lengths32, BLOCK_MASK)
+            self.mask_type = INT32
+        self.own = self.mask(net, own_slots(net, self.beam))  # (B, k, k)
+        # The first step decodes one row an input where the vocabulary holds k candidates (every beam is bos then,
+        # and all but the first start at -inf), and the beams' k rows from the second step on.
+        self.first_rows = net.one("Where", [net.one("LessOrEqual", ["beam_size", _c(net, "v", vocab)]),
+                                            _c(net, "one", 1), "beam_size"])
         self.per_beam = None  # search.select: each beam's best min(2k, V) first, from RANK_PER_BEAM_FROM ids
         if vocab >= search.RANK_PER_BEAM_FROM:  # read as the graph is built (tests lower it)
             self.per_beam = net.one("Min", [net.one("Mul", [self.k, _c(net, "two", [2])]), _c(net, "v", [vocab])])
-        if wide:
-            index = net.one("Range", [_c(net, "zero", 0), net.one("Squeeze", [self.batch]), _c(net, "one", 1)])
-            self.base = net.one("Mul", [net.one("Unsqueeze", [index, _c(net, "ax1", [1])]), "beam_size"])  # (B, 1)
-            self.attend = BlockBatched(mask_bias(net, lengths32, cross[0]), STEP_MASK).on_rows(net, spec, self.k)
-            own = net.one("Tile", [own, net.one("Concat", [self.batch, one_d], axis=0)])  # (B * k, k)
-            self.own = net.one("Where", [own, _c(net, "zero_f", 0.0, np.float32),
-                                         _c(net, "minus_inf_f", -np.inf, np.float32)])
-            self.mask_type = FLOAT
-            self.step_shape = net.one("Concat", [self.batch, one_d, self.k, _c(net, "minus_one", [-1])],
-                                      axis=0)  # (B, 1, k, k t)
-            ranked = self.per_beam or _c(net, "v", [vocab])
-            self.kv = net.one("Concat", [self.batch, net.one("Mul", [self.k, ranked])], axis=0)  # [B, k V | k k']
-            if self.per_beam is None:  # search.select: every beam's eos column, and -inf there (k V,)
-                self.eos_columns = net.one("Add", [net.one("Mul", [self.beam, _c(net, "v", vocab)]),
-                                                   _c(net, "eos", EOS)])
-                self.no_eos = net.one("Tile", [net.weight("no_eos", _no_eos(vocab)), self.k])
-            self.first_rows = "beam_size"
-        else:  # blocks: a step's values are (B, k, ...), its mask (B, k, slots) as the Attention kernel reads it
-            self.attend = AncestryFused(lengths32, BLOCK_MASK)
-            self.own = net.one("Cast", [self.blocks(net, own)], to=INT32)  # (B, k, k)
-            self.mask_type, self.step_shape = INT32, None
-            self.kv = _c(net, "by_candidate", [0, -1, 1])  # (B, n, m) -> (B, n m, 1): TopK then keeps (B, k, 1)
-            if self.per_beam is None:
-                self.no_eos = net.weight("no_eos", _no_eos(vocab))  # (V,): added to a step's (B, n, V) sums
-            # The first step decodes one row per input where the vocabulary holds k candidates (every beam is bos
-            # then, and all but the first start at -inf), and the beams' rows from the second step on.
-            self.first_rows = net.one("Where", [net.one("LessOrEqual", ["beam_size", _c(net, "v", vocab)]),
-                                                _c(net, "one", 1), "beam_size"])
+        self.kv = _c(net, "by_candidate", [0, -1, 1])  # (B, n, m) -> (B, n m, 1): TopK then keeps (B, k, 1)
+        if self.per_beam is None:
+            self.no_eos = net.weight("no_eos", _no_eos(vocab))  # (V,): added to a step's (B, n, V) sums
         self.shape_bk = shape_bk
         self.k_last = net.one("Sub", [self.k, one_d])  # (1,): the k-th kept candidate's place
         self.last_iter = net.one("Sub", ["max_length", _c(net, "one", 1)])
         steps = net.one("Range", [_c(net, "zero", 0), "max_length", _c(net, "one", 1)])  # (T,)
-        self.shape_bk_rest = net.one("Concat", [shape_bk, _c(net, "minus_one", [-1])], axis=0)  # [B, k, -1]
         self.shape_bht = net.one("Concat", [self.batch, self.h, net.one("Reshape", ["max_length", one_d])], axis=0)
         self.max_pow = net.one("Pow", [net.one("Cast", ["max_length"], to=DOUBLE), "length_penalty"])
-        # In blocks, from every id (not per beam), a step leaves eos's row out of its sums, and search.select reads
-        # eos as not among the first k wherever it is blocked (its bar, (T,) float64: -inf there, else 0);
-        # search.finish adds the row (float64 then) to the sums it reads.
-        bars = not wide and self.per_beam is None
+        # From every id (not per beam), a step leaves eos's row out of its sums, and search.select reads eos as not
+        # among the first k wherever it is blocked (its bar, (T,) float64: -inf there, else 0); search.finish adds
+        # the row (float64 then) to the sums it reads.
+        bars = self.per_beam is None
         self.min_length = min_length(net, vocab, EOS, steps, np.float64 if bars else np.float32)  # kernels.eos_row
         self.eos_bar = None
         if bars:
             self.eos_bar = net.one("Gather", [_c(net, "bars", [0.0, -np.inf], np.float64), self.min_length.early])
         self.true = _c(net, "true", True, bool)
 
-    def blocks(self, net: Net, square: str) -> str:
-        """A (n, n) block -> (B, n, n), one per input."""
+    def mask(self, net: Net, square: str) -> str:
+        """A (n, n) bool block of the slots a row reads -> the mask (B, n, n), one block an input, as the body's
+        attention reads it (mask_type)."""
         one_d = _c(net, "one_d", [1])
-        return net.one("Tile", [net.one("Unsqueeze", [square, _c(net, "ax0", [0])]),
-                                net.one("Concat", [self.batch, one_d, one_d], axis=0)])
+        blocks = net.one("Tile", [net.one("Unsqueeze", [square, _c(net, "ax0", [0])]),
+                                  net.one("Concat", [self.batch, one_d, one_d], axis=0)])
+        if self.mask_type == INT32:
+            return net.one("Cast", [blocks], to=INT32)
+        return net.one("Where", [blocks, _c(net, "zero_f", 0.0, np.float32), _c(net, "minus_inf_f", -np.inf, np.float32)])
 
 
 def _first(net: Net, o: Outer, spec: ModelSpec) -> tuple[list[str], list[str], list[str]]:
     """The carried values' first values (beam_body): the steps' (STEPS: step 0, then n = Outer.first_rows rows an
-    input (k in rows: (B * k, ...)): bos and live [0, -inf, ...] (B, n, 1), an empty history (B, n, 0), and the
-    mask of step 0's slots (B, n, n) (in rows: none yet, (B * k, 0))), the empty caches, and DONE_NBEST's (no input
-    done, empty n-best, open: none full)."""
-    beam = o.beam if o.wide else net.one("Range", [_c(net, "zero", 0), o.first_rows, _c(net, "one", 1)])  # (n,)
+    input: bos and live [0, -inf, ...] (B, n, 1), an empty history (B, n, 0), and the mask of step 0's slots (B, n,
+    n)), the empty caches, and DONE_NBEST's (no input done, empty n-best, open: none full)."""
+    beam = net.one("Range", [_c(net, "zero", 0), o.first_rows, _c(net, "one", 1)])  # (n,)
     first = net.one("Where", [net.one("Equal", [beam, _c(net, "zero", 0)]), _c(net, "zero_d", 0.0, np.float64),
                               _c(net, "minus_inf", -np.inf, np.float64)])  # (n,)
-    shape_bn = o.shape_bk if o.wide else net.one("Concat", [o.batch, net.one("Shape", [beam])], axis=0)
-    live = net.one("Expand", [first, shape_bn])  # (B, n)
-    if o.wide:
-        tokens = net.one("Expand", [_c(net, "bos", [[BOS]]), net.one("Concat", [o.rows, _c(net, "one_d", [1])],
-                                                                        axis=0)])  # (B * k, 1)
-        live = net.one("Reshape", [live, _c(net, "column", [-1, 1])])
-    else:
-        live = net.one("Unsqueeze", [live, _c(net, "ax2", [2])])  # (B, n, 1)
-        tokens = net.one("Expand", [_c(net, "bos", [[[BOS]]]), net.one("Shape", [live])])  # (B, n, 1)
+    shape_bn = net.one("Concat", [o.batch, net.one("Shape", [beam])], axis=0)
+    live = net.one("Unsqueeze", [net.one("Expand", [first, shape_bn]), _c(net, "ax2", [2])])  # (B, n, 1)
+    tokens = net.one("Expand", [_c(net, "bos", [[[BOS]]]), net.one("Shape", [live])])  # (B, n, 1)
     done = net.one("ConstantOfShape", [o.batch], value=helper.make_tensor("f", BOOL, [1], [False]))
     shape_bh = net.one("Concat", [o.batch, o.h], axis=0)
     scores = net.one("Expand", [_c(net, "minus_inf", -np.inf, np.float64), shape_bh])  # (B, H)
@@ -174,12 +160,9 @@ def _first(net: Net, o: Outer, spec: ModelSpec) -> tuple[list[str], list[str], l
     hyp_tokens = net.one("ConstantOfShape", [o.shape_bht], value=helper.make_tensor("z", INT64, [1], [0]))
     lengths = net.one("Expand", [_c(net, "zero", 0), shape_bh])
     open_ = _c(net, "true", True, bool)
-    none = net.one("Concat", [o.rows if o.wide else shape_bn, _c(net, "zero_d1", [0])], axis=0)  # no token yet
+    none = net.one("Concat", [shape_bn, _c(net, "zero_d1", [0])], axis=0)  # no token yet
     history = net.one("ConstantOfShape", [none], value=helper.make_tensor("z", INT64, [1], [0]))
-    if o.wide:  # no slot written yet
-        ancestry = net.one("ConstantOfShape", [none], value=helper.make_tensor("z", o.mask_type, [1], [0]))
-    else:  # step 0's n slots, each row its own
-        ancestry = net.one("Cast", [o.blocks(net, own_slots(net, beam))], to=INT32)
+    ancestry = o.mask(net, own_slots(net, beam))  # step 0's n slots, each row its own
     empty = o.attend.empty_cache(net, spec, o.batch)  # one append-only cache per input
     steps = [_c(net, "zero", 0), tokens, live, history, ancestry]
     return steps, empty * spec.layers, [done, scores, log_probs, hyp_tokens, lengths, open_]

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 # n-best full), and what a run of steps hands its segment about the step it ended at (`ended`).
 STEPS = ["step", "tokens", "live", "history", "ancestry"]
 DONE_NBEST = ["done", *NBEST, "open"]
-STEP_MASK = "beam/ancestry_step"  # in rows, the self-attention's mask (bias) at this step, read by the attention kind
-BLOCK_MASK = "beam/ancestry"  # in blocks the carried mask, this step's slots included, which the attention reads
+STEP_MASK = "beam/ancestry_step"  # the wide body's self-attention bias at this step (the carried mask, unsqueezed)
+BLOCK_MASK = "beam/ancestry"  # the carried mask, this step's slots included, which the blocks' Attention reads
 
 
 def ended(o: Outer) -> list[tuple[str, int, type]]:
@@ -73,27 +73,23 @@ def _step(net: Net, model: TransformerSeq2Seq, spec: ModelSpec, o: Outer, names:
     t = names["step"]
     table = position_table(model)
     embedding = net.weight("target_embedding", model.target_embedding.weight)
-    tokens = net.one("GatherND", [embedding, names["tokens"]])  # (B * k, E) or (B, k, E)
+    tokens = net.one("GatherND", [embedding, names["tokens"]])  # (B, n, E)
+    if o.wide:  # the decoder's rows (B * n, E)
+        tokens = net.one("Reshape", [tokens, _c(net, "rows_e", [-1, spec.d_model])])
     positions = net.one("Gather", [net.weight("positions", table.detach()[:, None, :]), t])  # (1, E)
-    if o.wide:  # rows: the mask (B * k, k t), this step's slots added, as (B, 1, k, k t)
-        ancestry = net.one("Concat", [names["ancestry"], o.own], axis=1)
-        net.op("Reshape", [ancestry, o.step_shape], [STEP_MASK])
-    else:  # blocks: (B, n, slots) as carried, this step's n slots included (n: 1 or k rows at step 0, then k)
-        ancestry = names["ancestry"]
+    ancestry = names["ancestry"]  # (B, n, slots) as carried, this step's n slots included
+    if o.wide:  # the scores' bias (B, 1, n, slots)
+        net.op("Unsqueeze", [ancestry, _c(net, "ax1", [1])], [STEP_MASK])
     log_probs, presents = decoder(net, model, spec, tokens, positions, pasts, o.cross, o.attend)
+    if o.wide:  # (B * n, V) -> (B, n, V)
+        log_probs = net.one("Reshape", [log_probs, o.to_blocks])
     r = select(net, o, log_probs, names["live"], t)
-    if o.wide:  # (B * k, 1) tokens and live; the history (B * k, t + 1); each picked row by its flat index
-        parents = net.one("Reshape", [net.one("Add", [o.base, r.beams]), _c(net, "flat", [-1])])  # (B * k,)
-        chosen = net.one("Reshape", [r.tokens, _c(net, "column", [-1, 1])])
-        grown = net.one("Concat", [net.one("Gather", [names["history"], parents], axis=0), chosen], axis=1)
-        live, follow = net.one("Reshape", [r.kept, _c(net, "column", [-1, 1])]), net.one("Gather", [ancestry, parents],
-                                                                                         axis=0)
-    else:  # blocks: select's (B, k, 1) as they come; each input's rows picked by its beams (B, k, 1), and the
-        # mask's rows by them, the next step's k slots added
-        chosen, live = r.tokens, r.kept
-        grown = net.one("Concat", [net.one("GatherND", [names["history"], r.beams], batch_dims=1), chosen],
-                        axis=2)  # (B, k, t + 1)
-        follow = net.one("Concat", [net.one("GatherND", [ancestry, r.beams], batch_dims=1), o.own], axis=2)
+    # select's (B, k, 1) as they come; each input's history and mask rows picked by its beams (B, k, 1), the next
+    # step's k slots added to the mask
+    chosen, live = r.tokens, r.kept
+    grown = net.one("Concat", [net.one("GatherND", [names["history"], r.beams], batch_dims=1), chosen],
+                    axis=2)  # (B, k, t + 1)
+    follow = net.one("Concat", [net.one("GatherND", [ancestry, r.beams], batch_dims=1), o.own], axis=2)
     # the mask follows the picked beams; the caches stay
     steps = [net.one("Add", [t, _c(net, "one", 1)]), chosen, live, grown, follow]
     ended = Ended(t, names["history"], grown, r.flat, r.flat_tokens, r.kept)

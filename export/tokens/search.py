@@ -74,22 +74,17 @@ def select(net: Net, o: Outer, log_probs: str, live: str, t: str) -> Ranked:
         scored = net.one("Add", [log_probs, eos_row(net, o.min_length, t)])  # -inf on eos below min_length
     flat_tokens = None
     if o.per_beam is not None:
-        scored, flat_tokens = net.op("TopK", [scored, o.per_beam], 2, axis=-1)  # (B, k, k') each
-        flat_tokens = net.one("Reshape", [flat_tokens, o.kv])  # (B, k k')
-    sums = net.one("Add", [net.one("Cast", [scored], to=DOUBLE), live])  # (B n, V | k') or (B, n, V | k')
-    if flat_tokens is None and not o.wide:  # blocks: the sums as they are (finish flattens them), eos's from them
+        scored, flat_tokens = net.op("TopK", [scored, o.per_beam], 2, axis=-1)  # (B, n, k') each
+        flat_tokens = net.one("Reshape", [flat_tokens, o.kv])  # (B, n k', 1)
+    sums = net.one("Add", [net.one("Cast", [scored], to=DOUBLE), live])  # (B, n, V | k')
+    if flat_tokens is None:  # the sums as they are (finish flattens them), eos's from them
         flat, masked = sums, net.one("Reshape", [net.one("Add", [sums, o.no_eos]), o.kv])  # (B, n V, 1)
         eos_sums = net.one("Gather", [sums, constant(net, "eos_d1", [EOS])], axis=2)  # (B, n, 1)
-    else:
-        flat = net.one("Reshape", [sums, o.kv])  # (B, n V | n k') or (B, n V | n k', 1)
-    if flat_tokens is None:
-        if o.wide:
-            masked = net.one("Add", [flat, o.no_eos])  # every beam's eos column at -inf
-            eos_sums = net.one("Gather", [flat, o.eos_columns], axis=1)  # (B, k)
-        kept, position = net.op("TopK", [masked, o.k], 2, axis=1)  # (B, k)
+        kept, position = net.op("TopK", [masked, o.k], 2, axis=1)  # (B, k, 1)
         vocab = constant(net, "v", o.spec.target_vocab_size)
         beams, tokens = net.one("Div", [position, vocab]), net.one("Mod", [position, vocab])
     else:
+        flat = net.one("Reshape", [sums, o.kv])  # (B, n k', 1)
         is_eos = net.one("Equal", [flat_tokens, constant(net, "eos", EOS)])
         minus_inf = constant(net, "minus_inf", -np.inf, np.float64)
         masked, eos_sums = (net.one("Where", [is_eos, a, b]) for a, b in ((minus_inf, flat), (flat, minus_inf)))
@@ -127,15 +122,10 @@ def _ends(net: Net, o: Outer, r: Ended, done: str, last: str) -> tuple[str, ...]
     scores = net.one("Concat", [net.one("Where", [found, net.one("Div", [sums, norm]), minus_inf]),
                                 net.one("Where", [ending, net.one("Div", [r.kept, norm]), minus_inf])], axis=1)
     log_probs = net.one("Concat", [sums, r.kept], axis=1)  # (B, 2k)
-    if o.wide:  # (B, k, t): eos excluded
-        parents = net.one("Gather", [r.before, net.one("Add", [o.base, beams])], axis=0)
-        grown = net.one("Reshape", [r.grown, o.shape_bk_rest])
-    else:
-        parents = net.one("GatherND", [r.before, net.one("Unsqueeze", [beams, constant(net, "ax2", [2])])],
-                          batch_dims=1)
-        grown = r.grown
+    parents = net.one("GatherND", [r.before, net.one("Unsqueeze", [beams, constant(net, "ax2", [2])])],
+                      batch_dims=1)  # (B, k, t): eos excluded
     parents = net.one("Pad", [parents, constant(net, "one_more", [0, 0, 0, 0, 0, 1])])  # (B, k, t + 1)
-    tokens = net.one("Concat", [parents, grown], axis=1)  # (B, 2k, t + 1)
+    tokens = net.one("Concat", [parents, r.grown], axis=1)  # (B, 2k, t + 1)
     rest = net.one("Reshape", [net.one("Sub", ["max_length", step_len]), constant(net, "one_d", [1])])
     pads = net.one("Concat", [constant(net, "none_before", [0, 0, 0, 0, 0]), rest], axis=0)
     tokens = net.one("Pad", [tokens, pads])  # (B, 2k, T): 0 after each hypothesis, as the n-best's
@@ -176,8 +166,6 @@ def _done(net: Net, o: Outer, scores: str, live: str, step_len: str, done: str,
 def _as_rows(net: Net, o: Outer, r: Ended) -> Ended:
     """A step in blocks (B, n, ...) as `finish` reads it: the candidates (B, n V | n k') with eos's row added where
     the step left it out (Outer.eos_bar), the kept sums (B, k); the histories stay (B, n, t) and (B, k, t + 1)."""
-    if o.wide:
-        return r
     to_rows = constant(net, "to_rows", [0, -1])  # (B, n, m) -> (B, n m)
     flat = r.flat
     if o.eos_bar is not None:  # (B, n, V)
