@@ -105,8 +105,9 @@ class Batched:
 class AncestryFused(Fused):
     """Fused, for the beam graph, where the decoder's rows are blocks (B, k, E): an input's k beams attend as one
     block, to its one copy of the cross-attention keys/values and to its own self-attention cache, which is
-    append-only, (2, B, h, k t, d) (step s's k keys at k s .. k s + k - 1), and never reordered when beams are
-    picked: `mask` (B, k, k t) int32, which the beam graph grows and reorders each step, lets a beam read only the
+    append-only, (2, B, h, slots, d) (a step's k keys after the slots before it; step 0 writes one where the beam
+    graph starts from one row an input), and never reordered when beams are picked: `mask` (B, k, slots) int32,
+    this step's slots included, which the beam graph grows and reorders each step, lets a beam read only the
     slots its ancestors wrote. k times fewer (row, head) pairs for the kernels (CTranslate2's layout), and no cache
     Gather. `mask`: the name the body gives that step's mask."""
 

@@ -4,8 +4,9 @@ encoder, then an ONNX Loop of the fast decoder step and `runtime.search.beam`'s 
 
 Rows are (batch x beam), input b owning rows b*k .. b*k+k-1, and the decoder reads them as (B, k, E) blocks: an
 input's k queries attend as one block to its one copy of the cross-attention keys/values and to its own append-only
-self-attention cache, where step t writes slots k t .. k t + k - 1; a mask (B, k, k t) of the slots each beam's
-ancestors wrote is reordered when beams are picked, the caches never are (attention.AncestryFused). Each step, as the
+self-attention cache, where each step writes its rows' slots after the ones before (k a step, one at step 0 where
+it runs one row an input: below); a mask (B, k, slots) of the slots each beam's ancestors wrote is reordered when
+beams are picked, the caches never are (attention.AncestryFused). Each step, as the
 numpy search: log-probs (eos at -inf below min_length) plus each row's summed log-prob (float64), the best min(2k,
 kV) extensions per input by TopK (ties: the lower flat index, as a stable sort), eos among the first k of them
 becomes a finished hypothesis scored sum / (t + 1) ** length_penalty, the first k non-eos stay live, and at
