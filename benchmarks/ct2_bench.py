@@ -175,12 +175,15 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
     in a row, their mean; round r runs copy r mod N of each of its N copies, and the decoders run in reverse order
     in rounds N..2N-1, 3N..4N-1, ..., so that every copy runs in both orders), after WARMUP calls of every copy and
-    the length check. `inner` 0: enough calls for one SAMPLE_S sample of the slowest decoder's fastest warm-up call
-    after its first. Not the first: a translator's first call sets itself up (CTranslate2's took 46 ms where its next
-    took 0.65), which made it one call a round, each timed cold; nor any one later call: with mimalloc preloaded
-    (--allocator) ours spiked once, at its second call (7.8 ms against 1.6), which made it two calls a round.
+    the length check. `inner` 0: enough calls for one SAMPLE_S sample of the slowest of each side's best decoder (per
+    precision: its fastest configuration), each timed by its fastest warm-up call after its first. Not the first: a
+    translator's first call sets itself up (CTranslate2's took 46 ms where its next took 0.65), which made it one
+    call a round, each timed cold; nor any one later call: with mimalloc preloaded (--allocator) ours spiked once, at
+    its second call (7.8 ms against 1.6), which made it two calls a round; nor a configuration far slower than its
+    side's best: CTranslate2 at 2 threads took 5-17 ms at batch 1 beside our 2-thread sessions on 2 cores (1 thread:
+    0.6-1.4), which made every decoder one cold call a sample, ours 1.05 ms there against 0.83 warm.
     Returns the times and the calls a sample."""
-    warm = 0.0
+    warm: dict[Key, float] = {}
     for key, copies in calls.items():
         for call in copies:
             took = []
@@ -188,11 +191,14 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
                 start = time.perf_counter()
                 lengths = {len(ids) for ids in call()}
                 took.append(time.perf_counter() - start)
-            warm = max(warm, min(took[1:]))
+            warm[key] = max(warm.get(key, 0.0), min(took[1:]))
             if lengths != {steps}:
                 raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, "
                                            f"expected exactly --steps {steps} for every hypothesis")
-    inner = inner or max(1, round(SAMPLE_S / warm))  # the same for every decoder of a case
+    best: dict[tuple[str, str], float] = {}  # (side, precision) -> its fastest configuration's warm call
+    for (side, precision, _), took in warm.items():
+        best[side, precision] = min(best.get((side, precision), took), took)
+    inner = inner or max(1, round(SAMPLE_S / max(best.values())))  # the same for every decoder of a case
     times: dict[Key, list[float]] = {key: [] for key in calls}
     copies = max(len(c) for c in calls.values())  # every decoder has as many (`load`)
     for r in range(repeats):
