@@ -137,9 +137,13 @@ def as_json(outputs: np.ndarray, attention: np.ndarray | None, providers: list[s
               help="With --provider cuda/auto on a CUDA build: the GPU to run on (its ordinal).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Greedy decoding in the export's greedy loop graph, and a transformer's beam search in its beam "
-                   "graph, one onnxruntime call per batch; --no-fused runs the step loop, one call per output (the "
-                   "same outputs within float32 rounding, the graphs summing in another order: scores and points "
-                   "may differ in the last digits; the tokens are checked equal at export). "
+                   "graph, one onnxruntime call per batch; --no-fused runs the step loop, one call per output. "
+                   "Float32 exports: the same outputs within float32 rounding (the graphs sum in another order: "
+                   "scores and points may differ in the last digits, and two hypotheses whose scores tie to that "
+                   "rounding may swap places; the tokens are checked equal at export). A transformer's int8 export: "
+                   "its beam and loop graphs multiply in float32 over the int8 weights where the step loop's "
+                   "encoder (fast_encoder) multiplies in int8 (the manifest's precision), so the tokens may differ "
+                   "as int8 outputs do between graphs; the export's quality report judges each. "
                    "Exports without the graphs, and sampling, always use the step loop.")
 @click.option("--force", is_flag=True, help="Replace existing --output / --plot files.")
 @click.option("--ray", "on_ray", is_flag=True,
