@@ -271,23 +271,26 @@ def test_the_benchmark_refuses_bad_outputs_before_any_work(tmp_path, args, code,
     assert (tmp_path / "kept.json").read_text() == "mine"
 
 
+def sleeping_decoder(took_s: float, slow_call: int = -1, slow_s: float = 0.0):
+    """A decoder for `measure` that sleeps `took_s` a call (`slow_s` at call number `slow_call`) and answers two
+    tokens; and the list its calls append to."""
+    import time
+    calls: list[int] = []
+
+    def call():
+        time.sleep(slow_s if len(calls) == slow_call else took_s)
+        calls.append(1)
+        return [[0, 0]]
+    return call, calls
+
+
 @pytest.mark.parametrize("slow_call", [0, 1], ids=["first-sets-up", "second-spikes"])
 def test_calls_a_sample_come_from_warm_calls_not_one_slow_call(slow_call: int):
     """A decoder with one slow call among its warm-up calls (CTranslate2's first sets itself up: 46 ms, then 0.65
     ms; ours under mimalloc spiked once, at its second: 7.8 ms against 1.6) must not make every sample one or two
     cold calls: `inner` 0 sizes the samples by warm-up calls after the first."""
-    import time
-
-    def decoder(slow_s: float, then_s: float):
-        calls = []
-
-        def call():
-            time.sleep(slow_s if len(calls) == slow_call else then_s)
-            calls.append(1)
-            return [[0, 0]]
-        return call, calls
-    slow_once, slow_calls = decoder(0.1, 0.001)
-    steady, _ = decoder(0.002, 0.002)
+    slow_once, slow_calls = sleeping_decoder(0.001, slow_call, 0.1)
+    steady, _ = sleeping_decoder(0.002)
     times, inner = measure({("ct2", "fp32", "1t"): [slow_once], ("seq2onnx", "fp32", "1t"): [steady]}, 2, 2, 0)
     # ~10 by the 2 ms decoder, not 1 by the 100 ms call; at least 2 even where a loaded machine stretches the
     # 2 ms sleeps (a CI run beside other jobs saw 3)
@@ -298,29 +301,19 @@ def test_calls_a_sample_come_from_warm_calls_not_one_slow_call(slow_call: int):
         measure({("ct2", "fp32", "1t"): [steady]}, 1, 3, 0)
 
 
-
 def test_calls_a_sample_come_from_each_sides_best_configuration_not_its_slowest():
     """--threads 1,2 on 2 cores: CTranslate2 at 2 threads took 5-17 ms a batch-1 call where 1 thread took 0.6-1.4, and
     sizing the samples by it made every decoder one cold call a sample. The samples are sized by the slower of the
     two sides' fastest configurations; every decoder of the case still runs that many calls a sample."""
-    import time
-
-    def decoder(took_s: float):
-        calls = []
-
-        def call():
-            time.sleep(took_s)
-            calls.append(1)
-            return [[0, 0]]
-        return call, calls
-    best_ct2, _ = decoder(0.002)
-    slow_ct2, slow_calls = decoder(0.025)  # alone it would make `inner` 1
-    ours, _ = decoder(0.002)
-    ours_2t, _ = decoder(0.003)
+    best_ct2, _ = sleeping_decoder(0.002)
+    slow_ct2, slow_calls = sleeping_decoder(0.025)  # alone it would make `inner` 1
+    ours, _ = sleeping_decoder(0.002)
+    ours_2t, _ = sleeping_decoder(0.003)
     times, inner = measure({("ct2", "fp32", "1t"): [best_ct2], ("ct2", "fp32", "2t"): [slow_ct2],
                             ("seq2onnx", "fp32", "1t"): [ours], ("seq2onnx", "fp32", "2t"): [ours_2t]}, 2, 2, 0)
     assert 2 <= inner <= SAMPLE_S / 0.002 * 1.5  # ~10 by the 2 ms decoders; a loaded machine stretches sleeps
     assert len(slow_calls) == WARMUP + 2 * inner and all(len(t) == 2 for t in times.values())
+
 
 def test_rounds_take_each_decoders_copies_in_turn_and_reverse_the_order_every_n_rounds():
     """--instances: one copy of a decoder may be luckier than another for a whole run, so round r times copy
