@@ -4,6 +4,7 @@ destinations are refused with typed errors."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -274,7 +275,6 @@ def test_the_benchmark_refuses_bad_outputs_before_any_work(tmp_path, args, code,
 def sleeping_decoder(took_s: float, slow_call: int = -1, slow_s: float = 0.0):
     """A decoder for `measure` that sleeps `took_s` a call (`slow_s` at call number `slow_call`) and answers two
     tokens; and the list its calls append to."""
-    import time
     calls: list[int] = []
 
     def call():
