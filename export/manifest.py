@@ -10,7 +10,7 @@ from typing import Any
 
 from runtime.contract import FORMAT_VERSION, GREEDY_FILE, MANIFEST_FILE, VOCAB_FILES, graph_io
 from runtime.declared import TokenContract
-from runtime.manifest import sha256_file
+from runtime.model_files import sha256_file
 from runtime.optional_graphs import optional_graph_io
 from runtime.spec import ModelSpec
 

@@ -11,7 +11,7 @@ from .cuda import check_device_id, cuda_options, cuda_start_error
 from .defaults import PROVIDERS, max_threads
 from .denormals import keeping_flags, session_flag
 from .errors import InputError, IntegrityError, ProviderError, ResourceError, brief, int_text, one_line
-from .manifest import read_regular_file, sha256_bytes
+from .model_files import read_regular_file, sha256_bytes
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"

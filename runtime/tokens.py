@@ -24,7 +24,8 @@ from .declared import TokenContract
 from .decode_options import samples, translate_options
 from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
-from .manifest import Manifest, read_regular_file, sha256_bytes
+from .manifest import Manifest
+from .model_files import read_regular_file, sha256_bytes
 from .points import BEFORE, Cancel, check_cancel, stoppable
 from .search import beam_search, greedy_search, sample
 from .spec import ModelSpec

@@ -31,7 +31,7 @@ from runtime.contract import (
     SPEC_KEY,
     graph_io,
 )
-from runtime.manifest import sha256_file
+from runtime.model_files import sha256_file
 from runtime.points import greedy_decode
 from training.points.decode import reference_decode
 

@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime import Seq2Seq
 from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
 from runtime.errors import IntegrityError, ManifestError
-from runtime.manifest import MAX_MANIFEST_BYTES, sha256_file
+from runtime.manifest import MAX_MANIFEST_BYTES
+from runtime.model_files import sha256_file
 from runtime.sessions import external_tensor, read_graph
 
 LOAD_SECONDS = 30  # a load that blocks (on a FIFO, say) fails after this instead of hanging the suite

@@ -15,7 +15,7 @@ from runtime import Seq2Seq
 from runtime.contract import DECODER_STEP_FILE, ENCODER_FILE, MANIFEST_FILE
 from runtime.defaults import MAX_TARGET_LEN
 from runtime.errors import InputError, IntegrityError, ManifestError, ProviderError
-from runtime.manifest import sha256_file
+from runtime.model_files import sha256_file
 from runtime.point_inputs import SHARED_MASK_SIZE, check_mask, check_outputs
 from runtime.sessions import max_threads
 

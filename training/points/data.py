@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.manifest import sha256_file
+from runtime.model_files import sha256_file
 from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError, reload_unchanged
 
 CORNERS = np.array([[-1, -1], [-1, 1], [1, 1], [1, -1]], dtype=np.float32)  # clockwise

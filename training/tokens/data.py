@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from runtime.defaults import LONE_CR, NUL, TSV_SUFFIX, UTF8_BOM, UTF16_BOMS
-from runtime.manifest import sha256_file
+from runtime.model_files import sha256_file
 from training.data import HOLDOUT_FRACTION, SPLIT_SEED, DataError, reload_unchanged
 
 from .builtin import BUILTIN_LOADERS, BUILTIN_PARAMS
