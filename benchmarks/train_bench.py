@@ -26,11 +26,12 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from runtime.contract import CHECKPOINT_STATE_FILE
+from runtime.contract import CHECKPOINT_STATE_FILE, partial_dir
 from training.build import build_model
-from training.checkpoint import partial_dir, save_checkpoint, save_train_state
+from training.checkpoint import save_checkpoint
 from training.points.data import SeqData, describe_dataset, squares
 from training.points.trainer import TrainConfig, Trainer, evaluate, spec_for_data
+from training.train_state import save_train_state
 
 TARGET_RATIO = 1.5
 Weights = dict[str, torch.Tensor]

@@ -32,11 +32,12 @@ import pytest
 import torch
 
 from cli.run_logs import LOGS_PREFIX, sweep_torchrun_logs
-from runtime.contract import CHECKPOINT_STATE_FILE
+from runtime.contract import CHECKPOINT_STATE_FILE, partial_dir
 from runtime.defaults import max_threads
 from runtime.vocab import PAD
-from training.checkpoint import TOKEN_CHECKPOINT_FILES, load_train_state, partial_dir
+from training.checkpoint import TOKEN_CHECKPOINT_FILES
 from training.torchrun import LAUNCH_ENV, partial_launch_env
+from training.train_state import load_train_state
 
 from support.processes import alive, default_stops
 from support.stop_hooks import AFTER_PUBLISH, BEFORE_THE_FIRST_SAVE, hook_path

@@ -27,11 +27,12 @@ from runtime.contract import (
     ENCODER_FILE,
     GREEDY_FILE,
     MANIFEST_FILE,
+    partial_dir,
 )
 from runtime.model import Seq2Seq
 from runtime.siblings import clean_leftovers
 from runtime.writer_lock import DestinationBusyError, exclusive, lock_file
-from training.checkpoint import CHECKPOINT_FILES, load_checkpoint, partial_dir
+from training.checkpoint import CHECKPOINT_FILES, load_checkpoint
 
 CLI = [sys.executable, "-m", "cli"]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

@@ -22,6 +22,7 @@ from runtime.contract import (
     CHECKPOINT_SPEC_FILE,
     CHECKPOINT_STATE_FILE,
     VOCAB_FILES,
+    partial_dir,
 )
 from runtime.defaults import (
     DATASET_DEFAULTS,
@@ -38,10 +39,7 @@ from training.checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_checkpoint_vocabularies,
-    load_train_state,
-    partial_dir,
     save_checkpoint,
-    save_train_state,
 )
 from training.tokens.builtin import BUILTIN_LOADERS, TOKENIZER_OF
 from training.tokens.data import load_text_dataset
@@ -49,6 +47,7 @@ from training.tokens.evaluate import evaluate_beam, evaluate_tokens
 from training.tokens.recurrent import TokenSeq2Seq
 from training.tokens.trainer import TokenTrainConfig, TokenTrainer, spec_for_text
 from training.tokens.transformer import TransformerSeq2Seq
+from training.train_state import load_train_state, save_train_state
 
 from support.devices import CUDA_UNAVAILABLE
 

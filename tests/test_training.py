@@ -25,19 +25,11 @@ from runtime.contract import (
     CHECKPOINT_SPEC_FILE,
     CHECKPOINT_STATE_FILE,
     CHECKPOINT_WEIGHTS_FILE,
+    partial_dir,
 )
 from runtime.destination import DestinationError
 from runtime.spec import ModelSpec
-from training.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_train_state,
-    partial_dir,
-    read_data_description,
-    read_meta,
-    save_checkpoint,
-    save_train_state,
-)
+from training.checkpoint import CheckpointError, load_checkpoint, read_data_description, read_meta, save_checkpoint
 from training.points.data import (
     CORNERS,
     HOLDOUT_FRACTION,
@@ -53,6 +45,7 @@ from training.points.data import (
     squares,
 )
 from training.points.trainer import ConfigError, TrainConfig, Trainer, evaluate, spec_for_data
+from training.train_state import load_train_state, save_train_state
 
 from support.processes import child_process
 from support.stop_hooks import AS_A_RESUME_STARTS, BEFORE_THE_FIRST_SAVE, DURING_THE_SECOND_SAVE, hook_path

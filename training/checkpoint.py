@@ -9,12 +9,10 @@ Layout of a finished checkpoint `<out>/`:
 Token models add `source_vocab.json` and `target_vocab.json` (runtime.contract.VOCAB_FILES); their spec.json holds
 a TokenTrainConfig under "train" and a `describe_text_dataset` description under "data", and their history.json
 {"train_loss", "val_exact", "val_token"} per epoch.
-While a run is in progress its state lives in the sibling `<out>.partial/train_state.pt`, replaced
-atomically after every saved epoch; `--resume` continues from it, and it is removed once `<out>` exists.
+A run in progress keeps its state in `<out>.partial/` (training.train_state).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,6 @@ from runtime.contract import (
     MANIFEST_FILE,
     PARTIAL_SUFFIX,
     VOCAB_FILES,
-    partial_dir,
 )
 from runtime.destination import check_destination
 from runtime.spec import ModelSpec, SpecError
@@ -43,7 +40,7 @@ from training.tokens.trainer import TokenTrainConfig
 
 from .build import build_model
 from .plots import plot_history
-from .torch_files import save_torch
+from .torch_files import load_torch, save_torch
 
 CHECKPOINT_FORMAT_VERSION = 1
 # What a point checkpoint holds; a token checkpoint adds its two vocabularies. Either may be replaced with --force.
@@ -52,33 +49,10 @@ CHECKPOINT_FILES = frozenset({CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE, CHE
 TOKEN_CHECKPOINT_FILES = CHECKPOINT_FILES | frozenset(VOCAB_FILES.values())
 TRAIN_CONFIGS = {"points": TrainConfig, "tokens": TokenTrainConfig}  # spec.json's "train", by the spec's kind
 META_KEYS = frozenset({"format_version", "spec", "train", "data", "vocabularies", "distributed"})  # spec.json's
-STATE_KEYS = ("format_version", "epoch", "spec", "config", "history", "model", "optimizer",
-              "torch_rng", "shuffle_rng", "data")
 
 
 class CheckpointError(OSError):
     """A checkpoint directory or training-state file is missing, incomplete or unreadable."""
-
-
-def find_resume_state(out: str | Path) -> Path | None:
-    """The state to resume `out` from: an interrupted run's first, else a finished checkpoint's, else None."""
-    for candidate in (partial_dir(out) / CHECKPOINT_STATE_FILE, Path(out) / CHECKPOINT_STATE_FILE):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def clear_partial(out: str | Path) -> None:
-    """Remove `<out>.partial`: its state file and our temp leftovers; anything else in it is left alone."""
-    partial = partial_dir(out)
-    if not partial.is_dir():
-        return
-    for leftover in [partial / CHECKPOINT_STATE_FILE, *partial.glob(f".{CHECKPOINT_STATE_FILE}.*.tmp")]:
-        leftover.unlink(missing_ok=True)
-    try:
-        partial.rmdir()
-    except OSError:
-        pass  # holds files we did not write; leave them to the user
 
 
 def check_checkpoint_destination(out: str | Path, force: bool) -> None:
@@ -91,48 +65,6 @@ def _write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
-
-
-def save_train_state(path: str | Path, state: dict[str, Any], data: dict[str, Any]) -> None:
-    """Atomically write a trainer's `state_dict()` plus the data description to `path`."""
-    path = Path(path)
-    made = not path.parent.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        save_torch(path, {**state, "data": data}, CheckpointError, atomic=True)
-    except CheckpointError:
-        if made:  # the run's first state: leave no empty `.partial` behind
-            with contextlib.suppress(OSError):
-                path.parent.rmdir()
-        raise
-
-
-def load_train_state(path: str | Path) -> dict[str, Any]:
-    """Read a training-state file written by `save_train_state` (tensors only, `weights_only=True`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"training state {str(path)!r} does not exist; run without --resume to start afresh")
-    state = _torch_load(path, "training state", "delete it and start afresh without --resume (and with --force "
-                        "where it belongs to a finished checkpoint)")
-    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise CheckpointError(f"training state {str(path)!r} lacks {missing}; it was not written by seq2onnx train")
-    return state
-
-
-def check_state_of(out: str | Path, state_file: Path, state: dict[str, Any]) -> None:
-    """A finished checkpoint's state (`state_file` in `out`) is of the model its spec.json holds, where it holds
-    one. Not for an interrupted run's state, in `<out>.partial`: that is the run that will replace `out`, and a
-    --force run may train another model there."""
-    if not (Path(out) / CHECKPOINT_SPEC_FILE).is_file():
-        return
-    meta = read_meta(out)
-    saved = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
-    differ = sorted(k for k in {*saved, *state["spec"]} if saved.get(k) != state["spec"].get(k))
-    if differ:
-        raise CheckpointError(f"training state {str(state_file)!r} is of another model than "
-                              f"{str(Path(out) / CHECKPOINT_SPEC_FILE)!r} (they differ in {differ[:6]}); resume the "
-                              "directory it was saved in, or start afresh with --force")
 
 
 def save_checkpoint(
@@ -235,7 +167,7 @@ def load_checkpoint(path: str | Path) -> tuple[EncoderDecoder | TokenModel, Mode
     weights_file = path / CHECKPOINT_WEIGHTS_FILE
     if not weights_file.is_file():
         raise CheckpointError(f"checkpoint file {str(weights_file)!r} is missing; retrain or restore it")
-    weights = _torch_load(weights_file, "checkpoint file", "retrain or restore it")
+    weights = load_torch(weights_file, "checkpoint file", "retrain or restore it", CheckpointError)
     with torch.random.fork_rng(devices=[]):  # building draws initial weights; keep the caller's RNG intact
         model = build_model(spec, teacher_forcing_prob=config.teacher_forcing)
     _check_weights_fit(model.state_dict(), weights, weights_file, path / CHECKPOINT_SPEC_FILE)
@@ -271,15 +203,6 @@ def load_checkpoint_vocabularies(path: str | Path) -> tuple[Vocabulary, Vocabula
                                   "it, or retrain")
         found.append(vocab)
     return found[0], found[1]
-
-
-def _torch_load(path: Path, what: str, fix: str) -> Any:
-    """torch.load with weights_only=True; any failure is one line (torch's own is many, and unsafe advice)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zips, foreign pickles, random bytes: torch raises several types
-        raise CheckpointError(f"{what} {str(path)!r} cannot be read as PyTorch tensors ({type(err).__name__}: "
-                              f"truncated, corrupted, or not written by seq2onnx); {fix}") from None
 
 
 def _first(names: list[str]) -> str:

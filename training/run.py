@@ -13,20 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from runtime.atomic import identity
-from runtime.contract import CHECKPOINT_STATE_FILE
+from runtime.contract import CHECKPOINT_STATE_FILE, partial_dir
 from runtime.errors import UsageError, held_signals, out_of_memory
 from runtime.writer_lock import exclusive
 
-from .checkpoint import (
-    check_checkpoint_destination,
-    check_state_of,
-    clear_partial,
-    find_resume_state,
-    load_train_state,
-    partial_dir,
-    save_checkpoint,
-    save_train_state,
-)
+from .checkpoint import check_checkpoint_destination, save_checkpoint
 from .distributed import RESTART_ENV, Dist, PeerFailedError
 from .errors import OutOfMemory, RunError, RunStopped
 from .ranks import (
@@ -41,6 +32,7 @@ from .ranks import (
     why_stopped,
 )
 from .torchrun import env_count
+from .train_state import check_state_of, clear_partial, find_resume_state, load_train_state, save_train_state
 
 
 @dataclass

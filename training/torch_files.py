@@ -1,4 +1,4 @@
-"""torch.save to a file, with a failed write said as what it is."""
+"""torch.save to a file and torch.load from one, with a failure said as what it is, in one line."""
 from __future__ import annotations
 
 import errno
@@ -27,3 +27,13 @@ def save_torch(path: Path, obj: Any, error: type[OSError], atomic: bool = False)
             raise
         raise error(f"{str(path)!r} could not be written ({exc.strerror or exc}); free space, or raise the file size "
                     "limit (ulimit -f), then rerun") from None
+
+
+def load_torch(path: Path, what: str, fix: str, error: type[OSError]) -> Any:
+    """torch.load with weights_only=True; any failure is one line raised as `error` (torch's own is many, with
+    unsafe advice)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zips, foreign pickles, random bytes: torch raises several types
+        raise error(f"{what} {str(path)!r} cannot be read as PyTorch tensors ({type(err).__name__}: "
+                    f"truncated, corrupted, or not written by seq2onnx); {fix}") from None
