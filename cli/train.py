@@ -20,7 +20,8 @@ from training.tokens.builtin import BUILTIN_LOADERS
 from training.torchrun import launch_env_problem, launched, partial_launch_env
 
 from .common import kept, require_torch
-from .launch import LAUNCH_OPTIONS, check_launch, launch, launch_options, quiet_launcher
+from .launch import launch, quiet_launcher
+from .launch_options import LAUNCH_OPTIONS, check_launch, launch_options
 from .options import FiniteFloatRange, IntRange, check_threads_option
 from .train_options import (
     NPZ_SUFFIX,

@@ -669,7 +669,8 @@ def test_a_machine_that_never_joins_ends_the_wait_with_one_line(tmp_path: Path) 
 # ---- the launcher -------------------------------------------------------------------------------------------
 
 def test_every_option_reaches_the_ranks_as_given() -> None:
-    from cli.launch import LAUNCH_OPTIONS, forwarded_args, torchrun_args
+    from cli.launch import forwarded_args, torchrun_args
+    from cli.launch_options import LAUNCH_OPTIONS
     from cli.train import train
 
     given = ["--data", "reverse", "--lr", "0.0007", "--no-bucket", "--tie-embeddings", "--threads", "1",
