@@ -7,7 +7,8 @@ from typing import Any
 
 from runtime.errors import ResourceError, Seq2OnnxError, one_line
 
-from .batching import Decoded, RequestTooLarge, WrongKind
+from .batching import Decoded
+from .jobs import RequestTooLarge, WrongKind
 from .service import DeadlineExceeded, Overloaded, Service
 
 

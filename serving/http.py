@@ -23,9 +23,10 @@ from runtime import strict_json
 from runtime.errors import Seq2OnnxError, one_line
 
 from .answers import batch_headers, client_prefix, count, predict_body, refusal, translate_body
-from .batching import TAKES, Decoded, WrongKind, length_bound
+from .batching import Decoded
 from .front import PARSED, Front, route_path
 from .gone import GONE, ClientGone, unless_gone
+from .jobs import TAKES, WrongKind, length_bound
 from .limits import BodyLimit, describe_validation
 from .metrics import CONTENT_TYPE
 from .schemas import (

@@ -28,8 +28,9 @@ from typing import Any, Callable, Sequence
 from runtime.errors import Cancelled, Seq2OnnxError
 from runtime.model import Seq2Seq
 
-from .batching import Decoded, PointJob, RequestTooLarge, TokenJob, decode_points, decode_texts, point_job, token_job
+from .batching import Decoded, decode_points, decode_texts
 from .config import ServeConfig
+from .jobs import PointJob, RequestTooLarge, TokenJob, point_job, token_job
 from .metrics import Metrics
 
 Job = PointJob | TokenJob

@@ -486,7 +486,7 @@ def test_runtime_never_imports_ray() -> None:
 def test_a_bad_option_is_refused_before_its_request_queues(dates: Seq2Seq, options: dict, named: str) -> None:
     """Options were checked only when the batch decoded: a bad one waited in the queue and the batch wait for its
     400. They are checked as the request comes, as the decode would check them."""
-    from serving.batching import token_job
+    from serving.jobs import token_job
     from serving.schemas import TranslateRequest
 
     defaults = TranslateRequest(texts=[]).options()
@@ -498,7 +498,7 @@ def test_a_bad_option_is_refused_before_its_request_queues(dates: Seq2Seq, optio
 def test_only_a_sampling_request_decodes_alone(dates: Seq2Seq) -> None:
     """sampling_topp and sampling_temperature at sampling_topk 1 do not sample (the decode is greedy or a beam), so
     such requests merge with their like; they were decoded alone as sampling."""
-    from serving.batching import token_job
+    from serving.jobs import token_job
     from serving.schemas import TranslateRequest
 
     defaults = TranslateRequest(texts=[]).options()
@@ -511,7 +511,8 @@ def test_only_a_sampling_request_decodes_alone(dates: Seq2Seq) -> None:
 def test_one_bad_request_in_a_batch_fails_alone(dates: Seq2Seq, squares: Seq2Seq) -> None:
     """The batcher without Ray: a request that fails while merged is decoded alone, so only it gets the error."""
     from runtime.errors import InputError
-    from serving.batching import decode_points, decode_texts, point_job, token_job
+    from serving.batching import decode_points, decode_texts
+    from serving.jobs import point_job, token_job
     from serving.schemas import TranslateRequest
 
     defaults = TranslateRequest(texts=[]).options()
@@ -538,7 +539,8 @@ def test_a_merged_batch_short_of_memory_is_decoded_a_request_at_a_time(dates: Se
     the runtime raises its own as ResourceError) ended every request in it without an answer; now each request is
     decoded alone, and one that alone cannot be decoded gets a ResourceError (HTTP 503) saying to ask for less."""
     from runtime.errors import ResourceError
-    from serving.batching import SMALLER, decode_texts, token_job
+    from serving.batching import SMALLER, decode_texts
+    from serving.jobs import token_job
     from serving.schemas import TranslateRequest
 
     calls: list[int] = []
@@ -568,7 +570,8 @@ def test_a_merged_batch_short_of_memory_is_decoded_a_request_at_a_time(dates: Se
 
 def test_merged_texts_get_the_attention_width_of_their_own_request(dates: Seq2Seq) -> None:
     """A short text decoded beside a long one: its attention is as wide as its own decode's, not the batch's."""
-    from serving.batching import decode_texts, token_job
+    from serving.batching import decode_texts
+    from serving.jobs import token_job
     from serving.schemas import TranslateRequest
 
     options = {**TranslateRequest(texts=[]).options(), "return_attention": True, "beam_size": 2}
@@ -630,7 +633,8 @@ def test_merged_points_are_of_similar_lengths_and_get_attention_only_when_asked(
     """A 3-point request beside a 600-point one is not padded to 600 (nor its attention, nor anyone else's), and a
     batch where no request asked for attention makes none: one large request used to cost every request merged
     with it gigabytes and seconds."""
-    from serving.batching import MAX_PADDING, PADDING_FREE, decode_points, point_job, similar_lengths
+    from serving.batching import MAX_PADDING, PADDING_FREE, decode_points, similar_lengths
+    from serving.jobs import point_job
 
     assert similar_lengths([0, 1, 2, 3], [3, 50000, 4, 6]) == [[0, 2, 3], [1]]
     n = PADDING_FREE
@@ -653,7 +657,7 @@ def test_merged_points_are_of_similar_lengths_and_get_attention_only_when_asked(
 def test_a_length_over_the_bound_names_the_bound_it_hit(squares: Seq2Seq) -> None:
     """The model's own length is always allowed: where it is the larger bound, the message said that
     --max-decoding-length (1 here) allowed 2."""
-    from serving.batching import check_length
+    from serving.jobs import check_length
 
     with pytest.raises(InputError, match=r"target_len: at most 2 on this server \(the model's own length; serve "
                                          r"--max-decoding-length 1 is below it\), got 3"):
@@ -667,7 +671,7 @@ def test_model_info_gives_the_length_bound_the_server_enforces(dates: Seq2Seq, t
     """/v1/model said max_decoding_length 5 under --max-decoding-length 5, while the server took the model's own
     length (11) and refused 12 (found by a fresh walk): it now gives the bound requests meet, which never passes
     what the model can produce (a transformer's position table)."""
-    from serving.batching import length_bound
+    from serving.jobs import length_bound
 
     port = free_port()
     with embedded({"/tokens": (DATES, ServeConfig(**{**COMMON, "max_decoding_length": 5}))}, port):
