@@ -9,8 +9,9 @@ import torch
 
 from runtime.contract import SOURCE_LEN, Dims
 
-from .adapted import PROBE_WIDTHS, check_encoded, check_step, example_sources, tensor_dict
+from .adapted import PROBE_WIDTHS, example_sources
 from .adapter import AdapterError, Seq2SeqAdapter
+from .probe_checks import check_encoded, check_step, tensor_dict
 from .tracing import run_declared
 
 PROBE_OUTPUT_STEPS = 256  # steps one source is decoded at export, unless output_limit (or max_decoding_length) says
