@@ -1,7 +1,8 @@
 """seq2onnx against CTranslate2 on the same transformer: outputs cross-checked token for token, then decode times.
 
     python benchmarks/ct2_bench.py --checkpoint CKPT [--steps 20] [--repeats 24] [--batches 1,64] [--beams 1,5]
-                                   [--threads 1,2] [--workers 1,2] [--instances 3] [--allocator system]
+                                   [--threads 1,2] [--workers 1,2] [--instances 3] [--keep-within 1.25]
+                                   [--allocator system]
                                    [--json OUT.json] [--plot OUT.png] [--force]
 
 CKPT is a `seq2onnx train --arch transformer` checkpoint. It is exported twice through the public API
@@ -26,8 +27,11 @@ rows or more), CT2 `Translator(..., intra_threads=1, inter_threads=W).translate_
 decoder is loaded --instances times (copies made in turn,
 ours and CTranslate2's): two sessions of one graph ran up to ~10% apart, each keeping its speed for the whole run,
 so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances (N). After
-WARMUP untimed calls of every copy, --repeats rounds run every decoder in turn (in reverse order in rounds N..2N-1,
-3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all alike; in a round
+WARMUP untimed calls of every copy, a configuration whose fastest warm-up call took over --keep-within (KEEP_WITHIN)
+times its side's fastest (the same precision) is left out, reported by that call: it cannot be that side's best,
+and run between the others it slowed them. Then --repeats rounds run every other decoder in turn (in reverse order
+in rounds N..2N-1, 3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all
+alike; in a round
 each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for every decoder of a
 case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a service under load
 runs it, not right after seven other decoders evicted it.
@@ -80,6 +84,11 @@ SOURCE_TOKENS = 12  # tokens of a timed source (dates: characters); its encoder 
 CHECK_TEXTS = 256  # held-out sources of any length for the cross-check
 WARMUP = 3
 SAMPLE_S = 0.02  # --inner 0: calls in a row per sample, so that a sample lasts about this long
+# --keep-within: a configuration whose fastest warm-up call is over this times its side's fastest is left out of the
+# timed rounds. On 2-core VMs 2 threads were the slower everywhere (CTranslate2 2-27x its 1-thread time, ours 1.07-1.7x);
+# timed beside the others, they slowed them: a 2-core AMD EPYC Zen 4, batch-1 greedy, the samples over 1.25x a
+# decoder's fastest: 2-9 of 24 a side with the 2-thread decoders in the rounds (five runs), 0-1 without (three).
+KEEP_WITHIN = 1.25
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 Key = tuple[str, str, str]  # (side, precision, configuration: "2t" intra-op threads, "2w" workers of 1 thread)
@@ -170,8 +179,8 @@ def decoders(loaded: dict[Key, list[Any]], model: Seq2Seq, texts: list[str], bea
     return {key: [call(key, runner) for runner in runners] for key, runners in loaded.items()}
 
 
-def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
-            inner: int) -> tuple[dict[Key, list[float]], int]:
+def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int, inner: int,
+            keep_within: float = KEEP_WITHIN) -> tuple[dict[Key, list[float]], int, dict[Key, float]]:
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
     in a row, their mean; round r runs copy r mod N of each of its N copies, and the decoders run in reverse order
     in rounds N..2N-1, 3N..4N-1, ..., so that every copy runs in both orders), after WARMUP calls of every copy and
@@ -182,7 +191,10 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
     its second call (7.8 ms against 1.6), which made it two calls a round; nor a configuration far slower than its
     side's best: CTranslate2 at 2 threads took 5-17 ms at batch 1 beside our 2-thread sessions on 2 cores (1 thread:
     0.6-1.4), which made every decoder one cold call a sample, ours 1.05 ms there against 0.83 warm.
-    Returns the times and the calls a sample."""
+    Only contenders are timed: a configuration whose fastest warm-up call takes more than `keep_within` times its
+    side's fastest (the same precision) cannot be that side's best, and running it between the others slowed them
+    (KEEP_WITHIN). Returns the times, the calls a sample, and the fastest warm-up call of each configuration left
+    out."""
     warm: dict[Key, float] = {}
     for key, copies in calls.items():
         for call in copies:
@@ -199,16 +211,18 @@ def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int,
     for (side, precision, _), took in warm.items():
         best[side, precision] = min(best.get((side, precision), took), took)
     inner = inner or max(1, round(SAMPLE_S / max(best.values())))  # the same for every decoder of a case
-    times: dict[Key, list[float]] = {key: [] for key in calls}
+    left_out = {key: took for key, took in warm.items() if took > keep_within * best[key[:2]]}
+    timed = [key for key in calls if key not in left_out]
+    times: dict[Key, list[float]] = {key: [] for key in timed}
     copies = max(len(c) for c in calls.values())  # every decoder has as many (`load`)
     for r in range(repeats):
-        for key in (list(calls) if (r // copies) % 2 == 0 else list(calls)[::-1]):
+        for key in (timed if (r // copies) % 2 == 0 else timed[::-1]):
             call = calls[key][r % len(calls[key])]
             start = time.perf_counter()
             for _ in range(inner):
                 call()
             times[key].append((time.perf_counter() - start) / inner)
-    return times, inner
+    return times, inner, left_out
 
 
 def summarise(batch: int, beam: int, times: dict[Key, list[float]]) -> dict[str, Any]:
@@ -355,6 +369,10 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
               help="Copies of every decoder, loaded in turn; round r times copy r mod N (two sessions of one graph can "
                    "run several % apart for a whole run). N times the memory and load time; --repeats a multiple "
                    "of 2N times every copy equally, in both orders.")
+@click.option("--keep-within", type=click.FloatRange(min=1.0), default=KEEP_WITHIN, show_default=True,
+              help="Time only the configurations whose fastest warm-up call is within this factor of their side's "
+                   "fastest (the same precision); the others cannot be that side's best, and running them between "
+                   "the rest slowed it. A large value (1e9) times every configuration.")
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
                    "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
@@ -363,7 +381,7 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
                    "(cli.allocator); the script starts itself again with it.")
 def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[int], beams: list[int],
          threads: list[int], workers: list[int], json_out: Path | None, plot_out: Path | None, force: bool,
-         ct2_text: bool, instances: int, allocator: str) -> None:
+         keep_within: float, ct2_text: bool, instances: int, allocator: str) -> None:
     """Cross-check seq2onnx and CTranslate2 on CHECKPOINT, then time both (see the module docstring)."""
     def note(line: str) -> None:
         click.echo(line, err=True)
@@ -400,9 +418,14 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
                 note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(configs)} decoders "
                      f"({instances} cop{'ies' if instances > 1 else 'y'} each) ...")
                 calls = decoders(loaded, model, batch_texts, beam, steps, ct2_text)
-                times, calls_a_sample = measure(calls, repeats, steps, inner)
-                rows.append({**summarise(batch, beam, times), "inner": calls_a_sample})
-                note(f"  {calls_a_sample} call(s) of each decoder a sample")
+                times, calls_a_sample, left_out = measure(calls, repeats, steps, inner, keep_within)
+                rows.append({**summarise(batch, beam, times), "inner": calls_a_sample,
+                             "left_out": [{"side": s, "precision": p, "config": t, "warm_s": took}
+                                          for (s, p, t), took in left_out.items()]})
+                note(f"  {calls_a_sample} call(s) of each timed decoder a sample"
+                     + (f"; not timed (a warm-up call over {keep_within:g}x its side's fastest): "
+                        + ", ".join(f"{s} {p} {t} {took * 1e3:.2f} ms" for (s, p, t), took in left_out.items())
+                        if left_out else ""))
     click.echo(f"{info['cpu']}; {info['flags']}; {malloc}; uptime: {machine()['uptime']}")
     click.echo(f"{steps} tokens per hypothesis, sources of {SOURCE_TOKENS} tokens + </s>; medians of {repeats} "
                f"rounds over {instances} cop{'ies' if instances > 1 else 'y'} of each decoder; "
