@@ -46,6 +46,7 @@ allocator: the script starts itself again with it preloaded.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -333,6 +334,14 @@ def thread_list(ctx: click.Context, param: click.Parameter, value: str) -> list[
     return numbers
 
 
+def factor(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """--keep-within: a number >= 1 (FloatRange lets NaN through, which would time every configuration)."""
+    if math.isnan(value):
+        raise click.BadParameter(f"expected a number >= 1 (a large one, or inf, times every configuration), got "
+                                 f"{value!r}")
+    return value
+
+
 def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> None:
     """--json and --plot: an existing folder, a .png plot, two different files, and no existing file replaced
     without --force."""
@@ -369,7 +378,7 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
               help="Copies of every decoder, loaded in turn; round r times copy r mod N (two sessions of one graph can "
                    "run several % apart for a whole run). N times the memory and load time; --repeats a multiple "
                    "of 2N times every copy equally, in both orders.")
-@click.option("--keep-within", type=click.FloatRange(min=1.0), default=KEEP_WITHIN, show_default=True,
+@click.option("--keep-within", type=click.FloatRange(min=1.0), default=KEEP_WITHIN, show_default=True, callback=factor,
               help="Time only the configurations whose fastest warm-up call is within this factor of their side's "
                    "fastest (the same precision); the others cannot be that side's best, and running them between "
                    "the rest slowed it. A large value (1e9) times every configuration.")

@@ -257,6 +257,8 @@ def test_help_of_each_script(command, usage):
     (["--json", "{tmp}/kept.json"], 1, "a file already exists there; pass --force to replace it"),
     (["--json", "{tmp}/same.png", "--plot", "{tmp}/same.png"], 2, "is the --json file too"),
     (["--threads", "1,{cpus_plus_one}"], 2, "expected at most the {cpus} CPUs this process may use"),
+    (["--keep-within", "nan"], 2, "expected a number >= 1 (a large one, or inf, times every configuration), got nan"),
+    (["--keep-within", "0.9"], 2, "0.9 is not in the range x>=1.0"),
 ])
 def test_the_benchmark_refuses_bad_outputs_before_any_work(tmp_path, args, code, message):
     from click.testing import CliRunner
