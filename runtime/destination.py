@@ -56,11 +56,19 @@ def _ours(path: Path) -> bool:
     """Whether `path` is a JSON object of seq2onnx's (a checkpoint's spec.json or an export's manifest.json both hold
     format_version and spec), read only so far."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a named pipe there cannot hang the check
+    except (OSError, ValueError):
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, socket or device is no marker of ours
+            return False
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_MARKER_BYTES + 1)
         doc = json.loads(data) if len(data) <= MAX_MARKER_BYTES else None
     except (OSError, ValueError, RecursionError):
         return False
+    finally:
+        os.close(fd)
     return isinstance(doc, dict) and {"format_version", "spec"} <= set(doc)
 
 
@@ -161,9 +169,11 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
         raise DestinationError(f"{out}: exists and is not a seq2onnx {kind} (no {marker}; it holds "
                                f"{_listed(entries)}); refusing to replace it, even with --force; choose another --out")
     if marked is not None and not marked(out / marker):  # a user's file of that name: names alone do not make it ours
-        raise DestinationError(f"{out}: holds a {marker} that is not seq2onnx's (a JSON object with format_version "
-                               f"and spec), so it is not a seq2onnx {kind} to replace; refusing, even with --force; "
-                               "choose another --out")
+        mode = os.lstat(out / marker).st_mode
+        what = ("seq2onnx's (a JSON object with format_version and spec)" if stat.S_ISREG(mode) or stat.S_ISLNK(mode)
+                else f"a regular file (mode {stat.filemode(mode)})")
+        raise DestinationError(f"{out}: holds a {marker} that is not {what}, so it is not a seq2onnx {kind} to "
+                               "replace; refusing, even with --force; choose another --out")
     foreign = [name for name in entries if name not in owned]
     if foreign:
         raise DestinationError(f"{out}: is a seq2onnx {kind} but also holds files seq2onnx did not write "

@@ -15,6 +15,7 @@ from runtime import __version__
 
 # Runs the CLI in a child interpreter where `import torch` fails, as on a runtime-only install.
 SQUARES_MODEL = os.path.join(os.path.dirname(__file__), os.pardir, "artifacts", "squares")
+SQUARES_CHECKPOINT = os.path.join(os.path.dirname(__file__), os.pardir, "artifacts", "squares-checkpoint")
 NO_TORCH = "import sys; sys.modules['torch'] = None; from cli.main import main; sys.argv[0] = 'seq2onnx'; main()"
 
 
@@ -201,6 +202,23 @@ def test_infer_refuses_a_bad_output_name_before_work(pipeline, tmp_path):
     assert_user_error(cli("infer", model, "--input", "-", "--attention", "--output", tmp_path / "o.npy",
                           stdin="[[[0.0, 0.0]]]"), "use .json or .npz")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_named_pipe_where_a_marker_belongs_is_refused_at_once_not_read(tmp_path):
+    """A FIFO named manifest.json (spec.json) in --out: the check whether the directory is seq2onnx's read it and
+    waited for a writer for ever, in `export --force`, `train --force` and `train --resume` (found by a fresh walk).
+    It is no marker of ours: refused at once, by what it is; a directory beside it is not taken for an export."""
+    export, checkpoint = tmp_path / "e", tmp_path / "c"
+    export.mkdir(), checkpoint.mkdir()
+    os.mkfifo(export / "manifest.json"), (export / "a.onnx").touch()
+    os.mkfifo(checkpoint / "spec.json"), (checkpoint / "weights.pt").touch()
+    pipe = "that is not a regular file (mode prw"
+    assert_user_error(cli("export", SQUARES_CHECKPOINT, "--out", export, "--force", timeout=60), f"{export}: holds a "
+                      f"manifest.json {pipe}", "refusing, even with --force")
+    for how in (["--force"], ["--resume", "--epochs", "2"]):
+        assert_user_error(cli("train", "--data", "squares", "--epochs", "1", "--out", checkpoint, *how, timeout=60),
+                          f"{checkpoint}: holds a spec.json {pipe}")
+    assert sorted(p.name for p in export.iterdir()) == ["a.onnx", "manifest.json"]
 
 
 @pytest.mark.parametrize(("make", "kind"), [(os.mkfifo, "a named pipe (FIFO)"), ("socket", "a socket")])
