@@ -104,6 +104,8 @@ def setup_workspace(case_dir: Path) -> None:
     write(case_dir / "badweights" / "weights.pt", weights[: len(weights) // 2])
     write(case_dir / "garbage" / "weights.pt", os.urandom(2048))
     write(case_dir / "nojson" / "spec.json", "{not json")
+    shutil.copytree(case_dir / "ckpt", case_dir / "stateisdir")
+    (case_dir / "stateisdir" / "train_state.pt").mkdir()  # said as what it is, not as "nothing to resume"
     shutil.copytree(case_dir / "model", case_dir / "oldformat")
     edit_json(case_dir / "oldformat" / "manifest.json", _format_99)
     shutil.copytree(case_dir / "model", case_dir / "tampered")
@@ -192,6 +194,12 @@ CLI_CASES: dict[str, Case] = {
                                       says=("--teacher-forcing", "2", "0<=x<=1")),
     "train --resume nothing": case("train", "--resume", "--out", "o", code=USAGE,
                                    says=("--resume", "nothing to resume", "train_state.pt")),
+    "train --resume, the state a directory": case("train", "--resume", "--out", "stateisdir", "--epochs", "2",
+                                                  code=BAD_INPUT, says=("stateisdir/train_state.pt", "is not a "
+                                                                        "regular file (mode d", "without --resume")),
+    "train --nproc-per-node --resume, the state a directory": case(
+        "train", "--nproc-per-node", "1", "--resume", "--out", "stateisdir", "--epochs", "2", code=BAD_INPUT,
+        says=("stateisdir/train_state.pt", "is not a regular file (mode d")),
     # train on several processes: refused before any process starts
     "train --nproc-per-node 0": case("train", "--nproc-per-node", "0", code=USAGE,
                                      says=("--nproc-per-node", "expected 1..", "got 0")),
