@@ -386,7 +386,7 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
 @click.option("--keep-within", type=click.FloatRange(min=1.0), default=KEEP_WITHIN, show_default=True, callback=factor,
               help="Time only the configurations whose fastest warm-up call is within this factor of their side's "
                    "fastest (the same precision); the others cannot be that side's best, and running them between "
-                   "the rest slowed it. A large value (1e9) times every configuration.")
+                   "the rest slowed it. A large value (1e9, or inf) times every configuration.")
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
                    "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
