@@ -65,9 +65,9 @@ def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabula
         path = model_dir / VOCAB_FILES[side]
         data = read_regular_file(path, MAX_VOCAB_BYTES, IntegrityError, "vocabulary listed in the manifest is "
                                  "missing; re-export the model")
-        if sha256_bytes(data) != entry["sha256"]:
-            raise IntegrityError(f"{path}: sha256 does not match the manifest's; the file was altered, re-export "
-                                 "the model")
+        if (actual := sha256_bytes(data)) != entry["sha256"]:  # both said, as a graph's are (runtime.sessions)
+            raise IntegrityError(f"{path}: sha256 {actual[:16]}... does not match the manifest's "
+                                 f"{entry['sha256'][:16]}...; the file was altered, re-export the model")
         try:
             out[side] = Vocabulary.from_dict(json.loads(data.decode("utf-8")))
         except (ValueError, VocabError, RecursionError) as exc:
