@@ -31,10 +31,9 @@ WARMUP untimed calls of every copy, a configuration whose fastest warm-up call t
 times its side's fastest (the same precision) is left out, reported by that call: it cannot be that side's best,
 and run between the others it slowed them. Then --repeats rounds run every other decoder in turn (in reverse order
 in rounds N..2N-1, 3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all
-alike; in a round
-each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for every decoder of a
-case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a service under load
-runs it, not right after seven other decoders evicted it.
+alike; in a round each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for
+every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a
+service under load runs it, not right after seven other decoders evicted it.
 Figures are medians; each side is reported at its best configuration; ratio = seq2onnx / CT2 (> 1: seq2onnx is
 slower). "paired" is the median over rounds of the two sides' ratio within a round (each at its best
 configuration), samples taken tens of milliseconds apart: a shared machine's slow and fast phases, which last seconds, move
@@ -434,7 +433,7 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
                 calls = decoders(loaded, model, batch_texts, beam, steps, ct2_text)
                 times, calls_a_sample, left_out = measure(calls, repeats, steps, inner, keep_within)
                 rows.append({**summarise(batch, beam, times), "inner": calls_a_sample,
-                             "left_out": [{"side": s, "precision": p, "config": t, "warm_s": took}
+                             "left_out": [{"side": s, "precision": p, "config": t, "fastest_warm_up_s": took}
                                           for (s, p, t), took in left_out.items()]})
                 note(f"  {calls_a_sample} call(s) of each timed decoder a sample"
                      + (f"; not timed (a warm-up call over {keep_within:g}x its side's fastest): "

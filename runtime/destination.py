@@ -169,7 +169,10 @@ def check_destination(out: str | Path, force: bool, kind: str, marker: str, owne
         raise DestinationError(f"{out}: exists and is not a seq2onnx {kind} (no {marker}; it holds "
                                f"{_listed(entries)}); refusing to replace it, even with --force; choose another --out")
     if marked is not None and not marked(out / marker):  # a user's file of that name: names alone do not make it ours
-        mode = os.lstat(out / marker).st_mode
+        try:
+            mode = os.lstat(out / marker).st_mode
+        except OSError:  # gone since the listing: said as any file not ours
+            mode = stat.S_IFREG
         what = ("seq2onnx's (a JSON object with format_version and spec)" if stat.S_ISREG(mode) or stat.S_ISLNK(mode)
                 else f"a regular file (mode {stat.filemode(mode)})")
         raise DestinationError(f"{out}: holds a {marker} that is not {what}, so it is not a seq2onnx {kind} to "

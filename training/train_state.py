@@ -4,7 +4,6 @@ it belongs to. While a run is in progress it lives in `<out>.partial/`, removed 
 from __future__ import annotations
 
 import contextlib
-import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ def find_resume_state(out: str | Path) -> Path | None:
     for candidate in (partial_dir(out) / CHECKPOINT_STATE_FILE, Path(out) / CHECKPOINT_STATE_FILE):
         if candidate.is_file():
             return candidate
-        if os.path.lexists(candidate) and candidate.exists():  # a directory, a named pipe: not "nothing to resume"
+        if candidate.exists():  # a directory, a named pipe: not "nothing to resume"
             raise CheckpointError(f"training state {str(candidate)!r} is not a regular file (mode "
                                   f"{stat.filemode(candidate.stat().st_mode)}); move it away, or run without --resume to "
                                   "start afresh")
