@@ -10,7 +10,8 @@ the first batch is encoded and stepped once alone, at the batch's width and at i
 within the batch (a model whose rows read one another or the padding passes parity, which runs PyTorch on the same
 batch, and decodes a text differently beside others); a source of max_source_len tokens must encode and step once,
 and a source must decode PROBE_OUTPUT_STEPS tokens on (output_limit, if fewer; max_decoding_length, if more).
-Anything that does not fit the declaration is an AdapterError naming the tensor and axis."""
+Anything that does not fit the declaration is an AdapterError naming the tensor and axis (what encode and step
+return is checked by export.probe_checks, each source alone by export.probe_rows)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
