@@ -86,10 +86,10 @@ WARMUP = 3
 SAMPLE_S = 0.02  # --inner 0: calls in a row per sample, so that a sample lasts about this long
 # --keep-within: a configuration whose fastest warm-up call is over this times its side's fastest is left out of the
 # timed rounds. On 2-core VMs 2 threads were the slower everywhere (CTranslate2 7-55x its 1-thread time at batch 1,
-# 1.4-2.1x at 64; ours 1.07-1.8x), and timed beside the others they slowed ours more than CTranslate2's: a 2-core AMD
-# EPYC Zen 4, batch 1, seven runs each way alternated, paired float32 ratio with them left out (at 1.25) / timed:
-# greedy 1.16-1.56, median 1.29 / 1.35-1.53, median 1.38; beam 5 median 1.23 / 1.29. 1.5, not 1.25: a burst of
-# load over a configuration's few warm-up calls must not leave out its side's best.
+# 1.4-2.1x at 64; ours 1.07-1.8x), and timed beside the others they disturbed both sides' samples and moved the
+# paired ratio: a 2-core AMD EPYC Zen 4, greedy batch 1, nine runs each way alternated (RESULTS.md, runs 174-195),
+# paired float32 ratio with them left out / timed: median 1.29 / 1.44, lower in eight pairs. 1.5, not 1.25: a burst
+# of load over a configuration's few warm-up calls must not leave out its side's best.
 KEEP_WITHIN = 1.5
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
