@@ -20,6 +20,14 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def check_sha256(path: Path, data: bytes, expected: str, error: type[Seq2OnnxError]) -> None:
+    """`data` (read from `path`) hashes to the manifest's `expected` sha256, else `error` giving both."""
+    actual = sha256_bytes(data)
+    if actual != expected:
+        raise error(f"{path}: sha256 {actual[:16]}... does not match the manifest's {expected[:16]}...; the file was "
+                    "altered or truncated, re-export the model")
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's contents, read in 1 MiB blocks."""
     digest = hashlib.sha256()

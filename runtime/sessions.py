@@ -11,7 +11,7 @@ from .cuda import check_device_id, cuda_options, cuda_start_error
 from .defaults import PROVIDERS, max_threads
 from .denormals import keeping_flags, session_flag
 from .errors import InputError, IntegrityError, ProviderError, ResourceError, brief, int_text, one_line
-from .model_files import read_regular_file, sha256_bytes
+from .model_files import check_sha256, read_regular_file
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -110,12 +110,7 @@ def read_graph(model_dir: Path, file_name: str, expected_sha: str) -> bytes:
         raise IntegrityError(f"{path}: resolves outside the model directory {model_dir}; re-export the model")
     data = read_regular_file(path, MAX_GRAPH_BYTES, IntegrityError,
                              "graph file listed in the manifest is missing; re-export the model")
-    actual = sha256_bytes(data)
-    if actual != expected_sha:
-        raise IntegrityError(
-            f"{path}: sha256 {actual[:16]}... does not match the manifest's {expected_sha[:16]}...; "
-            "the file was altered or truncated, re-export the model"
-        )
+    check_sha256(path, data, expected_sha, IntegrityError)
     try:
         external = external_tensor(data)
     except ValueError as exc:

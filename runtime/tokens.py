@@ -25,7 +25,7 @@ from .decode_options import samples, translate_options
 from .denormals import flushing
 from .errors import InputError, IntegrityError, brief
 from .manifest import Manifest
-from .model_files import read_regular_file, sha256_bytes
+from .model_files import check_sha256, read_regular_file
 from .points import BEFORE, Cancel, check_cancel, stoppable
 from .search import beam_search, greedy_search, sample
 from .spec import ModelSpec
@@ -65,9 +65,7 @@ def load_vocabularies(model_dir: Path, manifest: Manifest) -> dict[str, Vocabula
         path = model_dir / VOCAB_FILES[side]
         data = read_regular_file(path, MAX_VOCAB_BYTES, IntegrityError, "vocabulary listed in the manifest is "
                                  "missing; re-export the model")
-        if (actual := sha256_bytes(data)) != entry["sha256"]:  # both said, as a graph's are (runtime.sessions)
-            raise IntegrityError(f"{path}: sha256 {actual[:16]}... does not match the manifest's "
-                                 f"{entry['sha256'][:16]}...; the file was altered, re-export the model")
+        check_sha256(path, data, entry["sha256"], IntegrityError)
         try:
             out[side] = Vocabulary.from_dict(json.loads(data.decode("utf-8")))
         except (ValueError, VocabError, RecursionError) as exc:
