@@ -27,9 +27,9 @@ rows or more), CT2 `Translator(..., intra_threads=1, inter_threads=W).translate_
 decoder is loaded --instances times (copies made in turn,
 ours and CTranslate2's): two sessions of one graph ran up to ~10% apart, each keeping its speed for the whole run,
 so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances (N). After
-WARMUP untimed calls of every copy, a configuration whose fastest warm-up call took over --keep-within (KEEP_WITHIN)
-times its side's fastest (the same precision) is left out, reported by that call: it cannot be that side's best,
-and run between the others it slowed them. Then --repeats rounds run every other decoder in turn (in reverse order
+WARMUP untimed rounds of a call of every copy, a configuration whose fastest call took over --keep-within
+(KEEP_WITHIN) times its side's fastest (the same precision) in every round after the first is left out, reported by
+its fastest warm-up call: it cannot be that side's best, and run between the others it slowed them. Then --repeats rounds run every other decoder in turn (in reverse order
 in rounds N..2N-1, 3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all
 alike; in a round each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for
 every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a
@@ -84,12 +84,13 @@ SOURCE_TOKENS = 12  # tokens of a timed source (dates: characters); its encoder 
 CHECK_TEXTS = 256  # held-out sources of any length for the cross-check
 WARMUP = 3
 SAMPLE_S = 0.02  # --inner 0: calls in a row per sample, so that a sample lasts about this long
-# --keep-within: a configuration whose fastest warm-up call is over this times its side's fastest is left out of the
-# timed rounds. On 2-core VMs 2 threads were the slower everywhere (CTranslate2 7-55x its 1-thread time at batch 1,
-# 1.4-2.1x at 64; ours 1.07-1.8x), and timed beside the others they disturbed both sides' samples and moved the
-# paired ratio: a 2-core AMD EPYC Zen 4, greedy batch 1, nine runs each way alternated (RESULTS.md, runs 174-195),
-# paired float32 ratio with them left out / timed: median 1.29 / 1.44, lower in eight pairs. 1.5, not 1.25: a burst
-# of load over a configuration's few warm-up calls must not leave out its side's best.
+# --keep-within: a configuration whose fastest call is over this times its side's fastest in every warm-up round is
+# left out of the timed rounds. On 2-core VMs 2 threads were the slower everywhere (CTranslate2 7-55x its 1-thread
+# time at batch 1, 1.4-2.1x at 64; ours 1.07-1.8x), and timed beside the others they disturbed both sides' samples
+# and moved the paired ratio: a 2-core AMD EPYC Zen 4, greedy batch 1, nine runs each way alternated (RESULTS.md,
+# runs 174-195), paired float32 ratio with them left out / timed: median 1.29 / 1.44, lower in eight pairs. 1.5,
+# not 1.25, and judged round by round: a burst of load over a configuration's warm-up calls must not leave out its
+# side's best (runs 189 and 200 did).
 KEEP_WITHIN = 1.5
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
@@ -181,42 +182,63 @@ def decoders(loaded: dict[Key, list[Any]], model: Seq2Seq, texts: list[str], bea
     return {key: [call(key, runner) for runner in runners] for key, runners in loaded.items()}
 
 
+def warm_up(calls: dict[Key, list[Callable[[], Ids]]], steps: int) -> list[dict[Key, list[float]]]:
+    """WARMUP rounds of one call of every copy of every decoder, interleaved as the timed rounds are (the order
+    reversed every other round), each call's decoded lengths checked against `steps`. Returns each round's seconds
+    per call, by decoder and copy. In rounds, not a decoder's calls in a row: a burst of load lasting one decoder's
+    few warm-up calls slowed all of them (run 200: our 1-thread int8 decoder's six at 2.6 ms, against 1.35 warm),
+    and that alone left it out."""
+    rounds: list[dict[Key, list[float]]] = []
+    for w in range(WARMUP):
+        took: dict[Key, list[float]] = {key: [] for key in calls}
+        for key in (list(calls) if w % 2 == 0 else list(calls)[::-1]):
+            for call in calls[key]:
+                start = time.perf_counter()
+                lengths = {len(ids) for ids in call()}
+                took[key].append(time.perf_counter() - start)
+                if lengths != {steps}:
+                    raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, "
+                                               f"expected exactly --steps {steps} for every hypothesis")
+        rounds.append(took)
+    return rounds
+
+
+def outclassed(rounds: list[dict[Key, list[float]]], keep_within: float) -> dict[Key, float]:
+    """The configurations to leave out, with their fastest warm-up call: those whose fastest call (any copy) was
+    over `keep_within` times their side's fastest (the same precision) in every warm-up round after the first (each
+    copy's first call sets it up), each round judged on its own calls, taken close together, as a paired ratio."""
+    judged = rounds[1:]
+
+    def over(key: Key, took: dict[Key, list[float]]) -> bool:
+        side = min(min(t) for k, t in took.items() if k[:2] == key[:2])
+        return min(took[key]) > keep_within * side
+    return {key: min(min(took[key]) for took in judged) for key in rounds[0]
+            if all(over(key, took) for took in judged)}
+
+
 def measure(calls: dict[Key, list[Callable[[], Ids]]], repeats: int, steps: int, inner: int,
             keep_within: float = KEEP_WITHIN) -> tuple[dict[Key, list[float]], int, dict[Key, float]]:
     """Seconds per call of each decoder over `repeats` interleaved rounds (each round: `inner` calls of each decoder
     in a row, their mean; round r runs copy r mod N of each of its N copies, and the decoders run in reverse order
-    in rounds N..2N-1, 3N..4N-1, ..., so that every copy runs in both orders), after WARMUP calls of every copy and
-    the length check. `inner` 0: enough calls for one SAMPLE_S sample of the slowest of each side's best decoder (per
-    precision: its fastest configuration), each timed by its fastest warm-up call after its first. Not the first: a
+    in rounds N..2N-1, 3N..4N-1, ..., so that every copy runs in both orders), after the warm-up rounds (`warm_up`).
+    `inner` 0: enough calls for one SAMPLE_S sample of the slowest of each side's best decoder (per precision: its
+    fastest configuration), each copy timed by its fastest warm-up call after its first. Not the first: a
     translator's first call sets itself up (CTranslate2's took 46 ms where its next took 0.65), which made it one
     call a round, each timed cold; nor any one later call: with mimalloc preloaded (--allocator) ours spiked once, at
     its second call (7.8 ms against 1.6), which made it two calls a round; nor a configuration far slower than its
     side's best: CTranslate2 at 2 threads took 5-17 ms at batch 1 beside our 2-thread sessions on 2 cores (1 thread:
     0.6-1.4), which made every decoder one cold call a sample, ours 1.05 ms there against 0.83 warm.
-    Only contenders are timed: a configuration whose fastest warm-up call (of all its copies' calls after the first:
-    noise only makes calls slower) takes more than `keep_within` times its side's fastest (the same precision)
-    cannot be that side's best, and running it between the others slowed them (KEEP_WITHIN). Returns the times, the
-    calls a sample, and that call of each configuration left out."""
-    warm: dict[Key, float] = {}  # the slowest copy's fastest call (sizes the samples)
-    fastest: dict[Key, float] = {}  # the fastest call of any copy (what the configuration can do)
-    for key, copies in calls.items():
-        for call in copies:
-            took = []
-            for _ in range(WARMUP):
-                start = time.perf_counter()
-                lengths = {len(ids) for ids in call()}
-                took.append(time.perf_counter() - start)
-            warm[key] = max(warm.get(key, 0.0), min(took[1:]))
-            fastest[key] = min(fastest.get(key, took[1]), *took[1:])
-            if lengths != {steps}:
-                raise click.ClickException(f"{' '.join(map(str, key))} decoded lengths {sorted(lengths)}, "
-                                           f"expected exactly --steps {steps} for every hypothesis")
+    Only contenders are timed (`outclassed`): a configuration far slower than its side's fastest in every warm-up
+    round cannot be that side's best, and running it between the others slowed them (KEEP_WITHIN). Returns the
+    times, the calls a sample, and the fastest warm-up call of each configuration left out."""
+    rounds = warm_up(calls, steps)
+    warm = {key: max(min(took[key][c] for took in rounds[1:]) for c in range(len(copies)))
+            for key, copies in calls.items()}  # the slowest copy's fastest call (sizes the samples)
     best: dict[tuple[str, str], float] = {}  # (side, precision) -> its fastest configuration's warm call
     for (side, precision, _), took in warm.items():
         best[side, precision] = min(best.get((side, precision), took), took)
     inner = inner or max(1, round(SAMPLE_S / max(best.values())))  # the same for every decoder of a case
-    quickest = {side: min(took for key, took in fastest.items() if key[:2] == side) for side in best}
-    left_out = {key: took for key, took in fastest.items() if took > keep_within * quickest[key[:2]]}
+    left_out = outclassed(rounds, keep_within)
     timed = [key for key in calls if key not in left_out]
     times: dict[Key, list[float]] = {key: [] for key in timed}
     copies = max(len(c) for c in calls.values())  # every decoder has as many (`load`)
@@ -383,8 +405,8 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
                    "run several % apart for a whole run). N times the memory and load time; --repeats a multiple "
                    "of 2N times every copy equally, in both orders.")
 @click.option("--keep-within", type=click.FloatRange(min=1.0), default=KEEP_WITHIN, show_default=True, callback=factor,
-              help="Time only the configurations whose fastest warm-up call is within this factor of their side's "
-                   "fastest (the same precision); the others cannot be that side's best, and running them between "
+              help="Time only the configurations whose fastest warm-up call was within this factor of their side's "
+                   "fastest (the same precision) in some warm-up round; the others cannot be that side's best, and running them between "
                    "the rest slowed it. A large value (1e9, or inf) times every configuration.")
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
