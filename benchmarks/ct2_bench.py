@@ -458,7 +458,8 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
                              "left_out": [{"side": s, "precision": p, "config": t, "fastest_warm_up_s": took}
                                           for (s, p, t), took in left_out.items()]})
                 note(f"  {calls_a_sample} call(s) of each timed decoder a sample"
-                     + (f"; not timed (a warm-up call over {keep_within:g}x its side's fastest): "
+                     + (f"; not timed (over {keep_within:g}x its side's fastest in every warm-up round; "
+                        "its fastest warm-up call): "
                         + ", ".join(f"{s} {p} {t} {took * 1e3:.2f} ms" for (s, p, t), took in left_out.items())
                         if left_out else ""))
     click.echo(f"{info['cpu']}; {info['flags']}; {malloc}; uptime: {machine()['uptime']}")
