@@ -17,12 +17,14 @@ they need not add up; below ~100 repeats the noise of a shared machine can order
   rnn         the encoder's recurrent nodes alone (their op, weights and attributes: one a layer, and as quantized
               as the export's), each as a one-node graph over the source: what the encoder's recurrence costs on
               onnxruntime's kernel, before embeddings, masks and projections
-  rnn loop    an ONNX Loop of T steps whose body is one op of that kind a decoder layer (the float op for a
-              quantized one), the decoder's sizes (hidden; the first layer's input: a token model's embedding, a
-              point model's features), seeded weights, fed a constant input and its own state: what the decoder's
+  rnn loop    an ONNX Loop of T steps (a Scan where the greedy graph runs its steps in one: a point model's,
+              export.scan_steps) whose body is one op of that kind a decoder layer (the float op for a quantized
+              one), the decoder's sizes (hidden; the first layer's input: a token model's embedding, a point
+              model's features), seeded weights, fed a constant input and its own state: what the decoder's
               recurrence would cost a step written as that op, with no attention, read-out or search (the exports
               write the decoder's cell as Gemms and gates, export.cells)
-  empty loop  a Loop of T steps whose body is one Identity: the Loop's own cost (its per-call part shared by T)
+  empty loop  a Loop (or Scan, as above) of T steps whose body is one Identity: its own cost (its per-call part
+              shared by T)
 
 Then the API's part of the call (call - runs) and the recurrences' shares. Set beside PyTorch eager's time for the
 same decode (`seq2onnx bench MODEL_DIR --checkpoint CKPT --batch 1`), they say how much of a speed-up target's
@@ -118,10 +120,11 @@ def rnn_alone(nodes: list[tuple[onnx.NodeProto, dict[str, np.ndarray]]], length:
 
 
 def loop_of(op: str | None, hidden: int, layers: int, width: int, dtype: np.dtype, steps: int,
-            threads: int) -> Callable[[], int]:
+            threads: int, scan: bool = False) -> Callable[[], int]:
     """A Loop of `steps` iterations whose body is `layers` stacked `op`s (GRU/LSTM; the first reads a constant
     input `width` wide, the others the layer below; each its own state; seeded weights), or one Identity (op
-    None)."""
+    None); with `scan`, a Scan of as many steps over a constant (steps, 1) input, as a point model's greedy graph
+    runs them (export.scan_steps)."""
     rng = np.random.default_rng(0)
     elem = helper.np_dtype_to_tensor_dtype(dtype)
     kinds = ["h"] + (["c"] if op == "LSTM" else [])
@@ -132,7 +135,7 @@ def loop_of(op: str | None, hidden: int, layers: int, width: int, dtype: np.dtyp
 
     def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(dtype), name)
-    nodes = [helper.make_node("Identity", ["cond"], ["cond_out"])]
+    nodes = [] if scan else [helper.make_node("Identity", ["cond"], ["cond_out"])]
     weights = []
     if op is None:
         nodes.append(helper.make_node("Identity", ["h0"], ["h0_out"]))
@@ -149,16 +152,22 @@ def loop_of(op: str | None, hidden: int, layers: int, width: int, dtype: np.dtyp
             nodes.append(helper.make_node(op, [x, *names, "", *own], ["", *(f"{s}_out" for s in own)],
                                           hidden_size=hidden, **extra))
             x, size = f"h{layer}_out", hidden
-    body = helper.make_graph(nodes, "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-                                             helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
-                                             *map(value, state)],
-                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                              *(value(f"{s}_out") for s in state)], weights)
-    loop = helper.make_node("Loop", ["steps", "", *state], [f"{s}_last" for s in state], body=body)
-    graph = helper.make_graph([loop], "loop", list(map(value, state)),
-                              [helper.make_tensor_value_info(f"{s}_last", elem, None) for s in state],
-                              [numpy_helper.from_array(np.array(steps, np.int64), "steps")])
-    run = session(graph, threads, f"a Loop of {op or 'Identity'}")
+    loop_io = ([], []) if scan else ([helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                                      helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                                     [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, [])])
+    ticks = [helper.make_tensor_value_info("tick", TensorProto.FLOAT, [1])] if scan else []
+    body = helper.make_graph(nodes, "body", [*loop_io[0], *map(value, state), *ticks],
+                             [*loop_io[1], *(value(f"{s}_out") for s in state)], weights)
+    kind = "Scan" if scan else "Loop"
+    if scan:
+        node = helper.make_node(kind, [*state, "ticks"], [f"{s}_last" for s in state], body=body, num_scan_inputs=1)
+        length = numpy_helper.from_array(np.zeros((steps, 1), np.float32), "ticks")
+    else:
+        node = helper.make_node(kind, ["steps", "", *state], [f"{s}_last" for s in state], body=body)
+        length = numpy_helper.from_array(np.array(steps, np.int64), "steps")
+    graph = helper.make_graph([node], "loop", list(map(value, state)),
+                              [helper.make_tensor_value_info(f"{s}_last", elem, None) for s in state], [length])
+    run = session(graph, threads, f"a {kind} of {op or 'Identity'}")
     feed = {s: np.zeros((1, 1, hidden), dtype) for s in state}
     return lambda: (run.run(None, feed), 0)[1]
 
@@ -210,6 +219,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
         (encoder, encoder_feed, _, _), (loop, _, _, _) = runs
         data = read_graph(model_dir, encoder.name, model.manifest.graphs[encoder.name]["sha256"])  # as loaded
         nodes = recurrent_nodes(onnx.load_from_string(data).graph, str(model_dir / encoder.name))
+        steps = read_graph(model_dir, loop.name, model.manifest.graphs[loop.name]["sha256"])
+        scan = any(n.op_type == "Scan" for n in onnx.load_from_string(steps).graph.node)  # export.scan_steps
         node = nodes[0][0]
         op = RECURRENT[node.op_type]
         rnn_hidden = next(a.i for a in node.attribute if a.name == "hidden_size")
@@ -224,8 +235,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
             "encoder": replay(runs[:1]),
             "loop": replay(runs[1:]),
             "rnn": rnn_alone(nodes, positions, dtype, threads),
-            "rnn loop": loop_of(op, hidden, layers, width, dtype, target_len, threads),
-            "empty loop": loop_of(None, hidden, 1, width, dtype, target_len, threads),
+            "rnn loop": loop_of(op, hidden, layers, width, dtype, target_len, threads, scan),
+            "empty loop": loop_of(None, hidden, 1, width, dtype, target_len, threads, scan),
         }
         times = {name: t.median_s * 1e6 for name, t in measure(sides, warmup=2, repeats=repeats).items()}
         print(f"{model_dir}: {describe_model(spec)}; batch 1, {threads} thread(s), source {source_len} "
@@ -238,6 +249,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
                              f"{times['rnn loop'] / target_len:.2f} us a step",
                  "loop": f"{times['loop'] / target_len:.2f} us a step",
                  "empty loop": f"{times['empty loop'] / target_len:.2f} us a step"}
+        if scan:  # the two built rows run as the greedy graph does
+            notes = {name: f"{note} (a Scan)" if name.endswith(" loop") else note for name, note in notes.items()}
         for name, us in times.items():
             print(f"{name:>10} {us:9.1f}  {notes.get(name, '')}".rstrip())
         print(f"{'API':>10} {times['call'] - times['runs']:9.1f}  call - runs")

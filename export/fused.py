@@ -1,12 +1,13 @@
-"""The greedy loop graph: the exported decoder step wrapped, node for node, in an ONNX `Loop`.
+"""The greedy loop graph: the exported decoder step wrapped, node for node, in an ONNX `Loop` (or a `Scan`).
 
-The step graph's nodes and weights become the Loop body unchanged (names prefixed `step/`), so the loop computes
+The step graph's nodes and weights become the loop body unchanged (names prefixed `step/`), so the loop computes
 exactly what the runtime's step loop computes, without one `run()` call per output. State that changes every step
 (the previous output or token, hidden/cell, a transformer's positions and cache) is loop-carried; state that does
 not (attention keys and values, the source mask) is read from the outer graph by name. What differs by model kind
 (what is carried, the body's own nodes, the length input and the scan shapes) is a `LoopKind`: `export.points.loop`
-runs target_len steps; `export.tokens.loop` picks the argmax in the body (ties: the lowest id, as numpy), forbids eos
-below `min_length`, and stops once every row has emitted eos.
+runs exactly target_len steps, as a `Scan` (`export.scan_steps`: a step costs less than in a Loop);
+`export.tokens.loop` picks the argmax in the body (ties: the lowest id, as numpy), forbids eos below `min_length`,
+and stops once every row has emitted eos.
 
 Scan outputs are stacked on a new leading axis (decode_len, batch, ...), reshaped to shapes taken from the inputs
 and transposed to batch-first after the loop. A zero-trip Loop's scan outputs have no shape runtimes agree on
@@ -31,6 +32,7 @@ from runtime.contract import (
 )
 
 from .errors import ExportError
+from .scan_steps import fixed_steps
 
 PREFIX = "step/"
 LOOP = "loop/"
@@ -50,6 +52,8 @@ class LoopKind:
     outer: Callable[[list[onnx.NodeProto], list[TensorProto], Any, list[str]], tuple[str, list[str], Shapes]]
     # After the loop: the batch-first outputs {name: value} -> the values the graph outputs (default: as they are).
     finish: Callable[[list[onnx.NodeProto], list[TensorProto], dict[str, str], Any], dict[str, str]] | None = None
+    # Exactly `length` steps, never fewer: run as a Scan (export.scan_steps), which costs less a step than a Loop.
+    fixed: bool = False
 
 
 def graph_names(graph: onnx.GraphProto) -> set[str]:
@@ -208,7 +212,7 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
     inputs = [value(name, types.get(name, TensorProto.INT64), dims) for name, dims in io["inputs"].items()]
     outputs = [value(name, TensorProto.INT64 if name == "tokens" else TensorProto.FLOAT, dims)
                for name, dims in io["outputs"].items()]
-    weights = [const(LOOP + "true", np.array(True))]
+    weights = [] if loop.fixed else [const(LOOP + "true", np.array(True))]
     nodes: list[onnx.NodeProto] = []
     length, initial, shapes = loop.outer(nodes, weights, decl, carried)
     squeezed = squeeze_carried(body, len(initial))
@@ -220,8 +224,11 @@ def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto
         initial[i] = f"{initial[i]}_narrow"
     finals = [f"{LOOP}final_{name}" for name in carried]
     scan_names = {name: f"{LOOP}stacked_{name}" for name in io["outputs"]}
-    nodes.append(helper.make_node("Loop", [length, LOOP + "true", *initial], [*finals, *scan_names.values()],
-                                  name=LOOP + "greedy", body=body))
+    if loop.fixed:
+        fixed_steps(nodes, weights, length, initial, finals, list(scan_names.values()), body, LOOP + "scan/")
+    else:
+        nodes.append(helper.make_node("Loop", [length, LOOP + "true", *initial], [*finals, *scan_names.values()],
+                                      name=LOOP + "greedy", body=body))
     first = {name: name if loop.finish is None else f"{LOOP}batch_first_{name}" for name in io["outputs"]}
     for name in io["outputs"]:
         batch_first(nodes, weights, scan_names[name], first[name], *shapes[name])

@@ -139,7 +139,8 @@ def test_int8_keeps_the_traced_greedy_loop_around_its_converted_step(points):
     """The folded loop's saturating weight would set an int8 tensor's one scale: int8 wraps its quantized step."""
     def body(path: Path) -> list[onnx.NodeProto]:
         graph = onnx.load(str(path / GREEDY_FILE)).graph
-        return list(next(n for n in graph.node if n.op_type == "Loop").attribute[0].g.node)
+        steps = next(n for n in graph.node if n.op_type == "Scan")  # exactly target_len steps: export.scan_steps
+        return list(next(a.g for a in steps.attribute if a.name == "body").node)
 
     assert all(n.name.startswith("fold/") for n in body(points["fp32"]))
     int8 = body(points["int8"])

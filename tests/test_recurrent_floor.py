@@ -57,11 +57,14 @@ def test_a_point_model_and_a_stacked_lstm_model_get_their_kind_of_kernel(exports
     found = rows(done.stdout)
     assert found["rnn"][1] == f"GRU forward, hidden {spec.hidden_dim}, over 6 positions"
     assert found["rnn loop"][1].startswith(f"GRU, hidden {spec.hidden_dim}, input {spec.n_features}, 2 steps")
+    # a point model's greedy graph runs its steps in a Scan (export.scan_steps): so do the two built rows
+    assert found["rnn loop"][1].endswith(" (a Scan)") and found["empty loop"][1].endswith(" (a Scan)")
     done = run(str(lstm_export.path), "--source-len", "3", "--target-len", "2")
     assert done.returncode == 0, done.stderr
     found = rows(done.stdout)
     assert found["rnn"][1] == "2 x LSTM forward, hidden 8, over 4 positions"  # every layer's node
     assert found["rnn loop"][1].startswith("2 x LSTM, hidden 8, input 6, 2 steps: ")
+    assert "Scan" not in found["rnn loop"][1] + found["empty loop"][1]  # a token model's Loop stops at </s>
 
 
 @pytest.mark.filterwarnings("ignore::export.api.QualityLossWarning")  # accepted: the loss is not what is tested

@@ -14,7 +14,8 @@ against PyTorch like every other):
 - The context reaches the output only through the regression (and multi-head's linear_out), so the values are
   projected once a call onto the output: a step weighs F columns per head, not the hidden size.
 - The loop scans V (made at the top of a step, so no Identity names it twice), or where n goes through the point
-  the [x; 1] it makes, and the output points are made after it, one MatMul for them all.
+  the [x; 1] it makes, and the output points are made after it, one MatMul for them all. The steps run in a Scan
+  (export.scan_steps), which costs less a step than a Loop.
 A step is 14 kernels after onnxruntime's fusions (15 multi-head; one more through the point) where the traced
 loop's is 21 (23): 0.76-0.77x its time at batch 1 and 0.81-0.92x at 4-256 (hidden 64; README: "The greedy loop
 graph"). Reduced-precision exports keep the traced loop around their converted step: the saturating weight would
@@ -32,6 +33,7 @@ import torch
 from onnx import TensorProto, helper
 
 from export.fused import batch_first, const, dim, value
+from export.scan_steps import fixed_steps
 from runtime.contract import BATCH, SOURCE_LEN, point_greedy_io
 from runtime.spec import ModelSpec
 from training.points.models import MASK_FILL, Attention, EncoderDecoder
@@ -145,9 +147,9 @@ def folded_loop(model: EncoderDecoder, spec: ModelSpec, opset: list[onnx.Operato
     _first_state(folds, outer, batch)
     source_len = dim(outer.nodes, outer.weights, "source_mask", 2)
     values = _keys_and_values(folds, outer, source_len)
-    outer.w("true", np.array(True))
-    outer.op("Loop", ["target_len", "true", "xc0", "h0_unit"],
-             ["xc_final", "h_final", "stacked", "stacked_alphas"], body=_body(folds, values, spec))
+    fixed_steps(outer.nodes, outer.weights, "target_len", [NAME + "xc0", NAME + "h0_unit"],
+                [NAME + "xc_final", NAME + "h_final"], [NAME + "stacked", NAME + "stacked_alphas"],
+                _body(folds, values, spec), NAME + "scan/")
     _points(folds, outer, batch)
     if folds.multihead:
         heads = outer.w("heads", np.array([len(folds.query)], np.int64))
@@ -251,6 +253,6 @@ def _body(folds: Folds, values: str, spec: ModelSpec) -> onnx.GraphProto:
     heads = [len(folds.query)] if multi else []
     scan = ("x_unit", folds.features + 1) if folds.n_through_point else ("v", folds.width)  # the smaller: _points
     shapes = {"xc_next": [BATCH, folds.features], "h_next": [BATCH, unit], scan[0]: [BATCH, scan[1]],
-              "step_alphas": [BATCH, *heads, 1, SOURCE_LEN]}  # declared, so a zero-trip Loop knows its scans
+              "step_alphas": [BATCH, *heads, 1, SOURCE_LEN]}  # declared: the stacked outputs' shapes
     outputs = [scalar("cond", TensorProto.BOOL), *(value(NAME + n, TensorProto.FLOAT, d) for n, d in shapes.items())]
     return helper.make_graph(b.nodes, "folded_greedy_body", inputs, outputs, initializer=b.weights)

@@ -52,4 +52,4 @@ def outer(nodes: list[onnx.NodeProto], weights: list[TensorProto], spec: ModelSp
     return "target_len", list(carried), shapes
 
 
-LOOP_KIND = LoopKind(point_greedy_io, carried, point_body, outer)
+LOOP_KIND = LoopKind(point_greedy_io, carried, point_body, outer, fixed=True)
