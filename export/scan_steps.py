@@ -2,15 +2,19 @@
 
 onnxruntime's Loop makes a step's iteration number and condition, allocates every scanned value of every step, keeps
 them all and concatenates them after the last step; its Scan writes each step's scanned values straight into the
-stacked output and swaps two buffers for the carried ones. At one row that is most of a step's fixed cost: bare
-graphs of 100 steps with two scanned values (1 thread, AMD EPYC Zen 4), a Loop took 2.16 us a step, a Loop with
-nothing scanned 1.66, a Scan 1.10; the folded point loop (hidden 64, batch 1, 100 steps; RESULTS.md, runs 206-)
-0.86x its Loop's time with the same body, outputs equal bit for bit. A Scan cannot stop early, so the token
-models' loops, which stop once every row has emitted </s>, keep their Loop.
+stacked output. At one row that is a large share of a step: bare graphs of 100 steps, 1 thread, on an AMD EPYC Zen 4
+(`/tmp` scratch script, two runs), a body of three small kernels scanning two values took 2.13 us a step in a Loop
+(with the Identity that passes its condition on) and 1.08 in a Scan; a Loop scanning nothing, with one kernel more,
+1.65. The point loops, the same checkpoints exported before and after (`benchmarks/loop_graph_ab.py`, both ways,
+50-point sources, 100 steps; README, "The greedy loop graph"): the folded loop, hidden 64, 0.88x its Loop's time at
+batch 1, ~0.97x at 16, ~0.98x at 64; the traced loop of a model without attention 0.94x at batch 1; outputs equal
+bit for bit. A Scan cannot stop early, so the token models' loops, which stop once every row has emitted </s>, keep
+their Loop.
 
 onnxruntime refuses a Scan over no steps (its slicer's "Invalid dim0_offset of 0"), so the Scan runs max(T, 1)
 steps: the stacked values are cut to T rows and, for T = 0, the carried values' last values are their first, as a
-zero-trip Loop's are. Seven kernels a call (a few us) where the Scan saves ~0.5-1 us a step.
+zero-trip Loop's are: six kernels a call besides the steps, a Where for each carried value and a Slice for each
+scanned one, a few us in all.
 """
 from __future__ import annotations
 
