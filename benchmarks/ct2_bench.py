@@ -26,14 +26,14 @@ rows or more), CT2 `Translator(..., intra_threads=1, inter_threads=W).translate_
 / W))`, which hands the chunks to its W workers at once. Configurations read "1t" (threads) or "2w" (workers). Each
 decoder is loaded --instances times (copies made in turn,
 ours and CTranslate2's): two sessions of one graph ran up to ~10% apart, each keeping its speed for the whole run,
-so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances (N). After
-WARMUP untimed rounds of a call of every copy, a configuration whose fastest call took over --keep-within
-(KEEP_WITHIN) times its side's fastest (the same precision) in every round after the first is left out, reported by
-its fastest warm-up call: it cannot be that side's best, and run between the others it slowed them. Then --repeats rounds run every other decoder in turn (in reverse order
-in rounds N..2N-1, 3N..4N-1, ...: every copy in both orders when --repeats is a multiple of 2N), so drift hits all
-alike; in a round each decoder runs --inner calls in a row (default: as many as last ~20 ms, the same count for
-every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its model in cache, as a
-service under load runs it, not right after seven other decoders evicted it.
+so with one copy a side a run's ratio carried that copy's luck; round r times copy r mod --instances (N). After WARMUP
+untimed rounds of a call of every copy, a configuration whose fastest call took over --keep-within (KEEP_WITHIN) times
+its side's fastest (the same precision) in every round after the first is left out, reported by its fastest warm-up
+call: it cannot be that side's best, and run between the others it slowed them. Then --repeats rounds run every other
+decoder in turn (in reverse order in rounds N..2N-1, 3N..4N-1, ...: every copy in both orders when --repeats is a
+multiple of 2N), so drift hits all alike; in a round each decoder runs --inner calls in a row (default: as many as last
+~20 ms, the same count for every decoder of a case) and their mean is one sample, so a batch-1 call is timed with its
+model in cache, as a service under load runs it, not right after seven other decoders evicted it.
 Figures are medians; each side is reported at its best configuration; ratio = seq2onnx / CT2 (> 1: seq2onnx is
 slower). "paired" is the median over rounds of the two sides' ratio within a round (each at its best
 configuration), samples taken tens of milliseconds apart: a shared machine's slow and fast phases, which last seconds, move
@@ -406,8 +406,9 @@ def check_outputs(json_out: Path | None, plot_out: Path | None, force: bool) -> 
                    "of 2N times every copy equally, in both orders.")
 @click.option("--keep-within", type=click.FloatRange(min=1.0), default=KEEP_WITHIN, show_default=True, callback=factor,
               help="Time only the configurations whose fastest warm-up call was within this factor of their side's "
-                   "fastest (the same precision) in some warm-up round; the others cannot be that side's best, and running them between "
-                   "the rest slowed it. A large value (1e9, or inf) times every configuration.")
+                   "fastest (the same precision) in some warm-up round after the first; the others cannot be that "
+                   "side's best, and running them between the rest slowed it. A large value (1e9, or inf) times "
+                   "every configuration.")
 @click.option("--ct2-text", is_flag=True,
               help="Time CT2 text in, text out, as seq2onnx's translate_batch is: its call also splits the source "
                    "texts into tokens with the model's vocabulary and joins the output tokens into texts.")
@@ -450,16 +451,17 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
         for batch in batches:
             batch_texts = (texts * (batch // len(texts) + 1))[:batch]
             for beam in beams:
-                note(f"timing batch {batch} beam {beam}: {repeats} rounds x {4 * len(configs)} decoders "
-                     f"({instances} cop{'ies' if instances > 1 else 'y'} each) ...")
+                note(f"timing batch {batch} beam {beam}: {WARMUP} warm-up rounds of {4 * len(configs)} decoders "
+                     f"({instances} cop{'ies' if instances > 1 else 'y'} each), then {repeats} rounds of those "
+                     "kept ...")
                 calls = decoders(loaded, model, batch_texts, beam, steps, ct2_text)
                 times, calls_a_sample, left_out = measure(calls, repeats, steps, inner, keep_within)
                 rows.append({**summarise(batch, beam, times), "inner": calls_a_sample,
                              "left_out": [{"side": s, "precision": p, "config": t, "fastest_warm_up_s": took}
                                           for (s, p, t), took in left_out.items()]})
                 note(f"  {calls_a_sample} call(s) of each timed decoder a sample"
-                     + (f"; not timed (over {keep_within:g}x its side's fastest in every warm-up round; "
-                        "its fastest warm-up call): "
+                     + (f"; not timed (over {keep_within:g}x its side's fastest in every warm-up round after "
+                        "the first; its fastest warm-up call): "
                         + ", ".join(f"{s} {p} {t} {took * 1e3:.2f} ms" for (s, p, t), took in left_out.items())
                         if left_out else ""))
     click.echo(f"{info['cpu']}; {info['flags']}; {malloc}; uptime: {machine()['uptime']}")
@@ -470,7 +472,8 @@ def main(checkpoint: Path, steps: int, repeats: int, inner: int, batches: list[i
     click.echo(table(rows))
     if json_out is not None:
         figures = {"machine": info, "uptime_after": machine()["uptime"], "steps": steps, "repeats": repeats,
-                   "instances": instances,
+                   "instances": instances, "warm_up_rounds": WARMUP,
+                   "keep_within": keep_within if math.isfinite(keep_within) else None,  # None: inf, none left out
                    "ct2_io": "text" if ct2_text else "tokens",
                    "source_tokens": SOURCE_TOKENS, "graphs": graphs, "cross_check": check, "cases": rows}
         text = json.dumps(figures, indent=2, sort_keys=True) + "\n"

@@ -113,7 +113,7 @@ def load_models(model_dir: Path, providers: tuple[str, ...], threads: tuple[int,
     providers the sessions run on: 'auto' as what it chose ('cpu' or 'cuda'), timed once where asked for twice."""
     from runtime.model import Seq2Seq
 
-    supported = "fused" in inspect.signature(Seq2Seq.load).parameters  # the fused greedy Loop graph, once it lands
+    supported = "fused" in inspect.signature(Seq2Seq.load).parameters  # the fused greedy loop graph, once it lands
 
     def load(provider: str, count: int, fused: bool) -> Any:
         extra = {"fused": fused} if supported else {}
@@ -196,8 +196,8 @@ def run_cells(cells: list[Cell], models: dict, floors: dict, eager: Any, spec: A
 @click.option("--threads", "thread_counts", type=int, multiple=True, callback=check_thread_counts,
               help="Intra-op threads of both sides (repeatable; default 1 and 2, at most the usable CPUs).")
 @click.option("--loop", type=click.Choice(LOOP_CHOICES), default="auto", show_default=True,
-              help="Greedy decoding through the step loop, the fused Loop graph, or both (auto: both where the "
-                   "model has a fused graph).")
+              help="Greedy decoding through the step loop, the fused loop graph (a Loop; a point model's runs its "
+                   "steps in a Scan), or both (auto: both where the model has a fused graph).")
 @click.option("--repeats", type=IntRange(1, 100_000), default=20, show_default=True,
               help="Timed decodes per cell and decoder.")
 @click.option("--warmup", type=IntRange(0, 1000), default=2, show_default=True,

@@ -25,8 +25,8 @@ from .tokens import encode_sources
 from .vocab import JOINERS, Vocabulary
 
 FORMAT = "seq2onnx-bench/1"  # the JSON document's "format"
-LOOPS = ("step", "fused")  # the Python step loop, or the fused greedy Loop graph (when the runtime and model have it)
-FUSED_CALLS = 2  # run() calls of a fused decode: the encoder, then the one Loop graph
+LOOPS = ("step", "fused")  # the Python step loop, or the fused greedy loop graph (when the runtime and model have it)
+FUSED_CALLS = 2  # run() calls of a fused decode: the encoder, then the one loop graph
 # The Identity graph, written as protobuf by hand: the runtime has no onnx dependency. Field numbers from onnx.proto.
 IR_VERSION, OPSET, FLOAT = 8, 17, 1
 MODEL_IR, MODEL_GRAPH, MODEL_OPSET = 1, 7, 8
@@ -86,7 +86,7 @@ class Cell:
 
     @property
     def calls(self) -> int:
-        """session.run() calls one decode makes: the encoder, then one per step (fused: one Loop graph, after the
+        """session.run() calls one decode makes: the encoder, then one per step (fused: one loop graph, after the
         encoder unless the graph holds it)."""
         if self.loop != "fused":
             return 1 + self.target_len
