@@ -258,7 +258,7 @@ class Seq2Seq:
         return self._token_steps
 
     def _empty(self, src: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Batch 0: the right shapes, nothing run."""
+        """Batch 0: the right shapes, nothing run (onnxruntime 1.32's GRU kernel aborts the process on zero rows)."""
         outputs = np.zeros((0, steps, self.spec.n_features), dtype=np.float32)
         if not self.spec.has_attention:
             return outputs, None
