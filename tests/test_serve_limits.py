@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
@@ -399,16 +399,24 @@ def test_a_large_body_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch
     assert {name.rsplit("_", 1)[0] for name in threads} == {"loop", "seq2onnx-parse"}  # not asyncio_0 / uvloop_0
 
 
-def _address_space_900_mb() -> None:
-    import resource
+def _address_space(kb: int) -> Callable[[], None]:
+    """A preexec_fn: `ulimit -v kb`."""
+    def limit() -> None:
+        import resource
 
-    default_stops()
-    resource.setrlimit(resource.RLIMIT_AS, (900_000 * 1024, 900_000 * 1024))  # `ulimit -v 900000`
+        default_stops()
+        resource.setrlimit(resource.RLIMIT_AS, (kb * 1024, kb * 1024))
+    return limit
+
+
+_address_space_900_mb = _address_space(900_000)
 
 
 def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_path: Any) -> None:
-    """4 point sources of 2,000 steps decoded to 1,000 with attention: the decode fits under `ulimit -v 900000`, the
-    8 M numbers of its answer as JSON text do not (700-1,100 MB gave this; 1,400 MB answers 200). That MemoryError
+    """4 point sources of 2,000 steps decoded to 1,000 with attention: the decode fits under `ulimit -v 600000`, the
+    8 M numbers of its answer as JSON text do not (400-850 MB gave this since the points loop runs in a Scan, 900
+    answers 200, 300 cannot decode; 700-1,100 MB when it was a Loop, which kept every step's outputs and then
+    concatenated them). That MemoryError
     was a plain-text 500 with a traceback, and the request was not counted; now a JSON 503 that says what to ask,
     counted, and the server goes on. A point decode the memory cannot hold is a 503 whose advice names the point
     route's fields (it named a beam, which point models do not have)."""
@@ -419,7 +427,7 @@ def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_p
     source = [[[0.25, -0.5]] * 2000] * 4
     port, log = free_port(), tmp_path / "serve.log"
     with logged_process([sys.executable, "-m", "cli", "serve", str(SQUARES), "--port", str(port),
-                         "--max-decoding-length", "1000"], log, preexec_fn=_address_space_900_mb) as process:
+                         "--max-decoding-length", "1000"], log, preexec_fn=_address_space(600_000)) as process:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/healthz", 120, process)
         large = httpx.post(f"{base}/v1/predict", content=json.dumps({"source": source, "target_len": 1000,
