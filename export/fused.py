@@ -32,6 +32,7 @@ from runtime.contract import (
 )
 
 from .errors import ExportError
+from .graph_nodes import all_nodes, subgraphs
 from .scan_steps import fixed_steps
 
 PREFIX = "step/"
@@ -64,11 +65,6 @@ def graph_names(graph: onnx.GraphProto) -> set[str]:
         for sub in subgraphs(node):
             names |= graph_names(sub)
     return names
-
-
-def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs held by a node's attributes."""
-    return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)]
 
 
 def rename_step(graph: onnx.GraphProto, outer: set[str]) -> dict[str, str]:
@@ -191,17 +187,12 @@ def _drop_unread(graph: onnx.GraphProto) -> None:
     """Remove the initializers and Constant nodes no node or output of `graph` reads (the index and axes of the
     nodes squeeze_carried took out; onnxruntime would warn of each at every session it opens). One pass: a Constant
     reads nothing, so removing one leaves nothing else unread."""
-    read = {name for node in _all_nodes(graph) for name in node.input} | {o.name for o in graph.output}
+    read = {name for node in all_nodes(graph) for name in node.input} | {o.name for o in graph.output}
     for node in [n for n in graph.node if n.op_type == "Constant" and n.output[0] not in read]:
         graph.node.remove(node)
     kept = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-
-
-def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """graph's nodes and its subgraphs' (which may read graph's values from the outer scope)."""
-    return [n for node in graph.node for n in [node, *(m for sub in subgraphs(node) for m in _all_nodes(sub))]]
 
 
 def outer_graph(body: onnx.GraphProto, carried: list[str], step: onnx.GraphProto, decl: Any,

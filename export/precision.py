@@ -8,6 +8,7 @@ from typing import Any
 
 import onnx
 
+from export.graph_nodes import subgraphs
 from export.tokens.int8 import WIDEN_UP_TO, widens
 from runtime.contract import BEAM_STEP_FILE, FAST_FILES, graph_io
 from runtime.defaults import INT8
@@ -83,8 +84,7 @@ def quantized_ops(model: onnx.ModelProto | onnx.GraphProto) -> dict[str, int]:
         op = WIDENED if node.op_type == "Cast" and node.input[0] in int8 else node.op_type
         if op in QUANTIZED_OPS or op == WIDENED:
             counts[op] = counts.get(op, 0) + 1
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                for op, n in quantized_ops(sub).items():
-                    counts[op] = counts.get(op, 0) + n
+        for sub in subgraphs(node):
+            for op, n in quantized_ops(sub).items():
+                counts[op] = counts.get(op, 0) + n
     return counts

@@ -24,13 +24,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .graph_nodes import all_nodes
+
 
 def scan_body(body: onnx.GraphProto, tick: str) -> onnx.GraphProto:
     """A copy of a Loop body (iteration, condition, *carried) -> (condition, *carried, *scanned) whose nodes read
     neither the iteration nor the condition, and which gives the condition back unchanged, as a Scan body
     (*carried, tick) -> (*carried, *scanned); `tick` is the scanned input it reads nothing from."""
     iteration, condition = body.input[0].name, body.input[1].name
-    read = {name for node in _every_node(body) for name in node.input}
+    read = {name for node in all_nodes(body) for name in node.input}
     if {iteration, condition} & read or body.output[0].name != condition:
         raise ValueError(f"loop body {body.name!r} reads its iteration or condition, or changes the condition: "
                          "its steps cannot be a Scan's")
@@ -68,13 +70,3 @@ def fixed_steps(nodes: list[onnx.NodeProto], weights: list[TensorProto], length:
         node.name = f"{p}{node.op_type}_{node.output[0]}"
     nodes += new
 
-
-def _every_node(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """graph's nodes and those of the subgraphs they hold."""
-    found = []
-    for node in graph.node:
-        found.append(node)
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
-                found += _every_node(sub)
-    return found

@@ -623,7 +623,7 @@ def test_value_shift_moves_an_output_bias_into_the_values_or_declines():
 
 
 def _graphs(g: onnx.GraphProto):
-    from export.fused import subgraphs
+    from export.graph_nodes import subgraphs
 
     yield g
     for node in g.node:

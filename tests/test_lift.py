@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import export.tokens.kernels as kernels
-from export.fused import subgraphs
+from export.graph_nodes import subgraphs
 from export.tokens.beam import beam_model
 from export.tokens.fast import encoder_model, greedy_model, step_model
 from export.tokens.lift import LIFT_MAX_DIRECTION, LIFT_MIN_GAMMA, lift, rank_one

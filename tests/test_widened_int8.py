@@ -19,7 +19,7 @@ import torch
 from onnx import numpy_helper
 
 import export.tokens.int8 as int8_module
-from export.fused import subgraphs
+from export.graph_nodes import subgraphs
 from export.precision import WIDENED as WIDENED_WEIGHTS
 from export.precision import quantized_ops
 from export.quality_rows import QualityTolerance
