@@ -84,12 +84,12 @@ SOURCE_TOKENS = 12  # tokens of a timed source (dates: characters); its encoder 
 CHECK_TEXTS = 256  # held-out sources of any length for the cross-check
 WARMUP = 3
 SAMPLE_S = 0.02  # --inner 0: calls in a row per sample, so that a sample lasts about this long
-# --keep-within: a configuration whose fastest call is over this times its side's fastest in every warm-up round
-# after the first is left out of the timed rounds. On 2-core VMs 2 threads were the slower everywhere (CTranslate2 7-55x its 1-thread
-# time at batch 1, 1.4-2.1x at 64; ours 1.07-1.8x), and timed beside the others they disturbed both sides' samples
-# and moved the paired ratio: a 2-core AMD EPYC Zen 4, greedy batch 1, nine runs each way alternated (RESULTS.md,
-# runs 174-195), paired float32 ratio with them left out / timed: median 1.29 / 1.44, lower in eight pairs. 1.5,
-# not 1.25, and judged round by round: a burst of load over a configuration's warm-up calls must not leave out its
+# --keep-within: a configuration whose fastest call is over this times its side's fastest in every warm-up round after
+# the first is left out of the timed rounds. On 2-core VMs 2 threads were the slower everywhere (CTranslate2 7-55x its
+# 1-thread time at batch 1, 1.4-2.1x at 64; ours 1.07-1.8x), and timed beside the others they disturbed both sides'
+# samples and moved the paired ratio: a 2-core AMD EPYC Zen 4, greedy batch 1, nine runs each way alternated
+# (RESULTS.md, runs 174-195), paired float32 ratio with them left out / timed: median 1.29 / 1.44, lower in eight pairs.
+# 1.5, not 1.25, and judged round by round: a burst of load over a configuration's warm-up calls must not leave out its
 # side's best (runs 189 and 200 did).
 KEEP_WITHIN = 1.5
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # ours -> CT2's compute_type
@@ -183,10 +183,10 @@ def decoders(loaded: dict[Key, list[Any]], model: Seq2Seq, texts: list[str], bea
 
 
 def warm_up(calls: dict[Key, list[Callable[[], Ids]]], steps: int) -> list[dict[Key, list[float]]]:
-    """WARMUP rounds of one call of every copy of every decoder, interleaved as the timed rounds are (the order
-    reversed every other round), each call's decoded lengths checked against `steps`. Returns each round's seconds
-    per call, by decoder and copy. In rounds, not a decoder's calls in a row: a burst of load lasting one decoder's
-    few warm-up calls slowed all of them (run 200: our 1-thread int8 decoder's six at 2.6 ms, against 1.42-1.48 in later runs),
+    """WARMUP rounds of one call of every copy of every decoder, interleaved as the timed rounds are (the order reversed
+    every other round), each call's decoded lengths checked against `steps`. Returns each round's seconds per call,
+    by decoder and copy. In rounds, not a decoder's calls in a row: a burst of load lasting one decoder's few warm-up
+    calls slowed all of them (run 200: our 1-thread int8 decoder's six at 2.6 ms, against 1.42-1.48 in later runs),
     and that alone left it out."""
     rounds: list[dict[Key, list[float]]] = []
     for w in range(WARMUP):
