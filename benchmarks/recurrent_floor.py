@@ -2,6 +2,7 @@
 runs, and onnxruntime's own recurrent kernel (the GRU or LSTM op) at the model's sizes, interleaved in one process.
 
     python benchmarks/recurrent_floor.py MODEL_DIR [--source-len L] [--target-len T] [--threads 1] [--repeats 200]
+        [--checkpoint CKPT [--speed-up X]]
 
 MODEL_DIR is a recurrent export (points or tokens; any number of layers; float32, fp16 or int8) with a greedy loop
 graph. --source-len and --target-len default as in `seq2onnx bench` (points 50 and 100; a token model's input_len
@@ -26,9 +27,11 @@ they need not add up; below ~100 repeats the noise of a shared machine can order
   empty loop  a Loop (or Scan, as above) of T steps whose body is one Identity: its own cost (its per-call part
               shared by T)
 
-Then the API's part of the call (call - runs) and the recurrences' shares. Set beside PyTorch eager's time for the
-same decode (`seq2onnx bench MODEL_DIR --checkpoint CKPT --batch 1`), they say how much of a speed-up target's
-budget goes before the model does anything else.
+Then the API's part of the call (call - runs) and the recurrences' shares. With --checkpoint (the model's own,
+checked as `seq2onnx bench --checkpoint` checks it), PyTorch eager's decode of the same input is timed in the same
+rounds (the `torch` row; PyTorch on --threads threads too), and a last line gives the time --speed-up times it
+leaves the call, against the two recurrences alone as onnxruntime's own op runs them (rnn + rnn loop), then with the
+API: what that leaves for the rest of the encoder and for every step's attention, read-out and search.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ from api_overhead import decode_options, recorded_calls, replay  # noqa: E402
 from stops import StoppableCommand  # noqa: E402
 
 from cli.bench import resolve_grid  # noqa: E402
+from cli.common import require_torch  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402
@@ -58,6 +62,7 @@ from runtime.sessions import read_graph, session_options  # noqa: E402
 RECURRENT = {"GRU": "GRU", "LSTM": "LSTM", "DynamicQuantizeLSTM": "LSTM"}  # the encoder's op -> the loop's
 GATES = {"GRU": 3, "LSTM": 4}
 MS = "com.microsoft"
+TARGETS = {"points": 15.0, "tokens": 10.0}  # --speed-up's default: issue #22's batch-1 greedy targets
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
 
 
@@ -186,6 +191,34 @@ def decoder_state(loop: SessionRunner, fallback: int) -> tuple[int, int]:
     return 1, fallback
 
 
+def eager_decoder(checkpoint: Path, model_dir: Path, model: Seq2Seq, threads: int, source_len: int,
+                  target_len: int, inputs: Any) -> Callable[[], Any]:
+    """PyTorch eager's greedy decode of `inputs`, as `seq2onnx bench --checkpoint` times it (export.eager)."""
+    require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
+    from export.eager import Eager
+    from export.verify import input_errors
+
+    try:
+        eager = Eager(checkpoint, model_dir, model)
+    except input_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    eager.set_threads(threads)
+    points = model.spec.kind == "points"
+    return eager.decoders(Cell("cpu", threads, "fused", 1, source_len, target_len, None if points else 1),
+                          inputs)["torch"][1]
+
+
+def budget(times: dict[str, float], speed_up: float) -> str:
+    """What `speed_up` x PyTorch eager leaves for the call, against the recurrences alone and with the API (us)."""
+    allowed = times["torch"] / speed_up
+    api = times["call"] - times["runs"]
+    recurrences = times["rnn"] + times["rnn loop"]
+    return (f"{speed_up:g}x PyTorch eager ({times['torch']:.1f} us) needs the call in {allowed:.1f} us; it takes "
+            f"{times['call']:.1f} ({times['call'] / allowed:.2f}x that). The encoder's recurrence and the decoder's "
+            f"alone take {recurrences:.1f} ({recurrences / allowed:.2f}x), and with the API {recurrences + api:.1f} "
+            f"({(recurrences + api) / allowed:.2f}x)")
+
+
 def help_text() -> str:
     """The docstring's first paragraph, then its legend of the rows kept as written."""
     paragraphs = __doc__.split("\n\n")
@@ -196,7 +229,17 @@ def help_text() -> str:
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @decode_options
 @click.option("--repeats", type=click.IntRange(1), default=200, show_default=True, help="Timed calls a side.")
-def main(model_dir: Path, source_len: int | None, target_len: int | None, threads: int, repeats: int) -> None:
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="The model's checkpoint: time PyTorch eager's decode of the same input too, and say what "
+                   "--speed-up times it leaves for the call.")
+@click.option("--speed-up", type=click.FloatRange(min=1.0), default=None,
+              help="The speed-up over PyTorch eager to size (with --checkpoint).  [default: 15 for a point model, "
+                   "10 for a token model]")
+def main(model_dir: Path, source_len: int | None, target_len: int | None, threads: int, repeats: int,
+         checkpoint: Path | None, speed_up: float | None) -> None:
+    if speed_up is not None and checkpoint is None:
+        raise click.UsageError("--speed-up sizes a budget from PyTorch eager's time: pass the model's --checkpoint "
+                               "with it")
     try:
         model = Seq2Seq.load(model_dir, provider="cpu", threads=threads)
         spec = model.spec
@@ -238,6 +281,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
             "rnn loop": loop_of(op, hidden, layers, width, dtype, target_len, threads, scan),
             "empty loop": loop_of(None, hidden, 1, width, dtype, target_len, threads, scan),
         }
+        if checkpoint is not None:
+            sides["torch"] = eager_decoder(checkpoint, model_dir, model, threads, source_len, target_len, inputs)
         times = {name: t.median_s * 1e6 for name, t in measure(sides, warmup=2, repeats=repeats).items()}
         print(f"{model_dir}: {describe_model(spec)}; batch 1, {threads} thread(s), source {source_len} "
               f"({positions} encoder positions), target {target_len}; {dtype.name} recurrences; medians of "
@@ -251,11 +296,14 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
                  "empty loop": f"{times['empty loop'] / target_len:.2f} us a step"}
         if scan:  # the two built rows run as the greedy graph does
             notes = {name: f"{note} (a Scan)" if name.endswith(" loop") else note for name, note in notes.items()}
+        notes["torch"] = "PyTorch eager, the same decode"
         for name, us in times.items():
             print(f"{name:>10} {us:9.1f}  {notes.get(name, '')}".rstrip())
         print(f"{'API':>10} {times['call'] - times['runs']:9.1f}  call - runs")
         print(f"rnn: {times['rnn'] / times['encoder']:.0%} of the encoder's run; rnn loop: "
               f"{times['rnn loop'] / times['loop']:.0%} of the greedy loop's")
+        if checkpoint is not None:
+            print(budget(times, speed_up or TARGETS[spec.kind]))
     except Seq2OnnxError as exc:
         raise click.ClickException(str(exc)) from None
 

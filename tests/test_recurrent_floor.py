@@ -13,7 +13,12 @@ from support.models import export_token_model, toy_token_spec
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "recurrent_floor.py"
 ROWS = ("call", "runs", "encoder", "loop", "rnn", "rnn loop", "empty loop", "API")
-ROW = re.compile(r"^ *(call|runs|encoder|loop|rnn|rnn loop|empty loop|API) +(-?\d+\.\d)(?:  (.+))?$")
+ROW = re.compile(r"^ *(call|runs|encoder|loop|rnn|rnn loop|empty loop|torch|API) +(-?\d+\.\d)(?:  (.+))?$")
+BUDGET = re.compile(r"^(\d+(?:\.\d+)?)x PyTorch eager \((\d+\.\d) us\) needs the call in (\d+\.\d) us; it takes "
+                    r"(\d+\.\d) \((\d+\.\d\d)x that\)\. The encoder's recurrence and the decoder's alone take "
+                    r"(\d+\.\d) \((\d+\.\d\d)x\), and with the API (-?\d+\.\d) \((-?\d+\.\d\d)x\)$")
+SHIPPED = {"points": (ROOT / "artifacts" / "squares", ROOT / "artifacts" / "squares-checkpoint"),
+           "tokens": (ROOT / "artifacts" / "dates", ROOT / "artifacts" / "dates-checkpoint")}
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -24,6 +29,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def rows(stdout: str) -> dict[str, tuple[float, str]]:
     """{row: (microseconds, note)} of the table between the header and the shares line."""
     lines = stdout.strip().splitlines()
+    lines = lines[:-1] if BUDGET.match(lines[-1]) else lines  # --checkpoint's last line
     matches = [ROW.match(line) for line in lines[1:-1]]
     assert all(matches), lines
     assert lines[-1].startswith("rnn: ") and "of the encoder's run; rnn loop: " in lines[-1], lines[-1]
@@ -96,3 +102,39 @@ def test_bad_models_and_options_are_refused_in_one_line(tmp_path, recurrent_expo
     done = run(str(target), *[a for a in args if a != "transformer"])
     assert done.returncode != 0 and "Traceback" not in done.stderr and not done.stdout
     assert says.format(tokens=tokens) in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("kind", "args", "target"), [
+    ("points", ["--speed-up", "4", "--source-len", "5", "--target-len", "3"], 4.0),
+    ("tokens", ["--source-len", "6", "--target-len", "2"], 10.0),  # the default: issue #22's target for tokens
+])
+def test_with_the_checkpoint_pytorch_is_timed_beside_and_the_speed_ups_budget_sized(kind, args, target):
+    model_dir, checkpoint = SHIPPED[kind]
+    done = run(str(model_dir), "--checkpoint", str(checkpoint), *args)
+    assert done.returncode == 0, done.stderr
+    found = rows(done.stdout)
+    assert tuple(found) == (*ROWS[:-1], "torch", "API")
+    assert found["torch"] == (found["torch"][0], "PyTorch eager, the same decode") and found["torch"][0] > 0
+    budget = BUDGET.match(done.stdout.strip().splitlines()[-1])
+    assert budget, done.stdout
+    speed_up, torch_us, allowed, call, call_ratio, recurrences, ratio, with_api, api_ratio = map(float, budget.groups())
+    assert speed_up == target and torch_us == found["torch"][0] and call == found["call"][0]
+    assert allowed == pytest.approx(torch_us / target, abs=0.051)
+    assert call_ratio == pytest.approx(call / allowed, abs=0.006)
+    assert recurrences == pytest.approx(found["rnn"][0] + found["rnn loop"][0], abs=0.11)
+    assert with_api == pytest.approx(recurrences + found["API"][0], abs=0.11)
+    assert ratio == pytest.approx(recurrences / allowed, abs=0.006)
+    assert api_ratio == pytest.approx(with_api / allowed, abs=0.006)
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["--speed-up", "10"], 2, "--speed-up sizes a budget from PyTorch eager's time: pass the model's --checkpoint"),
+    (["--checkpoint", "tokens", "--speed-up", "0.5"], 2, "'--speed-up': 0.5 is not in the range x>=1"),
+    (["--checkpoint", "tokens"], 1, "dates-checkpoint"),  # another model's checkpoint: export.eager's check
+    (["--checkpoint", "missing"], 2, "'--checkpoint': Directory"),
+])
+def test_a_bad_checkpoint_or_speed_up_is_refused_in_one_line(tmp_path, args, code, says):
+    args = [str(SHIPPED["tokens"][1]) if a == "tokens" else str(tmp_path / a) if a == "missing" else a for a in args]
+    done = run(str(SHIPPED["points"][0]), *args)
+    assert done.returncode == code and "Traceback" not in done.stderr and not done.stdout, done.stderr
+    assert says in done.stderr, done.stderr
