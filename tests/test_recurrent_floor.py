@@ -120,16 +120,22 @@ def test_with_the_checkpoint_pytorch_is_timed_beside_and_the_speed_ups_budget_si
     speed_up, torch_us, allowed, call, call_ratio, recurrences, ratio, with_api, api_ratio = map(float, budget.groups())
     assert speed_up == target and torch_us == found["torch"][0] and call == found["call"][0]
     assert allowed == pytest.approx(torch_us / target, abs=0.051)
-    assert call_ratio == pytest.approx(call / allowed, abs=0.006)
     assert recurrences == pytest.approx(found["rnn"][0] + found["rnn loop"][0], abs=0.11)
-    assert with_api == pytest.approx(recurrences + found["API"][0], abs=0.11)
-    assert ratio == pytest.approx(recurrences / allowed, abs=0.006)
-    assert api_ratio == pytest.approx(with_api / allowed, abs=0.006)
+    assert with_api == pytest.approx(recurrences + found["API"][0], abs=0.16)
+    # each ratio printed to 0.01 from unrounded times; here recomputed from times printed to 0.1 us, each off by up
+    # to 0.05 (the sum of the recurrences and the API by up to 0.15)
+    for printed, part in ((call_ratio, call), (ratio, recurrences), (api_ratio, with_api)):
+        slack = abs(part / allowed) * (0.051 / allowed + 0.151 / abs(part)) + 0.0051
+        assert printed == pytest.approx(part / allowed, abs=slack)
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [
     (["--speed-up", "10"], 2, "--speed-up sizes a budget from PyTorch eager's time: pass the model's --checkpoint"),
-    (["--checkpoint", "tokens", "--speed-up", "0.5"], 2, "'--speed-up': 0.5 is not in the range x>=1"),
+    (["--checkpoint", "tokens", "--speed-up", "0.5"], 2, "'--speed-up': expected a number from 1 to 1000 (times "
+                                                         "PyTorch eager's speed), got 0.5"),
+    (["--checkpoint", "tokens", "--speed-up", "nan"], 2, "'--speed-up': expected a number from 1 to 1000"),
+    (["--checkpoint", "tokens", "--speed-up", "inf"], 2, "'--speed-up': expected a number from 1 to 1000"),
+    (["--checkpoint", "tokens", "--speed-up", "1001"], 2, "'--speed-up': expected a number from 1 to 1000"),
     (["--checkpoint", "tokens"], 1, "dates-checkpoint"),  # another model's checkpoint: export.eager's check
     (["--checkpoint", "missing"], 2, "'--checkpoint': Directory"),
 ])
