@@ -26,6 +26,7 @@ from training.points.decode import reference_decode
 from training.tokens.base import TensorState, TokenModel, torch_steps
 
 from .verify import check_pair
+from .weights import check_weights
 
 REFERENCE = {"points": "training.points.decode.reference_decode", "greedy": "TokenModel.greedy (</s> forbidden)",
              "beam": "torch_steps + runtime.search.beam_search"}
@@ -54,6 +55,7 @@ class Eager:
 
     def __init__(self, checkpoint: Path, model_dir: Path, runtime: Any) -> None:
         model, spec, _ = load_checkpoint(checkpoint)  # errors name the checkpoint: the caller shows them
+        check_weights(model, f"checkpoint {Path(checkpoint).name}")  # a NaN weight: no n-best list to time
         check_pair(checkpoint, model_dir, spec, runtime)
         self.model, self.spec = model, spec
         self.vocab = runtime.vocabularies.get("source")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
 
 from runtime.bench import fixed_length_text, identity_graph
 from runtime.sessions import max_threads
@@ -208,6 +209,10 @@ def setup_bench_workspace(case_dir: Path) -> None:
     shutil.copytree(SHIPPED_MODEL, case_dir / "nofused")  # an export from before the greedy loop graph
     edit_json(case_dir / "nofused" / "manifest.json", lambda m: m["graphs"].pop("greedy_loop.onnx"))
     (case_dir / "nofused" / "greedy_loop.onnx").unlink()
+    shutil.copytree(SHIPPED_TOKEN_CHECKPOINT, case_dir / "nanckpt")  # a damaged copy: one weight NaN
+    weights = torch.load(case_dir / "nanckpt" / "weights.pt")
+    weights["encoder.bridge_h.weight"][0, 0] = float("nan")
+    torch.save(weights, case_dir / "nanckpt" / "weights.pt")
     (case_dir / "userdata").mkdir()
     write(case_dir / "userdata" / "notes.txt", "the user's own notes\n")
     write(case_dir / "results.json", "{}\n")
@@ -259,6 +264,9 @@ BENCH_CASES: dict[str, Case] = {
                                           says=("userdata", "spec.json", "missing")),
     "--checkpoint of a point model, token model": case(*TOKENS, "--checkpoint", "ckpt", code=BAD_INPUT,
                                                        says=("ckpt", "tokmodel", "hold different models")),
+    "--checkpoint with a NaN weight": case(*TOKENS, "--checkpoint", "nanckpt", "--batch", "1", code=BAD_INPUT,
+                                           says=("checkpoint nanckpt: encoder.bridge_h.weight holds 1 NaN or infinite "
+                                                 "value", "retrain it or repair its weights")),
     "MODEL_DIR missing": case("bench", "nope", code=USAGE, says=("MODEL_DIR", "nope", "does not exist")),
     "MODEL_DIR not an export": case("bench", "userdata", code=BAD_INPUT, says=("userdata", "no manifest")),
 }
