@@ -268,6 +268,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
         (source_len,), (target_len,) = axes["source_lens"], axes["target_lens"]
         inputs = make_inputs(spec, None if points else model.vocabularies["source"], 1, source_len,
                              contract=None if points else model.contract)
+        torch = (None if checkpoint is None  # checked before the timed sides are built
+                 else eager_decoder(checkpoint, model_dir, model, threads, source_len, target_len, inputs))
         call = ort_call(model, Cell("cpu", threads, "fused", 1, source_len, target_len, None if points else 1),
                         inputs)
         runs = recorded_calls(call)
@@ -296,8 +298,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
             "rnn loop": loop_of(op, hidden, layers, width, dtype, target_len, threads, scan),
             "empty loop": loop_of(None, hidden, 1, width, dtype, target_len, threads, scan),
         }
-        if checkpoint is not None:
-            sides["torch"] = eager_decoder(checkpoint, model_dir, model, threads, source_len, target_len, inputs)
+        if torch is not None:
+            sides["torch"] = torch
         times = {name: t.median_s * 1e6 for name, t in measure(sides, warmup=2, repeats=repeats).items()}
         print(f"{model_dir}: {describe_model(spec)}; batch 1, {threads} thread(s), source {source_len} "
               f"({positions} encoder positions), target {target_len}; {dtype.name} recurrences; medians of "
