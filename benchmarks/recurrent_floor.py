@@ -54,8 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from api_overhead import decode_options, recorded_calls, replay  # noqa: E402
 from stops import StoppableCommand  # noqa: E402
 
-from cli.bench import resolve_grid  # noqa: E402
-from cli.common import require_torch  # noqa: E402
+from cli.bench import load_eager, resolve_grid  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402
@@ -201,14 +200,7 @@ def decoder_state(loop: SessionRunner, fallback: int) -> tuple[int, int]:
 def eager_decoder(checkpoint: Path, model_dir: Path, model: Seq2Seq, threads: int, source_len: int,
                   target_len: int, inputs: Any) -> Callable[[], Any]:
     """PyTorch eager's greedy decode of `inputs`, as `seq2onnx bench --checkpoint` times it (export.eager)."""
-    require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
-    from export.eager import Eager
-    from export.verify import input_errors
-
-    try:
-        eager = Eager(checkpoint, model_dir, model)
-    except input_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    eager = load_eager(checkpoint, model_dir, model)
     eager.set_threads(threads)
     points = model.spec.kind == "points"
     return eager.decoders(Cell("cpu", threads, "fused", 1, source_len, target_len, None if points else 1),
@@ -268,7 +260,7 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
         (source_len,), (target_len,) = axes["source_lens"], axes["target_lens"]
         inputs = make_inputs(spec, None if points else model.vocabularies["source"], 1, source_len,
                              contract=None if points else model.contract)
-        torch = (None if checkpoint is None  # checked before the timed sides are built
+        eager = (None if checkpoint is None  # checked before the timed sides are built
                  else eager_decoder(checkpoint, model_dir, model, threads, source_len, target_len, inputs))
         call = ort_call(model, Cell("cpu", threads, "fused", 1, source_len, target_len, None if points else 1),
                         inputs)
@@ -298,8 +290,8 @@ def main(model_dir: Path, source_len: int | None, target_len: int | None, thread
             "rnn loop": loop_of(op, hidden, layers, width, dtype, target_len, threads, scan),
             "empty loop": loop_of(None, hidden, 1, width, dtype, target_len, threads, scan),
         }
-        if torch is not None:
-            sides["torch"] = torch
+        if eager is not None:
+            sides["torch"] = eager
         times = {name: t.median_s * 1e6 for name, t in measure(sides, warmup=2, repeats=repeats).items()}
         print(f"{model_dir}: {describe_model(spec)}; batch 1, {threads} thread(s), source {source_len} "
               f"({positions} encoder positions), target {target_len}; {dtype.name} recurrences; medians of "

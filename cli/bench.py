@@ -242,15 +242,7 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
         require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
     models, loops, providers = load_models(model_dir, unique(providers), thread_counts, loop)
     first = next(iter(models.values()))
-    eager = None
-    if checkpoint is not None:
-        from export.eager import Eager
-        from export.verify import input_errors
-
-        try:
-            eager = Eager(checkpoint, model_dir, first)
-        except input_errors() as exc:
-            raise click.ClickException(str(exc)) from None
+    eager = None if checkpoint is None else load_eager(checkpoint, model_dir, first)
     fused = next((m for (_, _, kind), m in models.items() if kind == "fused"), None)
     steps = getattr(fused, "token_steps", None)  # loaded with fused=True: holds the beam graph if the export has it
     beam_graph = steps is not None and steps.fast is not None and steps.fast.beam is not None
@@ -269,6 +261,19 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
                     "target_len": list(values["target_lens"]), "beam": list(values["beams"])},
            "cells": records, "best": best_rows(records)}
     write_results(doc, model_dir, spec, json_path, plot_path, force)
+
+
+def load_eager(checkpoint: Path, model_dir: Path, runtime: Any) -> Any:
+    """PyTorch eager beside onnxruntime: `export.eager.Eager` for `checkpoint`, checked against MODEL_DIR's model (a
+    user's error, one line); torch is imported here, not before."""
+    require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
+    from export.eager import Eager
+    from export.verify import input_errors
+
+    try:
+        return Eager(checkpoint, model_dir, runtime)
+    except input_errors() as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: str | None,

@@ -409,9 +409,6 @@ def _address_space(kb: int) -> Callable[[], None]:
     return limit
 
 
-_address_space_900_mb = _address_space(900_000)
-
-
 def test_an_answer_too_large_for_the_memory_left_is_a_json_503_and_counted(tmp_path: Any) -> None:
     """4 point sources of 2,000 steps decoded to 1,000 with attention: the decode fits under `ulimit -v 600000`, the
     8 M numbers of its answer as JSON text do not (400-850 MB gave this since the points loop runs in a Scan, 900
@@ -457,7 +454,7 @@ def test_a_decode_the_memory_left_cannot_hold_is_a_json_503_and_the_server_goes_
     port, log = free_port(), tmp_path / "serve.log"
     with logged_process([sys.executable, "-m", "cli", "serve", str(DATES), "--port", str(port), "--max-batch-size",
                          "256", "--max-beam-size", "64", "--max-body-bytes", str(64 << 20)], log,
-                        preexec_fn=_address_space_900_mb) as process:
+                        preexec_fn=_address_space(900_000)) as process:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/healthz", 120, process)
 
