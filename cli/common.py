@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import click
 
 from runtime.atomic import identity
-from runtime.errors import Seq2OnnxError, UsageError, one_line, out_of_memory
+from runtime.errors import Seq2OnnxError, UsageError, held_signals, one_line, out_of_memory
 
 from .signals import IN_PROGRAM, finished
 from .streams import to_null
@@ -154,10 +154,13 @@ def no_room_to_load(exc: BaseException) -> bool:
 
 
 def require(modules: tuple[str, ...], needs: str, extra: str, what: str) -> None:
-    """Raise a ClickException naming the extra to install when one of `modules` is missing (`what` needs them)."""
+    """Raise a ClickException naming the extra to install when one of `modules` is missing (`what` needs them).
+    Ctrl-C and SIGTERM wait for each import: torch's start-up calls back into Python from C++ (torch.distributed's
+    `_c10d_init`), and a stop raised there aborted the process (exit 134, a C++ 'terminate called' traceback)."""
     for module in modules:
         try:
-            importlib.import_module(module)
+            with held_signals():
+                importlib.import_module(module)
         except ImportError as exc:
             if not isinstance(exc, ModuleNotFoundError) or exc.name != module:  # there, but it would not load
                 fix = ("under a memory limit (ulimit -v), raise it" if no_room_to_load(exc)

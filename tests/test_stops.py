@@ -17,6 +17,7 @@ import pytest
 from runtime import atomic_file, destination
 
 from support.processes import alive, default_stops, process_state
+from support.reliability import SHIPPED_CHECKPOINT
 from support.serve import DATES
 
 INFER = [sys.executable, "-m", "cli", "infer", str(DATES)]
@@ -393,3 +394,51 @@ def test_a_stop_as_a_rank_starts_is_said_by_rank_0_only(tmp_path: Path, rank: st
                             timeout=60, cwd=tmp_path, env=env, preexec_fn=default_stops)
     assert (result.returncode, result.stderr, result.stdout) == (143, said, "")
     assert not (tmp_path / "never").exists()
+
+
+# A command run as the console script runs it, with a signal sent to itself inside torch's start-up: from the first
+# Python function that torch.distributed's C++ `_c10d_init` calls back into (importlib's module locks).
+STOP_INSIDE_TORCH_START_UP = """
+import os, signal, sys
+from cli.main import entry
+inside = []
+def stop_inside_c10d_init(frame, event, arg):
+    if event == "c_call" and getattr(arg, "__name__", "") == "_c10d_init":
+        inside.append(True)
+    elif event == "call" and inside:
+        sys.setprofile(None)
+        os.kill(os.getpid(), getattr(signal, os.environ["STOP_WITH"]))
+sys.argv[0] = "seq2onnx"
+sys.setprofile(stop_inside_c10d_init)
+entry(sys.argv[1:])
+"""
+NOTHING_WRITTEN = "nothing was written (outputs are published whole or not at all)\n"
+
+
+@pytest.mark.parametrize(("rank", "sig", "code", "said"), [
+    ("1", "SIGINT", 130, ""),
+    (None, "SIGINT", 130, f"Error: train: interrupted; {NOTHING_WRITTEN}"),
+    (None, "SIGTERM", 143, f"Error: train: stopped by SIGTERM; {NOTHING_WRITTEN}"),
+])
+def test_a_stop_inside_torchs_start_up_is_the_stop(tmp_path: Path, rank: str | None, sig: str, code: int,
+                                                  said: str) -> None:
+    """`import torch` runs torch.distributed's C++ `_c10d_init`, which calls back into Python: a Ctrl-C or SIGTERM
+    raised there cannot pass through it, and the process aborted (exit 134, 'terminate called after throwing an
+    instance of python_error'; CI saw it on a rank stopped 0.4 s in). The import now holds them; they land after."""
+    env = {**os.environ, "STOP_WITH": sig}
+    if rank is not None:
+        env.update(RANK=rank, WORLD_SIZE="2", LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
+    result = subprocess.run([sys.executable, "-c", STOP_INSIDE_TORCH_START_UP, "train", "--data", "reverse", "--out",
+                             "never"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+                            preexec_fn=default_stops)
+    assert (result.returncode, result.stderr, result.stdout) == (code, said, "")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_inside_torchs_start_up_under_export_is_the_stop(tmp_path: Path) -> None:
+    """The same, for a command that needs torch only once it runs (export's PyTorch side)."""
+    result = subprocess.run([sys.executable, "-c", STOP_INSIDE_TORCH_START_UP, "export", str(SHIPPED_CHECKPOINT),
+                             "--out", "never"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "STOP_WITH": "SIGINT"}, preexec_fn=default_stops)
+    assert (result.returncode, result.stderr) == (130, f"Error: export: interrupted; {NOTHING_WRITTEN}")
+    assert list(tmp_path.iterdir()) == []
