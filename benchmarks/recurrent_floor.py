@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from api_overhead import decode_options, recorded_calls, replay  # noqa: E402
 from stops import StoppableCommand  # noqa: E402
 
-from cli.bench import load_eager, resolve_grid  # noqa: E402
+from cli.bench import resolve_grid  # noqa: E402
+from cli.eager import load_eager  # noqa: E402
 from runtime.bench import Cell, make_inputs, measure, ort_call  # noqa: E402
 from runtime.bench_report import describe_model  # noqa: E402
 from runtime.binding import SessionRunner  # noqa: E402

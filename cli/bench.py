@@ -35,6 +35,7 @@ from runtime.search.beam import MAX_BEAM
 from runtime.sessions import CPU, CUDA, PROVIDERS, max_threads
 
 from .common import require_torch, wrote
+from .eager import EAGER_NEEDS_TORCH, load_eager
 from .infer import PLOT_SUFFIXES, check_output_path, write_atomically
 from .options import IntRange
 from .options import check_threads_option as check_threads
@@ -239,7 +240,7 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
                    "through the step loop too", err=True)
     check_destinations(json_path, plot_path, force)
     if checkpoint is not None:
-        require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
+        require_torch(what=EAGER_NEEDS_TORCH)  # before the models load (load_eager asks again, for its other callers)
     models, loops, providers = load_models(model_dir, unique(providers), thread_counts, loop)
     first = next(iter(models.values()))
     eager = None if checkpoint is None else load_eager(checkpoint, model_dir, first)
@@ -261,19 +262,6 @@ def bench_command(model_dir: Path, checkpoint: Path | None, providers: tuple[str
                     "target_len": list(values["target_lens"]), "beam": list(values["beams"])},
            "cells": records, "best": best_rows(records)}
     write_results(doc, model_dir, spec, json_path, plot_path, force)
-
-
-def load_eager(checkpoint: Path, model_dir: Path, runtime: Any) -> Any:
-    """PyTorch eager beside onnxruntime: `export.eager.Eager` for `checkpoint`, checked against MODEL_DIR's model (a
-    user's error, one line); torch is imported here, not before."""
-    require_torch(what="--checkpoint (PyTorch eager beside onnxruntime)")
-    from export.eager import Eager
-    from export.verify import input_errors
-
-    try:
-        return Eager(checkpoint, model_dir, runtime)
-    except input_errors() as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 def write_results(doc: dict[str, Any], model_dir: Path, spec: Any, json_path: str | None,

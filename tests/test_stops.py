@@ -415,30 +415,25 @@ entry(sys.argv[1:])
 NOTHING_WRITTEN = "nothing was written (outputs are published whole or not at all)\n"
 
 
-@pytest.mark.parametrize(("rank", "sig", "code", "said"), [
-    ("1", "SIGINT", 130, ""),
-    (None, "SIGINT", 130, f"Error: train: interrupted; {NOTHING_WRITTEN}"),
-    (None, "SIGTERM", 143, f"Error: train: stopped by SIGTERM; {NOTHING_WRITTEN}"),
+TRAIN = ("train", "--data", "reverse", "--out", "never")
+EXPORT = ("export", str(SHIPPED_CHECKPOINT), "--out", "never")  # a command that needs torch only once it runs
+
+
+@pytest.mark.parametrize(("args", "rank", "sig", "code", "said"), [
+    (TRAIN, "1", "SIGINT", 130, ""),
+    (TRAIN, None, "SIGINT", 130, f"Error: train: interrupted; {NOTHING_WRITTEN}"),
+    (TRAIN, None, "SIGTERM", 143, f"Error: train: stopped by SIGTERM; {NOTHING_WRITTEN}"),
+    (EXPORT, None, "SIGINT", 130, f"Error: export: interrupted; {NOTHING_WRITTEN}"),
 ])
-def test_a_stop_inside_torchs_start_up_is_the_stop(tmp_path: Path, rank: str | None, sig: str, code: int,
-                                                  said: str) -> None:
+def test_a_stop_inside_torchs_start_up_is_the_stop(tmp_path: Path, args: tuple[str, ...], rank: str | None, sig: str,
+                                                  code: int, said: str) -> None:
     """`import torch` runs torch.distributed's C++ `_c10d_init`, which calls back into Python: a Ctrl-C or SIGTERM
     raised there cannot pass through it, and the process aborted (exit 134, 'terminate called after throwing an
     instance of python_error'; CI saw it on a rank stopped 0.4 s in). The import now holds them; they land after."""
     env = {**os.environ, "STOP_WITH": sig}
     if rank is not None:
         env.update(RANK=rank, WORLD_SIZE="2", LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
-    result = subprocess.run([sys.executable, "-c", STOP_INSIDE_TORCH_START_UP, "train", "--data", "reverse", "--out",
-                             "never"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
-                            preexec_fn=default_stops)
+    result = subprocess.run([sys.executable, "-c", STOP_INSIDE_TORCH_START_UP, *args], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env=env, preexec_fn=default_stops)
     assert (result.returncode, result.stderr, result.stdout) == (code, said, "")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_stop_inside_torchs_start_up_under_export_is_the_stop(tmp_path: Path) -> None:
-    """The same, for a command that needs torch only once it runs (export's PyTorch side)."""
-    result = subprocess.run([sys.executable, "-c", STOP_INSIDE_TORCH_START_UP, "export", str(SHIPPED_CHECKPOINT),
-                             "--out", "never"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                            env={**os.environ, "STOP_WITH": "SIGINT"}, preexec_fn=default_stops)
-    assert (result.returncode, result.stderr) == (130, f"Error: export: interrupted; {NOTHING_WRITTEN}")
     assert list(tmp_path.iterdir()) == []
